@@ -1,0 +1,49 @@
+"""Sessions: tests (everything CI runs), lint (ruff), demo (the README's main job), bench."""
+
+from __future__ import annotations
+
+import os
+
+import nox
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = True
+PYTHON = os.environ.get("STEPSCOPE_NOX_PYTHON", "3.11")
+CONSTRAINTS = ("-c", "constraints/ci.txt")
+PACKAGES = (
+    "-e", "packages/core[test,gpu]",
+    "-e", "packages/torch_plugin[lightning]",
+    "-e", "packages/tf_plugin[tf-cpu]",
+)
+QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDONTWRITEBYTECODE": ""}
+
+
+def _install(session: nox.Session, *extra: str) -> None:
+    session.install(*CONSTRAINTS, *PACKAGES, *extra)
+
+
+@nox.session(python=PYTHON)
+def tests(session: nox.Session) -> None:
+    _install(session)
+    args = session.posargs or ["packages/core/tests", "packages/torch_plugin/tests", "packages/tf_plugin/tests", "tests"]
+    session.run("pytest", "-q", "-p", "no:cacheprovider", *args, env=QUIET_TF)
+
+
+@nox.session(python=PYTHON)
+def lint(session: nox.Session) -> None:
+    session.install("ruff==0.17.6")
+    session.run("ruff", "check", "packages", "tests", "bench", "noxfile.py")
+
+
+@nox.session(python=PYTHON)
+def demo(session: nox.Session) -> None:
+    _install(session)
+    session.run("python", "demo/run_demo.py", *session.posargs, env=QUIET_TF)
+
+
+@nox.session(python=PYTHON)
+def bench(session: nox.Session) -> None:
+    _install(session)
+    for script in sorted(os.listdir("bench")):
+        if script.startswith("bench_") and script.endswith(".py"):
+            session.run("python", f"bench/{script}", *session.posargs, env=QUIET_TF)

@@ -1,0 +1,369 @@
+"""Configuration model: which steps to save (SaveConfig), how to reduce (ReductionConfig),
+which tensors form a collection (Collection). Pure, framework-free, validated at construction."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping
+
+from .exceptions import ConfigError
+from .modes import ALL_MODES, ModeKeys
+
+DEFAULT_SAVE_INTERVAL = 500
+
+# Reductions a user can ask for; norms are kept apart as smdebug did ("l1", "l2").
+REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod")
+NORMS = ("l1", "l2")
+
+
+def _int_field(owner: str, name: str, value: Any, minimum: int | None = 0, allow_none: bool = False) -> int | None:
+    if value is None and allow_none:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        raise ConfigError(f"{owner}.{name} must be an integer, got {value!r}")
+    try:
+        number = int(value)
+    except ValueError:
+        raise ConfigError(f"{owner}.{name} must be an integer, got {value!r}") from None
+    if minimum is not None and number < minimum:
+        raise ConfigError(f"{owner}.{name} must be >= {minimum}, got {value!r}")
+    return number
+
+
+def _int_tuple(owner: str, name: str, value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [part for part in value.split(",") if part.strip()]
+    if isinstance(value, int):
+        value = [value]
+    try:
+        items = list(value)
+    except TypeError:
+        raise ConfigError(f"{owner}.{name} must be a list of integers, got {value!r}") from None
+    return tuple(sorted({_int_field(owner, name, item) for item in items}))
+
+
+@dataclass(frozen=True)
+class SaveConfigMode:
+    """When to save in one mode: every `save_interval` mode steps in [start_step, end_step),
+    plus every step listed in `save_steps`."""
+
+    save_interval: int = DEFAULT_SAVE_INTERVAL
+    save_steps: tuple[int, ...] = ()
+    start_step: int = 0
+    end_step: int | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "save_interval", _int_field("SaveConfig", "save_interval", self.save_interval, minimum=1))
+        set_(self, "save_steps", _int_tuple("SaveConfig", "save_steps", self.save_steps))
+        set_(self, "start_step", _int_field("SaveConfig", "start_step", self.start_step))
+        set_(self, "end_step", _int_field("SaveConfig", "end_step", self.end_step, allow_none=True))
+        if self.end_step is not None and self.end_step < self.start_step:
+            raise ConfigError(f"SaveConfig.end_step ({self.end_step}) must be >= start_step ({self.start_step})")
+        set_(self, "_save_steps_set", frozenset(self.save_steps))
+
+    def should_save(self, step: int) -> bool:
+        if step in self._save_steps_set:  # type: ignore[attr-defined]
+            return True
+        if step < self.start_step or (self.end_step is not None and step >= self.end_step):
+            return False
+        return step % self.save_interval == 0
+
+    def next_save_step(self, step: int) -> int | None:
+        """The first step >= `step` that is saved, or None when none is left."""
+        candidates = [s for s in self.save_steps if s >= step]
+        first = max(step, self.start_step)
+        first += (-first) % self.save_interval
+        if self.end_step is None or first < self.end_step:
+            candidates.append(first)
+        return min(candidates) if candidates else None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "save_interval": self.save_interval,
+            "save_steps": list(self.save_steps),
+            "start_step": self.start_step,
+            "end_step": self.end_step,
+        }
+
+
+class SaveConfig:
+    """Per-mode save schedules. The keyword arguments set every mode; `mode_save_configs`
+    overrides single modes, e.g. {ModeKeys.EVAL: SaveConfigMode(save_interval=1)}."""
+
+    def __init__(
+        self,
+        save_interval: int = DEFAULT_SAVE_INTERVAL,
+        save_steps: Iterable[int] = (),
+        start_step: int = 0,
+        end_step: int | None = None,
+        mode_save_configs: Mapping[ModeKeys | str, SaveConfigMode | Mapping[str, Any] | None] | None = None,
+    ):
+        default = SaveConfigMode(save_interval, tuple(save_steps or ()), start_step, end_step)
+        self._modes: dict[ModeKeys, SaveConfigMode] = {mode: default for mode in ALL_MODES}
+        for key, value in (mode_save_configs or {}).items():
+            try:
+                mode = ModeKeys.parse(key)
+            except ValueError as exc:
+                raise ConfigError(f"SaveConfig.mode_save_configs: {exc}") from None
+            if value is None:
+                continue
+            if isinstance(value, Mapping):
+                value = SaveConfigMode(**{**default.to_json(), **value})
+            if not isinstance(value, SaveConfigMode):
+                raise ConfigError(f"SaveConfig.mode_save_configs[{mode.name}] must be a SaveConfigMode, got {value!r}")
+            self._modes[mode] = value
+
+    def for_mode(self, mode: ModeKeys | str) -> SaveConfigMode:
+        return self._modes[ModeKeys.parse(mode)]
+
+    def should_save(self, step: int, mode: ModeKeys | str = ModeKeys.TRAIN) -> bool:
+        """`step` is the mode step (steps count from 0 in each mode)."""
+        return self._modes[ModeKeys.parse(mode)].should_save(step)
+
+    def with_mode(self, mode: ModeKeys | str, config: SaveConfigMode) -> "SaveConfig":
+        new = SaveConfig()
+        new._modes = dict(self._modes)
+        new._modes[ModeKeys.parse(mode)] = config
+        return new
+
+    def to_json(self) -> dict[str, Any]:
+        return {mode.name: self._modes[mode].to_json() for mode in ALL_MODES}
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "SaveConfig":
+        return cls(mode_save_configs={mode: SaveConfigMode(**value) for mode, value in data.items()})
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, SaveConfig) and self._modes == other._modes
+
+    def __repr__(self) -> str:
+        modes = set(self._modes.values())
+        if len(modes) == 1:
+            return f"SaveConfig({next(iter(modes))})"
+        return f"SaveConfig({ {m.name: c for m, c in self._modes.items()} })"
+
+
+def _name_tuple(field_name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [part.strip() for part in value.split(",") if part.strip()]
+    names = tuple(dict.fromkeys(str(v) for v in value))
+    bad = [n for n in names if n not in allowed]
+    if bad:
+        raise ConfigError(f"ReductionConfig.{field_name}: unknown {bad!r}; valid: {', '.join(allowed)}")
+    return names
+
+
+@dataclass(frozen=True)
+class ReductionConfig:
+    """What to save for a tensor instead of (or beside) its raw value."""
+
+    reductions: tuple[str, ...] = ()
+    abs_reductions: tuple[str, ...] = ()
+    norms: tuple[str, ...] = ()
+    abs_norms: tuple[str, ...] = ()
+    save_raw_tensor: bool = False
+    save_shape: bool = False
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "reductions", _name_tuple("reductions", self.reductions, REDUCTIONS))
+        set_(self, "abs_reductions", _name_tuple("abs_reductions", self.abs_reductions, REDUCTIONS))
+        set_(self, "norms", _name_tuple("norms", self.norms, NORMS))
+        set_(self, "abs_norms", _name_tuple("abs_norms", self.abs_norms, NORMS))
+        for flag in ("save_raw_tensor", "save_shape"):
+            set_(self, flag, parse_bool(f"ReductionConfig.{flag}", getattr(self, flag)))
+
+    @property
+    def is_empty(self) -> bool:
+        return not (self.reductions or self.abs_reductions or self.norms or self.abs_norms)
+
+    def requested(self) -> list[tuple[str, bool]]:
+        """(reduction name, applied to abs) pairs, in a stable order."""
+        return (
+            [(n, False) for n in self.reductions]
+            + [(n, True) for n in self.abs_reductions]
+            + [(n, False) for n in self.norms]
+            + [(n, True) for n in self.abs_norms]
+        )
+
+    @classmethod
+    def from_smdebug_string(cls, reductions: str, save_raw_tensor: Any = False, save_shape: Any = False) -> "ReductionConfig":
+        """smdebug's comma list: "min,max,abs_mean,l2_norm,abs_l1_norm"."""
+        kinds: dict[str, list[str]] = {"reductions": [], "abs_reductions": [], "norms": [], "abs_norms": []}
+        for raw in (reductions or "").split(","):
+            item = raw.strip()
+            if not item:
+                continue
+            is_abs = item.startswith("abs_")
+            base = item[4:] if is_abs else item
+            base = base[: -len("_norm")] if base.endswith("_norm") else base
+            if base in NORMS:
+                kinds["abs_norms" if is_abs else "norms"].append(base)
+            elif base in REDUCTIONS:
+                kinds["abs_reductions" if is_abs else "reductions"].append(base)
+            else:
+                valid = list(REDUCTIONS) + [f"{n}_norm" for n in NORMS]
+                raise ConfigError(f"reductions: unknown {item!r}; valid: {', '.join(valid)} (each also with abs_)")
+        return cls(save_raw_tensor=save_raw_tensor, save_shape=save_shape, **{k: tuple(v) for k, v in kinds.items()})
+
+    def to_smdebug_string(self) -> str:
+        parts = [("abs_" if is_abs else "") + (f"{n}_norm" if n in NORMS else n) for n, is_abs in self.requested()]
+        return ",".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"save_raw_tensor": self.save_raw_tensor, "reductions": self.to_smdebug_string(), "save_shape": self.save_shape}
+
+
+def parse_bool(name: str, value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.strip().lower() in ("true", "1", "yes"):
+        return True
+    if isinstance(value, str) and value.strip().lower() in ("false", "0", "no", ""):
+        return False
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise ConfigError(f"{name} must be true or false, got {value!r}")
+
+
+class CollectionName:
+    """Names of the built-in collections."""
+
+    WEIGHTS = "weights"
+    BIASES = "biases"
+    GRADIENTS = "gradients"
+    LOSSES = "losses"
+    METRICS = "metrics"
+    INPUTS = "inputs"
+    OUTPUTS = "outputs"
+    OPTIMIZER_VARIABLES = "optimizer_variables"
+    ALL = "all"
+    DEFAULT = "default"
+
+
+BUILTIN_COLLECTIONS = (
+    CollectionName.WEIGHTS,
+    CollectionName.BIASES,
+    CollectionName.GRADIENTS,
+    CollectionName.LOSSES,
+    CollectionName.METRICS,
+    CollectionName.INPUTS,
+    CollectionName.OUTPUTS,
+    CollectionName.OPTIMIZER_VARIABLES,
+    CollectionName.ALL,
+    CollectionName.DEFAULT,
+)
+
+# Collections that only make sense while training (smdebug skipped them in EVAL/PREDICT).
+TRAIN_ONLY_COLLECTIONS = frozenset({CollectionName.GRADIENTS, CollectionName.OPTIMIZER_VARIABLES})
+# Collections saved whatever the user included (cheap and always wanted).
+ALWAYS_SAVED_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METRICS})
+
+
+def _compile_regexes(owner: str, patterns: Iterable[str]) -> tuple[re.Pattern[str], ...]:
+    compiled = []
+    for pattern in patterns:
+        try:
+            compiled.append(re.compile(pattern))
+        except re.error as exc:
+            raise ConfigError(f"{owner}.include_regex: bad regular expression {pattern!r}: {exc}") from None
+    return tuple(compiled)
+
+
+@dataclass
+class Collection:
+    """A named group of tensors, chosen by regex over tensor names or by explicit names.
+    `save_config`/`reduction_config` of None mean "use the hook's"."""
+
+    name: str
+    include_regex: tuple[str, ...] = ()
+    tensor_names: set[str] = field(default_factory=set)
+    save_config: SaveConfig | None = None
+    reduction_config: ReductionConfig | None = None
+    save_histogram: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise ConfigError(f"Collection.name must be a non-empty string, got {self.name!r}")
+        if isinstance(self.include_regex, str):
+            self.include_regex = (self.include_regex,)
+        self.include_regex = tuple(self.include_regex)
+        self._patterns = _compile_regexes(f"Collection({self.name!r})", self.include_regex)
+        self.tensor_names = set(self.tensor_names)
+
+    def include(self, *patterns: str) -> None:
+        self._patterns += _compile_regexes(f"Collection({self.name!r})", patterns)
+        self.include_regex += tuple(patterns)
+
+    def add_tensor_name(self, name: str) -> None:
+        self.tensor_names.add(name)
+
+    def matches(self, tensor_name: str) -> bool:
+        return tensor_name in self.tensor_names or any(p.search(tensor_name) for p in self._patterns)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "include_regex": list(self.include_regex),
+            "tensor_names": sorted(self.tensor_names),
+            "reduction_config": (self.reduction_config or ReductionConfig()).to_json(),
+            "save_config": self.save_config.to_json() if self.save_config else {},
+            "save_histogram": self.save_histogram,
+        }
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> "Collection":
+        rc = data.get("reduction_config") or {}
+        save = data.get("save_config") or {}
+        return cls(
+            name=data["name"],
+            include_regex=tuple(data.get("include_regex") or ()),
+            tensor_names=set(data.get("tensor_names") or ()),
+            save_config=SaveConfig.from_json(save) if save else None,
+            reduction_config=ReductionConfig.from_smdebug_string(
+                rc.get("reductions", ""), rc.get("save_raw_tensor", False), rc.get("save_shape", False)
+            )
+            if rc
+            else None,
+            save_histogram=parse_bool("save_histogram", data.get("save_histogram", True)),
+        )
+
+    def with_defaults(self, save_config: SaveConfig, reduction_config: ReductionConfig) -> "Collection":
+        return replace(
+            self,
+            save_config=self.save_config or save_config,
+            reduction_config=self.reduction_config or reduction_config,
+            tensor_names=set(self.tensor_names),
+        )
+
+
+_MONITOR_INTERVALS_MS = (100, 200, 500, 1000, 5000, 60000)
+
+
+@dataclass(frozen=True)
+class ProfilerConfig:
+    """What the hooks record beside tensors: system metrics (one monitor per node unless
+    `monitor_every_rank`) and the per-step phase timeline."""
+
+    system_monitor: bool = True
+    monitor_interval_ms: int = 500
+    monitor_every_rank: bool = False
+    step_timeline: bool = True
+
+    def __post_init__(self) -> None:
+        interval = _int_field("ProfilerConfig", "monitor_interval_ms", self.monitor_interval_ms, minimum=1)
+        if interval not in _MONITOR_INTERVALS_MS:
+            raise ConfigError(f"ProfilerConfig.monitor_interval_ms must be one of {_MONITOR_INTERVALS_MS}, got {self.monitor_interval_ms!r}")
+        object.__setattr__(self, "monitor_interval_ms", interval)
+        for flag in ("system_monitor", "monitor_every_rank", "step_timeline"):
+            object.__setattr__(self, flag, parse_bool(f"ProfilerConfig.{flag}", getattr(self, flag)))
+
+    @classmethod
+    def disabled(cls) -> "ProfilerConfig":
+        return cls(system_monitor=False, step_timeline=False)

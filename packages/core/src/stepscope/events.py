@@ -1,0 +1,303 @@
+"""The record payload: TensorFlow's `Event` protobuf with one `Summary.Value` per tensor.
+
+Messages are decoded with the `protobuf` library, from descriptors built here at import
+(no generated code, no dependency on TensorFlow). Tensor events on the write path are
+encoded by `encode_tensor_event`, which produces the same bytes as protobuf's serializer
+(tests check this) but hands the tensor's buffer through without copying it: for large
+tensors that copy is most of the cost (see bench/bench_writer.py)."""
+
+from __future__ import annotations
+
+import struct
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from .modes import ModeKeys
+
+_F = descriptor_pb2.FieldDescriptorProto
+_PACKAGE = "stepscope.tf"
+
+# (message, [(field name, number, type, label, type_name)])
+_MESSAGES: list[tuple[str, list[tuple[str, int, int, int, str]]]] = [
+    ("TensorShapeProto.Dim", [("size", 1, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, "")]),
+    ("TensorShapeProto", [("dim", 2, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "TensorShapeProto.Dim"), ("unknown_rank", 3, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, "")]),
+    (
+        "TensorProto",
+        [
+            ("dtype", 1, _F.TYPE_INT32, _F.LABEL_OPTIONAL, ""),
+            ("tensor_shape", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "TensorShapeProto"),
+            ("version_number", 3, _F.TYPE_INT32, _F.LABEL_OPTIONAL, ""),
+            ("tensor_content", 4, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, ""),
+            ("float_val", 5, _F.TYPE_FLOAT, _F.LABEL_REPEATED, ""),
+            ("double_val", 6, _F.TYPE_DOUBLE, _F.LABEL_REPEATED, ""),
+            ("int_val", 7, _F.TYPE_INT32, _F.LABEL_REPEATED, ""),
+            ("string_val", 8, _F.TYPE_BYTES, _F.LABEL_REPEATED, ""),
+            ("int64_val", 10, _F.TYPE_INT64, _F.LABEL_REPEATED, ""),
+            ("bool_val", 11, _F.TYPE_BOOL, _F.LABEL_REPEATED, ""),
+            ("half_val", 13, _F.TYPE_INT32, _F.LABEL_REPEATED, ""),
+        ],
+    ),
+    (
+        "HistogramProto",
+        [
+            ("min", 1, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
+            ("max", 2, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
+            ("num", 3, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
+            ("sum", 4, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
+            ("sum_squares", 5, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
+            ("bucket_limit", 6, _F.TYPE_DOUBLE, _F.LABEL_REPEATED, ""),
+            ("bucket", 7, _F.TYPE_DOUBLE, _F.LABEL_REPEATED, ""),
+        ],
+    ),
+    ("SummaryMetadata.PluginData", [("plugin_name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""), ("content", 2, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, "")]),
+    # smdebug declared plugin_data repeated (mode and mode step); TensorBoard's is singular,
+    # which merges the entries on parsing, so both read what we write.
+    ("SummaryMetadata", [("plugin_data", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "SummaryMetadata.PluginData"), ("display_name", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""), ("summary_description", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, "")]),
+    (
+        "Summary.Value",
+        [
+            ("tag", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""),
+            ("simple_value", 2, _F.TYPE_FLOAT, _F.LABEL_OPTIONAL, ""),
+            ("histo", 5, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "HistogramProto"),
+            ("node_name", 7, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""),
+            ("tensor", 8, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "TensorProto"),
+            ("metadata", 9, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "SummaryMetadata"),
+        ],
+    ),
+    ("Summary", [("value", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "Summary.Value")]),
+    (
+        "Event",
+        [
+            ("wall_time", 1, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
+            ("step", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
+            ("file_version", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""),
+            ("summary", 5, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "Summary"),
+        ],
+    ),
+]
+
+
+_VALUE_ONEOF = ("simple_value", "histo", "tensor")
+
+
+def _build_classes() -> dict[str, Any]:
+    file_proto = descriptor_pb2.FileDescriptorProto(name="stepscope/tf_event.proto", package=_PACKAGE, syntax="proto3")
+    by_name: dict[str, descriptor_pb2.DescriptorProto] = {}
+    for full_name, fields in _MESSAGES:
+        outer, _, inner = full_name.partition(".")
+        if inner:
+            message = by_name[outer].nested_type.add(name=inner) if outer in by_name else None
+            if message is None:
+                raise AssertionError(f"declare {outer} before {full_name}")
+        else:
+            message = by_name.get(outer) or file_proto.message_type.add(name=outer)
+        by_name[full_name] = message
+        for name, number, type_, label, type_name in fields:
+            spec = message.field.add(name=name, number=number, type=type_, label=label)
+            if type_name:
+                spec.type_name = f".{_PACKAGE}.{type_name}"
+            if full_name == "Summary.Value" and name in _VALUE_ONEOF:
+                if not message.oneof_decl:
+                    message.oneof_decl.add(name="value")
+                spec.oneof_index = 0
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file_proto)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")) for name, _ in _MESSAGES}
+
+
+# Nested types must be declared after their outer message's first mention; reorder once.
+_MESSAGES.sort(key=lambda item: item[0].count("."))
+_CLASSES = _build_classes()
+Event = _CLASSES["Event"]
+Summary = _CLASSES["Summary"]
+TensorProto = _CLASSES["TensorProto"]
+HistogramProto = _CLASSES["HistogramProto"]
+
+# TensorFlow DataType enum values.
+DT_FLOAT, DT_DOUBLE, DT_INT32, DT_UINT8, DT_INT16, DT_INT8, DT_STRING = 1, 2, 3, 4, 5, 6, 7
+DT_INT64, DT_BOOL, DT_BFLOAT16, DT_UINT16, DT_HALF, DT_UINT32, DT_UINT64 = 9, 10, 14, 17, 19, 22, 23
+DT_COMPLEX64, DT_COMPLEX128 = 8, 18
+
+_NUMPY_TO_DT = {
+    np.dtype(np.float32): DT_FLOAT,
+    np.dtype(np.float64): DT_DOUBLE,
+    np.dtype(np.float16): DT_HALF,
+    np.dtype(ml_dtypes.bfloat16): DT_BFLOAT16,
+    np.dtype(np.int8): DT_INT8,
+    np.dtype(np.int16): DT_INT16,
+    np.dtype(np.int32): DT_INT32,
+    np.dtype(np.int64): DT_INT64,
+    np.dtype(np.uint8): DT_UINT8,
+    np.dtype(np.uint16): DT_UINT16,
+    np.dtype(np.uint32): DT_UINT32,
+    np.dtype(np.uint64): DT_UINT64,
+    np.dtype(np.bool_): DT_BOOL,
+    np.dtype(np.complex64): DT_COMPLEX64,
+    np.dtype(np.complex128): DT_COMPLEX128,
+}
+_DT_TO_NUMPY = {dt: np_dtype for np_dtype, dt in _NUMPY_TO_DT.items()}
+
+MODE_PLUGIN = "mode"
+MODE_STEP_PLUGIN = "mode_step"
+FILE_VERSION = "brain.Event:2"
+
+
+def dtype_code(dtype: np.dtype) -> int:
+    """TensorFlow DataType of a numpy dtype; strings are DT_STRING."""
+    if dtype.kind in "USO":
+        return DT_STRING
+    try:
+        return _NUMPY_TO_DT[np.dtype(dtype)]
+    except KeyError:
+        raise TypeError(f"cannot save dtype {dtype}; supported: {', '.join(str(d) for d in _NUMPY_TO_DT)} and strings") from None
+
+
+# --- hand encoding (wire format) ------------------------------------------------------
+
+def _varint(value: int) -> bytes:
+    value &= (1 << 64) - 1
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        if value:
+            out.append(byte | 0x80)
+        else:
+            out.append(byte)
+            return bytes(out)
+
+
+def _key(number: int, wire_type: int) -> bytes:
+    return _varint((number << 3) | wire_type)
+
+
+def _len_field(number: int, body_len: int) -> bytes:
+    return _key(number, 2) + _varint(body_len)
+
+
+def _bytes_field(number: int, body: bytes) -> bytes:
+    return _len_field(number, len(body)) + body
+
+
+def _plugin_data(name: str, content: str) -> bytes:
+    return _bytes_field(1, _bytes_field(1, name.encode()) + _bytes_field(2, content.encode()))
+
+
+def _strings_to_bytes(values: np.ndarray) -> list[bytes]:
+    return [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values.reshape(-1).tolist()]
+
+
+def encode_tensor_event(name: str, value: np.ndarray, step: int, mode: ModeKeys, mode_step: int, wall_time: float | None = None) -> list[bytes | memoryview]:
+    """Serialize an Event holding one tensor, as a list of buffers whose concatenation is the
+    protobuf encoding. The tensor's own memory is the middle buffer (no copy)."""
+    value = np.asarray(value)
+    dtype = dtype_code(value.dtype)
+    shape = b"".join(_bytes_field(2, _key(1, 0) + _varint(d)) if d else _bytes_field(2, b"") for d in value.shape)
+    tensor_head = _key(1, 0) + _varint(dtype) + (_bytes_field(2, shape) if value.ndim else b"")
+    content: memoryview | bytes = b""
+    tensor_tail = b""
+    if dtype == DT_STRING:
+        tensor_head = _bytes_field(2, shape) if value.ndim else b""
+        tensor_head = _key(1, 0) + _varint(dtype) + tensor_head
+        tensor_tail = b"".join(_bytes_field(8, s) for s in _strings_to_bytes(value))
+        content_field = b""
+    else:
+        if value.size:
+            content = memoryview(np.ascontiguousarray(value).view(np.uint8).reshape(-1)) if value.ndim else memoryview(value.reshape(1).view(np.uint8))
+        content_field = _len_field(4, len(content)) if len(content) else b""
+    tensor_len = len(tensor_head) + len(content_field) + len(content) + len(tensor_tail)
+    metadata = _plugin_data(MODE_STEP_PLUGIN, str(mode_step)) + _plugin_data(MODE_PLUGIN, str(int(mode)))
+    tag = _bytes_field(1, name.encode())
+    value_head = tag + _len_field(8, tensor_len) + tensor_head + content_field
+    value_tail = tensor_tail + _bytes_field(9, metadata)
+    value_len = len(value_head) + len(content) + len(value_tail)
+    summary_len = len(_len_field(1, value_len)) + value_len
+    event_head = (
+        _key(1, 1) + struct.pack("<d", time.time() if wall_time is None else wall_time)
+        + (_key(2, 0) + _varint(step) if step else b"")
+        + _len_field(5, summary_len)
+        + _len_field(1, value_len)
+        + value_head
+    )
+    return [event_head, content, value_tail] if len(content) else [event_head + value_tail]
+
+
+def encode_event(event: Any) -> bytes:
+    return event.SerializeToString()
+
+
+def file_version_event(wall_time: float | None = None) -> bytes:
+    return Event(wall_time=time.time() if wall_time is None else wall_time, file_version=FILE_VERSION).SerializeToString()
+
+
+def scalar_event(tag: str, value: float, step: int, wall_time: float | None = None) -> bytes:
+    """A TensorBoard scalar (simple_value), for the tensorboard/ folder."""
+    event = Event(wall_time=time.time() if wall_time is None else wall_time, step=step)
+    event.summary.value.add(tag=tag, simple_value=float(value))
+    return event.SerializeToString()
+
+
+# --- decoding --------------------------------------------------------------------------
+
+@dataclass
+class DecodedTensor:
+    name: str
+    step: int
+    mode: ModeKeys
+    mode_step: int
+    wall_time: float
+    value: np.ndarray
+
+
+def tensor_from_proto(tensor: Any) -> np.ndarray:
+    shape = tuple(d.size for d in tensor.tensor_shape.dim)
+    if tensor.dtype == DT_STRING or (tensor.dtype == 0 and tensor.string_val):
+        strings = [s.decode("utf-8", errors="replace") for s in tensor.string_val]
+        return np.array(strings, dtype=str).reshape(shape if shape else (len(strings),) if len(strings) != 1 else ())
+    try:
+        dtype = _DT_TO_NUMPY[tensor.dtype]
+    except KeyError:
+        raise ValueError(f"unsupported TensorProto dtype {tensor.dtype}") from None
+    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    if tensor.tensor_content:
+        content = tensor.tensor_content
+        if dtype == np.int32 and len(content) == 2 * count:
+            # smdebug 1.0.x labelled float16 tensors DT_INT32 (a typo in its dtype table).
+            dtype = np.dtype(np.float16)
+        return np.frombuffer(content, dtype=dtype).reshape(shape).copy()
+    for field_name in ("float_val", "double_val", "int_val", "int64_val", "bool_val", "half_val"):
+        values = getattr(tensor, field_name)
+        if len(values):
+            if field_name == "half_val":
+                array = np.array(values, dtype=np.uint16).view(dtype)
+            else:
+                array = np.array(values).astype(dtype)
+            if array.size == 1 and count > 1:
+                array = np.full(count, array[0], dtype=dtype)
+            return array.reshape(shape)
+    return np.zeros(shape, dtype=dtype)
+
+
+def decode_tensor_event(payload: bytes | memoryview) -> DecodedTensor:
+    event = Event.FromString(bytes(payload))
+    if not event.HasField("summary") or not event.summary.value:
+        raise ValueError("record holds no summary value")
+    value = event.summary.value[0]
+    mode, mode_step = ModeKeys.GLOBAL, event.step
+    for plugin in value.metadata.plugin_data:
+        if plugin.plugin_name == MODE_STEP_PLUGIN:
+            mode_step = int(plugin.content)
+        elif plugin.plugin_name == MODE_PLUGIN:
+            mode = ModeKeys(int(plugin.content))
+    if value.HasField("tensor"):
+        array = tensor_from_proto(value.tensor)
+    elif value.HasField("simple_value") or value.WhichOneof("value") is None:
+        array = np.array(value.simple_value, dtype=np.float32)
+    else:
+        raise ValueError(f"record value {value.tag!r} holds a {value.WhichOneof('value')}, not a tensor")
+    return DecodedTensor(value.tag, event.step, mode, mode_step, event.wall_time, array)

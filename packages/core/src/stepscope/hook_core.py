@@ -1,0 +1,322 @@
+"""What every framework hook shares: options, step and mode counting, which collections are
+due, what to save of each tensor, buffering a step for the writer, the fail-safe, the stop
+poller, and the profiler side (system monitor, step timeline). Plugins only add *when* a
+step starts and ends and *which* tensors exist."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from . import layout, reductions
+from .collection_manager import CollectionManager
+from .config import (
+    ALWAYS_SAVED_COLLECTIONS,
+    TRAIN_ONLY_COLLECTIONS,
+    Collection,
+    CollectionName,
+    ProfilerConfig,
+    ReductionConfig,
+    SaveConfig,
+)
+from .control import StopPoller
+from .exceptions import ConfigError
+from .hook_config import load_hook_config
+from .modes import ModeKeys
+from .safety import FailSafe, disabled_by_env, write_status
+from .store import open_store
+from .writer import Writer
+
+logger = logging.getLogger("stepscope")
+
+
+class StopTrainingRequested(RuntimeError):
+    """Raised by a plain-loop hook at the end of a step after a rule asked to stop
+    (Lightning and Keras stop through the framework instead)."""
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """What to save of one tensor at the current step."""
+
+    name: str
+    save_raw: bool
+    reductions: tuple[tuple[str, bool], ...]
+    save_shape: bool
+
+
+@dataclass
+class _StepState:
+    global_step: int
+    mode: ModeKeys
+    mode_step: int
+    due: tuple[Collection, ...]
+    due_names: frozenset[str] = frozenset()
+    tensors: dict[str, Any] = field(default_factory=dict)
+    shapes: dict[str, Sequence[int]] = field(default_factory=dict)
+    started_ns: int = 0
+
+
+class HookCore:
+    """Framework-free state of a hook. See the torch and TF plugins for the public hooks."""
+
+    def __init__(
+        self,
+        out_dir: str,
+        *,
+        framework: str,
+        builtin_regexes: Mapping[str, Sequence[str]] | None = None,
+        save_config: SaveConfig | None = None,
+        reduction_config: ReductionConfig | None = None,
+        include_collections: Iterable[str] | None = None,
+        include_regex: Iterable[str] | str | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        profiler_config: ProfilerConfig | None = None,
+        collections: Iterable[Collection] = (),
+        rank: int = 0,
+        world_size: int = 1,
+        local_rank: int = 0,
+        control_poll_s: float = 2.0,
+    ):
+        self.framework = framework
+        self.failsafe = FailSafe(f"{framework} hook")
+        # The profiler side fails on its own: losing the timeline must not stop tensor saving.
+        self.profiler_failsafe = FailSafe(f"{framework} profiler")
+        self.enabled = self.failsafe.enabled
+        if include_workers not in ("one", "all"):
+            raise ConfigError(f"include_workers must be 'one' or 'all', got {include_workers!r}")
+        if save_config is not None and not isinstance(save_config, SaveConfig):
+            raise ConfigError(f"save_config must be a SaveConfig, got {save_config!r}")
+        if reduction_config is not None and not isinstance(reduction_config, ReductionConfig):
+            raise ConfigError(f"reduction_config must be a ReductionConfig, got {reduction_config!r}")
+        if not out_dir:
+            raise ConfigError("out_dir is required (a local path or s3:// URL)")
+        self.out_dir = str(out_dir)
+        self.save_config = save_config or SaveConfig()
+        self.reduction_config = reduction_config or ReductionConfig()
+        self.profiler_config = profiler_config or ProfilerConfig()
+        self.rank, self.world_size, self.local_rank = int(rank), int(world_size), int(local_rank)
+        self.include_workers = include_workers
+        self.worker = layout.worker_name(self.rank)
+        self.writes_tensors = include_workers == "all" or self.rank == 0
+        self.num_workers = self.world_size if include_workers == "all" else 1
+
+        self.collections = CollectionManager(collections, builtin_regexes=builtin_regexes)
+        if isinstance(include_regex, str):
+            include_regex = [include_regex]
+        if include_regex:
+            self.collections.get(CollectionName.DEFAULT).include(*include_regex)
+        if save_all:
+            self.collections.get(CollectionName.ALL).include(".*")
+        names = list(include_collections or []) + [c.name for c in collections]
+        names += sorted(ALWAYS_SAVED_COLLECTIONS)
+        if include_regex:
+            names.append(CollectionName.DEFAULT)
+        if save_all:
+            names.append(CollectionName.ALL)
+        unknown = [n for n in names if n not in self.collections]
+        if unknown:
+            raise ConfigError(f"include_collections: unknown collection(s) {unknown}; known: {', '.join(self.collections.names())} (define others with collections=[Collection(...)])")
+        self.included: tuple[Collection, ...] = tuple(
+            self.collections.get(n).with_defaults(self.save_config, self.reduction_config) for n in dict.fromkeys(names)
+        )
+        self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
+        self._mode_counts = {mode: 0 for mode in ModeKeys}
+        self._global_step = 0
+        self.step: _StepState | None = None
+        self.mode = ModeKeys.TRAIN
+        self.store = None
+        self.writer: Writer | None = None
+        self.stop_poller: StopPoller | None = None
+        self.monitor = None
+        self.timeline = None
+        self._closed = False
+        if not self.enabled:
+            return
+        self.store = open_store(self.out_dir)  # raises ConfigError when out_dir is a file
+        self.failsafe._on_failure = lambda status: write_status(self.store, self.worker, status)
+        self.profiler_failsafe._on_failure = lambda status: write_status(self.store, f"{self.worker}_profiler", status)
+        if self.writes_tensors:
+            self.writer = Writer(self.store, self.worker)
+            self._write_collections()
+        self.stop_poller = StopPoller(self.store, control_poll_s)
+        self.profiler_failsafe.call(self._start_profiler)
+
+    @staticmethod
+    def options_from_json(path: str | None = None) -> dict[str, Any]:
+        """Hook keyword arguments from smdebug's hook JSON (see hook_config). Entries for
+        built-in collections without a regex keep the built-in regexes and change only
+        their save and reduction settings."""
+        config = load_hook_config(path)
+        options: dict[str, Any] = {
+            "save_config": config.save_config,
+            "reduction_config": config.reduction_config,
+            "collections": list(config.collections.values()),
+            "include_regex": list(config.include_regex) or None,
+            "save_all": config.save_all,
+            "include_workers": config.include_workers,
+        }
+        if config.out_dir:
+            options["out_dir"] = config.out_dir
+        return options
+
+    # --- profiler side ----------------------------------------------------------------
+
+    def _start_profiler(self) -> None:
+        from .profiler import SystemMonitor, TimelineWriter
+
+        node = socket.gethostname()
+        config = self.profiler_config
+        if config.system_monitor and SystemMonitor.should_run(self.rank, self.local_rank, config.monitor_every_rank):
+            self.monitor = SystemMonitor(self.store, interval_ms=config.monitor_interval_ms, node_id=node if not config.monitor_every_rank else f"{node}-rank{self.rank}")
+            self.monitor.start()
+        if config.step_timeline:
+            self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
+
+    def add_timeline(self, name: str, start_ns: int, end_ns: int, phase: str = "step", args: dict[str, Any] | None = None) -> None:
+        """Record one span of the current step (absolute time.time_ns() times)."""
+        if self.timeline is not None and self.step is not None and self.profiler_failsafe.enabled:
+            self.profiler_failsafe.call(self.timeline.add,name, start_ns, end_ns, step=self.step.global_step, mode=self.step.mode, phase=phase, args=args)
+
+    # --- steps ------------------------------------------------------------------------
+
+    @property
+    def active(self) -> bool:
+        return self.failsafe.enabled and not self._closed and not (self.writer is not None and self.writer.failed)
+
+    def begin_step(self, mode: ModeKeys | None = None) -> bool:
+        """Open the next step in `mode`; True when some collection is due at it."""
+        if self.step is not None:
+            self.end_step()
+        mode = self.mode if mode is None else mode
+        self.mode = mode
+        mode_step = self._mode_counts[mode]
+        self._mode_counts[mode] = mode_step + 1
+        due: tuple[Collection, ...] = ()
+        if self.writes_tensors and self.active:
+            due = tuple(
+                c for c in self.included
+                if c.save_config.should_save(mode_step, mode) and not (mode != ModeKeys.TRAIN and c.name in TRAIN_ONLY_COLLECTIONS)
+            )
+        self.step = _StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due))
+        self._global_step += 1
+        return bool(due)
+
+    @property
+    def due(self) -> bool:
+        return self.step is not None and bool(self.step.due)
+
+    def is_due(self, collection: str) -> bool:
+        return self.step is not None and collection in self.step.due_names
+
+    def _matching(self, name: str, collections: tuple[str, ...]) -> tuple[Collection, ...]:
+        key = (name, collections)
+        found = self._matching_cache.get(key)
+        if found is None:
+            found = tuple(c for c in self.included if c.name in collections or c.matches(name))
+            self._matching_cache[key] = found
+            for c in found:
+                c.add_tensor_name(name)
+        return found
+
+    def plan(self, name: str, collections: Iterable[str] = ()) -> TensorPlan | None:
+        """What to save of tensor `name` (member of `collections` by the plugin's knowledge,
+        plus any included collection whose regex matches) at the current step; None: nothing."""
+        if self.step is None or not self.step.due:
+            return None
+        due = self.step.due_names
+        matched = [c for c in self._matching(name, tuple(collections)) if c.name in due]
+        if not matched:
+            return None
+        save_raw, save_shape, wanted = False, False, []
+        for c in matched:
+            rc = c.reduction_config
+            save_raw = save_raw or rc.save_raw_tensor or rc.is_empty
+            save_shape = save_shape or rc.save_shape
+            wanted.extend(rc.requested())
+        return TensorPlan(name, save_raw, tuple(dict.fromkeys(wanted)), save_shape)
+
+    def record(self, plan: TensorPlan, raw: Any = None, reduction_values: Mapping[tuple[str, bool], Any] | None = None, shape: Sequence[int] | None = None) -> None:
+        """Buffer what the plugin computed for `plan` in the current step."""
+        step = self.step
+        if step is None:
+            return
+        if plan.save_raw and raw is not None:
+            step.tensors[plan.name] = raw
+        for (reduction, is_abs), value in (reduction_values or {}).items():
+            step.tensors[reductions.reduction_tensor_name(plan.name, reduction, is_abs)] = value
+        if plan.save_shape and shape is not None:
+            step.shapes[plan.name] = tuple(int(d) for d in shape)
+
+    def save_numpy(self, name: str, value: Any, collections: Iterable[str] = ()) -> None:
+        """Save a host value (scalar, numpy array) at the current step, reductions by numpy."""
+        plan = self.plan(name, collections)
+        if plan is None:
+            return
+        array = np.asarray(value)
+        values = {(r, a): reductions.compute(array, r, a) for r, a in plan.reductions if array.size}
+        self.record(plan, array, values, array.shape)
+
+    def end_step(self) -> None:
+        """Hand the step to the writer (nothing happens when nothing was recorded)."""
+        step, self.step = self.step, None
+        if step is None or not (step.tensors or step.shapes) or self.writer is None:
+            return
+        self.writer.write_step(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes)
+        if self.writer.failed:
+            self.failsafe.enabled = False
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.stop_poller is not None and self.stop_poller.stop_requested
+
+    @property
+    def global_step(self) -> int:
+        return self._global_step
+
+    def mode_step(self, mode: ModeKeys) -> int:
+        return self._mode_counts[mode]
+
+    # --- end --------------------------------------------------------------------------
+
+    def _write_collections(self) -> None:
+        if self.writer is None:
+            return
+        manager = CollectionManager(self.included)
+        self.writer.write_collections(manager.dumps(self.num_workers))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        try:
+            if self.step is not None:
+                self.failsafe.call(self.end_step)
+            if self.writer is not None:
+                self.failsafe.call(self._write_collections)
+                # Only rank 0 marks the job finished; other workers just flush.
+                self.writer.close(end_marker=self.rank == 0)
+            for part in (self.timeline, self.monitor, self.stop_poller):
+                if part is not None:
+                    method = getattr(part, "close", None) or getattr(part, "stop")
+                    self.profiler_failsafe.call(method)
+        finally:
+            self._closed = True
+
+
+def wall_ns(perf_ns: int, perf_origin_ns: int, wall_origin_ns: int) -> int:
+    """Convert a perf_counter_ns reading to absolute wall time (ns since the epoch)."""
+    return wall_origin_ns + (perf_ns - perf_origin_ns)
+
+
+def clock_origin() -> tuple[int, int]:
+    """(perf_counter_ns, time_ns) read together, for `wall_ns`."""
+    return time.perf_counter_ns(), time.time_ns()
+
+
+__all__ = ["HookCore", "TensorPlan", "StopTrainingRequested", "disabled_by_env"]

@@ -1,0 +1,47 @@
+"""Where each file of a job lives, relative to the job's root (smdebug-compatible)."""
+
+from __future__ import annotations
+
+import re
+
+EVENTS_DIR = "events"
+INDEX_DIR = "index"
+COLLECTIONS_DIR = "collections/000000000"
+END_MARKER = "training_job_end.ts"
+STATUS_DIR = "stepscope-status"
+CONTROL_DIR = "stepscope-control"
+PROFILER_DIR = "profiler-output"
+SYSTEM_METRICS_DIR = f"{PROFILER_DIR}/system/incremental"
+FRAMEWORK_DIR = f"{PROFILER_DIR}/framework"
+RULE_OUTPUT_DIR = "rule-output"
+TENSORBOARD_DIR = "tensorboard"
+
+INDEX_KEY_RE = re.compile(r"^index/(\d{9})/(\d{12})_(.+)\.json$")
+
+
+def event_file_key(step: int, worker: str) -> str:
+    return f"{EVENTS_DIR}/{step:012d}/{step:012d}_{worker}.tfevents"
+
+
+def index_file_key(step: int, worker: str) -> str:
+    return f"{INDEX_DIR}/{step // 1000:09d}/{step:012d}_{worker}.json"
+
+
+def collections_key(worker: str) -> str:
+    return f"{COLLECTIONS_DIR}/{worker}_collections.json"
+
+
+def status_key(worker: str) -> str:
+    return f"{STATUS_DIR}/{worker}.json"
+
+
+def parse_index_key(key: str) -> tuple[int, str] | None:
+    """(step, worker) of an index key, or None for anything else."""
+    match = INDEX_KEY_RE.match(key)
+    if not match:
+        return None
+    return int(match.group(2)), match.group(3)
+
+
+def worker_name(rank: int | None) -> str:
+    return f"worker_{rank or 0}"

@@ -1,0 +1,75 @@
+"""TFRecord framing: `u64 length | u32 masked_crc32c(length) | payload | u32 masked_crc32c(payload)`.
+
+CRC-32C comes from the `crc32c` C extension (hardware-accelerated, releases the GIL)."""
+
+from __future__ import annotations
+
+import struct
+from typing import Iterator, Sequence
+
+import crc32c as _crc32c
+
+from .exceptions import CorruptRecord
+
+HEADER_SIZE = 12
+FOOTER_SIZE = 4
+OVERHEAD = HEADER_SIZE + FOOTER_SIZE
+_MASK_DELTA = 0xA282EAD8
+_U64 = struct.Struct("<Q")
+_U32 = struct.Struct("<I")
+
+
+def masked_crc(data: bytes | memoryview) -> int:
+    return mask(_crc32c.crc32c(data))
+
+
+def mask(crc: int) -> int:
+    return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
+
+
+# smdebug wrote the masked CRC of b"\x12\x34\x56\x78" instead of each tensor payload's CRC.
+SMDEBUG_PLACEHOLDER_CRC = 0x062DC0B3
+
+
+def frame(parts: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
+    """Frame a payload given as several buffers, without joining them (no copy of big tensors)."""
+    length = sum(memoryview(p).nbytes for p in parts)
+    length_bytes = _U64.pack(length)
+    crc = 0
+    for part in parts:
+        crc = _crc32c.crc32c(part, crc)
+    return [length_bytes + _U32.pack(masked_crc(length_bytes)), *parts, _U32.pack(mask(crc))]
+
+
+def frame_bytes(payload: bytes) -> bytes:
+    return b"".join(frame([payload]))
+
+
+def parse_record(buf: bytes | memoryview, offset: int = 0, *, path: str = "<memory>", allow_placeholder_crc: bool = False) -> tuple[memoryview, int]:
+    """Decode the record starting at `offset`; return (payload, offset of the next record)."""
+    view = memoryview(buf)
+    if len(view) - offset < HEADER_SIZE:
+        raise CorruptRecord(path, offset, f"truncated record header ({len(view) - offset} of {HEADER_SIZE} bytes)")
+    length_bytes = view[offset : offset + 8]
+    (length,) = _U64.unpack(length_bytes)
+    (length_crc,) = _U32.unpack(view[offset + 8 : offset + 12])
+    if masked_crc(length_bytes) != length_crc:
+        raise CorruptRecord(path, offset, "length CRC mismatch (corrupt record header)")
+    end = offset + HEADER_SIZE + length + FOOTER_SIZE
+    if end > len(view):
+        raise CorruptRecord(path, offset, f"truncated record: needs {HEADER_SIZE + length + FOOTER_SIZE} bytes, {len(view) - offset} left")
+    payload = view[offset + HEADER_SIZE : offset + HEADER_SIZE + length]
+    (payload_crc,) = _U32.unpack(view[end - FOOTER_SIZE : end])
+    if payload_crc != masked_crc(payload) and not (allow_placeholder_crc and payload_crc == SMDEBUG_PLACEHOLDER_CRC):
+        raise CorruptRecord(path, offset, "payload CRC mismatch (corrupt data)")
+    return payload, end
+
+
+def iter_records(buf: bytes | memoryview, *, path: str = "<memory>", allow_placeholder_crc: bool = False) -> Iterator[tuple[int, memoryview]]:
+    """Yield (offset, payload) for every record in a whole file."""
+    offset = 0
+    size = len(memoryview(buf))
+    while offset < size:
+        payload, next_offset = parse_record(buf, offset, path=path, allow_placeholder_crc=allow_placeholder_crc)
+        yield offset, payload
+        offset = next_offset

@@ -1,0 +1,80 @@
+"""The "never break training" contract: the opt-out switch, and the fail-safe that turns a
+component off after its first error (logged once, recorded in a status file)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+import traceback
+from typing import Any, Callable, TypeVar
+
+DISABLE_ENV = "STEPSCOPE_DISABLE"
+logger = logging.getLogger("stepscope")
+T = TypeVar("T")
+
+
+def disabled_by_env() -> bool:
+    """True when STEPSCOPE_DISABLE is set to anything but "", "0" or "false"."""
+    return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def failure_status(component: str, exc: BaseException) -> dict[str, Any]:
+    return {
+        "state": "failed",
+        "component": component,
+        "error": f"{type(exc).__name__}: {exc}",
+        "traceback": "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        "time": time.time(),
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+    }
+
+
+class FailSafe:
+    """Runs calls into stepscope on behalf of a training loop. The first exception is
+    logged with its traceback, handed to `on_failure` (which writes the status file), and
+    the fail-safe disables itself so that every later call is a no-op."""
+
+    def __init__(self, component: str, on_failure: Callable[[dict[str, Any]], None] | None = None):
+        self.component = component
+        self.enabled = not disabled_by_env()
+        self.error: BaseException | None = None
+        self._on_failure = on_failure
+        self._lock = threading.Lock()
+
+    def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
+        if not self.enabled:
+            return None
+        try:
+            return fn(*args, **kwargs)
+        except Exception as exc:  # the contract: nothing escapes into training
+            self.fail(exc)
+            return None
+
+    def fail(self, exc: BaseException) -> None:
+        with self._lock:
+            if self.error is not None:
+                return
+            self.error = exc
+            self.enabled = False
+        logger.error(
+            "stepscope: %s failed and is now disabled for the rest of this run; training continues.\n%s",
+            self.component,
+            "".join(traceback.format_exception(type(exc), exc, exc.__traceback__)),
+        )
+        if self._on_failure is not None:
+            try:
+                self._on_failure(failure_status(self.component, exc))
+            except Exception as status_exc:
+                logger.error("stepscope: could not record the failure status either: %s", status_exc)
+
+
+def write_status(store, worker: str, status: dict[str, Any]) -> None:
+    """Best effort: publish the status file of `worker` in the job's store."""
+    from .layout import status_key
+
+    store.write(status_key(worker), json.dumps(status, indent=1).encode())

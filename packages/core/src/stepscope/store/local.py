@@ -1,0 +1,88 @@
+"""A store in a local folder."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Sequence
+
+from ..exceptions import ConfigError, StoreError
+from .base import Store
+
+
+class LocalStore(Store):
+    def __init__(self, root: str | os.PathLike[str]):
+        self.root = Path(root).expanduser()
+        if self.root.exists() and not self.root.is_dir():
+            raise ConfigError(f"out_dir {self.root} exists and is not a directory")
+        self.url = str(self.root)
+
+    def _path(self, key: str) -> Path:
+        return self.root / key
+
+    def write(self, key: str, data: "bytes | Sequence[bytes | memoryview]") -> None:
+        target = self._path(key)
+        parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb", buffering=0) as handle:
+                    for part in parts:
+                        view = memoryview(part)
+                        while view.nbytes:
+                            written = handle.write(view)
+                            view = view[written:]
+                os.replace(tmp, target)
+            except BaseException:
+                try:
+                    os.unlink(tmp)
+                except OSError:
+                    pass
+                raise
+        except OSError as exc:
+            raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
+
+    def read(self, key: str) -> bytes:
+        return self._path(key).read_bytes()
+
+    def read_range(self, key: str, start: int, length: int) -> bytes:
+        with open(self._path(key), "rb") as handle:
+            handle.seek(start)
+            return handle.read(length)
+
+    def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        base = self._path(prefix) if prefix else self.root
+        # A prefix may name a folder or the start of file names inside one.
+        folder = base if base.is_dir() else base.parent
+        if not folder.is_dir():
+            return []
+        keys = []
+        root_len = len(str(self.root)) + 1
+        for dirpath, dirnames, filenames in os.walk(folder):
+            rel_dir = dirpath[root_len:].replace(os.sep, "/") if dirpath != str(self.root) else ""
+            if start_after is not None:
+                # Skip whole folders that sort entirely before start_after (cheap follow-up listings).
+                dirnames[:] = [d for d in dirnames if not (f"{rel_dir}/{d}/" if rel_dir else f"{d}/") < start_after[: len(f"{rel_dir}/{d}/" if rel_dir else f"{d}/")]]
+            dirnames.sort()
+            for name in filenames:
+                if name.startswith(".") and name.endswith(".tmp"):
+                    continue
+                key = f"{rel_dir}/{name}" if rel_dir else name
+                if key.startswith(prefix) and (start_after is None or key > start_after):
+                    keys.append(key)
+        keys.sort()
+        return keys
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).exists()
+
+    def delete(self, key: str) -> None:
+        try:
+            self._path(key).unlink()
+        except FileNotFoundError:
+            pass
+
+    def describe(self, key: str = "") -> str:
+        return str(self._path(key)) if key else str(self.root)

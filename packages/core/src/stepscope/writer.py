@@ -1,0 +1,213 @@
+"""Background writer of one worker's steps: the training thread only enqueues; a thread
+frames records, writes each step's event file, then its index file (published last)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from . import events, layout, records
+from .modes import ModeKeys
+from .safety import FailSafe, write_status
+from .store import Store, open_store
+
+logger = logging.getLogger("stepscope")
+
+DEFAULT_MAX_QUEUE_BYTES = 512 * 1024 * 1024
+
+
+class PendingValue(Protocol):
+    """A value whose host copy is still in flight (e.g. a non-blocking CUDA copy)."""
+
+    nbytes: int
+
+    def resolve(self) -> np.ndarray: ...
+
+
+@dataclass
+class Deferred:
+    """Wraps a zero-argument function that returns the value, run on the writer thread."""
+
+    fn: Callable[[], Any]
+    nbytes: int = 0
+
+    def resolve(self) -> np.ndarray:
+        return np.asarray(self.fn())
+
+
+@dataclass
+class _StepJob:
+    step: int
+    mode: ModeKeys
+    mode_step: int
+    tensors: Mapping[str, Any]
+    shapes: Mapping[str, Sequence[int]]
+    nbytes: int
+
+
+@dataclass
+class _FileJob:
+    key: str
+    data: Any
+    nbytes: int
+
+
+@dataclass
+class _Barrier:
+    done: threading.Event
+
+
+def _as_array(value: Any) -> np.ndarray:
+    if hasattr(value, "resolve"):
+        value = value.resolve()
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise TypeError(f"cannot save an object array ({array.shape}); convert it to numbers or strings")
+    return array
+
+
+class Writer:
+    """Writes steps of one worker to a store.
+
+    `write_step` hands over a whole step (every tensor of it, raw values and reductions
+    alike); values may be numpy arrays or `PendingValue`s resolved on the writer thread.
+    The queue holds at most `max_queue_bytes`; a producer that would exceed it waits (back
+    pressure rather than silently dropping data). A failure to write is logged once,
+    recorded in `stepscope-status/<worker>.json`, and the writer stops accepting work;
+    it never raises into the training thread."""
+
+    def __init__(self, out_dir: "str | Store", worker: str = "worker_0", *, max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES):
+        self.store = open_store(out_dir)
+        self.worker = worker
+        self.max_queue_bytes = int(max_queue_bytes)
+        self._failsafe = FailSafe(f"writer ({worker})", on_failure=lambda status: write_status(self.store, worker, status))
+        self._queue: deque[Any] = deque()
+        self._queued_bytes = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._published: set[int] = set()
+        self._thread = threading.Thread(target=self._run, name=f"stepscope-writer-{worker}", daemon=True)
+        self._thread.start()
+
+    # --- producer side (training thread) ---------------------------------------------
+
+    @property
+    def failed(self) -> bool:
+        return self._failsafe.error is not None
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._failsafe.error
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closed and self._failsafe.enabled
+
+    def write_step(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]] | None = None) -> bool:
+        """Enqueue one step; returns False (and drops it) once the writer is closed or failed."""
+        nbytes = sum(int(getattr(v, "nbytes", 0)) for v in tensors.values())
+        return self._put(_StepJob(int(step), ModeKeys.parse(mode), int(mode_step), dict(tensors), dict(shapes or {}), nbytes), nbytes)
+
+    def write_file(self, key: str, data: bytes) -> bool:
+        """Enqueue a whole file (collections JSON, a control or report object)."""
+        return self._put(_FileJob(key, data, len(data)), len(data))
+
+    def write_collections(self, collections_json: bytes) -> bool:
+        return self.write_file(layout.collections_key(self.worker), collections_json)
+
+    def _put(self, job: Any, nbytes: int) -> bool:
+        if not self.accepting:
+            return False
+        with self._cond:
+            # Back pressure: wait for room, but always admit a job into an empty queue.
+            while self._queued_bytes and self._queued_bytes + nbytes > self.max_queue_bytes and self.accepting:
+                self._cond.wait(0.5)
+            if not self.accepting:
+                return False
+            self._queue.append(job)
+            self._queued_bytes += nbytes
+            self._cond.notify_all()
+        return True
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything enqueued so far is published (or dropped on failure)."""
+        if not self._thread.is_alive():
+            return True
+        barrier = _Barrier(threading.Event())
+        with self._cond:
+            self._queue.append(barrier)
+            self._cond.notify_all()
+        return barrier.done.wait(timeout)
+
+    def close(self, timeout: float | None = None, *, end_marker: bool = True) -> None:
+        """Flush, write training_job_end.ts (unless told not to), stop the thread."""
+        if self._closed:
+            return
+        self.flush(timeout)
+        if end_marker and not self.failed:
+            self._failsafe.call(self.store.write, layout.END_MARKER, b"")
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        self._thread.join(timeout)
+
+    def __enter__(self) -> "Writer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # --- consumer side (writer thread) ------------------------------------------------
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if not self._queue:
+                    return
+                job = self._queue.popleft()
+            if isinstance(job, _Barrier):
+                job.done.set()
+                continue
+            if self._failsafe.enabled:
+                self._failsafe.call(self._write_job, job)
+            with self._cond:
+                self._queued_bytes -= job.nbytes
+                self._cond.notify_all()
+
+    def _write_job(self, job: Any) -> None:
+        if isinstance(job, _FileJob):
+            self.store.write(job.key, job.data)
+            return
+        if job.step in self._published:
+            logger.warning("stepscope: step %d of %s was handed over twice; the second one is dropped", job.step, self.worker)
+            return
+        self._write_step(job)
+        self._published.add(job.step)
+
+    def _write_step(self, job: _StepJob) -> None:
+        event_key = layout.event_file_key(job.step, self.worker)
+        parts: list[Any] = records.frame([events.file_version_event()])
+        offset = sum(len(p) for p in parts)
+        payload_index = []
+        for name, value in job.tensors.items():
+            array = _as_array(value)
+            framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step))
+            length = sum(memoryview(p).nbytes for p in framed)
+            payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
+            parts.extend(framed)
+            offset += length
+        self.store.write(event_key, parts)
+        index = {
+            "meta": {"mode": job.mode.name, "mode_step": job.mode_step, "event_file_name": event_key},
+            "tensor_payload": payload_index,
+            "shape_payload": [{"tensorname": n, "originalname": n, "shape": [int(d) for d in s]} for n, s in job.shapes.items()],
+        }
+        self.store.write(layout.index_file_key(job.step, self.worker), json.dumps(index).encode())
