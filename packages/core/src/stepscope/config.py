@@ -102,7 +102,7 @@ class SaveConfig:
         end_step: int | None = None,
         mode_save_configs: Mapping[ModeKeys | str, SaveConfigMode | Mapping[str, Any] | None] | None = None,
     ):
-        default = SaveConfigMode(save_interval, tuple(save_steps or ()), start_step, end_step)
+        default = SaveConfigMode(save_interval, save_steps or (), start_step, end_step)
         self._modes: dict[ModeKeys, SaveConfigMode] = {mode: default for mode in ALL_MODES}
         for key, value in (mode_save_configs or {}).items():
             try:

@@ -27,7 +27,7 @@ def mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-# smdebug wrote the masked CRC of b"\x12\x34\x56\x78" instead of each tensor payload's CRC.
+# smdebug wrote the masked CRC of the ASCII text "0x12345678" instead of each tensor payload's CRC.
 SMDEBUG_PLACEHOLDER_CRC = 0x062DC0B3
 
 

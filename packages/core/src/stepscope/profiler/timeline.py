@@ -1,0 +1,397 @@
+"""The framework step timeline: the plugins' step and phase intervals as Chrome-trace JSON
+files (one schema, documented in docs/profiler.md), the writer the plugins call, and the
+parser the reader uses for our files and for SageMaker's legacy `pythontimeline` files.
+
+Each flush publishes a new immutable file:
+`profiler-output/framework/steps/<YYYYMMDDHH>/<flush µs:016d>_<node>_rank<r>_pid<p>_<seq:06d>.steps.json`
+(UTC hour of the flush), so keys sort by time and a reader follows a job by listing what is new."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Sequence
+
+from ..exceptions import ConfigError, CorruptRecord
+from ..layout import FRAMEWORK_DIR
+from ..modes import ModeKeys
+from ..store import Store, open_store
+from .monitor import default_node_id
+
+logger = logging.getLogger("stepscope.profiler")
+
+STEP_TIMELINE_DIR = f"{FRAMEWORK_DIR}/steps"
+LEGACY_TIMELINE_DIR = f"{FRAMEWORK_DIR}/pevents"  # smdebug's python timeline files
+SCHEMA = "stepscope.step_timeline"
+SCHEMA_VERSION = 1
+
+PHASES = ("step", "data", "forward", "backward", "optimizer", "eval_step", "predict_step")
+STEP_PHASES = ("step", "eval_step", "predict_step")  # a whole step of its mode
+FRAMEWORKS = ("pytorch", "tensorflow")
+
+# Bounds memory when the store is unreachable for a long time; beyond it events are dropped.
+_MAX_BUFFERED_EVENTS = 1_000_000
+_OVERFLOW_TID = 100  # lanes for events that overlap without nesting: 100 * mode + k
+
+_KEY_RE = re.compile(r"^(\d{16})_(.+)_rank(-?\d+)_pid(\d+)_(\d+)\.steps\.json$")
+_LEGACY_KEY_RE = re.compile(r"^(\d+)_(.+?)_(?:python|model)_?timeline\.json$")
+_LEGACY_STEP_RE = re.compile(r"^Step:ModeKeys\.(TRAIN|EVAL|PREDICT|GLOBAL)$")
+# smdebug wrote some timestamps relative to a base given in a metadata event; anything
+# before 1973 in microseconds is such a relative time.
+_RELATIVE_TS_LIMIT_US = 1e14
+
+
+def timeline_key(flush_ns: int, node_id: str, rank: int, pid: int, sequence: int) -> str:
+    hour = time.strftime("%Y%m%d%H", time.gmtime(flush_ns / 1e9))
+    return f"{STEP_TIMELINE_DIR}/{hour}/{flush_ns // 1000:016d}_{node_id}_rank{rank}_pid{pid}_{sequence:06d}.steps.json"
+
+
+def is_timeline_key(key: str) -> bool:
+    name = key.rsplit("/", 1)[-1]
+    return bool(_KEY_RE.match(name) or _LEGACY_KEY_RE.match(name))
+
+
+# --- writing ----------------------------------------------------------------------------
+
+# (name, start_ns, end_ns, step, mode, phase, args): a plain tuple keeps add() cheap.
+_Buffered = tuple[str, int, int, int, Any, str, "dict[str, Any] | None"]
+
+
+@dataclass(frozen=True)
+class TimelineConfig:
+    node_id: str
+    rank: int = 0
+    framework: str = "pytorch"
+    flush_interval_s: float = 10.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.node_id, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", self.node_id):
+            raise ConfigError(f"node_id: {self.node_id!r} must be non-empty letters, digits, '.', '_' or '-'")
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
+            raise ConfigError(f"rank: {self.rank!r} must be an integer >= 0")
+        if self.framework not in FRAMEWORKS:
+            raise ConfigError(f"framework: {self.framework!r} is not one of {', '.join(FRAMEWORKS)}")
+        if not isinstance(self.flush_interval_s, (int, float)) or not self.flush_interval_s > 0:
+            raise ConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number > 0")
+
+
+class TimelineWriter:
+    """Collects step/phase intervals (`add` is a locked list append, no I/O) and publishes
+    them as a new Chrome-trace file at every flush: from a background timer every
+    `flush_interval_s`, on `flush()`, and at `close()`. Never raises into training."""
+
+    def __init__(
+        self,
+        out_dir: "str | os.PathLike[str] | Store",
+        node_id: str | None = None,
+        rank: int = 0,
+        framework: str = "pytorch",
+        flush_interval_s: float = 10.0,
+    ):
+        self.config = TimelineConfig(node_id or default_node_id(), rank, framework, flush_interval_s)
+        self._store = open_store(out_dir if isinstance(out_dir, Store) else os.fspath(out_dir))
+        self._start_ns = time.time_ns()
+        self._pid = os.getpid()
+        self._events: list[_Buffered] = []
+        self._lock = threading.Lock()
+        self._flush_lock = threading.Lock()
+        self._sequence = 0
+        self._closed = False
+        self._warned: set[str] = set()
+        self._stop = threading.Event()
+        self._timer = threading.Thread(target=self._flush_periodically, name="stepscope-timeline-flush", daemon=True)
+        self._timer.start()
+
+    def add(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        *,
+        step: int,
+        mode: ModeKeys,
+        phase: str = "step",
+        args: dict[str, Any] | None = None,
+    ) -> None:
+        """Record one interval; times are absolute `time.time_ns()` nanoseconds."""
+        event = (name, start_ns, end_ns, step, mode, phase, args)
+        with self._lock:
+            if self._closed or len(self._events) >= _MAX_BUFFERED_EVENTS:
+                dropped = True
+            else:
+                self._events.append(event)
+                dropped = False
+        if dropped:
+            self._warn_once("dropped", "step timeline: writer closed or buffer full; events dropped")
+
+    def flush(self) -> str | None:
+        """Publish what is buffered as a new file; returns its key (None when nothing was
+        buffered or the write failed)."""
+        with self._flush_lock:
+            with self._lock:
+                events, self._events = self._events, []
+            if not events:
+                return None
+            try:
+                flush_ns = time.time_ns()
+                key = timeline_key(flush_ns, self.config.node_id, self.config.rank, self._pid, self._sequence)
+                self._sequence += 1
+                data = encode_timeline(
+                    events,
+                    node_id=self.config.node_id,
+                    rank=self.config.rank,
+                    framework=self.config.framework,
+                    pid=self._pid,
+                    writer_start_ns=self._start_ns,
+                    sequence=self._sequence - 1,
+                )
+                self._store.write(key, data)
+                return key
+            except Exception as exc:
+                self._warn_once("flush", f"step timeline: could not publish {len(events)} events ({exc!r}); they are lost")
+                return None
+
+    def close(self) -> None:
+        """Stop the timer and publish what is left. Idempotent; never raises."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        try:
+            self._stop.set()
+            if self._timer is not threading.current_thread():
+                self._timer.join(timeout=30)
+            self.flush()
+        except Exception as exc:
+            self._warn_once("close", f"step timeline: error while closing ({exc!r})")
+
+    def __enter__(self) -> "TimelineWriter":
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def _flush_periodically(self) -> None:
+        while not self._stop.wait(self.config.flush_interval_s):
+            self.flush()
+
+    def _warn_once(self, what: str, message: str) -> None:
+        if what in self._warned:
+            logger.debug(message)
+            return
+        self._warned.add(what)
+        logger.warning(message)
+
+
+def encode_timeline(
+    events: Sequence[_Buffered],
+    *,
+    node_id: str,
+    rank: int,
+    framework: str,
+    pid: int,
+    writer_start_ns: int,
+    sequence: int = 0,
+) -> bytes:
+    """One Chrome-trace file for `events` (tuples as TimelineWriter buffers them)."""
+    slices = []
+    for name, start_ns, end_ns, step, mode, phase, args in events:
+        try:
+            mode = ModeKeys.parse(mode)
+            slices.append((int(start_ns), max(int(end_ns), int(start_ns)), str(name), int(step), mode, str(phase), args))
+        except (TypeError, ValueError) as exc:
+            logger.warning("step timeline: event %r skipped (%s)", name, exc)
+    slices.sort(key=lambda s: (s[0], -s[1]))
+    tids = _assign_lanes(slices)
+
+    lines = [json.dumps(_meta("process_name", rank, None, {"name": f"rank {rank} ({node_id}, {framework})"}))]
+    lines.append(json.dumps(_meta("process_sort_index", rank, None, {"sort_index": rank})))
+    for tid in sorted(set(tids)):
+        mode = ModeKeys(tid if tid < _OVERFLOW_TID else tid // _OVERFLOW_TID)
+        label = mode.name if tid < _OVERFLOW_TID else f"{mode.name} (overlapping {tid % _OVERFLOW_TID})"
+        lines.append(json.dumps(_meta("thread_name", rank, tid, {"name": label})))
+        lines.append(json.dumps(_meta("thread_sort_index", rank, tid, {"sort_index": tid})))
+    # One dumps per event rather than one for the whole list: the interpreter can switch
+    # threads between events, so a large flush never holds the GIL against training.
+    for (start_ns, end_ns, name, step, mode, phase, args), tid in zip(slices, tids):
+        event_args = dict(args) if args else {}
+        event_args.update(step=step, mode=mode.name, phase=phase)
+        lines.append(
+            json.dumps(
+                {
+                    "name": name,
+                    "cat": phase,
+                    "ph": "X",
+                    "ts": round(start_ns / 1000, 3),
+                    "dur": round((end_ns - start_ns) / 1000, 3),
+                    "pid": rank,
+                    "tid": tid,
+                    "args": event_args,
+                },
+                default=str,
+            )
+        )
+    metadata = {
+        "schema": SCHEMA,
+        "schema_version": SCHEMA_VERSION,
+        "node_id": node_id,
+        "rank": rank,
+        "framework": framework,
+        "pid": pid,
+        "writer_start_ns": writer_start_ns,
+        "sequence": sequence,
+        "first_start_ns": slices[0][0] if slices else None,
+        "last_end_ns": max((s[1] for s in slices), default=None),
+    }
+    body = ",\n".join(lines)
+    return f'{{"traceEvents": [\n{body}\n],\n"displayTimeUnit": "ms",\n"metadata": {json.dumps(metadata)}}}\n'.encode()
+
+
+def _meta(name: str, pid: int, tid: int | None, args: dict[str, Any]) -> dict[str, Any]:
+    event: dict[str, Any] = {"name": name, "ph": "M", "pid": pid}
+    if tid is not None:
+        event["tid"] = tid
+    event["args"] = args
+    return event
+
+
+def _assign_lanes(slices: Sequence[tuple[int, int, str, int, ModeKeys, str, Any]]) -> list[int]:
+    """A track (tid) per mode, where steps contain their phases; an interval that overlaps
+    another without nesting in it (a prefetch crossing a step boundary) goes to an overflow
+    track, because Perfetto needs the slices of one track properly nested. `slices` must be
+    sorted by (start, -end)."""
+    # lanes[mode] is a list of stacks of open end times, one stack per track of that mode.
+    lanes: dict[ModeKeys, list[list[int]]] = {}
+    tids = []
+    for start, end, _name, _step, mode, _phase, _args in slices:
+        stacks = lanes.setdefault(mode, [])
+        for index, stack in enumerate(stacks + [[]]):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if not stack or end <= stack[-1]:
+                if index == len(stacks):
+                    stacks.append(stack)
+                stack.append(end)
+                tids.append(int(mode) if index == 0 else int(mode) * _OVERFLOW_TID + index)
+                break
+    return tids
+
+
+# --- reading ----------------------------------------------------------------------------
+
+
+@dataclass
+class ParsedTimeline:
+    """The rows of one timeline file (plain dicts, see `TIMELINE_COLUMNS`) and the time its
+    writer started (None for legacy files)."""
+
+    rows: list[dict[str, Any]]
+    writer_start_ns: int | None
+
+
+TIMELINE_COLUMNS = (
+    "node_id", "rank", "framework", "mode", "step", "phase", "name", "start_ns", "end_ns", "duration_ms", "args",
+)
+
+
+def parse_timeline(data: bytes, key: str, describe: str | None = None) -> ParsedTimeline:
+    """Rows of one of our timeline files, or of a SageMaker python timeline file.
+
+    Raises CorruptRecord naming the file when it is not JSON at all; events that lack a
+    field are skipped with one warning naming the file."""
+    where = describe or key
+    name = key.rsplit("/", 1)[-1]
+    document = _load_trace_json(data, where)
+    if isinstance(document, dict) and isinstance(document.get("metadata"), dict) and document["metadata"].get("schema") == SCHEMA:
+        return _parse_ours(document, where)
+    legacy = _LEGACY_KEY_RE.match(name)
+    node_id = legacy.group(2) if legacy else "unknown"
+    events = document.get("traceEvents", []) if isinstance(document, dict) else document
+    if not isinstance(events, list):
+        raise CorruptRecord(where, None, "no traceEvents list")
+    return ParsedTimeline(_parse_legacy(events, node_id, where), None)
+
+
+def _load_trace_json(data: bytes, where: str) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, UnicodeDecodeError) as exc:
+        # smdebug wrote the array form and a job killed mid-write leaves it unterminated,
+        # which Chrome's trace viewer accepts too.
+        text = data.decode("utf-8", errors="replace").rstrip().rstrip(",")
+        if text.startswith("["):
+            try:
+                return json.loads(text + "]")
+            except ValueError:
+                pass
+        raise CorruptRecord(where, getattr(exc, "pos", None), f"not a JSON trace ({exc})") from None
+
+
+def _parse_ours(document: dict[str, Any], where: str) -> ParsedTimeline:
+    meta = document["metadata"]
+    node_id, rank, framework = str(meta.get("node_id")), int(meta.get("rank", 0)), str(meta.get("framework"))
+    rows, bad = [], 0
+    for event in document.get("traceEvents", []):
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        try:
+            args = dict(event.get("args") or {})
+            step, mode, phase = int(args.pop("step")), str(args.pop("mode")), str(args.pop("phase", event.get("cat")))
+            rows.append(_row(node_id, rank, framework, mode, step, phase, str(event["name"]), event["ts"], event["dur"], args or None))
+        except (KeyError, TypeError, ValueError):
+            bad += 1
+    if bad:
+        logger.warning("%s: %d malformed timeline events skipped", where, bad)
+    start = meta.get("writer_start_ns")
+    return ParsedTimeline(rows, int(start) if isinstance(start, int) else None)
+
+
+def _parse_legacy(events: Iterable[Any], node_id: str, where: str) -> list[dict[str, Any]]:
+    base_us = 0.0
+    for event in events:
+        if isinstance(event, dict) and event.get("ph") == "M":
+            start = (event.get("args") or {}).get("start_time_since_epoch_in_micros")
+            if start is not None:
+                base_us = float(start)
+    rows, bad = [], 0
+    for event in events:
+        if not isinstance(event, dict) or event.get("ph") != "X":
+            continue
+        match = _LEGACY_STEP_RE.match(str(event.get("name", "")))
+        if not match:
+            continue  # operator-level events belong to trace analysis, not the step timeline
+        try:
+            args = event.get("args") or {}
+            ts = float(event["ts"])
+            if ts < _RELATIVE_TS_LIMIT_US:
+                ts += base_us
+            step = int(args.get("step_num", args.get("step")))
+            rows.append(_row(node_id, -1, "unknown", match.group(1), step, "step", str(event["name"]), ts, event.get("dur", 0), None))
+        except (KeyError, TypeError, ValueError):
+            bad += 1
+    if bad:
+        logger.warning("%s: %d malformed timeline events skipped", where, bad)
+    return rows
+
+
+def _row(node_id: str, rank: int, framework: str, mode: str, step: int, phase: str, name: str, ts_us: Any, dur_us: Any, args: Any) -> dict[str, Any]:
+    start_ns = int(round(float(ts_us) * 1000))
+    duration_ns = max(0, int(round(float(dur_us) * 1000)))
+    return {
+        "node_id": node_id,
+        "rank": rank,
+        "framework": framework,
+        "mode": mode,
+        "step": step,
+        "phase": phase,
+        "name": name,
+        "start_ns": start_ns,
+        "end_ns": start_ns + duration_ns,
+        "duration_ms": duration_ns / 1e6,
+        "args": args,
+    }

@@ -1,0 +1,73 @@
+import json
+
+import pytest
+
+from stepscope.exceptions import ConfigError
+from stepscope.hook_config import load_hook_config, parse_hook_config
+from stepscope.modes import ModeKeys
+
+SAGEMAKER_CONFIG = {
+    "LocalPath": "/opt/ml/output/tensors",
+    "HookParameters": {
+        "save_all": "false",
+        "include_regex": "relu,tanh",
+        "reductions": "max,abs_mean",
+        "save_raw_tensor": "true",
+        "save_interval": "100",
+        "train.save_interval": "10",
+        "eval.save_steps": "1,2,3",
+        "include_workers": "all",
+    },
+    "CollectionConfigurations": [
+        {"CollectionName": "weights", "CollectionParameters": {"save_interval": "50"}},
+        {"CollectionName": "custom", "CollectionParameters": {"include_regex": "fc.*", "reductions": "l2_norm", "predict.save_interval": "3"}},
+        {"CollectionName": "losses"},
+    ],
+}
+
+
+def test_sagemaker_hook_config_loads():
+    config = parse_hook_config(SAGEMAKER_CONFIG)
+    assert config.out_dir == "/opt/ml/output/tensors"
+    assert config.include_regex == ("relu", "tanh") and config.include_workers == "all" and not config.save_all
+    assert config.save_config.for_mode(ModeKeys.TRAIN).save_interval == 10
+    assert config.save_config.for_mode(ModeKeys.GLOBAL).save_interval == 100
+    assert config.save_config.for_mode(ModeKeys.EVAL).save_steps == (1, 2, 3)
+    assert config.reduction_config.reductions == ("max",) and config.reduction_config.abs_reductions == ("mean",)
+    assert config.collections["weights"].save_config.for_mode(ModeKeys.TRAIN).save_interval == 50
+    custom = config.collections["custom"]
+    assert custom.include_regex == ("fc.*",) and custom.reduction_config.norms == ("l2",)
+    assert custom.save_config.for_mode(ModeKeys.PREDICT).save_interval == 3
+    assert config.collections["losses"].save_config is None
+    assert config.include_collections == ["weights", "custom", "losses"]
+
+
+@pytest.mark.parametrize(
+    "patch,message",
+    [
+        ({"HookParameters": {"save_interval": "ten"}}, r"HookParameters.*save_interval.*'ten'"),
+        ({"HookParameters": {"save_al": "true"}}, r"unknown parameter 'save_al'"),
+        ({"HookParameters": {"train.save_all": "1"}}, r"train.save_all"),
+        ({"HookParameters": {"include_workers": "some"}}, r"include_workers.*'some'"),
+        ({"HookParameters": {"reductions": "max,median"}}, r"'median'"),
+        ({"CollectionConfigurations": [{"CollectionName": "x", "CollectionParameters": {"save_steps": "1,b"}}]}, r"CollectionConfigurations\[x\].*save_steps.*'b'"),
+        ({"CollectionConfigurations": [{"CollectionParameters": {}}]}, r"CollectionName is missing"),
+        ({"CollectionConfigurations": [{"CollectionName": "x", "CollectionParameters": {"include_regex": "("}}]}, r"bad regular expression"),
+    ],
+)
+def test_bad_fields_are_named(patch, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_hook_config(patch)
+
+
+def test_load_from_file_and_env(tmp_path, monkeypatch):
+    path = tmp_path / "debughookconfig.json"
+    path.write_text(json.dumps(SAGEMAKER_CONFIG))
+    assert load_hook_config(path).include_workers == "all"
+    monkeypatch.setenv("STEPSCOPE_HOOK_CONFIG", str(path))
+    assert load_hook_config().out_dir == "/opt/ml/output/tensors"
+    path.write_text("{not json")
+    with pytest.raises(ConfigError, match="debughookconfig.json: not valid JSON"):
+        load_hook_config(path)
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_hook_config(tmp_path / "missing.json")
