@@ -1,4 +1,5 @@
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -138,6 +139,7 @@ def test_corrupt_files_are_named_and_the_rest_stays_readable(tmp_path, write_job
     event_3 = tmp_path / "events/000000000003/000000000003_worker_0.tfevents"
     event_3.write_bytes(event_3.read_bytes()[:-30])
     (tmp_path / "index/000000000/000000000004_worker_0.json").write_text("{ not json")
+    shutil.rmtree(tmp_path / "stepscope-index")  # as in a running job, or smdebug's output
     trial = create_trial(str(tmp_path))
     assert "000000000004_worker_0.json" in caplog.text
     assert trial.steps() == [0, 1, 2, 3]
@@ -180,3 +182,19 @@ def test_tensorboard_reads_our_event_files(tmp_path, write_job):
     from tensorboard.util import tensor_util
 
     np.testing.assert_array_equal(tensor_util.make_ndarray(by_tag["fc.weight"].summary.value[0].tensor), written[1]["fc.weight"])
+
+
+def test_step_tables_open_long_jobs_and_a_bad_one_falls_back(tmp_path, write_job, caplog):
+    written, _ = write_job(tmp_path, steps=5, eval_steps=2)
+    tables = sorted((tmp_path / "stepscope-index/worker_0").iterdir())
+    assert [t.name for t in tables] == ["000000000000_000000000006.json"]
+    reference = create_trial(str(tmp_path))
+    table = json.loads(tables[0].read_text())
+    assert [s["step"] for s in table["steps"]] == list(range(7)) and table["layouts"] == [["fc.weight", "loss"]]
+    tables[0].write_text(tables[0].read_text()[:40])
+    fallback = create_trial(str(tmp_path))
+    assert "ignoring unreadable step table" in caplog.text
+    for trial in (reference, fallback):
+        assert trial.steps() == list(range(7)) and trial.steps(ModeKeys.EVAL) == [0, 1]
+        np.testing.assert_array_equal(trial.tensor("fc.weight").value(4), written[4]["fc.weight"])
+        assert trial.tensor("fc.weight").shape(6) == (4, 3)

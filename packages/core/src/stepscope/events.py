@@ -8,6 +8,7 @@ tensors that copy is most of the cost (see bench/bench_writer.py)."""
 
 from __future__ import annotations
 
+import math
 import struct
 import time
 from dataclasses import dataclass
@@ -255,7 +256,7 @@ class DecodedTensor:
 
 
 def tensor_from_proto(tensor: Any) -> np.ndarray:
-    shape = tuple(d.size for d in tensor.tensor_shape.dim)
+    shape = tuple([d.size for d in tensor.tensor_shape.dim])
     if tensor.dtype == DT_STRING or (tensor.dtype == 0 and tensor.string_val):
         strings = [s.decode("utf-8", errors="replace") for s in tensor.string_val]
         return np.array(strings, dtype=str).reshape(shape if shape else (len(strings),) if len(strings) != 1 else ())
@@ -263,7 +264,7 @@ def tensor_from_proto(tensor: Any) -> np.ndarray:
         dtype = _DT_TO_NUMPY[tensor.dtype]
     except KeyError:
         raise ValueError(f"unsupported TensorProto dtype {tensor.dtype}") from None
-    count = int(np.prod(shape, dtype=np.int64)) if shape else 1
+    count = math.prod(shape)
     if tensor.tensor_content:
         content = tensor.tensor_content
         if dtype == np.int32 and len(content) == 2 * count:
@@ -283,21 +284,32 @@ def tensor_from_proto(tensor: Any) -> np.ndarray:
     return np.zeros(shape, dtype=dtype)
 
 
-def decode_tensor_event(payload: bytes | memoryview) -> DecodedTensor:
-    event = Event.FromString(bytes(payload))
+def _summary_value(event: Any) -> Any:
     if not event.HasField("summary") or not event.summary.value:
         raise ValueError("record holds no summary value")
-    value = event.summary.value[0]
+    return event.summary.value[0]
+
+
+def _value_array(value: Any) -> np.ndarray:
+    if value.HasField("tensor"):
+        return tensor_from_proto(value.tensor)
+    if value.HasField("simple_value") or value.WhichOneof("value") is None:
+        return np.array(value.simple_value, dtype=np.float32)
+    raise ValueError(f"record value {value.tag!r} holds a {value.WhichOneof('value')}, not a tensor")
+
+
+def decode_tensor_value(payload: bytes | memoryview) -> np.ndarray:
+    """Only the tensor of a record (what a reader that knows the step from the index needs)."""
+    return _value_array(_summary_value(Event.FromString(bytes(payload))))
+
+
+def decode_tensor_event(payload: bytes | memoryview) -> DecodedTensor:
+    event = Event.FromString(bytes(payload))
+    value = _summary_value(event)
     mode, mode_step = ModeKeys.GLOBAL, event.step
     for plugin in value.metadata.plugin_data:
         if plugin.plugin_name == MODE_STEP_PLUGIN:
             mode_step = int(plugin.content)
         elif plugin.plugin_name == MODE_PLUGIN:
             mode = ModeKeys(int(plugin.content))
-    if value.HasField("tensor"):
-        array = tensor_from_proto(value.tensor)
-    elif value.HasField("simple_value") or value.WhichOneof("value") is None:
-        array = np.array(value.simple_value, dtype=np.float32)
-    else:
-        raise ValueError(f"record value {value.tag!r} holds a {value.WhichOneof('value')}, not a tensor")
-    return DecodedTensor(value.tag, event.step, mode, mode_step, event.wall_time, array)
+    return DecodedTensor(value.tag, event.step, mode, mode_step, event.wall_time, _value_array(value))

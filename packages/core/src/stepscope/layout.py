@@ -9,6 +9,8 @@ INDEX_DIR = "index"
 COLLECTIONS_DIR = "collections/000000000"
 END_MARKER = "training_job_end.ts"
 STATUS_DIR = "stepscope-status"
+STEP_TABLE_DIR = "stepscope-index"
+STEPS_PER_TABLE = 1000
 CONTROL_DIR = "stepscope-control"
 PROFILER_DIR = "profiler-output"
 SYSTEM_METRICS_DIR = f"{PROFILER_DIR}/system/incremental"
@@ -29,6 +31,11 @@ def index_file_key(step: int, worker: str) -> str:
 
 def collections_key(worker: str) -> str:
     return f"{COLLECTIONS_DIR}/{worker}_collections.json"
+
+
+def step_table_key(worker: str, first_step: int, last_step: int) -> str:
+    """A step table: the index entries of many steps of one worker in one file."""
+    return f"{STEP_TABLE_DIR}/{worker}/{first_step:012d}_{last_step:012d}.json"
 
 
 def status_key(worker: str) -> str:

@@ -10,7 +10,7 @@ import threading
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Iterable
 
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 from . import layout, reductions, records
 from .collection_manager import CollectionManager
 from .config import Collection
-from .events import decode_tensor_event
+from .events import decode_tensor_event, decode_tensor_value
 from .exceptions import (
     CorruptRecord,
     StepNotYetAvailable,
@@ -31,6 +31,11 @@ from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
 
+try:  # orjson parses index files ~4x faster; it is optional
+    from orjson import loads as _json_loads
+except ImportError:  # pragma: no cover
+    _json_loads = json.loads
+
 
 @dataclass(frozen=True)
 class _Location:
@@ -39,69 +44,119 @@ class _Location:
     length: int
 
 
+class _Entries:
+    """Where each tensor of one step of one worker sits: name -> (start, length). Built from
+    an index file, or from a step table where steps share one name -> position map."""
+
+    __slots__ = ("positions", "starts", "lengths")
+
+    def __init__(self, positions: dict[str, int], starts: list[int], lengths: list[int]):
+        self.positions, self.starts, self.lengths = positions, starts, lengths
+
+    @classmethod
+    def from_index(cls, entries: list[dict[str, Any]]) -> "_Entries":
+        return cls(
+            {e["tensorname"]: i for i, e in enumerate(entries)},
+            [int(e["start_idx"]) for e in entries],
+            [int(e["length"]) for e in entries],
+        )
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.positions
+
+    def __iter__(self):
+        return iter(self.positions)
+
+    def location(self, name: str) -> tuple[int, int]:
+        i = self.positions[name]
+        return self.starts[i], self.lengths[i]
+
+
 @dataclass
 class _StepInfo:
+    """One global step as the index files of its workers describe it."""
+
     mode: ModeKeys
     mode_step: int
-    workers: dict[str, str]  # worker -> index key
+    index_keys: dict[str, str] = field(default_factory=dict)  # worker -> index key
+    event_keys: dict[str, str] = field(default_factory=dict)  # worker -> event file key
+    payload: dict[str, _Entries] = field(default_factory=dict)  # worker -> tensor locations
+    shapes: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # worker -> name -> shape
+
+    def has(self, name: str) -> bool:
+        return any(name in p for p in self.payload.values())
+
+    def has_shape(self, name: str) -> bool:
+        return any(name in s for s in self.shapes.values())
 
 
 class Tensor:
-    """One tensor's saved values across steps, modes and workers."""
+    """One tensor's saved values across steps, modes and workers (a view on the trial)."""
 
     def __init__(self, trial: "Trial", name: str):
         self.trial = trial
         self.name = name
-        self._locations: dict[int, dict[str, _Location]] = {}
-        self.shapes: dict[int, dict[str, tuple[int, ...]]] = {}
 
-    def _add(self, step: int, worker: str, location: _Location | None, shape: tuple[int, ...] | None) -> None:
-        if location is not None:
-            self._locations.setdefault(step, {})[worker] = location
-        if shape is not None:
-            self.shapes.setdefault(step, {})[worker] = shape
+    def _global_steps(self) -> list[int]:
+        name = self.name
+        return [s for s, info in self.trial._steps.items() if info.has(name) or info.has_shape(name)]
 
     def steps(self, mode: ModeKeys | str | None = None, show_incomplete: bool = False) -> list[int]:
         """Steps with a saved value: global steps, or mode steps when `mode` is given."""
-        return self.trial._filter_steps(set(self._locations) | set(self.shapes), mode, show_incomplete)
+        return self.trial._filter_steps(self._global_steps(), mode, show_incomplete)
 
     def workers(self, step: int, mode: ModeKeys | str | None = None) -> list[str]:
-        return sorted(self._locations.get(self.trial._global_step(step, mode, self.name), {}))
+        info = self.trial._steps[self.trial._global_step(step, mode)]
+        return sorted(w for w, p in info.payload.items() if self.name in p)
 
     def has_value(self, step: int, mode: ModeKeys | str | None = None) -> bool:
         try:
-            return self.trial._global_step(step, mode, self.name) in self._locations
-        except (StepUnavailable, StepNotYetAvailable, TensorUnavailableForStep):
+            return self.trial._steps[self.trial._global_step(step, mode)].has(self.name)
+        except (StepUnavailable, StepNotYetAvailable):
             return False
 
     def _location(self, step: int, mode, worker: str | None) -> tuple[int, str, _Location]:
-        global_step = self.trial._global_step(step, mode, self.name)
-        by_worker = self._locations.get(global_step)
-        if not by_worker:
-            reason = "only its shape was saved" if global_step in self.shapes else ""
+        global_step = self.trial._global_step(step, mode)
+        info = self.trial._steps[global_step]
+        workers = [w for w, p in info.payload.items() if self.name in p]
+        if not workers:
+            reason = "only its shape was saved" if info.has_shape(self.name) else ""
             raise TensorUnavailableForStep(self.name, step, mode, worker, reason)
         if worker is None:
-            worker = min(by_worker)
-        elif worker not in by_worker:
+            worker = min(workers)
+        elif worker not in workers:
             raise TensorUnavailableForStep(self.name, step, mode, worker)
-        return global_step, worker, by_worker[worker]
+        start, length = info.payload[worker].location(self.name)
+        return global_step, worker, _Location(info.event_keys[worker], start, length)
 
     def value(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> np.ndarray:
         """The saved value at `step` (a mode step when `mode` is given) as a numpy array.
         With several workers and no `worker`, the first worker's (sorted by name)."""
         global_step, worker, location = self._location(step, mode, worker)
-        return self.trial._read_value(self.name, global_step, worker, location)
+        return self.trial._read_values([(self.name, global_step, worker, location)])[0]
 
     def values(self, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[int, np.ndarray]:
-        """{step: value} over every saved step (mode steps when `mode` is given)."""
-        steps = self.steps(mode)
-        wanted = [(s,) + self._location(s, mode, worker) for s in steps]
+        """{step: value} over every step with a saved value (mode steps when `mode` is given)."""
+        wanted = []
+        for step in self.steps(mode):
+            try:
+                wanted.append((step,) + self._location(step, mode, worker))
+            except TensorUnavailableForStep:
+                continue  # only a shape was saved at this step
         arrays = self.trial._read_values([(self.name, g, w, loc) for _, g, w, loc in wanted])
         return {s: a for (s, *_), a in zip(wanted, arrays)}
 
+    def wall_time(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> float:
+        """When the value at `step` was saved: the event's wall_time, seconds since the epoch."""
+        _, _, location = self._location(step, mode, worker)
+        store = self.trial.store
+        data = store.read_range(location.event_key, location.start, location.length)
+        payload, _ = records.parse_record(data, 0, path=store.describe(location.event_key), allow_placeholder_crc=self.trial._legacy)
+        return float(decode_tensor_event(payload).wall_time)
+
     def shape(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[int, ...]:
-        global_step = self.trial._global_step(step, mode, self.name)
-        shapes = self.shapes.get(global_step)
+        info = self.trial._steps[self.trial._global_step(step, mode)]
+        shapes = {w: s[self.name] for w, s in info.shapes.items() if self.name in s}
         if shapes:
             return shapes[worker] if worker in shapes else shapes[min(shapes)]
         return tuple(self.value(step, mode, worker).shape)
@@ -110,9 +165,11 @@ class Tensor:
         """The reduction saved at `step`, else computed from the raw value."""
         base = reductions.normalize_reduction(reduction_name)
         for spelling in (base, f"{base}_norm") if base in ("l1", "l2") else (base,):
-            saved = self.trial._tensors.get(reductions.reduction_tensor_name(self.name, spelling, abs))
-            if saved is not None and saved.has_value(step, mode):
-                return float(np.asarray(saved.value(step, mode, worker)).reshape(-1)[0])
+            saved_name = reductions.reduction_tensor_name(self.name, spelling, abs)
+            if self.trial.has_tensor(saved_name):
+                saved = self.trial.tensor(saved_name)
+                if saved.has_value(step, mode):
+                    return float(np.asarray(saved.value(step, mode, worker)).reshape(-1)[0])
         try:
             raw = self.value(step, mode, worker)
         except TensorUnavailableForStep:
@@ -122,14 +179,16 @@ class Tensor:
     def reduction_values(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[tuple[str, bool], float]:
         """Every reduction saved for this tensor at `step`: {(name, abs): value}."""
         out = {}
-        for name, tensor in self.trial._tensors.items():
+        for name in self.trial._tensor_names:
             parsed = reductions.parse_reduction_tensor_name(name)
-            if parsed and parsed[0] == self.name and tensor.has_value(step, mode):
-                out[(parsed[1], parsed[2])] = float(np.asarray(tensor.value(step, mode, worker)).reshape(-1)[0])
+            if parsed and parsed[0] == self.name:
+                tensor = self.trial.tensor(name)
+                if tensor.has_value(step, mode):
+                    out[(parsed[1], parsed[2])] = float(np.asarray(tensor.value(step, mode, worker)).reshape(-1)[0])
         return out
 
     def __repr__(self) -> str:
-        return f"Tensor({self.name!r}, steps={len(self._locations)})"
+        return f"Tensor({self.name!r})"
 
 
 class Trial:
@@ -141,8 +200,9 @@ class Trial:
         self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]
         self._steps: dict[int, _StepInfo] = {}
         self._mode_steps: dict[ModeKeys, dict[int, int]] = {}
-        self._tensors: dict[str, Tensor] = {}
+        self._tensor_names: set[str] = set()
         self._loaded_index_keys: set[str] = set()
+        self._loaded_tables: set[str] = set()
         self._collections: CollectionManager | None = None
         self._collection_workers: set[str] = set()
         self._collection_names: set[str] = set()
@@ -161,17 +221,15 @@ class Trial:
     def refresh(self) -> list[int]:
         """Load what was published since the last call; return the new global steps."""
         with self._lock:
-            was_complete = self._complete
+            # The end marker is checked before listing: it is written after the last index
+            # file, so once it is seen, the listing below is final.
             self._complete = self.store.exists(layout.END_MARKER)
             self._load_collections()
-            keys = [k for k in self.store.list(layout.INDEX_DIR + "/", start_after=self._listing_floor) if k not in self._loaded_index_keys]
-            new_steps = self._load_index_files(keys)
+            new_steps = self._load_step_tables()
             self._advance_listing_floor()
-            if self._complete and not was_complete:
-                # The end marker is written after the last index file, but a listing may
-                # have raced it: one more look after seeing the marker.
-                keys = [k for k in self.store.list(layout.INDEX_DIR + "/", start_after=self._listing_floor) if k not in self._loaded_index_keys]
-                new_steps += self._load_index_files(keys)
+            keys = [k for k in self.store.list(layout.INDEX_DIR + "/", start_after=self._listing_floor) if k not in self._loaded_index_keys]
+            new_steps += self._load_index_files(keys)
+            self._advance_listing_floor()
             return sorted(set(new_steps))
 
     def _load_collections(self) -> None:
@@ -205,6 +263,39 @@ class Trial:
             self._collection_workers.add(key)
         self._collections = manager
 
+    def _load_step_tables(self) -> list[int]:
+        """Load the step tables our writer publishes (see Writer): one read per 1,000 steps
+        instead of one per step. Steps they cover are not read from index files again."""
+        keys = [k for k in self.store.list(layout.STEP_TABLE_DIR + "/") if k not in self._loaded_tables]
+        new_steps: list[int] = []
+        for key, body in zip(keys, self._map(self._read_table, keys)):
+            self._loaded_tables.add(key)
+            if body is None:
+                continue
+            worker = body["worker"]
+            layouts = [{name: i for i, name in enumerate(names)} for names in body["layouts"]]
+            for entry in body["steps"]:
+                step = int(entry["step"])
+                index_key = layout.index_file_key(step, worker)
+                if index_key in self._loaded_index_keys:
+                    continue
+                entries = _Entries(layouts[entry["layout"]], entry["starts"], entry["lengths"])
+                shapes = {n: tuple(s) for n, s in entry.get("shapes", {}).items()}
+                self._add_index(step, worker, index_key, (ModeKeys.parse(entry["mode"]), int(entry["mode_step"]), "", entries, shapes))
+                self._loaded_index_keys.add(index_key)
+                new_steps.append(step)
+        return new_steps
+
+    def _read_table(self, key: str) -> dict[str, Any] | None:
+        try:
+            body = _json_loads(self.store.read(key))
+            body["worker"], body["layouts"], body["steps"]
+            return body
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            # The per-step index files hold the same facts; fall back to them.
+            logger.warning("stepscope: ignoring unreadable step table %s: %s", self.store.describe(key), exc)
+            return None
+
     def _load_index_files(self, keys: list[str]) -> list[int]:
         parsed = [(k, layout.parse_index_key(k)) for k in keys]
         parsed = [(k, p) for k, p in parsed if p is not None]
@@ -226,41 +317,38 @@ class Trial:
                 return list(pool.map(fn, items))
         return [fn(item) for item in items]
 
-    def _read_index(self, key: str) -> dict[str, Any] | None:
+    def _read_index(self, key: str) -> tuple[ModeKeys, int, str, _Entries, dict[str, tuple[int, ...]]] | None:
+        """Parse one index file; a malformed one is skipped with a warning naming it."""
         try:
-            data = json.loads(self.store.read(key))
+            data = _json_loads(self.store.read(key))
             meta = data["meta"]
-            ModeKeys.parse(meta.get("mode", "GLOBAL"))
-            for entry in data.get("tensor_payload", ()):
-                entry["tensorname"], int(entry["start_idx"]), int(entry["length"])
-            return data
+            mode = ModeKeys.parse(meta.get("mode", "GLOBAL"))
+            payload = _Entries.from_index(data.get("tensor_payload") or [])
+            shapes = {e["tensorname"]: tuple(int(d) for d in e.get("shape", ())) for e in data.get("shape_payload") or ()}
+            return mode, int(meta.get("mode_step", -1)), meta.get("event_file_name") or "", payload, shapes
         except FileNotFoundError:
             return None
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             logger.warning("stepscope: skipping malformed index file %s: %s", self.store.describe(key), exc)
             return None
 
-    def _add_index(self, step: int, worker: str, key: str, index: dict[str, Any]) -> None:
-        meta = index["meta"]
-        mode = ModeKeys.parse(meta.get("mode", "GLOBAL"))
-        mode_step = int(meta.get("mode_step", step))
+    def _add_index(self, step: int, worker: str, key: str, parsed) -> None:
+        mode, mode_step, event_key, payload, shapes = parsed
+        if mode_step < 0:
+            mode_step = step
         info = self._steps.get(step)
         if info is None:
-            info = self._steps[step] = _StepInfo(mode, mode_step, {})
+            info = self._steps[step] = _StepInfo(mode, mode_step)
             self._mode_steps.setdefault(mode, {})[mode_step] = step
-        info.workers[worker] = key
-        event_key = meta.get("event_file_name") or layout.event_file_key(step, worker)
-        event_key = event_key.split(self.path.rstrip("/") + "/", 1)[-1]
-        for entry in index.get("tensor_payload", ()):
-            self._tensor(entry["tensorname"])._add(step, worker, _Location(event_key, int(entry["start_idx"]), int(entry["length"])), None)
-        for entry in index.get("shape_payload", ()) or ():
-            self._tensor(entry["tensorname"])._add(step, worker, None, tuple(int(d) for d in entry.get("shape", ())))
-
-    def _tensor(self, name: str) -> Tensor:
-        tensor = self._tensors.get(name)
-        if tensor is None:
-            tensor = self._tensors[name] = Tensor(self, name)
-        return tensor
+        # smdebug wrote full paths into event_file_name on some versions: keep the key part.
+        event_key = event_key.rsplit(layout.EVENTS_DIR + "/", 1)[-1] if event_key else ""
+        info.index_keys[worker] = key
+        info.event_keys[worker] = f"{layout.EVENTS_DIR}/{event_key}" if event_key else layout.event_file_key(step, worker)
+        info.payload[worker] = payload
+        if shapes:
+            info.shapes[worker] = shapes
+        self._tensor_names.update(payload.positions)
+        self._tensor_names.update(shapes)
 
     def _advance_listing_floor(self) -> None:
         """Relist from the first step some worker has not published yet: workers publish
@@ -268,7 +356,7 @@ class Trial:
         expected = self._expected_workers()
         floor = None
         for step in sorted(self._steps):
-            if len(self._steps[step].workers) < expected:
+            if len(self._steps[step].index_keys) < expected:
                 break
             floor = step
         if floor is not None:
@@ -280,9 +368,12 @@ class Trial:
     # --- reading values ---------------------------------------------------------------
 
     def _decode(self, payload_bytes: bytes, event_key: str, location: _Location) -> np.ndarray:
-        payload, _ = records.parse_record(payload_bytes, 0, path=self.store.describe(event_key), allow_placeholder_crc=self._legacy)
         try:
-            return decode_tensor_event(payload).value
+            payload, _ = records.parse_record(payload_bytes, 0, allow_placeholder_crc=self._legacy)
+        except CorruptRecord as exc:
+            raise CorruptRecord(self.store.describe(event_key), location.start, exc.reason) from None
+        try:
+            return decode_tensor_value(payload)
         except Exception as exc:
             raise CorruptRecord(self.store.describe(event_key), location.start, f"cannot decode the event: {exc}") from None
 
@@ -310,6 +401,26 @@ class Trial:
                 results[i] = array
                 self._remember((name, step, worker), array)
         return results  # type: ignore[return-value]
+
+    def read_many(self, requests: Iterable[tuple[str, int, "ModeKeys | str | None", "str | None"]]) -> list[np.ndarray | None]:
+        """Values of several (tensor, step, mode, worker) at once, as one batch of ranged reads
+        (concurrent on S3); None where a value is not available. Readers that need many
+        tensors per step (rules) use this instead of one `value()` call per tensor."""
+        requests = list(requests)
+        out: list[np.ndarray | None] = [None] * len(requests)
+        wanted, slots = [], []
+        for i, (name, step, mode, worker) in enumerate(requests):
+            if name not in self._tensor_names:
+                continue
+            try:
+                global_step, chosen, location = Tensor(self, name)._location(step, mode, worker)
+            except (StepUnavailable, StepNotYetAvailable, TensorUnavailableForStep):
+                continue
+            wanted.append((name, global_step, chosen, location))
+            slots.append(i)
+        for i, array in zip(slots, self._read_values(wanted) if wanted else []):
+            out[i] = array
+        return out
 
     def _remember(self, key: tuple[str, int, str], array: np.ndarray) -> None:
         if self._cache_size <= 0:
@@ -342,7 +453,7 @@ class Trial:
             info = self._steps.get(step)
             if info is None:
                 continue
-            if not show_incomplete and len(info.workers) < expected and not self._complete:
+            if not show_incomplete and len(info.index_keys) < expected and not self._complete:
                 continue
             if mode is None:
                 out.append(step)
@@ -372,7 +483,7 @@ class Trial:
         raise StepNotYetAvailable(step)
 
     def workers(self) -> list[str]:
-        return sorted({w for info in self._steps.values() for w in info.workers})
+        return sorted({w for info in self._steps.values() for w in info.index_keys})
 
     @property
     def num_workers(self) -> int:
@@ -388,7 +499,7 @@ class Trial:
         return collections[name]
 
     def tensor_names(self, regex: str | Iterable[str] | None = None, collection: str | Collection | None = None, step: int | None = None, mode: ModeKeys | str | None = None) -> list[str]:
-        names = set(self._tensors)
+        names = set(self._tensor_names)
         if collection is not None:
             coll = collection if isinstance(collection, Collection) else self.collection(collection)
             names = {n for n in names if coll.matches(n)}
@@ -396,17 +507,16 @@ class Trial:
             patterns = [re.compile(r) for r in ([regex] if isinstance(regex, str) else regex)]
             names = {n for n in names if any(p.search(n) for p in patterns)}
         if step is not None or mode is not None:
-            names = {n for n in names if (step is None and self._tensors[n].steps(mode)) or (step is not None and self._tensors[n].has_value(step, mode))}
+            names = {n for n in names if (step is None and Tensor(self, n).steps(mode)) or (step is not None and Tensor(self, n).has_value(step, mode))}
         return sorted(names)
 
     def tensor(self, name: str) -> Tensor:
-        tensor = self._tensors.get(name)
-        if tensor is None:
+        if name not in self._tensor_names:
             raise TensorUnavailable(name)
-        return tensor
+        return Tensor(self, name)
 
     def has_tensor(self, name: str) -> bool:
-        return name in self._tensors
+        return name in self._tensor_names
 
     def is_complete(self) -> bool:
         """True once the job wrote its end marker (training_job_end.ts)."""
@@ -444,7 +554,7 @@ class Trial:
         return self._profiler
 
     def __repr__(self) -> str:
-        return f"Trial({self.path!r}, steps={len(self._steps)}, tensors={len(self._tensors)}, complete={self._complete})"
+        return f"Trial({self.path!r}, steps={len(self._steps)}, tensors={len(self._tensor_names)}, complete={self._complete})"
 
 
 def create_trial(path: "str | Store", name: str | None = None, **kwargs: Any) -> Trial:

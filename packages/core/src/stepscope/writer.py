@@ -92,6 +92,7 @@ class Writer:
         self._cond = threading.Condition()
         self._closed = False
         self._published: set[int] = set()
+        self._table: list[dict[str, Any]] = []  # index entries of the current block of steps
         self._thread = threading.Thread(target=self._run, name=f"stepscope-writer-{worker}", daemon=True)
         self._thread.start()
 
@@ -150,6 +151,8 @@ class Writer:
         if self._closed:
             return
         self.flush(timeout)
+        if not self.failed:
+            self._failsafe.call(self._publish_step_table)
         if end_marker and not self.failed:
             self._failsafe.call(self.store.write, layout.END_MARKER, b"")
         with self._cond:
@@ -211,3 +214,36 @@ class Writer:
             "shape_payload": [{"tensorname": n, "originalname": n, "shape": [int(d) for d in s]} for n, s in job.shapes.items()],
         }
         self.store.write(layout.index_file_key(job.step, self.worker), json.dumps(index).encode())
+        self._add_to_step_table(job.step, index)
+
+    # A step table repeats the index entries of up to STEPS_PER_TABLE steps in one file, so
+    # that a reader opens a long job with a few reads instead of one per step. The per-step
+    # index files stay the source of truth (smdebug reads those); tables are published
+    # after the index files they repeat, and never rewritten.
+    def _add_to_step_table(self, step: int, index: dict[str, Any]) -> None:
+        if self._table and step // layout.STEPS_PER_TABLE != self._table[0]["step"] // layout.STEPS_PER_TABLE:
+            self._publish_step_table()
+        payload = index["tensor_payload"]
+        entry = {
+            "step": step,
+            "mode": index["meta"]["mode"],
+            "mode_step": index["meta"]["mode_step"],
+            "names": [p["tensorname"] for p in payload],
+            "starts": [p["start_idx"] for p in payload],
+            "lengths": [p["length"] for p in payload],
+        }
+        if index["shape_payload"]:
+            entry["shapes"] = {s["tensorname"]: s["shape"] for s in index["shape_payload"]}
+        self._table.append(entry)
+
+    def _publish_step_table(self) -> None:
+        if not self._table:
+            return
+        table, self._table = self._table, []
+        # Steps of a block usually save the same tensors: store each name list once.
+        layouts: dict[tuple[str, ...], int] = {}
+        for entry in table:
+            entry["layout"] = layouts.setdefault(tuple(entry.pop("names")), len(layouts))
+        body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
+        key = layout.step_table_key(self.worker, table[0]["step"], table[-1]["step"])
+        self.store.write(key, json.dumps(body, separators=(",", ":")).encode())
