@@ -71,3 +71,27 @@ def test_object_arrays_are_rejected_with_a_clear_status(tmp_path):
     writer.close()
     status = json.loads((tmp_path / "stepscope-status/worker_0.json").read_text())
     assert "object array" in status["error"]
+
+
+def test_smdebug_readable_mode_writes_the_placeholder_and_still_reads(tmp_path, monkeypatch):
+    import struct
+
+    from stepscope.collection_manager import CollectionManager
+    from stepscope.records import SMDEBUG_PLACEHOLDER_CRC
+
+    monkeypatch.setenv("STEPSCOPE_PAYLOAD_CRC", "smdebug")
+    with Writer(str(tmp_path)) as writer:
+        writer.write_collections(CollectionManager().dumps())
+        writer.write_step(0, ModeKeys.TRAIN, 0, {"w": np.arange(4.0)})
+    meta = json.loads((tmp_path / "collections/000000000/worker_0_collections.json").read_text())["_meta"]
+    assert meta["payload_crc"] == "smdebug"
+    blob = (tmp_path / "events/000000000000/000000000000_worker_0.tfevents").read_bytes()
+    assert struct.unpack("<I", blob[-4:])[0] == SMDEBUG_PLACEHOLDER_CRC
+    assert create_trial(str(tmp_path)).tensor("w").value(0).tolist() == [0.0, 1.0, 2.0, 3.0]
+    monkeypatch.setenv("STEPSCOPE_PAYLOAD_CRC", "md5")
+    import pytest
+
+    from stepscope.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="payload_crc.*'md5'"):
+        Writer(str(tmp_path / "other"))

@@ -17,6 +17,8 @@ OVERHEAD = HEADER_SIZE + FOOTER_SIZE
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+# smdebug wrote the masked CRC of the ASCII text "0x12345678" instead of each tensor payload's CRC.
+SMDEBUG_PLACEHOLDER_CRC = 0x062DC0B3
 
 
 def masked_crc(data: bytes | memoryview) -> int:
@@ -27,18 +29,20 @@ def mask(crc: int) -> int:
     return (((crc >> 15) | (crc << 17)) + _MASK_DELTA) & 0xFFFFFFFF
 
 
-# smdebug wrote the masked CRC of the ASCII text "0x12345678" instead of each tensor payload's CRC.
-SMDEBUG_PLACEHOLDER_CRC = 0x062DC0B3
-
-
-def frame(parts: Sequence[bytes | memoryview]) -> list[bytes | memoryview]:
-    """Frame a payload given as several buffers, without joining them (no copy of big tensors)."""
+def frame(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False) -> list[bytes | memoryview]:
+    """Frame a payload given as several buffers, without joining them (no copy of big tensors).
+    `placeholder_crc` writes smdebug's constant instead of the payload CRC: smdebug's own
+    reader (check="minimal", its default) accepts nothing else in tensor files."""
     length = sum(memoryview(p).nbytes for p in parts)
     length_bytes = _U64.pack(length)
-    crc = 0
-    for part in parts:
-        crc = _crc32c.crc32c(part, crc)
-    return [length_bytes + _U32.pack(masked_crc(length_bytes)), *parts, _U32.pack(mask(crc))]
+    if placeholder_crc:
+        footer = SMDEBUG_PLACEHOLDER_CRC
+    else:
+        crc = 0
+        for part in parts:
+            crc = _crc32c.crc32c(part, crc)
+        footer = mask(crc)
+    return [length_bytes + _U32.pack(masked_crc(length_bytes)), *parts, _U32.pack(footer)]
 
 
 def frame_bytes(payload: bytes) -> bytes:

@@ -149,10 +149,8 @@ class Tensor:
     def wall_time(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> float:
         """When the value at `step` was saved: the event's wall_time, seconds since the epoch."""
         _, _, location = self._location(step, mode, worker)
-        store = self.trial.store
-        data = store.read_range(location.event_key, location.start, location.length)
-        payload, _ = records.parse_record(data, 0, path=store.describe(location.event_key), allow_placeholder_crc=self.trial._legacy)
-        return float(decode_tensor_event(payload).wall_time)
+        data = self.trial.store.read_range(location.event_key, location.start, location.length)
+        return float(decode_tensor_event(self.trial._payload(data, location)).wall_time)
 
     def shape(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[int, ...]:
         info = self.trial._steps[self.trial._global_step(step, mode)]
@@ -247,7 +245,8 @@ class Trial:
                 continue
             meta = data.get("_meta") or {}
             self._num_workers = max(self._num_workers, int(meta.get("num_workers", 1)))
-            self._legacy = self._legacy and meta.get("writer", "").split(" ")[0] != "stepscope"
+            ours = meta.get("writer", "").split(" ")[0] == "stepscope" and meta.get("payload_crc", "crc32c") == "crc32c"
+            self._legacy = self._legacy and not ours
             for body in (data.get("collections") or {}).values():
                 try:
                     collection = Collection.from_json(body)
@@ -367,15 +366,21 @@ class Trial:
 
     # --- reading values ---------------------------------------------------------------
 
-    def _decode(self, payload_bytes: bytes, event_key: str, location: _Location) -> np.ndarray:
+    def _payload(self, record: bytes, location: _Location) -> memoryview:
+        """The payload of one record read at `location`, its CRCs checked."""
+        if len(record) < location.length:
+            raise CorruptRecord(self.store.describe(location.event_key), location.start, f"truncated file: record needs {location.length} bytes, {len(record)} present")
         try:
-            payload, _ = records.parse_record(payload_bytes, 0, allow_placeholder_crc=self._legacy)
-        except CorruptRecord as exc:
-            raise CorruptRecord(self.store.describe(event_key), location.start, exc.reason) from None
+            return records.parse_record(record, 0, allow_placeholder_crc=self._legacy)[0]
+        except CorruptRecord as exc:  # re-raised with the file's name and the record's offset
+            raise CorruptRecord(self.store.describe(location.event_key), location.start, exc.reason) from None
+
+    def _decode(self, record: bytes, location: _Location) -> np.ndarray:
+        payload = self._payload(record, location)
         try:
             return decode_tensor_value(payload)
         except Exception as exc:
-            raise CorruptRecord(self.store.describe(event_key), location.start, f"cannot decode the event: {exc}") from None
+            raise CorruptRecord(self.store.describe(location.event_key), location.start, f"cannot decode the event: {exc}") from None
 
     def _read_value(self, name: str, step: int, worker: str, location: _Location) -> np.ndarray:
         return self._read_values([(name, step, worker, location)])[0]
@@ -395,9 +400,7 @@ class Trial:
                 raise CorruptRecord(str(exc), None, "event file listed in the index is missing") from None
             for i, data in zip(missing, raw):
                 name, step, worker, location = wanted[i]
-                if len(data) < location.length:
-                    raise CorruptRecord(self.store.describe(location.event_key), location.start, f"truncated file: record needs {location.length} bytes, {len(data)} present")
-                array = self._decode(data, location.event_key, location)
+                array = self._decode(data, location)
                 results[i] = array
                 self._remember((name, step, worker), array)
         return results  # type: ignore[return-value]

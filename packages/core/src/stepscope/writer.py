@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 from collections import deque
 from dataclasses import dataclass
@@ -13,12 +14,16 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 from . import events, layout, records
+from .exceptions import ConfigError
 from .modes import ModeKeys
 from .safety import FailSafe, write_status
 from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
 
+# "smdebug" writes smdebug's constant instead of real payload CRCs, for jobs that must also
+# open in smdebug's own reader; the default "crc32c" lets readers detect corruption.
+PAYLOAD_CRC_ENV = "STEPSCOPE_PAYLOAD_CRC"
 DEFAULT_MAX_QUEUE_BYTES = 512 * 1024 * 1024
 
 
@@ -82,10 +87,13 @@ class Writer:
     recorded in `stepscope-status/<worker>.json`, and the writer stops accepting work;
     it never raises into the training thread."""
 
-    def __init__(self, out_dir: "str | Store", worker: str = "worker_0", *, max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES):
+    def __init__(self, out_dir: "str | Store", worker: str = "worker_0", *, max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES, payload_crc: str | None = None):
         self.store = open_store(out_dir)
         self.worker = worker
         self.max_queue_bytes = int(max_queue_bytes)
+        self.payload_crc = payload_crc or os.environ.get(PAYLOAD_CRC_ENV, "crc32c")
+        if self.payload_crc not in ("crc32c", "smdebug"):
+            raise ConfigError(f"payload_crc must be 'crc32c' or 'smdebug', got {self.payload_crc!r} (from {PAYLOAD_CRC_ENV}?)")
         self._failsafe = FailSafe(f"writer ({worker})", on_failure=lambda status: write_status(self.store, worker, status))
         self._queue: deque[Any] = deque()
         self._queued_bytes = 0
@@ -120,7 +128,11 @@ class Writer:
         return self._put(_FileJob(key, data, len(data)), len(data))
 
     def write_collections(self, collections_json: bytes) -> bool:
-        return self.write_file(layout.collections_key(self.worker), collections_json)
+        """Publish this worker's collections file, recording how payloads are checksummed
+        (the reader accepts smdebug's placeholder only where the file says so)."""
+        body = json.loads(collections_json)
+        body.setdefault("_meta", {})["payload_crc"] = self.payload_crc
+        return self.write_file(layout.collections_key(self.worker), json.dumps(body, indent=1, sort_keys=True).encode())
 
     def _put(self, job: Any, nbytes: int) -> bool:
         if not self.accepting:
@@ -202,7 +214,7 @@ class Writer:
         payload_index = []
         for name, value in job.tensors.items():
             array = _as_array(value)
-            framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step))
+            framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step), placeholder_crc=self.payload_crc == "smdebug")
             length = sum(memoryview(p).nbytes for p in framed)
             payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
             parts.extend(framed)
