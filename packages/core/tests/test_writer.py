@@ -1,10 +1,14 @@
 import json
+import struct
 import threading
 import time
 
 import numpy as np
-
+import pytest
 from stepscope import ModeKeys, create_trial
+from stepscope.collection_manager import CollectionManager
+from stepscope.exceptions import ConfigError
+from stepscope.records import SMDEBUG_PLACEHOLDER_CRC
 from stepscope.store import LocalStore
 from stepscope.writer import Deferred, Writer
 
@@ -74,11 +78,6 @@ def test_object_arrays_are_rejected_with_a_clear_status(tmp_path):
 
 
 def test_smdebug_readable_mode_writes_the_placeholder_and_still_reads(tmp_path, monkeypatch):
-    import struct
-
-    from stepscope.collection_manager import CollectionManager
-    from stepscope.records import SMDEBUG_PLACEHOLDER_CRC
-
     monkeypatch.setenv("STEPSCOPE_PAYLOAD_CRC", "smdebug")
     with Writer(str(tmp_path)) as writer:
         writer.write_collections(CollectionManager().dumps())
@@ -89,9 +88,5 @@ def test_smdebug_readable_mode_writes_the_placeholder_and_still_reads(tmp_path, 
     assert struct.unpack("<I", blob[-4:])[0] == SMDEBUG_PLACEHOLDER_CRC
     assert create_trial(str(tmp_path)).tensor("w").value(0).tolist() == [0.0, 1.0, 2.0, 3.0]
     monkeypatch.setenv("STEPSCOPE_PAYLOAD_CRC", "md5")
-    import pytest
-
-    from stepscope.exceptions import ConfigError
-
     with pytest.raises(ConfigError, match="payload_crc.*'md5'"):
         Writer(str(tmp_path / "other"))

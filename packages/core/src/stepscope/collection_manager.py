@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from typing import Any, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from typing import Any
 
 from .config import BUILTIN_COLLECTIONS, Collection, ConfigError
 
@@ -62,7 +63,7 @@ class CollectionManager:
         return json.dumps(self.to_json(num_workers), indent=1, sort_keys=True).encode()
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "CollectionManager":
+    def from_json(cls, data: Mapping[str, Any]) -> CollectionManager:
         manager = cls()
         for body in (data.get("collections") or {}).values():
             manager._collections[body["name"]] = Collection.from_json(body)

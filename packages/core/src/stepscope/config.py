@@ -4,8 +4,9 @@ which tensors form a collection (Collection). Pure, framework-free, validated at
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any, Iterable, Mapping
+from typing import Any
 
 from .exceptions import ConfigError
 from .modes import ALL_MODES, ModeKeys
@@ -124,7 +125,7 @@ class SaveConfig:
         """`step` is the mode step (steps count from 0 in each mode)."""
         return self._modes[ModeKeys.parse(mode)].should_save(step)
 
-    def with_mode(self, mode: ModeKeys | str, config: SaveConfigMode) -> "SaveConfig":
+    def with_mode(self, mode: ModeKeys | str, config: SaveConfigMode) -> SaveConfig:
         new = SaveConfig()
         new._modes = dict(self._modes)
         new._modes[ModeKeys.parse(mode)] = config
@@ -134,7 +135,7 @@ class SaveConfig:
         return {mode.name: self._modes[mode].to_json() for mode in ALL_MODES}
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "SaveConfig":
+    def from_json(cls, data: Mapping[str, Any]) -> SaveConfig:
         return cls(mode_save_configs={mode: SaveConfigMode(**value) for mode, value in data.items()})
 
     def __eq__(self, other: object) -> bool:
@@ -193,7 +194,7 @@ class ReductionConfig:
         )
 
     @classmethod
-    def from_smdebug_string(cls, reductions: str, save_raw_tensor: Any = False, save_shape: Any = False) -> "ReductionConfig":
+    def from_smdebug_string(cls, reductions: str, save_raw_tensor: Any = False, save_shape: Any = False) -> ReductionConfig:
         """smdebug's comma list: "min,max,abs_mean,l2_norm,abs_l1_norm"."""
         kinds: dict[str, list[str]] = {"reductions": [], "abs_reductions": [], "norms": [], "abs_norms": []}
         for raw in (reductions or "").split(","):
@@ -318,7 +319,7 @@ class Collection:
         }
 
     @classmethod
-    def from_json(cls, data: Mapping[str, Any]) -> "Collection":
+    def from_json(cls, data: Mapping[str, Any]) -> Collection:
         rc = data.get("reduction_config") or {}
         save = data.get("save_config") or {}
         return cls(
@@ -334,7 +335,7 @@ class Collection:
             save_histogram=parse_bool("save_histogram", data.get("save_histogram", True)),
         )
 
-    def with_defaults(self, save_config: SaveConfig, reduction_config: ReductionConfig) -> "Collection":
+    def with_defaults(self, save_config: SaveConfig, reduction_config: ReductionConfig) -> Collection:
         return replace(
             self,
             save_config=self.save_config or save_config,
@@ -365,5 +366,5 @@ class ProfilerConfig:
             object.__setattr__(self, flag, parse_bool(f"ProfilerConfig.{flag}", getattr(self, flag)))
 
     @classmethod
-    def disabled(cls) -> "ProfilerConfig":
+    def disabled(cls) -> ProfilerConfig:
         return cls(system_monitor=False, step_timeline=False)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 from .config import Collection, ReductionConfig, SaveConfig, SaveConfigMode, parse_bool
 from .exceptions import ConfigError

@@ -12,7 +12,7 @@ class ModeKeys(enum.IntEnum):
     GLOBAL = 4
 
     @classmethod
-    def parse(cls, value: "ModeKeys | int | str") -> "ModeKeys":
+    def parse(cls, value: ModeKeys | int | str) -> ModeKeys:
         """Accept a ModeKeys, its number, or its name in any case ("train", "TRAIN")."""
         if isinstance(value, cls):
             return value

@@ -5,7 +5,7 @@ CRC-32C comes from the `crc32c` C extension (hardware-accelerated, releases the 
 from __future__ import annotations
 
 import struct
-from typing import Iterator, Sequence
+from collections.abc import Iterator, Sequence
 
 import crc32c as _crc32c
 

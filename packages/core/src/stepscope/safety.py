@@ -10,7 +10,8 @@ import socket
 import threading
 import time
 import traceback
-from typing import Any, Callable, TypeVar
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 DISABLE_ENV = "STEPSCOPE_DISABLE"
 logger = logging.getLogger("stepscope")

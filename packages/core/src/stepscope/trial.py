@@ -9,13 +9,14 @@ import re
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 
-from . import layout, reductions, records
+from . import layout, records, reductions
 from .collection_manager import CollectionManager
 from .config import Collection
 from .events import decode_tensor_event, decode_tensor_value
@@ -54,7 +55,7 @@ class _Entries:
         self.positions, self.starts, self.lengths = positions, starts, lengths
 
     @classmethod
-    def from_index(cls, entries: list[dict[str, Any]]) -> "_Entries":
+    def from_index(cls, entries: list[dict[str, Any]]) -> _Entries:
         return cls(
             {e["tensorname"]: i for i, e in enumerate(entries)},
             [int(e["start_idx"]) for e in entries],
@@ -93,7 +94,7 @@ class _StepInfo:
 class Tensor:
     """One tensor's saved values across steps, modes and workers (a view on the trial)."""
 
-    def __init__(self, trial: "Trial", name: str):
+    def __init__(self, trial: Trial, name: str):
         self.trial = trial
         self.name = name
 
@@ -192,7 +193,7 @@ class Tensor:
 class Trial:
     """Reader of one job. Call `refresh()` to see what a running job wrote since."""
 
-    def __init__(self, path: "str | Store", name: str | None = None, *, cache_size: int = 256):
+    def __init__(self, path: str | Store, name: str | None = None, *, cache_size: int = 256):
         self.store = open_store(path)
         self.path = self.store.url
         self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]
@@ -388,7 +389,7 @@ class Trial:
     def _read_values(self, wanted: list[tuple[str, int, str, _Location]]) -> list[np.ndarray]:
         results: list[np.ndarray | None] = []
         missing = []
-        for i, (name, step, worker, location) in enumerate(wanted):
+        for i, (name, step, worker, _location) in enumerate(wanted):
             cached = self._cache.get((name, step, worker))
             results.append(cached)
             if cached is None:
@@ -405,7 +406,7 @@ class Trial:
                 self._remember((name, step, worker), array)
         return results  # type: ignore[return-value]
 
-    def read_many(self, requests: Iterable[tuple[str, int, "ModeKeys | str | None", "str | None"]]) -> list[np.ndarray | None]:
+    def read_many(self, requests: Iterable[tuple[str, int, ModeKeys | str | None, str | None]]) -> list[np.ndarray | None]:
         """Values of several (tensor, step, mode, worker) at once, as one batch of ranged reads
         (concurrent on S3); None where a value is not available. Readers that need many
         tensors per step (rules) use this instead of one `value()` call per tensor."""
@@ -560,6 +561,6 @@ class Trial:
         return f"Trial({self.path!r}, steps={len(self._steps)}, tensors={len(self._tensor_names)}, complete={self._complete})"
 
 
-def create_trial(path: "str | Store", name: str | None = None, **kwargs: Any) -> Trial:
+def create_trial(path: str | Store, name: str | None = None, **kwargs: Any) -> Trial:
     """Open the job at a local path or s3:// URL."""
     return Trial(path, name=name, **kwargs)

@@ -8,8 +8,9 @@ import logging
 import os
 import threading
 from collections import deque
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -87,7 +88,7 @@ class Writer:
     recorded in `stepscope-status/<worker>.json`, and the writer stops accepting work;
     it never raises into the training thread."""
 
-    def __init__(self, out_dir: "str | Store", worker: str = "worker_0", *, max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES, payload_crc: str | None = None):
+    def __init__(self, out_dir: str | Store, worker: str = "worker_0", *, max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES, payload_crc: str | None = None):
         self.store = open_store(out_dir)
         self.worker = worker
         self.max_queue_bytes = int(max_queue_bytes)
@@ -172,7 +173,7 @@ class Writer:
             self._cond.notify_all()
         self._thread.join(timeout)
 
-    def __enter__(self) -> "Writer":
+    def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -9,7 +9,7 @@ from .base import Store, join_key
 from .local import LocalStore
 
 
-def open_store(url: "str | Store") -> Store:
+def open_store(url: str | Store) -> Store:
     """A store for a local path (plain or file://) or an s3://bucket/prefix URL."""
     if isinstance(url, Store):
         return url

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import abc
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, Sequence
 
 Buffer = "bytes | bytearray | memoryview"
 
@@ -19,7 +19,7 @@ class Store(abc.ABC):
     url: str
 
     @abc.abstractmethod
-    def write(self, key: str, data: "bytes | Sequence[bytes | memoryview]") -> None:
+    def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         """Publish a whole object atomically. `data` may be several buffers (not joined)."""
 
     @abc.abstractmethod

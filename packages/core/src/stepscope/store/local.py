@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from ..exceptions import ConfigError, StoreError
 from .base import Store
@@ -26,7 +26,7 @@ class LocalStore(Store):
         # Plain strings: pathlib's joins cost more than the reads of small index files.
         return os.path.join(self._root_str, key)
 
-    def write(self, key: str, data: "bytes | Sequence[bytes | memoryview]") -> None:
+    def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         target = self._path(key)
         parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
         try:

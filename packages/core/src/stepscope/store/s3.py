@@ -7,7 +7,7 @@ config file. Retries are boto3's adaptive mode."""
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..exceptions import ConfigError, StoreError
 from .base import Store, join_key
@@ -47,7 +47,7 @@ class S3Store(Store):
     def _error(self, action: str, key: str, exc: Exception) -> StoreError:
         return StoreError(f"cannot {action} {self.describe(key)}: {exc}")
 
-    def write(self, key: str, data: "bytes | Sequence[bytes | memoryview]") -> None:
+    def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
         total = sum(memoryview(p).nbytes for p in parts)
         try:
