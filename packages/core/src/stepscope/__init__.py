@@ -16,6 +16,17 @@ from .trial import Trial, create_trial
 
 __version__ = "0.1.0"
 
+
+def __getattr__(name: str):
+    # The profiler reader needs pandas; import it only when asked for, so the training
+    # side (hooks import stepscope) does not pay for it.
+    if name == "create_profiler_trial":
+        from .profiler import create_profiler_trial
+
+        return create_profiler_trial
+    raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
+
+
 __all__ = [
     "Collection",
     "CollectionName",
@@ -33,4 +44,5 @@ __all__ = [
     "TensorUnavailableForStep",
     "Trial",
     "create_trial",
+    "create_profiler_trial",
 ]

@@ -6,10 +6,10 @@ step starts and ends and *which* tensors exist."""
 from __future__ import annotations
 
 import logging
-import socket
 import time
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -83,7 +83,10 @@ class HookCore:
         world_size: int = 1,
         local_rank: int = 0,
         control_poll_s: float = 2.0,
+        validate_only: bool = False,
     ):
+        """`validate_only` checks the arguments (out_dir included) and starts nothing: for
+        callbacks that must fail at construction but can only start once they know the rank."""
         self.framework = framework
         self.failsafe = FailSafe(f"{framework} hook")
         # The profiler side fails on its own: losing the timeline must not stop tensor saving.
@@ -137,6 +140,10 @@ class HookCore:
         self.monitor = None
         self.timeline = None
         self._closed = False
+        if validate_only:
+            open_store(self.out_dir)  # raises ConfigError when out_dir is a file; writes nothing
+            self.enabled = False
+            return
         if not self.enabled:
             return
         self.store = open_store(self.out_dir)  # raises ConfigError when out_dir is a file
@@ -169,20 +176,37 @@ class HookCore:
     # --- profiler side ----------------------------------------------------------------
 
     def _start_profiler(self) -> None:
-        from .profiler import SystemMonitor, TimelineWriter
+        from .profiler import SystemMonitor, TimelineWriter, default_node_id
 
-        node = socket.gethostname()
+        node = default_node_id()
         config = self.profiler_config
         if config.system_monitor and SystemMonitor.should_run(self.rank, self.local_rank, config.monitor_every_rank):
-            self.monitor = SystemMonitor(self.store, interval_ms=config.monitor_interval_ms, node_id=node if not config.monitor_every_rank else f"{node}-rank{self.rank}")
+            node_id = default_node_id(self.rank) if config.monitor_every_rank else node
+            self.monitor = SystemMonitor(self.store, interval_ms=config.monitor_interval_ms, node_id=node_id)
             self.monitor.start()
         if config.step_timeline:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
 
-    def add_timeline(self, name: str, start_ns: int, end_ns: int, phase: str = "step", args: dict[str, Any] | None = None) -> None:
-        """Record one span of the current step (absolute time.time_ns() times)."""
-        if self.timeline is not None and self.step is not None and self.profiler_failsafe.enabled:
-            self.profiler_failsafe.call(self.timeline.add,name, start_ns, end_ns, step=self.step.global_step, mode=self.step.mode, phase=phase, args=args)
+    def add_timeline(
+        self,
+        name: str,
+        start_ns: int,
+        end_ns: int,
+        phase: str = "step",
+        args: dict[str, Any] | None = None,
+        *,
+        step: int | None = None,
+        mode: ModeKeys | None = None,
+    ) -> None:
+        """Record one span (absolute time.time_ns() times) of the current step, or of an
+        earlier `step`/`mode` when its times are resolved late (CUDA events)."""
+        if self.timeline is None or not self.profiler_failsafe.enabled:
+            return
+        if step is None:
+            if self.step is None:
+                return
+            step, mode = self.step.global_step, self.step.mode
+        self.profiler_failsafe.call(self.timeline.add, name, start_ns, end_ns, step=step, mode=mode, phase=phase, args=args)
 
     # --- steps ------------------------------------------------------------------------
 
@@ -291,6 +315,13 @@ class HookCore:
         manager = CollectionManager(self.included)
         self.writer.write_collections(manager.dumps(self.num_workers))
 
+    def flush(self, timeout: float | None = None) -> None:
+        """Publish everything handed over so far, and the collections file, without closing
+        (a Lightning trainer may run validate/test after fit with the same hook)."""
+        if self.writer is not None and not self._closed:
+            self.failsafe.call(self._write_collections)
+            self.writer.flush(timeout)
+
     def close(self) -> None:
         if self._closed:
             return
@@ -303,7 +334,7 @@ class HookCore:
                 self.writer.close(end_marker=self.rank == 0)
             for part in (self.timeline, self.monitor, self.stop_poller):
                 if part is not None:
-                    method = getattr(part, "close", None) or getattr(part, "stop")
+                    method = getattr(part, "close", None) or part.stop
                     self.profiler_failsafe.call(method)
         finally:
             self._closed = True

@@ -16,8 +16,9 @@ import re
 import socket
 import threading
 import time
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable
+from typing import Any
 
 import psutil
 
@@ -32,7 +33,7 @@ VALID_INTERVALS_MS = (100, 200, 500, 1000, 5000, 60000)
 ROTATION_S = 60  # one file per node per minute, as SageMaker wrote them
 
 # Counting child processes walks every process of the host, so it runs this often at most.
-_CHILD_COUNT_PERIOD_S = 10.0
+_CHILD_COUNT_PERIOD_S = 30.0
 _MAX_JITTER_SAMPLES = 100_000
 
 _SYSTEM_KEY_RE = re.compile(r"^(\d+)\.(.+)\.json$")
@@ -372,7 +373,7 @@ class SystemMonitor:
 
     VALID_INTERVALS_MS = VALID_INTERVALS_MS
 
-    def __init__(self, out_dir: "str | os.PathLike[str] | Store", interval_ms: int = 500, node_id: str | None = None):
+    def __init__(self, out_dir: str | os.PathLike[str] | Store, interval_ms: int = 500, node_id: str | None = None):
         self.config = MonitorConfig(interval_ms=interval_ms, node_id=node_id or default_node_id())
         self._store = open_store(out_dir if isinstance(out_dir, Store) else os.fspath(out_dir))
         self._stats = MonitorStats()
@@ -411,7 +412,10 @@ class SystemMonitor:
                 return
             try:
                 self._publisher = _Publisher(self._store, self._stats, self._warn_once)
-                self._thread = threading.Thread(target=self._run, name="stepscope-system-monitor", daemon=True)
+                # The schedule is anchored here, not when the thread is ready: a slow start
+                # (importing pynvml) makes the first sample late rather than missing.
+                anchor = (time.monotonic(), time.time())
+                self._thread = threading.Thread(target=self._run, args=anchor, name="stepscope-system-monitor", daemon=True)
                 self._thread.start()
             except Exception as exc:
                 self._warn_once("start", f"system monitor could not start ({exc!r}); no system metrics")
@@ -432,7 +436,7 @@ class SystemMonitor:
         except Exception as exc:  # never into training
             self._warn_once("stop", f"system monitor: error while stopping ({exc!r})")
 
-    def __enter__(self) -> "SystemMonitor":
+    def __enter__(self) -> SystemMonitor:
         self.start()
         return self
 
@@ -446,7 +450,7 @@ class SystemMonitor:
         self._warned.add(what)
         logger.warning(message)
 
-    def _run(self) -> None:
+    def _run(self, anchor_monotonic: float, anchor_wall: float) -> None:
         cpu_start = time.thread_time()
         interval_s = self.config.interval_ms / 1000.0
         buffer = _MinuteBuffer()
@@ -459,13 +463,14 @@ class SystemMonitor:
             # Ticks sit on wall-clock multiples of the interval, so the nodes of a job sample
             # at the same instants; deadlines are then kept on the monotonic clock, each one
             # computed from the first, so that no drift accumulates.
-            first = time.monotonic() + (interval_s - time.time() % interval_s)
+            first = anchor_monotonic + (interval_s - anchor_wall % interval_s)
             tick = 0
             while True:
                 deadline = first + tick * interval_s
                 if self._stop_event.wait(max(0.0, deadline - time.monotonic())):
                     break
-                self._stats.jitter_s.append(abs(time.monotonic() - deadline))
+                if tick:  # the first sample waits for the thread's start-up, not the schedule
+                    self._stats.jitter_s.append(abs(time.monotonic() - deadline))
                 timestamp = time.time()
                 metrics = host.sample()
                 if gpu is not None:
@@ -475,11 +480,12 @@ class SystemMonitor:
                     self._submit(*done)
                 self._stats.samples += 1
                 tick += 1
-                # After a stall (a suspended VM, a long pause) skip the missed ticks rather
-                # than sample in a burst to catch up.
+                # A sample that ran past the next deadline (a busy GIL) is followed at once
+                # by the next one, still on the grid; after a longer stall (a suspended VM)
+                # the missed ticks are skipped rather than sampled in a burst.
                 late = time.monotonic() - (first + tick * interval_s)
-                if late > 0:
-                    skipped = int(late // interval_s) + 1
+                if late > interval_s:
+                    skipped = int(late // interval_s)
                     tick += skipped
                     self._stats.missed_ticks += skipped
                 self._stats.sampling_cpu_s = time.thread_time() - cpu_start

@@ -6,8 +6,9 @@ test can replace exactly those functions and nothing of ours."""
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 logger = logging.getLogger("stepscope.profiler")
 
@@ -68,7 +69,7 @@ class NvmlSampler:
     _disabled: set[tuple[int, str]] = field(default_factory=set)
 
     @classmethod
-    def open(cls) -> "NvmlSampler | None":
+    def open(cls) -> NvmlSampler | None:
         nvml = _import_pynvml()
         if nvml is None:
             logger.debug("pynvml not installed; no GPU metrics (install stepscope[gpu])")

@@ -7,8 +7,9 @@ import datetime as _dt
 import json
 import logging
 import os
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, Iterable
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -25,7 +26,7 @@ SYSTEM_COLUMNS = ("timestamp", "node_id", "type", "name", "dimension", "value")
 _CATEGORY_COLUMNS = ("node_id", "type", "name", "dimension")
 _HOUR_FORMAT = "%Y%m%d%H"
 
-TimeLike = "float | int | _dt.datetime | pd.Timestamp | None"
+TimeLike = float | int | _dt.datetime | pd.Timestamp | None
 
 
 @dataclass
@@ -59,13 +60,16 @@ class ProfilerTrial:
     """One job's profiler data. Files are read when a query first needs them and kept;
     `refresh()` picks up what a running job published since."""
 
-    def __init__(self, path: "str | os.PathLike[str] | Store"):
+    def __init__(self, path: str | os.PathLike[str] | Store):
         self.store = open_store(path if isinstance(path, Store) else os.fspath(path))
         self.path = self.store.url
         self._system = _Listing(SYSTEM_METRICS_DIR)
         self._timelines = [_Listing(STEP_TIMELINE_DIR), _Listing(LEGACY_TIMELINE_DIR)]
         self._system_files: dict[str, tuple[int, str]] = {}  # key -> (minute start, node)
         self._system_frames: dict[str, pd.DataFrame] = {}
+        # The last concatenation (keys it was built from, frame): rules ask for the whole job
+        # many times over, one dimension at a time.
+        self._concatenated: tuple[tuple[str, ...], pd.DataFrame] | None = None
         self._timeline_keys: set[str] = set()
         self._timeline_parsed: dict[str, ParsedTimeline] = {}
         self._timeline_frame: pd.DataFrame | None = None
@@ -125,10 +129,7 @@ class ProfilerTrial:
             for key, (minute, _node) in sorted(self._system_files.items(), key=lambda item: (item[1][0], item[0]))
             if (start_s is None or minute + ROTATION_S > start_s) and (end_s is None or minute <= end_s)
         ]
-        frames = [frame for frame in (self._system_frame(key) for key in keys) if len(frame)]
-        if not frames:
-            return _empty_system_frame()
-        df = pd.concat(frames, ignore_index=True)
+        df = self._concatenate(tuple(keys))
         mask = np.ones(len(df), dtype=bool)
         if start_s is not None:
             mask &= df["timestamp"].to_numpy() >= start_s
@@ -137,9 +138,18 @@ class ProfilerTrial:
         if names is not None:
             wanted = list(names)
             mask &= (df["dimension"].isin(wanted) | df["name"].isin(wanted)).to_numpy()
-        df = df[mask].sort_values("timestamp", kind="stable").reset_index(drop=True)
+        return df[mask].reset_index(drop=True)
+
+    def _concatenate(self, keys: tuple[str, ...]) -> pd.DataFrame:
+        if self._concatenated is not None and self._concatenated[0] == keys:
+            return self._concatenated[1]
+        frames = [frame for frame in (self._system_frame(key) for key in keys) if len(frame)]
+        if not frames:
+            return _empty_system_frame()
+        df = pd.concat(frames, ignore_index=True).sort_values("timestamp", kind="stable").reset_index(drop=True)
         for column in _CATEGORY_COLUMNS:
             df[column] = df[column].astype("category")
+        self._concatenated = (keys, df)
         return df
 
     def time_range(self) -> tuple[float, float] | None:
@@ -229,7 +239,7 @@ class ProfilerTrial:
         return min(candidates) if candidates else None
 
 
-def create_profiler_trial(path: "str | os.PathLike[str] | Store") -> ProfilerTrial:
+def create_profiler_trial(path: str | os.PathLike[str] | Store) -> ProfilerTrial:
     """The profiler side of the job in `path` (local folder, s3:// URL, or a Store)."""
     return ProfilerTrial(path)
 

@@ -14,8 +14,10 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from decimal import Decimal
+from typing import Any
 
 from ..exceptions import ConfigError, CorruptRecord
 from ..layout import FRAMEWORK_DIR
@@ -87,7 +89,7 @@ class TimelineWriter:
 
     def __init__(
         self,
-        out_dir: "str | os.PathLike[str] | Store",
+        out_dir: str | os.PathLike[str] | Store,
         node_id: str | None = None,
         rank: int = 0,
         framework: str = "pytorch",
@@ -170,7 +172,7 @@ class TimelineWriter:
         except Exception as exc:
             self._warn_once("close", f"step timeline: error while closing ({exc!r})")
 
-    def __enter__(self) -> "TimelineWriter":
+    def __enter__(self) -> TimelineWriter:
         return self
 
     def __exit__(self, *exc_info: object) -> None:
@@ -222,19 +224,9 @@ def encode_timeline(
         event_args = dict(args) if args else {}
         event_args.update(step=step, mode=mode.name, phase=phase)
         lines.append(
-            json.dumps(
-                {
-                    "name": name,
-                    "cat": phase,
-                    "ph": "X",
-                    "ts": round(start_ns / 1000, 3),
-                    "dur": round((end_ns - start_ns) / 1000, 3),
-                    "pid": rank,
-                    "tid": tid,
-                    "args": event_args,
-                },
-                default=str,
-            )
+            f'{{"name": {json.dumps(name)}, "cat": {json.dumps(phase)}, "ph": "X", '
+            f'"ts": {_ns_as_us(start_ns)}, "dur": {_ns_as_us(end_ns - start_ns)}, '
+            f'"pid": {rank}, "tid": {tid}, "args": {json.dumps(event_args, default=str)}}}'
         )
     metadata = {
         "schema": SCHEMA,
@@ -250,6 +242,28 @@ def encode_timeline(
     }
     body = ",\n".join(lines)
     return f'{{"traceEvents": [\n{body}\n],\n"displayTimeUnit": "ms",\n"metadata": {json.dumps(metadata)}}}\n'.encode()
+
+
+def _ns_as_us(ns: int) -> str:
+    # Exact decimal text: a float of epoch microseconds cannot hold the nanoseconds.
+    return f"{ns // 1000}.{ns % 1000:03d}"
+
+
+def _us_as_ns(value: Any) -> int:
+    if isinstance(value, int):
+        return value * 1000
+    exact = value if isinstance(value, Decimal) else Decimal(str(value))
+    return int((exact * 1000).to_integral_value())
+
+
+def _plain_numbers(value: Any) -> Any:
+    if isinstance(value, Decimal):
+        return float(value)
+    if isinstance(value, dict):
+        return {k: _plain_numbers(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain_numbers(v) for v in value]
+    return value
 
 
 def _meta(name: str, pid: int, tid: int | None, args: dict[str, Any]) -> dict[str, Any]:
@@ -319,14 +333,14 @@ def parse_timeline(data: bytes, key: str, describe: str | None = None) -> Parsed
 
 def _load_trace_json(data: bytes, where: str) -> Any:
     try:
-        return json.loads(data)
+        return json.loads(data, parse_float=Decimal)
     except (ValueError, UnicodeDecodeError) as exc:
         # smdebug wrote the array form and a job killed mid-write leaves it unterminated,
         # which Chrome's trace viewer accepts too.
         text = data.decode("utf-8", errors="replace").rstrip().rstrip(",")
         if text.startswith("["):
             try:
-                return json.loads(text + "]")
+                return json.loads(text + "]", parse_float=Decimal)
             except ValueError:
                 pass
         raise CorruptRecord(where, getattr(exc, "pos", None), f"not a JSON trace ({exc})") from None
@@ -340,7 +354,7 @@ def _parse_ours(document: dict[str, Any], where: str) -> ParsedTimeline:
         if not isinstance(event, dict) or event.get("ph") != "X":
             continue
         try:
-            args = dict(event.get("args") or {})
+            args = _plain_numbers(dict(event.get("args") or {}))
             step, mode, phase = int(args.pop("step")), str(args.pop("mode")), str(args.pop("phase", event.get("cat")))
             rows.append(_row(node_id, rank, framework, mode, step, phase, str(event["name"]), event["ts"], event["dur"], args or None))
         except (KeyError, TypeError, ValueError):
@@ -352,12 +366,12 @@ def _parse_ours(document: dict[str, Any], where: str) -> ParsedTimeline:
 
 
 def _parse_legacy(events: Iterable[Any], node_id: str, where: str) -> list[dict[str, Any]]:
-    base_us = 0.0
+    base_us: Any = 0
     for event in events:
         if isinstance(event, dict) and event.get("ph") == "M":
             start = (event.get("args") or {}).get("start_time_since_epoch_in_micros")
             if start is not None:
-                base_us = float(start)
+                base_us = start
     rows, bad = [], 0
     for event in events:
         if not isinstance(event, dict) or event.get("ph") != "X":
@@ -367,7 +381,7 @@ def _parse_legacy(events: Iterable[Any], node_id: str, where: str) -> list[dict[
             continue  # operator-level events belong to trace analysis, not the step timeline
         try:
             args = event.get("args") or {}
-            ts = float(event["ts"])
+            ts = event["ts"]
             if ts < _RELATIVE_TS_LIMIT_US:
                 ts += base_us
             step = int(args.get("step_num", args.get("step")))
@@ -380,8 +394,8 @@ def _parse_legacy(events: Iterable[Any], node_id: str, where: str) -> list[dict[
 
 
 def _row(node_id: str, rank: int, framework: str, mode: str, step: int, phase: str, name: str, ts_us: Any, dur_us: Any, args: Any) -> dict[str, Any]:
-    start_ns = int(round(float(ts_us) * 1000))
-    duration_ns = max(0, int(round(float(dur_us) * 1000)))
+    start_ns = _us_as_ns(ts_us)
+    duration_ns = max(0, _us_as_ns(dur_us))
     return {
         "node_id": node_id,
         "rank": rank,

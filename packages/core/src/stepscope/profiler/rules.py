@@ -1,0 +1,660 @@
+"""Profiler rules over a job's system metrics and step timeline, with the defaults of
+smdebug-rulesconfig; each returns a report dict (see `ProfilerRule.run`).
+
+Rules are dataclasses taking keyword parameters (numbers, or the strings SageMaker configs
+carry); `from_rulesconfig` builds one from a smdebug_rulesconfig object or a dict, and
+`PROFILER_RULES` names them for `stepscope check`."""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+import itertools
+import logging
+import math
+import os
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import pandas as pd
+
+from ..exceptions import ConfigError
+from ..modes import ModeKeys
+from ..store import Store
+from .reader import ProfilerTrial
+from .timeline import STEP_PHASES
+
+logger = logging.getLogger("stepscope.profiler")
+
+_SCAN_INTERVAL_US = 60 * 1000 * 1000  # accepted for SageMaker configs; reading is not polled here
+_MAX_LISTED = 20  # outliers, pairs, ... listed in a report's details
+
+
+# --- parameters -------------------------------------------------------------------------
+
+
+def _param(default: Any, kind: str) -> Any:
+    """A rule parameter: `kind` says how strings are converted and what range is valid."""
+    return field(default=default, metadata={"kind": kind})
+
+
+def _coerce(rule: str, name: str, value: Any, kind: str) -> Any:
+    def bad(expected: str) -> ConfigError:
+        return ConfigError(f"{rule}.{name}: {value!r} is not {expected}")
+
+    if kind == "mode":
+        if value is None or (isinstance(value, str) and value.strip() in ("", "None", "none")):
+            return None
+        text = str(value).strip()
+        text = text.split(".", 1)[1] if text.startswith("ModeKeys.") else text
+        try:
+            return ModeKeys.parse(text).name
+        except ValueError:
+            raise bad("a mode (TRAIN, EVAL, PREDICT, GLOBAL)") from None
+    if isinstance(value, bool):
+        raise bad("a number")
+    try:
+        number = float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise bad("a number") from None
+    if not math.isfinite(number):
+        raise bad("a finite number")
+    if kind == "percent":
+        if not 0 <= number <= 100:
+            raise bad("a percentage in [0, 100]")
+        return number
+    if kind == "fraction":
+        if not 0 <= number <= 1:
+            raise bad("a number in [0, 1]")
+        return number
+    if kind == "positive":
+        if number <= 0:
+            raise bad("a number > 0")
+        return number
+    if number != int(number):
+        raise bad("an integer")
+    if kind == "count" and number < 0:
+        raise bad("an integer >= 0")
+    if kind == "positive_int" and number < 1:
+        raise bad("an integer >= 1")
+    return int(number)
+
+
+@dataclass
+class _Outcome:
+    fired: bool
+    violations: int
+    datapoints: int
+    details: dict[str, Any]
+
+
+class ProfilerRule(abc.ABC):
+    """Base of the profiler rules. Subclasses are keyword-only dataclasses whose fields are
+    the rule's parameters (declared with `_param`)."""
+
+    rule_name: ClassVar[str]
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):  # type: ignore[arg-type]
+            kind = f.metadata.get("kind")
+            if kind:
+                setattr(self, f.name, _coerce(self.rule_name, f.name, getattr(self, f.name), kind))
+
+    def parameters(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+
+    def run(self, trial: ProfilerTrial) -> dict[str, Any]:
+        """{"rule", "fired", "violations", "datapoints", "details", "parameters"}; every value
+        plain JSON types."""
+        outcome = self._evaluate(trial)
+        return _plain(
+            {
+                "rule": self.rule_name,
+                "fired": bool(outcome.fired),
+                "violations": int(outcome.violations),
+                "datapoints": int(outcome.datapoints),
+                "details": outcome.details,
+                "parameters": self.parameters(),
+            }
+        )
+
+    @abc.abstractmethod
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome: ...
+
+
+# --- the rules --------------------------------------------------------------------------
+
+
+@dataclass(kw_only=True)
+class CPUBottleneck(ProfilerRule):
+    """GPUs idle while the CPU is saturated, for more than `threshold` % of the samples."""
+
+    rule_name: ClassVar[str] = "CPUBottleneck"
+    threshold: float = _param(50, "percent")
+    gpu_threshold: float = _param(10, "percent")
+    cpu_threshold: float = _param(90, "percent")
+    patience: int = _param(1000, "count")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        return _bottleneck(trial, "CPUUtilization", self.cpu_threshold, self.gpu_threshold, self.threshold, self.patience)
+
+
+@dataclass(kw_only=True)
+class IOBottleneck(ProfilerRule):
+    """GPUs idle while the CPUs wait on IO, for more than `threshold` % of the samples."""
+
+    rule_name: ClassVar[str] = "IOBottleneck"
+    threshold: float = _param(50, "percent")
+    gpu_threshold: float = _param(10, "percent")
+    io_threshold: float = _param(50, "percent")
+    patience: int = _param(1000, "count")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        return _bottleneck(trial, "I/OWaitPercentage", self.io_threshold, self.gpu_threshold, self.threshold, self.patience)
+
+
+@dataclass(kw_only=True)
+class LowGPUUtilization(ProfilerRule):
+    """Per GPU and window of `window` samples: p95 below `threshold_p95` (under-used), or p95
+    above it with p5 below `threshold_p5` (fluctuating)."""
+
+    rule_name: ClassVar[str] = "LowGPUUtilization"
+    threshold_p95: float = _param(70, "percent")
+    threshold_p5: float = _param(10, "percent")
+    window: int = _param(500, "positive_int")
+    patience: int = _param(1000, "count")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        gpu = _after_patience(_metric(trial, "GPUUtilization"), ["node_id", "name"], self.patience)
+        if gpu.empty:
+            return _no_data("no GPU utilization after patience")
+        details: dict[str, Any] = {"gpus": {}}
+        violations = datapoints = 0
+        for (node, name), series in gpu.groupby(["node_id", "name"], sort=True):
+            values = series["value"].to_numpy()
+            datapoints += len(values)
+            low = fluctuating = 0
+            for chunk in _windows(values, self.window):
+                p95, p5 = np.percentile(chunk, 95), np.percentile(chunk, 5)
+                if p95 < self.threshold_p95:
+                    low += 1
+                elif p5 < self.threshold_p5:
+                    fluctuating += 1
+            violations += low + fluctuating
+            details["gpus"][f"{node}/{name}"] = {
+                "p95": float(np.percentile(values, 95)),
+                "p5": float(np.percentile(values, 5)),
+                "underutilized_windows": low,
+                "fluctuating_windows": fluctuating,
+            }
+        return _Outcome(violations > 0, violations, datapoints, details)
+
+
+@dataclass(kw_only=True)
+class GPUMemoryIncrease(ProfilerRule):
+    """Per GPU, the mean memory footprint of a window of `window` samples exceeds the
+    previous window's by more than `increase` percentage points."""
+
+    rule_name: ClassVar[str] = "GPUMemoryIncrease"
+    increase: float = _param(5, "positive")
+    patience: int = _param(1000, "count")
+    window: int = _param(10, "positive_int")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        memory = _after_patience(_metric(trial, "GPUMemoryUtilization"), ["node_id", "name"], self.patience)
+        if memory.empty:
+            return _no_data("no GPU memory utilization after patience")
+        details: dict[str, Any] = {"gpus": {}, "increases": []}
+        violations = datapoints = 0
+        for (node, name), series in memory.groupby(["node_id", "name"], sort=True):
+            values = series["value"].to_numpy()
+            timestamps = series["timestamp"].to_numpy()
+            datapoints += len(values)
+            starts = _window_starts(len(values), self.window)
+            means = [float(values[start : start + self.window].mean()) for start in starts]
+            worst = 0.0
+            for later, (before, after) in zip(starts[1:], itertools.pairwise(means)):
+                worst = max(worst, after - before)
+                if after - before > self.increase:
+                    violations += 1
+                    if len(details["increases"]) < _MAX_LISTED:
+                        details["increases"].append({"gpu": f"{node}/{name}", "from": before, "to": after, "window_start": float(timestamps[later])})
+            details["gpus"][f"{node}/{name}"] = {"largest_increase": worst, "windows": len(means)}
+        return _Outcome(violations > 0, violations, datapoints, details)
+
+
+@dataclass(kw_only=True)
+class BatchSize(ProfilerRule):
+    """Per GPU and window: CPU, GPU and GPU-memory p95 all below their thresholds, so the
+    machine idles and a larger batch (or a smaller instance) would do."""
+
+    rule_name: ClassVar[str] = "BatchSize"
+    cpu_threshold_p95: float = _param(70, "percent")
+    gpu_threshold_p95: float = _param(70, "percent")
+    gpu_memory_threshold_p95: float = _param(70, "percent")
+    patience: int = _param(1000, "count")
+    window: int = _param(500, "positive_int")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        util = _metric(trial, "GPUUtilization")
+        memory = _metric(trial, "GPUMemoryUtilization")
+        cpu = _node_total(_metric(trial, "CPUUtilization"))
+        if util.empty or memory.empty or cpu.empty:
+            return _no_data("needs CPU, GPU and GPU memory utilization")
+        tolerance = _tolerance(util)
+        joined = _join_nearest(util, memory.rename(columns={"value": "memory"}), ["node_id", "name"], tolerance)
+        joined = _join_nearest(joined, cpu.rename(columns={"value": "cpu"}), ["node_id"], tolerance)
+        joined = _after_patience(joined.dropna(), ["node_id", "name"], self.patience)
+        if joined.empty:
+            return _no_data("no aligned samples after patience")
+        details: dict[str, Any] = {"gpus": {}}
+        violations = 0
+        for (node, name), series in joined.groupby(["node_id", "name"], sort=True):
+            arrays = [series[c].to_numpy() for c in ("cpu", "value", "memory")]
+            idle = 0
+            for start in _window_starts(len(series), self.window):
+                cpu_p95, gpu_p95, mem_p95 = (np.percentile(a[start : start + self.window], 95) for a in arrays)
+                if cpu_p95 < self.cpu_threshold_p95 and gpu_p95 < self.gpu_threshold_p95 and mem_p95 < self.gpu_memory_threshold_p95:
+                    idle += 1
+            violations += idle
+            details["gpus"][f"{node}/{name}"] = {
+                "cpu_p95": float(np.percentile(arrays[0], 95)),
+                "gpu_p95": float(np.percentile(arrays[1], 95)),
+                "gpu_memory_p95": float(np.percentile(arrays[2], 95)),
+                "underutilized_windows": idle,
+            }
+        return _Outcome(violations > 0, violations, len(joined), details)
+
+
+@dataclass(kw_only=True)
+class LoadBalancing(ProfilerRule):
+    """Two GPUs of the job whose utilization distributions differ by more than `threshold`,
+    measured as the earth mover's distance between them over the 0-100 % range (0: same
+    distribution, 1: one always idle while the other is always busy)."""
+
+    rule_name: ClassVar[str] = "LoadBalancing"
+    threshold: float = _param(0.5, "fraction")
+    patience: int = _param(1000, "count")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        gpu = _after_patience(_metric(trial, "GPUUtilization"), ["node_id", "name"], self.patience)
+        series = {f"{node}/{name}": s["value"].to_numpy() for (node, name), s in gpu.groupby(["node_id", "name"], sort=True)}
+        if len(series) < 2:
+            return _Outcome(False, 0, len(gpu), {"reason": "fewer than two GPUs with data after patience"})
+        levels = np.linspace(0, 100, 101)
+        quantiles = {gpu_id: np.percentile(values, levels) for gpu_id, values in series.items()}
+        pairs = []
+        for a, b in itertools.combinations(sorted(quantiles), 2):
+            distance = float(np.mean(np.abs(quantiles[a] - quantiles[b])) / 100.0)
+            pairs.append({"gpus": [a, b], "distance": distance})
+        pairs.sort(key=lambda p: -p["distance"])
+        violations = sum(p["distance"] > self.threshold for p in pairs)
+        details = {
+            "median_utilization": {gpu_id: float(np.median(v)) for gpu_id, v in series.items()},
+            "worst_pairs": pairs[:_MAX_LISTED],
+        }
+        return _Outcome(violations > 0, violations, len(gpu), details)
+
+
+@dataclass(kw_only=True)
+class StepOutlier(ProfilerRule):
+    """Steps longer than mean + `stddev` standard deviations of their rank and mode; fires
+    when there are more than `n_outliers`. The first step of each rank and mode (warm-up,
+    compilation) is left out."""
+
+    rule_name: ClassVar[str] = "StepOutlier"
+    stddev: float = _param(3, "positive")
+    mode: str | None = _param(None, "mode")
+    n_outliers: int = _param(10, "count")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        steps = trial.step_timeline()
+        steps = steps[steps["phase"].isin(STEP_PHASES)]
+        modes = [self.mode] if self.mode else ["TRAIN", "EVAL", "GLOBAL"]
+        steps = steps[steps["mode"].isin(modes)]
+        if steps.empty:
+            return _no_data("no step events in the timeline")
+        details: dict[str, Any] = {"groups": {}, "outliers": []}
+        violations = datapoints = 0
+        for (node, rank, mode), group in steps.groupby(["node_id", "rank", "mode"], sort=True):
+            group = group.sort_values("start_ns").iloc[1:]
+            if len(group) < 2:
+                continue
+            durations = group["duration_ms"].to_numpy()
+            datapoints += len(durations)
+            mean, std = float(durations.mean()), float(durations.std())
+            limit = mean + self.stddev * std
+            outliers = group[durations > limit]
+            violations += len(outliers)
+            details["groups"][f"{node}/rank{rank}/{mode}"] = {"steps": len(durations), "mean_ms": mean, "std_ms": std, "limit_ms": limit, "outliers": len(outliers)}
+            for row in outliers.itertuples():
+                if len(details["outliers"]) < _MAX_LISTED:
+                    details["outliers"].append({"node_id": node, "rank": int(rank), "mode": mode, "step": int(row.step), "duration_ms": float(row.duration_ms)})
+        return _Outcome(violations > self.n_outliers, violations, datapoints, details)
+
+
+@dataclass(kw_only=True)
+class MaxInitializationTime(ProfilerRule):
+    """The first step started more than `threshold` minutes after the job did (or has not
+    started that long after)."""
+
+    rule_name: ClassVar[str] = "MaxInitializationTime"
+    threshold: float = _param(20, "positive")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        job_start = trial.job_start()
+        if job_start is None:
+            return _no_data("no profiler data")
+        steps = trial.step_timeline()
+        steps = steps[steps["phase"].isin(STEP_PHASES)]
+        limit_s = self.threshold * 60.0
+        if len(steps):
+            first_step = float(steps["start_ns"].min()) / 1e9
+            waited = first_step - job_start
+            details = {"job_start": job_start, "first_step_start": first_step, "initialization_minutes": waited / 60.0}
+            return _Outcome(waited > limit_s, int(waited > limit_s), 1, details)
+        span = trial.time_range()
+        last_seen = span[1] if span else job_start
+        waited = last_seen - job_start
+        details = {"job_start": job_start, "first_step_start": None, "minutes_without_step": waited / 60.0}
+        return _Outcome(waited > limit_s, int(waited > limit_s), 1, details)
+
+
+@dataclass(kw_only=True)
+class Dataloader(ProfilerRule):
+    """Data-loading processes (the training process's children) against CPU cores: fewer
+    than `min_threshold` % or more than `max_threshold` % of the cores, on any node."""
+
+    rule_name: ClassVar[str] = "Dataloader"
+    min_threshold: float = _param(70, "positive")
+    max_threshold: float = _param(200, "positive")
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        children = _metric(trial, "ChildProcessCount")
+        if children.empty:
+            return _no_data("no ChildProcessCount samples (legacy job, or monitor not run)")
+        cpu = _metric(trial, "CPUUtilization")
+        cores_by_node = cpu[cpu["name"].str.fullmatch(r"cpu\d+")].groupby("node_id")["name"].nunique()
+        details: dict[str, Any] = {"nodes": {}}
+        violations = 0
+        for node, series in children.groupby("node_id", sort=True):
+            cores = int(cores_by_node.get(node, 0)) or os.cpu_count() or 1
+            workers = int(series["value"].max())
+            percent = 100.0 * workers / cores
+            outside = not self.min_threshold <= percent <= self.max_threshold
+            violations += int(outside)
+            details["nodes"][node] = {"cores": cores, "dataloader_processes": workers, "percent_of_cores": percent}
+        wait = _data_wait_percent(trial.step_timeline())
+        if wait is not None:
+            details["data_wait_percent_of_step_time"] = wait
+        return _Outcome(violations > 0, violations, len(children), details)
+
+
+@dataclass(kw_only=True)
+class OverallSystemUsage(ProfilerRule):
+    """Per node, percentiles of CPU, GPU, memory, IO wait, disk and network; never fires."""
+
+    rule_name: ClassVar[str] = "OverallSystemUsage"
+    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+
+    _DIMENSIONS: ClassVar[tuple[str, ...]] = (
+        "CPUUtilization", "I/OWaitPercentage", "GPUUtilization", "GPUMemoryUtilization", "MemoryUsedPercent",
+        "DiskReadBytesPerSecond", "DiskWriteBytesPerSecond", "NetworkReceiveBytesPerSecond", "NetworkTransmitBytesPerSecond",
+    )
+
+    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+        details: dict[str, Any] = {"nodes": {}}
+        datapoints = 0
+        for dimension in self._DIMENSIONS:
+            frame = _metric(trial, dimension)
+            if dimension in ("CPUUtilization", "I/OWaitPercentage"):
+                frame = _node_total(frame)
+            for node, series in frame.groupby("node_id", sort=True):
+                values = series["value"].to_numpy()
+                datapoints += len(values)
+                p50, p95, p99 = np.percentile(values, [50, 95, 99])
+                details["nodes"].setdefault(node, {})[dimension] = {
+                    "min": float(values.min()), "p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(values.max()),
+                }
+        return _Outcome(False, 0, datapoints, details)
+
+
+PROFILER_RULES: dict[str, type[ProfilerRule]] = {
+    rule.rule_name: rule
+    for rule in (
+        CPUBottleneck, IOBottleneck, LowGPUUtilization, GPUMemoryIncrease, BatchSize,
+        LoadBalancing, StepOutlier, MaxInitializationTime, Dataloader, OverallSystemUsage,
+    )
+}
+
+
+# --- building and running ---------------------------------------------------------------
+
+
+def from_rulesconfig(config: Any) -> ProfilerRule:
+    """A rule from a smdebug_rulesconfig profiler rule object (`rule_name`,
+    `rule_parameters`) or a dict: {"rule_name", "rule_parameters"}, SageMaker's
+    {"RuleConfigurationName", "RuleParameters": {"rule_to_invoke", ...}}, or the flat
+    parameters with "rule_to_invoke". For ProfilerReport use `profiler_report_rules`."""
+    name, parameters = _name_and_parameters(config)
+    if name.lower() == "profilerreport":
+        raise ConfigError("rule_name: 'ProfilerReport' is a bundle of rules; use profiler_report_rules()")
+    return _build(_rule_class(name), parameters)
+
+
+def profiler_report_rules(config: Any = None) -> list[ProfilerRule]:
+    """All the rules, as SageMaker's ProfilerReport ran them, with its overrides:
+    parameters named `<rule>_<parameter>` (rule name in any case), from a ProfilerReport
+    object, a rulesconfig dict, or a plain dict of those parameters."""
+    parameters: Mapping[str, Any] = {}
+    if config is not None:
+        looks_like_rule = hasattr(config, "rule_parameters") or (
+            isinstance(config, Mapping) and ({"rule_name", "RuleParameters", "rule_to_invoke"} & set(config))
+        )
+        parameters = _name_and_parameters(config)[1] if looks_like_rule else config
+    by_lower = {name.lower(): name for name in PROFILER_RULES}
+    overrides: dict[str, dict[str, Any]] = {name: {} for name in PROFILER_RULES}
+    for key, value in parameters.items():
+        rule, _, parameter = str(key).partition("_")
+        if rule.lower() not in by_lower or not parameter:
+            raise ConfigError(f"{key}: not <rule>_<parameter> with rule one of {', '.join(PROFILER_RULES)}")
+        overrides[by_lower[rule.lower()]][parameter.lower()] = value
+    return [_build(PROFILER_RULES[name], overrides[name]) for name in PROFILER_RULES]
+
+
+def run_profiler_rules(trial: Any, rules: Iterable[Any] | None = None) -> list[dict[str, Any]]:
+    """Run `rules` (rule objects, registry names, or rulesconfig objects/dicts; all rules
+    with defaults when None) over `trial` (a ProfilerTrial, an object with `.profiler`, a
+    path or a Store). A rule that crashes gives a report with "error" and fired False."""
+    if isinstance(trial, (str, os.PathLike, Store)):
+        trial = ProfilerTrial(trial)
+    elif not isinstance(trial, ProfilerTrial) and hasattr(trial, "profiler"):
+        trial = trial.profiler
+    resolved = [_resolve(rule) for rule in (rules if rules is not None else PROFILER_RULES)]
+    reports = []
+    for rule in resolved:
+        try:
+            reports.append(rule.run(trial))
+        except Exception as exc:
+            logger.exception("profiler rule %s failed", rule.rule_name)
+            reports.append(
+                _plain({"rule": rule.rule_name, "fired": False, "violations": 0, "datapoints": 0, "details": {}, "parameters": rule.parameters(), "error": repr(exc)})
+            )
+    return reports
+
+
+def _resolve(rule: Any) -> ProfilerRule:
+    if isinstance(rule, ProfilerRule):
+        return rule
+    if isinstance(rule, str):
+        return _rule_class(rule)()
+    if isinstance(rule, type) and issubclass(rule, ProfilerRule):
+        return rule()
+    return from_rulesconfig(rule)
+
+
+def _rule_class(name: str) -> type[ProfilerRule]:
+    for known, cls in PROFILER_RULES.items():
+        if known.lower() == str(name).lower():
+            return cls
+    raise ConfigError(f"rule_name: {name!r} is not a profiler rule ({', '.join(PROFILER_RULES)})")
+
+
+def _name_and_parameters(config: Any) -> tuple[str, dict[str, Any]]:
+    if hasattr(config, "rule_name") and hasattr(config, "rule_parameters"):
+        name, parameters = config.rule_name, dict(config.rule_parameters or {})
+    elif isinstance(config, Mapping):
+        if "rule_name" in config:
+            name, parameters = config["rule_name"], dict(config.get("rule_parameters") or {})
+        elif "RuleParameters" in config:
+            parameters = dict(config["RuleParameters"] or {})
+            name = parameters.get("rule_to_invoke") or config.get("RuleConfigurationName")
+        elif "rule_to_invoke" in config:
+            parameters = dict(config)
+            name = parameters["rule_to_invoke"]
+        else:
+            raise ConfigError(f"rule config: {dict(config)!r} names no rule (rule_name, RuleParameters.rule_to_invoke)")
+    else:
+        raise ConfigError(f"rule config: {config!r} is neither a rulesconfig rule nor a dict")
+    invoked = parameters.pop("rule_to_invoke", None)
+    return str(invoked or name), parameters
+
+
+def _build(cls: type[ProfilerRule], parameters: Mapping[str, Any]) -> ProfilerRule:
+    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
+    unknown = sorted(set(parameters) - known)
+    if unknown:
+        raise ConfigError(f"{cls.rule_name}.{unknown[0]}: unknown parameter (known: {', '.join(sorted(known))})")
+    return cls(**parameters)
+
+
+# --- data helpers -----------------------------------------------------------------------
+
+
+def _metric(trial: ProfilerTrial, dimension: str) -> pd.DataFrame:
+    """node_id, name, timestamp, value of one dimension, plain strings, sorted by time."""
+    frame = trial.system_metrics(names=[dimension])
+    frame = frame[frame["dimension"] == dimension]
+    return pd.DataFrame(
+        {
+            "node_id": frame["node_id"].astype(str).to_numpy(),
+            "name": frame["name"].astype(str).to_numpy(),
+            "timestamp": frame["timestamp"].to_numpy(),
+            "value": frame["value"].to_numpy(),
+        }
+    )
+
+
+def _node_total(frame: pd.DataFrame) -> pd.DataFrame:
+    """The node-wide series of a per-core dimension: our "total" rows, or (legacy jobs)
+    the mean over the cores at each instant."""
+    total = frame[frame["name"] == "total"]
+    cores = frame[(frame["name"] != "total") & ~frame["node_id"].isin(set(total["node_id"]))]
+    parts = [total[["node_id", "timestamp", "value"]]]
+    if len(cores):
+        cores = cores.assign(timestamp=cores["timestamp"].round(3))
+        parts.append(cores.groupby(["node_id", "timestamp"], as_index=False)["value"].mean())
+    out = pd.concat(parts, ignore_index=True).sort_values(["node_id", "timestamp"], kind="stable")
+    return out.assign(name="total").reset_index(drop=True)
+
+
+def _after_patience(frame: pd.DataFrame, by: list[str], patience: int) -> pd.DataFrame:
+    if frame.empty:
+        return frame
+    frame = frame.sort_values(by + ["timestamp"], kind="stable")
+    return frame[frame.groupby(by).cumcount() >= patience].reset_index(drop=True)
+
+
+def _window_starts(count: int, window: int) -> list[int]:
+    """Starts of consecutive windows ending at the newest sample; a leading partial window
+    is used only when it is all there is."""
+    if count == 0:
+        return []
+    if count <= window:
+        return [0]
+    return list(range(count - window, -1, -window))[::-1]
+
+
+def _windows(values: np.ndarray, window: int) -> list[np.ndarray]:
+    return [values[start : start + window] for start in _window_starts(len(values), window)]
+
+
+def _tolerance(frame: pd.DataFrame) -> float:
+    """How far apart two samples may be and still count as one instant: half the usual
+    sampling period."""
+    diffs = frame.groupby(["node_id", "name"])["timestamp"].diff().to_numpy()
+    diffs = diffs[np.isfinite(diffs) & (diffs > 0)]
+    period = float(np.median(diffs)) if len(diffs) else 1.0
+    return min(30.0, max(0.05, period / 2))
+
+
+def _join_nearest(left: pd.DataFrame, right: pd.DataFrame, by: list[str], tolerance: float) -> pd.DataFrame:
+    right = right[by + ["timestamp"] + [c for c in right.columns if c not in by + ["timestamp", "name", "node_id"]]]
+    return pd.merge_asof(
+        left.sort_values("timestamp", kind="stable"),
+        right.sort_values("timestamp", kind="stable"),
+        on="timestamp",
+        by=by,
+        direction="nearest",
+        tolerance=tolerance,
+    )
+
+
+def _bottleneck(trial: ProfilerTrial, dimension: str, busy_threshold: float, gpu_threshold: float, percent_threshold: float, patience: int) -> _Outcome:
+    """Samples where the node's `dimension` is above `busy_threshold` while its GPUs (mean)
+    are below `gpu_threshold`; fires above `percent_threshold` % of the samples."""
+    host = _node_total(_metric(trial, dimension))
+    gpu = _metric(trial, "GPUUtilization")
+    if gpu.empty or host.empty:
+        return _no_data(f"needs GPUUtilization and {dimension}")
+    gpu = gpu.assign(timestamp=gpu["timestamp"].round(3)).groupby(["node_id", "timestamp"], as_index=False)["value"].mean()
+    joined = _join_nearest(host, gpu.rename(columns={"value": "gpu"}), ["node_id"], _tolerance(host))
+    joined = _after_patience(joined.dropna(), ["node_id"], patience)
+    if joined.empty:
+        return _no_data("no aligned samples after patience")
+    hit = (joined["value"] > busy_threshold) & (joined["gpu"] < gpu_threshold)
+    violations, datapoints = int(hit.sum()), len(joined)
+    percent = 100.0 * violations / datapoints
+    per_node = {
+        node: {"datapoints": int(len(g)), "bottlenecks": int(hit[g.index].sum())}
+        for node, g in joined.groupby("node_id", sort=True)
+    }
+    return _Outcome(percent > percent_threshold, violations, datapoints, {"bottleneck_percent": percent, "nodes": per_node})
+
+
+def _data_wait_percent(timeline: pd.DataFrame) -> float | None:
+    steps = timeline[timeline["phase"] == "step"]["duration_ms"].sum()
+    data = timeline[timeline["phase"] == "data"]["duration_ms"].sum()
+    return float(100.0 * data / steps) if steps > 0 and data > 0 else None
+
+
+def _no_data(reason: str) -> _Outcome:
+    return _Outcome(False, 0, 0, {"reason": reason})
+
+
+def _plain(value: Any) -> Any:
+    """numpy scalars and tuples into JSON types, so reports serialise as they are."""
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, np.bool_):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, np.floating):
+        return float(value)
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value

@@ -1,0 +1,214 @@
+"""SystemMonitor: configuration, real sampling on this host, rotation, publishing, failure."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+from stepscope.exceptions import ConfigError
+from stepscope.profiler import ProfilerTrial, SystemMonitor
+from stepscope.profiler.monitor import (
+    _LineFormatter,
+    _MinuteBuffer,
+    default_node_id,
+    parse_system_metrics_key,
+    system_metrics_key,
+)
+from stepscope.store import LocalStore
+
+
+@pytest.mark.parametrize("interval", [100, 200, 500, 1000, 5000, 60000, "500"])
+def test_accepts_the_sagemaker_intervals(tmp_path, interval):
+    assert SystemMonitor(tmp_path, interval_ms=interval).interval_ms == int(interval)
+
+
+@pytest.mark.parametrize("interval", [0, 250, 499, -500, 1.5, True, "fast"])
+def test_other_intervals_are_config_errors_naming_the_value(tmp_path, interval):
+    with pytest.raises(ConfigError, match="interval_ms") as info:
+        SystemMonitor(tmp_path, interval_ms=interval)
+    assert repr(interval) in str(info.value)
+
+
+def test_node_id_must_be_safe_for_a_file_name(tmp_path):
+    with pytest.raises(ConfigError, match="node_id"):
+        SystemMonitor(tmp_path, node_id="a/b")
+
+
+def test_default_node_id(monkeypatch):
+    monkeypatch.setenv("SM_CURRENT_HOST", "algo-3")
+    assert default_node_id() == "algo-3"
+    assert default_node_id(rank=5) == "algo-3-rank5"
+    monkeypatch.delenv("SM_CURRENT_HOST")
+    assert default_node_id()
+
+
+def test_one_monitor_per_node():
+    assert SystemMonitor.should_run(rank=0, local_rank=0)
+    assert SystemMonitor.should_run(rank=8, local_rank=0)
+    assert not SystemMonitor.should_run(rank=3, local_rank=3)
+    assert SystemMonitor.should_run(rank=3, local_rank=3, every_rank=True)
+    assert SystemMonitor.should_run(rank=None, local_rank=None)
+
+
+def test_keys_follow_the_sagemaker_layout():
+    key = system_metrics_key(1591748100, "algo-1")
+    assert key == "profiler-output/system/incremental/2020061000/1591748100.algo-1.json"
+    assert parse_system_metrics_key(key) == (1591748100, "algo-1")
+    assert parse_system_metrics_key("profiler-output/system/incremental/1591748100.ip-10-0-0-1.ec2.json") == (1591748100, "ip-10-0-0-1.ec2")
+    assert parse_system_metrics_key("profiler-output/system/incremental/2020060100/notes.txt") is None
+
+
+def _burn_cpu(seconds: float) -> float:
+    """Spin for `seconds` of wall time; returns the CPU time it got."""
+    cpu = time.thread_time()
+    end = time.perf_counter() + seconds
+    x = 0
+    while time.perf_counter() < end:
+        x += 1
+    return time.thread_time() - cpu
+
+
+def test_real_sampling_on_this_host(tmp_path):
+    interval_s = 0.1
+    monitor = SystemMonitor(tmp_path, interval_ms=100, node_id="algo-1")
+    monitor.start()
+    began = time.time()
+    assert monitor.running
+    time.sleep(1.0)
+    burned = _burn_cpu(0.6)  # the process must show up as busy
+    time.sleep(0.4)
+    ended = time.time()
+    monitor.stop()
+    assert not monitor.running
+
+    df = ProfilerTrial(tmp_path).system_metrics()
+    timestamps = np.sort(df["timestamp"].unique())
+    expected = (ended - began) / interval_s
+    assert abs(len(timestamps) - expected) <= 1, (len(timestamps), expected)
+    assert monitor.stats().samples == len(timestamps)
+    assert (np.diff(timestamps) > 0).all()
+    # Deadline-based: each sample sits in its own slot of the wall-clock grid of multiples of
+    # the interval, just after the slot's start, with no drift accumulating. (A loaded
+    # machine can wake one sample late; the median stays small.)
+    slots = np.floor(timestamps / interval_s)
+    lateness = timestamps - slots * interval_s
+    assert (np.diff(slots) >= 1).all(), lateness
+    assert np.median(lateness) < 0.02, lateness
+    assert np.median(lateness[len(lateness) // 2 :]) < 0.02, lateness
+
+    def values(dimension, name=None):
+        rows = df[df["dimension"] == dimension]
+        if name is not None:
+            rows = rows[rows["name"] == name]
+        return rows["value"].to_numpy()
+
+    assert set(df["node_id"]) == {"algo-1"}
+    cores = {n for n in df[df["dimension"] == "CPUUtilization"]["name"] if n != "total"}
+    assert cores == {f"cpu{i}" for i in range(psutil.cpu_count())}
+    for percent in ("CPUUtilization", "I/OWaitPercentage", "MemoryUsedPercent"):
+        assert ((values(percent) >= 0) & (values(percent) <= 100)).all(), percent
+    assert values("CPUUtilization", "total").max() > 0
+    # Integrated over the samples, the process's CPU % accounts for the burn (to within
+    # the kernel's 10 ms accounting tick).
+    process_cpu_s = values("ProcessCPUUtilization").sum() / 100 * interval_s
+    assert process_cpu_s >= 0.8 * burned - 0.02, (process_cpu_s, burned)
+    assert (values("ProcessCPUUtilization") <= 100 * psutil.cpu_count() + 1).all()
+    assert (values("MemoryUsedBytes") <= values("MemoryTotalBytes")).all()
+    assert (values("ProcessMemoryRSSBytes") > 0).all()
+    for rate in ("DiskReadBytesPerSecond", "DiskWriteBytesPerSecond", "NetworkReceiveBytesPerSecond", "NetworkTransmitBytesPerSecond"):
+        if len(values(rate)):  # a container may expose no disk counters
+            assert (values(rate) >= 0).all() and np.isfinite(values(rate)).all(), rate
+    assert len(values("NetworkReceiveBytesPerSecond")) == len(timestamps)
+    assert len(values("ChildProcessCount")) >= 1
+
+
+def test_stop_publishes_the_open_minute_and_is_idempotent(tmp_path):
+    monitor = SystemMonitor(tmp_path, interval_ms=100, node_id="algo-1")
+    monitor.start()
+    time.sleep(0.35)
+    monitor.stop()
+    monitor.stop()
+    monitor.start()  # after stop: nothing happens
+    assert not monitor.running
+    keys = LocalStore(tmp_path).list("profiler-output/system/incremental/")
+    assert keys and all(parse_system_metrics_key(k)[1] == "algo-1" for k in keys)
+    assert all(k.split("/")[3].isdigit() and len(k.split("/")[3]) == 10 for k in keys)  # hour folder
+    assert monitor.stats().files_published == len(keys)
+
+
+def test_sampling_thread_is_a_daemon(tmp_path):
+    with SystemMonitor(tmp_path, interval_ms=100) as monitor:
+        threads = [t for t in threading.enumerate() if t.name == "stepscope-system-monitor"]
+        assert threads and all(t.daemon for t in threads)
+    assert not monitor.running
+
+
+def test_restart_within_a_minute_keeps_both_parts(tmp_path):
+    first = SystemMonitor(tmp_path, interval_ms=100, node_id="n1")
+    with first:
+        time.sleep(0.3)
+    second = SystemMonitor(tmp_path, interval_ms=100, node_id="n1")
+    with second:
+        time.sleep(0.3)
+    df = ProfilerTrial(tmp_path).system_metrics()
+    assert df["timestamp"].nunique() == first.stats().samples + second.stats().samples
+
+
+def test_minute_rotation():
+    buffer = _MinuteBuffer()
+    formatter = _LineFormatter("algo-1")
+    published = []
+    for ts in np.arange(1_700_000_030.0, 1_700_000_170.0, 10.0):
+        done = buffer.add(ts, formatter.format(ts, [("cpu", "total", "CPUUtilization", 12.5)]))
+        if done:
+            published.append(done)
+    published.append(buffer.drain())
+    assert [minute for minute, _ in published] == [1_699_999_980, 1_700_000_040, 1_700_000_100, 1_700_000_160]
+    assert [data.count(b"\n") for _, data in published] == [1, 6, 6, 1]
+    assert buffer.drain() is None
+
+
+def test_lines_are_sagemaker_json():
+    import json
+
+    line = _LineFormatter("algo-1").format(1.5, [("gpu", "gpu0", "GPUUtilization", 87.0), ("memory", "system", "MemoryUsedBytes", 123456789012.0), ("cpu", "cpu0", "CPUUtilization", float("nan"))])
+    records = [json.loads(x) for x in line.splitlines()]
+    assert records == [
+        {"Type": "gpu", "Name": "gpu0", "Dimension": "GPUUtilization", "Value": 87, "NodeId": "algo-1", "Timestamp": 1.5},
+        {"Type": "memory", "Name": "system", "Dimension": "MemoryUsedBytes", "Value": 123456789012, "NodeId": "algo-1", "Timestamp": 1.5},
+    ]
+    assert list(records[0]) == ["Type", "Name", "Dimension", "Value", "NodeId", "Timestamp"]
+
+
+class _BrokenStore(LocalStore):
+    def write(self, key, data):
+        raise OSError("disk full")
+
+
+def test_a_failing_store_never_reaches_training(tmp_path, caplog):
+    monitor = SystemMonitor(_BrokenStore(tmp_path), interval_ms=100)
+    with caplog.at_level(logging.WARNING, logger="stepscope.profiler"):
+        monitor.start()
+        time.sleep(0.25)
+        monitor.stop()  # must not raise
+    assert monitor.stats().publish_errors >= 1
+    warnings = [r for r in caplog.records if "could not publish" in r.getMessage()]
+    assert len(warnings) == 1 and "disk full" in warnings[0].getMessage()
+
+
+def test_a_failing_source_is_dropped_alone(tmp_path, monkeypatch, caplog):
+    def broken(*args, **kwargs):
+        raise OSError("no /proc/diskstats")
+
+    monkeypatch.setattr(psutil, "disk_io_counters", broken)
+    with caplog.at_level(logging.WARNING, logger="stepscope.profiler"):
+        with SystemMonitor(tmp_path, interval_ms=100):
+            time.sleep(0.35)
+    df = ProfilerTrial(tmp_path).system_metrics()
+    assert "DiskReadBytesPerSecond" not in set(df["dimension"])
+    assert "CPUUtilization" in set(df["dimension"])
+    assert sum("disk metrics unavailable" in r.getMessage() for r in caplog.records) == 1

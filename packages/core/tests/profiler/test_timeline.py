@@ -1,0 +1,215 @@
+"""The step timeline: file naming, the Chrome-trace schema, track nesting, the writer's
+threads and failures, and reading ours and SageMaker's legacy files."""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import threading
+import time
+from collections import defaultdict
+
+import pytest
+from stepscope.exceptions import ConfigError
+from stepscope.modes import ModeKeys
+from stepscope.profiler import ProfilerTrial, TimelineWriter
+from stepscope.profiler.timeline import STEP_TIMELINE_DIR, encode_timeline, timeline_key
+from stepscope.store import LocalStore
+
+MS = 1_000_000
+T = 1_700_000_000 * 10**9
+
+
+def _files(root):
+    return LocalStore(root).list(f"{STEP_TIMELINE_DIR}/")
+
+
+def _load(root, key):
+    return json.loads((root / key).read_text())
+
+
+def test_each_flush_is_a_new_file_named_by_time_node_and_rank(tmp_path):
+    writer = TimelineWriter(tmp_path, node_id="algo-2", rank=3, framework="tensorflow", flush_interval_s=3600)
+    writer.add("Step 0", T, T + 5 * MS, step=0, mode=ModeKeys.TRAIN)
+    first = writer.flush()
+    assert writer.flush() is None  # nothing buffered: no empty file
+    writer.add("Step 1", T + 6 * MS, T + 9 * MS, step=1, mode=ModeKeys.TRAIN)
+    writer.close()
+    keys = _files(tmp_path)
+    assert len(keys) == 2 and keys[0] == first
+    pattern = re.compile(r"^profiler-output/framework/steps/\d{10}/(\d{16})_algo-2_rank3_pid\d+_(\d{6})\.steps\.json$")
+    matches = [pattern.match(k) for k in keys]
+    assert all(matches)
+    assert [m.group(2) for m in matches] == ["000000", "000001"]
+    assert int(matches[0].group(1)) <= int(matches[1].group(1))
+
+
+def test_chrome_trace_schema(tmp_path):
+    with TimelineWriter(tmp_path, node_id="algo-1", rank=1, framework="pytorch") as writer:
+        writer.add("Step 7", T, T + 10 * MS, step=7, mode=ModeKeys.TRAIN, args={"batch_size": 32})
+        writer.add("forward", T + 1 * MS, T + 4 * MS, step=7, mode=ModeKeys.TRAIN, phase="forward")
+    (key,) = _files(tmp_path)
+    trace = _load(tmp_path, key)
+    assert trace["displayTimeUnit"] == "ms"
+    assert trace["metadata"]["schema"] == "stepscope.step_timeline"
+    assert trace["metadata"]["node_id"] == "algo-1" and trace["metadata"]["rank"] == 1
+    assert trace["metadata"]["framework"] == "pytorch"
+    names = {e["name"] for e in trace["traceEvents"] if e["ph"] == "M"}
+    assert {"process_name", "thread_name"} <= names
+    step, forward = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert step == {
+        "name": "Step 7",
+        "cat": "step",
+        "ph": "X",
+        "ts": T / 1000,
+        "dur": 10_000.0,
+        "pid": 1,
+        "tid": int(ModeKeys.TRAIN),
+        "args": {"batch_size": 32, "step": 7, "mode": "TRAIN", "phase": "step"},
+    }
+    assert forward["tid"] == step["tid"] and forward["cat"] == "forward" and forward["ts"] == (T + MS) / 1000
+    assert f'"ts": {T // 1000}.000, "dur": 10000.000' in (tmp_path / key).read_text()  # exact µs text
+
+
+def _properly_nested(events):
+    by_track = defaultdict(list)
+    for e in events:
+        by_track[(e["pid"], e["tid"])].append((e["ts"], e["ts"] + e["dur"]))
+    for spans in by_track.values():
+        stack = []
+        for start, end in sorted(spans, key=lambda s: (s[0], -s[1])):
+            while stack and stack[-1] <= start:
+                stack.pop()
+            if stack and end > stack[-1]:
+                return False
+            stack.append(end)
+    return True
+
+
+def test_tracks_nest_and_overlaps_go_to_their_own_track():
+    events = [
+        ("Step 0", T, T + 10 * MS, 0, ModeKeys.TRAIN, "step", None),
+        ("data", T, T + 2 * MS, 0, ModeKeys.TRAIN, "data", None),
+        ("forward", T + 2 * MS, T + 5 * MS, 0, ModeKeys.TRAIN, "forward", None),
+        ("backward", T + 5 * MS, T + 9 * MS, 0, ModeKeys.TRAIN, "backward", None),
+        ("prefetch", T + 8 * MS, T + 12 * MS, 1, ModeKeys.TRAIN, "data", None),  # crosses the step end
+        ("Step 1", T + 10 * MS, T + 20 * MS, 1, ModeKeys.TRAIN, "step", None),
+        ("eval 0", T + 3 * MS, T + 4 * MS, 0, ModeKeys.EVAL, "eval_step", None),
+    ]
+    trace = json.loads(encode_timeline(events, node_id="n", rank=0, framework="pytorch", pid=1, writer_start_ns=T))
+    slices = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert _properly_nested(slices)
+    tid = {e["name"]: e["tid"] for e in slices}
+    assert tid["Step 0"] == tid["forward"] == tid["Step 1"] == int(ModeKeys.TRAIN)
+    assert tid["prefetch"] not in (tid["Step 0"], tid["eval 0"])
+    assert tid["eval 0"] == int(ModeKeys.EVAL)
+    lanes = {e["tid"]: e["args"]["name"] for e in trace["traceEvents"] if e["name"] == "thread_name"}
+    assert lanes[tid["prefetch"]] == "TRAIN (overlapping 1)"
+
+
+def test_add_is_thread_safe_and_the_timer_flushes(tmp_path):
+    writer = TimelineWriter(tmp_path, node_id="n", rank=0, flush_interval_s=0.05)
+
+    def work(thread: int) -> None:
+        for i in range(500):
+            writer.add("step", T + i, T + i + 1, step=thread * 1000 + i, mode=ModeKeys.TRAIN)
+
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    time.sleep(0.2)
+    assert _files(tmp_path), "the background timer published before close"
+    writer.close()
+    writer.close()
+    writer.add("late", T, T + 1, step=0, mode=ModeKeys.TRAIN)  # after close: dropped, no error
+    timeline = ProfilerTrial(tmp_path).step_timeline()
+    assert len(timeline) == 2000 and timeline["step"].nunique() == 2000
+
+
+def test_a_failing_store_never_reaches_training(tmp_path, caplog):
+    class Broken(LocalStore):
+        def write(self, key, data):
+            raise OSError("bucket gone")
+
+    writer = TimelineWriter(Broken(tmp_path), node_id="n", flush_interval_s=3600)
+    writer.add("step", T, T + MS, step=0, mode=ModeKeys.TRAIN)
+    with caplog.at_level(logging.WARNING, logger="stepscope.profiler"):
+        assert writer.flush() is None
+        writer.add("step", T, T + MS, step=1, mode=ModeKeys.TRAIN)
+        writer.close()
+    assert sum("bucket gone" in r.getMessage() for r in caplog.records) == 1
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [({"rank": -1}, "rank"), ({"framework": "jax"}, "framework"), ({"flush_interval_s": 0}, "flush_interval_s"), ({"node_id": "a b"}, "node_id")],
+)
+def test_bad_writer_config_names_the_field(tmp_path, kwargs, field):
+    with pytest.raises(ConfigError, match=field):
+        TimelineWriter(tmp_path, **{"node_id": "n", **kwargs})
+
+
+def test_reader_round_trip(tmp_path):
+    with TimelineWriter(tmp_path, node_id="algo-1", rank=0) as writer:
+        writer.add("Step 0", T, T + 10 * MS, step=0, mode=ModeKeys.TRAIN)
+        writer.add("forward", T + 2 * MS, T + 5 * MS, step=0, mode="train", phase="forward")
+        writer.add("Eval 0", T + 20 * MS, T + 23 * MS, step=0, mode=ModeKeys.EVAL, phase="eval_step", args={"loader": "val"})
+    df = ProfilerTrial(tmp_path).step_timeline()
+    assert list(df["name"]) == ["Step 0", "forward", "Eval 0"]
+    assert list(df["mode"]) == ["TRAIN", "TRAIN", "EVAL"]
+    assert list(df["phase"]) == ["step", "forward", "eval_step"]
+    assert df["start_ns"].tolist() == [T, T + 2 * MS, T + 20 * MS]
+    assert df["duration_ms"].tolist() == pytest.approx([10.0, 3.0, 3.0])
+    assert df["args"].iloc[2] == {"loader": "val"}
+    assert set(df["node_id"]) == {"algo-1"} and set(df["rank"]) == {0} and set(df["framework"]) == {"pytorch"}
+
+
+def test_nanoseconds_survive_the_round_trip(tmp_path):
+    start = T + 123_456_789  # below a microsecond: a float of epoch µs would lose it
+    with TimelineWriter(tmp_path, node_id="n") as writer:
+        writer.add("Step 0", start, start + 1_001, step=0, mode=ModeKeys.TRAIN)
+    df = ProfilerTrial(tmp_path).step_timeline()
+    assert (df["start_ns"].iloc[0], df["end_ns"].iloc[0]) == (start, start + 1_001)
+
+
+def test_the_training_side_imports_no_pandas():
+    import subprocess
+    import sys
+
+    code = "import sys; from stepscope.profiler import SystemMonitor, TimelineWriter; print('pandas' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip() == "False"
+
+
+def test_legacy_python_timeline_reads_the_same_way(tmp_path):
+    folder = tmp_path / "profiler-output/framework/pevents/2023111422"
+    folder.mkdir(parents=True)
+    base_us = 1_700_000_000_000_000
+    events = [
+        {"name": "process_name", "ph": "M", "pid": 4242, "args": {"start_time_since_epoch_in_micros": base_us}},
+        {"name": "Step:ModeKeys.TRAIN", "ph": "X", "ts": 1000, "dur": 500, "pid": 4242, "tid": 1, "args": {"step_num": "0"}},
+        {"name": "Step:ModeKeys.EVAL", "ph": "X", "ts": base_us + 3000, "dur": 200, "pid": 4242, "tid": 1, "args": {"step_num": "1"}},
+        {"name": "Forward-node", "ph": "X", "ts": 1100, "dur": 100, "pid": 4242, "tid": 1, "args": {}},
+    ]
+    # Unterminated, as a job killed mid-write left it.
+    text = "[\n" + ",\n".join(json.dumps(e) for e in events) + ",\n"
+    (folder / f"{base_us}_algo-1_pythontimeline.json").write_text(text)
+    df = ProfilerTrial(tmp_path).step_timeline()
+    assert list(df["mode"]) == ["TRAIN", "EVAL"]
+    assert list(df["step"]) == [0, 1]
+    assert df["start_ns"].tolist() == [(base_us + 1000) * 1000, (base_us + 3000) * 1000]
+    assert set(df["node_id"]) == {"algo-1"} and set(df["rank"]) == {-1}
+
+
+def test_a_bad_file_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
+    with TimelineWriter(tmp_path, node_id="n") as writer:
+        writer.add("Step 0", T, T + MS, step=0, mode=ModeKeys.TRAIN)
+    bad = tmp_path / timeline_key(T + 10**9, "n", 0, 1, 0)
+    bad.parent.mkdir(parents=True, exist_ok=True)
+    bad.write_bytes(b'{"traceEvents": [{"name": "Step 1", "ph": "X", "ts": 17')
+    with caplog.at_level(logging.WARNING, logger="stepscope.profiler"):
+        df = ProfilerTrial(tmp_path).step_timeline()
+    assert list(df["name"]) == ["Step 0"]
+    assert any(str(bad) in r.getMessage() for r in caplog.records)
