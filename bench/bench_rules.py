@@ -1,0 +1,111 @@
+"""The default rule set (`stepscope check` without --rule) over a job of 10,000 saved steps
+of a small model: total time and time per step, with the rules sharing reads (run_rules)
+against the same rules run one by one (invoke_rule each), and the store reads of each.
+
+    python bench/bench_rules.py            # 10,000 steps
+    python bench/bench_rules.py --quick    # 1,000 steps
+    python bench/bench_rules.py --steps 3000 --keep /tmp/job   # keep the generated job
+
+The job is written with the core Writer: a 16-32-32-1 MLP's weights, biases and their
+gradients (raw) and the loss every step, plus an EVAL loss every 100 steps."""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from stepscope import create_trial
+from stepscope.collection_manager import CollectionManager
+from stepscope.modes import ModeKeys
+from stepscope.rules import BUILTIN_RULES, DEFAULT_RULES, invoke_rule, run_rules
+from stepscope.store.local import LocalStore
+from stepscope.writer import Writer
+
+SHAPES = {"layers.0.weight": (32, 16), "layers.0.bias": (32,), "layers.1.weight": (32, 32), "layers.1.bias": (32,), "layers.2.weight": (1, 32), "layers.2.bias": (1,)}
+BUILTIN_REGEXES = {"weights": [r"^(?!gradient).*weight"], "biases": [r"^(?!gradient).*bias"], "gradients": [r"^gradient"], "losses": [r"[Ll]oss_(?!input).*output"]}
+
+
+class CountingStore(LocalStore):
+    def __init__(self, root):
+        super().__init__(root)
+        self.range_reads = 0
+
+    def read_range(self, key, start, length):
+        self.range_reads += 1
+        return super().read_range(key, start, length)
+
+
+def generate(out_dir: Path, steps: int) -> float:
+    rng = np.random.default_rng(0)
+    weights = {name: rng.standard_normal(shape).astype(np.float32) * 0.1 for name, shape in SHAPES.items()}
+    started = time.perf_counter()
+    with Writer(str(out_dir)) as writer:
+        writer.write_collections(CollectionManager(builtin_regexes=BUILTIN_REGEXES).dumps())
+        global_step, eval_step = 0, 0
+        for step in range(steps):
+            tensors = {}
+            for name, value in weights.items():
+                gradient = rng.standard_normal(value.shape).astype(np.float32) * 0.01
+                tensors[name] = value.copy()
+                tensors[f"gradient/{name}"] = gradient
+                value -= 0.1 * gradient
+            tensors["MSELoss_output_0"] = np.float32(10.0 / (1 + step))
+            writer.write_step(global_step, ModeKeys.TRAIN, step, tensors)
+            global_step += 1
+            if (step + 1) % 100 == 0:
+                writer.write_step(global_step, ModeKeys.EVAL, eval_step, {"MSELoss_output_0": np.float32(10.5 / (1 + step))})
+                global_step, eval_step = global_step + 1, eval_step + 1
+    return time.perf_counter() - started
+
+
+def default_rules(trial):
+    return [BUILTIN_RULES[name](trial) for name in DEFAULT_RULES]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=10_000)
+    parser.add_argument("--quick", action="store_true", help="1,000 steps")
+    parser.add_argument("--keep", help="write the job here and keep it")
+    args = parser.parse_args()
+    steps = 1_000 if args.quick else args.steps
+    root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="stepscope-bench-rules-"))
+    try:
+        if not (root / "training_job_end.ts").exists():
+            seconds = generate(root, steps)
+            print(f"generated {steps} steps ({len(SHAPES) * 2 + 1} tensors each) in {seconds:.1f} s")
+        trial_steps = len(create_trial(str(root)).steps())
+        print(f"default rule set: {', '.join(DEFAULT_RULES)}; {trial_steps} saved steps")
+
+        store = CountingStore(root)
+        started = time.perf_counter()
+        trial = create_trial(store)
+        reports = run_rules(default_rules(trial))
+        shared = time.perf_counter() - started
+        fired = [r.rule for r in reports if r.fired]
+        print(f"shared reads (run_rules):  {shared:7.2f} s total, {1e6 * shared / trial_steps:7.1f} us/step, {store.range_reads:8d} reads; fired: {fired or 'none'}")
+
+        store = CountingStore(root)
+        started = time.perf_counter()
+        trial = create_trial(store)
+        per_rule = {}
+        for rule in default_rules(trial):
+            rule_started = time.perf_counter()
+            invoke_rule(rule)
+            per_rule[rule.name] = time.perf_counter() - rule_started
+        apart = time.perf_counter() - started
+        print(f"one by one (invoke_rule):  {apart:7.2f} s total, {1e6 * apart / trial_steps:7.1f} us/step, {store.range_reads:8d} reads")
+        for name, seconds in per_rule.items():
+            print(f"    {name:<20s} {seconds:6.2f} s")
+        print(f"sharing reads: {apart / shared:.2f}x faster")
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

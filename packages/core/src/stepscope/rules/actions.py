@@ -1,0 +1,159 @@
+"""What happens when a rule fires: stop the training job, log, or POST the report to a
+webhook. Also reads smdebug-rulesconfig's ActionList (its serialized JSON or the object)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from ..control import request_stop
+from ..exceptions import ConfigError
+
+if TYPE_CHECKING:
+    from .base import Rule
+
+logger = logging.getLogger("stepscope")
+
+UNSUPPORTED = ("email", "sms")
+
+
+class Action:
+    """Run once, the first time its rule fires."""
+
+    def trigger(self, rule: Rule, step: int) -> None:
+        raise NotImplementedError
+
+
+@dataclass
+class StopTraining(Action):
+    """Writes a stop request into the job's store; the hooks poll for it and end training
+    at the end of a step (plain loops: StopTrainingRequested, Lightning: trainer.should_stop,
+    Keras: model.stop_training). `training_job_prefix` comes from SageMaker configurations
+    and is ignored: the job stopped is the one the rule reads."""
+
+    training_job_prefix: str | None = None
+
+    def trigger(self, rule: Rule, step: int) -> None:
+        reason = rule.report.details[-1]["message"] if rule.report.details else f"fired at step {step}"
+        request_stop(rule.trial.store, rule.name, reason, step=step)
+        logger.warning("stepscope: rule %s asked %s to stop training (step %d)", rule.name, rule.trial.path, step)
+
+
+@dataclass
+class Log(Action):
+    """Logs the firing on the `stepscope` logger at `level` (default WARNING)."""
+
+    level: int = logging.WARNING
+
+    def trigger(self, rule: Rule, step: int) -> None:
+        message = rule.report.details[-1]["message"] if rule.report.details else ""
+        logger.log(self.level, "stepscope: rule %s fired at step %d on %s: %s", rule.name, step, rule.trial.path, message)
+
+
+@dataclass
+class Webhook(Action):
+    """POSTs {"rule", "step", "trial", "report"} as JSON to `url`. Each try waits at most
+    `timeout` seconds; failures (connection errors, 5xx, 429) are retried `retries` times
+    with exponential backoff from `backoff` seconds. Other 4xx answers are not retried."""
+
+    url: str
+    timeout: float = 5.0
+    retries: int = 3
+    backoff: float = 0.5
+    headers: Mapping[str, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"Webhook.url must be an http:// or https:// URL, got {self.url!r}")
+        if self.retries < 0:
+            raise ConfigError(f"Webhook.retries must be >= 0, got {self.retries!r}")
+
+    def payload(self, rule: Rule, step: int) -> bytes:
+        body = {"rule": rule.name, "step": step, "trial": rule.trial.path, "report": rule.report.to_json()}
+        return json.dumps(body, default=str).encode()
+
+    def trigger(self, rule: Rule, step: int) -> None:
+        data = self.payload(rule, step)
+        headers = {"Content-Type": "application/json", "User-Agent": "stepscope", **(self.headers or {})}
+        last_error: Exception | None = None
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff * 2 ** (attempt - 1))
+            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    response.read()
+                return
+            except urllib.error.HTTPError as exc:
+                last_error = exc
+                if exc.code < 500 and exc.code != 429:
+                    break
+            except (urllib.error.URLError, OSError) as exc:
+                last_error = exc
+        raise RuntimeError(f"webhook {self.url} failed: {last_error}")
+
+
+def _unsupported(name: str) -> ConfigError:
+    return ConfigError(f"action {name!r} is not supported by stepscope (it used AWS SNS); use a webhook instead, e.g. {{\"name\": \"webhook\", \"url\": \"https://...\"}}")
+
+
+def action_from_json(entry: Mapping[str, Any]) -> Action:
+    """One action from its smdebug-rulesconfig JSON ({"name": "stoptraining", ...}) or
+    stepscope's ({"name": "webhook", "url": ...}, {"name": "log"})."""
+    if not isinstance(entry, Mapping) or "name" not in entry:
+        raise ConfigError(f"an action must be an object with a 'name', got {entry!r}")
+    name = str(entry["name"]).strip().lower()
+    params = {k: v for k, v in entry.items() if k != "name"}
+    if name in UNSUPPORTED:
+        raise _unsupported(name)
+    if name == "stoptraining":
+        return StopTraining(params.get("training_job_prefix"))
+    if name == "log":
+        level = params.get("level", "WARNING")
+        return Log(level if isinstance(level, int) else logging.getLevelName(str(level).upper()))
+    if name == "webhook":
+        url = params.get("url") or params.get("endpoint")
+        try:
+            return Webhook(
+                url, timeout=float(params.get("timeout", 5.0)), retries=int(params.get("retries", 3)), backoff=float(params.get("backoff", 0.5))
+            )
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"webhook action: {exc}") from None
+    raise ConfigError(f"unknown action {entry['name']!r}; valid: stoptraining, log, webhook (email and sms are not supported: use a webhook)")
+
+
+def parse_actions(spec: Any) -> list[Action]:
+    """Actions from an smdebug-rulesconfig ActionList (the object, or its `serialize()`
+    string, whose quotes are backslash-escaped), a JSON string, or a list of dicts/Actions."""
+    if spec is None or spec == "":
+        return []
+    if isinstance(spec, Action):
+        return [spec]
+    if hasattr(spec, "actions") and not isinstance(spec, (str, bytes, Mapping)):  # smdebug_rulesconfig.ActionList
+        return [a for item in spec.actions for a in parse_actions(item)]
+    if hasattr(spec, "action_parameters"):  # one smdebug_rulesconfig Action
+        return [action_from_json(spec.action_parameters)]
+    if isinstance(spec, (str, bytes)):
+        text = spec.decode() if isinstance(spec, bytes) else spec
+        try:
+            data = json.loads(text)
+        except ValueError:
+            try:
+                data = json.loads(text.replace('\\"', '"'))
+            except ValueError:
+                raise ConfigError(f"actions: not valid JSON: {text[:200]!r}") from None
+        return parse_actions(data)
+    if isinstance(spec, Mapping):
+        return [action_from_json(spec)]
+    if isinstance(spec, Iterable):
+        return [a for item in spec for a in parse_actions(item)]
+    raise ConfigError(f"actions: cannot read {spec!r}")
+
+
+__all__ = ["Action", "StopTraining", "Log", "Webhook", "parse_actions", "action_from_json"]

@@ -1,0 +1,224 @@
+"""Built-in rules over layer activations: DeadRelu, SaturatedActivation,
+PoorWeightInitialization. They need raw activation tensors (batch first)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..trial import Trial
+from .base import Rule, RuleParams, TensorRequest, require
+from .tensors import GRADIENT_REGEX, TRAINING_MODES
+
+
+def unit_activity(value: np.ndarray, active: np.ndarray) -> np.ndarray:
+    """Percentage of the batch (axis 0) in which each unit is active; a tensor without a
+    batch axis counts each element as one sample of its own unit."""
+    active = active.astype(np.float64)
+    if value.ndim >= 2:
+        return 100.0 * active.mean(axis=0).reshape(-1)
+    return 100.0 * active.reshape(-1)
+
+
+@dataclass(frozen=True)
+class _LayerParams(RuleParams):
+    threshold_inactivity: float = 1.0
+    threshold_layer: float = 50.0
+
+    def validate(self, owner: str) -> None:
+        require(owner, "threshold_inactivity", self.threshold_inactivity, 0 <= self.threshold_inactivity <= 100, "a percentage in [0, 100]")
+        require(owner, "threshold_layer", self.threshold_layer, 0 <= self.threshold_layer <= 100, "a percentage in [0, 100]")
+
+
+@dataclass(frozen=True)
+class DeadReluParams(_LayerParams):
+    tensor_regex: tuple[str, ...] = (".*relu_output",)
+
+
+class DeadRelu(Rule):
+    """Fires when more than `threshold_layer` percent (default 50) of a layer's ReLUs are
+    dead: a unit is dead when it is active (> 0) in less than `threshold_inactivity`
+    percent (default 1) of the batch. Inspects tensors matching `tensor_regex` (default
+    `.*relu_output`): save ReLU outputs under such names."""
+
+    Params = DeadReluParams
+    params: DeadReluParams
+
+    def _layers(self) -> list[str]:
+        return self.select_tensors((), self.params.tensor_regex, all_when_empty=False)
+
+    def required_tensors(self, step: int):
+        return [TensorRequest(n, step) for n in self._layers() if self.has_raw(n, step)]
+
+    def invoke_at_step(self, step: int) -> bool:
+        p = self.params
+        fired = False
+        for name in self._layers():
+            value = self.value(name, step) if self.has_raw(name, step) else None
+            if value is None or value.size == 0:
+                continue
+            activity = unit_activity(value, value > 0)
+            dead = 100.0 * float(np.mean(activity < p.threshold_inactivity))
+            if dead > p.threshold_layer:
+                self.violation(step, f"{name}: {dead:.1f}% of units dead > {p.threshold_layer:g}%", tensor=name, percent_dead=dead)
+                fired = True
+        return fired
+
+
+@dataclass(frozen=True)
+class SaturatedActivationParams(_LayerParams):
+    tensor_regex: tuple[str, ...] = (".*tanh_input", ".*sigmoid_input")
+    threshold_tanh: tuple[float, ...] = (-9.4999, 9.4999)
+    threshold_sigmoid: tuple[float, ...] = (-23.0, 16.99999)
+
+    def validate(self, owner: str) -> None:
+        super().validate(owner)
+        for name in ("threshold_tanh", "threshold_sigmoid"):
+            bounds = getattr(self, name)
+            require(owner, name, bounds, len(bounds) == 2 and bounds[0] < bounds[1], "(min, max) with min < max")
+
+
+class SaturatedActivation(Rule):
+    """Fires when more than `threshold_layer` percent (50) of a tanh or sigmoid layer's
+    units are saturated: a unit is saturated when its input lies inside
+    (min, max) — `threshold_tanh` (-9.4999, 9.4999), `threshold_sigmoid` (-23, 16.99999) —
+    in less than `threshold_inactivity` percent (1) of the batch. Inspects the inputs of
+    activations, `tensor_regex` (default `.*tanh_input`, `.*sigmoid_input`); the name says
+    which function it is."""
+
+    Params = SaturatedActivationParams
+    params: SaturatedActivationParams
+
+    def _layers(self) -> list[str]:
+        return [n for n in self.select_tensors((), self.params.tensor_regex, all_when_empty=False) if self._bounds(n) is not None]
+
+    def _bounds(self, name: str) -> tuple[float, ...] | None:
+        lowered = name.lower()
+        if "tanh" in lowered:
+            return self.params.threshold_tanh
+        if "sigmoid" in lowered:
+            return self.params.threshold_sigmoid
+        return None
+
+    def required_tensors(self, step: int):
+        return [TensorRequest(n, step) for n in self._layers() if self.has_raw(n, step)]
+
+    def invoke_at_step(self, step: int) -> bool:
+        p = self.params
+        fired = False
+        for name in self._layers():
+            value = self.value(name, step) if self.has_raw(name, step) else None
+            bounds = self._bounds(name)
+            if value is None or value.size == 0 or bounds is None:
+                continue
+            low, high = bounds
+            activity = unit_activity(value, (value > low) & (value < high))
+            saturated = 100.0 * float(np.mean(activity < p.threshold_inactivity))
+            if saturated > p.threshold_layer:
+                self.violation(step, f"{name}: {saturated:.1f}% of units saturated > {p.threshold_layer:g}%", tensor=name, percent_saturated=saturated)
+                fired = True
+        return fired
+
+
+@dataclass(frozen=True)
+class PoorWeightInitializationParams(RuleParams):
+    activation_inputs_regex: tuple[str, ...] = (".*relu_input",)
+    threshold: float = 10.0
+    distribution_range: float = 0.001
+    patience: int = 5
+    steps: int = 10
+
+    def validate(self, owner: str) -> None:
+        require(owner, "threshold", self.threshold, self.threshold >= 1, ">= 1")
+        require(owner, "distribution_range", self.distribution_range, self.distribution_range >= 0, ">= 0")
+        require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
+        require(owner, "steps", self.steps, self.steps >= 1, ">= 1")
+
+
+class PoorWeightInitialization(Rule):
+    """Looks at the first `steps` (10) saved training steps and fires when
+    (1) the variances of activation inputs (`activation_inputs_regex`, default
+    `.*relu_input`) differ across layers by more than a factor `threshold` (10),
+    (2) some gradient's 5th-to-95th percentile spread is below `distribution_range`
+    (0.001), or (3) the loss did not reach a new minimum for `patience` (5) saved steps."""
+
+    Params = PoorWeightInitializationParams
+    params: PoorWeightInitializationParams
+
+    def __init__(self, base_trial: Trial, **kwargs: Any):
+        super().__init__(base_trial, **kwargs)
+        self._seen = 0
+        self._best_loss: float | None = None
+        self._since_best = 0
+
+    def _activations(self) -> list[str]:
+        return self.select_tensors((), self.params.activation_inputs_regex, all_when_empty=False)
+
+    def _gradients(self) -> list[str]:
+        return self.select_tensors(("gradients",), GRADIENT_REGEX)
+
+    def _losses(self) -> list[str]:
+        return self.select_tensors(("losses",), () if "losses" in self.trial.collections() else ("[Ll]oss",))
+
+    def _in_window(self, step: int) -> bool:
+        return self.mode_of(step)[0] in TRAINING_MODES and self._seen < self.params.steps
+
+    def required_tensors(self, step: int):
+        if not self._in_window(step):
+            return []
+        names = self._activations() + self._gradients() + self._losses()
+        return [TensorRequest(n, step) for n in names if self.has_raw(n, step)]
+
+    def invoke_at_step(self, step: int) -> bool:
+        if not self._in_window(step):
+            return False
+        self._seen += 1
+        fired = self._check_variances(step)
+        fired = self._check_gradients(step) or fired
+        fired = self._check_loss(step) or fired
+        return fired
+
+    def _check_variances(self, step: int) -> bool:
+        variances = {}
+        for name in self._activations():
+            value = self.value(name, step) if self.has_raw(name, step) else None
+            if value is not None and value.size:
+                variances[name] = float(np.var(value.astype(np.float64)))
+        if len(variances) < 2:
+            return False
+        low, high = min(variances.values()), max(variances.values())
+        ratio = np.inf if low == 0 else high / low
+        if ratio > self.params.threshold:
+            self.violation(step, f"activation input variances differ across layers by {ratio:.3g}x > {self.params.threshold:g}", variances=variances, ratio=ratio)
+            return True
+        return False
+
+    def _check_gradients(self, step: int) -> bool:
+        fired = False
+        for name in self._gradients():
+            value = self.value(name, step) if self.has_raw(name, step) else None
+            if value is None or value.size < 2 or value.dtype.kind not in "fc":
+                continue
+            low, high = np.percentile(value.astype(np.float64), [5, 95])
+            spread = float(high - low)
+            if spread < self.params.distribution_range:
+                self.violation(step, f"{name}: gradient 5-95 percentile spread {spread:.3g} < {self.params.distribution_range:g}", tensor=name, spread=spread)
+                fired = True
+        return fired
+
+    def _check_loss(self, step: int) -> bool:
+        values = [self.value(n, step) for n in self._losses() if self.has_raw(n, step)]
+        values = [float(np.mean(v)) for v in values if v is not None and v.size]
+        if not values:
+            return False
+        loss = float(np.mean(values))
+        if self._best_loss is None or loss < self._best_loss:
+            self._best_loss, self._since_best = loss, 0
+            return False
+        self._since_best += 1
+        if self._since_best >= self.params.patience:
+            self.violation(step, f"loss has not improved for {self._since_best} saved steps (best {self._best_loss:.4g})", loss=loss)
+            return True
+        return False
