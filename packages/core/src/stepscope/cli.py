@@ -102,10 +102,16 @@ class _Progress:
         print(f"stepscope check: {done}{total} steps (at step {step}, {rate:.0f} steps/s)", file=sys.stderr, flush=True)
 
 
+def _has_profiler_data(trial: Any) -> bool:
+    from .layout import PROFILER_DIR
+
+    return bool(trial.store.list(PROFILER_DIR + "/"))
+
+
 def _build_rules(args: argparse.Namespace, trial: Any) -> tuple[list[Any], list[Any]]:
     """(tensor rules, profiler rules) from --rule, --rules-config, or the default set."""
     from .rules import DEFAULT_RULES
-    from .rules.config import from_config, load_rules_config
+    from .rules.config import load_rules_config, rules_from_config
     from .rules.registry import build_profiler_rule, rule_kind, tensor_rule_class
 
     tensor_rules: list[Any] = []
@@ -113,6 +119,10 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> tuple[list[Any], list[
     specs = [parse_rule_spec(s) for s in args.rule]
     if not specs and not args.rules_config:
         specs = [(name, {}) for name in DEFAULT_RULES]
+        if _has_profiler_data(trial):
+            from .profiler.rules import PROFILER_RULES
+
+            specs += [(name, {}) for name in PROFILER_RULES]
     for name, params in specs:
         kind = rule_kind(name)
         if kind == "profiler":
@@ -126,8 +136,8 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> tuple[list[Any], list[
         from .rules.base import Rule
 
         for entry in load_rules_config(args.rules_config):
-            rule = from_config(entry, trial)
-            (tensor_rules if isinstance(rule, Rule) else profiler_rules).append(rule)
+            for rule in rules_from_config(entry, trial):
+                (tensor_rules if isinstance(rule, Rule) else profiler_rules).append(rule)
     names = [r.name for r in tensor_rules]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:

@@ -93,6 +93,26 @@ def from_config(cfg: Any, trial: Trial) -> Any:
     return rule
 
 
+def _is_profiler_report(cfg: Any) -> bool:
+    if isinstance(cfg, Mapping):
+        inner = cfg.get("DebugRuleConfiguration", cfg)
+        params = inner.get("RuleParameters") or inner.get("rule_parameters") or {} if isinstance(inner, Mapping) else {}
+        names = (inner.get("RuleConfigurationName"), inner.get("rule_name"), params.get("rule_to_invoke") if isinstance(params, Mapping) else None)
+    else:
+        names = (getattr(cfg, "rule_name", None),)
+    return any(str(n).lower() == "profilerreport" for n in names if n)
+
+
+def rules_from_config(cfg: Any, trial: Trial) -> list[Any]:
+    """Like `from_config`, but a ProfilerReport entry (a bundle of every profiler rule, with
+    `<rule>_<parameter>` overrides) expands to its rules."""
+    if _is_profiler_report(cfg):
+        from ..profiler.rules import profiler_report_rules
+
+        return list(profiler_report_rules(cfg))
+    return [from_config(cfg, trial)]
+
+
 def _param_names(cls: type[Rule]) -> set[str]:
     import dataclasses
 
@@ -119,4 +139,4 @@ def load_rules_config(path: str | Path) -> list[Any]:
     raise ConfigError(f"{path}: expected a list of rule configurations, got {type(data).__name__}")
 
 
-__all__ = ["from_config", "collection_configurations", "load_rules_config"]
+__all__ = ["from_config", "rules_from_config", "collection_configurations", "load_rules_config"]
