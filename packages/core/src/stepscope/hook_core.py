@@ -131,6 +131,7 @@ class HookCore:
         )
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._mode_counts = {mode: 0 for mode in ModeKeys}
+        self._next_due: dict[ModeKeys, int | None] = {}
         self._global_step = 0
         self.step: _StepState | None = None
         self.mode = ModeKeys.TRAIN
@@ -223,14 +224,22 @@ class HookCore:
         mode_step = self._mode_counts[mode]
         self._mode_counts[mode] = mode_step + 1
         due: tuple[Collection, ...] = ()
-        if self.writes_tensors and self.active:
-            due = tuple(
-                c for c in self.included
-                if c.save_config.should_save(mode_step, mode) and not (mode != ModeKeys.TRAIN and c.name in TRAIN_ONLY_COLLECTIONS)
-            )
+        next_due = self._next_due.get(mode, 0)
+        # Most steps save nothing: compare with the next due step instead of asking every
+        # collection's schedule (that is the whole cost of a step where nothing is due).
+        if next_due is not None and mode_step >= next_due and self.writes_tensors and self.active:
+            candidates = self._collections_for(mode)
+            due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))
+            upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]
+            self._next_due[mode] = min(upcoming) if upcoming else None
         self.step = _StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due))
         self._global_step += 1
         return bool(due)
+
+    def _collections_for(self, mode: ModeKeys) -> tuple[Collection, ...]:
+        if mode == ModeKeys.TRAIN:
+            return self.included
+        return tuple(c for c in self.included if c.name not in TRAIN_ONLY_COLLECTIONS)
 
     @property
     def due(self) -> bool:

@@ -1,0 +1,110 @@
+"""Keras step time with StepscopeCallback against without it, side by side in one process:
+fits of the same model alternate between the configurations (interleaved, so drift of the
+machine hits all alike) and the median step time of each is compared.
+
+Configurations: default (`StepscopeCallback(out_dir)`: saves every 500 steps, system
+monitor and step timeline on), weights+gradients every 10 steps, everything every step.
+Goals: ratio <= 1.01 (default) and <= 1.05 (weights+gradients every 10 steps)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+from stepscope.config import SaveConfig  # noqa: E402
+from stepscope_tf import StepscopeCallback  # noqa: E402
+
+GOALS = {"default": 1.01, "weights+gradients /10": 1.05}
+
+
+class _Clock(keras.callbacks.Callback):
+    """Times the batch loop of one fit; no batch hooks, so Keras's dispatch is unchanged."""
+
+    def on_train_begin(self, logs=None):
+        self.start, self.cpu_start = time.perf_counter(), time.process_time()
+
+    def on_train_end(self, logs=None):
+        self.elapsed = time.perf_counter() - self.start
+        # CPU time of the whole process (TF's threads, stepscope's writer and monitor
+        # included): a second view, less sensitive to other processes on a busy machine.
+        self.cpu = time.process_time() - self.cpu_start
+
+
+def _model(width: int) -> keras.Model:
+    keras.utils.set_random_seed(0)
+    inputs = keras.Input((width,))
+    hidden = inputs
+    for i in range(3):
+        hidden = keras.layers.Dense(width, activation="relu", name=f"dense_{i}")(hidden)
+    outputs = keras.layers.Dense(10, name="head")(hidden)
+    model = keras.Model(inputs, outputs)
+    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+    return model
+
+
+def _configs(root: str) -> dict[str, StepscopeCallback | None]:
+    return {
+        "without": None,
+        "default": StepscopeCallback(os.path.join(root, "default")),
+        "weights+gradients /10": StepscopeCallback(
+            os.path.join(root, "wg10"), save_config=SaveConfig(save_interval=10), include_collections=["weights", "biases", "gradients"]
+        ),
+        "all every step": StepscopeCallback(os.path.join(root, "all"), save_config=SaveConfig(save_interval=1), save_all=True),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="fewer steps and rounds (a smoke run)")
+    parser.add_argument("--width", type=int, default=256, help="units per Dense layer")
+    parser.add_argument("--batch", type=int, default=64)
+    args = parser.parse_args()
+    steps, rounds = (50, 3) if args.quick else (200, 7)
+
+    rng = np.random.RandomState(0)
+    x = rng.randn(steps * args.batch, args.width).astype("float32")
+    y = rng.randint(0, 10, size=len(x))
+    root = tempfile.mkdtemp(prefix="bench_keras_")
+    configs = _configs(root)
+    models = {name: _model(args.width) for name in configs}
+    times: dict[str, list[float]] = {name: [] for name in configs}
+    cpu: dict[str, list[float]] = {name: [] for name in configs}
+    try:
+        for name, model in models.items():  # warm-up: tracing, first-step saves
+            extra = [configs[name]] if configs[name] else []
+            model.fit(x[: 5 * args.batch], y[: 5 * args.batch], batch_size=args.batch, epochs=1, verbose=0, callbacks=extra)
+        for _ in range(rounds):
+            for name, model in models.items():
+                clock = _Clock()
+                extra = [configs[name]] if configs[name] else []
+                model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0, callbacks=[clock, *extra])
+                times[name].append(clock.elapsed / steps)
+                cpu[name].append(clock.cpu / steps)
+    finally:
+        for callback in configs.values():
+            if callback is not None:
+                callback.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+    base, cpu_base = statistics.median(times["without"]), statistics.median(cpu["without"])
+    print(f"keras {keras.__version__}, backend {keras.backend.backend()}, {steps} steps x {rounds} rounds, Dense {args.width} x3, batch {args.batch}, {os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}")
+    print(f"{'configuration':<24}{'step ms':>9}{'ratio':>8}{'cpu ms':>9}{'ratio':>8}  goal (wall ratio)")
+    for name in configs:
+        median, cpu_median = statistics.median(times[name]), statistics.median(cpu[name])
+        ratio = median / base
+        goal = GOALS.get(name)
+        verdict = "" if goal is None else f"<= {goal:.2f} {'ok' if ratio <= goal else 'MISSED'}"
+        print(f"{name:<24}{median * 1e3:>9.3f}{ratio:>8.3f}{cpu_median * 1e3:>9.3f}{cpu_median / cpu_base:>8.3f}  {verdict}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,110 @@
+"""The framework-free hook logic every plugin shares."""
+
+import time
+
+import numpy as np
+import pytest
+from stepscope import ModeKeys, create_trial
+from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
+from stepscope.control import request_stop
+from stepscope.exceptions import ConfigError
+from stepscope.hook_core import HookCore
+
+REGEXES = {"weights": [r"^(?!gradient).*weight"], "gradients": ["^gradient"], "losses": ["loss"]}
+
+
+def make_core(out_dir, **kwargs):
+    kwargs.setdefault("profiler_config", ProfilerConfig.disabled())
+    return HookCore(str(out_dir), framework="test", builtin_regexes=REGEXES, **kwargs)
+
+
+def test_due_collections_follow_each_schedule(tmp_path):
+    weights_every_3 = Collection("weights", save_config=SaveConfig(save_interval=3, save_steps=[4]))
+    core = make_core(
+        tmp_path,
+        include_collections=["gradients"],
+        collections=[weights_every_3],
+        save_config=SaveConfig(save_interval=5, mode_save_configs={ModeKeys.EVAL: SaveConfigMode(save_interval=2)}),
+    )
+    for mode, count in ((ModeKeys.TRAIN, 40), (ModeKeys.EVAL, 12), (ModeKeys.TRAIN, 10)):
+        for _ in range(count):
+            mode_step = core.mode_step(mode)
+            core.begin_step(mode)
+            expected = set()
+            interval = 2 if mode == ModeKeys.EVAL else 5  # the EVAL override replaces the default
+            if mode_step % interval == 0:
+                expected |= {"losses", "metrics"}  # always included
+                if mode == ModeKeys.TRAIN:
+                    expected.add("gradients")  # gradients are never due outside TRAIN
+            if mode_step % 3 == 0 or mode_step == 4:  # the collection's own schedule, every mode
+                expected.add("weights")
+            assert {c.name for c in core.step.due} == expected, (mode, mode_step)
+            core.end_step()
+    assert core.global_step == 62
+    core.close()
+
+
+def test_plan_merges_collections_and_save_numpy_reduces_with_numpy(tmp_path):
+    core = make_core(
+        tmp_path,
+        include_collections=["weights"],
+        collections=[Collection("stats", include_regex="^fc", reduction_config=ReductionConfig(norms=["l2"], abs_reductions=["max"], save_shape=True))],
+        save_config=SaveConfig(save_interval=1),
+    )
+    core.begin_step(ModeKeys.TRAIN)
+    plan = core.plan("fc.weight")
+    assert plan.save_raw and plan.save_shape and plan.reductions == (("max", True), ("l2", False))
+    assert core.plan("gradient/fc.weight") is None  # gradients not included
+    value = np.array([[3.0, -4.0]], dtype=np.float32)
+    core.save_numpy("fc.weight", value)
+    core.save_numpy("loss", np.float32(0.5), collections=["losses"])
+    core.close()
+    trial = create_trial(str(tmp_path))
+    w = trial.tensor("fc.weight")
+    np.testing.assert_array_equal(w.value(0), value)
+    assert w.reduction_value(0, "l2") == pytest.approx(5.0) and w.reduction_value(0, "max", abs=True) == 4.0
+    assert trial.tensor("smdebug/reductions/l2/fc.weight").value(0) == pytest.approx(5.0)
+    assert trial.tensor("loss").value(0) == 0.5
+    assert trial.collection("stats").tensor_names == {"fc.weight"}
+
+
+def test_bad_arguments_fail_at_construction(tmp_path):
+    with pytest.raises(ConfigError, match="unknown collection.*'activations'"):
+        make_core(tmp_path, include_collections=["activations"])
+    with pytest.raises(ConfigError, match="include_regex.*bad regular expression"):
+        make_core(tmp_path, include_regex="([")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        make_core(tmp_path / "file")
+    with pytest.raises(ConfigError, match="include_workers"):
+        make_core(tmp_path, include_workers="some")
+
+
+def test_disabled_by_env_does_nothing(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_DISABLE", "1")
+    core = make_core(tmp_path / "job", save_config=SaveConfig(save_interval=1))
+    assert not core.enabled and core.writer is None
+    core.begin_step(ModeKeys.TRAIN)
+    core.save_numpy("loss", 1.0, ["losses"])
+    core.close()
+    assert not (tmp_path / "job").exists()
+
+
+def test_only_rank_zero_saves_with_include_workers_one(tmp_path):
+    other = make_core(tmp_path, rank=1, world_size=2)
+    assert not other.writes_tensors and not other.begin_step(ModeKeys.TRAIN)
+    other.close()
+    every = make_core(tmp_path / "all", rank=1, world_size=2, include_workers="all")
+    assert every.writes_tensors and every.worker == "worker_1" and every.num_workers == 2
+    every.close()
+
+
+def test_stop_request_is_seen_by_the_poller(tmp_path):
+    core = make_core(tmp_path, control_poll_s=0.05)
+    assert not core.stop_requested
+    request_stop(core.store, "ExplodingTensor", "NaN in gradients")
+    deadline = time.monotonic() + 5
+    while not core.stop_requested and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert core.stop_requested and core.stop_poller.request["rule"] == "ExplodingTensor"
+    core.close()

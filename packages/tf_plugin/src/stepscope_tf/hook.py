@@ -1,0 +1,421 @@
+"""The TensorFlow hook: steps, what to save of a Keras model at each step, captures inside
+compiled steps, timing. Custom loops use it directly; `StepscopeCallback` drives it for
+`fit`/`evaluate`/`predict`. Everything framework-free is `stepscope.hook_core.HookCore`."""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig
+from stepscope.exceptions import ConfigError
+from stepscope.hook_core import HookCore, StopTrainingRequested, clock_origin, wall_ns
+from stepscope.modes import ModeKeys
+
+from . import naming
+from .capture import GradientCapture, LayerIOCapture
+from .distribution import rank_from_tf_config
+from .reductions import BatchedReader, record_tensor
+
+logger = logging.getLogger("stepscope")
+
+# Timeline names as smdebug's TF profiler wrote them, so old dashboards keep working.
+_STEP_PHASE = {ModeKeys.TRAIN: "step", ModeKeys.EVAL: "eval_step", ModeKeys.PREDICT: "predict_step", ModeKeys.GLOBAL: "step"}
+_STEP_NAME = {mode: f"Step:ModeKeys.{mode.name}" for mode in ModeKeys}
+_IO_COLLECTIONS = {"inputs": (CollectionName.INPUTS,), "outputs": (CollectionName.OUTPUTS,)}
+
+
+def _walk_layers(model: Any) -> Iterator[tuple[str, Any]]:
+    """(path relative to the model, layer) of every nested layer, depth first. The path is
+    the layer's Keras path (the prefix of its variables' paths) when it has one."""
+    seen: set[int] = set()
+
+    def walk(parent: Any, parent_path: str) -> Iterator[tuple[str, Any]]:
+        for child in getattr(parent, "layers", None) or ():
+            if id(child) in seen or isinstance(child, keras.layers.InputLayer):
+                continue
+            seen.add(id(child))
+            path = f"{parent_path}/{child.name}" if parent_path else child.name
+            if getattr(child, "path", None):
+                path = naming.relative_path(child.path, model.name)
+            yield path, child
+            yield from walk(child, path)
+
+    yield from walk(model, "")
+
+
+class Hook:
+    """Saves tensors of a TensorFlow/Keras training job into `out_dir` (a folder or s3:// URL).
+
+    Custom loop::
+
+        hook = Hook(out_dir, model=model, optimizer=optimizer)
+        for x, y in dataset:
+            with hook.step(ModeKeys.TRAIN):
+                with tf.GradientTape() as tape:
+                    loss = loss_fn(y, model(x, training=True))
+                grads = tape.gradient(loss, model.trainable_variables)
+                hook.save_gradients(grads, model.trainable_variables)
+                hook.save_scalar("loss", loss)
+                optimizer.apply(grads, model.trainable_variables)
+        hook.close()
+
+    With `optimizer=` the hook also captures the gradients the optimizer receives inside
+    a `tf.function` train step (no `save_gradients` call needed there). Weights and
+    optimizer variables are saved at the start of a step (the values the step used);
+    gradients, layer inputs/outputs and scalars are those of the step."""
+
+    def __init__(
+        self,
+        out_dir: str,
+        *,
+        model: Any = None,
+        optimizer: Any = None,
+        save_config: SaveConfig | None = None,
+        reduction_config: ReductionConfig | None = None,
+        include_collections: Iterable[str] | None = None,
+        include_regex: Iterable[str] | str | None = None,
+        save_all: bool = False,
+        include_workers: str = "one",
+        profiler_config: ProfilerConfig | None = None,
+        collections: Iterable[Collection] = (),
+        strategy: tf.distribute.Strategy | None = None,
+    ):
+        if isinstance(include_collections, str):
+            include_collections = [include_collections]
+        if model is not None and not isinstance(model, keras.layers.Layer):
+            raise ConfigError(f"model must be a keras Model or Layer, got {type(model).__name__}")
+        if optimizer is not None and not hasattr(optimizer, "apply"):
+            raise ConfigError(f"optimizer must be a keras optimizer, got {type(optimizer).__name__}")
+        if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+            raise ConfigError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}")
+        rank, world_size = rank_from_tf_config()
+        self.core = HookCore(
+            out_dir,
+            framework="tensorflow",
+            builtin_regexes=naming.BUILTIN_REGEXES,
+            save_config=save_config,
+            reduction_config=reduction_config,
+            # "default" is where custom tensors go unless told otherwise: always present.
+            include_collections=[*(include_collections or ()), CollectionName.DEFAULT],
+            include_regex=include_regex,
+            save_all=save_all,
+            include_workers=include_workers,
+            profiler_config=profiler_config,
+            collections=collections,
+            rank=rank,
+            world_size=world_size,
+        )
+        self._strategy = strategy
+        self._model: Any = None
+        self._optimizer: Any = optimizer
+        self._variables: list[tuple[str, tuple[str, ...], Any]] = []
+        self._names: dict[int, str] = {}
+        self._gradients: GradientCapture | None = None
+        self._gradient_collections: tuple[str, ...] = ()
+        self._layer_io: LayerIOCapture | None = None
+        self._io_collections: tuple[str, ...] = ()
+        self._io_armed = False
+        self._gradients_armed = False
+        self._gradients_given = False
+        self._warned: set[str] = set()
+        self._reader = BatchedReader()
+        self._perf_origin, self._wall_origin = clock_origin()
+        self._step_start_ns = 0
+        if model is not None:
+            self.core.failsafe.call(self.attach, model, optimizer)
+        # Close at interpreter exit if the user did not; a weak reference keeps the hook collectable.
+        ref = weakref.ref(self)
+        self._atexit = lambda: (lambda hook: hook.close() if hook is not None else None)(ref())
+        atexit.register(self._atexit)
+
+    # --- model --------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str | None:
+        return getattr(self._model, "name", None)
+
+    def attach(self, model: Any, optimizer: Any = None) -> bool:
+        """Learn `model`'s variables and install the captures it needs (once each).
+        Returns True when something was installed: compiled steps traced before must be
+        traced again to include it (the callback does that)."""
+        if not self.core.active:
+            return False
+        if self._model is not None and self._model is not model:
+            raise ConfigError("this hook is already attached to another model; use one hook per model")
+        self._model = model
+        self._optimizer = optimizer or self._optimizer
+        if self._strategy is None:
+            self._strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
+        self._refresh_variables()
+        installed = False
+        if self._gradients is None and self._optimizer is not None and model.trainable_weights:
+            installed |= self._install_gradient_capture()
+        if self._layer_io is None:
+            installed |= self._install_layer_io()
+        return installed
+
+    def _refresh_variables(self) -> None:
+        weights = list(self._model.weights)
+        if len(weights) == len(self._variables):
+            return
+        names = naming.variable_names(weights, self.model_name)
+        self._names = {id(v): n for v, n in zip(weights, names)}
+        self._variables = [(n, (CollectionName.BIASES,) if naming.is_bias(n) else (CollectionName.WEIGHTS,), v) for v, n in zip(weights, names)]
+
+    def _wanted_by(self, names: Sequence[str], builtin: tuple[str, ...]) -> tuple[str, ...]:
+        """Included collections that would ever take one of `names`."""
+        return tuple(c.name for c in self.core.included if c.name in builtin or any(c.matches(n) for n in names))
+
+    def _install_gradient_capture(self) -> bool:
+        variables = list(self._model.trainable_weights)
+        names = [naming.gradient_name(self._name_of(v)) for v in variables]
+        self._gradient_collections = self._wanted_by(names, (CollectionName.GRADIENTS,))
+        if not self._gradient_collections:
+            return False
+        self._gradients = GradientCapture(self._optimizer, variables, names, self._strategy, self._capture_failed)
+        return True
+
+    def _install_layer_io(self) -> bool:
+        self._layer_io = LayerIOCapture(self._strategy, self._capture_failed)
+        wanted: set[str] = set()
+        for path, layer in _walk_layers(self._model):
+            namers = {}
+            for kind in ("inputs", "outputs"):
+                candidates = [naming.layer_io_name(kind, path, 0, 1), naming.layer_io_name(kind, path, 0, 2)]
+                found = self._wanted_by(candidates, _IO_COLLECTIONS[kind])
+                # `inputs`/`outputs` in include_collections mean every layer; regexes pick some.
+                if found:
+                    wanted.update(found)
+                    namers[kind] = lambda i, n, kind=kind, path=path: naming.layer_io_name(kind, path, i, n)
+            if namers:
+                self._layer_io.wrap(layer, namers.get("inputs"), namers.get("outputs"))
+        self._io_collections = tuple(sorted(wanted))
+        return bool(self._io_collections)
+
+    def _capture_failed(self, exc: BaseException) -> None:
+        self.core.failsafe.fail(exc)
+
+    def _name_of(self, variable: Any) -> str:
+        name = self._names.get(id(variable))
+        if name is None:
+            name = naming.relative_path(naming.variable_path(variable), self.model_name)
+        return name
+
+    def detach(self) -> None:
+        """Remove the captures from the model and optimizer; drop the compiled steps that
+        contain them so that later runs trace clean ones."""
+        for capture in (self._gradients, self._layer_io):
+            if capture is not None:
+                capture.remove()
+        if (self._gradients or self._layer_io) and self._model is not None:
+            for attr in ("train_function", "test_function", "predict_function"):
+                if getattr(self._model, attr, None) is not None:
+                    setattr(self._model, attr, None)
+        self._gradients = self._layer_io = None
+
+    # --- steps --------------------------------------------------------------------------
+
+    def begin_step(self, mode: ModeKeys | str = ModeKeys.TRAIN) -> None:
+        """Open the next step of `mode` (a new global step, the next step of that mode)."""
+        if self.core.active:
+            self.core.failsafe.call(self._begin_step, mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode))
+
+    def _begin_step(self, mode: ModeKeys) -> None:
+        self._step_start_ns = time.perf_counter_ns()
+        core = self.core
+        due = core.begin_step(mode)
+        self._gradients_given = False
+        if not due:  # the common case: stay cheap
+            if self._gradients_armed or self._io_armed:
+                self._disarm()
+            return
+        arm_gradients = self._gradients is not None and mode == ModeKeys.TRAIN and any(core.is_due(c) for c in self._gradient_collections)
+        arm_io = self._layer_io is not None and any(core.is_due(c) for c in self._io_collections)
+        if self._gradients is not None:
+            self._gradients.switch.set(arm_gradients)
+        if self._layer_io is not None:
+            self._layer_io.switch.set(arm_io)
+        self._gradients_armed, self._io_armed = arm_gradients, arm_io
+        if not due or self._model is None:
+            return
+        self._refresh_variables()
+        entries = self._planned((name, collections, (variable,), "first") for name, collections, variable in self._variables)
+        if mode == ModeKeys.TRAIN and self._optimizer is not None:
+            optimizer_collections = (CollectionName.OPTIMIZER_VARIABLES,)
+            entries += self._planned((naming.optimizer_variable_name(v, self.model_name), optimizer_collections, (v,), "first") for v in self._optimizer.variables)
+        self._reader.record(core, entries)
+
+    def _planned(self, items: Iterable[tuple[str, tuple[str, ...], tuple[Any, ...], str]]) -> list[tuple[Any, tuple[Any, ...], str]]:
+        """(plan, components, combine) of the items due at this step."""
+        out = []
+        for name, collections, components, combine in items:
+            plan = self.core.plan(name, collections)
+            if plan is not None:
+                out.append((plan, components, combine))
+        return out
+
+    def end_step(self, *, raise_on_stop: bool = True) -> None:
+        """Close the current step: read what the captures kept, hand the step to the writer.
+        A rule's stop request raises StopTrainingRequested here (unless `raise_on_stop` is
+        False; the Keras callback sets `model.stop_training` instead)."""
+        if self.core.active:
+            self.core.failsafe.call(self._end_step)
+        elif self._gradients_armed or self._io_armed:
+            self._disarm()
+        if raise_on_stop and self.core.stop_requested:
+            raise StopTrainingRequested(f"stepscope: a rule asked to stop training: {self.core.stop_poller.request}")
+
+    def _end_step(self) -> None:
+        core = self.core
+        if core.step is None:
+            return
+        entries = []
+        # Gradients handed over by save_gradients win over the capture's copy.
+        if self._gradients_armed and self._gradients is not None and not self._gradients_given:
+            entries += self._planned((name, (CollectionName.GRADIENTS,), parts, combine) for name, parts, combine in self._gradients.sources())
+        if self._io_armed and self._layer_io is not None:
+            entries += self._planned(
+                (name, _IO_COLLECTIONS["inputs" if name.startswith(naming.INPUTS_PREFIX) else "outputs"], parts, combine) for name, parts, combine in self._layer_io.sources()
+            )
+        self._reader.record(core, entries)
+        now = time.perf_counter_ns()
+        mode = core.step.mode
+        core.add_timeline(_STEP_NAME[mode], self._wall(self._step_start_ns), self._wall(now), phase=_STEP_PHASE[mode])
+        core.end_step()
+        if not core.active:
+            self._disarm()
+
+    def _disarm(self) -> None:
+        # After a failure the captures must stop copying: best effort, never raising.
+        self._gradients_armed = self._io_armed = False
+        for capture in (self._gradients, self._layer_io):
+            try:
+                if capture is not None:
+                    capture.switch.set(False)
+            except Exception:  # noqa: BLE001 - disarming is best effort by design
+                pass
+
+    def _wall(self, perf_ns: int) -> int:
+        return wall_ns(perf_ns, self._perf_origin, self._wall_origin)
+
+    @contextlib.contextmanager
+    def step(self, mode: ModeKeys | str = ModeKeys.TRAIN) -> Iterator[Hook]:
+        """`with hook.step("train"):` around one step of a custom loop."""
+        self.begin_step(mode)
+        try:
+            yield self
+        finally:
+            self.end_step()
+
+    @contextlib.contextmanager
+    def phase(self, phase: str, name: str | None = None) -> Iterator[None]:
+        """Time a part of the current step ("data", "forward", "backward", "optimizer")
+        on the step timeline."""
+        start = time.perf_counter_ns()
+        try:
+            yield
+        finally:
+            end = time.perf_counter_ns()
+            if self.core.active:
+                self.core.failsafe.call(self.core.add_timeline, name or phase, self._wall(start), self._wall(end), phase)
+
+    # --- values -------------------------------------------------------------------------
+
+    def save_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
+        """Save `grads` (eager tensors, e.g. from a GradientTape) of `variables` at this step."""
+        if self.core.active and self.core.due:
+            self.core.failsafe.call(self._save_gradients, grads, variables)
+
+    def _save_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
+        self._gradients_given = True
+        for grad, variable in zip(grads, variables):
+            if grad is None:
+                continue
+            self._save(naming.gradient_name(self._name_of(variable)), grad, (CollectionName.GRADIENTS,))
+
+    def save_tensor(self, name: str, value: Any, collections: Iterable[str] = (CollectionName.DEFAULT,)) -> None:
+        """Save a custom tensor (eager tensor, variable, numpy array or number) at this
+        step, when one of `collections` (or a collection whose regex matches) is due."""
+        if self.core.active and self.core.due:
+            self.core.failsafe.call(self._save, name, value, tuple(collections))
+
+    def save_scalar(self, name: str, value: Any) -> None:
+        """Save a scalar: a loss when named like one (`loss`, `*_loss`), else a metric."""
+        if self.core.active and self.core.due:
+            collection = CollectionName.LOSSES if naming.is_loss_name(name) else CollectionName.METRICS
+            self.core.failsafe.call(self._save, name, value, (collection,))
+
+    def save_logs(self, logs: Mapping[str, Any] | None) -> None:
+        """Save the scalars of a Keras `logs` dict: losses and metrics."""
+        if not logs or not self.core.active or not self.core.due:
+            return
+        for name, value in logs.items():
+            if np.ndim(value) == 0 and isinstance(value, (int, float, np.number, np.ndarray, tf.Tensor)):
+                self.save_scalar(name, value)
+
+    def _save(self, name: str, value: Any, collections: tuple[str, ...]) -> None:
+        if isinstance(value, (tf.Tensor, tf.Variable, keras.Variable)):
+            if tf.is_symbolic_tensor(value):
+                self._warn_once("symbolic", f"stepscope: {name!r} is a symbolic tensor (inside tf.function); return it from the function and save it outside, or let the hook capture gradients through its optimizer")
+                return
+            plan = self.core.plan(name, collections)
+            if plan is not None:
+                record_tensor(self.core, plan, tf.convert_to_tensor(value))
+        else:
+            self.core.save_numpy(name, value, collections)
+
+    def _warn_once(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            logger.warning(message)
+
+    # --- state and end ------------------------------------------------------------------
+
+    @property
+    def out_dir(self) -> str:
+        return self.core.out_dir
+
+    @property
+    def active(self) -> bool:
+        return self.core.active
+
+    @property
+    def global_step(self) -> int:
+        """The number of steps opened so far, all modes together."""
+        return self.core.global_step
+
+    def mode_step(self, mode: ModeKeys | str) -> int:
+        return self.core.mode_step(ModeKeys.parse(mode))
+
+    @property
+    def stop_requested(self) -> bool:
+        return self.core.stop_requested
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait until every step handed over so far is published."""
+        if self.core.writer is not None and self.core.active:
+            self.core.failsafe.call(self.core.writer.flush, timeout)
+
+    def close(self) -> None:
+        """Publish everything, write the end marker, remove the captures. Idempotent."""
+        atexit.unregister(self._atexit)
+        try:
+            self.detach()
+        except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
+            logger.warning("stepscope: could not remove the captures cleanly: %s", exc)
+        self.core.close()
+
+    def __enter__(self) -> Hook:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
