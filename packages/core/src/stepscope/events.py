@@ -8,6 +8,7 @@ tensors that copy is most of the cost (see bench/bench_writer.py)."""
 
 from __future__ import annotations
 
+import functools
 import math
 import struct
 import time
@@ -160,7 +161,12 @@ def dtype_code(dtype: np.dtype) -> int:
 
 # --- hand encoding (wire format) ------------------------------------------------------
 
+_SMALL_VARINTS = [bytes((i,)) for i in range(128)]
+
+
 def _varint(value: int) -> bytes:
+    if 0 <= value < 128:
+        return _SMALL_VARINTS[value]
     value &= (1 << 64) - 1
     out = bytearray()
     while True:
@@ -173,6 +179,7 @@ def _varint(value: int) -> bytes:
             return bytes(out)
 
 
+@functools.lru_cache(maxsize=64)
 def _key(number: int, wire_type: int) -> bytes:
     return _varint((number << 3) | wire_type)
 
@@ -185,8 +192,26 @@ def _bytes_field(number: int, body: bytes) -> bytes:
     return _len_field(number, len(body)) + body
 
 
-def _plugin_data(name: str, content: str) -> bytes:
-    return _bytes_field(1, _bytes_field(1, name.encode()) + _bytes_field(2, content.encode()))
+# The pieces below repeat across the tensors of a step and across steps: cache them, since
+# for small tensors building them is most of the cost of a record.
+@functools.lru_cache(maxsize=8)
+def _metadata_field(mode: int, mode_step: int) -> bytes:
+    def plugin(name: str, content: str) -> bytes:
+        return _bytes_field(1, _bytes_field(1, name.encode()) + _bytes_field(2, content.encode()))
+
+    return _bytes_field(9, plugin(MODE_STEP_PLUGIN, str(mode_step)) + plugin(MODE_PLUGIN, str(mode)))
+
+
+@functools.lru_cache(maxsize=4096)
+def _tag_field(name: str) -> bytes:
+    return _bytes_field(1, name.encode())
+
+
+@functools.lru_cache(maxsize=4096)
+def _tensor_head(dtype: int, shape: tuple[int, ...]) -> bytes:
+    """dtype and tensor_shape fields of a TensorProto (no shape field for scalars)."""
+    dims = b"".join(_bytes_field(2, _key(1, 0) + _varint(d) if d else b"") for d in shape)
+    return _key(1, 0) + _varint(dtype) + (_bytes_field(2, dims) if shape else b"")
 
 
 def _strings_to_bytes(values: np.ndarray) -> list[bytes]:
@@ -198,32 +223,28 @@ def encode_tensor_event(name: str, value: np.ndarray, step: int, mode: ModeKeys,
     protobuf encoding. The tensor's own memory is the middle buffer (no copy)."""
     value = np.asarray(value)
     dtype = dtype_code(value.dtype)
-    shape = b"".join(_bytes_field(2, _key(1, 0) + _varint(d)) if d else _bytes_field(2, b"") for d in value.shape)
-    tensor_head = _key(1, 0) + _varint(dtype) + (_bytes_field(2, shape) if value.ndim else b"")
+    tensor_head = _tensor_head(dtype, value.shape)
     content: memoryview | bytes = b""
-    tensor_tail = b""
+    content_field = tensor_tail = b""
     if dtype == DT_STRING:
-        tensor_head = _bytes_field(2, shape) if value.ndim else b""
-        tensor_head = _key(1, 0) + _varint(dtype) + tensor_head
         tensor_tail = b"".join(_bytes_field(8, s) for s in _strings_to_bytes(value))
-        content_field = b""
-    else:
-        if value.size:
-            content = memoryview(np.ascontiguousarray(value).view(np.uint8).reshape(-1)) if value.ndim else memoryview(value.reshape(1).view(np.uint8))
-        content_field = _len_field(4, len(content)) if len(content) else b""
+    elif value.size:
+        content = memoryview(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+        content_field = _len_field(4, content.nbytes)
     tensor_len = len(tensor_head) + len(content_field) + len(content) + len(tensor_tail)
-    metadata = _plugin_data(MODE_STEP_PLUGIN, str(mode_step)) + _plugin_data(MODE_PLUGIN, str(int(mode)))
-    tag = _bytes_field(1, name.encode())
-    value_head = tag + _len_field(8, tensor_len) + tensor_head + content_field
-    value_tail = tensor_tail + _bytes_field(9, metadata)
+    value_head = _tag_field(name) + _len_field(8, tensor_len) + tensor_head + content_field
+    value_tail = tensor_tail + _metadata_field(int(mode), mode_step)
     value_len = len(value_head) + len(content) + len(value_tail)
     summary_len = len(_len_field(1, value_len)) + value_len
-    event_head = (
-        _key(1, 1) + struct.pack("<d", time.time() if wall_time is None else wall_time)
-        + (_key(2, 0) + _varint(step) if step else b"")
-        + _len_field(5, summary_len)
-        + _len_field(1, value_len)
-        + value_head
+    event_head = b"".join(
+        (
+            _key(1, 1),
+            struct.pack("<d", time.time() if wall_time is None else wall_time),
+            _key(2, 0) + _varint(step) if step else b"",
+            _len_field(5, summary_len),
+            _len_field(1, value_len),
+            value_head,
+        )
     )
     return [event_head, content, value_tail] if len(content) else [event_head + value_tail]
 

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import itertools
 import os
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from ..exceptions import ConfigError, StoreError
 from .base import Store
+
+_WRITE_BUFFER = 256 * 1024
+_counter = itertools.count()
 
 
 class LocalStore(Store):
@@ -18,6 +21,7 @@ class LocalStore(Store):
             raise ConfigError(f"out_dir {self.root} exists and is not a directory")
         self.url = str(self.root)
         self._root_str = str(self.root)
+        self._folders: set[str] = set()  # folders known to exist: one makedirs per folder
 
     def _path(self, key: str) -> Path:
         return self.root / key
@@ -27,18 +31,21 @@ class LocalStore(Store):
         return os.path.join(self._root_str, key)
 
     def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
-        target = self._path(key)
+        target = self._os_path(key)
+        folder, name = os.path.split(target)
         parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+        # Unique per process and call: no other writer can pick the same temporary name.
+        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{next(_counter)}.tmp")
         try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+            if folder not in self._folders:
+                os.makedirs(folder, exist_ok=True)
+                self._folders.add(folder)
             try:
-                with os.fdopen(fd, "wb", buffering=0) as handle:
+                with open(tmp, "xb", buffering=_WRITE_BUFFER) as handle:
+                    # Small pieces (record headers) gather in the buffer; large tensors
+                    # bypass it and go to the file from their own memory.
                     for part in parts:
-                        view = memoryview(part)
-                        while view.nbytes:
-                            written = handle.write(view)
-                            view = view[written:]
+                        handle.write(part)
                 os.replace(tmp, target)
             except BaseException:
                 try:
@@ -47,6 +54,7 @@ class LocalStore(Store):
                     pass
                 raise
         except OSError as exc:
+            self._folders.discard(folder)
             raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
 
     def read(self, key: str) -> bytes:
