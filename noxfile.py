@@ -32,7 +32,7 @@ def tests(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def lint(session: nox.Session) -> None:
     session.install("ruff==0.17.6")
-    session.run("ruff", "check", "packages", "tests", "bench", "noxfile.py")
+    session.run("ruff", "check", "packages", "tests", "bench", "demo", "scripts", "noxfile.py", "conftest.py")
 
 
 @nox.session(python=PYTHON)

@@ -20,6 +20,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
 from stepscope.config import SaveConfig  # noqa: E402
 from stepscope_tf import StepscopeCallback  # noqa: E402
 

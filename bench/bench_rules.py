@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from stepscope import create_trial
 from stepscope.collection_manager import CollectionManager
 from stepscope.modes import ModeKeys

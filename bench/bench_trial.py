@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from stepscope import create_trial
 from stepscope.modes import ModeKeys
 from stepscope.writer import Writer

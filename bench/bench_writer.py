@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+
 from stepscope import events, records
 from stepscope.modes import ModeKeys
 from stepscope.writer import Writer

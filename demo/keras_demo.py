@@ -15,6 +15,7 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 def run(out_root: str) -> list[str]:
     import keras
     import numpy as np
+
     import stepscope
     from stepscope.config import SaveConfig
     from stepscope.modes import ModeKeys

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from stepscope.collection_manager import CollectionManager
 from stepscope.modes import ModeKeys
 from stepscope.writer import Writer

@@ -1,4 +1,5 @@
 import pytest
+
 from stepscope.collection_manager import CollectionManager
 from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from stepscope.exceptions import ConfigError

@@ -1,6 +1,7 @@
 import json
 
 import pytest
+
 from stepscope.exceptions import ConfigError
 from stepscope.hook_config import load_hook_config, parse_hook_config
 from stepscope.modes import ModeKeys

@@ -4,6 +4,7 @@ import time
 
 import numpy as np
 import pytest
+
 from stepscope import ModeKeys, create_trial
 from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from stepscope.control import request_stop

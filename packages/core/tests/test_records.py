@@ -4,6 +4,7 @@ import crc32c
 import ml_dtypes
 import numpy as np
 import pytest
+
 from stepscope import events, records
 from stepscope.exceptions import CorruptRecord
 from stepscope.modes import ModeKeys

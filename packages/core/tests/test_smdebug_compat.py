@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from stepscope import ModeKeys, create_trial
 from stepscope.reductions import parse_reduction_tensor_name
 

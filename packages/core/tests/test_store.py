@@ -1,5 +1,6 @@
 import numpy as np
 import pytest
+
 from stepscope.exceptions import ConfigError, StoreError
 from stepscope.store import LocalStore, open_store
 from stepscope.store import s3 as s3_module

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+
 from stepscope import ModeKeys, create_trial
 from stepscope.exceptions import CorruptRecord, StepNotYetAvailable, StepUnavailable, TensorUnavailable, TensorUnavailableForStep
 from stepscope.reductions import reduction_tensor_name

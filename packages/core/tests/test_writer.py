@@ -5,6 +5,7 @@ import time
 
 import numpy as np
 import pytest
+
 from stepscope import ModeKeys, create_trial
 from stepscope.collection_manager import CollectionManager
 from stepscope.exceptions import ConfigError

@@ -17,6 +17,7 @@ _cpus = tf.config.list_physical_devices("CPU")
 tf.config.set_logical_device_configuration(_cpus[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 import keras  # noqa: E402
+
 from stepscope.config import ProfilerConfig  # noqa: E402
 
 BATCH = 8

@@ -9,8 +9,9 @@ import shutil
 
 import numpy as np
 import pytest
-import stepscope
 import tensorflow as tf
+
+import stepscope
 from stepscope.config import ProfilerConfig, ReductionConfig, SaveConfig
 from stepscope.control import request_stop
 from stepscope.exceptions import ConfigError

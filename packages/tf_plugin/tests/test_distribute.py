@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import stepscope
 import tensorflow as tf
+
+import stepscope
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.modes import ModeKeys
 from stepscope_tf import StepscopeCallback

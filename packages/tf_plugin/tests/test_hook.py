@@ -8,8 +8,9 @@ import logging
 import keras
 import numpy as np
 import pytest
-import stepscope
 import tensorflow as tf
+
+import stepscope
 from stepscope.config import SaveConfig
 from stepscope.control import request_stop
 from stepscope.exceptions import ConfigError

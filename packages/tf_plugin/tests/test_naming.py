@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from stepscope.exceptions import ConfigError
 from stepscope_tf import naming
 from stepscope_tf.distribution import rank_from_tf_config

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+
 from stepscope.modes import ModeKeys
 from stepscope.profiler import TimelineWriter
 

@@ -9,6 +9,7 @@ import time
 import numpy as np
 import psutil
 import pytest
+
 from stepscope.exceptions import ConfigError
 from stepscope.profiler import ProfilerTrial, SystemMonitor
 from stepscope.profiler.monitor import (

@@ -6,6 +6,7 @@ import sys
 import time
 
 import pytest
+
 from stepscope.profiler import ProfilerTrial, SystemMonitor
 from stepscope.profiler.nvml import NvmlSampler
 

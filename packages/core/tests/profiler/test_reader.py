@@ -6,6 +6,7 @@ import datetime as dt
 import logging
 
 import pytest
+
 from stepscope.exceptions import ConfigError
 from stepscope.profiler import ProfilerTrial, create_profiler_trial
 from stepscope.store import LocalStore

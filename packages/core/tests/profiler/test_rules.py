@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 from stepscope.profiler import (

@@ -11,6 +11,7 @@ import time
 from collections import defaultdict
 
 import pytest
+
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 from stepscope.profiler import ProfilerTrial, TimelineWriter

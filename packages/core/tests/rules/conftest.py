@@ -10,6 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from stepscope.config import Collection, ProfilerConfig, SaveConfig
 from stepscope.hook_core import HookCore
 from stepscope.modes import ModeKeys

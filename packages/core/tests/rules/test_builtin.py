@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
+
 from stepscope.exceptions import ConfigError
 from stepscope.rules import BUILTIN_RULES, run_rules
 

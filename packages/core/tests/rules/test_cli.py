@@ -11,6 +11,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
+
 from stepscope.cli import main, parse_rule_spec
 
 pytestmark = pytest.mark.heavy

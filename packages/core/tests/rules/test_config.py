@@ -10,6 +10,7 @@ import logging
 import threading
 
 import pytest
+
 from stepscope.config import SaveConfig
 from stepscope.exceptions import ConfigError
 from stepscope.hook_core import HookCore
@@ -166,6 +167,7 @@ def webhook_server():
 
 def _job_with_nan(tmp_path):
     import numpy as np
+
     from stepscope import create_trial
     from stepscope.modes import ModeKeys
     from stepscope.writer import Writer

@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+
 from stepscope import create_trial
 from stepscope.collection_manager import CollectionManager
 from stepscope.control import read_stop

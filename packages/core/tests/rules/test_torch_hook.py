@@ -8,6 +8,7 @@ import threading
 import time
 
 import pytest
+
 from stepscope import create_trial
 from stepscope.control import read_stop
 from stepscope.rules import ExplodingTensor, StopTraining, VanishingGradient, invoke_rule, run_rules

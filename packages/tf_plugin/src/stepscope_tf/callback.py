@@ -7,6 +7,7 @@ from collections.abc import Iterable
 from typing import Any
 
 import keras
+
 from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig
 from stepscope.modes import ModeKeys
 

@@ -15,6 +15,7 @@ from typing import Any
 import keras
 import numpy as np
 import tensorflow as tf
+
 from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig
 from stepscope.exceptions import ConfigError
 from stepscope.hook_core import HookCore, StopTrainingRequested, clock_origin, wall_ns

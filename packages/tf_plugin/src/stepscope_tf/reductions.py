@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import tensorflow as tf
+
 from stepscope.hook_core import HookCore, TensorPlan
 
 

@@ -1,0 +1,135 @@
+"""Step time of a PyTorch loop with the stepscope Hook against the same loop without it,
+measured side by side in one process (interleaved blocks of steps, medians), on CPU:
+(a) default config (losses every 500 steps), goal <= 1.01;
+(b) weights, biases and gradients every 10 steps, goal <= 1.05;
+(c) all tensors (activations included) every step, no goal.
+For an MLP and a small CNN, on one intra-op thread (steadier on shared machines). Besides
+wall time it reports the training thread's CPU time, which a busy machine disturbs less
+(it leaves out the writer thread, whose cost the wall time shows)."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import logging
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from stepscope.config import SaveConfig
+from stepscope_torch import Hook
+
+BLOCK_STEPS = 20  # a multiple of 10: each block of config (b) holds the same number of saved steps
+
+CONFIGS: dict[str, tuple[Callable[[str], Hook | None], float | None]] = {
+    # Plain against plain: the noise floor of this machine at this moment.
+    "A/A control": (lambda out: None, None),
+    "a default": (lambda out: Hook(out), 1.01),
+    "b w+b+g/10": (lambda out: Hook(out, save_config=SaveConfig(save_interval=10), include_collections=["weights", "biases", "gradients"]), 1.05),
+    "c all/1": (lambda out: Hook(out, save_config=SaveConfig(save_interval=1), save_all=True), None),
+}
+
+
+def mlp() -> tuple[nn.Module, tuple[int, ...]]:
+    return nn.Sequential(nn.Flatten(), nn.Linear(784, 512), nn.ReLU(), nn.Linear(512, 256), nn.ReLU(), nn.Linear(256, 10)), (64, 1, 28, 28)
+
+
+def cnn() -> tuple[nn.Module, tuple[int, ...]]:
+    model = nn.Sequential(
+        nn.Conv2d(1, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Flatten(), nn.Linear(32 * 7 * 7, 10),
+    )
+    return model, (32, 1, 28, 28)
+
+
+class Loop:
+    """A model, its optimizer and loss, and synthetic batches; `run(n)` trains n steps."""
+
+    def __init__(self, make_model, hook: Hook | None = None):
+        torch.manual_seed(0)
+        self.model, shape = make_model()
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.optimizer = torch.optim.Adam(self.model.parameters(), lr=1e-3)
+        generator = torch.Generator().manual_seed(1)
+        self.batches = [(torch.randn(*shape, generator=generator), torch.randint(0, 10, (shape[0],), generator=generator)) for _ in range(8)]
+        self.i = 0
+        if hook is not None:
+            hook.register_module(self.model)
+            hook.register_loss(self.loss_fn)
+            hook.register_optimizer(self.optimizer)
+
+    def run(self, steps: int) -> tuple[float, float]:
+        """(wall seconds, training-thread CPU seconds) per step over `steps` steps."""
+        wall, cpu = time.perf_counter(), time.thread_time()
+        for _ in range(steps):
+            x, y = self.batches[self.i % len(self.batches)]
+            self.i += 1
+            self.optimizer.zero_grad()
+            self.loss_fn(self.model(x), y).backward()
+            self.optimizer.step()
+        return (time.perf_counter() - wall) / steps, (time.thread_time() - cpu) / steps
+
+
+def measure(make_model, make_hook, blocks: int, out: str) -> dict[str, tuple[float, float]]:
+    """Median (wall, cpu) seconds per step of the plain and the hooked loop."""
+    hook = make_hook(out)
+    loops = {"plain": Loop(make_model), "hooked": Loop(make_model, hook)}
+    for loop in loops.values():
+        loop.run(3 * BLOCK_STEPS)  # warm up (allocator, caches)
+    times: dict[str, list[tuple[float, float]]] = {"plain": [], "hooked": []}
+    for block in range(blocks):
+        # Alternate which goes first so that drift (other load, caches) hits both alike.
+        for name in ("plain", "hooked") if block % 2 == 0 else ("hooked", "plain"):
+            times[name].append(loops[name].run(BLOCK_STEPS))
+    if hook is not None:
+        hook.close()
+    return {name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for name, ts in times.items()}
+
+
+def _steady_malloc() -> None:
+    """Keep glibc from returning freed memory to the kernel between steps. Otherwise the
+    gradients freed by zero_grad() come back as fresh pages (page faults) every step, in a
+    way that depends on which of the two interleaved loops allocated last: the control row
+    (plain against plain) then shows ratios like 0.7, larger than what is measured."""
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL("libc.so.6")
+            libc.mallopt(-1, 1 << 30)  # M_TRIM_THRESHOLD
+            libc.mallopt(-3, 1 << 30)  # M_MMAP_THRESHOLD
+        except OSError:
+            pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="a short run (fewer blocks)")
+    parser.add_argument("--blocks", type=int, default=None, help=f"blocks of {BLOCK_STEPS} steps per variant")
+    args = parser.parse_args()
+    blocks = args.blocks or (6 if args.quick else 40)
+    torch.set_num_threads(1)
+    _steady_malloc()
+    logging.getLogger("stepscope").setLevel(logging.CRITICAL)  # keep the table readable
+
+    print(f"torch {torch.__version__}, 1 thread, {blocks} blocks x {BLOCK_STEPS} steps per variant, medians per block")
+    print(f"{'model':5} {'config':12} {'plain ms':>9} {'hooked ms':>10} {'wall ratio':>10} {'cpu ratio':>10}  goal (wall)")
+    with tempfile.TemporaryDirectory() as root:
+        for model_name, make_model in (("mlp", mlp), ("cnn", cnn)):
+            for i, (config, (make_hook, goal)) in enumerate(CONFIGS.items()):
+                result = measure(make_model, make_hook, blocks, f"{root}/{model_name}{i}")
+                (plain_wall, plain_cpu), (hooked_wall, hooked_cpu) = result["plain"], result["hooked"]
+                ratio = hooked_wall / plain_wall
+                verdict = "" if goal is None else f"<= {goal:.2f} {'met' if ratio <= goal else 'MISSED'}"
+                print(
+                    f"{model_name:5} {config:12} {plain_wall * 1e3:9.3f} {hooked_wall * 1e3:10.3f} {ratio:10.3f} {hooked_cpu / plain_cpu:10.3f}  {verdict}",
+                    flush=True,
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,321 @@
+"""The plain-loop Hook: saved values against the model's own tensors, step semantics,
+modes, naming, configuration errors, stop requests."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import stepscope
+from stepscope import reductions
+from stepscope.config import Collection, ReductionConfig, SaveConfig
+from stepscope.control import request_stop
+from stepscope.exceptions import ConfigError
+from stepscope.modes import ModeKeys
+from stepscope_torch import Hook, StopTrainingRequested
+
+
+def train(model, data, hook=None, *, accumulate=1, optimizer_cls=torch.optim.SGD, register_optimizer=True, lr=0.1):
+    """A plain loop; returns what it saw at each optimizer step: parameters used (before the
+    update), the accumulated gradients, and the losses."""
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = optimizer_cls([p for p in model.parameters() if p.requires_grad], lr=lr)
+    if hook is not None:
+        hook.register_module(model)
+        hook.register_loss(loss_fn)
+        if register_optimizer:
+            hook.register_optimizer(optimizer)
+    seen = []
+    for i, (x, y) in enumerate(data):
+        if i % accumulate == 0:
+            optimizer.zero_grad()
+            weights = {n: p.detach().clone() for n, p in model.named_parameters()}
+            losses = []
+        loss = loss_fn(model(x), y)
+        losses.append(loss.item())
+        (loss / accumulate).backward()
+        if i % accumulate == accumulate - 1:
+            grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+            optimizer.step()
+            state = {n: {k: v.clone() for k, v in optimizer.state[p].items()} for n, p in model.named_parameters() if p in optimizer.state}
+            seen.append({"weights": weights, "grads": grads, "losses": losses, "state": state})
+    return seen
+
+
+def test_saved_weights_gradients_losses_equal_the_models_own(make_hook, mlp, batches, out_dir):
+    hook = make_hook(save_config=SaveConfig(save_interval=2), include_collections=["weights", "biases", "gradients"])
+    seen = train(mlp(), batches(5), hook)
+    hook.close()
+
+    trial = stepscope.create_trial(out_dir)
+    assert trial.steps(mode=ModeKeys.TRAIN) == [0, 2, 4]
+    assert set(trial.tensor_names()) == {"fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias", "CrossEntropyLoss_output_0"} | {
+        f"gradient/{n}" for n in ("fc1.weight", "fc1.bias", "fc2.weight", "fc2.bias")
+    }
+    for step in (0, 2, 4):
+        for name, value in seen[step]["weights"].items():
+            np.testing.assert_array_equal(trial.tensor(name).value(step, mode=ModeKeys.TRAIN), value.numpy())
+        for name, value in seen[step]["grads"].items():
+            np.testing.assert_array_equal(trial.tensor(f"gradient/{name}").value(step, mode=ModeKeys.TRAIN), value.numpy())
+        assert trial.tensor("CrossEntropyLoss_output_0").value(step, mode=ModeKeys.TRAIN) == pytest.approx(seen[step]["losses"][-1], rel=1e-6)
+    assert "gradient/fc1.weight" in trial.collection("gradients").tensor_names
+    assert trial.is_complete()
+
+
+def test_reductions_equal_numpy_of_the_models_tensors(make_hook, mlp, batches, out_dir):
+    config = ReductionConfig(reductions=("min", "max", "mean", "std", "variance", "sum", "prod"), abs_reductions=("mean",), norms=("l1", "l2"), save_raw_tensor=True)
+    hook = make_hook(save_config=SaveConfig(save_interval=3), reduction_config=config, include_collections=["weights", "gradients"])
+    seen = train(mlp(), batches(4), hook)
+    hook.close()
+
+    trial = stepscope.create_trial(out_dir)
+    for step in (0, 3):
+        for name, value in [("fc1.weight", seen[step]["weights"]["fc1.weight"]), ("gradient/fc2.weight", seen[step]["grads"]["fc2.weight"])]:
+            tensor = trial.tensor(name)
+            np.testing.assert_array_equal(tensor.value(step), value.numpy())
+            for reduction, is_abs in config.requested():
+                expected = reductions.compute(value.numpy(), reduction, is_abs)
+                assert tensor.reduction_value(step, reduction, abs=is_abs) == pytest.approx(float(expected), rel=1e-12), (name, reduction, is_abs)
+
+
+def test_gradient_accumulation_one_step_per_optimizer_step(make_hook, mlp, batches, out_dir):
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["weights", "gradients"])
+    seen = train(mlp(), batches(12), hook, accumulate=4)
+    hook.close()
+
+    trial = stepscope.create_trial(out_dir)
+    assert trial.steps(mode=ModeKeys.TRAIN) == [0, 1, 2] == list(range(len(seen)))
+    for step, expected in enumerate(seen):
+        for name, grad in expected["grads"].items():
+            np.testing.assert_allclose(trial.tensor(f"gradient/{name}").value(step, mode=ModeKeys.TRAIN), grad.numpy(), rtol=0, atol=0)
+        np.testing.assert_array_equal(trial.tensor("fc2.weight").value(step, mode=ModeKeys.TRAIN), expected["weights"]["fc2.weight"].numpy())
+        # The loss saved is the last micro-batch's.
+        assert trial.tensor("CrossEntropyLoss_output_0").value(step, mode=ModeKeys.TRAIN) == pytest.approx(expected["losses"][-1], rel=1e-6)
+
+
+def test_optimizer_variables_are_the_state_after_the_update(make_hook, mlp, batches, out_dir):
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["optimizer_variables"])
+    seen = train(mlp(), batches(3), hook, optimizer_cls=torch.optim.Adam, lr=0.01)
+    hook.close()
+
+    trial = stepscope.create_trial(out_dir)
+    assert "optimizer/fc1.weight/exp_avg" in trial.tensor_names(collection="optimizer_variables")
+    assert not trial.tensor_names(collection="weights")  # optimizer state never counts as weights
+    for step in range(3):
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            np.testing.assert_array_equal(trial.tensor(f"optimizer/fc2.bias/{key}").value(step), seen[step]["state"]["fc2.bias"][key].numpy())
+
+
+def test_eval_and_predict_steps_count_top_level_forwards(make_hook, mlp, batches, out_dir):
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["weights"])
+    model = mlp()
+    seen = train(model, batches(2), hook)
+    model.eval()
+    with torch.no_grad():
+        eval_losses = [nn.functional.cross_entropy(model(x), y).item() for x, y in batches(3, seed=7)]
+        hook.set_mode("predict")
+        for x, _ in batches(2, seed=8):
+            model(x)
+    hook.set_mode(None)
+    model.train()
+    train_more = batches(1, seed=9)
+    loss_fn_out = model(train_more[0][0])  # a TRAIN forward (the hook's loss module is not called here)
+    del loss_fn_out
+    hook.close()
+
+    trial = stepscope.create_trial(out_dir)
+    assert trial.steps(mode=ModeKeys.TRAIN) == [0, 1, 2]
+    assert trial.steps(mode=ModeKeys.EVAL) == [0, 1, 2]
+    assert trial.steps(mode=ModeKeys.PREDICT) == [0, 1]
+    # Global steps count every mode, in order.
+    assert [trial.mode_of(s) for s in trial.steps()] == [
+        (ModeKeys.TRAIN, 0), (ModeKeys.TRAIN, 1), (ModeKeys.EVAL, 0), (ModeKeys.EVAL, 1), (ModeKeys.EVAL, 2),
+        (ModeKeys.PREDICT, 0), (ModeKeys.PREDICT, 1), (ModeKeys.TRAIN, 2),
+    ]
+    final = {n: p.detach().numpy() for n, p in model.named_parameters()}
+    np.testing.assert_array_equal(trial.tensor("fc1.weight").value(0, mode=ModeKeys.EVAL), final["fc1.weight"])
+    np.testing.assert_array_equal(trial.tensor("fc1.weight").value(0, mode=ModeKeys.TRAIN), seen[0]["weights"]["fc1.weight"].numpy())
+    assert len(eval_losses) == 3
+
+
+def test_eval_losses_saved_from_the_registered_loss_module(make_hook, mlp, batches, out_dir):
+    hook = make_hook(save_config=SaveConfig(save_interval=1))
+    model, loss_fn = mlp(), nn.MSELoss()
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    model.eval()
+    losses = []
+    with torch.no_grad():
+        for x, _ in batches(3):
+            losses.append(loss_fn(model(x), torch.zeros(4, 3)).item())
+    hook.close()
+    tensor = stepscope.create_trial(out_dir).tensor("MSELoss_output_0")
+    assert tensor.steps(mode=ModeKeys.EVAL) == [0, 1, 2]
+    assert [float(tensor.value(s, mode=ModeKeys.EVAL)) for s in range(3)] == pytest.approx(losses, rel=1e-6)
+
+
+def test_frozen_parameters_have_weights_but_no_gradients(make_hook, mlp, batches, out_dir):
+    model = mlp()
+    model.fc1.requires_grad_(False)
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["weights", "gradients"])
+    seen = train(model, batches(2), hook)
+    hook.close()
+    trial = stepscope.create_trial(out_dir)
+    assert "fc1.weight" in trial.tensor_names()
+    assert "gradient/fc1.weight" not in trial.tensor_names()
+    np.testing.assert_array_equal(trial.tensor("gradient/fc2.weight").value(1), seen[1]["grads"]["fc2.weight"].numpy())
+    np.testing.assert_array_equal(trial.tensor("fc1.weight").value(1), seen[0]["weights"]["fc1.weight"].numpy())  # frozen: unchanged
+
+
+def test_without_an_optimizer_each_forward_is_a_step(make_hook, mlp, batches, out_dir):
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["gradients"])
+    seen = train(mlp(), batches(3), hook, register_optimizer=False)
+    hook.close()
+    trial = stepscope.create_trial(out_dir)
+    assert trial.steps(mode=ModeKeys.TRAIN) == [0, 1, 2]
+    for step in range(3):
+        np.testing.assert_array_equal(trial.tensor("gradient/fc1.weight").value(step), seen[step]["grads"]["fc1.weight"].numpy())
+
+
+def test_activations_of_modules_chosen_by_regex(make_hook, mlp, batches, out_dir):
+    relu = Collection("relu_activations", include_regex=[r"^relu_output_\d+$"])
+    hook = make_hook(save_config=SaveConfig(save_interval=2), collections=[relu], include_collections=["inputs"])
+    model = mlp()
+    data = batches(3)
+    seen_inputs = [x for x, _ in data]
+    expected = [torch.relu(model.fc1(x)).detach() for x in seen_inputs]  # before training changes fc1
+    hook.register_module(model)
+    model(data[0][0])  # step 0 (due), no optimizer: each forward is a step
+    model(data[1][0])  # step 1 (not due)
+    hook.close()
+    trial = stepscope.create_trial(out_dir)
+    assert trial.tensor("relu_output_0").steps() == [0]
+    np.testing.assert_array_equal(trial.tensor("relu_output_0").value(0), expected[0].numpy())
+    np.testing.assert_array_equal(trial.tensor("TinyMLP_input_0").value(0), seen_inputs[0].numpy())
+    assert "fc1_output_0" not in trial.tensor_names()  # not chosen by any included collection
+    assert trial.collection("relu_activations").tensor_names == {"relu_output_0"}
+
+
+def test_nothing_happens_on_steps_where_nothing_is_due(make_hook, mlp, batches, monkeypatch):
+    hook = make_hook(save_config=SaveConfig(save_interval=4), save_all=True)
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    calls = []
+    original_plan = hook.core.plan
+    monkeypatch.setattr(hook.core, "plan", lambda *a, **k: calls.append(a[0]) or original_plan(*a, **k))
+    work_per_step, activation_hooks = [], []
+    for x, y in batches(6):
+        calls.clear()
+        optimizer.zero_grad()
+        output = model(x)
+        activation_hooks.append(len(model.fc1._forward_hooks))
+        nn.functional.cross_entropy(output, y).backward()
+        optimizer.step()
+        work_per_step.append(len(calls))
+    assert work_per_step[0] > 0 and work_per_step[4] > 0
+    assert [work_per_step[i] for i in (1, 2, 3, 5)] == [0, 0, 0, 0]
+    assert activation_hooks == [1, 0, 0, 0, 1, 0]  # activation hooks exist only during due steps
+
+
+def test_save_tensor_and_scalar(make_hook, mlp, batches, out_dir, caplog):
+    hook = make_hook(save_config=SaveConfig(save_interval=1), collections=[Collection("custom")])
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    for step, (x, y) in enumerate(batches(2)):
+        optimizer.zero_grad()
+        loss = nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        optimizer.step()
+        # After optimizer.step() the step still takes values until the next one begins.
+        hook.save_scalar("accuracy", 0.5 + step)
+        hook.save_tensor("logits_mean", torch.full((3,), float(step)), collections=["custom"])
+    hook.save_tensor("lost", torch.ones(2))  # "default" is not included: warned about, not saved
+    hook.close()
+    trial = stepscope.create_trial(out_dir)
+    assert [float(trial.tensor("accuracy").value(s)) for s in (0, 1)] == [0.5, 1.5]
+    np.testing.assert_array_equal(trial.tensor("logits_mean").value(1), np.full(3, 1.0, dtype=np.float32))
+    assert "lost" not in trial.tensor_names()
+    assert "not included" in caplog.text
+
+
+@pytest.mark.heavy  # torch.compile (eager backend) takes a few seconds
+def test_wrapped_and_compiled_models_keep_plain_names(make_hook, mlp, batches, out_dir, tmp_path):
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["weights", "gradients"], collections=[Collection("fc2_out", include_regex=["^fc2_output"])])
+    model = mlp()
+    compiled = torch.compile(nn.DataParallel(model), backend="eager")
+    seen = train(compiled, batches(2), hook)
+    hook.close()
+    trial = stepscope.create_trial(out_dir)
+    assert {"fc1.weight", "gradient/fc1.weight", "fc2_output_0"} <= set(trial.tensor_names())
+    assert not [n for n in trial.tensor_names() if "module" in n or "_orig_mod" in n]
+    np.testing.assert_array_equal(trial.tensor("gradient/fc1.weight").value(1), seen[1]["grads"]["_orig_mod.module.fc1.weight"].numpy())
+
+
+def test_bad_arguments_fail_at_construction(tmp_path):
+    with pytest.raises(ConfigError, match="unknown collection"):
+        Hook(str(tmp_path / "a"), include_collections=["nope"])
+    with pytest.raises(ConfigError, match="bad regular expression"):
+        Hook(str(tmp_path / "b"), include_regex="([")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ConfigError, match="not a directory"):
+        Hook(str(tmp_path / "file"))
+    with pytest.raises(ConfigError, match="include_workers"):
+        Hook(str(tmp_path / "c"), include_workers="some")
+    assert not (tmp_path / "a").exists()
+
+
+def test_stop_request_raises_at_the_end_of_the_step(make_hook, mlp, batches):
+    hook = make_hook()
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    steps_done = 0
+    with pytest.raises(StopTrainingRequested):
+        for i, (x, y) in enumerate(batches(4)):
+            if i == 2:
+                request_stop(hook.core.store, rule="LossNotDecreasing", reason="test")
+                hook.core.stop_poller.check_now()  # the poller's thread would see it within 2 s
+                before = model.fc1.weight.detach().clone()
+            optimizer.zero_grad()
+            nn.functional.cross_entropy(model(x), y).backward()
+            optimizer.step()
+            steps_done += 1
+    assert steps_done == 2 and hook.stop_requested
+    assert not torch.equal(before, model.fc1.weight)  # step 2's update was done before the raise
+
+
+def test_from_json_reads_smdebug_hook_config(tmp_path, mlp, batches):
+    out = tmp_path / "job"
+    config = {
+        "LocalPath": str(out),
+        "HookParameters": {"save_interval": "2", "include_workers": "one"},
+        "CollectionConfigurations": [{"CollectionName": "weights", "CollectionParameters": {"save_interval": "1"}}],
+    }
+    path = tmp_path / "debughookconfig.json"
+    path.write_text(json.dumps(config))
+    from stepscope.config import ProfilerConfig
+
+    hook = Hook.from_json(str(path), profiler_config=ProfilerConfig.disabled())
+    train(mlp(), batches(3), hook)
+    hook.close()
+    trial = stepscope.create_trial(str(out))
+    assert trial.tensor("fc1.weight").steps() == [0, 1, 2]
+    assert trial.tensor("CrossEntropyLoss_output_0").steps() == [0, 2]
+
+
+def test_context_manager_closes(tmp_path, mlp, batches):
+    from stepscope.config import ProfilerConfig
+
+    with Hook(str(tmp_path / "job"), profiler_config=ProfilerConfig.disabled()) as hook:
+        train(mlp(), batches(1), hook)
+    assert (tmp_path / "job" / "training_job_end.ts").exists()
+    assert not hook.enabled

@@ -1,0 +1,132 @@
+"""StepscopeCallback in real Lightning runs: fit (with validation and gradient
+accumulation), validate and test in one job; metrics; stop requests."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import stepscope
+from stepscope.config import Collection, ProfilerConfig, SaveConfig
+from stepscope.control import request_stop
+from stepscope.exceptions import ConfigError
+from stepscope.modes import ModeKeys
+
+pl = pytest.importorskip("lightning.pytorch")
+
+
+class Classifier(pl.LightningModule):
+    """Records what it saw: parameters at the start of each optimizer step, gradients
+    right before each optimizer step."""
+
+    def __init__(self, accumulate: int):
+        super().__init__()
+        torch.manual_seed(0)
+        self.net = nn.Sequential(nn.Linear(6, 8), nn.ReLU(), nn.Linear(8, 3))
+        self.accumulate = accumulate
+        self.seen_weights, self.seen_grads = [], []
+
+    def forward(self, x):
+        return self.net(x)
+
+    def training_step(self, batch, batch_idx):
+        loss = nn.functional.cross_entropy(self(batch[0]), batch[1])
+        self.log("train_loss", loss, on_step=True)
+        return loss
+
+    def on_train_batch_start(self, batch, batch_idx):
+        if batch_idx % self.accumulate == 0:
+            self.seen_weights.append({n: p.detach().clone() for n, p in self.named_parameters()})
+
+    def on_before_optimizer_step(self, optimizer):
+        self.seen_grads.append({n: p.grad.detach().clone() for n, p in self.named_parameters()})
+
+    def validation_step(self, batch, batch_idx):
+        self.log("val_loss", nn.functional.cross_entropy(self(batch[0]), batch[1]))
+
+    def test_step(self, batch, batch_idx):
+        self.log("test_loss", nn.functional.cross_entropy(self(batch[0]), batch[1]))
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def loader(n, seed):
+    generator = torch.Generator().manual_seed(seed)
+    data = torch.utils.data.TensorDataset(torch.randn(n * 4, 6, generator=generator), torch.randint(0, 3, (n * 4,), generator=generator))
+    return torch.utils.data.DataLoader(data, batch_size=4)
+
+
+def trainer(callbacks, **kwargs):
+    options = dict(
+        accelerator="cpu", devices=1, max_epochs=2, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=1,
+    )
+    return pl.Trainer(callbacks=callbacks, **{**options, **kwargs})
+
+
+def callback(out_dir, **kwargs):
+    from stepscope_torch import StepscopeCallback
+
+    kwargs.setdefault("profiler_config", ProfilerConfig.disabled())
+    return StepscopeCallback(out_dir, **kwargs)
+
+
+@pytest.mark.heavy
+def test_fit_validate_test_in_one_job(out_dir):
+    metrics = Collection("metrics", save_config=SaveConfig(save_interval=1))
+    cb = callback(out_dir, save_config=SaveConfig(save_interval=1), include_collections=["weights", "gradients"], collections=[metrics])
+    model = Classifier(accumulate=2)
+    run = trainer([cb], accumulate_grad_batches=2)
+    run.fit(model, loader(4, 1), loader(2, 2))
+    fit_steps = run.global_step
+    run.validate(model, loader(2, 3), verbose=False)
+    val_loss = float(run.callback_metrics["val_loss"])
+    run.test(model, loader(3, 4), verbose=False)
+    test_loss = float(run.callback_metrics["test_loss"])
+    cb.close()
+
+    trial = stepscope.create_trial(out_dir)
+    assert fit_steps == 4
+    assert trial.steps(mode=ModeKeys.TRAIN) == [0, 1, 2, 3]
+    # 2 validations during fit (2 batches each; the sanity check is not recorded), validate, test.
+    assert trial.steps(mode=ModeKeys.EVAL) == list(range(2 + 2 + 2 + 3))
+    for step in range(fit_steps):
+        for name, grad in model.seen_grads[step].items():
+            np.testing.assert_array_equal(trial.tensor(f"gradient/{name}").value(step, mode=ModeKeys.TRAIN), grad.numpy())
+        for name in ("net.0.weight", "net.2.weight"):
+            weight = model.seen_weights[step][name]
+            np.testing.assert_array_equal(trial.tensor(name).value(step, mode=ModeKeys.TRAIN), weight.numpy())
+    assert "train_loss" in trial.tensor_names(collection="metrics")
+    assert float(trial.tensor("val_loss").value(5, mode=ModeKeys.EVAL)) == pytest.approx(val_loss, rel=1e-6)
+    assert float(trial.tensor("test_loss").value(8, mode=ModeKeys.EVAL)) == pytest.approx(test_loss, rel=1e-6)
+    assert trial.tensor("loss_output_0").steps(mode=ModeKeys.TRAIN) == [0, 1, 2, 3]
+    assert trial.is_complete()
+
+
+@pytest.mark.heavy
+def test_stop_request_sets_should_stop(out_dir):
+    cb = callback(out_dir)
+
+    class RequestStop(pl.Callback):
+        def on_train_start(self, trainer, pl_module):
+            request_stop(cb.hook.core.store, rule="Test", reason="stop now")
+            cb.hook.core.stop_poller.check_now()  # the poller's thread would see it within 2 s
+
+    run = trainer([cb, RequestStop()], max_epochs=5, num_sanity_val_steps=0)
+    run.fit(Classifier(accumulate=1), loader(4, 1))
+    cb.close()
+    assert run.global_step == 1
+
+
+def test_bad_arguments_fail_when_the_callback_is_made(tmp_path):
+    from stepscope_torch import StepscopeCallback
+
+    with pytest.raises(ConfigError, match="unknown collection"):
+        StepscopeCallback(str(tmp_path / "job"), include_collections=["nope"])
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match="not a directory"):
+        StepscopeCallback(str(tmp_path / "file"))
+    assert not (tmp_path / "job").exists()

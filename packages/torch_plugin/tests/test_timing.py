@@ -1,0 +1,96 @@
+"""Step and phase timing: the spans a loop produces, and the clock conversion."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from stepscope.config import SaveConfig
+from stepscope.modes import ModeKeys
+from stepscope_torch.timing import StepTimer
+
+
+class RecordingTimeline:
+    """Stands in for the profiler's TimelineWriter: keeps what HookCore.add_timeline hands it."""
+
+    def __init__(self):
+        self.spans = []
+
+    def add(self, name, start_ns, end_ns, *, step, mode, phase, args=None):
+        self.spans.append((step, mode, phase, start_ns, end_ns))
+
+    def close(self):
+        pass
+
+
+def test_step_timer_cpu_spans_are_wall_clock_and_ordered():
+    timer = StepTimer(torch.device("cpu"))
+    before = time.time_ns()
+    timer.begin_step(0, ModeKeys.TRAIN)
+    a = timer.mark()
+    time.sleep(0.002)
+    b = timer.mark()
+    timer.add_span("forward", a, b)
+    timer.add_span("step", a, b)
+    timer.end_step()
+    after = time.time_ns()
+    [(step, mode, spans)] = list(timer.ready_steps())
+    assert (step, mode) == (0, ModeKeys.TRAIN)
+    for _phase, start, end in spans:
+        assert before - 1_000_000 <= start < end <= after + 1_000_000
+        assert end - start >= 2_000_000
+    assert list(timer.ready_steps()) == []
+
+
+def test_loop_with_accumulation_gives_every_phase_in_order(make_hook, mlp, batches):
+    hook = make_hook(save_config=SaveConfig(save_interval=1000))
+    timeline = hook.core.timeline = RecordingTimeline()
+    model = mlp()
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(optimizer)
+    for i, (x, y) in enumerate(batches(4)):
+        loss_fn(model(x), y).backward()
+        if i % 2 == 1:
+            optimizer.step()
+            optimizer.zero_grad()
+    model.eval()
+    with torch.no_grad():
+        model(batches(1)[0][0])
+    hook.close()
+
+    by_step = {}
+    for step, mode, phase, start, end in timeline.spans:
+        assert start <= end
+        by_step.setdefault((step, mode), []).append(phase)
+    assert by_step[(0, ModeKeys.TRAIN)] == ["data", "forward", "backward", "forward", "backward", "optimizer", "step"]
+    assert by_step[(1, ModeKeys.TRAIN)] == ["data", "forward", "backward", "forward", "backward", "optimizer", "step"]
+    assert by_step[(2, ModeKeys.EVAL)] == ["data", "forward", "eval_step"]
+    # Each TRAIN step's phases lie inside its step span, and steps follow each other.
+    for step in (0, 1):
+        spans = [s for s in timeline.spans if s[0] == step]
+        step_span = spans[-1]
+        assert all(step_span[3] <= s[3] and s[4] <= step_span[4] for s in spans)
+    assert [s for s in timeline.spans if s[2] == "step"][1][3] == [s for s in timeline.spans if s[2] == "step"][0][4]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_timer_resolves_events_later():
+    timer = StepTimer(torch.device("cuda"))
+    x = torch.randn(2048, 2048, device="cuda")
+    timer.begin_step(0, ModeKeys.TRAIN)
+    a = timer.mark()
+    for _ in range(20):
+        x = x @ x / 2048
+    b = timer.mark()
+    timer.add_span("step", a, b)
+    timer.end_step()
+    [(step, mode, [(phase, start, end)])] = list(timer.ready_steps(wait=True))
+    assert 0 < end - start < 10_000_000_000
+    assert abs(start - time.time_ns()) < 60_000_000_000
