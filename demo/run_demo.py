@@ -91,21 +91,33 @@ def main(argv: list[str] | None = None) -> int:
 
     from stepscope.cli import main as stepscope_cli
 
-    fired = {}
     for job in jobs:
         print(f"\n== stepscope check {os.path.relpath(job)}")
-        status = stepscope_cli(["check", job, "--quiet"])
-        fired[job] = status == 1
+        stepscope_cli(["check", job, "--quiet"])
         summarize_profile(job)
-    print(f"\n== done in {time.perf_counter() - started:.1f} s; reports are under <job>/rule-output/")
-    for job, has_fired in fired.items():
-        print(f"  {'rules fired ' if has_fired else 'all clear   '} {os.path.relpath(job)}")
-    expected = {j for j in jobs if j.endswith("exploding_job")}
-    surprises = [j for j, f in fired.items() if f != (j in expected)]
-    if surprises:
-        print(f"unexpected rule outcome for: {', '.join(surprises)}", file=sys.stderr)
-        return 1
-    return 0
+    print(f"\n== done in {time.perf_counter() - started:.1f} s; each job's reports are in <job>/rule-output/")
+    return _self_check(jobs)
+
+
+def _self_check(jobs: list[str]) -> int:
+    """The planted problem must be found, and the healthy jobs must not look broken. Other
+    findings (a loss that rose between two noisy mini-batches, no data-loader workers on a
+    2-core machine) are real observations a user would read, not demo failures."""
+    import json
+
+    problems = []
+    for job in jobs:
+        summary = json.loads((Path(job) / "rule-output" / "summary.json").read_text())
+        fired = {r["rule"] for r in summary["rules"] if r.get("fired")}
+        print(f"  {os.path.relpath(job)}: {', '.join(sorted(fired)) or 'no rule fired'}")
+        planted = job.endswith("exploding_job")
+        if planted and "ExplodingTensor" not in fired:
+            problems.append(f"{job}: ExplodingTensor did not fire on the planted job")
+        if not planted and fired & {"ExplodingTensor", "VanishingGradient"}:
+            problems.append(f"{job}: a healthy job fired {sorted(fired & {'ExplodingTensor', 'VanishingGradient'})}")
+    for problem in problems:
+        print(f"demo self-check failed: {problem}", file=sys.stderr)
+    return 1 if problems else 0
 
 
 if __name__ == "__main__":
