@@ -204,7 +204,7 @@ def encode_timeline(
     slices = []
     for name, start_ns, end_ns, step, mode, phase, args in events:
         try:
-            mode = ModeKeys.parse(mode)
+            mode = mode if type(mode) is ModeKeys else ModeKeys.parse(mode)
             slices.append((int(start_ns), max(int(end_ns), int(start_ns)), str(name), int(step), mode, str(phase), args))
         except (TypeError, ValueError) as exc:
             logger.warning("step timeline: event %r skipped (%s)", name, exc)
@@ -220,13 +220,24 @@ def encode_timeline(
         lines.append(json.dumps(_meta("thread_sort_index", rank, tid, {"sort_index": tid})))
     # One dumps per event rather than one for the whole list: the interpreter can switch
     # threads between events, so a large flush never holds the GIL against training.
+    # Names and phases repeat from step to step: escape each once. This loop is most of the
+    # background CPU the timeline costs a training process.
+    quoted: dict[str, str] = {}
     for (start_ns, end_ns, name, step, mode, phase, args), tid in zip(slices, tids):
-        event_args = dict(args) if args else {}
-        event_args.update(step=step, mode=mode.name, phase=phase)
+        q_name = quoted.get(name) or quoted.setdefault(name, json.dumps(name))
+        q_phase = quoted.get(phase) or quoted.setdefault(phase, json.dumps(phase))
+        if args:
+            event_args = dict(args)
+            event_args.update(step=step, mode=mode.name, phase=phase)
+            args_json = json.dumps(event_args, default=str)
+        else:
+            args_json = f'{{"step": {step}, "mode": "{mode.name}", "phase": {q_phase}}}'
+        duration = end_ns - start_ns
+        # ts/dur as exact decimal text: a float of epoch microseconds cannot hold nanoseconds.
         lines.append(
-            f'{{"name": {json.dumps(name)}, "cat": {json.dumps(phase)}, "ph": "X", '
-            f'"ts": {_ns_as_us(start_ns)}, "dur": {_ns_as_us(end_ns - start_ns)}, '
-            f'"pid": {rank}, "tid": {tid}, "args": {json.dumps(event_args, default=str)}}}'
+            f'{{"name": {q_name}, "cat": {q_phase}, "ph": "X", '
+            f'"ts": {start_ns // 1000}.{start_ns % 1000:03d}, "dur": {duration // 1000}.{duration % 1000:03d}, '
+            f'"pid": {rank}, "tid": {tid}, "args": {args_json}}}'
         )
     metadata = {
         "schema": SCHEMA,
@@ -242,11 +253,6 @@ def encode_timeline(
     }
     body = ",\n".join(lines)
     return f'{{"traceEvents": [\n{body}\n],\n"displayTimeUnit": "ms",\n"metadata": {json.dumps(metadata)}}}\n'.encode()
-
-
-def _ns_as_us(ns: int) -> str:
-    # Exact decimal text: a float of epoch microseconds cannot hold the nanoseconds.
-    return f"{ns // 1000}.{ns % 1000:03d}"
 
 
 def _us_as_ns(value: Any) -> int:
