@@ -14,13 +14,17 @@ from stepscope_torch.timing import StepTimer
 
 
 class RecordingTimeline:
-    """Stands in for the profiler's TimelineWriter: keeps what HookCore.add_timeline hands it."""
+    """Stands in for the profiler's TimelineWriter: keeps what HookCore.add_timeline(_spans) hands it."""
 
     def __init__(self):
         self.spans = []
 
     def add(self, name, start_ns, end_ns, *, step, mode, phase, args=None):
         self.spans.append((step, mode, phase, start_ns, end_ns))
+
+    def add_spans(self, spans, *, step, mode):
+        for phase, start_ns, end_ns in spans:
+            self.add(phase, start_ns, end_ns, step=step, mode=mode, phase=phase)
 
     def close(self):
         pass

@@ -209,6 +209,11 @@ class HookCore:
             step, mode = self.step.global_step, self.step.mode
         self.profiler_failsafe.call(self.timeline.add, name, start_ns, end_ns, step=step, mode=mode, phase=phase, args=args)
 
+    def add_timeline_spans(self, spans: list[tuple[str, int, int]], *, step: int, mode: ModeKeys) -> None:
+        """Record a step's phases at once, `(phase, start_ns, end_ns)` in absolute ns."""
+        if self.timeline is not None and self.profiler_failsafe.enabled and spans:
+            self.profiler_failsafe.call(self.timeline.add_spans, spans, step=step, mode=mode)
+
     # --- steps ------------------------------------------------------------------------
 
     @property

@@ -456,8 +456,7 @@ class Hook:
 
     def _publish_timeline(self, wait: bool) -> None:
         for step, mode, spans in self._timer.ready_steps(wait):
-            for phase, start_ns, end_ns in spans:
-                self.core.add_timeline(phase, start_ns, end_ns, phase, step=step, mode=mode)
+            self.core.add_timeline_spans(spans, step=step, mode=mode)
 
     @staticmethod
     def _remove(handles: list[Any]) -> None:

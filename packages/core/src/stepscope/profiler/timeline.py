@@ -131,6 +131,16 @@ class TimelineWriter:
         if dropped:
             self._warn_once("dropped", "step timeline: writer closed or buffer full; events dropped")
 
+    def add_spans(self, spans: Sequence[tuple[str, int, int]], *, step: int, mode: ModeKeys) -> None:
+        """Record several phases of one step at once, `(phase, start_ns, end_ns)` each (named
+        after their phase): one lock and one call for a whole step."""
+        events = [(phase, start, end, step, mode, phase, None) for phase, start, end in spans]
+        with self._lock:
+            if not self._closed and len(self._events) + len(events) <= _MAX_BUFFERED_EVENTS:
+                self._events.extend(events)
+                return
+        self._warn_once("dropped", "step timeline: writer closed or buffer full; events dropped")
+
     def flush(self) -> str | None:
         """Publish what is buffered as a new file; returns its key (None when nothing was
         buffered or the write failed)."""
@@ -222,23 +232,24 @@ def encode_timeline(
     # threads between events, so a large flush never holds the GIL against training.
     # Names and phases repeat from step to step: escape each once. This loop is most of the
     # background CPU the timeline costs a training process.
-    quoted: dict[str, str] = {}
+    templates: dict[tuple[str, str, ModeKeys, int], str] = {}
     for (start_ns, end_ns, name, step, mode, phase, args), tid in zip(slices, tids):
-        q_name = quoted.get(name) or quoted.setdefault(name, json.dumps(name))
-        q_phase = quoted.get(phase) or quoted.setdefault(phase, json.dumps(phase))
+        duration = end_ns - start_ns
+        # ts/dur as exact decimal text: a float of epoch microseconds cannot hold nanoseconds.
+        times = (start_ns // 1000, start_ns % 1000, duration // 1000, duration % 1000)
         if args:
             event_args = dict(args)
             event_args.update(step=step, mode=mode.name, phase=phase)
-            args_json = json.dumps(event_args, default=str)
-        else:
-            args_json = f'{{"step": {step}, "mode": "{mode.name}", "phase": {q_phase}}}'
-        duration = end_ns - start_ns
-        # ts/dur as exact decimal text: a float of epoch microseconds cannot hold nanoseconds.
-        lines.append(
-            f'{{"name": {q_name}, "cat": {q_phase}, "ph": "X", '
-            f'"ts": {start_ns // 1000}.{start_ns % 1000:03d}, "dur": {duration // 1000}.{duration % 1000:03d}, '
-            f'"pid": {rank}, "tid": {tid}, "args": {args_json}}}'
-        )
+            lines.append(_event_template(name, phase, rank, tid, json.dumps(event_args, default=str).replace("%", "%%")) % times)
+            continue
+        # One %-template per (name, phase, mode, track): names repeat from step to step, and
+        # this loop is most of the CPU the timeline costs a training process.
+        key = (name, phase, mode, tid)
+        template = templates.get(key)
+        if template is None:
+            args_json = f'{{"step": %d, "mode": "{mode.name}", "phase": {json.dumps(phase).replace("%", "%%")}}}'
+            template = templates[key] = _event_template(name, phase, rank, tid, args_json)
+        lines.append(template % (*times, step))
     metadata = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -270,6 +281,16 @@ def _plain_numbers(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain_numbers(v) for v in value]
     return value
+
+
+def _event_template(name: str, phase: str, pid: int, tid: int, args_json: str) -> str:
+    """A complete event with %-placeholders for ts, dur (and whatever `args_json` holds)."""
+    q_name = json.dumps(name).replace("%", "%%")
+    q_phase = json.dumps(phase).replace("%", "%%")
+    return (
+        f'{{"name": {q_name}, "cat": {q_phase}, "ph": "X", "ts": %d.%03d, "dur": %d.%03d, '
+        f'"pid": {pid}, "tid": {tid}, "args": {args_json}}}'
+    )
 
 
 def _meta(name: str, pid: int, tid: int | None, args: dict[str, Any]) -> dict[str, Any]:
