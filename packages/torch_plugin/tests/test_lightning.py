@@ -130,3 +130,54 @@ def test_bad_arguments_fail_when_the_callback_is_made(tmp_path):
     with pytest.raises(ConfigError, match="not a directory"):
         StepscopeCallback(str(tmp_path / "file"))
     assert not (tmp_path / "job").exists()
+
+
+@pytest.mark.heavy
+def test_a_rule_following_the_job_stops_lightning(out_dir, monkeypatch):
+    """A rule process (a thread here) follows the running job, fires on the step where a NaN
+    was planted, and its StopTraining action ends fit within one step after that."""
+    import threading
+    import time
+
+    from stepscope.rules import ExplodingTensor, StopTraining, invoke_rule
+
+    bad_step = 12
+    started: dict[int, float] = {}
+
+    class Planter(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            started[trainer.global_step] = time.time()
+            if trainer.global_step == bad_step:
+                with torch.no_grad():
+                    pl_module.net[0].weight[0, 0] = float("nan")
+            time.sleep(0.05)  # a step long enough for the rule to keep up
+
+    monkeypatch.setenv("STEPSCOPE_STOP_POLL_S", "0.02")  # 2 s by default
+    cb = callback(out_dir, save_config=SaveConfig(save_interval=1), include_collections=["gradients"])
+    run = trainer([cb, Planter()], max_epochs=50, num_sanity_val_steps=0)
+    result = {}
+
+    def follow():
+        while not cb.hook or not cb.hook.core.store or not cb.hook.core.store.exists("collections/000000000/worker_0_collections.json"):
+            time.sleep(0.01)
+        rule = ExplodingTensor(stepscope.create_trial(out_dir), collection_names="gradients", actions=[StopTraining()])
+        result["report"] = invoke_rule(rule, watch=True, poll_interval=0.01, max_poll_interval=0.05, timeout=120)
+
+    follower = threading.Thread(target=follow)
+    follower.start()
+    run.fit(Classifier(accumulate=1), loader(40, 1))
+    cb.close()
+    follower.join(60)
+    report = result["report"]
+    assert report.fired_steps[0] == bad_step
+    fired_at = json_time(out_dir)
+    in_progress = max(step for step, t in started.items() if t <= fired_at)
+    assert run.global_step <= in_progress + 2  # the step in progress, plus at most one more
+    assert run.global_step < 160  # far from the 50 epochs asked for
+
+
+def json_time(out_dir):
+    from stepscope.control import read_stop
+    from stepscope.store import open_store
+
+    return read_stop(open_store(out_dir))["time"]

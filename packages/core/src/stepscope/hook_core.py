@@ -6,6 +6,7 @@ step starts and ends and *which* tensors exist."""
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -33,6 +34,22 @@ from .store import open_store
 from .writer import Writer
 
 logger = logging.getLogger("stepscope")
+
+
+STOP_POLL_ENV = "STEPSCOPE_STOP_POLL_S"
+
+
+def _poll_interval_from_env() -> float:
+    """How often hooks look for a stop request: $STEPSCOPE_STOP_POLL_S seconds, default 2
+    (one stat or HEAD request per interval, off the training thread)."""
+    raw = os.environ.get(STOP_POLL_ENV, "2.0")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{STOP_POLL_ENV} must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ConfigError(f"{STOP_POLL_ENV} must be > 0, got {raw!r}")
+    return value
 
 
 class StopTrainingRequested(RuntimeError):
@@ -82,7 +99,7 @@ class HookCore:
         rank: int = 0,
         world_size: int = 1,
         local_rank: int = 0,
-        control_poll_s: float = 2.0,
+        control_poll_s: float | None = None,
         validate_only: bool = False,
     ):
         """`validate_only` checks the arguments (out_dir included) and starts nothing: for
@@ -153,6 +170,8 @@ class HookCore:
         if self.writes_tensors:
             self.writer = Writer(self.store, self.worker)
             self._write_collections()
+        if control_poll_s is None:
+            control_poll_s = _poll_interval_from_env()
         self.stop_poller = StopPoller(self.store, control_poll_s)
         self.profiler_failsafe.call(self._start_profiler)
 

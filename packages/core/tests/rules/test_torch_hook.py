@@ -18,10 +18,8 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.heavy
 
 
-def _train(out_dir, model, steps, lr=0.01, on_step=None, poll_s=None):
+def _train(out_dir, model, steps, lr=0.01, on_step=None):
     hook = st.Hook(str(out_dir), save_config=st.SaveConfig(save_interval=1), include_collections=["weights", "gradients", "losses"], profiler_config=st.ProfilerConfig.disabled())
-    if poll_s is not None and hook.core.stop_poller is not None:
-        hook.core.stop_poller.interval_s = poll_s  # the Hook does not take control_poll_s (yet)
     hook.register_module(model)
     loss_fn = torch.nn.MSELoss()
     hook.register_loss(loss_fn)
@@ -55,7 +53,8 @@ def test_vanishing_gradient_on_a_hook_run(tmp_path):
     assert not healthy.fired and healthy.tensors_inspected > 0
 
 
-def test_stop_training_raises_in_a_plain_loop(tmp_path):
+def test_stop_training_raises_in_a_plain_loop(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_STOP_POLL_S", "0.02")  # hooks look every 2 s by default
     bad_step = 25
     started: dict[int, float] = {}
     outcome: dict[str, object] = {}
@@ -71,7 +70,7 @@ def test_stop_training_raises_in_a_plain_loop(tmp_path):
         torch.manual_seed(0)
         model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1))
         try:
-            outcome["done"] = _train(tmp_path, model, steps=300, on_step=on_step, poll_s=0.02)
+            outcome["done"] = _train(tmp_path, model, steps=300, on_step=on_step)
         except st.StopTrainingRequested as exc:
             outcome["stopped"] = exc
             outcome["last"] = max(started)
