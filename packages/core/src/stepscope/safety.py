@@ -23,6 +23,21 @@ def disabled_by_env() -> bool:
     return os.environ.get(DISABLE_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
+class WarnOnce:
+    """Logs each kind of problem once as a warning, later repeats at debug level: a
+    background part that keeps failing must not flood the training job's log."""
+
+    def __init__(self) -> None:
+        self._seen: set[str] = set()
+
+    def __call__(self, what: str, message: str) -> None:
+        if what in self._seen:
+            logger.debug(message)
+            return
+        self._seen.add(what)
+        logger.warning(message)
+
+
 def failure_status(component: str, exc: BaseException) -> dict[str, Any]:
     return {
         "state": "failed",

@@ -24,6 +24,7 @@ import psutil
 
 from ..exceptions import ConfigError
 from ..layout import SYSTEM_METRICS_DIR
+from ..safety import WarnOnce
 from ..store import Store, open_store
 from .nvml import NvmlSampler
 
@@ -381,7 +382,7 @@ class SystemMonitor:
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._publisher: _Publisher | None = None
-        self._warned: set[str] = set()
+        self._warn_once = WarnOnce()
         self._stopped = False
 
     @staticmethod
@@ -442,13 +443,6 @@ class SystemMonitor:
 
     def __exit__(self, *exc_info: object) -> None:
         self.stop()
-
-    def _warn_once(self, what: str, message: str) -> None:
-        if what in self._warned:
-            logger.debug(message)
-            return
-        self._warned.add(what)
-        logger.warning(message)
 
     def _run(self, anchor_monotonic: float, anchor_wall: float) -> None:
         cpu_start = time.thread_time()

@@ -22,6 +22,7 @@ from typing import Any
 from ..exceptions import ConfigError, CorruptRecord
 from ..layout import FRAMEWORK_DIR
 from ..modes import ModeKeys
+from ..safety import WarnOnce
 from ..store import Store, open_store
 from .monitor import default_node_id
 
@@ -104,7 +105,7 @@ class TimelineWriter:
         self._flush_lock = threading.Lock()
         self._sequence = 0
         self._closed = False
-        self._warned: set[str] = set()
+        self._warn_once = WarnOnce()
         self._stop = threading.Event()
         self._timer = threading.Thread(target=self._flush_periodically, name="stepscope-timeline-flush", daemon=True)
         self._timer.start()
@@ -191,13 +192,6 @@ class TimelineWriter:
     def _flush_periodically(self) -> None:
         while not self._stop.wait(self.config.flush_interval_s):
             self.flush()
-
-    def _warn_once(self, what: str, message: str) -> None:
-        if what in self._warned:
-            logger.debug(message)
-            return
-        self._warned.add(what)
-        logger.warning(message)
 
 
 def encode_timeline(
