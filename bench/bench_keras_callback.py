@@ -2,14 +2,17 @@
 fits of the same model alternate between the configurations (interleaved, so drift of the
 machine hits all alike) and the median step time of each is compared.
 
-Configurations: default (`StepscopeCallback(out_dir)`: saves every 500 steps, system
+Configurations: "without (A/A)" (a second model without the callback: the noise floor of
+the ratios on this machine), default (`StepscopeCallback(out_dir)`: saves every 500 steps, system
 monitor and step timeline on), weights+gradients every 10 steps, everything every step.
 Goals: ratio <= 1.01 (default) and <= 1.05 (weights+gradients every 10 steps)."""
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
+import random
 import shutil
 import statistics
 import tempfile
@@ -55,6 +58,7 @@ def _model(width: int) -> keras.Model:
 def _configs(root: str) -> dict[str, StepscopeCallback | None]:
     return {
         "without": None,
+        "without (A/A)": None,
         "default": StepscopeCallback(os.path.join(root, "default")),
         "weights+gradients /10": StepscopeCallback(
             os.path.join(root, "wg10"), save_config=SaveConfig(save_interval=10), include_collections=["weights", "biases", "gradients"]
@@ -83,8 +87,14 @@ def main() -> None:
         for name, model in models.items():  # warm-up: tracing, first-step saves
             extra = [configs[name]] if configs[name] else []
             model.fit(x[: 5 * args.batch], y[: 5 * args.batch], batch_size=args.batch, epochs=1, verbose=0, callbacks=extra)
+        order = random.Random(0)
         for _ in range(rounds):
-            for name, model in models.items():
+            # A new order each round, and garbage and dirty pages settled before each fit:
+            # what one fit leaves behind is not always paid by the same next configuration.
+            for name in order.sample(list(models), len(models)):
+                model = models[name]
+                gc.collect()
+                os.sync()
                 clock = _Clock()
                 extra = [configs[name]] if configs[name] else []
                 model.fit(x, y, batch_size=args.batch, epochs=1, shuffle=False, verbose=0, callbacks=[clock, *extra])

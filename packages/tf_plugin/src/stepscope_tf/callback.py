@@ -21,7 +21,12 @@ class StepscopeCallback(keras.callbacks.Callback):
     """`model.fit(..., callbacks=[StepscopeCallback(out_dir)])`; also for `evaluate` and
     `predict` (validation inside `fit` is EVAL steps). Keep one instance per model and job:
     the global step continues across calls. Call `close()` at the end (or use it as a
-    context manager); otherwise it closes at interpreter exit."""
+    context manager); otherwise it closes at interpreter exit.
+
+    Defining batch-end methods costs the training loop nothing extra with the TensorFlow
+    backend: Keras 3 dispatches batch ends on a worker thread only for backends marked
+    thread-safe (`keras.src.backend.IS_THREAD_SAFE`), which TensorFlow is not, so they run
+    in the loop whether a callback defines them or not."""
 
     def __init__(
         self,

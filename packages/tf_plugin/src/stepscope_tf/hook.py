@@ -118,7 +118,9 @@ class Hook:
         self._strategy = strategy
         self._model: Any = None
         self._optimizer: Any = optimizer
-        self._variables: list[tuple[str, tuple[str, ...], Any]] = []
+        # (name, collections, components, combine): `BatchedReader` entries before planning.
+        self._variables: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
+        self._optimizer_entries: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
         self._names: dict[int, str] = {}
         self._gradients: GradientCapture | None = None
         self._gradient_collections: tuple[str, ...] = ()
@@ -170,7 +172,15 @@ class Hook:
             return
         names = naming.variable_names(weights, self.model_name)
         self._names = {id(v): n for v, n in zip(weights, names)}
-        self._variables = [(n, (CollectionName.BIASES,) if naming.is_bias(n) else (CollectionName.WEIGHTS,), v) for v, n in zip(weights, names)]
+        self._variables = [(n, (CollectionName.BIASES,) if naming.is_bias(n) else (CollectionName.WEIGHTS,), (v,), "first") for v, n in zip(weights, names)]
+
+    def _optimizer_variables(self) -> list[tuple[str, tuple[str, ...], tuple[Any, ...], str]]:
+        # Named once: an optimizer creates its variables at its first step, then keeps them.
+        variables = list(self._optimizer.variables)
+        if len(variables) != len(self._optimizer_entries):
+            collections = (CollectionName.OPTIMIZER_VARIABLES,)
+            self._optimizer_entries = [(naming.optimizer_variable_name(v, self.model_name), collections, (v,), "first") for v in variables]
+        return self._optimizer_entries
 
     def _wanted_by(self, names: Sequence[str], builtin: tuple[str, ...]) -> tuple[str, ...]:
         """Included collections that would ever take one of `names`."""
@@ -236,24 +246,29 @@ class Hook:
         due = core.begin_step(mode)
         self._gradients_given = False
         if not due:  # the common case: stay cheap
-            if self._gradients_armed or self._io_armed:
+            if self._capturing():
                 self._disarm()
             return
         arm_gradients = self._gradients is not None and mode == ModeKeys.TRAIN and any(core.is_due(c) for c in self._gradient_collections)
         arm_io = self._layer_io is not None and any(core.is_due(c) for c in self._io_collections)
-        if self._gradients is not None:
-            self._gradients.switch.set(arm_gradients)
-        if self._layer_io is not None:
-            self._layer_io.switch.set(arm_io)
         self._gradients_armed, self._io_armed = arm_gradients, arm_io
-        if not due or self._model is None:
-            return
-        self._refresh_variables()
-        entries = self._planned((name, collections, (variable,), "first") for name, collections, variable in self._variables)
-        if mode == ModeKeys.TRAIN and self._optimizer is not None:
-            optimizer_collections = (CollectionName.OPTIMIZER_VARIABLES,)
-            entries += self._planned((naming.optimizer_variable_name(v, self.model_name), optimizer_collections, (v,), "first") for v in self._optimizer.variables)
-        self._reader.record(core, entries)
+        entries = []
+        if self._model is not None:
+            self._refresh_variables()
+            entries = self._planned(self._variables)
+            if mode == ModeKeys.TRAIN and self._optimizer is not None:
+                entries += self._planned(self._optimizer_variables())
+        # The captures are switched in the same compiled call that reads the weights.
+        self._reader.record(core, entries, self._switches(arm_gradients, arm_io))
+
+    def _switches(self, gradients: bool, io: bool) -> list[tuple[Any, bool]]:
+        """(switch, on) of each installed capture."""
+        found = []
+        if self._gradients is not None:
+            found.append((self._gradients.switch, gradients))
+        if self._layer_io is not None:
+            found.append((self._layer_io.switch, io))
+        return found
 
     def _planned(self, items: Iterable[tuple[str, tuple[str, ...], tuple[Any, ...], str]]) -> list[tuple[Any, tuple[Any, ...], str]]:
         """(plan, components, combine) of the items due at this step."""
@@ -270,7 +285,7 @@ class Hook:
         False; the Keras callback sets `model.stop_training` instead)."""
         if self.core.active:
             self.core.failsafe.call(self._end_step)
-        elif self._gradients_armed or self._io_armed:
+        elif self._capturing():
             self._disarm()
         if raise_on_stop and self.core.stop_requested:
             raise StopTrainingRequested(f"stepscope: a rule asked to stop training: {self.core.stop_poller.request}")
@@ -279,21 +294,28 @@ class Hook:
         core = self.core
         if core.step is None:
             return
-        entries = []
-        # Gradients handed over by save_gradients win over the capture's copy.
-        if self._gradients_armed and self._gradients is not None and not self._gradients_given:
-            entries += self._planned((name, (CollectionName.GRADIENTS,), parts, combine) for name, parts, combine in self._gradients.sources())
-        if self._io_armed and self._layer_io is not None:
-            entries += self._planned(
-                (name, _IO_COLLECTIONS["inputs" if name.startswith(naming.INPUTS_PREFIX) else "outputs"], parts, combine) for name, parts, combine in self._layer_io.sources()
-            )
-        self._reader.record(core, entries)
+        if self._capturing():
+            entries = []
+            # Gradients handed over by save_gradients win over the capture's copy.
+            if self._gradients_armed and self._gradients is not None and not self._gradients_given:
+                entries += self._planned((name, (CollectionName.GRADIENTS,), parts, combine) for name, parts, combine in self._gradients.sources())
+            if self._io_armed and self._layer_io is not None:
+                entries += self._planned(
+                    (name, _IO_COLLECTIONS["inputs" if name.startswith(naming.INPUTS_PREFIX) else "outputs"], parts, combine) for name, parts, combine in self._layer_io.sources()
+                )
+            # Switched off in the call that reads them; the next due step switches them on again.
+            self._reader.record(core, entries, self._switches(False, False))
+            self._gradients_armed = self._io_armed = False
         now = time.perf_counter_ns()
         mode = core.step.mode
         core.add_timeline(_STEP_NAME[mode], self._wall(self._step_start_ns), self._wall(now), phase=_STEP_PHASE[mode])
         core.end_step()
         if not core.active:
             self._disarm()
+
+    def _capturing(self) -> bool:
+        """Whether a capture is switched on (copying in every step until switched off)."""
+        return (self._gradients is not None and self._gradients.switch.on) or (self._layer_io is not None and self._layer_io.switch.on)
 
     def _disarm(self) -> None:
         # After a failure the captures must stop copying: best effort, never raising.
