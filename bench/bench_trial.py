@@ -15,14 +15,16 @@ from pathlib import Path
 import numpy as np
 
 from stepscope import create_trial
+from stepscope.collection_manager import CollectionManager
 from stepscope.modes import ModeKeys
 from stepscope.writer import Writer
 
 
-def generate(out: Path, steps: int, tensors: int) -> None:
+def generate(out: Path, steps: int, tensors: int, payload_crc: str = "crc32c") -> None:
     rng = np.random.default_rng(0)
     values = {f"layer{i}.weight": rng.standard_normal(16).astype(np.float32) for i in range(tensors)}
-    with Writer(str(out)) as writer:
+    with Writer(str(out), payload_crc=payload_crc) as writer:
+        writer.write_collections(CollectionManager().dumps())
         for step in range(steps):
             writer.write_step(step, ModeKeys.TRAIN, step, values)
 
@@ -65,7 +67,8 @@ def main() -> None:
     try:
         out = root / "job"
         start = time.perf_counter()
-        generate(out, args.steps, args.tensors)
+        # smdebug's reader accepts only its placeholder payload CRC (see docs/format.md).
+        generate(out, args.steps, args.tensors, payload_crc="smdebug" if args.smdebug_python else "crc32c")
         print(f"trial: generated {args.steps} steps x {args.tensors} tensors in {time.perf_counter() - start:.1f} s")
         runs = [read_with_stepscope(out) for _ in range(3)]
         opened, total, count = sorted(runs, key=lambda r: r[1])[1]
