@@ -83,3 +83,24 @@ def test_s3_errors_name_the_url(s3_endpoint):
         store.write("x.json", b"{}")
     with pytest.raises(ConfigError, match="no bucket"):
         open_store("s3:///prefix")
+
+
+def test_gathered_writes_handle_many_parts_and_short_writes(tmp_path, monkeypatch):
+    import os
+
+    from stepscope.store import local
+
+    real_writev = os.writev
+
+    def short_writev(fd, buffers):  # the kernel may accept less than asked
+        first = memoryview(buffers[0])
+        return real_writev(fd, [first[: max(1, first.nbytes // 2)]])
+
+    parts = [bytes([i % 251]) * (i % 7 + 1) for i in range(3000)] + [memoryview(np.arange(1000, dtype=np.int64)).cast("B")]
+    expected = b"".join(bytes(p) for p in parts)
+    store = LocalStore(tmp_path)
+    store.write("many.bin", parts)
+    assert store.read("many.bin") == expected
+    monkeypatch.setattr(local.os, "writev", short_writev)
+    store.write("short.bin", parts[:50] + parts[-1:])
+    assert store.read("short.bin") == b"".join(bytes(p) for p in parts[:50] + parts[-1:])
