@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -102,6 +103,11 @@ class Writer:
         self._closed = False
         self._published: set[int] = set()
         self._table: list[dict[str, Any]] = []  # index entries of the current block of steps
+        # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
+        # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
+        self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._publisher = threading.Thread(target=self._publish_loop, name=f"stepscope-publisher-{worker}", daemon=True)
+        self._publisher.start()
         self._thread = threading.Thread(target=self._run, name=f"stepscope-writer-{worker}", daemon=True)
         self._thread.start()
 
@@ -172,6 +178,7 @@ class Writer:
             self._closed = True
             self._cond.notify_all()
         self._thread.join(timeout)
+        self._publisher.join(timeout)
 
     def __enter__(self) -> Writer:
         return self
@@ -182,33 +189,44 @@ class Writer:
     # --- consumer side (writer thread) ------------------------------------------------
 
     def _run(self) -> None:
+        """First stage: frame each step's records, hand them to the publisher in order."""
         while True:
             with self._cond:
                 while not self._queue and not self._closed:
                     self._cond.wait()
                 if not self._queue:
+                    self._framed.put(None)  # tells the publisher to stop
                     return
                 job = self._queue.popleft()
+            framed = None
+            if isinstance(job, _StepJob) and self._failsafe.enabled:
+                framed = self._failsafe.call(self._frame_step, job)
+            self._framed.put((job, framed))
+
+    def _publish_loop(self) -> None:
+        """Second stage: publish files in the order jobs were handed over."""
+        while True:
+            item = self._framed.get()
+            if item is None:
+                return
+            job, framed = item
             if isinstance(job, _Barrier):
                 job.done.set()
                 continue
             if self._failsafe.enabled:
-                self._failsafe.call(self._write_job, job)
+                if isinstance(job, _FileJob):
+                    self._failsafe.call(self.store.write, job.key, job.data)
+                elif framed is not None:
+                    self._failsafe.call(self._publish_step, job, *framed)
             with self._cond:
                 self._queued_bytes -= job.nbytes
                 self._cond.notify_all()
 
-    def _write_job(self, job: Any) -> None:
-        if isinstance(job, _FileJob):
-            self.store.write(job.key, job.data)
-            return
+    def _frame_step(self, job: _StepJob) -> tuple[list[Any], dict[str, Any]] | None:
         if job.step in self._published:
             logger.warning("stepscope: step %d of %s was handed over twice; the second one is dropped", job.step, self.worker)
-            return
-        self._write_step(job)
+            return None
         self._published.add(job.step)
-
-    def _write_step(self, job: _StepJob) -> None:
         event_key = layout.event_file_key(job.step, self.worker)
         parts: list[Any] = records.frame([events.file_version_event()])
         offset = sum(len(p) for p in parts)
@@ -220,12 +238,15 @@ class Writer:
             payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
             parts.extend(framed)
             offset += length
-        self.store.write(event_key, parts)
         index = {
             "meta": {"mode": job.mode.name, "mode_step": job.mode_step, "event_file_name": event_key},
             "tensor_payload": payload_index,
             "shape_payload": [{"tensorname": n, "originalname": n, "shape": [int(d) for d in s]} for n, s in job.shapes.items()],
         }
+        return parts, index
+
+    def _publish_step(self, job: _StepJob, parts: list[Any], index: dict[str, Any]) -> None:
+        self.store.write(index["meta"]["event_file_name"], parts)
         self.store.write(layout.index_file_key(job.step, self.worker), json.dumps(index).encode())
         self._add_to_step_table(job.step, index)
 
