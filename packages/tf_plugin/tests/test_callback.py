@@ -280,3 +280,23 @@ def test_training_with_stepscope_gives_the_same_weights(make_model, data, tmp_pa
         np.testing.assert_array_equal(got, want)
     assert os.path.exists(tmp_path / "training_job_end.ts")
     assert tf.executing_eagerly()
+
+
+def test_from_json_reads_a_sagemaker_hook_config(tmp_path, make_model, data):
+    import json
+
+    config = tmp_path / "debughookconfig.json"
+    config.write_text(json.dumps({
+        "LocalPath": str(tmp_path / "job"),
+        "HookParameters": {"save_interval": "3"},
+        "CollectionConfigurations": [{"CollectionName": "weights"}, {"CollectionName": "gradients", "CollectionParameters": {"save_interval": "2"}}],
+    }))
+    callback = StepscopeCallback.from_json(str(config), profiler_config=ProfilerConfig.disabled())
+    x, y = data
+    make_model().fit(x, y, batch_size=4, epochs=1, callbacks=[callback], verbose=0)  # 8 steps
+    callback.close()
+    trial = stepscope.create_trial(str(tmp_path / "job"))
+    weights = trial.tensor(trial.tensor_names(collection="weights")[0])
+    gradients = trial.tensor(trial.tensor_names(collection="gradients")[0])
+    assert weights.steps(mode=ModeKeys.TRAIN) == [0, 3, 6]
+    assert gradients.steps(mode=ModeKeys.TRAIN) == [0, 2, 4, 6]

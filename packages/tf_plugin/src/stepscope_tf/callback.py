@@ -9,6 +9,7 @@ from typing import Any
 import keras
 
 from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig
+from stepscope.hook_core import HookCore
 from stepscope.modes import ModeKeys
 
 from .hook import Hook
@@ -53,6 +54,14 @@ class StepscopeCallback(keras.callbacks.Callback):
             collections=collections,
         )
         self._runs = 0  # nesting depth of fit/evaluate/predict (evaluate runs inside fit)
+
+    @classmethod
+    def from_json(cls, path: str | None = None, **overrides: Any) -> StepscopeCallback:
+        """A callback configured by smdebug's hook JSON (`debughookconfig.json`); without
+        `path`, the file named by STEPSCOPE_HOOK_CONFIG. Keyword arguments override it."""
+        options = HookCore.options_from_json(path)
+        options.update(overrides)
+        return cls(**options)
 
     # --- run boundaries -----------------------------------------------------------------
 
