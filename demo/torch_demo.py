@@ -41,8 +41,9 @@ def _options() -> dict:
         reduction_config=ReductionConfig(reductions=("mean", "std"), norms=("l2",), save_raw_tensor=True),
         include_collections=["weights", "biases", "gradients"],
         collections=[
-            Collection("losses", save_config=SaveConfig(save_interval=5)),
-            Collection("metrics", save_config=SaveConfig(save_interval=1)),
+            # Scalars: their raw values, not the reductions asked for the tensors above.
+            Collection("losses", save_config=SaveConfig(save_interval=5), reduction_config=ReductionConfig()),
+            Collection("metrics", save_config=SaveConfig(save_interval=1), reduction_config=ReductionConfig()),
             Collection("relu_outputs", include_regex=[r"^[13]_output_0$"], save_config=SaveConfig(save_interval=50)),
         ],
     )
