@@ -169,3 +169,38 @@ def test_check_on_s3(runs, s3_url, capsys):
     report = json.loads(store.read("rule-output/ExplodingTensor.json"))
     assert report["fired_steps"][0] == 5
     assert "ExplodingTensor" in json.loads(store.read("rule-output/summary.json"))["rules"][0]["rule"]
+
+
+def test_watch_follows_a_job_that_starts_writing_later(tmp_path, capsys):
+    """`check --watch` on a folder that is still empty: it waits for the job, follows it as
+    steps arrive, reports the NaN planted at step 7 and returns once the job has ended."""
+    import threading
+    import time
+
+    import numpy as np
+
+    from stepscope.collection_manager import CollectionManager
+    from stepscope.modes import ModeKeys
+    from stepscope.writer import Writer
+
+    job = tmp_path / "job"
+
+    def train():
+        time.sleep(0.3)
+        writer = Writer(str(job))
+        writer.write_collections(CollectionManager(builtin_regexes={"gradients": ["^gradient/"]}).dumps())
+        for step in range(12):
+            grad = np.full((3, 3), 0.01, np.float32)
+            if step == 7:
+                grad[0, 0] = np.nan
+            writer.write_step(step, ModeKeys.TRAIN, step, {"gradient/w": grad})
+            writer.flush()
+            time.sleep(0.05)
+        writer.close()
+
+    trainer = threading.Thread(target=train)
+    trainer.start()
+    status = main(["check", str(job), "--watch", "--rule", "ExplodingTensor", "--poll-interval", "0.05", "--timeout", "60", "--json", "--quiet"])
+    trainer.join()
+    (report,) = json.loads(capsys.readouterr().out)
+    assert status == 1 and report["fired_steps"] == [7] and report["steps_evaluated"] == 12
