@@ -249,19 +249,8 @@ def encode_tensor_event(name: str, value: np.ndarray, step: int, mode: ModeKeys,
     return [event_head, content, value_tail] if len(content) else [event_head + value_tail]
 
 
-def encode_event(event: Any) -> bytes:
-    return event.SerializeToString()
-
-
 def file_version_event(wall_time: float | None = None) -> bytes:
     return Event(wall_time=time.time() if wall_time is None else wall_time, file_version=FILE_VERSION).SerializeToString()
-
-
-def scalar_event(tag: str, value: float, step: int, wall_time: float | None = None) -> bytes:
-    """A TensorBoard scalar (simple_value), for the tensorboard/ folder."""
-    event = Event(wall_time=time.time() if wall_time is None else wall_time, step=step)
-    event.summary.value.add(tag=tag, simple_value=float(value))
-    return event.SerializeToString()
 
 
 # --- decoding --------------------------------------------------------------------------

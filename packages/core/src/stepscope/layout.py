@@ -16,7 +16,6 @@ PROFILER_DIR = "profiler-output"
 SYSTEM_METRICS_DIR = f"{PROFILER_DIR}/system/incremental"
 FRAMEWORK_DIR = f"{PROFILER_DIR}/framework"
 RULE_OUTPUT_DIR = "rule-output"
-TENSORBOARD_DIR = "tensorboard"
 
 INDEX_KEY_RE = re.compile(r"^index/(\d{9})/(\d{12})_(.+)\.json$")
 

@@ -383,9 +383,6 @@ class Trial:
         except Exception as exc:
             raise CorruptRecord(self.store.describe(location.event_key), location.start, f"cannot decode the event: {exc}") from None
 
-    def _read_value(self, name: str, step: int, worker: str, location: _Location) -> np.ndarray:
-        return self._read_values([(name, step, worker, location)])[0]
-
     def _read_values(self, wanted: list[tuple[str, int, str, _Location]]) -> list[np.ndarray]:
         results: list[np.ndarray | None] = []
         missing = []

@@ -32,22 +32,17 @@ class _LayerParams(RuleParams):
         require(owner, "threshold_layer", self.threshold_layer, 0 <= self.threshold_layer <= 100, "a percentage in [0, 100]")
 
 
-@dataclass(frozen=True)
-class DeadReluParams(_LayerParams):
-    tensor_regex: tuple[str, ...] = (".*relu_output",)
+class _InactiveUnits(Rule):
+    """Shared by DeadRelu and SaturatedActivation: per inspected layer, the share of units
+    active in less than `threshold_inactivity` % of the batch, against `threshold_layer`."""
 
-
-class DeadRelu(Rule):
-    """Fires when more than `threshold_layer` percent (default 50) of a layer's ReLUs are
-    dead: a unit is dead when it is active (> 0) in less than `threshold_inactivity`
-    percent (default 1) of the batch. Inspects tensors matching `tensor_regex` (default
-    `.*relu_output`): save ReLU outputs under such names."""
-
-    Params = DeadReluParams
-    params: DeadReluParams
+    state: str  # "dead", "saturated": names the finding in messages and details
 
     def _layers(self) -> list[str]:
         return self.select_tensors((), self.params.tensor_regex, all_when_empty=False)
+
+    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
     def required_tensors(self, step: int):
         return [TensorRequest(n, step) for n in self._layers() if self.has_raw(n, step)]
@@ -59,12 +54,33 @@ class DeadRelu(Rule):
             value = self.value(name, step) if self.has_raw(name, step) else None
             if value is None or value.size == 0:
                 continue
-            activity = unit_activity(value, value > 0)
-            dead = 100.0 * float(np.mean(activity < p.threshold_inactivity))
-            if dead > p.threshold_layer:
-                self.violation(step, f"{name}: {dead:.1f}% of units dead > {p.threshold_layer:g}%", tensor=name, percent_dead=dead)
+            activity = unit_activity(value, self._active(name, value))
+            inactive = 100.0 * float(np.mean(activity < p.threshold_inactivity))
+            if inactive > p.threshold_layer:
+                message = f"{name}: {inactive:.1f}% of units {self.state} > {p.threshold_layer:g}%"
+                self.violation(step, message, tensor=name, **{f"percent_{self.state}": inactive})
                 fired = True
         return fired
+
+
+@dataclass(frozen=True)
+class DeadReluParams(_LayerParams):
+    tensor_regex: tuple[str, ...] = (".*relu_output",)
+
+
+class DeadRelu(_InactiveUnits):
+    """Fires when more than `threshold_layer` percent (default 50) of a layer's ReLUs are
+    dead: a unit is dead when it is active (> 0) in less than `threshold_inactivity`
+    percent (default 1) of the batch. Inspects tensors matching `tensor_regex` (default
+    `.*relu_output`): save ReLU outputs under such names."""
+
+    Params = DeadReluParams
+    params: DeadReluParams
+
+    state = "dead"
+
+    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
+        return value > 0
 
 
 @dataclass(frozen=True)
@@ -80,7 +96,7 @@ class SaturatedActivationParams(_LayerParams):
             require(owner, name, bounds, len(bounds) == 2 and bounds[0] < bounds[1], "(min, max) with min < max")
 
 
-class SaturatedActivation(Rule):
+class SaturatedActivation(_InactiveUnits):
     """Fires when more than `threshold_layer` percent (50) of a tanh or sigmoid layer's
     units are saturated: a unit is saturated when its input lies inside
     (min, max) — `threshold_tanh` (-9.4999, 9.4999), `threshold_sigmoid` (-23, 16.99999) —
@@ -91,8 +107,10 @@ class SaturatedActivation(Rule):
     Params = SaturatedActivationParams
     params: SaturatedActivationParams
 
+    state = "saturated"
+
     def _layers(self) -> list[str]:
-        return [n for n in self.select_tensors((), self.params.tensor_regex, all_when_empty=False) if self._bounds(n) is not None]
+        return [n for n in super()._layers() if self._bounds(n) is not None]
 
     def _bounds(self, name: str) -> tuple[float, ...] | None:
         lowered = name.lower()
@@ -102,24 +120,9 @@ class SaturatedActivation(Rule):
             return self.params.threshold_sigmoid
         return None
 
-    def required_tensors(self, step: int):
-        return [TensorRequest(n, step) for n in self._layers() if self.has_raw(n, step)]
-
-    def invoke_at_step(self, step: int) -> bool:
-        p = self.params
-        fired = False
-        for name in self._layers():
-            value = self.value(name, step) if self.has_raw(name, step) else None
-            bounds = self._bounds(name)
-            if value is None or value.size == 0 or bounds is None:
-                continue
-            low, high = bounds
-            activity = unit_activity(value, (value > low) & (value < high))
-            saturated = 100.0 * float(np.mean(activity < p.threshold_inactivity))
-            if saturated > p.threshold_layer:
-                self.violation(step, f"{name}: {saturated:.1f}% of units saturated > {p.threshold_layer:g}%", tensor=name, percent_saturated=saturated)
-                fired = True
-        return fired
+    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
+        low, high = self._bounds(name)
+        return (value > low) & (value < high)
 
 
 @dataclass(frozen=True)

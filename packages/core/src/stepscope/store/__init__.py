@@ -23,8 +23,4 @@ def open_store(url: str | Store) -> Store:
     return LocalStore(url)
 
 
-def is_remote(url: str) -> bool:
-    return str(url).startswith("s3://")
-
-
-__all__ = ["Store", "LocalStore", "open_store", "is_remote", "join_key"]
+__all__ = ["Store", "LocalStore", "open_store", "join_key"]
