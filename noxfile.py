@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import nox
 
@@ -11,7 +12,7 @@ nox.options.reuse_existing_virtualenvs = True
 PYTHON = os.environ.get("STEPSCOPE_NOX_PYTHON", "3.11")
 CONSTRAINTS = ("-c", "constraints/ci.txt")
 PACKAGES = (
-    "-e", "packages/core[test,gpu]",
+    "-e", "packages/core[test,all]",
     "-e", "packages/torch_plugin[lightning]",
     "-e", "packages/tf_plugin[tf-cpu]",
 )
@@ -22,9 +23,22 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *PACKAGES, *extra)
 
 
+def _ensure_chromium(session: nox.Session) -> None:
+    """The browser tests (report, app) drive Debian's Chromium; bring it on a fresh machine."""
+    if shutil.which("chromium") and shutil.which("chromedriver"):
+        return
+    if os.geteuid() != 0:
+        session.warn("chromium/chromedriver missing and not root: browser tests will be skipped")
+        return
+    session.run("apt-get", "update", "-qq", external=True)
+    session.run("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", external=True,
+                env={"DEBIAN_FRONTEND": "noninteractive"})
+
+
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     _install(session)
+    _ensure_chromium(session)
     args = session.posargs or ["packages/core/tests", "packages/torch_plugin/tests", "packages/tf_plugin/tests", "tests"]
     session.run("pytest", "-q", "-p", "no:cacheprovider", *args, env=QUIET_TF)
 
