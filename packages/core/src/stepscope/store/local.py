@@ -170,7 +170,9 @@ class LocalStore(Store):
             return b""
         fd = self._open_regular(key)
         try:
-            return os.pread(fd, length, start)
+            # Never allocate more than the file holds (a crafted index may ask for a terabyte).
+            length = min(length, max(0, os.fstat(fd).st_size - start))
+            return os.pread(fd, length, start) if length else b""
         finally:
             os.close(fd)
 
@@ -216,7 +218,7 @@ class LocalStore(Store):
         removed = 0
         pid = f".{os.getpid()}."
         seen = 0
-        for dirpath, dirnames, filenames in os.walk(self._root_str):
+        for dirpath, _dirnames, filenames in os.walk(self._root_str):
             seen += 1
             if seen > max_folders:
                 break
