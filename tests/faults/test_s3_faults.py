@@ -12,13 +12,12 @@ import sys
 import textwrap
 import time
 
-import boto3
 import numpy as np
 import pytest
 
 from stepscope import create_trial
 from stepscope.modes import ModeKeys
-from stepscope.store.s3 import S3Store, parse_s3_url
+from stepscope.store.s3 import S3Store
 from stepscope.writer import Writer
 
 STEPS = 12
