@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,8 +44,8 @@ class IndexEntry:
     mode_step: int
     event_key: str  # "" when the index does not say (the default name applies)
     names: tuple[str, ...]
-    starts: tuple[int, ...]
-    lengths: tuple[int, ...]
+    starts: Sequence[int]
+    lengths: Sequence[int]
     shapes: Mapping[str, tuple[int, ...]]
 
 
@@ -150,9 +150,18 @@ def parse_index(data: bytes, where: str) -> IndexEntry:
     return IndexEntry(mode, mode_step, event_key, tuple(names), tuple(starts), tuple(lengths), shapes)
 
 
+_MODES_BY_TEXT: dict[Any, ModeKeys] = {m.name: m for m in ModeKeys} | {int(m): m for m in ModeKeys}
+
+
+def _plain_int(value: Any, minimum: int = 0) -> bool:
+    return type(value) is int and minimum <= value <= MAX_RECORD_BYTES
+
+
 def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tuple[str, dict[int, IndexEntry]]:
     """A step table (see Writer): (worker, {step: entry}). All or nothing: a table with one
-    bad entry is rejected whole, and the reader falls back to the index files."""
+    bad entry is rejected whole, and the reader falls back to the index files. Offsets
+    and lengths are checked here only for type and count (a table holds a million of them);
+    the reader checks each value's range when it reads the value."""
     body = _mapping(load_json(data, where), where, "the step table")
     table_worker = _name(body.get("worker"), where, "worker")
     if worker is not None and table_worker != worker:
@@ -161,24 +170,57 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tupl
     for i, names in enumerate(_list(body.get("layouts"), where, "layouts")):
         layouts.append(tuple(_name(n, where, f"layouts[{i}][]") for n in _list(names, where, f"layouts[{i}]")))
     steps: dict[int, IndexEntry] = {}
+    no_shapes: dict[str, tuple[int, ...]] = {}
     for i, entry in enumerate(_list(body.get("steps"), where, "steps")):
-        what = f"steps[{i}]"
-        entry = _mapping(entry, where, what)
-        for key in ("step", "mode", "mode_step", "layout", "starts", "lengths"):
-            if key not in entry:
-                raise _fail(where, f"{what} has no {key!r}")
-        step = _int(entry["step"], where, f"{what}.step", 0, 1 << 62)
-        number = _int(entry["layout"], where, f"{what}.layout", 0, max(len(layouts) - 1, 0))
-        if number >= len(layouts):
-            raise _fail(where, f"{what}.layout {number} is out of range ({len(layouts)} layouts)")
-        names = layouts[number]
-        starts = tuple(_int(s, where, f"{what}.starts[]") for s in _list(entry["starts"], where, f"{what}.starts"))
-        lengths = tuple(_int(n, where, f"{what}.lengths[]", 1) for n in _list(entry["lengths"], where, f"{what}.lengths"))
-        if not len(names) == len(starts) == len(lengths):
-            raise _fail(where, f"{what}: {len(names)} names, {len(starts)} starts and {len(lengths)} lengths")
-        shapes = {_name(n, where, f"{what}.shapes"): _shape(s, where, f"{what}.shapes[{n!r}]") for n, s in _mapping(entry.get("shapes", {}), where, f"{what}.shapes").items()}
-        steps[step] = IndexEntry(_mode(entry["mode"], where), _int(entry["mode_step"], where, f"{what}.mode_step", 0, 1 << 62), "", names, starts, lengths, shapes)
+        # The common case costs a few type checks; anything odd goes to _table_entry_error.
+        try:
+            step, number, starts, lengths = entry["step"], entry["layout"], entry["starts"], entry["lengths"]
+            mode, mode_step = entry["mode"], entry["mode_step"]
+            shapes = entry.get("shapes")
+        except (KeyError, TypeError, AttributeError):
+            raise _table_entry_error(entry, i, where) from None
+        mode = _MODES_BY_TEXT.get(mode) if isinstance(mode, (str, int)) else None
+        if mode is None:
+            mode = _mode(entry["mode"], where)  # other spellings, or CorruptRecord
+        if (
+            not _plain_int(step)
+            or not _plain_int(mode_step)
+            or type(number) is not int
+            or not 0 <= number < len(layouts)
+            or type(starts) is not list
+            or type(lengths) is not list
+            or not len(layouts[number]) == len(starts) == len(lengths)
+        ):
+            raise _table_entry_error(entry, i, where, len(layouts), layouts[number] if type(number) is int and 0 <= number < len(layouts) else None)
+        if shapes:
+            shapes = {_name(n, where, f"steps[{i}].shapes"): _shape(s, where, f"steps[{i}].shapes[{n!r}]") for n, s in _mapping(shapes, where, f"steps[{i}].shapes").items()}
+        steps[step] = IndexEntry(mode, mode_step, "", layouts[number], starts, lengths, shapes or no_shapes)
     return table_worker, steps
+
+
+def _table_entry_error(entry: Any, i: int, where: str, n_layouts: int = 0, names: tuple[str, ...] | None = None) -> CorruptRecord:
+    what = f"steps[{i}]"
+    if not isinstance(entry, Mapping):
+        return _fail(where, f"{what} must be a JSON object, got {type(entry).__name__}")
+    for key in ("step", "mode", "mode_step", "layout", "starts", "lengths"):
+        if key not in entry:
+            return _fail(where, f"{what} has no {key!r}")
+    for key in ("step", "mode_step"):
+        if not _plain_int(entry[key]):
+            return _fail(where, f"{what}.{key} must be a non-negative integer, got {_short(entry[key])}")
+    if type(entry["layout"]) is not int or not 0 <= entry["layout"] < n_layouts:
+        return _fail(where, f"{what}.layout {_short(entry['layout'])} is out of range ({n_layouts} layouts)")
+    for key in ("starts", "lengths"):
+        if type(entry[key]) is not list:
+            return _fail(where, f"{what}.{key} must be a JSON list, got {type(entry[key]).__name__}")
+    return _fail(where, f"{what}: {len(names or ())} names, {len(entry['starts'])} starts and {len(entry['lengths'])} lengths")
+
+
+def check_location(start: Any, length: Any, where: str, name: str) -> tuple[int, int]:
+    """A tensor's (start, length) from a step table, checked when it is read."""
+    if not _plain_int(start) or not _plain_int(length, 1):
+        raise _fail(where, f"tensor {name!r}: bad offset {_short(start)} or length {_short(length)}")
+    return start, length
 
 
 def parse_collections(data: bytes, where: str) -> CollectionsFile:
@@ -249,6 +291,7 @@ __all__ = [
     "parse_step_table",
     "parse_collections",
     "event_key_of",
+    "check_location",
     "compile_untrusted_regex",
     "UntrustedPattern",
     "load_json",

@@ -55,7 +55,7 @@ class _Entries:
     def from_entry(cls, entry: job_files.IndexEntry, positions: dict[str, int] | None = None) -> _Entries:
         if positions is None:
             positions = {name: i for i, name in enumerate(entry.names)}
-        return cls(positions, list(entry.starts), list(entry.lengths))
+        return cls(positions, entry.starts, entry.lengths)  # type: ignore[arg-type]
 
     def __contains__(self, name: str) -> bool:
         return name in self.positions
@@ -123,8 +123,9 @@ class Tensor:
             worker = min(workers)
         elif worker not in workers:
             raise TensorUnavailableForStep(self.name, step, mode, worker)
-        start, length = info.payload[worker].location(self.name)
-        return global_step, worker, _Location(info.event_keys[worker], start, length)
+        start, length = job_files.check_location(*info.payload[worker].location(self.name), self.trial.store.describe(info.index_keys[worker]), self.name)
+        event_key = info.event_keys.get(worker) or layout.event_file_key(global_step, worker)
+        return global_step, worker, _Location(event_key, start, length)
 
     def value(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> np.ndarray:
         """The saved value at `step` (a mode step when `mode` is given) as a numpy array.
@@ -250,15 +251,20 @@ class Trial:
         if not fresh:
             return
         manager = self._collections or CollectionManager()
-        for key in fresh:
+
+        def read(key: str) -> job_files.CollectionsFile | BaseException:
+            try:
+                return job_files.parse_collections(self.store.read(key, max_size=job_files.MAX_COLLECTIONS_BYTES), self.store.describe(key))
+            except (StepscopeError, OSError) as exc:
+                return exc
+
+        for key, parsed in zip(fresh, self._map(read, fresh)):  # concurrent on S3: one file per worker
             self._collection_workers.add(key)
             where = self.store.describe(key)
-            try:
-                parsed = job_files.parse_collections(self.store.read(key, max_size=job_files.MAX_COLLECTIONS_BYTES), where)
-            except FileNotFoundError:
+            if isinstance(parsed, FileNotFoundError):
                 continue
-            except (StepscopeError, OSError) as exc:
-                self._skip(key, exc, "collections file")
+            if isinstance(parsed, BaseException):
+                self._skip(key, parsed, "collections file")
                 continue
             self._num_workers = max(self._num_workers, parsed.num_workers)
             self._legacy = self._legacy and not parsed.ours
@@ -375,7 +381,10 @@ class Trial:
             self._mode_steps.setdefault(mode, {})[mode_step] = step
         payload = payload if payload is not None else _Entries.from_entry(entry)
         info.index_keys[worker] = key
-        info.event_keys[worker] = entry.event_key or layout.event_file_key(step, worker)
+        if entry.event_key:  # else the default name, made when a value is read
+            info.event_keys[worker] = entry.event_key
+        else:
+            info.event_keys.pop(worker, None)
         info.payload[worker] = payload
         if from_table:
             info.from_table.add(worker)

@@ -1,5 +1,6 @@
-"""Fixtures of the fault suite: a fault-injecting HTTP proxy in front of the S3-protocol test
-server (real sockets on 127.0.0.1; boto3 talks to it as to any S3 endpoint)."""
+"""Fixtures of the cross-package tests (faults, distributed): a fault-injecting HTTP proxy in
+front of the S3-protocol test server (real sockets on 127.0.0.1; boto3 talks to it as to
+any S3 endpoint)."""
 
 from __future__ import annotations
 
