@@ -54,6 +54,7 @@ class CollectionsFile:
     num_workers: int
     ours: bool  # written by stepscope with real payload CRCs
     collections: list[Mapping[str, Any]]  # the raw bodies; Collection.from_json checks each
+    module_classes: dict[str, str]  # module name -> class name, where the writer recorded them
 
 
 def load_json(data: bytes, where: str) -> Any:
@@ -238,7 +239,9 @@ def parse_collections(data: bytes, where: str) -> CollectionsFile:
         bodies = list(collections.values())
     else:
         raise _fail(where, f"'collections' must be a JSON object of name -> collection, got {type(collections).__name__}")
-    return CollectionsFile(num_workers, ours, bodies)
+    classes = meta.get("module_classes")
+    module_classes = {str(k): str(v) for k, v in classes.items() if isinstance(v, (str, int, float))} if isinstance(classes, Mapping) else {}
+    return CollectionsFile(num_workers, ours, bodies, module_classes)
 
 
 REGEX_TIMEOUT_S = 0.05  # one match of one tensor name; real patterns take microseconds

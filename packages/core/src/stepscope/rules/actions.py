@@ -28,7 +28,8 @@ UNSUPPORTED = ("email", "sms")
 class Action:
     """Run once, the first time its rule fires."""
 
-    def trigger(self, rule: Rule, step: int) -> None:
+    def trigger(self, rule: Rule, step: int | None) -> None:
+        """`step`: the global step the rule fired at; None for a whole-job rule."""
         raise NotImplementedError
 
 
@@ -41,10 +42,10 @@ class StopTraining(Action):
 
     training_job_prefix: str | None = None
 
-    def trigger(self, rule: Rule, step: int) -> None:
-        reason = rule.report.details[-1]["message"] if rule.report.details else f"fired at step {step}"
-        request_stop(rule.trial.store, rule.name, reason, step=step)
-        logger.warning("stepscope: rule %s asked %s to stop training (step %d)", rule.name, rule.trial.path, step)
+    def trigger(self, rule: Rule, step: int | None) -> None:
+        reason = _last_message(rule) or f"fired at step {step}"
+        request_stop(rule.store, rule.name, reason, step=step)
+        logger.warning("stepscope: rule %s asked %s to stop training (step %s)", rule.name, rule.path, step)
 
 
 @dataclass
@@ -53,9 +54,9 @@ class Log(Action):
 
     level: int = logging.WARNING
 
-    def trigger(self, rule: Rule, step: int) -> None:
-        message = rule.report.details[-1]["message"] if rule.report.details else ""
-        logger.log(self.level, "stepscope: rule %s fired at step %d on %s: %s", rule.name, step, rule.trial.path, message)
+    def trigger(self, rule: Rule, step: int | None) -> None:
+        where = rule.report.evidence[-1].where if rule.report.evidence else f"step {step}"
+        logger.log(self.level, "stepscope: rule %s fired at %s on %s: %s", rule.name, where, rule.path, _last_message(rule))
 
 
 MAX_WEBHOOK_TIMEOUT_S = 300.0
@@ -90,11 +91,11 @@ class Webhook(Action):
         if isinstance(self.backoff, bool) or not isinstance(self.backoff, (int, float)) or not 0 <= self.backoff <= self.timeout:
             raise ConfigError(f"Webhook.backoff must be in [0, timeout] seconds, got {self.backoff!r}")
 
-    def payload(self, rule: Rule, step: int) -> bytes:
-        body = {"rule": rule.name, "step": step, "trial": rule.trial.path, "report": rule.report.to_json()}
+    def payload(self, rule: Rule, step: int | None) -> bytes:
+        body = {"rule": rule.name, "step": step, "trial": rule.path, "report": rule.report.to_json()}
         return json.dumps(body, default=str).encode()
 
-    def trigger(self, rule: Rule, step: int) -> None:
+    def trigger(self, rule: Rule, step: int | None) -> None:
         self.post(self.payload(rule, step))
 
     def post(self, data: bytes) -> None:
@@ -159,6 +160,10 @@ def _post_once(url: str, data: bytes, headers: Mapping[str, str], limit: float) 
         return None, f"no complete answer within {limit:.3g} s"
     connection.close()
     return outcome[0] if outcome else (None, "no answer")
+
+
+def _last_message(rule: Rule) -> str:
+    return rule.report.evidence[-1].message if rule.report.evidence else ""
 
 
 def _unsupported(name: str) -> ConfigError:
