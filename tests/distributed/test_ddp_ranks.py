@@ -50,5 +50,5 @@ def test_ddp_ranks_all_workers(tmp_path, monkeypatch, world_size):
         slowest = at.sort_values("duration_ms").iloc[-1]
         assert int(slowest["rank"]) == straggler and slowest["duration_ms"] >= ddp_ranks.STRAGGLER_SLEEP_S * 1000 * 0.9, at
     (report,) = run_profiler_rules(trial.profiler, [StepOutlier(stddev=2, n_outliers=0)])
-    groups = report.get("details", report).get("groups", {}) if isinstance(report, dict) else {}
+    groups = report.statistics["groups"]  # one group per rank: the rule sees per-rank data
     assert {g.split("/")[1] for g in groups} == {f"rank{r}" for r in range(world_size)}, report
