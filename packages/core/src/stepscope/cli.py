@@ -176,7 +176,13 @@ def _run_check(args: argparse.Namespace) -> int:
     store = open_store(args.path)
     root = getattr(store, "root", None)
     if root is not None and not root.is_dir():
-        raise UsageError(f"no job folder at {store.describe()} (a mistyped path?)")
+        # A job that has not started may not have made its folder yet: --watch waits for it
+        # (within --timeout), creating nothing; without --watch a missing folder is a typo.
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        while args.watch and not root.is_dir() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(min(args.poll_interval, 0.5))
+        if not root.is_dir():
+            raise UsageError(f"no saved data at {store.describe()}: no such folder (a mistyped path?)")
     if not args.watch and not store.list(""):
         raise UsageError(f"no saved data at {store.describe()} (wrong path? use --watch for a job that has not written yet)")
     trial = create_trial(store)
