@@ -66,6 +66,11 @@ def test_check_exits_cleanly_and_writes_only_inside_the_job(case, tmp_path, caps
         assert status in (0, 1, 2)
     assert outside_snapshot(job) == before
     assert (job.job / "rule-output/summary.json").is_file()
+    # The default set: profiler rules too, where the job has profiler data.
+    status = main(["check", str(job.job), "--quiet", "--no-write"])
+    captured = capsys.readouterr()
+    assert status in (0, 1, 2) and "Traceback" not in captured.err + captured.out
+    assert outside_snapshot(job) == before
 
 
 def test_the_catastrophic_regex_is_bounded(tmp_path):

@@ -148,6 +148,32 @@ def _flipped_byte(job: Path, outside: Path) -> None:
     event.write_bytes(bytes(data))
 
 
+def _fifo_event_file(job: Path, outside: Path) -> None:
+    event = job / layout.event_file_key(1, "worker_0")
+    event.unlink()
+    os.mkfifo(event)  # opening it for reading would block without O_NONBLOCK
+
+
+def _deep_collections(job: Path, outside: Path) -> None:
+    _json(_collections(job), '{"collections": ' + "[" * 50_000 + "]" * 50_000 + "}")
+
+
+def _bad_system_metrics(job: Path, outside: Path) -> None:
+    from ..profiler.monitor import system_metrics_key
+
+    path = job / system_metrics_key(1_700_000_000, "node-1")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"Timestamp": "soon", "Name": 5, "Value": [1]}\nnot json at all\n{"Dimension": {}}\n')
+
+
+def _bad_step_timeline(job: Path, outside: Path) -> None:
+    from ..profiler.timeline import timeline_key
+
+    path = job / timeline_key(1_700_000_000_000_000_000, "node-1", 0, 1, 0)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text('{"traceEvents": [{"ph": "X", "ts": "x", "dur": -5, "args": [1]}, 7, null]}')
+
+
 def _catastrophic_regex(job: Path, outside: Path) -> None:
     body = json.loads(_collections(job).read_text())
     body["collections"]["evil"] = {"name": "evil", "include_regex": ["^(a|aa)+$"]}
@@ -188,6 +214,10 @@ _CASES: dict[str, tuple[Callable[[Path, Path], None], bool, tuple[int, ...]]] = 
     "event_file_symlink": (_symlinked_event_file, False, (0, 2)),
     "events_folder_symlink": (_symlinked_events_folder, False, (0, 2)),
     "event_file_truncated": (_truncated_event, False, (0, 2)),
+    "event_file_fifo": (_fifo_event_file, False, (0, 2)),
+    "collections_deeply_nested": (_deep_collections, True, (0, 1, 2)),
+    "profiler_bad_system_metrics": (_bad_system_metrics, False, (0, 1, 2)),
+    "profiler_bad_step_timeline": (_bad_step_timeline, False, (0, 1, 2)),
     "event_file_flipped_byte": (_flipped_byte, False, (0, 2)),
 }
 
