@@ -123,7 +123,9 @@ class Tensor:
             worker = min(workers)
         elif worker not in workers:
             raise TensorUnavailableForStep(self.name, step, mode, worker)
-        start, length = job_files.check_location(*info.payload[worker].location(self.name), self.trial.store.describe(info.index_keys[worker]), self.name)
+        start, length = info.payload[worker].location(self.name)
+        if type(start) is not int or type(length) is not int or start < 0 or length < 1:  # a crafted step table
+            job_files.check_location(start, length, self.trial.store.describe(self.trial._index_key(info, global_step, worker)), self.name)
         event_key = info.event_keys.get(worker) or layout.event_file_key(global_step, worker)
         return global_step, worker, _Location(event_key, start, length)
 
@@ -318,15 +320,29 @@ class Trial:
             if parsed is None:
                 continue
             worker, steps = parsed
+            # The hot loop of opening a long job (one pass per step and worker): _add_index
+            # inlined; the index file's key is made only when needed (see _index_key).
+            all_steps, mode_steps, names = self._steps, self._mode_steps, self._tensor_names
+            last_positions = None
             for step, entry in steps.items():
-                index_key = layout.index_file_key(step, worker)
-                if index_key in self._loaded_index_keys:
-                    continue
+                info = all_steps.get(step)
+                if info is None:
+                    info = all_steps[step] = _StepInfo(entry.mode, entry.mode_step)
+                    mode_steps.setdefault(entry.mode, {})[entry.mode_step] = step
+                elif worker in info.index_keys:
+                    continue  # already known (from its index file, the source of truth)
                 positions = self._positions.get(entry.names)
                 if positions is None:
                     positions = self._positions[entry.names] = {name: i for i, name in enumerate(entry.names)}
-                self._add_index(step, worker, index_key, entry, _Entries.from_entry(entry, positions), from_table=True)
-                self._loaded_index_keys.add(index_key)
+                info.index_keys[worker] = ""
+                info.payload[worker] = _Entries(positions, entry.starts, entry.lengths)  # type: ignore[arg-type]
+                info.from_table.add(worker)
+                if entry.shapes:
+                    info.shapes[worker] = dict(entry.shapes)
+                    names.update(entry.shapes)
+                if positions is not last_positions:
+                    names.update(positions)
+                    last_positions = positions
                 new_steps.append(step)
         return new_steps
 
@@ -343,7 +359,7 @@ class Trial:
 
     def _load_index_files(self, keys: list[str]) -> list[int]:
         parsed = [(k, layout.parse_index_key(k)) for k in keys]
-        parsed = [(k, p) for k, p in parsed if p is not None]
+        parsed = [(k, p) for k, p in parsed if p is not None and not self._covered_by_table(*p)]
         if not parsed:
             return []
         reads = self._map(lambda kp: self._read_index(kp[0]), parsed)
@@ -352,9 +368,19 @@ class Trial:
             self._loaded_index_keys.add(key)
             if index is None:
                 continue
+            known = self._steps.get(step)
+            if known is not None and known.index_keys.get(worker) == "":
+                continue  # a step table covered it (and loses to it only on a bad read)
             self._add_index(step, worker, key, index)
             new_steps.append(step)
         return new_steps
+
+    def _covered_by_table(self, step: int, worker: str) -> bool:
+        info = self._steps.get(step)
+        return info is not None and info.index_keys.get(worker) == ""
+
+    def _index_key(self, info: _StepInfo, step: int, worker: str) -> str:
+        return info.index_keys.get(worker) or layout.index_file_key(step, worker)
 
     def _map(self, fn, items: list) -> list:
         if self.store.concurrent_reads and len(items) > 1:
@@ -402,7 +428,7 @@ class Trial:
         info = self._steps.get(step)
         if info is None or worker not in info.from_table:
             return False
-        key = info.index_keys[worker]
+        key = self._index_key(info, step, worker)
         entry = self._read_index(key)
         if entry is None:
             return False
