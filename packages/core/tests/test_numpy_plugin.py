@@ -60,7 +60,7 @@ def train(hook: NumpyHook, steps: int, seed: int = 0) -> list[dict[str, Any]]:
         x = rng.normal(size=(16, 3)).astype(np.float32)
         y = x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3
         hook.begin_step(ModeKeys.TRAIN)
-        assert hook.global_step == len(seen)  # inside step k, global_step is k
+        assert hook.global_step == len(seen) or not hook.enabled  # inside step k, global_step is k
         record = {"w": w.copy(), "b": b.copy()}
         with hook.phase("forward"):
             err = x @ w + b - y
@@ -187,3 +187,39 @@ def test_stop_request_raises_once_at_the_end_of_a_train_step(tmp_path):
     hook.begin_step("train")
     hook.end_step()  # once only
     hook.close()
+
+
+class BrokenHook(NumpyHook):
+    def _capture(self, plan, value):
+        raise RuntimeError("disk on fire")
+
+
+def test_a_hook_that_switched_itself_off_is_visible(tmp_path, capsys):
+    from stepscope.cli import main
+    from stepscope.trial import Trial
+
+    out = str(tmp_path / "job")
+    hook = BrokenHook(out, SaveConfig(save_interval=1), include_collections="weights", profiler_config=ProfilerConfig.disabled())
+    train(hook, 3)  # training goes on
+    assert not hook.enabled and "disk on fire" in str(hook.failsafe.error)
+    hook.close()
+    [(worker, cause)] = Trial.failed_workers_in(hook.store).items()
+    assert worker == "worker_0" and cause == "numpy hook: RuntimeError: disk on fire"
+    assert Trial.status_in(hook.store)["worker_0"]["state"] == "failed"
+    assert main(["check", out, "--quiet", "--no-write"]) == 2
+    err = capsys.readouterr().err
+    assert "the hook of worker_0 failed" in err and "disk on fire" in err and "no saved data" not in err
+
+
+def test_cli_version_and_whole_rule_descriptions(capsys):
+    import stepscope
+    from stepscope.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"stepscope {stepscope.__version__}"
+    from stepscope.rules.registry import describe_rules
+
+    assert main(["rules"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for rule in describe_rules():
+        assert " ".join(str(rule["doc"]).split()) in text  # whole, never cut

@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 from .exceptions import ConfigError, StepscopeError
 
 EXIT_OK, EXIT_FIRED, EXIT_ERROR = 0, 1, 2
+_INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
 
 
 class UsageError(Exception):
@@ -64,7 +67,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
             "Run rules over the job at PATH (a folder or s3:// URL). Without --rule or --rules-config "
             "it runs the default set (VanishingGradient, ExplodingTensor, LossNotDecreasing, WeightUpdateRatio, "
             "Overfit). Reports are written to PATH/rule-output/. Exit status: 0 no rule fired, 1 some rule fired, "
-            "2 bad usage or unreadable data."
+            "2 bad usage, unreadable data, or a worker whose hook failed (stepscope-status/)."
         ),
     )
     parser.add_argument("path", help="the job's folder or s3:// URL")
@@ -194,6 +197,11 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.end_step is not None and args.end_step <= args.start_step:
         raise UsageError(f"--end-step ({args.end_step}) must be greater than --start-step ({args.start_step})")
     store = open_store(args.path)
+    failed = _failed_hooks(store)
+    for worker, cause in failed.items():
+        print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
+    if failed and not store.list(_INDEX_PREFIX):
+        return EXIT_ERROR  # not "no data": the job's hook broke before saving anything
     if not args.watch and not store.list(""):
         raise UsageError(f"no saved data at {store.describe()} (wrong path? use --watch for a job that has not written yet)")
     trial = create_trial(store)
@@ -217,9 +225,17 @@ def _run_check(args: argparse.Namespace) -> int:
         print()
     else:
         _print_table(rows, sys.stdout)
+    if failed:
+        return EXIT_ERROR
     if any(row["fired"] for row in rows):
         return EXIT_FIRED
     return EXIT_ERROR if any(row["status"] == "error" for row in rows) else EXIT_OK
+
+
+def _failed_hooks(store: Any) -> dict[str, str]:
+    from .trial import Trial
+
+    return Trial.failed_workers_in(store)
 
 
 # --- rules (list) -------------------------------------------------------------------------
@@ -239,9 +255,12 @@ def _run_rules(args: argparse.Namespace) -> int:
         json.dump(described, sys.stdout, indent=1, default=str)
         print()
         return EXIT_OK
+    width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
     for rule in described:
         params = ", ".join(f"{k}={v!r}" for k, v in rule["parameters"].items())
-        print(f"{rule['name']} ({rule['kind']}): {rule['doc']}\n    {params or '(no parameters)'}")
+        doc = " ".join(str(rule["doc"]).split())  # whole description, wrapped, never cut
+        print(textwrap.fill(f"{rule['name']} ({rule['kind']}): {doc}", width=width, subsequent_indent="    "))
+        print(textwrap.fill(params or "(no parameters)", width=width, initial_indent="    ", subsequent_indent="      "))
     return EXIT_OK
 
 
@@ -250,9 +269,16 @@ def _run_rules(args: argparse.Namespace) -> int:
 _SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules]
 
 
+def _version() -> str:
+    from . import __version__
+
+    return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepscope", description="Debugger and profiler for deep-learning training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)
