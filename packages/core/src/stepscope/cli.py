@@ -131,8 +131,9 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> tuple[list[Any], list[
         if kind == "profiler":
             profiler_rules.append(build_profiler_rule(name, params))
             continue
+        rule_class: Any = tensor_rule_class(name)  # string parameters: each rule converts its own
         try:
-            tensor_rules.append(tensor_rule_class(name)(trial, **params))
+            tensor_rules.append(rule_class(trial, **params))
         except TypeError as exc:
             raise ConfigError(f"{name}: {exc}") from None
     if args.rules_config:

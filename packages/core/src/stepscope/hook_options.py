@@ -87,7 +87,7 @@ class HookOptions:
         set_(self, "collections", collections)
 
     @classmethod
-    def of(cls, out_dir: str | HookOptions | None = None, *args: Any, **kwargs: Any) -> HookOptions:
+    def of(cls, out_dir: str | os.PathLike[str] | HookOptions | None = None, *args: Any, **kwargs: Any) -> HookOptions:
         """Options from a hook's arguments: a HookOptions as is (keywords replace fields),
         else the same positional and keyword arguments as `HookOptions(...)`."""
         if isinstance(out_dir, HookOptions):

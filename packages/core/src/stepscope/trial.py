@@ -36,7 +36,7 @@ logger = logging.getLogger("stepscope")
 try:  # orjson parses index files ~4x faster; it is optional
     from orjson import loads as _json_loads
 except ImportError:  # pragma: no cover
-    _json_loads = json.loads
+    _json_loads = json.loads  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -298,8 +298,7 @@ class Trial:
             return None
 
     def _load_index_files(self, keys: list[str]) -> list[int]:
-        parsed = [(k, layout.parse_index_key(k)) for k in keys]
-        parsed = [(k, p) for k, p in parsed if p is not None]
+        parsed = [(k, p) for k, p in ((k, layout.parse_index_key(k)) for k in keys) if p is not None]
         if not parsed:
             return []
         reads = self._map(lambda kp: self._read_index(kp[0]), parsed)

@@ -25,6 +25,7 @@ from .reductions import BatchedReader, record_tensor
 
 logger = logging.getLogger("stepscope")
 
+_not_converted = tf.autograph.experimental.do_not_convert
 _IO_COLLECTIONS = {"inputs": (CollectionName.INPUTS,), "outputs": (CollectionName.OUTPUTS,)}
 
 
@@ -297,6 +298,26 @@ class Hook(HookBase):
 
     # --- values -------------------------------------------------------------------------
 
+    # Called inside a tf.function, these would be converted by autograph, callees included
+    # (and its cache of converted functions can confuse one of ours with another): they
+    # run as plain Python, where a symbolic value is skipped with a warning.
+    @_not_converted
+    def save_tensor(self, name: str, value: Any, collections: Iterable[str] | str = CollectionName.DEFAULT) -> None:
+        super().save_tensor(name, value, collections)
+
+    @_not_converted
+    def save_scalar(self, name: str, value: Any) -> None:
+        super().save_scalar(name, value)
+
+    @_not_converted
+    def save_loss(self, value: Any, name: str = "loss") -> None:
+        super().save_loss(value, name)
+
+    @_not_converted
+    def save_value(self, name: str, value: Any, collections: Iterable[str] = ()) -> None:
+        super().save_value(name, value, collections)
+
+    @_not_converted
     def save_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         """Save `grads` (eager tensors, e.g. from a GradientTape) of `variables` at this step."""
         if self.enabled and self.due:

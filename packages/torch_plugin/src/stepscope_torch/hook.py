@@ -205,7 +205,7 @@ class Hook(HookBase):
         hook.wrap_loss(F.nll_loss)`, then `loss = loss_fn(output, target)`."""
         if not callable(loss_fn):
             raise ConfigError(f"wrap_loss: expected a callable loss, got {type(loss_fn).__name__}")
-        tensor_name = naming.activation_name(name or getattr(loss_fn, "__name__", "loss"), "output", 0)
+        tensor_name = naming.activation_name(str(name or getattr(loss_fn, "__name__", None) or "loss"), "output", 0)
 
         @functools.wraps(loss_fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:

@@ -291,7 +291,7 @@ class LoadBalancing(ProfilerRule):
             return _Outcome(False, 0, len(gpu), {"reason": "fewer than two GPUs with data after patience"})
         levels = np.linspace(0, 100, 101)
         quantiles = {gpu_id: np.percentile(values, levels) for gpu_id, values in series.items()}
-        pairs = []
+        pairs: list[dict[str, Any]] = []
         for a, b in itertools.combinations(sorted(quantiles), 2):
             distance = float(np.mean(np.abs(quantiles[a] - quantiles[b])) / 100.0)
             pairs.append({"gpus": [a, b], "distance": distance})
@@ -361,7 +361,7 @@ class MaxInitializationTime(ProfilerRule):
         if len(steps):
             first_step = float(steps["start_ns"].min()) / 1e9
             waited = first_step - job_start
-            details = {"job_start": job_start, "first_step_start": first_step, "initialization_minutes": waited / 60.0}
+            details: dict[str, Any] = {"job_start": job_start, "first_step_start": first_step, "initialization_minutes": waited / 60.0}
             return _Outcome(waited > limit_s, int(waited > limit_s), 1, details)
         span = trial.time_range()
         last_seen = span[1] if span else job_start

@@ -407,7 +407,7 @@ def _parse_legacy(events: Iterable[Any], node_id: str, where: str) -> list[dict[
             ts = event["ts"]
             if ts < _RELATIVE_TS_LIMIT_US:
                 ts += base_us
-            step = int(args.get("step_num", args.get("step")))
+            step = int(args.get("step_num", args.get("step", -1)))
             rows.append(_row(node_id, -1, "unknown", match.group(1), step, "step", str(event["name"]), ts, event.get("dur", 0), None))
         except (KeyError, TypeError, ValueError):
             bad += 1
