@@ -174,6 +174,7 @@ class HookBase:
         self._warned_collections: set[str] = set()
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
+        self._module_classes: dict[str, str] = {}
         self._mode_counts = {mode: 0 for mode in ModeKeys}
         self._next_due: dict[ModeKeys, int | None] = {}
         self._global_step = 0
@@ -489,6 +490,11 @@ class HookBase:
         never silently replace a model tensor of the same name)."""
         self._model_names.update(names)
 
+    def note_module_class(self, tensor_name: str, module_class: str) -> None:
+        """The class of the module (layer) whose input/output `tensor_name` is: written in
+        the collections metadata, so that rules recognise activations by type."""
+        self._module_classes[tensor_name] = module_class
+
     def _matching(self, name: str, collections: tuple[str, ...]) -> tuple[Collection, ...]:
         key = (name, collections)
         found = self._matching_cache.get(key)
@@ -656,6 +662,7 @@ class HookBase:
         if self.writer is None:
             return
         manager = CollectionManager(self.included)
+        manager.module_classes.update(self._module_classes)
         self.writer.write_collections(manager.dumps(self.num_workers))
 
     def flush(self, timeout: float | None = None) -> None:
