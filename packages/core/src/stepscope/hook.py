@@ -417,6 +417,9 @@ class HookBase:
         self._timed = None
         self._last_end = token
         spans.append((STEP_PHASE[mode], begin, token))
+        if self._timer.clock.immediate and self.timeline is not None:
+            self.timeline.add_spans(spans, step=step, mode=mode)  # wall-clock ns already
+            return
         self._timer.add_step(step, mode, spans)
         # Clock readings become wall-clock spans in batches: per step that would be most
         # of the timeline's cost. flush() and close() publish the rest.
