@@ -5,7 +5,6 @@ as one frozen, validated value. Written once here; hooks, callbacks and smdebug'
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -123,7 +122,3 @@ class HookOptions:
     def included_names(self) -> list[str]:
         """Collections the user asked for by name or defined (before built-in additions)."""
         return [*self.include_collections, *(c.name for c in self.collections)]
-
-    @staticmethod
-    def _as_list(value: Iterable[Any] | None) -> list[Any]:
-        return list(value or ())
