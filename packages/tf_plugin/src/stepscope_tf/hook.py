@@ -5,6 +5,7 @@ schedules, saving, timeline and fail-safe are core's."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -195,11 +196,18 @@ class Hook(HookBase):
                 # `inputs`/`outputs` in include_collections mean every layer; regexes pick some.
                 if found:
                     wanted.update(found)
-                    namers[kind] = lambda i, n, kind=kind, path=path: naming.layer_io_name(kind, path, i, n)
+                    namers[kind] = functools.partial(self._layer_io_name, kind, path, type(layer).__name__)
             if namers:
                 self._layer_io.wrap(layer, namers.get("inputs"), namers.get("outputs"))
         self._io_collections = tuple(sorted(wanted))
         return bool(self._io_collections)
+
+    def _layer_io_name(self, kind: str, path: str, layer_class: str, index: int, count: int) -> str:
+        """A layer input/output's name; its layer's class goes to the collections metadata
+        (rules recognise activations by type)."""
+        name = naming.layer_io_name(kind, path, index, count)
+        self.note_module_class(name, layer_class)
+        return name
 
     def _capture_failed(self, exc: BaseException) -> None:
         self.failsafe.fail(exc)
