@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover
 MAX_INDEX_BYTES = 64 * 1024 * 1024
 MAX_TABLE_BYTES = 256 * 1024 * 1024
 MAX_COLLECTIONS_BYTES = 64 * 1024 * 1024
+MAX_STATUS_BYTES = 1024 * 1024
 MAX_WORKERS = 1_000_000
 MAX_RECORD_BYTES = 1 << 40  # one tensor record; larger offsets or lengths are corrupt
 MAX_REGEX_LENGTH = 4096

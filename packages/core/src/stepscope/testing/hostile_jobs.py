@@ -217,6 +217,7 @@ _CASES: dict[str, tuple[Callable[[Path, Path], None], bool, tuple[int, ...]]] = 
     "event_file_fifo": (_fifo_event_file, False, (0, 2)),
     "collections_deeply_nested": (_deep_collections, True, (0, 1, 2)),
     "profiler_bad_system_metrics": (_bad_system_metrics, False, (0, 1, 2)),
+    "status_file_garbage": (lambda job, out: (job / layout.STATUS_DIR).mkdir() or _json(job / layout.status_key("worker_0"), "[" * 50_000), False, (0, 1, 2)),
     "profiler_bad_step_timeline": (_bad_step_timeline, False, (0, 1, 2)),
     "event_file_flipped_byte": (_flipped_byte, False, (0, 2)),
 }
