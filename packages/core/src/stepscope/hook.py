@@ -24,6 +24,7 @@ import atexit
 import contextlib
 import logging
 import os
+import threading
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,7 @@ from .control import StopPoller
 from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
 from .modes import ModeKeys
-from .phases import OTHER, PHASES, STEP_PHASE, Clock, CpuClock, PhaseTracker, StepTimer
+from .phases import EVENTS, OTHER, PHASES, Clock, CpuClock, PhaseLog, StepTimer
 from .safety import FailSafe, write_status
 from .store import Store, open_store
 from .writer import Writer
@@ -56,7 +57,10 @@ logger = logging.getLogger("stepscope")
 STOP_POLL_ENV = "STEPSCOPE_STOP_POLL_S"
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
 _NOTHING_DUE: frozenset[str] = frozenset()
-_PUBLISH_EVERY_STEPS = 64  # steps whose spans are turned into wall-clock time together
+_EVENT_NAMES = frozenset(EVENTS)
+_TRAIN = ModeKeys.TRAIN
+# PhaseLog record kinds (appended directly: the log's methods would cost a call each).
+_BEGIN, _ENTER, _END = 0, 1, 2
 
 
 class StopTrainingRequested(StepscopeError, RuntimeError):
@@ -194,11 +198,15 @@ class HookBase:
         self.stop_poller: StopPoller | None = None
         self.monitor: Any = None
         self.timeline: Any = None
-        self._phases = PhaseTracker()
+        # The step timeline on the training thread: a clock reading and a deque append per
+        # boundary (`_log`); the flush thread turns the log into spans (`_drain_timeline`).
         self._timer: StepTimer | None = None
-        self._timed: tuple[int, ModeKeys] | None = None  # the step whose phases are being tracked
+        self._log: PhaseLog | None = None
+        self._log_append: Any = None
+        self._now: Any = None  # the clock's now(), None without a timeline
+        self._timing = False  # the open step's timing runs
         self._last_end: Any = None
-        self._unpublished = 0
+        self._drain_lock = threading.Lock()
         if validate_only:
             open_store(opts.out_dir)  # raises ConfigError when out_dir is a file; writes nothing
             self._closed = True
@@ -326,13 +334,20 @@ class HookBase:
 
     # --- the step driver ----------------------------------------------------------------
 
-    def begin_step(self, mode: ModeKeys | str | None = None) -> bool:
-        """Open the next step in `mode` (default: the current mode), closing the open one.
-        Returns True when some collection is due at it."""
+    def begin_step(self, mode: ModeKeys | str | None = None, event: str | None = None) -> bool:
+        """Open the next step in `mode` (default: the current mode), closing the open one;
+        `event`: a phase event that happens right away (as `phase_event(event)` would,
+        one call less on every step). Returns True when some collection is due at it."""
         if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
             return False
         parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
-        return bool(self.failsafe.call(self._begin_step, parsed))
+        if event is not None and event not in _EVENT_NAMES:
+            raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
+        try:  # what FailSafe.call does, without its frame: this runs every step
+            return self._begin_step(parsed, event)
+        except Exception as exc:  # the contract: nothing escapes into training
+            self.failsafe.fail(exc)
+            return False
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
         """Close the open step: its timeline ends now and what it saved goes to the writer.
@@ -341,7 +356,7 @@ class HookBase:
         mode = self._step.mode if self._step is not None else None
         if self.enabled:
             self.failsafe.call(self._end_step)
-        if raise_on_stop and mode == ModeKeys.TRAIN:
+        if raise_on_stop and mode is _TRAIN:
             self._raise_if_stop_requested()
 
     @contextlib.contextmanager
@@ -367,29 +382,34 @@ class HookBase:
         that `stepscope.phases.TRANSITIONS` gives; on a step where something is due the
         plugin also saves what the event makes available (gradients before the update)."""
         # The hot path of every step: plain attribute reads, no wrappers on steps where
-        # nothing is due (a phase change is a dict lookup and a list append).
+        # nothing is due (a phase event is a clock reading and a deque append; the table
+        # is applied when the log is drained, off the training thread).
         step = self._step
         if step is None or not self.failsafe.enabled:
             return
-        timer, tracker = self._timer, self._phases
-        if timer is not None and tracker.phase is not None and self.profiler_failsafe.enabled:
-            tracker.event(event, timer.clock.now())
+        if self._timing:
+            if event not in _EVENT_NAMES:
+                raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
+            self._log_append((event, self._now()))
         if step.due:
             self.failsafe.call(self._on_phase_event, event)
 
     def finish_step_timing(self) -> None:
         """The open step's work is over (e.g. the optimizer stepped): its timeline ends
         now, though values may still be saved into it until `end_step`."""
-        timer = self._timer
-        if timer is not None and self._phases.phase is not None:
-            self.profiler_failsafe.call(self._finish_timing, timer.clock.now())
+        if self._timing:
+            token = self._now()
+            self._log_append((_END, token))
+            self._last_end = token
+            self._timing = False
 
     def _enter_phase(self, name: str) -> None:
-        if self._timer is not None and self._phases.open and self.enabled:
-            self.profiler_failsafe.call(self._phases.enter, name, self._timer.clock.now())
+        if self._timing and self.enabled:
+            self._log_append((_ENTER, name, self._now()))
 
-    def _begin_step(self, mode: ModeKeys) -> bool:
-        now = self._timer.clock.now() if self._timer is not None else None
+    def _begin_step(self, mode: ModeKeys, event: str | None = None) -> bool:
+        clock_now = self._now
+        now = clock_now() if clock_now is not None else None
         if self._step is not None:
             self._end_step()
         self._mode = mode
@@ -405,43 +425,33 @@ class HookBase:
             due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
             upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
             self._next_due[mode] = min(upcoming) if upcoming else None
-        self._step = StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else _NOTHING_DUE)
-        self._global_step += 1
-        if self._timer is not None:
+        global_step = self._global_step
+        self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else _NOTHING_DUE)
+        self._global_step = global_step + 1
+        if now is not None and self.profiler_failsafe.enabled:
             # A step's time starts where the previous one's work ended: the wait for data
             # in between is this step's "data" phase.
-            start = self._last_end if self._last_end is not None else now
-            self._phases.begin(mode, start)
-            self._timed = (self._step.global_step, mode)
-        self._on_step_begin(bool(due))
-        return bool(due)
-
-    def _finish_timing(self, token: Any) -> None:
-        begin, spans = self._phases.end(token)
-        if self._timer is None or self._timed is None or not spans:
-            return
-        step, mode = self._timed
-        self._timed = None
-        self._last_end = token
-        spans.append((STEP_PHASE[mode], begin, token))
-        if self._timer.clock.immediate and self.timeline is not None:
-            self.timeline.add_spans(spans, step=step, mode=mode)  # wall-clock ns already
-            return
-        self._timer.add_step(step, mode, spans)
-        # Clock readings become wall-clock spans in batches: per step that would be most
-        # of the timeline's cost. flush() and close() publish the rest.
-        self._unpublished += 1
-        if self._unpublished >= _PUBLISH_EVERY_STEPS:
-            self._unpublished = 0
-            self._publish_timeline(False)
+            last_end = self._last_end
+            append = self._log_append
+            append((_BEGIN, global_step, mode, now if last_end is None else last_end))
+            self._timing = True
+            if event is not None:
+                append((event, clock_now()))
+        if due:
+            self._on_step_begin(True)
+            if event is not None and self._step is not None:
+                self.failsafe.call(self._on_phase_event, event)
+            return True
+        self._on_step_begin(False)
+        return False
 
     def _end_step(self) -> None:
         step = self._step
         if step is None:
             return
         self._on_step_end()
-        if self._timer is not None and self._phases.open:
-            self.profiler_failsafe.call(self._finish_timing, self._timer.clock.now())
+        if self._timing:
+            self.finish_step_timing()
         self._step = None
         if (step.tensors or step.shapes) and self.writer is not None:
             self.writer.write_step(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes)
@@ -647,11 +657,34 @@ class HookBase:
         if config.step_timeline:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
             self._timer = StepTimer(self._make_clock())
+            self._log = PhaseLog()
+            self._log_append = self._log.append
+            self._now = self._timer.clock.now
+            self.timeline.add_source(self._drain_timeline)
+
+    def _set_clock(self, clock: Clock) -> None:
+        """Use `clock` for the step timeline from now on (before the first step: a plugin
+        that learns the model's device)."""
+        if self._timer is not None:
+            self._timer.clock = clock
+            self._now = clock.now
+
+    def _drain_timeline(self, wait: bool = False) -> list[tuple[int, ModeKeys, list[tuple[str, int, int]]]]:
+        """The steps logged since the last drain whose times the clock knows (all of them
+        with `wait`), in wall-clock ns. Runs on the timeline's flush thread, and at flush()
+        and close(): the training thread only appends to the log."""
+        timer, log = self._timer, self._log
+        if timer is None or log is None:
+            return []
+        with self._drain_lock:
+            for step, mode, spans in log.drain():
+                timer.add_step(step, mode, spans)
+            return list(timer.ready_steps(wait))
 
     def _publish_timeline(self, wait: bool) -> None:
-        if self._timer is None or self.timeline is None:
+        if self.timeline is None:
             return
-        for step, mode, spans in self._timer.ready_steps(wait):
+        for step, mode, spans in self._drain_timeline(wait):
             self.timeline.add_spans(spans, step=step, mode=mode)
 
     def add_timeline(self, name: str, start_ns: int, end_ns: int, phase: str = "step", args: dict[str, Any] | None = None,

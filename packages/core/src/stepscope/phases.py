@@ -8,6 +8,7 @@ whole of every step, in every plugin."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import deque
 from collections.abc import Iterator, Mapping
@@ -52,7 +53,8 @@ Span = tuple[str, Any, Any]
 
 class Clock(Protocol):
     """Reads time as tokens and turns them into wall-clock ns once they are known.
-    `immediate`: tokens are wall-clock ns already (no conversion, nothing to wait for)."""
+    `immediate`: tokens are known at once (nothing to wait for; `to_wall_ns` may still
+    convert them, off the training thread)."""
 
     immediate: bool
 
@@ -66,16 +68,18 @@ class Clock(Protocol):
 
 
 class CpuClock:
-    """Tokens are `time.perf_counter_ns()` readings moved onto the wall clock (one addition:
-    the steady counter, anchored once to `time.time_ns()`), known at once."""
+    """Tokens are plain `time.perf_counter_ns()` readings (the steady counter: the cheapest
+    reading there is), known at once; `to_wall_ns` moves them onto the wall clock (anchored
+    once to `time.time_ns()`)."""
 
     immediate = True
 
     def __init__(self) -> None:
         self._offset = time.time_ns() - time.perf_counter_ns()
+        self.now = time.perf_counter_ns  # type: ignore[method-assign] # no Python frame per reading
 
-    def now(self) -> int:
-        return time.perf_counter_ns() + self._offset
+    def now(self) -> Any:
+        return time.perf_counter_ns()
 
     def ready(self, token: Any) -> bool:
         return True
@@ -84,7 +88,7 @@ class CpuClock:
         return None
 
     def to_wall_ns(self, token: Any) -> int:
-        return int(token)
+        return int(token) + self._offset
 
 
 class PhaseTracker:
@@ -162,3 +166,70 @@ class StepTimer:
                 clock.wait(last)
             self._pending.popleft()
             yield timed.step, timed.mode, [(phase, clock.to_wall_ns(s), clock.to_wall_ns(e)) for phase, s, e in timed.spans]
+
+
+# Records of a PhaseLog (besides events, which are recorded by their name).
+_BEGIN, _ENTER, _END = 0, 1, 2
+_MAX_LOGGED_RECORDS = 1 << 20  # bounds memory when nothing drains the log (then the oldest go)
+
+
+class PhaseLog:
+    """The training thread's side of the step timeline: one tuple appended per step
+    boundary or phase event (a deque append: atomic, no lock, no call into stepscope), and
+    `drain()`, which replays what was logged through a `PhaseTracker` (the table) into
+    steps' spans, off the training thread when the clock's tokens are known at once.
+
+    Records: `(0, step, mode, token)` opens a step, `(event, token)` is a phase event,
+    `(1, phase, token)` enters a phase, `(2, token)` ends the step's timing."""
+
+    def __init__(self, maxlen: int = _MAX_LOGGED_RECORDS) -> None:
+        self.records: deque[tuple[Any, ...]] = deque(maxlen=maxlen)
+        self.append = self.records.append
+        self._tracker = PhaseTracker()
+        self._open: tuple[int, ModeKeys] | None = None
+        self._lock = threading.Lock()  # drains come from the flush thread and from close()
+
+    def begin(self, step: int, mode: ModeKeys, token: Any) -> None:
+        self.append((_BEGIN, step, mode, token))
+
+    def event(self, name: str, token: Any) -> None:
+        if name not in _EVENT_NAMES:
+            raise ConfigError(f"unknown phase event {name!r}; events: {', '.join(EVENTS)}")
+        self.append((name, token))
+
+    def enter(self, phase: str, token: Any) -> None:
+        self.append((_ENTER, phase, token))
+
+    def end(self, token: Any) -> None:
+        self.append((_END, token))
+
+    def drain(self) -> list[tuple[int, ModeKeys, list[Span]]]:
+        """The steps whose timing ended since the last drain: (step, mode, spans in clock
+        tokens), the phases tiling the step followed by the whole step's span."""
+        out: list[tuple[int, ModeKeys, list[Span]]] = []
+        with self._lock:
+            pop, tracker = self.records.popleft, self._tracker
+            while True:
+                try:
+                    record = pop()
+                except IndexError:
+                    return out
+                kind = record[0]
+                if kind == _BEGIN:
+                    _, step, mode, token = record
+                    self._open = (step, mode)
+                    tracker.begin(mode, token)
+                elif kind == _END:
+                    begin, spans = tracker.end(record[1])
+                    if self._open is not None and spans:
+                        step, mode = self._open
+                        spans.append((STEP_PHASE[mode], begin, record[1]))
+                        out.append((step, mode, spans))
+                    self._open = None
+                elif kind == _ENTER:
+                    tracker.enter(record[1], record[2])
+                elif tracker.open:
+                    tracker.event(kind, record[1])
+
+
+_EVENT_NAMES = frozenset(EVENTS)

@@ -38,6 +38,7 @@ from .timing import device_clock
 from .transfer import HostTransfer
 
 logger = logging.getLogger("stepscope")
+_TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Collections filled by other means than module forward hooks; when only these are due, a
@@ -119,7 +120,7 @@ class Hook(HookBase):
     def _on_step_begin(self, due: bool) -> None:
         step = self._step
         assert step is not None
-        self._train_active = step.mode is ModeKeys.TRAIN
+        self._train_active = step.mode is _TRAIN
         if not due:
             return
         self._save_parameters()
@@ -173,7 +174,7 @@ class Hook(HookBase):
             device = next((p.device for _, p in self._params), None)
             clock: Clock | None = self.profiler_failsafe.call(device_clock, device)
             if clock is not None:
-                self._timer.clock = clock
+                self._set_clock(clock)
         if drive_steps:
             # Every torch hook on a module costs each call of it; the end-of-forward hook is
             # there only for the timeline.
@@ -259,21 +260,21 @@ class Hook(HookBase):
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
         if not self.failsafe.enabled:
             return
-        mode = self._explicit_mode or (ModeKeys.TRAIN if module.training else ModeKeys.EVAL)
-        if mode is ModeKeys.TRAIN and self._train_active and self._drives_optimizer:
+        mode = self._explicit_mode or (_TRAIN if module.training else _EVAL)
+        if mode is _TRAIN and self._train_active and self._drives_optimizer:
             self.phase_event(FORWARD_BEGIN)  # another micro-batch of a step that ends at optimizer.step()
             return
-        step = self._step
-        if step is not None and step.mode is ModeKeys.TRAIN and not self._drives_optimizer:
-            self.end_step()  # raises StopTrainingRequested after a stop request
-        self.begin_step(mode)
-        self.phase_event(FORWARD_BEGIN)
+        if not self._drives_optimizer:
+            step = self._step
+            if step is not None and step.mode is _TRAIN:
+                self.end_step()  # raises StopTrainingRequested after a stop request
+        self.begin_step(mode, FORWARD_BEGIN)
 
     def _on_forward(self, module: nn.Module, args: Any, output: Any) -> None:
         step = self._step
         if step is None:
             return
-        if step.mode is ModeKeys.TRAIN:
+        if step.mode is _TRAIN:
             self.phase_event(FORWARD_END)
         else:
             self.finish_step_timing()  # an evaluation step is its forward
@@ -294,11 +295,14 @@ class Hook(HookBase):
         if not self.failsafe.enabled:
             return
         self.finish_step_timing()
-        self.phase_event(OPTIMIZER_END)  # saves optimizer state when due
-        self._train_active = False
         step = self._step
-        if step is not None and step.mode is ModeKeys.TRAIN:
-            self._raise_if_stop_requested()
+        if step is not None and step.due:
+            self.phase_event(OPTIMIZER_END)  # saves optimizer state
+        self._train_active = False
+        if step is not None and step.mode is _TRAIN:
+            poller = self.stop_poller
+            if poller is not None and poller.request is not None:
+                self._raise_if_stop_requested()
 
     # --- what is saved -------------------------------------------------------------------
 

@@ -14,7 +14,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
@@ -41,6 +41,7 @@ _FRAMEWORK_RE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 
 # Bounds memory when the store is unreachable for a long time; beyond it events are dropped.
 _MAX_BUFFERED_EVENTS = 1_000_000
+_PULL_INTERVAL_S = 1.0  # how often the flush thread pulls from sources between flushes
 _OVERFLOW_TID = 100  # lanes for events that overlap without nesting: 100 * mode + k
 
 _KEY_RE = re.compile(r"^(\d{16})_(.+)_rank(-?\d+)_pid(\d+)_(\d+)\.steps\.json$")
@@ -104,10 +105,11 @@ class TimelineWriter:
         self._pid = os.getpid()
         self._events: list[_Buffered] = []
         self._lock = threading.Lock()
-        self._flush_lock = threading.Lock()
+        self._flush_lock = threading.RLock()
         self._sequence = 0
         self._closed = False
         self._warn_once = WarnOnce()
+        self._sources: list[Callable[[], Iterable[tuple[int, ModeKeys, Sequence[tuple[str, int, int]]]]]] = []
         self._stop = threading.Event()
         self._timer = threading.Thread(target=self._flush_periodically, name="stepscope-timeline-flush", daemon=True)
         self._timer.start()
@@ -144,10 +146,33 @@ class TimelineWriter:
                 return
         self._warn_once("dropped", "step timeline: writer closed or buffer full; events dropped")
 
+    def add_source(self, source: Callable[[], Iterable[tuple[int, ModeKeys, Sequence[tuple[str, int, int]]]]]) -> None:
+        """Pull steps' spans, `(step, mode, [(phase, start_ns, end_ns), ...])`, from `source`
+        on this writer's thread (every second) and before each flush: a hook then spends
+        nothing per step on the timeline beyond logging its clock readings."""
+        self._sources.append(source)
+
+    def pull(self) -> None:
+        """Take what the sources have now (never raises). Also after close() began, so that
+        its last flush publishes what the sources still held."""
+        with self._flush_lock:  # a flush in between would publish later steps before these
+            for source in self._sources:
+                try:
+                    events = [(phase, start, end, step, mode, phase, None) for step, mode, spans in source() for phase, start, end in spans]
+                except Exception as exc:
+                    self._warn_once("source", f"step timeline: could not read the hook's step log ({exc!r}); steps are lost")
+                    continue
+                with self._lock:
+                    if len(self._events) + len(events) <= _MAX_BUFFERED_EVENTS:
+                        self._events.extend(events)
+                        continue
+                self._warn_once("dropped", "step timeline: buffer full; events dropped")
+
     def flush(self) -> str | None:
         """Publish what is buffered as a new file; returns its key (None when nothing was
         buffered or the write failed)."""
         with self._flush_lock:
+            self.pull()
             with self._lock:
                 events, self._events = self._events, []
             if not events:
@@ -192,8 +217,15 @@ class TimelineWriter:
         self.close()
 
     def _flush_periodically(self) -> None:
-        while not self._stop.wait(self.config.flush_interval_s):
-            self.flush()
+        interval = self.config.flush_interval_s
+        tick = min(interval, _PULL_INTERVAL_S)
+        next_flush = time.monotonic() + interval
+        while not self._stop.wait(tick):
+            if time.monotonic() >= next_flush:
+                next_flush = time.monotonic() + interval
+                self.flush()
+            else:
+                self.pull()
 
 
 def encode_timeline(
