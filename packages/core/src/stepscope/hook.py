@@ -343,9 +343,54 @@ class HookBase:
         parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
         if event is not None and event not in _EVENT_NAMES:
             raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-        try:  # what FailSafe.call does, without its frame: this runs every step
-            return self._begin_step(parsed, event)
-        except Exception as exc:  # the contract: nothing escapes into training
+        # One frame for the whole of it (this runs every step); the try is what FailSafe.call
+        # does: nothing escapes into training.
+        mode = parsed
+        try:
+            clock_now = self._now
+            now = clock_now() if clock_now is not None else None
+            previous = self._step
+            if previous is not None:
+                if previous.due or previous.tensors or previous.shapes:
+                    self._end_step()
+                else:  # what _end_step does for a step that saved nothing, without its frame
+                    self._on_step_end()
+                    if self._timing:
+                        self.finish_step_timing()
+                    self._step = None
+            self._mode = mode
+            mode_step = self._mode_counts[mode]
+            self._mode_counts[mode] = mode_step + 1
+            due: tuple[Collection, ...] = ()
+            next_due = self._next_due.get(mode, 0)
+            # Most steps save nothing: compare with the next due step instead of asking every
+            # collection's schedule (that is the whole cost of a step where nothing is due).
+            if next_due is not None and mode_step >= next_due and self.writes_tensors:
+                candidates = self._collections_for(mode)
+                # with_defaults gave every included collection a save_config.
+                due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
+                upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
+                self._next_due[mode] = min(upcoming) if upcoming else None
+            global_step = self._global_step
+            self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else _NOTHING_DUE)
+            self._global_step = global_step + 1
+            if now is not None and self.profiler_failsafe.enabled:
+                # A step's time starts where the previous one's work ended: the wait for data
+                # in between is this step's "data" phase.
+                last_end = self._last_end
+                append = self._log_append
+                append((_BEGIN, global_step, mode, now if last_end is None else last_end))
+                self._timing = True
+                if event is not None:
+                    append((event, clock_now()))
+            if due:
+                self._on_step_begin(True)
+                if event is not None and self._step is not None:
+                    self.failsafe.call(self._on_phase_event, event)
+                return True
+            self._on_step_begin(False)
+            return False
+        except Exception as exc:
             self.failsafe.fail(exc)
             return False
 
@@ -407,43 +452,6 @@ class HookBase:
         if self._timing and self.enabled:
             self._log_append((_ENTER, name, self._now()))
 
-    def _begin_step(self, mode: ModeKeys, event: str | None = None) -> bool:
-        clock_now = self._now
-        now = clock_now() if clock_now is not None else None
-        if self._step is not None:
-            self._end_step()
-        self._mode = mode
-        mode_step = self._mode_counts[mode]
-        self._mode_counts[mode] = mode_step + 1
-        due: tuple[Collection, ...] = ()
-        next_due = self._next_due.get(mode, 0)
-        # Most steps save nothing: compare with the next due step instead of asking every
-        # collection's schedule (that is the whole cost of a step where nothing is due).
-        if next_due is not None and mode_step >= next_due and self.writes_tensors:
-            candidates = self._collections_for(mode)
-            # with_defaults gave every included collection a save_config.
-            due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
-            upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
-            self._next_due[mode] = min(upcoming) if upcoming else None
-        global_step = self._global_step
-        self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else _NOTHING_DUE)
-        self._global_step = global_step + 1
-        if now is not None and self.profiler_failsafe.enabled:
-            # A step's time starts where the previous one's work ended: the wait for data
-            # in between is this step's "data" phase.
-            last_end = self._last_end
-            append = self._log_append
-            append((_BEGIN, global_step, mode, now if last_end is None else last_end))
-            self._timing = True
-            if event is not None:
-                append((event, clock_now()))
-        if due:
-            self._on_step_begin(True)
-            if event is not None and self._step is not None:
-                self.failsafe.call(self._on_phase_event, event)
-            return True
-        self._on_step_begin(False)
-        return False
 
     def _end_step(self) -> None:
         step = self._step

@@ -137,7 +137,9 @@ class Hook(HookBase):
         self._train_active = False
         if self._step_handles:
             self._remove(self._step_handles)
-        self._transfer.end_step()
+        step = self._step
+        if step is not None and step.due:  # copies are made only on steps where something is due
+            self._transfer.end_step()
 
     def _on_phase_event(self, event: str) -> None:
         # Only on steps where something is due.
