@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import threading
+
 import pytest
 
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
-from stepscope.phases import EVENTS, PHASES, TRANSITIONS, CpuClock, PhaseTracker, StepTimer
+from stepscope.phases import EVENTS, PHASES, TRANSITIONS, CpuClock, PhaseLog, PhaseTracker, StepTimer
 
 
 def test_the_table_covers_every_event_in_both_kinds_of_step():
@@ -82,3 +84,69 @@ def test_step_timer_hands_back_steps_in_order_once_known():
     assert got[0][2] == [("data", clock.to_wall_ns(1), clock.to_wall_ns(2)), ("step", clock.to_wall_ns(1), clock.to_wall_ns(3))]
     timer.add_step(3, ModeKeys.EVAL, [("eval_step", 5, 6)])
     assert [s for s, _, _ in timer.ready_steps(wait=True)] == [3]
+
+
+def _replayed_by_tracker(steps):
+    """What a PhaseTracker gives for `steps` ((step, mode, events), tokens counted up)."""
+    tracker, out, token = PhaseTracker(), [], 0
+    for step, mode, events in steps:
+        tracker.begin(mode, token)
+        begin = token
+        for event in events:
+            token += 1
+            tracker.event(event, token)
+        token += 1
+        _, spans = tracker.end(token)
+        out.append((step, mode, [*spans, ("step" if mode is ModeKeys.TRAIN else "eval_step", begin, token)]))
+    return out
+
+
+def _log_steps(log, steps):
+    token = 0
+    for step, mode, events in steps:
+        log.begin(step, mode, token)
+        for event in events:
+            token += 1
+            log.event(event, token)
+        token += 1
+        log.end(token)
+
+
+STEPS = [
+    (0, ModeKeys.TRAIN, ["forward_begin", "forward_end", "optimizer_begin", "optimizer_end"]),
+    (1, ModeKeys.TRAIN, ["forward_begin", "forward_end", "forward_begin", "forward_end", "optimizer_begin"]),
+    (2, ModeKeys.EVAL, ["forward_begin", "forward_end"]),
+]
+
+
+def test_the_phase_log_replays_through_the_table():
+    log = PhaseLog()
+    _log_steps(log, STEPS)
+    assert log.drain() == _replayed_by_tracker(STEPS)
+    assert log.drain() == []
+    with pytest.raises(ConfigError, match="unknown phase event 'fwd'"):
+        log.event("fwd", 1)
+    # An explicit phase, and a step cut in two by a drain in the middle of it.
+    log.begin(7, ModeKeys.TRAIN, 0)
+    log.enter("compute", 2)
+    assert log.drain() == []
+    log.end(5)
+    assert log.drain() == [(7, ModeKeys.TRAIN, [("data", 0, 2), ("compute", 2, 5), ("step", 0, 5)])]
+
+
+def test_the_phase_log_drained_while_a_thread_logs_loses_nothing():
+    steps = [(i, ModeKeys.TRAIN, STEPS[0][2]) for i in range(20000)]
+    log, got = PhaseLog(), []
+    done = threading.Event()
+
+    def drain():
+        while not done.is_set():
+            got.extend(log.drain())
+
+    drainer = threading.Thread(target=drain)
+    drainer.start()
+    _log_steps(log, steps)
+    done.set()
+    drainer.join()
+    got.extend(log.drain())
+    assert got == _replayed_by_tracker(steps)
