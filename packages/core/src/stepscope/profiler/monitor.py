@@ -519,6 +519,12 @@ class SystemMonitor:
             # at the same instants; deadlines are then kept on the monotonic clock, each one
             # computed from the first, so that no drift accumulates.
             first = anchor_monotonic + (interval_s - anchor_wall % interval_s)
+            late_start = time.monotonic() - first
+            if late_start > 0:
+                # The start-up (imports, NVML, the first readings; a new sampler process on a
+                # busy machine) ran past the first tick: start on the next tick of the grid
+                # rather than sampling late and then late again for the one after.
+                first += math.ceil(late_start / interval_s) * interval_s
             tick = 0
             while True:
                 deadline = first + tick * interval_s
