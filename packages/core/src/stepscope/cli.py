@@ -247,7 +247,14 @@ def _run_rules(args: argparse.Namespace) -> int:
 
 # --- entry point ------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules]
+def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
+    from .traces.cli import add_profile, add_timeline
+
+    add_profile(sub)
+    add_timeline(sub)
+
+
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -60,11 +60,12 @@ _RAW_SCHEMA = pa.schema(
         ("args", _ARGS_TYPE),
     ]
 )
-_PARSE_OPTIONS = pj.ParseOptions(explicit_schema=_RAW_SCHEMA, unexpected_field_behavior="ignore", newlines_in_values=True)
+_READ_OPTIONS = pj.ReadOptions(block_size=4 << 20, use_threads=True)
+# After the separators become newlines, newlines inside events must not count as
+# boundaries: JSON strings cannot hold a raw newline, so turning every other newline into a
+# space (done in _separators) lets pyarrow split blocks at newlines, its fast mode.
+_PARSE_OPTIONS = pj.ParseOptions(explicit_schema=_RAW_SCHEMA, unexpected_field_behavior="ignore", newlines_in_values=False)
 _TRACE_EVENTS_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
-# Kineto writes string pids/tids for a few bookkeeping events ("Spans", "Traces"): renamed
-# in place (same length) so that the integer columns keep their type.
-_STRING_ID_KEYS = ((b'"pid": "', b'"pis": "'), (b'"pid":"', b'"pis":"'), (b'"tid": "', b'"tis": "'), (b'"tid":"', b'"tis":"'))
 _WS = np.zeros(256, dtype=bool)
 _WS[[9, 10, 13, 32]] = True
 
@@ -265,19 +266,30 @@ class _Parser:
         del view
 
     def _fast(self, buffer: bytearray, end: int, view: np.ndarray, separators: np.ndarray) -> None:
-        region = memoryview(buffer)[:end]
-        renamed = _rename_string_ids(buffer, end)
-        try:
-            table = pj.read_json(pa.BufferReader(pa.py_buffer(region)), parse_options=_PARSE_OPTIONS)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            logger.debug("%s: fast parse failed near byte %d (%s); reading that chunk exactly", self.where, self.offset, exc)
+        renamed: list[tuple[int, bytes]] = []
+        table = None
+        for attempt in range(2):
+            region = memoryview(buffer)[:end]
+            try:
+                table = pj.read_json(pa.BufferReader(pa.py_buffer(region)), read_options=_READ_OPTIONS, parse_options=_PARSE_OPTIONS)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                logger.debug("%s: fast parse failed near byte %d (%s)", self.where, self.offset, exc)
+                region.release()
+                if attempt == 0 and ("/pid" in str(exc) or "/tid" in str(exc)):
+                    # Kineto's few string pids/tids ("Spans"): rename those keys and retry;
+                    # searching every chunk for them up front would cost a pass over the bytes.
+                    renamed = _rename_string_ids(buffer, end)
+                    if renamed:
+                        continue
+                break
+            region.release()
+            break
+        if table is None:
             view[separators] = ord(",")  # undo the trick, then read this chunk exactly
             for position, original in renamed:
                 buffer[position : position + len(original)] = original
-            region.release()
             self._slow(buffer, final=True, end=end)
             return
-        region.release()
         self._add(table)
 
     def _slow(self, buffer: bytearray, final: bool, end: int | None = None) -> int:
@@ -393,18 +405,24 @@ def _separators(view: np.ndarray) -> np.ndarray:
             break
         after = np.minimum(after + white, limit)
     separators = commas[view[after] == 123]  # '{'
+    view[view == 10] = 32
     view[separators] = 10
     return separators
 
 
 def _rename_string_ids(buffer: bytearray, end: int) -> list[tuple[int, bytes]]:
+    """Kineto writes string pids/tids for a few bookkeeping events ("Spans", "Traces"):
+    rename those keys in place (same length) so that the integer columns keep their type."""
     renamed = []
-    for original, replacement in _STRING_ID_KEYS:
-        position = buffer.find(original, 0, end)
+    for pattern in (b'id": "', b'id":"'):  # one pass per spacing covers both keys
+        position = buffer.find(pattern, 0, end)
         while position != -1:
-            buffer[position : position + len(original)] = replacement
-            renamed.append((position, original))
-            position = buffer.find(original, position + len(original), end)
+            key_start = position - 2
+            if key_start >= 0 and buffer[key_start] == 34 and buffer[key_start + 1] in (112, 116):  # '"p' or '"t'
+                original = bytes(buffer[key_start : key_start + 4])
+                buffer[key_start + 3] = 115  # "pid" -> "pis", "tid" -> "tis"
+                renamed.append((key_start, original))
+            position = buffer.find(pattern, position + len(pattern), end)
     return renamed
 
 

@@ -126,7 +126,7 @@ def _write_table(store: Store, tkey: str, table: pa.Table, info: TraceInfo) -> N
     meta = {"version": TABLE_VERSION, "kinds": list(KINDS), **info.to_row(), "base_ns": info.base_ns, "metadata": info.metadata}
     table = table.replace_schema_metadata({"stepscope": json.dumps(meta, default=str)})
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", row_group_size=1 << 20)
+    pq.write_table(table, sink, compression="lz4", row_group_size=1 << 20)
     store.write(tkey, sink.getvalue())
 
 
