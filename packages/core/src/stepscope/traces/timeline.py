@@ -44,8 +44,8 @@ def write_timeline(
     """Write the merged timeline of the job at `path` to `output` (gzip when it ends in
     .gz). Returns counts of what was written (slices, counters, flows, instants)."""
     analysis = analysis or TraceAnalysis(path)
-    builder = _Builder()
     window = _time_window(analysis, steps)
+    builder = _Builder(_origin(analysis, window))
     builder.add_steps(analysis.step_timeline(), window)
     for rank in analysis.ranks:
         builder.add_rank(rank, analysis.events(rank=rank, steps=steps), include_cpu_ops)
@@ -76,6 +76,20 @@ def _time_window(analysis: TraceAnalysis, steps: StepRange) -> tuple[int, int] |
     return (min(starts), max(ends)) if starts else None
 
 
+def _origin(analysis: TraceAnalysis, window: tuple[int, int] | None) -> int:
+    """Whole second before everything: timestamps are written relative to it, because
+    Perfetto reads them as doubles of microseconds, which cannot hold epoch nanoseconds."""
+    if window is not None:
+        first = window[0]
+    else:
+        starts = [int(s) for s in analysis.traces()["start_ns"].dropna()]
+        timeline = analysis.step_timeline()
+        if not timeline.empty:
+            starts.append(int(timeline["start_ns"].min()))
+        first = min(starts) if starts else 0
+    return (first // 1_000_000_000 - 60) * 1_000_000_000 if first else 0
+
+
 def nest_lanes(starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """Lane (0, 1, ...) for each slice such that the slices of one lane nest properly."""
     order = np.lexsort((-ends, starts))
@@ -103,7 +117,8 @@ def _us(ns: int) -> str:
 
 
 class _Builder:
-    def __init__(self) -> None:
+    def __init__(self, origin_ns: int) -> None:
+        self.origin = origin_ns
         self.lines: list[str] = []
         self.counts = {"slices": 0, "counters": 0, "flows": 0, "instants": 0}
         self.named: set[tuple[int, int | None]] = set()
@@ -129,7 +144,7 @@ class _Builder:
             self._name(pid, tid_base * 100 + lane, label if lane == 0 else f"{label} (overlap {lane})", tid_base * 100 + lane)
         for index, (name, start, duration, tid) in enumerate(zip(names, starts.tolist(), durations.tolist(), tids.tolist())):
             extra = f', "args": {json.dumps(args[index], default=str)}' if args else ""
-            self.lines.append(f'{{"ph": "X", "cat": "{cat}", "name": {json.dumps(str(name))}, "pid": {pid}, "tid": {tid}, "ts": {_us(start)}, "dur": {_us(duration)}{extra}}}')
+            self.lines.append(f'{{"ph": "X", "cat": "{cat}", "name": {json.dumps(str(name))}, "pid": {pid}, "tid": {tid}, "ts": {_us(start - self.origin)}, "dur": {_us(duration)}{extra}}}')
         self.counts["slices"] += len(lanes)
         return tids
 
@@ -175,8 +190,8 @@ class _Builder:
                 if corr < 0 or launch is None:
                     continue
                 flow_id = rank * 10**12 + corr
-                self.lines.append(f'{{"ph": "s", "cat": "launch", "name": "launch", "id": {flow_id}, "pid": {host_pid}, "tid": {launch[0]}, "ts": {_us(launch[1])}}}')
-                self.lines.append(f'{{"ph": "f", "bp": "e", "cat": "launch", "name": "launch", "id": {flow_id}, "pid": {pid}, "tid": {tid}, "ts": {_us(ts)}}}')
+                self.lines.append(f'{{"ph": "s", "cat": "launch", "name": "launch", "id": {flow_id}, "pid": {host_pid}, "tid": {launch[0]}, "ts": {_us(launch[1] - self.origin)}}}')
+                self.lines.append(f'{{"ph": "f", "bp": "e", "cat": "launch", "name": "launch", "id": {flow_id}, "pid": {pid}, "tid": {tid}, "ts": {_us(ts - self.origin)}}}')
                 self.counts["flows"] += 1
 
     def add_system_metrics(self, store: Store, window: tuple[int, int] | None) -> None:
@@ -197,7 +212,7 @@ class _Builder:
         self._name(_SYSTEM_PID, None, "system metrics", _SYSTEM_PID)
         labels = (metrics["node_id"].astype(str) + " " + metrics["name"].astype(str) + " " + metrics["dimension"].astype(str)).to_numpy()
         for label, timestamp, value in zip(labels.tolist(), ns.tolist(), metrics["value"].astype(float).tolist()):
-            self.lines.append(f'{{"ph": "C", "name": {json.dumps(label)}, "pid": {_SYSTEM_PID}, "ts": {_us(timestamp)}, "args": {{"value": {value!r}}}}}')
+            self.lines.append(f'{{"ph": "C", "name": {json.dumps(label)}, "pid": {_SYSTEM_PID}, "ts": {_us(timestamp - self.origin)}, "args": {{"value": {value!r}}}}}')
         self.counts["counters"] += len(labels)
 
     def add_rule_firings(self, store: Store, timeline: pd.DataFrame, window: tuple[int, int] | None) -> None:
@@ -210,11 +225,12 @@ class _Builder:
                 continue
             self._name(_RULES_PID, None, "rule firings", _RULES_PID)
             args = json.dumps({"rule": rule, "step": step, "message": message}, default=str)
-            self.lines.append(f'{{"ph": "i", "s": "g", "cat": "rule", "name": {json.dumps(rule)}, "pid": {_RULES_PID}, "tid": 0, "ts": {_us(int(ts))}, "args": {args}}}')
+            self.lines.append(f'{{"ph": "i", "s": "g", "cat": "rule", "name": {json.dumps(rule)}, "pid": {_RULES_PID}, "tid": 0, "ts": {_us(int(ts) - self.origin)}, "args": {args}}}')
             self.counts["instants"] += 1
 
     def write(self, handle: IO[str]) -> None:
-        handle.write('{"displayTimeUnit": "ms", "traceEvents": [\n')
+        metadata = json.dumps({"stepscope_time_origin_ns": self.origin, "note": "ts are microseconds after stepscope_time_origin_ns (epoch ns)"})
+        handle.write(f'{{"displayTimeUnit": "ms", "metadata": {metadata}, "traceEvents": [\n')
         handle.write(",\n".join(self.lines))
         handle.write("\n]}\n")
 
