@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from stepscope.exceptions import ConfigError
 from stepscope.traces import TraceAnalysis
 from stepscope.traces.tables import TABLE_DIR
+
+DATA = pathlib.Path(__file__).parent / "data"
+DETAILED = "profiler-output/framework/pytorch/detailed"
 
 
 def test_kernel_stats_match_truth(synth_job):
@@ -116,3 +121,23 @@ def test_unknown_rank_is_a_clear_error(synth_job):
     job, _ = synth_job(world_size=1)
     with pytest.raises(ConfigError, match="rank 5"):
         TraceAnalysis(job).kernel_stats(rank=5)
+
+
+def test_committed_fixtures_give_their_recorded_truth(tmp_path):
+    """Small generated traces committed with the truth recorded when they were made: the
+    format the engine reads cannot drift from what the generator once wrote."""
+    import json
+    import shutil
+
+    truths = {}
+    for rank in (0, 1):
+        target = tmp_path / DETAILED / f"rank{rank}"
+        target.mkdir(parents=True)
+        shutil.copy(DATA / f"synth_rank{rank}.pt.trace.json.gz", target)
+        truths[rank] = json.loads((DATA / f"synth_rank{rank}.truth.json").read_text())
+    analysis = TraceAnalysis(tmp_path, persist=False)
+    for rank, truth in truths.items():
+        stats = analysis.kernel_stats(rank=rank).set_index("name")
+        assert {n: int(round(v * 1000)) for n, v in stats.total_us.items()} == {n: k["total_ns"] for n, k in truth["kernels"].items()}
+        assert analysis.temporal_breakdown(rank=rank).idle_us.iloc[0] == pytest.approx(truth["gpu_idle_ns"] / 1000)
+    assert not (tmp_path / TABLE_DIR).exists()  # persist=False writes nothing
