@@ -1,5 +1,6 @@
 """stepscope: debugger and profiler for deep-learning training."""
 
+from .annotations import annotate
 from .config import Collection, CollectionName, ReductionConfig, SaveConfig, SaveConfigMode
 from .exceptions import (
     ConfigError,
@@ -28,6 +29,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "annotate",
     "Collection",
     "CollectionName",
     "ConfigError",
