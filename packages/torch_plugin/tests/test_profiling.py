@@ -15,7 +15,7 @@ from stepscope.config import ProfilerConfig
 from stepscope.profiler.detailed import python_stats
 from stepscope.store import open_store
 from stepscope.traces import TraceAnalysis
-from stepscope_torch.profiling import TorchProfiling
+from stepscope_torch.profiling import create_profiling
 
 from .conftest import TinyMLP
 
@@ -40,7 +40,7 @@ def _train(profiling, steps: int = 6):
 def test_windows_publish_a_kineto_trace_the_engine_reads(tmp_path):
     spans: list[tuple[str, int, int]] = []
     config = ProfilerConfig(detailed_windows=[(2, 2)], python_window=(1, 1), dataloader_window=(0, 3))
-    profiling = TorchProfiling.create(config, open_store(str(tmp_path)), rank=3, world_size=4, record_span=lambda *s: spans.append(s))
+    profiling = create_profiling(config, open_store(str(tmp_path)), rank=3, world_size=4, record_span=lambda *s: spans.append(s))
     _train(profiling)
     keys = sorted(profiling.published, key=lambda k: "python" in k)
     assert [k.rsplit("_pid", 1)[0] for k in keys] == [
@@ -73,13 +73,13 @@ def test_windows_publish_a_kineto_trace_the_engine_reads(tmp_path):
 
 
 def test_no_windows_costs_nothing(tmp_path):
-    assert TorchProfiling.create(ProfilerConfig(), open_store(str(tmp_path))) is None
+    assert create_profiling(ProfilerConfig(), open_store(str(tmp_path))) is None
 
 
 def test_time_window(tmp_path):
     clock = iter([100.0, 100.5, 101.0, 102.5])  # read at each step start
     config = ProfilerConfig(detailed_windows=[{"start_time": 100.4, "duration_s": 1.0}])
-    profiling = TorchProfiling.create(config, open_store(str(tmp_path)))
+    profiling = create_profiling(config, open_store(str(tmp_path)))
     profiling.schedulers[0].clock = lambda: next(clock)
     model = TinyMLP()
     for step in range(4):
@@ -94,7 +94,7 @@ def test_time_window(tmp_path):
 
 def test_a_failing_backend_turns_off_without_breaking_training(tmp_path, caplog):
     config = ProfilerConfig(detailed_windows=[(0, 2)])
-    profiling = TorchProfiling.create(config, open_store(str(tmp_path)))
+    profiling = create_profiling(config, open_store(str(tmp_path)))
 
     def broken(step):
         raise RuntimeError("profiler unavailable")

@@ -2,7 +2,7 @@
 (Kineto: CPU ops with shapes, CUDA runtime calls, kernels, memcpy/memset, syncs, memory
 events) writes one gzip Kineto trace per window per rank under
 `profiler-output/framework/pytorch/detailed/`, with the `distributedInfo` HTA expects;
-cProfile and data-loader timing run in their own windows. `TorchProfiling.create` returns
+cProfile and data-loader timing run in their own windows. `create_profiling` returns
 None when no window is configured, so a hook without windows pays nothing."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import torch
 
 from stepscope import annotations
 from stepscope.config import ProfilerConfig
-from stepscope.profiler.detailed import PythonProfileBackend, WindowScheduler, add_distributed_info, detailed_dir
+from stepscope.profiler.detailed import WindowedProfilers, add_distributed_info, detailed_dir
 from stepscope.store import Store
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
@@ -128,45 +128,19 @@ class DataLoaderTimingBackend:
         return []
 
 
-class TorchProfiling:
-    """The three windowed profilers of a PyTorch hook, driven from its step start/end."""
-
-    def __init__(self, schedulers: list[WindowScheduler]):
-        self.schedulers = schedulers
-
-    @classmethod
-    def create(
-        cls,
-        config: ProfilerConfig,
-        store: Store,
-        *,
-        rank: int = 0,
-        world_size: int = 1,
-        record_span: Callable[[str, int, int], None] | None = None,
-    ) -> TorchProfiling | None:
-        if not config.detailed:
-            return None
-        schedulers = []
-        if config.detailed_windows:
-            schedulers.append(WindowScheduler(config.detailed_windows, KinetoBackend(config, rank, world_size), store, rank=rank, name="torch.profiler"))
-        if config.python_window is not None:
-            schedulers.append(WindowScheduler((config.python_window,), PythonProfileBackend(), store, rank=rank, name="cProfile"))
-        if config.dataloader_window is not None and record_span is not None:
-            schedulers.append(WindowScheduler((config.dataloader_window,), DataLoaderTimingBackend(record_span), store, rank=rank, name="data-loader timing"))
-        return cls(schedulers)
-
-    def step_started(self, step: int) -> None:
-        for scheduler in self.schedulers:
-            scheduler.step_started(step)
-
-    def step_ended(self, step: int) -> None:
-        for scheduler in reversed(self.schedulers):
-            scheduler.step_ended(step)
-
-    def close(self) -> None:
-        for scheduler in reversed(self.schedulers):
-            scheduler.close()
-
-    @property
-    def published(self) -> list[str]:
-        return [key for scheduler in self.schedulers for key in scheduler.published]
+def create_profiling(
+    config: ProfilerConfig,
+    store: Store,
+    *,
+    rank: int = 0,
+    world_size: int = 1,
+    record_span: Callable[[str, int, int], None] | None = None,
+) -> WindowedProfilers | None:
+    """The windowed profilers of a PyTorch hook, or None when `config` has no window."""
+    return WindowedProfilers.build(
+        config,
+        store,
+        rank=rank,
+        trace_backend=lambda: KinetoBackend(config, rank, world_size),
+        dataloader_backend=(lambda: DataLoaderTimingBackend(record_span)) if record_span is not None else None,
+    )

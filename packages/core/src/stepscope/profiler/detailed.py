@@ -13,7 +13,7 @@ import pstats
 import tempfile
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..config import ProfilingWindow, active_window
 from ..layout import FRAMEWORK_DIR
@@ -185,3 +185,49 @@ def add_distributed_info(trace: bytes, backend: str, rank: int, world_size: int)
         return trace
     info = f'\n  "distributedInfo": {{"backend": "{backend}", "rank": {int(rank)}, "world_size": {int(world_size)}}},'.encode()
     return trace[: brace + 1] + info + trace[brace + 1 :]
+
+
+class WindowedProfilers:
+    """The windowed profilers of one hook (detailed trace, cProfile, data-loader timing),
+    driven together from its step start and end. Built by the plugins with their backends."""
+
+    def __init__(self, schedulers: list[WindowScheduler]):
+        self.schedulers = schedulers
+
+    @classmethod
+    def build(
+        cls,
+        config: Any,
+        store: Store,
+        *,
+        rank: int,
+        trace_backend: Callable[[], ProfilerBackend] | None,
+        dataloader_backend: Callable[[], ProfilerBackend] | None = None,
+    ) -> WindowedProfilers | None:
+        """None when `config` (a ProfilerConfig) has no window: nothing then runs at all."""
+        if not config.detailed:
+            return None
+        schedulers = []
+        if config.detailed_windows and trace_backend is not None:
+            schedulers.append(WindowScheduler(config.detailed_windows, trace_backend(), store, rank=rank, name="detailed profiler"))
+        if config.python_window is not None:
+            schedulers.append(WindowScheduler((config.python_window,), PythonProfileBackend(), store, rank=rank, name="cProfile"))
+        if config.dataloader_window is not None and dataloader_backend is not None:
+            schedulers.append(WindowScheduler((config.dataloader_window,), dataloader_backend(), store, rank=rank, name="data-loader timing"))
+        return cls(schedulers)
+
+    def step_started(self, step: int) -> None:
+        for scheduler in self.schedulers:
+            scheduler.step_started(step)
+
+    def step_ended(self, step: int) -> None:
+        for scheduler in reversed(self.schedulers):
+            scheduler.step_ended(step)
+
+    def close(self) -> None:
+        for scheduler in reversed(self.schedulers):
+            scheduler.close()
+
+    @property
+    def published(self) -> list[str]:
+        return [key for scheduler in self.schedulers for key in scheduler.published]

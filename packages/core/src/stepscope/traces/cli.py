@@ -56,7 +56,13 @@ def add_timeline(sub: argparse._SubParsersAction) -> None:
 
 
 def _analysis(args: argparse.Namespace) -> Any:
+    from ..exceptions import ConfigError
     from ..store import open_store
+
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ConfigError("the trace engine needs pyarrow: pip install 'stepscope[traces]'") from None
     from .analysis import TraceAnalysis
 
     progress = _ProgressBar(sys.stderr.isatty() or getattr(args, "progress", False))
