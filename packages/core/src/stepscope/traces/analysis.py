@@ -163,7 +163,7 @@ class TraceAnalysis:
 
     def _events(self, rank: int, steps: StepRange) -> pd.DataFrame:
         frames = [frame for key in self.trace_keys() for info, frame in [self._load(key)] if info.rank == rank]
-        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True).sort_values("kind", kind="stable", ignore_index=True)
         if steps is not None:
             first, last = (steps.start, steps.stop - 1) if isinstance(steps, range) else steps
             step = frame["step"].to_numpy()
