@@ -141,3 +141,22 @@ def test_committed_fixtures_give_their_recorded_truth(tmp_path):
         assert {n: int(round(v * 1000)) for n, v in stats.total_us.items()} == {n: k["total_ns"] for n, k in truth["kernels"].items()}
         assert analysis.temporal_breakdown(rank=rank).idle_us.iloc[0] == pytest.approx(truth["gpu_idle_ns"] / 1000)
     assert not (tmp_path / TABLE_DIR).exists()  # persist=False writes nothing
+
+
+def test_rule_checks_against_truth(synth_job):
+    from stepscope.traces import checks
+
+    job, truths = synth_job()
+    analysis = TraceAnalysis(job)
+    syncs = checks.many_syncs_per_step(analysis, max_syncs=0)
+    assert len(syncs) == 6 and syncs.fired.all() and (syncs.value == 1).all()  # one sync per generated step
+    assert not checks.many_syncs_per_step(analysis, max_syncs=1).fired.any()
+    memcpy = checks.memcpy_bound_steps(analysis, max_share=0.0)
+    steps = analysis.step_breakdown(rank=0).set_index("step")
+    for row in memcpy[memcpy["rank"] == 0].itertuples():
+        assert row.value == pytest.approx(steps.loc[row.step, "memcpy_us"] / steps.loc[row.step, "step_us"])
+    latency = checks.high_launch_latency(analysis, threshold_us=0.0)
+    assert latency.fired.all() and (latency.value > 0).all()
+    assert not checks.high_launch_latency(analysis, threshold_us=1e9).fired.any()
+    small = checks.small_kernels_dominating(analysis, max_kernel_us=1e9, min_share=0.99)
+    assert (small.value == 1.0).all() and small.fired.all()
