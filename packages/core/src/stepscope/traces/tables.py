@@ -134,8 +134,12 @@ def _write_table(store: Store, tkey: str, table: pa.Table, info: TraceInfo) -> N
 
 
 def _read_table(store: Store, tkey: str, key: str) -> tuple[TraceInfo, pd.DataFrame]:
-    data = store.read(tkey)
-    table = pq.read_table(pa.BufferReader(data))
+    from ..store.local import LocalStore
+
+    if isinstance(store, LocalStore):  # memory-mapped: no copy of the file in memory
+        table = pq.read_table(store._os_path(tkey), memory_map=True)
+    else:
+        table = pq.read_table(pa.BufferReader(store.read(tkey)))
     raw_meta = (table.schema.metadata or {}).get(b"stepscope")
     meta = json.loads(raw_meta) if raw_meta else {}
     if meta.get("version") != TABLE_VERSION:
