@@ -52,3 +52,17 @@ def test_keras_fit_under_tf_profiler(tmp_path, data):
     assert len(ops) > 0 and (ops["count"] > 0).all()
     events = analysis.events(rank=2, kinds=("cpu_op",))
     assert set(np.unique(events.step)) <= {-1, 1, 2} and (events.step >= 1).any()
+
+
+def test_keras_callback_runs_windows(tmp_path, data):
+    from stepscope_tf import StepscopeCallback
+
+    x, y = data
+    out = tmp_path / "job"
+    callback = StepscopeCallback(str(out), profiler_config=ProfilerConfig(system_monitor=False, detailed_windows=[(2, 1)]))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    analysis = stepscope.create_trial(str(out)).profiler.traces
+    assert [k.rsplit("/", 2)[-2] for k in analysis.trace_keys()] == ["rank0"]
+    assert list(analysis.step_breakdown(rank=0).step) == [2]

@@ -109,3 +109,39 @@ def test_a_failing_backend_turns_off_without_breaking_training(tmp_path, caplog)
 def test_bad_windows_are_config_errors(bad):
     with pytest.raises(stepscope.ConfigError):
         ProfilerConfig(**bad)
+
+
+def test_hook_runs_windows_in_a_plain_loop(tmp_path, mlp, batches):
+    """The PyTorch hook drives the windows from its own steps: profiled steps are the
+    hook's global steps, annotations outside windows land on the step timeline."""
+    from torch import nn
+
+    from stepscope_torch import Hook
+
+    out = tmp_path / "job"
+    hook = Hook(str(out), profiler_config=ProfilerConfig(system_monitor=False, detailed_windows=[(1, 2)]))
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(optimizer)
+    for x, y in batches(5):
+        optimizer.zero_grad()
+        with stepscope.annotate("my-loss"):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+    hook.close()
+    analysis = stepscope.create_trial(str(out)).profiler.traces
+    assert list(analysis.step_breakdown(rank=0).step) == [1, 2]
+    assert analysis.cpu_ops(k=None, rank=0).set_index("name").loc["aten::linear", "count"] == 2 * 2
+    inside = analysis.events(rank=0, kinds=("annotation",))
+    assert (inside.name.astype(str) == "my-loss").sum() == 2  # steps 1 and 2, in the trace
+    timeline = stepscope.create_trial(str(out)).profiler.step_timeline()
+    spans = timeline[timeline.phase == "annotation"]
+    assert sorted(spans.step) == [0, 1, 2, 3, 4] and set(spans.name) == {"my-loss"}
+
+
+def test_hook_without_windows_builds_no_profiler(make_hook):
+    hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
+    assert hook.detailed is None
