@@ -9,7 +9,8 @@ import numpy as np
 import pandas as pd
 
 from .analysis import StepRange, TraceAnalysis
-from .analyzers.common import of_kind
+from .analyzers.common import of_kind, union_ns
+from .analyzers.steps import profiler_steps
 
 CHECK_COLUMNS = ["rank", "step", "value", "threshold", "fired", "detail"]
 
@@ -63,15 +64,21 @@ def many_syncs_per_step(analysis: TraceAnalysis, max_syncs: int = 10, steps: Ste
 
 
 def memcpy_bound_steps(analysis: TraceAnalysis, max_share: float = 0.3, steps: StepRange = None) -> pd.DataFrame:
-    """Time of a step's memcpy/memset over its duration above `max_share` (copies rather
-    than compute hold the step: pin memory, overlap copies, keep data on the GPU)."""
+    """Share of a step's duration during which a memcpy/memset ran (union over streams)
+    above `max_share`: copies rather than compute hold the step (pin memory, overlap
+    copies, keep data on the GPU)."""
     rows = []
     for rank in analysis.ranks:
-        table = analysis.step_breakdown(rank=rank, steps=steps)
-        for row in table.itertuples(index=False):
-            if not row.step_us or np.isnan(row.memcpy_us):
+        events = analysis.events(rank=rank, steps=steps)
+        copies = of_kind(events, "memcpy", "memset")
+        by_step = {int(step): group for step, group in copies.groupby("step", sort=False)}
+        for step, _ts, dur in profiler_steps(events).itertuples(index=False):
+            group = by_step.get(int(step))
+            if group is None or not dur:
                 continue
-            share = float(row.memcpy_us / row.step_us)
-            rows.append({"rank": rank, "step": int(row.step), "value": share, "threshold": max_share, "fired": share > max_share,
-                         "detail": f"memcpy/memset {row.memcpy_us:.0f} us of a {row.step_us:.0f} us step ({share:.0%})"})
+            start = group["ts_ns"].to_numpy()
+            busy = union_ns(start, start + group["dur_ns"].to_numpy())
+            share = min(1.0, busy / dur)
+            rows.append({"rank": rank, "step": int(step), "value": share, "threshold": max_share, "fired": share > max_share,
+                         "detail": f"memcpy/memset running {busy / 1000:.0f} us of a {dur / 1000:.0f} us step ({share:.0%})"})
     return _frame(rows)
