@@ -126,3 +126,16 @@ def test_profile_cli(synth_job, capsys):
     assert main(["profile", str(job), "--steps", "3:1"]) == 2
     assert main(["profile", str(job / "nothing")]) == 2
     assert "no detailed traces" in capsys.readouterr().err
+
+
+def test_timeline_shows_real_rule_firings(synth_job, tmp_path):
+    job, truths = synth_job(world_size=1)
+    steps = _decorate(job, TraceAnalysis(job))
+    (job / "rule-output/HighLaunchLatency.json").unlink()
+    assert main(["check", str(job), "--rule", "ManySyncsPerStep:max_syncs=0", "--quiet"]) == 1
+    output = tmp_path / "rules.json"
+    assert main(["timeline", str(job), "-o", str(output)]) == 0
+    document = json.loads(output.read_text())
+    instants = [e for e in document["traceEvents"] if e["ph"] == "i"]
+    assert sorted(e["args"]["step"] for e in instants) == sorted(steps.step.tolist())
+    assert all(e["name"] == "ManySyncsPerStep" and "synchronize" in e["args"]["message"] for e in instants)
