@@ -382,6 +382,14 @@ class _Parser:
         if base_ns:
             arrays["ts_ns"] += base_ns
         _assign_steps(arrays, dictionary, codes)
+        # Rows sorted by kind (stable: file order within a kind), so that selecting a kind
+        # is a slice for the analyses and a row range in Parquet. Column by column, so that
+        # only one column is ever held twice.
+        order = np.argsort(arrays["kind"], kind="stable")
+        for name in list(arrays):
+            arrays[name] = arrays[name][order]
+        codes = codes[order]
+        del order
         table = _to_table(arrays, codes, dictionary)
         return RawTrace(table, self.metadata, base_ns, self.where, self.slow_chunks)
 

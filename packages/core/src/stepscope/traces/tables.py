@@ -96,9 +96,9 @@ def load_trace(
     raw = _parse(store, key, progress)
     rank = rank_of(raw.metadata, key)
     table = raw.table.append_column("rank", pa.array(np.full(raw.table.num_rows, rank, dtype=np.int32)))
-    # Sorted by kind (stable: file order within a kind), so that selecting a kind is a slice
-    # here and a row-group range for any Parquet reader.
-    table = table.take(pa.array(np.argsort(table.column("kind").to_numpy(), kind="stable")))
+    kinds = table.column("kind").to_numpy()
+    if kinds.size > 1 and not bool(np.all(kinds[1:] >= kinds[:-1])):  # the Kineto reader sorts already
+        table = table.take(pa.array(np.argsort(kinds, kind="stable")))
     info = _info(key, rank, raw.base_ns, table, raw.metadata)
     if persist:
         try:
