@@ -124,6 +124,11 @@ def test_profile_cli(synth_job, capsys):
     out = capsys.readouterr().out
     assert "== top kernels" in out and "ampere_sgemm_128x64_nn" in out
     assert main(["profile", str(job), "--steps", "3:1"]) == 2
+    capsys.readouterr()
+    for table in job.rglob("*.parquet"):
+        table.unlink()
+    assert main(["profile", str(job), "--progress", "--rank", "0"]) == 0
+    assert "parsing window_000000.pt.trace.json.gz [" in capsys.readouterr().err
     assert main(["profile", str(job / "nothing")]) == 2
     assert "no detailed traces" in capsys.readouterr().err
 

@@ -87,18 +87,20 @@ def read_trace(
     *,
     chunk_bytes: int = CHUNK_BYTES,
     progress: Callable[[int, int | None], None] | None = None,
+    size: int | None = None,
 ) -> RawTrace:
     """Parse one trace file: a key in `store`, a local path, or the bytes themselves.
-    `progress(bytes_read, total_or_None)` is called after every chunk."""
+    `progress(bytes_read, total_or_None)` is called after every chunk (`size`: the stored
+    size when the caller knows it)."""
     where = store.describe(os.fspath(source)) if store is not None else (os.fspath(source) if not isinstance(source, bytes) else "<bytes>")
-    chunks = _byte_chunks(source, store, chunk_bytes)
+    chunks = _byte_chunks(source, store, chunk_bytes, size)
     return _Parser(where, chunk_bytes, progress).run(chunks)
 
 
 # --- bytes in ---------------------------------------------------------------------------
 
 
-def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int) -> Iterator[tuple[bytes, int, int | None]]:
+def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int | None = None) -> Iterator[tuple[bytes, int, int | None]]:
     """(decompressed bytes, compressed bytes read so far, compressed total or None)."""
     if isinstance(source, bytes):
         raw: Iterator[bytes] = iter([source])
@@ -106,7 +108,7 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int) -> Iterator
     elif store is not None:
         key = os.fspath(source)
         raw = _store_ranges(store, key, chunk_bytes)
-        total = None
+        total = size
     else:
         path = os.fspath(source)
         total = os.path.getsize(path)
@@ -195,6 +197,8 @@ class _Parser:
                 del buffer[:cut]
             if self.progress is not None:
                 self.progress(done, total)
+        if self.progress is not None:
+            self.progress(done, done)  # the end: the bar completes even when the size was unknown
         if not in_array:
             start = self._find_array(buffer, final=True)
             if start is None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -113,7 +114,12 @@ def _parse(store: Store, key: str, progress: Callable[[int, int | None], None] |
         from .xspace import read_xspace
 
         return read_xspace(store.read(key), store.describe(key))
-    return read_trace(key, store, progress=progress)
+    size = None
+    from ..store.local import LocalStore
+
+    if isinstance(store, LocalStore) and progress is not None:
+        size = os.path.getsize(store._os_path(key))
+    return read_trace(key, store, progress=progress, size=size)
 
 
 def _info(key: str, rank: int, base_ns: int, table: pa.Table, metadata: dict[str, Any]) -> TraceInfo:
