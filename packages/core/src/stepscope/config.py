@@ -483,3 +483,36 @@ class ProfilerConfig:
     @classmethod
     def disabled(cls) -> ProfilerConfig:
         return cls(system_monitor=False, step_timeline=False)
+
+    @classmethod
+    def from_sagemaker(cls, profiling_parameters: Mapping[str, Any], **overrides: Any) -> ProfilerConfig:
+        """From SageMaker Profiler's `ProfilingParameters` (what its ProfilerConfig put in the
+        job's configuration): ProfilingIntervalInMilliseconds and the Detailed/Python/
+        DataloaderProfilingConfig entries, each a JSON string or mapping with StartStep and
+        NumSteps or StartTimeInSecSinceEpoch and DurationInSeconds (smdebug's own defaults
+        are not guessed: an entry without a window is a ConfigError naming it)."""
+        import json
+
+        fields: dict[str, Any] = {}
+        interval = profiling_parameters.get("ProfilingIntervalInMilliseconds")
+        if interval is not None:
+            fields["monitor_interval_ms"] = interval
+        targets = {"DetailedProfilingConfig": "detailed_windows", "PythonProfilingConfig": "python_window", "DataloaderProfilingConfig": "dataloader_window"}
+        for key, target in targets.items():
+            value = profiling_parameters.get(key)
+            if value in (None, "", "{}"):
+                continue
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    raise ConfigError(f"ProfilingParameters.{key} is not JSON: {value!r}") from None
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"ProfilingParameters.{key} must be a mapping, got {value!r}")
+            window = {k: v for k, v in value.items() if k in ("StartStep", "NumSteps", "StartTimeInSecSinceEpoch", "DurationInSeconds")}
+            if not window:
+                raise ConfigError(f"ProfilingParameters.{key} has no window (StartStep/NumSteps or StartTimeInSecSinceEpoch/DurationInSeconds): {value!r}")
+            parsed = ProfilingWindow.parse(window, f"ProfilingParameters.{key}")
+            fields[target] = (parsed,) if target == "detailed_windows" else parsed
+        fields.update(overrides)
+        return cls(**fields)

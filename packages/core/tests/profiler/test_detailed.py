@@ -128,3 +128,21 @@ def test_distributed_info_is_added_once():
     once = add_distributed_info(trace, "nccl", 2, 8)
     assert b'"distributedInfo": {"backend": "nccl", "rank": 2, "world_size": 8}' in once
     assert add_distributed_info(once, "gloo", 0, 1) == once
+
+
+def test_sagemaker_profiling_parameters():
+    parameters = {
+        "ProfilingIntervalInMilliseconds": "100",
+        "DetailedProfilingConfig": '{"StartStep": 5, "NumSteps": 3}',
+        "PythonProfilingConfig": '{"StartStep": 9, "NumSteps": 1, "ProfilerName": "cprofile", "cProfileTimer": "total_time"}',
+        "DataloaderProfilingConfig": {"StartTimeInSecSinceEpoch": 1700000000, "DurationInSeconds": 60, "MetricsRegex": ".*"},
+    }
+    config = ProfilerConfig.from_sagemaker(parameters, system_monitor=False)
+    assert config.monitor_interval_ms == 100 and not config.system_monitor
+    assert config.detailed_windows == (ProfilingWindow(start_step=5, num_steps=3),)
+    assert config.python_window == ProfilingWindow(start_step=9, num_steps=1)
+    assert config.dataloader_window == ProfilingWindow(start_time=1700000000.0, duration_s=60.0)
+    with pytest.raises(ConfigError, match="DetailedProfilingConfig"):
+        ProfilerConfig.from_sagemaker({"DetailedProfilingConfig": '{"MetricsRegex": "x"}'})
+    with pytest.raises(ConfigError, match="not JSON"):
+        ProfilerConfig.from_sagemaker({"PythonProfilingConfig": "{oops"})

@@ -189,3 +189,17 @@ def test_traces_on_s3(s3_url, tmp_path):
     assert store.exists(f"{TABLE_DIR}/pytorch/detailed/rank0/window.pt.trace.json.gz.parquet")
     store.write(key, b"gone")  # the table is what a second analysis reads
     assert TraceAnalysis(s3_url).kernel_stats(rank=0).equals(analysis.kernel_stats(rank=0))
+
+
+def test_tables_of_all_ranks_read_as_one_dataset(synth_job):
+    """What a user with thousands of ranks does: query every rank's table at once with an
+    engine of their choice (here pyarrow.dataset; DuckDB or Spark read the same files)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    job, truths = synth_job()
+    TraceAnalysis(job).traces()  # parses and persists both ranks
+    dataset = ds.dataset(str(job / TABLE_DIR), format="parquet")
+    kernels = dataset.to_table(filter=pc.field("kind") == 0, columns=["rank", "dur_ns"]).group_by("rank").aggregate([("dur_ns", "sum")])
+    totals = dict(zip(kernels.column("rank").to_pylist(), kernels.column("dur_ns_sum").to_pylist()))
+    assert totals == {rank: sum(k["total_ns"] for k in truth.kernels.values()) for rank, truth in truths.items()}
