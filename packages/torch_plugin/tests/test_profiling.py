@@ -133,7 +133,13 @@ def test_hook_runs_windows_in_a_plain_loop(tmp_path, mlp, batches):
         optimizer.step()
     hook.close()
     analysis = stepscope.create_trial(str(out)).profiler.traces
-    assert list(analysis.step_breakdown(rank=0).step) == [1, 2]
+    breakdown = analysis.step_breakdown(rank=0)
+    assert list(breakdown.step) == [1, 2]
+    # joined with the hook's step timeline: its phases of the same steps
+    timeline = stepscope.create_trial(str(out)).profiler.step_timeline()
+    for phase in ("forward", "backward", "optimizer"):
+        expected = timeline[(timeline.phase == phase) & timeline.step.isin([1, 2])].groupby("step").duration_ms.sum() * 1000
+        assert breakdown.set_index("step")[f"{phase}_us"].to_dict() == pytest.approx(expected.to_dict())
     assert analysis.cpu_ops(k=None, rank=0).set_index("name").loc["aten::linear", "count"] == 2 * 2
     inside = analysis.events(rank=0, kinds=("annotation",))
     assert (inside.name.astype(str) == "my-loss").sum() == 2  # steps 1 and 2, in the trace
