@@ -43,6 +43,8 @@ def _breakdown(gpu: pd.DataFrame) -> dict[str, float]:
 def temporal_breakdown(events: pd.DataFrame, per_step: bool = False) -> pd.DataFrame:
     """One row (or one per step): span, busy, idle, compute, non-compute time and shares."""
     gpu = of_kind(events, "kernel", "memcpy", "memset")
+    if gpu.empty:  # a CPU-only trace
+        return pd.DataFrame(columns=["step", *BREAKDOWN_COLUMNS] if per_step else BREAKDOWN_COLUMNS)
     if not per_step:
         return pd.DataFrame([_breakdown(gpu)], columns=BREAKDOWN_COLUMNS)
     rows = []
