@@ -28,7 +28,7 @@ import pyarrow.json as pj
 
 from ..exceptions import CorruptRecord
 from ..store import Store
-from .schema import CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, KINDS, MISSING, STEP_NAME_RE, SYNC_CALLS
+from .schema import CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, MISSING, STEP_NAME_RE, SYNC_CALLS
 
 logger = logging.getLogger("stepscope.traces")
 
@@ -185,7 +185,7 @@ class _Parser:
         for data, done, total in chunks:
             buffer += data
             if not in_array:
-                start = self._find_array(buffer, final=False)
+                start = self._find_array(buffer)
                 if start is None:
                     continue
                 self.offset += start
@@ -200,14 +200,14 @@ class _Parser:
         if self.progress is not None:
             self.progress(done, done)  # the end: the bar completes even when the size was unknown
         if not in_array:
-            start = self._find_array(buffer, final=True)
+            start = self._find_array(buffer)
             if start is None:
                 raise CorruptRecord(self.where, None, "no traceEvents array: not a Chrome/Kineto trace")
             del buffer[:start]
         self._parse_last(buffer)
         return self._finish()
 
-    def _find_array(self, buffer: bytearray, final: bool) -> int | None:
+    def _find_array(self, buffer: bytearray) -> int | None:
         """Where the events start (just after `[`); reads the metadata before them."""
         head = bytes(buffer[:64])
         stripped = head.lstrip()
@@ -215,8 +215,8 @@ class _Parser:
             return len(head) - len(stripped) + 1
         match = _TRACE_EVENTS_RE.search(buffer)
         if match is None:
-            if final or len(buffer) > (64 << 20):
-                return None
+            if len(buffer) > (64 << 20):  # metadata is small: this is not a trace
+                raise CorruptRecord(self.where, None, "no traceEvents array in the first 64 MB: not a Chrome/Kineto trace")
             return None
         prefix = bytes(buffer[: match.start()]).rstrip().rstrip(b",")
         try:
@@ -564,6 +564,3 @@ def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
         columns["args"].append({f.name: number(args.get(f.name), int) for f in _ARGS_TYPE})
     return pa.Table.from_pydict(columns, schema=_RAW_SCHEMA)
 
-
-def kind_name(code: int) -> str:
-    return KINDS[code]
