@@ -63,6 +63,7 @@ def test_keras_callback_runs_windows(tmp_path, data):
     model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
     model.compile("sgd", "mse")
     model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    callback.hook.close()
     analysis = stepscope.create_trial(str(out)).profiler.traces
     assert [k.rsplit("/", 2)[-2] for k in analysis.trace_keys()] == ["rank0"]
     assert list(analysis.step_breakdown(rank=0).step) == [2]
