@@ -70,6 +70,10 @@ def test_truncated_and_non_traces_name_the_problem():
         read_trace(data[: len(data) // 2 + 7], chunk_bytes=1 << 20)
     with pytest.raises(CorruptRecord, match="traceEvents"):
         read_trace(b'{"something": 1}')
+    packed = bytearray(gzip.compress(data))
+    packed[len(packed) // 2 : len(packed) // 2 + 64] = b"\x00" * 64
+    with pytest.raises(CorruptRecord, match="gzip"):
+        read_trace(bytes(packed))
 
 
 def test_steps_are_assigned_host_by_time_gpu_by_launch():

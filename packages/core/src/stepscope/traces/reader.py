@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -93,8 +95,13 @@ def read_trace(
     `progress(bytes_read, total_or_None)` is called after every chunk (`size`: the stored
     size when the caller knows it)."""
     where = store.describe(os.fspath(source)) if store is not None else (os.fspath(source) if not isinstance(source, bytes) else "<bytes>")
-    chunks = _byte_chunks(source, store, chunk_bytes, size)
-    return _Parser(where, chunk_bytes, progress).run(chunks)
+    chunks = _prefetched(_byte_chunks(source, store, chunk_bytes, size))
+    try:
+        return _Parser(where, chunk_bytes, progress).run(chunks)
+    except zlib.error as exc:
+        raise CorruptRecord(where, None, f"bad gzip data ({exc})") from None
+    finally:
+        chunks.close()
 
 
 # --- bytes in ---------------------------------------------------------------------------
@@ -141,6 +148,55 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
         tail = decompressor.flush()
         if tail:
             yield tail, done, total
+
+
+class _prefetched:
+    """Reads (and decompresses) the next chunk in a thread while the current one is parsed:
+    file reads, S3 GETs and zlib release the GIL, so I/O and gunzip overlap the parsing.
+    At most two chunks wait, which bounds the memory."""
+
+    _END = object()
+
+    def __init__(self, chunks: Iterator[tuple[bytes, int, int | None]]):
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(chunks,), name="stepscope-trace-read", daemon=True)
+        self._thread.start()
+
+    def _fill(self, chunks: Iterator[tuple[bytes, int, int | None]]) -> None:
+        try:
+            for item in chunks:
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._queue.put(self._END)
+        except BaseException as exc:  # handed to the parsing thread, which raises it
+            self._queue.put(exc)
+
+    def __iter__(self) -> _prefetched:
+        return self
+
+    def __next__(self) -> tuple[bytes, int, int | None]:
+        item = self._queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item  # type: ignore[no-any-return]
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
 
 
 def _file_chunks(path: str, chunk_bytes: int) -> Iterator[bytes]:
