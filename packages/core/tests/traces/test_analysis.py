@@ -203,3 +203,17 @@ def test_tables_of_all_ranks_read_as_one_dataset(synth_job):
     kernels = dataset.to_table(filter=pc.field("kind") == 0, columns=["rank", "dur_ns"]).group_by("rank").aggregate([("dur_ns", "sum")])
     totals = dict(zip(kernels.column("rank").to_pylist(), kernels.column("dur_ns_sum").to_pylist()))
     assert totals == {rank: sum(k["total_ns"] for k in truth.kernels.values()) for rank, truth in truths.items()}
+
+
+def test_cpu_op_self_time_subtracts_direct_children():
+    import pandas as pd
+
+    from stepscope.traces.analyzers.cpu_ops import cpu_op_stats
+
+    rows = [  # thread 1: outer(0-100) > mid(10-60) > inner(20-30); sibling(70-80); thread 2 overlaps in time
+        ("outer", 1, 0, 100), ("mid", 1, 10, 50), ("inner", 1, 20, 10), ("sibling", 1, 70, 10), ("other", 2, 5, 90),
+    ]
+    frame = pd.DataFrame({"kind": 5, "name": [r[0] for r in rows], "tid": [r[1] for r in rows], "ts_ns": [r[2] * 1000 for r in rows], "dur_ns": [r[3] * 1000 for r in rows]})
+    stats = cpu_op_stats(frame, k=None).set_index("name")
+    assert stats.self_us.to_dict() == {"outer": 40.0, "mid": 40.0, "inner": 10.0, "sibling": 10.0, "other": 90.0}
+    assert stats.total_us.to_dict()["outer"] == 100.0

@@ -101,7 +101,7 @@ class TraceAnalysis:
         return self._per_rank(rank, steps, lambda e, r: idle.idle_breakdown(e, kernel_wait_us=kernel_wait_us, per_step=per_step))
 
     def cpu_ops(self, k: int | None = 20, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
-        """Top CPU operators by inclusive time."""
+        """Top CPU operators by inclusive time, with their self time."""
         return self._per_rank(rank, steps, lambda e, r: cpu_ops.cpu_op_stats(e, k=k))
 
     def step_breakdown(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
