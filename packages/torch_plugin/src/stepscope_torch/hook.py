@@ -117,9 +117,9 @@ class Hook(HookBase):
         return True
 
     def _on_step_begin(self, due: bool) -> None:
-        step = self.current_step
+        step = self._step
         assert step is not None
-        self._train_active = step.mode == ModeKeys.TRAIN
+        self._train_active = step.mode is ModeKeys.TRAIN
         if not due:
             return
         self._save_parameters()
@@ -134,7 +134,8 @@ class Hook(HookBase):
 
     def _on_step_end(self) -> None:
         self._train_active = False
-        self._remove(self._step_handles)
+        if self._step_handles:
+            self._remove(self._step_handles)
         self._transfer.end_step()
 
     def _on_phase_event(self, event: str) -> None:
@@ -216,7 +217,7 @@ class Hook(HookBase):
         hook.wrap_loss(F.nll_loss)`, then `loss = loss_fn(output, target)`."""
         if not callable(loss_fn):
             raise ConfigError(f"wrap_loss: expected a callable loss, got {type(loss_fn).__name__}")
-        tensor_name = naming.activation_name(name or getattr(loss_fn, "__name__", "loss"), "output", 0)
+        tensor_name = naming.activation_name(str(name or getattr(loss_fn, "__name__", None) or "loss"), "output", 0)
 
         @functools.wraps(loss_fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -270,20 +271,20 @@ class Hook(HookBase):
         if not self.failsafe.enabled:
             return
         mode = self._explicit_mode or (ModeKeys.TRAIN if module.training else ModeKeys.EVAL)
-        if mode == ModeKeys.TRAIN and self._train_active and self._drives_optimizer:
+        if mode is ModeKeys.TRAIN and self._train_active and self._drives_optimizer:
             self.phase_event(FORWARD_BEGIN)  # another micro-batch of a step that ends at optimizer.step()
             return
-        step = self.current_step
-        if step is not None and step.mode == ModeKeys.TRAIN and not self._drives_optimizer:
+        step = self._step
+        if step is not None and step.mode is ModeKeys.TRAIN and not self._drives_optimizer:
             self.end_step()  # raises StopTrainingRequested after a stop request
         self.begin_step(mode)
         self.phase_event(FORWARD_BEGIN)
 
     def _on_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        step = self.current_step
+        step = self._step
         if step is None:
             return
-        if step.mode == ModeKeys.TRAIN:
+        if step.mode is ModeKeys.TRAIN:
             self.phase_event(FORWARD_END)
         else:
             self.finish_step_timing()  # an evaluation step is its forward
@@ -291,7 +292,7 @@ class Hook(HookBase):
     def _on_module_io(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         """Forward hook of loss and activation modules; registered only while a step is due."""
         if self.due and self.failsafe.enabled:
-            self.failsafe.call(self._save_io, name, args, output)
+            self.failsafe.call(self._save_io, name, args, output, type(module).__name__)
 
     def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.failsafe.enabled:
@@ -306,8 +307,8 @@ class Hook(HookBase):
         self.finish_step_timing()
         self.phase_event(OPTIMIZER_END)  # saves optimizer state when due
         self._train_active = False
-        step = self.current_step
-        if step is not None and step.mode == ModeKeys.TRAIN:
+        step = self._step
+        if step is not None and step.mode is ModeKeys.TRAIN:
             self._raise_if_stop_requested()
 
     # --- what is saved -------------------------------------------------------------------
@@ -340,10 +341,12 @@ class Hook(HookBase):
                     if isinstance(value, torch.Tensor):
                         self.save_value(naming.optimizer_state_name(name, key), value, (CollectionName.OPTIMIZER_VARIABLES,))
 
-    def _save_io(self, module_name: str, args: Any, output: Any) -> None:
+    def _save_io(self, module_name: str, args: Any, output: Any, module_class: str) -> None:
         for kind, value in (("input", args), ("output", output)):
             for i, tensor in enumerate(naming.flatten_tensors(value)):
-                self.save_value(naming.activation_name(module_name, kind, i), tensor)
+                name = naming.activation_name(module_name, kind, i)
+                self.note_module_class(name, module_class)
+                self.save_value(name, tensor)
 
     @staticmethod
     def _remove(handles: list[Any]) -> None:

@@ -49,7 +49,7 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
 def add_timeline(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("timeline", help="write one Perfetto-loadable trace of the job: metrics, steps, annotations, CPU ops, GPU streams, rule firings")
     parser.add_argument("path", help="the job's folder or s3:// URL")
-    parser.add_argument("-o", "--output", required=True, help="trace.json or trace.json.gz")
+    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="trace.json or trace.json.gz (default timeline.json; - for stdout)")
     parser.add_argument("--steps", default=None, metavar="A:B", help="only the time of steps A to B (inclusive)")
     parser.add_argument("--no-cpu-ops", action="store_true", help="leave CPU operators out (a smaller file)")
     parser.set_defaults(run=run_timeline)
@@ -97,9 +97,9 @@ def run_timeline(args: argparse.Namespace) -> int:
     from .analysis import parse_steps
     from .timeline import write_timeline
 
-    if not args.output.endswith((".json", ".json.gz")):
-        raise ConfigError(f"-o must end in .json or .json.gz, got {args.output!r}")
+    if args.output != "-" and not args.output.endswith((".json", ".json.gz")):
+        raise ConfigError(f"-o must end in .json or .json.gz (or be -), got {args.output!r}")
     analysis = _analysis(args)
     counts = write_timeline(analysis.store, args.output, steps=parse_steps(args.steps), analysis=analysis, include_cpu_ops=not args.no_cpu_ops)
-    print(f"wrote {args.output}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " (open it in https://ui.perfetto.dev)")
+    print(f"wrote {args.output}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " (open it in https://ui.perfetto.dev)", file=sys.stderr)
     return EXIT_OK

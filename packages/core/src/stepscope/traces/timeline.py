@@ -12,12 +12,14 @@ import gzip
 import json
 import logging
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from typing import IO, Any
 
 import numpy as np
 import pandas as pd
 
+from ..exceptions import ConfigError
 from ..layout import RULE_OUTPUT_DIR
 from ..store import Store
 from .analysis import StepRange, TraceAnalysis
@@ -25,10 +27,12 @@ from .schema import KIND_CODE, KINDS
 
 logger = logging.getLogger("stepscope.traces")
 
-# Process ids of the merged trace: one block per rank, so tracks sort by rank.
-_SYSTEM_PID = 1
-_RULES_PID = 2
-_RANK_PID = 1000  # + 10 * rank: host side; + 1: steps; + 2 + device: GPU
+# Process ids of the merged trace: a rank's host side (steps and phases, threads) is the
+# process `rank`, as in the plain step-timeline export; its GPUs follow far above.
+_SYSTEM_PID = 9_000_000
+_RULES_PID = 9_000_001
+_GPU_PID = 1_000_000  # + 100 * rank + device
+_STEPS_TRACK = 1  # tid base of the steps track; host threads use 2 + thread id
 _HOST_KINDS = ("cpu_op", "annotation", "runtime", "sync", "python")
 _GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation")
 
@@ -42,7 +46,8 @@ def write_timeline(
     include_cpu_ops: bool = True,
 ) -> dict[str, int]:
     """Write the merged timeline of the job at `path` to `output` (gzip when it ends in
-    .gz). Returns counts of what was written (slices, counters, flows, instants)."""
+    .gz, stdout for "-"). Returns counts of what was written (slices, counters, flows,
+    instants); ConfigError when the job has neither a step timeline nor traces."""
     analysis = analysis or TraceAnalysis(path)
     window = _time_window(analysis, steps)
     builder = _Builder(_origin(analysis, window))
@@ -51,7 +56,12 @@ def write_timeline(
         builder.add_rank(rank, analysis.events(rank=rank, steps=steps), include_cpu_ops)
     builder.add_system_metrics(analysis.store, window)
     builder.add_rule_firings(analysis.store, analysis.step_timeline(), window)
+    if not builder.lines:
+        raise ConfigError(f"nothing to draw: no step timeline and no detailed traces in {analysis.store.url}")
     output = os.fspath(output)
+    if output == "-":
+        builder.write(sys.stdout)
+        return builder.counts
     opener = gzip.open if output.endswith(".gz") else open
     with opener(output, "wt", encoding="utf-8") as handle:  # type: ignore[operator]
         builder.write(handle)
@@ -154,24 +164,24 @@ class _Builder:
         if window is not None:
             timeline = timeline[(timeline["end_ns"] >= window[0]) & (timeline["start_ns"] <= window[1])]
         for rank, rows in timeline.groupby("rank", sort=True):
-            pid = _RANK_PID + 10 * max(int(rank), 0) + 1
-            self._name(pid, None, f"rank {rank}: steps", pid)
+            pid = max(int(rank), 0)
+            self._name(pid, None, f"rank {pid}", pid)
             starts = rows["start_ns"].to_numpy()
-            self._slices(pid, 1, "steps and phases", rows["name"].astype(str), starts, rows["end_ns"].to_numpy() - starts, "step",
+            self._slices(pid, _STEPS_TRACK, "steps and phases", rows["name"].astype(str), starts, rows["end_ns"].to_numpy() - starts, "step",
                          [{"step": int(s), "mode": str(m), "phase": str(p)} for s, m, p in zip(rows["step"], rows["mode"], rows["phase"])])
 
     def add_rank(self, rank: int, events: pd.DataFrame, include_cpu_ops: bool) -> None:
         if events.empty:
             return
-        host_pid = _RANK_PID + 10 * rank
-        self._name(host_pid, None, f"rank {rank}: host", host_pid)
+        host_pid = rank
+        self._name(host_pid, None, f"rank {rank}", host_pid)
         kinds = events["kind"].to_numpy()
         host_codes = [KIND_CODE[k] for k in _HOST_KINDS if include_cpu_ops or k not in ("cpu_op", "python")]
         host = events[np.isin(kinds, host_codes)]
         launch_tid: dict[int, tuple[int, int]] = {}  # correlation -> (tid, ts) of its launch slice
         for thread, rows in host.groupby("tid", sort=True):
             starts = rows["ts_ns"].to_numpy()
-            tids = self._slices(host_pid, int(thread) % 1_000_000 + 1, f"thread {thread}", rows["name"].astype(str), starts, rows["dur_ns"].to_numpy(),
+            tids = self._slices(host_pid, 2 + int(thread) % 1_000_000, f"thread {thread}", rows["name"].astype(str), starts, rows["dur_ns"].to_numpy(),
                                 "host", None)
             correlation = rows["correlation"].to_numpy()
             for corr, tid, ts in zip(correlation.tolist(), tids.tolist(), starts.tolist()):
@@ -179,7 +189,7 @@ class _Builder:
                     launch_tid[corr] = (tid, ts)
         gpu = events[np.isin(kinds, [KIND_CODE[k] for k in _GPU_KINDS])]
         for (device, stream), rows in gpu.groupby(["device", "stream"], sort=True):
-            pid = _RANK_PID + 10 * rank + 2 + max(int(device), 0)
+            pid = _GPU_PID + 100 * rank + max(int(device), 0)
             self._name(pid, None, f"rank {rank}: GPU {device}", pid)
             starts = rows["ts_ns"].to_numpy()
             cats = [KINDS[k] for k in rows["kind"].to_numpy().tolist()]
