@@ -1,6 +1,6 @@
 """stepscope: debugger and profiler for deep-learning training."""
 
-from .annotations import annotate
+from .annotation import annotate
 from .config import Collection, CollectionName, ReductionConfig, SaveConfig, SaveConfigMode
 from .exceptions import (
     ConfigError,

@@ -423,7 +423,7 @@ class ProfilingWindow:
         if isinstance(value, Mapping):
             keys = {"StartStep": "start_step", "NumSteps": "num_steps", "StartTimeInSecSinceEpoch": "start_time", "start_unix_time": "start_time",
                     "Duration": "duration_s", "duration": "duration_s", "DurationInSeconds": "duration_s"}
-            fields = {keys.get(k, k): v for k, v in value.items()}
+            fields: dict[str, Any] = {keys.get(str(k), str(k)): v for k, v in value.items()}
             unknown = set(fields) - {"start_step", "num_steps", "start_time", "duration_s"}
             if unknown:
                 raise ConfigError(f"{owner}: unknown profiling window field(s) {sorted(unknown)!r}")
@@ -467,7 +467,7 @@ class ProfilerConfig:
         object.__setattr__(self, "monitor_interval_ms", interval)
         for flag in ("system_monitor", "monitor_every_rank", "step_timeline", "record_shapes", "profile_memory", "with_stack"):
             object.__setattr__(self, flag, parse_bool(f"ProfilerConfig.{flag}", getattr(self, flag)))
-        windows = self.detailed_windows
+        windows: Any = self.detailed_windows
         if isinstance(windows, (ProfilingWindow, Mapping)) or (isinstance(windows, (tuple, list)) and len(windows) == 2 and all(isinstance(v, int) for v in windows)):
             windows = (windows,)
         try:

@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import annotations, layout, reductions
+from . import annotation, layout, reductions
 from .collection_manager import CollectionManager
 from .config import (
     ALWAYS_SAVED_COLLECTIONS,
@@ -658,7 +658,7 @@ class HookBase:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
             self._timer = StepTimer(self._make_clock())
             # stepscope.annotate() outside profiling windows: a span of the open step.
-            annotations.set_sink(self._annotation_span)
+            annotation.set_sink(self._annotation_span)
         self.detailed = self._make_detailed_profilers()
 
     def _annotation_span(self, name: str, start_ns: int, end_ns: int) -> None:
@@ -723,8 +723,8 @@ class HookBase:
                 self.writer.close(end_marker=self.rank == 0)
             if self.detailed is not None:
                 self.profiler_failsafe.call(self.detailed.close)
-            if annotations._sink == self._annotation_span:
-                annotations.set_sink(None)
+            if annotation._sink == self._annotation_span:
+                annotation.set_sink(None)
             for part in (self.timeline, self.monitor, self.stop_poller):
                 if part is not None:
                     method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()

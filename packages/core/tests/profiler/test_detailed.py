@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 import stepscope
-from stepscope import annotations
+from stepscope import annotation
 from stepscope.config import ProfilerConfig, ProfilingWindow, active_window
 from stepscope.exceptions import ConfigError
 from stepscope.profiler.detailed import WindowedProfilers, WindowScheduler, add_distributed_info, python_stats
@@ -101,22 +101,22 @@ def test_annotate_spans_and_backends():
         def __exit__(self, *exc):
             entered.append(("exit", self.name))
 
-    annotations.set_sink(lambda *span: spans.append(span))
+    annotation.set_sink(lambda *span: spans.append(span))
     try:
         with stepscope.annotate("outside"):
             pass
-        annotations.set_backend(Backend, True)
+        annotation.set_backend(Backend, True)
 
         @stepscope.annotate("decorated")
         def work(x):
             return x + 1
 
         assert work(1) == 2
-        annotations.set_backend(Backend, False)
+        annotation.set_backend(Backend, False)
         with stepscope.annotate("after"):
             pass
     finally:
-        annotations.set_sink(None)
+        annotation.set_sink(None)
     assert [s[0] for s in spans] == ["outside", "decorated", "after"] and all(s[2] >= s[1] for s in spans)
     assert entered == [("enter", "decorated"), ("exit", "decorated")]
     with pytest.raises(ConfigError):

@@ -15,7 +15,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from stepscope import annotations
+from stepscope import annotation
 from stepscope.config import ProfilerConfig
 from stepscope.profiler.detailed import WindowedProfilers, detailed_dir
 from stepscope.store import Store
@@ -39,7 +39,7 @@ class XSpaceBackend:
         self._folder = tempfile.mkdtemp(prefix="stepscope-tfprof-")
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=1 if self.config.with_stack else 0, device_tracer_level=1)
         tf.profiler.experimental.start(self._folder, options=options)
-        annotations.set_backend(_trace, True)
+        annotation.set_backend(_trace, True)
 
     def step_start(self, step: int) -> None:
         # TraceMe encodes keyword arguments as stats: the reader turns this into ProfilerStep#<step>.
@@ -52,7 +52,7 @@ class XSpaceBackend:
             marker.__exit__(None, None, None)
 
     def stop(self) -> list[tuple[str, str, bytes]]:
-        annotations.set_backend(_trace, False)
+        annotation.set_backend(_trace, False)
         self.step_end(-1)
         folder, self._folder = self._folder, None
         if folder is None:

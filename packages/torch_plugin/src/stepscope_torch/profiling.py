@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from stepscope import annotations
+from stepscope import annotation
 from stepscope.config import ProfilerConfig
 from stepscope.profiler.detailed import WindowedProfilers, add_distributed_info, detailed_dir
 from stepscope.store import Store
@@ -51,7 +51,7 @@ class KinetoBackend:
             with_stack=self.config.with_stack,
         )
         self._profile.__enter__()
-        annotations.set_backend(_record_function, True)
+        annotation.set_backend(_record_function, True)
 
     def step_start(self, step: int) -> None:
         self._step_marker = _record_function(f"ProfilerStep#{step}")
@@ -65,7 +65,7 @@ class KinetoBackend:
             marker.__exit__(None, None, None)
 
     def stop(self) -> list[tuple[str, str, bytes]]:
-        annotations.set_backend(_record_function, False)
+        annotation.set_backend(_record_function, False)
         if self._step_marker is not None:
             self.step_end(-1)
         profile, self._profile = self._profile, None
@@ -123,7 +123,7 @@ class DataLoaderTimingBackend:
 
     def stop(self) -> list[tuple[str, str, bytes]]:
         for cls, original in reversed(self._originals):
-            cls.__next__ = original  # type: ignore[method-assign]
+            cls.__next__ = original
         self._originals.clear()
         return []
 

@@ -160,17 +160,17 @@ class PythonProfileBackend:
                 return [(PYTHON_PROFILE_DIR, ".prof", handle.read())]
 
 
-def python_stats(data: bytes, top: int = 30) -> list[dict[str, object]]:
+def python_stats(data: bytes, top: int = 30) -> list[dict[str, Any]]:
     """The `top` functions of a published `.prof` file by cumulative time."""
     with tempfile.TemporaryDirectory(prefix="stepscope-pstats-") as folder:
         path = os.path.join(folder, "profile.prof")
         with open(path, "wb") as handle:
             handle.write(data)
         stats = pstats.Stats(path)
-    rows = []
+    rows: list[dict[str, Any]] = []
     for (filename, line, function), (calls, primitive, total, cumulative, _callers) in stats.stats.items():  # type: ignore[attr-defined]
         rows.append({"function": function, "file": filename, "line": line, "calls": calls, "primitive_calls": primitive, "self_s": total, "cumulative_s": cumulative})
-    rows.sort(key=lambda r: -float(r["cumulative_s"]))  # type: ignore[arg-type]
+    rows.sort(key=lambda r: -float(r["cumulative_s"]))
     return rows[:top]
 
 

@@ -94,7 +94,10 @@ def read_trace(
     """Parse one trace file: a key in `store`, a local path, or the bytes themselves.
     `progress(bytes_read, total_or_None)` is called after every chunk (`size`: the stored
     size when the caller knows it)."""
-    where = store.describe(os.fspath(source)) if store is not None else (os.fspath(source) if not isinstance(source, bytes) else "<bytes>")
+    if isinstance(source, bytes):
+        where = "<bytes>"
+    else:
+        where = store.describe(os.fspath(source)) if store is not None else os.fspath(source)
     chunks = _prefetched(_byte_chunks(source, store, chunk_bytes, size))
     try:
         return _Parser(where, chunk_bytes, progress).run(chunks)
@@ -187,7 +190,7 @@ class _prefetched:
             raise StopIteration
         if isinstance(item, BaseException):
             raise item
-        return item  # type: ignore[no-any-return]
+        return item
 
     def close(self) -> None:
         self._stop.set()

@@ -63,7 +63,7 @@ def write_timeline(
         builder.write(sys.stdout)
         return builder.counts
     opener = gzip.open if output.endswith(".gz") else open
-    with opener(output, "wt", encoding="utf-8") as handle:  # type: ignore[operator]
+    with opener(output, "wt", encoding="utf-8") as handle:
         builder.write(handle)
     return builder.counts
 
