@@ -247,7 +247,19 @@ def _run_rules(args: argparse.Namespace) -> int:
 
 # --- entry point ------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules]
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    from .export.cli import add_parser
+
+    add_parser(sub)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    from .report.cli import add_parser
+
+    add_parser(sub)
+
+
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_export, _add_report]
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,100 @@
+"""Figures for the report, drawn with matplotlib (Agg, no display) into SVG markup that is
+inlined in the HTML: text stays text (small, sharp in print), no external resource."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+import numpy as np
+
+MAX_POINTS = 2000  # a line holds at most this many points; more would only add bytes
+_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=False)
+    import matplotlib.pyplot as plt
+
+    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
+    return plt
+
+
+def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    if len(x) <= MAX_POINTS:
+        return x, y
+    keep = np.linspace(0, len(x) - 1, MAX_POINTS).astype(int)
+    return x[keep], y[keep]
+
+
+def _svg(fig) -> str:
+    plt = _pyplot()
+    buffer = io.StringIO()
+    fig.savefig(buffer, format="svg", bbox_inches="tight")
+    plt.close(fig)
+    text = buffer.getvalue()
+    # Keep only the <svg> element: the XML prolog and DOCTYPE are not valid inside HTML.
+    text = text[text.index("<svg") :]
+    # matplotlib's ids repeat across figures ("patch_1"...); make them unique per figure.
+    prefix = f"f{next(_ids)}_"
+    text = re.sub(r'id="([^"]+)"', lambda m: f'id="{prefix}{m.group(1)}"', text)
+    return re.sub(r'(url\(#|href="#)([^)"]+)', lambda m: f"{m.group(1)}{prefix}{m.group(2)}", text)
+
+
+def _counter():
+    n = 0
+    while True:
+        n += 1
+        yield n
+
+
+_ids = _counter()
+
+
+def line_chart(
+    series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, xlabel: str, ylabel: str,
+    marks: Iterable[tuple[float, str]] = (), logy: bool = False, width: float = 7.5, height: float = 2.6,
+) -> str:
+    """Lines (label -> (x, y)); `marks` are vertical lines (x, label) such as fired steps."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(width, height))
+    for i, (label, (x, y)) in enumerate(series.items()):
+        xs, ys = _thin(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
+        ax.plot(xs, ys, label=label, color=_COLORS[i % len(_COLORS)], linewidth=1.2, marker="o" if len(xs) < 40 else None, markersize=2.5)
+    labelled = set()
+    for x, label in marks:
+        ax.axvline(x, color="#d62728", linestyle="--", linewidth=0.9, alpha=0.8, label=None if label in labelled else label)
+        labelled.add(label)
+    if logy:
+        ax.set_yscale("symlog" if any(np.nanmin(np.asarray(y, dtype=float), initial=1.0) <= 0 for _, y in series.values()) else "log")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    if len(series) > 1 or labelled:
+        ax.legend(fontsize=7, loc="best", ncol=2 if len(series) > 6 else 1)
+    return _svg(fig)
+
+
+def histogram(values: Sequence[float], *, xlabel: str, bins: int = 40, width: float = 7.5, height: float = 2.4) -> str:
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(width, height))
+    ax.hist(np.asarray(values, dtype=float), bins=bins, color=_COLORS[0])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("count")
+    ax.grid(alpha=0.3)
+    return _svg(fig)
+
+
+def bar_chart(labels: Sequence[str], values: Sequence[float], *, xlabel: str, width: float = 7.5) -> str:
+    """Horizontal bars, largest first as given."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(width, max(1.2, 0.28 * len(labels) + 0.6)))
+    positions = np.arange(len(labels))[::-1]
+    ax.barh(positions, values, color=_COLORS[0])
+    ax.set_yticks(positions, [label if len(label) <= 50 else label[:47] + "..." for label in labels])
+    ax.set_xlabel(xlabel)
+    ax.grid(alpha=0.3, axis="x")
+    return _svg(fig)
