@@ -119,8 +119,9 @@ class LocalStore(Store):
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         base = self._path(prefix) if prefix else self.root
         # A prefix may name a folder or the start of file names inside one.
-        folder = base if base.is_dir() else base.parent
-        if not folder.is_dir():
+        # A missing job root has no keys: its parent folder is someone else's.
+        folder = base if base.is_dir() else base.parent if prefix else None
+        if folder is None or not folder.is_dir():
             return []
         keys = []
         root_len = len(str(self.root)) + 1
