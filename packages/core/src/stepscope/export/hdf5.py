@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
+import ml_dtypes
 import numpy as np
 
 from ..exceptions import ConfigError
@@ -55,10 +56,10 @@ class _Series:
         self.values = group.create_dataset(
             "values", shape=(0, *sample.shape), maxshape=(None, *sample.shape), dtype=dtype,
             chunks=(rows_per_chunk, *sample.shape) if sample.size else None,
-            compression=compression if sample.size else None,
+            compression=compression if sample.size else None, compression_opts=_level(compression) if sample.size else None,
         )
         self.index = {
-            key: group.create_dataset(key, shape=(0,), maxshape=(None,), dtype=kind, chunks=(4096,), compression=compression)
+            key: group.create_dataset(key, shape=(0,), maxshape=(None,), dtype=kind, chunks=(4096,), compression=compression, compression_opts=_level(compression))
             for key, kind in (("step", "i8"), ("mode", "i1"), ("mode_step", "i8"), ("worker", "i4"))
         }
         self.pending: list[tuple[np.ndarray, int, int, int, int]] = []
@@ -81,20 +82,31 @@ class _Series:
         return count
 
 
+def _level(compression: str | None) -> int | None:
+    # gzip level 1: about the ratio of the default (4) on float data, at a fraction of the time.
+    return 1 if compression == "gzip" else None
+
+
 def h5_dtype(dtype: np.dtype) -> Any:
     import h5py
 
     if dtype.kind in "USO":
         return h5py.string_dtype()
-    if dtype.name == "bfloat16":  # HDF5 has no bfloat16; float32 holds it exactly
+    if dtype == _BFLOAT16:  # HDF5 has no bfloat16; float32 holds it exactly
         return np.float32
     return dtype
 
 
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
 def _as_storable(value: np.ndarray) -> np.ndarray:
-    if value.dtype.kind == "U":
+    kind = value.dtype.kind
+    if kind in "biuf":
+        return value
+    if kind == "U":
         return value.astype(object)
-    if value.dtype.name == "bfloat16":
+    if value.dtype == _BFLOAT16:
         return value.astype(np.float32)
     return value
 
@@ -124,7 +136,7 @@ def export_hdf5(
         series: dict[tuple[str, tuple[int, ...]], _Series] = {}
         first_shape: dict[str, tuple[int, ...]] = {}
         batch_rows = 0
-        for item in iter_step_values(trial, selection, progress):
+        for item in iter_step_values(trial, selection, progress, wall_time=False):
             for name, value in item.values.items():
                 value = _as_storable(np.asarray(value))
                 key = (name, value.shape)

@@ -90,8 +90,9 @@ class Selection:
         return out
 
 
-def iter_step_values(trial: Trial, selection: Selection, progress: Any = None, batch_steps: int = BATCH_STEPS) -> Iterator[StepValues]:
-    """Every selected step of every worker with its selected values, in step order."""
+def iter_step_values(trial: Trial, selection: Selection, progress: Any = None, batch_steps: int = BATCH_STEPS, wall_time: bool = True) -> Iterator[StepValues]:
+    """Every selected step of every worker with its selected values, in step order; with
+    `wall_time`, when the step was saved (one more small read per step)."""
     names = selection.tensor_names(trial)
     steps = selection.global_steps(trial)
     workers = trial.workers() or ["worker_0"]
@@ -110,7 +111,7 @@ def iter_step_values(trial: Trial, selection: Selection, progress: Any = None, b
                     if array is not None:
                         values[name] = array
                 if values:
-                    yield StepValues(step, mode, mode_step, worker, _wall_time(trial, next(iter(values)), step, worker), values)
+                    yield StepValues(step, mode, mode_step, worker, _wall_time(trial, next(iter(values)), step, worker) if wall_time else None, values)
         if progress:
             progress(min(first + batch_steps, len(steps)), len(steps))
 

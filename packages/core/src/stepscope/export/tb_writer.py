@@ -35,12 +35,23 @@ def histogram_proto(values: Any, bins: int = DEFAULT_BINS) -> Any | None:
     if low == high:
         counts, limits = np.array([flat.size]), np.array([high])
     else:
-        counts, edges = np.histogram(flat, bins=bins, range=(low, high))
-        limits = edges[1:]
+        counts, limits = _equal_bins(flat, low, high, bins)
     return HistogramProto(
         min=low, max=high, num=float(flat.size), sum=float(flat.sum()), sum_squares=float(np.dot(flat, flat)),
         bucket_limit=limits.tolist(), bucket=counts.astype(np.float64).tolist(),
     )
+
+
+def _equal_bins(flat: np.ndarray, low: float, high: float, bins: int) -> tuple[np.ndarray, np.ndarray]:
+    """np.histogram(flat, bins, (low, high)) without its generality (several times faster on
+    small tensors): index by scaling, then move values that rounding put on the wrong side
+    of an edge, as numpy does."""
+    edges = np.linspace(low, high, bins + 1)
+    index = ((flat - low) * (bins / (high - low))).astype(np.intp)
+    np.clip(index, 0, bins - 1, out=index)
+    index -= flat < edges[index]
+    index += (flat >= edges[index + 1]) & (index != bins - 1)
+    return np.bincount(index, minlength=bins), edges[1:]
 
 
 def scalar_value(tag: str, value: float) -> Any:
