@@ -28,6 +28,8 @@ caption { text-align:left; font-weight:600; padding:4px 0; }
 th, td { border-bottom:1px solid var(--line); padding:4px 8px; text-align:left; vertical-align:top; overflow-wrap:break-word; }
 th { background:#f0f2f5; }
 td.num { text-align:right; font-variant-numeric: tabular-nums; }
+.wide { overflow-x:auto; }
+.wide table { font-size:11.5px; }
 figure { margin:8px 0 16px; }
 figure svg { max-width:100%; height:auto; }
 figcaption { font-size:12px; color:#555; }
@@ -46,6 +48,9 @@ figcaption { font-size:12px; color:#555; }
   section { border:none; padding:0; margin:0; break-before:page; }
   section:first-of-type { break-before:auto; }
   figure, tr, .callout, .missing { break-inside:avoid; }
+  .wide { overflow:visible; }
+  .wide table { font-size:8.5px; }
+  th, td { padding:2px 4px; }
   thead { display:table-header-group; }
   a { color:inherit; text-decoration:none; }
 }
@@ -93,7 +98,8 @@ def _block(block: Any) -> str:
         head = "".join(f"<th>{escape(str(c))}</th>" for c in block.columns)
         body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in block.rows)
         caption = f"<caption>{escape(block.caption)}</caption>" if block.caption else ""
-        return f'<table data-table="{escape(block.key)}">{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        table = f'<table data-table="{escape(block.key)}">{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        return f'<div class="wide">{table}</div>' if len(block.columns) > 7 else table
     if isinstance(block, Figure):
         caption = f"<figcaption>{escape(block.caption)}</figcaption>" if block.caption else ""
         return f'<figure data-figure="{escape(block.key)}">{block.svg}{caption}</figure>'
