@@ -8,6 +8,7 @@ import logging
 import os
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -106,6 +107,13 @@ class Writer:
         # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
         # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
         self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
+        # stepscope's own cost, measured here for the report: seconds the two threads spent
+        # working (not waiting) and bytes published.
+        self.busy_s = 0.0
+        self.bytes_written = 0
+        # Called on the writer thread with (step, mode, mode_step, {name: array}) after a step
+        # is framed (the live TensorBoard writer); a failing listener is dropped, not fatal.
+        self.step_listeners: list[Any] = []
         self._publisher = threading.Thread(target=self._publish_loop, name=f"stepscope-publisher-{worker}", daemon=True)
         self._publisher.start()
         self._thread = threading.Thread(target=self._run, name=f"stepscope-writer-{worker}", daemon=True)
@@ -199,8 +207,10 @@ class Writer:
                     return
                 job = self._queue.popleft()
             framed = None
+            started = time.perf_counter()
             if isinstance(job, _StepJob) and self._failsafe.enabled:
                 framed = self._failsafe.call(self._frame_step, job)
+            self.busy_s += time.perf_counter() - started
             self._framed.put((job, framed))
 
     def _publish_loop(self) -> None:
@@ -213,11 +223,14 @@ class Writer:
             if isinstance(job, _Barrier):
                 job.done.set()
                 continue
+            started = time.perf_counter()
             if self._failsafe.enabled:
                 if isinstance(job, _FileJob):
                     self._failsafe.call(self.store.write, job.key, job.data)
+                    self.bytes_written += len(job.data)
                 elif framed is not None:
                     self._failsafe.call(self._publish_step, job, *framed)
+            self.busy_s += time.perf_counter() - started
             with self._cond:
                 self._queued_bytes -= job.nbytes
                 self._cond.notify_all()
@@ -231,8 +244,11 @@ class Writer:
         parts: list[Any] = records.frame([events.file_version_event()])
         offset = sum(len(p) for p in parts)
         payload_index = []
+        arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
         for name, value in job.tensors.items():
             array = _as_array(value)
+            if arrays is not None:
+                arrays[name] = array
             framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step), placeholder_crc=self.payload_crc == "smdebug")
             length = sum(memoryview(p).nbytes for p in framed)
             payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
@@ -243,11 +259,23 @@ class Writer:
             "tensor_payload": payload_index,
             "shape_payload": [{"tensorname": n, "originalname": n, "shape": [int(d) for d in s]} for n, s in job.shapes.items()],
         }
+        if arrays is not None:
+            self._notify(job, arrays)
         return parts, index
+
+    def _notify(self, job: _StepJob, arrays: dict[str, np.ndarray]) -> None:
+        for listener in list(self.step_listeners):
+            try:
+                listener(job.step, job.mode, job.mode_step, arrays)
+            except Exception as exc:  # an optional output must not stop the tensors being saved
+                logger.warning("stepscope: %r failed and is turned off: %s", listener, exc)
+                self.step_listeners.remove(listener)
 
     def _publish_step(self, job: _StepJob, parts: list[Any], index: dict[str, Any]) -> None:
         self.store.write(index["meta"]["event_file_name"], parts)
-        self.store.write(layout.index_file_key(job.step, self.worker), json.dumps(index).encode())
+        index_bytes = json.dumps(index).encode()
+        self.store.write(layout.index_file_key(job.step, self.worker), index_bytes)
+        self.bytes_written += sum(memoryview(p).nbytes for p in parts) + len(index_bytes)
         self._add_to_step_table(job.step, index)
 
     # A step table repeats the index entries of up to STEPS_PER_TABLE steps in one file, so
