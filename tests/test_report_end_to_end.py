@@ -16,6 +16,7 @@ import torch
 from torch import nn
 
 import stepscope
+import stepscope.export
 from stepscope.cli import main as stepscope_cli
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.report import build_report, render_html, write_report
@@ -192,3 +193,19 @@ def test_report_of_a_job_on_s3(s3_url):
     assert "<svg" in html and 'data-section="cost"' in html
     assert build_report(s3_url, rules="none").section("rules").missing
     assert render_html(build_report(s3_url, rules="none")).count("<section") == len(SECTIONS)
+
+
+def test_exports_of_a_job_on_s3(s3_url, tmp_path):
+    import h5py
+
+    from stepscope.export import export_hdf5, export_tensorboard, hdf5_key
+
+    train(s3_url, steps=5, eval_steps=1)
+    trial = stepscope.create_trial(s3_url)
+    tb = export_tensorboard(s3_url, tmp_path / "tb")
+    assert tb.runs == ["eval", "train"] and tb.steps == 6
+    export_hdf5(s3_url, tmp_path / "job.h5", stepscope.export.Selection.from_args(regex=["weight"]))
+    with h5py.File(tmp_path / "job.h5") as h5:
+        group = h5["tensors"][hdf5_key("gradient/0.weight")]
+        for row, step in enumerate(group["step"][:]):
+            np.testing.assert_array_equal(group["values"][row], trial.tensor("gradient/0.weight").value(int(step)))
