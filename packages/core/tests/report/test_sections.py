@@ -70,3 +70,22 @@ def test_a_failing_section_is_reported_not_raised(tmp_path, write_job):
     assert "RuntimeError: boom" in section.missing[0]
     with pytest.raises(ConfigError, match="rules"):
         build_report(str(tmp_path), rules="sometimes")
+
+
+def test_activation_rules_run_when_their_tensors_were_saved(tmp_path):
+    from stepscope.collection_manager import CollectionManager
+    from stepscope.modes import ModeKeys
+    from stepscope.writer import Writer
+
+    with Writer(str(tmp_path / "job")) as writer:
+        writer.write_collections(CollectionManager().dumps())
+        for step in range(3):
+            dead = np.zeros((8, 4), dtype=np.float32)  # every unit inactive: DeadRelu fires
+            writer.write_step(step, ModeKeys.TRAIN, step, {"layer1.relu_output": dead})
+    report = build_report(str(tmp_path / "job"), rules="run")
+    health = report.section("health")
+    callouts = [b for b in health.blocks if getattr(b, "title", "").startswith("DeadRelu")]
+    assert callouts and callouts[0].level == "bad"
+    assert not any("Activation saturation" in m for m in health.missing)
+    rules = {row[0]: row for row in report.section("rules").table("rules").rows}
+    assert rules["DeadRelu"][2] == "fired" and "SaturatedActivation" not in rules
