@@ -108,6 +108,8 @@ def test_sections_numbers_and_the_fired_rule(job, written):
     timeline = trial.profiler.step_timeline()
     for mode, _rank, count, *_ in _table(html, "step-durations"):
         assert int(count) == int(((timeline["mode"] == mode) & timeline["phase"].isin(["step", "eval_step"])).sum())
+    # What was saved, and how often (the hook saved every step).
+    assert {row[0]: row[2] for row in _table(html, "saved")}["gradients"] == "every 1 step"
     # Missing data says what to save.
     assert re.search(r'data-missing="gpu">[^<]*traces', html)
 

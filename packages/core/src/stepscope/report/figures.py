@@ -65,9 +65,9 @@ def line_chart(
         xs, ys = _thin(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
         ax.plot(xs, ys, label=label, color=_COLORS[i % len(_COLORS)], linewidth=1.2, marker="o" if len(xs) < 40 else None, markersize=2.5)
     labelled = set()
-    for x, label in marks:
-        ax.axvline(x, color="#d62728", linestyle="--", linewidth=0.9, alpha=0.8, label=None if label in labelled else label)
-        labelled.add(label)
+    for at, mark in marks:
+        ax.axvline(at, color="#d62728", linestyle="--", linewidth=0.9, alpha=0.8, label=None if mark in labelled else mark)
+        labelled.add(mark)
     if logy:
         ax.set_yscale("symlog" if any(np.nanmin(np.asarray(y, dtype=float), initial=1.0) <= 0 for _, y in series.values()) else "log")
     ax.set_xlabel(xlabel)

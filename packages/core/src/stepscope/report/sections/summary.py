@@ -111,5 +111,19 @@ def _saved(ctx: ReportContext, section: Section) -> None:
             continue
         config = collection.save_config.to_json() if collection.save_config else {}
         train = config.get(ModeKeys.TRAIN.name) if isinstance(config, dict) else None
-        rows.append((name, len(tensors), json.dumps(train) if train else "hook's save_config"))
-    section.add(Table(("collection", "tensors", "TRAIN save config"), tuple(rows), caption=f"What was saved: {len(trial.steps())} steps ({mode_counts})", key="saved"))
+        rows.append((name, len(tensors), _how_often(train) if train else "the hook's save_config"))
+    section.add(Table(("collection", "tensors", "saved (TRAIN)"), tuple(rows), caption=f"What was saved: {len(trial.steps())} steps ({mode_counts})", key="saved"))
+
+
+def _how_often(config: dict) -> str:
+    """`every 100 steps from 0`, `steps 5, 10`, ... from a SaveConfigMode's JSON."""
+    parts = []
+    interval = config.get("save_interval")
+    if interval:
+        parts.append(f"every {interval} step{'s' if interval != 1 else ''}")
+        start, end = config.get("start_step") or 0, config.get("end_step")
+        if start or end is not None:
+            parts.append(f"from {start}" + (f" to {end}" if end is not None else ""))
+    if config.get("save_steps"):
+        parts.append("at steps " + ", ".join(str(s) for s in config["save_steps"][:10]) + (" ..." if len(config["save_steps"]) > 10 else ""))
+    return " ".join(parts) or json.dumps(config)

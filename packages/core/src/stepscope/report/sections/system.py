@@ -28,8 +28,8 @@ def build(ctx: ReportContext) -> Section:
     for dimension, label in _OVER_TIME:
         part = frame[frame["dimension"] == dimension]
         if not len(part):
-            if dimension.startswith("GPU"):
-                section.missing.append(f"{label}: no GPU samples (no NVIDIA GPU, or stepscope[gpu] not installed).")
+            if dimension == "GPUUtilization":
+                section.missing.append("GPU utilisation and memory: no GPU samples (no NVIDIA GPU, or stepscope[gpu] not installed for NVML).")
             continue
         series = {f"{node} {name}": ((g["timestamp"] - start).tolist(), g["value"].tolist()) for (node, name), g in part.groupby(["node_id", "name"], observed=True)}
         section.add(Figure(line_chart(series, xlabel="seconds since the first sample", ylabel=label), caption=f"{label} over time", key=f"over-time-{dimension}"))
