@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..store import Store, open_store
+from ..store import Store
 from ..trial import Trial, create_trial
 from .context import ReportContext
 from .findings import Finding, run_default_rules, saved_findings
@@ -83,21 +83,21 @@ def _guarded(build: Callable[[ReportContext], Section], ctx: ReportContext) -> S
 def write_report(
     job: Trial | str | Store, output: str | None = None, *, pdf: bool = False,
     findings: Sequence[Finding | dict[str, Any]] | None = None, rules: str = "auto",
-    progress: Callable[[int, int], None] | None = None,
+    progress: Callable[[int, int], None] | None = None, key: str = REPORT_NAME,
 ) -> WrittenReport:
-    """Build the report and write it to `output` (a local path), or next to the job
-    (`<job>/stepscope-report.html`, local or S3) when `output` is None. With `pdf`, also
-    the PDF beside the HTML."""
+    """Build the report and write it to `output` (a local path), or into the job's store
+    at `key` (default `<job>/stepscope-report.html`, local or S3) when `output` is None.
+    With `pdf`, also the PDF beside the HTML."""
     trial = job if isinstance(job, Trial) else create_trial(job)
     report = build_report(trial, findings, rules=rules, progress=progress)
     html = render_html(report).encode("utf-8")
     if output is None:
         store = trial.store
-        store.write(REPORT_NAME, html)
-        html_where = store.describe(REPORT_NAME)
+        store.write(key, html)
+        html_where = store.describe(key)
         pdf_where = None
         if pdf:
-            pdf_where = _pdf_into_store(store, html)
+            pdf_where = _pdf_into_store(store, html, os.path.splitext(key)[0] + ".pdf")
         return WrittenReport(html_where, pdf_where, report)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "wb") as f:
@@ -110,10 +110,9 @@ def write_report(
     return WrittenReport(output, pdf_path, report)
 
 
-def _pdf_into_store(store: Store, html: bytes) -> str:
+def _pdf_into_store(store: Store, html: bytes, key: str) -> str:
     from .pdf import html_to_pdf
 
-    key = REPORT_NAME.replace(".html", ".pdf")
     with tempfile.TemporaryDirectory(prefix="stepscope-report-") as tmp:
         html_path = os.path.join(tmp, REPORT_NAME)
         with open(html_path, "wb") as f:
@@ -122,7 +121,3 @@ def _pdf_into_store(store: Store, html: bytes) -> str:
         with open(pdf_path, "rb") as f:
             store.write(key, f.read())
     return store.describe(key)
-
-
-def open_job(path: str) -> Trial:
-    return create_trial(open_store(path))
