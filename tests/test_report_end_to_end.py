@@ -57,9 +57,15 @@ def train(out_dir: str, steps: int = 24, eval_steps: int = 4, **hook_options) ->
 
 
 @pytest.fixture(scope="module")
-def job(tmp_path_factory):
+def live_tensorboard(tmp_path_factory):
+    return str(tmp_path_factory.mktemp("tb"))
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory, live_tensorboard):
+    """The job, written by a hook that also writes TensorBoard live and its report at close."""
     path = str(tmp_path_factory.mktemp("report") / "job")
-    train(path)
+    train(path, tensorboard_dir=live_tensorboard, report=True)
     return path
 
 
@@ -211,3 +217,37 @@ def test_exports_of_a_job_on_s3(s3_url, tmp_path):
         group = h5["tensors"][hdf5_key("gradient/0.weight")]
         for row, step in enumerate(group["step"][:]):
             np.testing.assert_array_equal(group["values"][row], trial.tensor("gradient/0.weight").value(int(step)))
+
+
+def test_the_hook_wrote_its_report_its_cost_and_live_tensorboard(job, live_tensorboard):
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    from stepscope.cost import read_costs
+    from stepscope.store import open_store
+
+    # report=True: written at close, next to the job, with the rules run then.
+    html = open(os.path.join(job, "stepscope-report.html"), encoding="utf-8").read()
+    assert "ExplodingTensor" in html and 'data-table="cost"' in html
+    # The cost the hook measured: every step, time inside the hooks, the writer's bytes.
+    cost = read_costs(open_store(job))["worker_0"]
+    assert cost.steps == 28 and 0 < cost.hook_s < cost.step_s and cost.writer_s > 0
+    on_disk = sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(job) for f in files if f.endswith(".tfevents"))
+    assert cost.bytes_written > on_disk > 0
+    assert cost.versions["torch"] == torch.__version__
+    (row,) = _table(html, "cost")
+    assert row[0] == "worker_0" and row[1] == "28" and row[7] == str(cost.bytes_written)
+    # tensorboard_dir=: the loss of every step, as TensorBoard's loader reads it.
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(live_tensorboard)
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, live_tensorboard)
+    scalars = provider.read_scalars(context.RequestContext(), experiment_id="", plugin_name="scalars", downsample=1000)
+    trial = stepscope.create_trial(job)
+    loss = trial.tensor_names(collection="losses")[0]
+    points = scalars["train"][loss]
+    values = trial.tensor(loss).values(mode="train")
+    assert [p.step for p in points] == [trial.global_step("train", s) for s in sorted(values)]
+    np.testing.assert_allclose([p.value for p in points], [float(values[s]) for s in sorted(values)], rtol=1e-6, equal_nan=True)
+    histograms = provider.read_tensors(context.RequestContext(), experiment_id="", plugin_name="histograms", downsample=1000)
+    assert "0.weight" in histograms["train"] and "eval" in scalars

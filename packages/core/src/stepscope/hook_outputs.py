@@ -81,9 +81,9 @@ class HookOutputs:
     def leave(self) -> None:
         self.meter.leave()
 
-    def step_begins(self, global_step: int) -> None:
+    def step_begins(self, global_step: int, at: float | None = None) -> None:
         """Step time runs from one step's start to the next one's (what a user calls a step)."""
-        now = time.perf_counter()
+        now = time.perf_counter() if at is None else at
         if self._step is not None:
             self.meter.step_done(self._step, now - self._step_started)
         self._step, self._step_started = global_step, now
@@ -114,6 +114,48 @@ class HookOutputs:
                 logger.warning("stepscope: report written to %s", written_report.html)
 
             _quietly("write the report", _report)
+
+
+# The hook's entry points whose time counts as "in the hooks": the step driver, the
+# save calls, and what plugins call for every tensor of a due step (nested calls count once).
+_TIMED_METHODS = ("end_step", "phase_event", "finish_step_timing", "save_tensor", "save_scalar", "save_loss", "plan", "record", "flush")
+
+
+def instrument(hook: Any, outputs: HookOutputs) -> None:
+    """Time `hook`'s entry points into `outputs`: each is replaced, on this instance only,
+    by a wrapper that brackets it with enter()/leave(); begin_step also marks the step."""
+    meter = outputs.meter
+    for name in _TIMED_METHODS:
+        method = getattr(hook, name, None)
+        if method is not None:
+            setattr(hook, name, _timed(method, meter))
+    begin = hook.begin_step
+
+    def begin_step(*args: Any, **kwargs: Any) -> Any:
+        started = time.perf_counter()
+        meter.enter()
+        try:
+            return begin(*args, **kwargs)
+        finally:
+            meter.leave()
+            step = getattr(hook, "current_step", None)
+            if step is not None:
+                outputs.step_begins(step.global_step, started)
+
+    hook.begin_step = begin_step
+
+
+def _timed(method: Any, meter: CostMeter) -> Any:
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        meter.enter()
+        try:
+            return method(*args, **kwargs)
+        finally:
+            meter.leave()
+
+    timed.__wrapped__ = method  # type: ignore[attr-defined]
+    timed.__doc__ = method.__doc__
+    return timed
 
 
 def _quietly(what: str, call: Any) -> None:
