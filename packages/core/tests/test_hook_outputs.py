@@ -4,6 +4,7 @@ run (read back by TensorBoard's loader), the cost file, and the report at close.
 from __future__ import annotations
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -20,11 +21,9 @@ def _drive(out_dir, tensorboard_dir=None, report=False, steps=4):
     outputs.attach(writer)
     saved = {}
     for step in range(steps):
-        outputs.step_begins(step)
-        outputs.enter()
+        outputs.meter.step_begins(step, time.perf_counter())
         tensors = {"loss": np.float32(1.0 / (step + 1)), "fc.weight": np.arange(6, dtype=np.float32).reshape(2, 3) * step}
-        writer.write_step(step, ModeKeys.TRAIN, step, tensors)
-        outputs.leave()
+        outputs.meter.timed(writer.write_step)(step, ModeKeys.TRAIN, step, tensors)
         saved[step] = tensors
     writer.close()
     outputs.close(writer.store, writer)

@@ -8,6 +8,7 @@ import json
 import logging
 import platform
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -54,43 +55,82 @@ class HookCost:
 
 
 class CostMeter:
-    """Accumulates the hook's own time. `enter()`/`leave()` bracket each stretch of hook
-    code (they nest); `step_done(step, step_s)` closes a step. perf_counter only: cheap
-    enough for the hot path (two calls per hook entry)."""
+    """Accumulates the hook's own time. `timed(method)` wraps a hook entry point; nested
+    entry points count once (the outer one). `step_begins(step, at)` closes the previous
+    step. A wrapped call costs two perf_counter reads and a few attribute updates: the
+    meter stays on in every job."""
+
+    __slots__ = ("cost", "depth", "hook_s", "step_hook_s", "_step", "_step_started", "_stride", "_entered")
 
     def __init__(self, worker: str, versions: dict[str, str] | None = None):
         self.cost = HookCost(worker, versions={"python": platform.python_version(), **(versions or {})})
-        self._depth = 0
-        self._entered = 0.0
-        self._step_hook_s = 0.0
+        self.depth = 0
+        self.hook_s = 0.0
+        self.step_hook_s = 0.0
+        self._step: int | None = None
+        self._step_started = 0.0
         self._stride = 1
+        self._entered = 0.0
+
+    def timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        meter = self
+        clock = time.perf_counter
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if meter.depth:
+                return method(*args, **kwargs)
+            meter.depth = 1
+            started = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                elapsed = clock() - started
+                meter.depth = 0
+                meter.hook_s += elapsed
+                meter.step_hook_s += elapsed
+
+        timed.__wrapped__ = method  # type: ignore[attr-defined]
+        timed.__doc__ = method.__doc__
+        return timed
 
     def enter(self) -> None:
-        if self._depth == 0:
-            self._entered = time.perf_counter()
-        self._depth += 1
+        """For code that cannot be wrapped: `enter()` ... `leave()` (not nested)."""
+        self.depth += 1
+        self._entered = time.perf_counter()
 
     def leave(self) -> None:
-        self._depth -= 1
-        if self._depth == 0:
-            elapsed = time.perf_counter() - self._entered
-            self._step_hook_s += elapsed
-            self.cost.hook_s += elapsed
+        elapsed = time.perf_counter() - self._entered
+        self.depth -= 1
+        self.hook_s += elapsed
+        self.step_hook_s += elapsed
+
+    def step_begins(self, step: int, at: float) -> None:
+        """Step time runs from one step's start to the next one's (what a user calls a step)."""
+        if self._step is not None:
+            self.step_done(self._step, at - self._step_started)
+        self._step, self._step_started = step, at
+
+    def step_ends(self, at: float) -> None:
+        """Close the last step (at close, or before a pause such as between fit and test)."""
+        if self._step is not None:
+            self.step_done(self._step, at - self._step_started)
+            self._step = None
 
     def step_done(self, step: int, step_s: float) -> None:
         cost = self.cost
         cost.steps += 1
         cost.step_s += step_s
-        if step % self._stride == 0:
-            cost.samples.append((step, step_s, self._step_hook_s))
+        if self._stride == 1 or step % self._stride == 0:
+            cost.samples.append((step, step_s, self.step_hook_s))
             if len(cost.samples) >= MAX_SAMPLES:
                 cost.samples = cost.samples[::2]
                 self._stride *= 2
-        self._step_hook_s = 0.0
+        self.step_hook_s = 0.0
 
     def to_bytes(self, writer_s: float, bytes_written: int) -> bytes:
-        self.cost.writer_s, self.cost.bytes_written = writer_s, bytes_written
-        return json.dumps(self.cost.to_json()).encode()
+        cost = self.cost
+        cost.hook_s, cost.writer_s, cost.bytes_written = self.hook_s, writer_s, bytes_written
+        return json.dumps(cost.to_json()).encode()
 
 
 def read_costs(store: Any) -> dict[str, HookCost]:

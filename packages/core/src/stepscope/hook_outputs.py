@@ -55,9 +55,9 @@ class _LiveTensorBoard:
 
 
 class HookOutputs:
-    """Per hook: `attach(writer)` once the writer exists; `enter()`/`leave()` around hook
-    code on the training thread; `step_begins(global_step)` at each step; `close(...)`
-    after the writer closed."""
+    """Per hook: `attach(writer)` once the writer exists, `instrument(hook, outputs)` to
+    time the hook's entry points into `meter`, `close(store, writer)` after the writer
+    closed."""
 
     def __init__(self, worker: str, *, tensorboard_dir: str | None = None, report: bool = False, several_workers: bool = False, chief: bool = True):
         self.worker = worker
@@ -67,32 +67,14 @@ class HookOutputs:
         self.chief = chief
         self.meter = CostMeter(worker)
         self._live: _LiveTensorBoard | None = None
-        self._step: int | None = None
-        self._step_started = 0.0
 
     def attach(self, writer: Any) -> None:
         if self.tensorboard_dir and writer is not None:
             self._live = _LiveTensorBoard(self.tensorboard_dir, self.worker, self.several_workers)
             writer.step_listeners.append(self._live)
 
-    def enter(self) -> None:
-        self.meter.enter()
-
-    def leave(self) -> None:
-        self.meter.leave()
-
-    def step_begins(self, global_step: int, at: float | None = None) -> None:
-        """Step time runs from one step's start to the next one's (what a user calls a step)."""
-        now = time.perf_counter() if at is None else at
-        if self._step is not None:
-            self.meter.step_done(self._step, now - self._step_started)
-        self._step, self._step_started = global_step, now
-
     def step_ends(self) -> None:
-        """For the last step (or before a pause, e.g. between fit and test): close it now."""
-        if self._step is not None:
-            self.meter.step_done(self._step, time.perf_counter() - self._step_started)
-            self._step = None
+        self.meter.step_ends(time.perf_counter())
 
     def close(self, store: Any, writer: Any) -> None:
         """Publish the cost file, close the live TensorBoard files, and write the report
@@ -122,40 +104,34 @@ _TIMED_METHODS = ("end_step", "phase_event", "finish_step_timing", "save_tensor"
 
 
 def instrument(hook: Any, outputs: HookOutputs) -> None:
-    """Time `hook`'s entry points into `outputs`: each is replaced, on this instance only,
-    by a wrapper that brackets it with enter()/leave(); begin_step also marks the step."""
+    """Time `hook`'s entry points into `outputs.meter`: each is replaced, on this instance
+    only, by a timed wrapper; begin_step also starts the step's clock."""
     meter = outputs.meter
     for name in _TIMED_METHODS:
         method = getattr(hook, name, None)
         if method is not None:
-            setattr(hook, name, _timed(method, meter))
+            setattr(hook, name, meter.timed(method))
     begin = hook.begin_step
+    clock = time.perf_counter
 
     def begin_step(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        meter.enter()
+        # One wrapper for both the time inside begin_step and the step clock: this runs
+        # on every step, saved or not.
+        started = clock()
+        meter.depth = 1
         try:
             return begin(*args, **kwargs)
         finally:
-            meter.leave()
-            step = getattr(hook, "current_step", None)
+            meter.depth = 0
+            elapsed = clock() - started
+            meter.hook_s += elapsed
+            meter.step_hook_s += elapsed
+            step = hook._step  # the step just opened (None when the hook is off)
             if step is not None:
-                outputs.step_begins(step.global_step, started)
+                meter.step_begins(step.global_step, started)
 
+    begin_step.__doc__ = begin.__doc__
     hook.begin_step = begin_step
-
-
-def _timed(method: Any, meter: CostMeter) -> Any:
-    def timed(*args: Any, **kwargs: Any) -> Any:
-        meter.enter()
-        try:
-            return method(*args, **kwargs)
-        finally:
-            meter.leave()
-
-    timed.__wrapped__ = method  # type: ignore[attr-defined]
-    timed.__doc__ = method.__doc__
-    return timed
 
 
 def _quietly(what: str, call: Any) -> None:

@@ -3,6 +3,8 @@ the hooks measured; a failing section does not lose the report."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -32,15 +34,16 @@ def test_a_tensor_only_job(tmp_path, write_job):
 def test_cost_section_shows_what_the_hooks_measured(tmp_path, write_job):
     _, writer = write_job(str(tmp_path / "job"), steps=3, eval_steps=0)
     meter = CostMeter("worker_0", {"torch": "2.x"})
+    inner = meter.timed(lambda: time.sleep(0.001))
+    outer = meter.timed(lambda: inner())  # nested entry points count once
     for step in range(3):
-        meter.enter()
-        meter.enter()  # nested entries count once
-        meter.leave()
-        meter.leave()
-        meter.step_done(step, 0.5)
+        meter.step_begins(step, 10.0 + 0.5 * step)
+        outer()
+    meter.step_ends(11.5)
     writer.store.write(cost_key("worker_0"), meter.to_bytes(writer_s=0.3, bytes_written=1234))
     cost = read_costs(writer.store)["worker_0"]
-    assert cost.steps == 3 and cost.step_s == 1.5 and 0 < cost.hook_s < 0.1 and len(cost.samples) == 3
+    assert cost.steps == 3 and cost.step_s == 1.5 and 0.003 <= cost.hook_s < 0.1 and len(cost.samples) == 3
+    assert [s for s, _, _ in cost.samples] == [0, 1, 2] and all(0.001 <= h < 0.05 for _, _, h in cost.samples)
     report = build_report(str(tmp_path / "job"), rules="none")
     (row,) = report.section("cost").table("cost").rows
     assert row[0] == "worker_0" and row[1] == 3 and row[7] == 1234
