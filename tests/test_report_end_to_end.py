@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+from html import escape
 
 import numpy as np
 import pytest
@@ -21,8 +22,7 @@ from stepscope.cli import main as stepscope_cli
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.report import build_report, render_html, write_report
 from stepscope.report.html import format_value
-from stepscope.rules import DEFAULT_RULES, run_rules
-from stepscope.rules.registry import tensor_rule_class
+from stepscope.rules import default_rules, run_rules
 from stepscope_torch import Hook
 
 pytestmark = pytest.mark.heavy
@@ -87,8 +87,9 @@ def test_sections_numbers_and_the_fired_rule(job, written):
     trial = stepscope.create_trial(job)
 
     # Rules: the same statuses and violation counts as running the default rules directly.
-    direct = {r.rule: r for r in run_rules([tensor_rule_class(n)(stepscope.create_trial(job)) for n in DEFAULT_RULES])}
+    direct = {r.rule: r for r in run_rules(default_rules(stepscope.create_trial(job)))}
     rows = {row[0]: row for row in _table(html, "rules")}
+    assert set(rows) == set(direct)
     for name, report in direct.items():
         assert rows[name][2] == report.status and rows[name][3] == str(report.violations)
     assert direct["ExplodingTensor"].fired and direct["ExplodingTensor"].fired_steps[0] == NAN_STEP
@@ -96,7 +97,9 @@ def test_sections_numbers_and_the_fired_rule(job, written):
     summary = html[html.index('data-section="summary"') : html.index('data-section="rules"')]
     assert "ExplodingTensor" in summary and f"First at step {NAN_STEP}" in summary and 'class="callout bad"' in summary
     callout = next(b for b in written.report.section("summary").blocks if getattr(b, "title", "").endswith("ExplodingTensor"))
-    assert callout.level == "bad" and all(advice in summary for advice in callout.items)
+    advice = direct["ExplodingTensor"].explanation.advice
+    assert callout.level == "bad" and advice and list(callout.items) == list(advice)
+    assert all(escape(a) in summary for a in advice)
 
     # Training health: first and last loss per mode equal the trial's values.
     loss_name = trial.tensor_names(collection="losses")[0]

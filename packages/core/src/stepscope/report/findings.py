@@ -110,24 +110,9 @@ def saved_findings(store: Any) -> list[Finding] | None:
     return out
 
 
-_ACTIVATION_RULES = (("DeadRelu", r"relu_output"), ("SaturatedActivation", r"(tanh|sigmoid)_input"))
-
-
 def run_default_rules(trial: Any) -> list[Finding]:
-    """Run the default rule set (and the profiler rules when profiler data exists) now."""
-    from ..layout import PROFILER_DIR
-    from ..rules import DEFAULT_RULES, run_rules
-    from ..rules.registry import tensor_rule_class
+    """Run stepscope's default rule set for this job now (`stepscope.rules.default_rules`:
+    the tensor rules whose inputs were saved, the profiler rules when there is profiler data)."""
+    from ..rules import default_rules, run_rules
 
-    names = list(DEFAULT_RULES)
-    # The activation rules join when the tensors they read were saved (the health section shows them).
-    for name, regex in _ACTIVATION_RULES:
-        if name not in names and trial.tensor_names(regex=regex):
-            names.append(name)
-    rules = [tensor_rule_class(name)(trial) for name in names]
-    reports = [r.to_json() for r in run_rules(rules)] if trial.steps() else []
-    if trial.store.list(PROFILER_DIR + "/"):
-        from ..profiler.rules import run_profiler_rules
-
-        reports += run_profiler_rules(trial)
-    return [Finding.from_json(r) for r in reports]
+    return [Finding.from_json(report.to_json()) for report in run_rules(default_rules(trial))]
