@@ -123,6 +123,10 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"rule name(s) {', '.join(duplicates)} given twice; their reports would overwrite each other")
+    if "ProfilerReport" in names:  # the report shows the other rules of this run
+        from .report.rule import with_companions
+
+        with_companions(rules)
     return rules
 
 

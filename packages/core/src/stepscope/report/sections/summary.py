@@ -32,7 +32,8 @@ def _verdict(ctx: ReportContext, section: Section) -> None:
     elif not fired:
         section.add(Callout("ok", "No rule fired", f"{len(ctx.findings)} rule(s) ran; none found a problem."))
     for rank, finding in enumerate(fired, start=1):
-        steps = f" First at step {finding.fired_steps[0]}." if finding.fired_steps else ""
+        # The rule model's summary names the first step; older reports only list fired steps.
+        steps = f" First at step {finding.fired_steps[0]}." if finding.fired_steps and "first" not in finding.summary.lower() else ""
         section.add(Callout("bad", f"{rank}. {finding.rule}", f"{finding.summary}.{steps}", finding.advice))
 
 
