@@ -9,15 +9,10 @@ from stepscope.profiler.rules import OverallSystemUsage
 from stepscope.report import build_report
 
 
-def _statistics(result):
-    body = result.to_json() if hasattr(result, "to_json") else result
-    return body.get("statistics") or body.get("details")
-
-
 def test_system_usage_equals_the_rule(profiler_job):
     report = build_report(profiler_job, rules="none")
     section = report.section("system")
-    expected = _statistics(OverallSystemUsage().run(create_profiler_trial(profiler_job)))["nodes"]["algo-1"]
+    expected = OverallSystemUsage().run(create_profiler_trial(profiler_job)).statistics["nodes"]["algo-1"]
     rows = {row[1]: row for row in section.table("system-usage").rows}
     assert set(rows) == set(expected)
     for dimension, stats in expected.items():

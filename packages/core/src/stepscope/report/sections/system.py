@@ -43,8 +43,7 @@ def _usage(ctx: ReportContext) -> dict:
     try:  # the rule did not run (rules read from rule-output/ without it): run it now
         from ...profiler.rules import OverallSystemUsage
 
-        result = OverallSystemUsage().run(ctx.profiler)
-        body = result.to_json() if hasattr(result, "to_json") else result
-        return (body.get("statistics") or body.get("details") or {}).get("nodes", {})
+        statistics = OverallSystemUsage().run(ctx.profiler).statistics
+        return dict(statistics.get("nodes") or {})
     except Exception:
         return {}
