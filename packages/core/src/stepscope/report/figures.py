@@ -3,9 +3,11 @@ inlined in the HTML: text stays text (small, sharp in print), no external resour
 
 from __future__ import annotations
 
+import functools
 import io
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -13,14 +15,29 @@ MAX_POINTS = 2000  # a line holds at most this many points; more would only add 
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
 
-def _pyplot():
-    import matplotlib
+_STYLE = {"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False}
 
-    matplotlib.use("Agg", force=False)
-    import matplotlib.pyplot as plt
 
-    plt.rcParams.update({"svg.fonttype": "none", "font.size": 9, "axes.spines.top": False, "axes.spines.right": False})
-    return plt
+def _figure(width: float, height: float):
+    """A matplotlib Figure without pyplot (no global figure registry, no GUI backend)."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height), layout="constrained")
+    return fig, fig.subplots()
+
+
+def _styled(draw: Callable[..., str]) -> Callable[..., str]:
+    """Run a chart function under the report's matplotlib style (text sizes are fixed when
+    artists are made, so the whole drawing runs inside the style)."""
+
+    @functools.wraps(draw)
+    def styled(*args: Any, **kwargs: Any) -> str:
+        import matplotlib
+
+        with matplotlib.rc_context(_STYLE):
+            return draw(*args, **kwargs)
+
+    return styled
 
 
 def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -31,10 +48,9 @@ def _thin(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _svg(fig) -> str:
-    plt = _pyplot()
     buffer = io.StringIO()
-    fig.savefig(buffer, format="svg", bbox_inches="tight")
-    plt.close(fig)
+    # Constrained layout instead of bbox_inches="tight": one draw instead of two.
+    fig.savefig(buffer, format="svg")
     text = buffer.getvalue()
     # Keep only the <svg> element: the XML prolog and DOCTYPE are not valid inside HTML.
     text = text[text.index("<svg") :]
@@ -54,13 +70,13 @@ def _counter():
 _ids = _counter()
 
 
+@_styled
 def line_chart(
     series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, xlabel: str, ylabel: str,
     marks: Iterable[tuple[float, str]] = (), logy: bool = False, width: float = 7.5, height: float = 2.6,
 ) -> str:
     """Lines (label -> (x, y)); `marks` are vertical lines (x, label) such as fired steps."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(width, height))
+    fig, ax = _figure(width, height)
     for i, (label, (x, y)) in enumerate(series.items()):
         xs, ys = _thin(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
         ax.plot(xs, ys, label=label, color=_COLORS[i % len(_COLORS)], linewidth=1.2, marker="o" if len(xs) < 40 else None, markersize=2.5)
@@ -78,9 +94,9 @@ def line_chart(
     return _svg(fig)
 
 
+@_styled
 def histogram(values: Sequence[float], *, xlabel: str, bins: int = 40, width: float = 7.5, height: float = 2.4) -> str:
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(width, height))
+    fig, ax = _figure(width, height)
     ax.hist(np.asarray(values, dtype=float), bins=bins, color=_COLORS[0])
     ax.set_xlabel(xlabel)
     ax.set_ylabel("count")
@@ -88,10 +104,10 @@ def histogram(values: Sequence[float], *, xlabel: str, bins: int = 40, width: fl
     return _svg(fig)
 
 
+@_styled
 def bar_chart(labels: Sequence[str], values: Sequence[float], *, xlabel: str, width: float = 7.5) -> str:
     """Horizontal bars, largest first as given."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=(width, max(1.2, 0.28 * len(labels) + 0.6)))
+    fig, ax = _figure(width, max(1.2, 0.28 * len(labels) + 0.6))
     positions = np.arange(len(labels))[::-1]
     ax.barh(positions, values, color=_COLORS[0])
     ax.set_yticks(positions, [label if len(label) <= 50 else label[:47] + "..." for label in labels])
