@@ -77,3 +77,17 @@ def test_bad_compression(export_job, tmp_path):
     with pytest.raises(ConfigError, match="compression"):
         export_hdf5(export_job[0], tmp_path / "x.h5", compression="zstd")
     assert not (tmp_path / "x.h5").exists()
+
+
+def test_rows_are_written_out_by_bytes_too(tmp_path, write_job, monkeypatch):
+    import stepscope.export.hdf5 as hdf5_module
+
+    written, _ = write_job(str(tmp_path / "job"), steps=20, eval_steps=0)
+    flushes = []
+    original = hdf5_module._Series.flush
+    monkeypatch.setattr(hdf5_module, "_FLUSH_BYTES", 200)  # a few fc.weight rows (48 bytes each)
+    monkeypatch.setattr(hdf5_module._Series, "flush", lambda self: flushes.append(len(self.pending)) or original(self))
+    export_hdf5(str(tmp_path / "job"), tmp_path / "j.h5")
+    assert max(flushes) <= 8 and sum(flushes) == 40  # 20 steps x (fc.weight, loss)
+    with h5py.File(tmp_path / "j.h5") as h5:
+        np.testing.assert_array_equal(h5["tensors"]["fc.weight"]["values"][:], np.stack([written[s]["fc.weight"] for s in range(20)]))

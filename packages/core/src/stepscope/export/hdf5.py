@@ -26,6 +26,9 @@ from ..trial import Trial, create_trial
 from .selection import Selection, iter_step_values
 
 _CHUNK_BYTES = 1 << 20  # ~1 MiB chunks: large enough for gzip, small enough to append
+# Rows gathered before they are written: at most this many, or this many bytes of values.
+_FLUSH_ROWS = 4096
+_FLUSH_BYTES = 64 << 20
 
 
 def hdf5_key(name: str) -> str:
@@ -135,7 +138,7 @@ def export_hdf5(
         tensors = h5.create_group("tensors")
         series: dict[tuple[str, tuple[int, ...]], _Series] = {}
         first_shape: dict[str, tuple[int, ...]] = {}
-        batch_rows = 0
+        batch_rows = batch_bytes = 0
         for item in iter_step_values(trial, selection, progress, wall_time=False):
             for name, value in item.values.items():
                 value = _as_storable(np.asarray(value))
@@ -151,9 +154,10 @@ def export_hdf5(
                     target = series[key] = _Series(group, value, compression)
                 target.add(value, item.step, int(item.mode), item.mode_step, worker_index.get(item.worker, -1))
                 batch_rows += 1
-            if batch_rows >= 4096:  # bounded memory: write out what the batch gathered
+                batch_bytes += value.nbytes
+            if batch_rows >= _FLUSH_ROWS or batch_bytes >= _FLUSH_BYTES:  # bounded memory
                 result.rows += sum(s.flush() for s in series.values())
-                batch_rows = 0
+                batch_rows = batch_bytes = 0
         result.rows += sum(s.flush() for s in series.values())
         result.tensors = len(first_shape)
     os.replace(tmp, path)
