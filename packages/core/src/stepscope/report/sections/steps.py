@@ -1,14 +1,17 @@
 """Steps: duration histogram and over time, outliers (the StepOutlier rule's), and the phase
-breakdown (data / forward / backward / optimizer) from the step timeline."""
+breakdown (data / forward / backward / optimizer / compute / other) from the step timeline."""
 
 from __future__ import annotations
 
+from ...phases import PHASES
 from ...profiler import STEP_PHASES
 from ..context import ReportContext
 from ..figures import histogram, line_chart
 from ..model import Figure, Section, Table
 
-BREAKDOWN_PHASES = ("data", "forward", "backward", "optimizer")
+# The phases a step is split into (data, forward, backward, optimizer, compute, other);
+# together they tile each step on the timeline.
+BREAKDOWN_PHASES = PHASES
 
 
 def build(ctx: ReportContext) -> Section:
@@ -47,7 +50,7 @@ def _outliers(ctx: ReportContext, section: Section) -> None:
 def _phases(ctx: ReportContext, section: Section, timeline) -> None:
     phases = timeline[timeline["phase"].isin(BREAKDOWN_PHASES)]
     if not len(phases):
-        section.missing.append("The phase breakdown needs phase spans: the PyTorch hook records data/forward/backward/optimizer when the model and optimizer are registered.")
+        section.missing.append("The phase breakdown needs phase spans: the hooks record them with the step timeline (ProfilerConfig(step_timeline=True), the default).")
         return
     steps = timeline[timeline["phase"].isin(STEP_PHASES)]
     total_step_ms = float(steps["duration_ms"].sum()) or None
