@@ -43,7 +43,12 @@ def _outliers(ctx: ReportContext, section: Section) -> None:
         return
     outliers = finding.statistics.get("outliers") or []
     rows = tuple((o.get("mode"), o.get("rank"), o.get("step"), o.get("duration_ms")) for o in outliers[:20])
-    caption = f"Step outliers (StepOutlier: {finding.status}, {finding.violations} step(s) beyond mean + {finding.parameters.get('stddev', 3)} std)"
+    # The rule lists every outlier in its statistics; it fires only above n_outliers of them.
+    count = len(outliers)
+    caption = (
+        f"Step outliers: {count} step(s) beyond mean + {finding.parameters.get('stddev', 3)} std "
+        f"(StepOutlier {finding.status}; it fires above {finding.parameters.get('n_outliers', 10)})"
+    )
     section.add(Table(("mode", "rank", "step", "duration ms"), rows, caption=caption, key="step-outliers"))
 
 
