@@ -111,7 +111,9 @@ def iter_step_values(trial: Trial, selection: Selection, progress: Any = None, b
                     if array is not None:
                         values[name] = array
                 if values:
-                    yield StepValues(step, mode, mode_step, worker, _wall_time(trial, next(iter(values)), step, worker) if wall_time else None, values)
+                    # The wall time is read from the smallest record of the step (one more read).
+                    smallest = min(values, key=lambda n: values[n].nbytes) if wall_time else ""
+                    yield StepValues(step, mode, mode_step, worker, _wall_time(trial, smallest, step, worker) if wall_time else None, values)
         if progress:
             progress(min(first + batch_steps, len(steps)), len(steps))
 
