@@ -224,7 +224,7 @@ def _run_rules(args: argparse.Namespace) -> int:
         params = ", ".join(f"{k}={v!r}" for k, v in rule["parameters"].items())
         marker = " [default set]" if rule["default"] else ""
         definition = " ".join(str(rule["explanation"]["definition"]).split())  # whole, wrapped, never cut
-        print(textwrap.fill(f"{rule['name']} ({rule['kind']}){marker}: {definition}", width=width, subsequent_indent="    "))
+        print(textwrap.fill(f"{rule['name']} ({rule['kind']}){marker}: {definition}", width=width, subsequent_indent="    ", break_on_hyphens=False))
         print(textwrap.fill(params or "(no parameters)", width=width, initial_indent="    ", subsequent_indent="      "))
     return EXIT_OK
 
