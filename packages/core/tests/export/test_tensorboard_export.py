@@ -119,3 +119,23 @@ def test_bad_arguments(export_job, tmp_path):
         Selection.from_args(mode="testing")
     with pytest.raises(ConfigError, match="local folder"):
         TensorBoardWriter("s3://bucket/tb")
+
+
+def test_buckets_equal_numpy_histogram():
+    from stepscope.export.tb_writer import _equal_bins
+
+    rng = np.random.default_rng(3)
+    checked = 0
+    for i in range(600):
+        x = rng.standard_normal(int(rng.integers(2, 200))) * 10 ** rng.uniform(-8, 8)
+        if i % 3 == 0:
+            x = np.round(x, 1)  # values on bucket edges
+        low, high, bins = float(x.min()), float(x.max()), int(rng.integers(1, 50))
+        if low == high:
+            continue
+        counts, limits = _equal_bins(x, low, high, bins)
+        expected, edges = np.histogram(x, bins=bins, range=(low, high))
+        np.testing.assert_array_equal(counts, expected)
+        np.testing.assert_array_equal(limits, edges[1:])
+        checked += 1
+    assert checked > 500

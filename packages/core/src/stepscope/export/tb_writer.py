@@ -5,6 +5,8 @@ and by the hooks' `tensorboard_dir=` option."""
 
 from __future__ import annotations
 
+import functools
+import math
 import os
 import socket
 import threading
@@ -25,13 +27,15 @@ def histogram_proto(values: Any, bins: int = DEFAULT_BINS) -> Any | None:
     their min and max), or None when there are none. TensorBoard takes the first bucket's
     left edge from `min`, so `bucket_limit` holds right edges only."""
     array = np.asarray(values)
-    if array.dtype.kind not in "biuf":
+    if array.dtype.kind not in "biuf" or array.size == 0:
         return None
     flat = array.reshape(-1).astype(np.float64)
-    flat = flat[np.isfinite(flat)]
-    if flat.size == 0:
-        return None
     low, high = float(flat.min()), float(flat.max())
+    if not (math.isfinite(low) and math.isfinite(high)):  # NaN or inf somewhere: drop them
+        flat = flat[np.isfinite(flat)]
+        if flat.size == 0:
+            return None
+        low, high = float(flat.min()), float(flat.max())
     if low == high:
         counts, limits = np.array([flat.size]), np.array([high])
     else:
@@ -42,13 +46,19 @@ def histogram_proto(values: Any, bins: int = DEFAULT_BINS) -> Any | None:
     )
 
 
+@functools.lru_cache(maxsize=8)
+def _steps(bins: int) -> np.ndarray:
+    return np.arange(bins + 1, dtype=np.float64)
+
+
 def _equal_bins(flat: np.ndarray, low: float, high: float, bins: int) -> tuple[np.ndarray, np.ndarray]:
     """np.histogram(flat, bins, (low, high)) without its generality (several times faster on
-    small tensors): index by scaling, then move values that rounding put on the wrong side
-    of an edge, as numpy does."""
-    edges = np.linspace(low, high, bins + 1)
+    small tensors): the same edges as its np.linspace, index by scaling, then move values
+    that rounding put on the wrong side of an edge, as numpy does."""
+    edges = _steps(bins) * ((high - low) / bins) + low
+    edges[-1] = high
     index = ((flat - low) * (bins / (high - low))).astype(np.intp)
-    np.clip(index, 0, bins - 1, out=index)
+    np.minimum(index, bins - 1, out=index)  # flat >= low: never below 0
     index -= flat < edges[index]
     index += (flat >= edges[index + 1]) & (index != bins - 1)
     return np.bincount(index, minlength=bins), edges[1:]
