@@ -45,3 +45,14 @@ def test_rule_model_report_with_evidence_and_advice():
 def test_ranking_puts_fired_first_by_violations():
     findings = [Finding.from_json(r) for r in (PROFILER_REPORT, MODEL_REPORT, TENSOR_REPORT)]
     assert [f.rule for f in ranked(findings)] == ["ExplodingTensor", "LossNotDecreasing", "StepOutlier"]
+
+
+def test_evidence_keeps_tensor_value_and_threshold():
+    from stepscope.report.context import ReportContext
+    from stepscope.report.sections import rules as rules_section
+
+    body = dict(MODEL_REPORT, evidence=[{"where": "TRAIN step 40 (global 44)", "message": "m", "step": 44, "tensor": "loss", "value": 1.2, "threshold": 1.1}])
+    finding = Finding.from_json(body)
+    assert (finding.evidence[0].tensor, finding.evidence[0].value, finding.evidence[0].threshold) == ("loss", 1.2, 1.1)
+    section = rules_section.build(ReportContext(None, [finding]))  # type: ignore[arg-type]
+    assert section.table("evidence-LossNotDecreasing").rows == (("TRAIN step 40 (global 44)", "loss", 1.2, 1.1, "m"),)

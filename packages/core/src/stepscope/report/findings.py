@@ -20,6 +20,9 @@ class Evidence:
     where: str
     message: str
     step: int | None = None
+    tensor: str | None = None
+    value: Any = None
+    threshold: Any = None
 
 
 @dataclass(frozen=True)
@@ -58,7 +61,10 @@ class Finding:
             details = body.get("details")
             items = details if isinstance(details, list) else []
         evidence = tuple(
-            Evidence(str(e.get("where") or (f"step {e['step']}" if e.get("step") is not None else "the whole job")), str(e.get("message", "")), e.get("step"))
+            Evidence(
+                str(e.get("where") or (f"step {e['step']}" if e.get("step") is not None else "the whole job")), str(e.get("message", "")),
+                e.get("step"), e.get("tensor"), e.get("value"), e.get("threshold"),
+            )
             for e in items if isinstance(e, dict)
         )
         statistics = body.get("statistics")

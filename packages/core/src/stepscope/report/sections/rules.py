@@ -30,10 +30,19 @@ def build(ctx: ReportContext) -> Section:
         if finding.definition:
             section.add(Paragraph(finding.definition))
         if finding.evidence:
-            rows = tuple((e.where, e.message) for e in finding.evidence[:MAX_EVIDENCE_ROWS])
+            shown = finding.evidence[:MAX_EVIDENCE_ROWS]
+            rows = tuple((e.where, e.tensor or "", _plain(e.value), _plain(e.threshold), e.message) for e in shown)
             more = len(finding.evidence) - len(rows)
-            section.add(Table(("where", "evidence"), rows, caption=f"{finding.rule}: evidence" + (f" (first {len(rows)}, {more} more)" if more > 0 else ""), key=f"evidence-{finding.rule}"))
+            caption = f"{finding.rule}: evidence" + (f" (first {len(rows)}, {more} more)" if more > 0 else "")
+            section.add(Table(("where", "tensor / resource", "value", "threshold", "evidence"), rows, caption=caption, key=f"evidence-{finding.rule}"))
     return section
+
+
+def _plain(value: object) -> object:
+    """A cell for a measured value: numbers as numbers, nothing for None, else its text."""
+    if value is None:
+        return ""
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else str(value)
 
 
 def _parameters(parameters: dict) -> str:
