@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== stepscope check {os.path.relpath(job)}")
         stepscope_cli(["check", job, "--quiet"])
         summarize_profile(job)
-    print(f"\n== done in {time.perf_counter() - started:.1f} s; each job's reports are in <job>/rule-output/")
+        stepscope_cli(["report", job, "--no-progress"])  # one HTML file: open it in a browser
+    print(f"\n== done in {time.perf_counter() - started:.1f} s; each job's rule reports are in <job>/rule-output/, its report in <job>/stepscope-report.html")
     return _self_check(jobs)
 
 
@@ -110,6 +111,8 @@ def _self_check(jobs: list[str]) -> int:
         summary = json.loads((Path(job) / "rule-output" / "summary.json").read_text())
         fired = {r["rule"] for r in summary["rules"] if r.get("fired")}
         print(f"  {os.path.relpath(job)}: {', '.join(sorted(fired)) or 'no rule fired'}")
+        if not (Path(job) / "stepscope-report.html").is_file():
+            problems.append(f"{job}: no stepscope-report.html")
         planted = job.endswith("exploding_job")
         if planted and "ExplodingTensor" not in fired:
             problems.append(f"{job}: ExplodingTensor did not fire on the planted job")
