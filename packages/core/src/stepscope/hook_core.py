@@ -128,6 +128,8 @@ class HookCore:
         self.num_workers = self.world_size if include_workers == "all" else 1
 
         self.collections = CollectionManager(collections, builtin_regexes=builtin_regexes)
+        # tensor name -> class of the module it comes from (rules recognise activations by it)
+        self.module_classes: dict[str, str] = {}
         if isinstance(include_regex, str):
             include_regex = [include_regex]
         if include_regex:
@@ -346,6 +348,7 @@ class HookCore:
         if self.writer is None:
             return
         manager = CollectionManager(self.included)
+        manager.module_classes.update(self.module_classes)
         self.writer.write_collections(manager.dumps(self.num_workers))
 
     def flush(self, timeout: float | None = None) -> None:

@@ -193,7 +193,7 @@ def test_defaults_are_smdebug_rulesconfig_defaults():
     assert LoadBalancing().params.threshold == 0.5
     assert StepOutlier().parameters() == {"stddev": 3, "mode": None, "n_outliers": 10, "scan_interval_us": 60_000_000}
     assert MaxInitializationTime().params.threshold == 20
-    assert Dataloader().parameters() == {"min_threshold": 70, "max_threshold": 200, "min_data_wait_percent": 0, "scan_interval_us": 60_000_000}
+    assert Dataloader().parameters() == {"min_threshold": 70, "max_threshold": 200, "min_data_wait_percent": 0, "min_data_wait_ms": 0, "scan_interval_us": 60_000_000}
 
 
 def test_strings_are_accepted():

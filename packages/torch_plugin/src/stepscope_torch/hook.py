@@ -211,6 +211,12 @@ class Hook:
         self._params = naming.named_parameters(model)
         self._param_names = {id(p): name for name, p in self._params}
         self._modules = naming.named_modules(model)
+        # Which module class each parameter (and its gradient) belongs to: rules judge a
+        # tensor against what is normal for its kind (an embedding, a norm layer).
+        for module_name, module in naming.unwrap(model).named_modules():
+            for param_name, _ in module.named_parameters(recurse=False):
+                name = naming.clean_name(f"{module_name}.{param_name}" if module_name else param_name)
+                self.core.module_classes[name] = self.core.module_classes[naming.gradient_name(name)] = type(module).__name__
         if self.core.timeline is not None:
             device = next((p.device for _, p in self._params), None)
             self._timer = self.core.profiler_failsafe.call(StepTimer, device)
@@ -298,7 +304,7 @@ class Hook:
     def _on_module_io(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         """Forward hook of loss and activation modules; registered only while a step is due."""
         if self._due and self.core.failsafe.enabled:
-            self.core.failsafe.call(self._save_io, name, args, output)
+            self.core.failsafe.call(self._save_io, name, args, output, type(module).__name__)
 
     def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.core.failsafe.enabled:
@@ -449,10 +455,13 @@ class Hook:
                     if isinstance(value, torch.Tensor):
                         self._capture(naming.optimizer_state_name(name, key), value, (CollectionName.OPTIMIZER_VARIABLES,))
 
-    def _save_io(self, module_name: str, args: Any, output: Any) -> None:
+    def _save_io(self, module_name: str, args: Any, output: Any, module_class: str | None = None) -> None:
         for kind, value in (("input", args), ("output", output)):
             for i, tensor in enumerate(naming.flatten_tensors(value)):
-                self._capture(naming.activation_name(module_name, kind, i), tensor)
+                name = naming.activation_name(module_name, kind, i)
+                if module_class is not None:
+                    self.core.module_classes[name] = module_class
+                self._capture(name, tensor)
 
     def _publish_timeline(self, wait: bool) -> None:
         for step, mode, spans in self._timer.ready_steps(wait):

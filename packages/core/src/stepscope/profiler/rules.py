@@ -386,6 +386,7 @@ class DataloaderParams(RuleParams):
     min_threshold: float = ranged(70, "positive")
     max_threshold: float = ranged(200, "positive")
     min_data_wait_percent: float = ranged(0, "percent")
+    min_data_wait_ms: float = ranged(0, "non_negative")
     scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
 
 
@@ -395,9 +396,13 @@ class Dataloader(ProfilerRule):
     `min_threshold` % or more than `max_threshold` % of the CPU cores, on any node. With
     `min_data_wait_percent` > 0 (stepscope's default set uses 10): fires only when waiting
     for data takes at least that share of the step time (the step timeline's data phases),
-    whatever the worker count; the worker count is then evidence, not the verdict."""
+    whatever the worker count, and the mean wait per step is at least `min_data_wait_ms`
+    (the default set uses 5); the worker count is then evidence, not the verdict."""
 
-    preset: ClassVar[Mapping[str, Any]] = {"min_data_wait_percent": 10}
+    # A wait of a few ms per step is below what moving loading into worker processes can
+    # win back (their inter-process transfer costs about that); 10 % of the step is where
+    # it starts to matter.
+    preset: ClassVar[Mapping[str, Any]] = {"min_data_wait_percent": 10, "min_data_wait_ms": 5}
 
     Params = DataloaderParams
     params: DataloaderParams
@@ -417,16 +422,20 @@ class Dataloader(ProfilerRule):
             outside = not self.params.min_threshold <= percent <= self.params.max_threshold
             violations += int(outside)
             details["nodes"][node] = {"cores": cores, "dataloader_processes": workers, "percent_of_cores": percent}
-        wait = _data_wait_percent(trial.step_timeline())
+        timeline = trial.step_timeline()
+        wait = _data_wait_percent(timeline)
+        wait_ms = _data_wait_ms(timeline)
         if wait is not None:
             details["data_wait_percent_of_step_time"] = wait
+            details["data_wait_ms_per_step"] = wait_ms
         gate = self.params.min_data_wait_percent
         if gate > 0:
             if wait is None:
                 return _Outcome(False, 0, len(children), details, reason="no data-loading phases in the step timeline to measure the wait")
             workers = ", ".join(f"{n}: {d['dataloader_processes']} worker process(es) on {d['cores']} cores" for n, d in details["nodes"].items())
-            message = f"waiting for data took {wait:.1f}% of the step time >= {gate:g}% ({workers})"
-            return _Outcome(wait >= gate, int(wait >= gate), len(children), details, message, wait, gate)
+            hit = wait >= gate and (wait_ms or 0.0) >= self.params.min_data_wait_ms
+            message = f"waiting for data took {wait:.1f}% of the step time >= {gate:g}%, {wait_ms:.1f} ms per step ({workers})"
+            return _Outcome(hit, int(hit), len(children), details, message, wait, gate)
         worst = max(details["nodes"].items(), key=lambda kv: abs(kv[1]["percent_of_cores"] - 100))
         message = (
             f"{worst[0]}: {worst[1]['dataloader_processes']} data-loading process(es) on {worst[1]['cores']} cores = "
@@ -660,6 +669,12 @@ def _data_wait_percent(timeline: pd.DataFrame) -> float | None:
     steps = timeline[timeline["phase"] == "step"]["duration_ms"].sum()
     data = timeline[timeline["phase"] == "data"]["duration_ms"].sum()
     return float(100.0 * data / steps) if steps > 0 and data > 0 else None
+
+
+def _data_wait_ms(timeline: pd.DataFrame) -> float | None:
+    data = timeline[timeline["phase"] == "data"]
+    steps = timeline[timeline["phase"] == "step"]
+    return float(data["duration_ms"].sum() / max(len(steps), 1)) if len(data) else None
 
 
 def _no_data(reason: str) -> _Outcome:

@@ -50,18 +50,53 @@ def _is_float(array: np.ndarray) -> bool:
 @dataclass(frozen=True)
 class VanishingGradientParams(RuleParams):
     threshold: float = 1e-7
+    relative_threshold: float = 0.0
+    skip_kinds: tuple[str, ...] = ()
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold", self.threshold, self.threshold >= 0, ">= 0")
+        require(owner, "relative_threshold", self.relative_threshold, 0 <= self.relative_threshold < 1, "in [0, 1)")
+        bad = [k for k in self.skip_kinds if k not in PARAMETER_KINDS]
+        require(owner, "skip_kinds", self.skip_kinds, not bad, f"kinds among {', '.join(PARAMETER_KINDS)}")
+
+
+PARAMETER_KINDS = ("matrix", "vector", "bias", "norm", "embedding")
+
+
+def parameter_kind(name: str, module_class: str | None, ndim: int | None) -> str:
+    """What kind of parameter a weight or gradient belongs to: "embedding" (lookup tables:
+    only the rows used in a batch get a gradient), "norm" (BatchNorm/LayerNorm scales and
+    shifts), "bias", "vector" (other 1-D parameters), "matrix" (dense, convolution and
+    recurrent weights)."""
+    lowered = name.lower()
+    cls = (module_class or "").lower()
+    last = lowered.rsplit(".", 1)[-1].rsplit("/", 1)[-1]
+    if "embedding" in cls or "embed" in lowered:
+        return "embedding"
+    if "norm" in cls or any(part in lowered for part in ("norm", ".bn", "batchnorm")):
+        return "norm"
+    if "bias" in last:
+        return "bias"
+    if ndim is not None and ndim <= 1:
+        return "vector"
+    return "matrix"
 
 
 class VanishingGradient(Rule):
     """Fires when the mean of the absolute values of a gradient drops below `threshold`
-    (default 1e-7). Inspects the `gradients` collection (tensors named `gradient*` in jobs
+    (default 1e-7), or, with `relative_threshold` > 0, below that fraction of the largest
+    mean |gradient| among the judged gradients of the same step (the layer-to-layer decay
+    that defines vanishing gradients, independent of the loss's scale). Gradients of the
+    kinds in `skip_kinds` ("bias", "vector", "norm", "embedding") are not judged: a conv
+    bias before BatchNorm has a zero gradient by design, and an embedding table's unused
+    rows get none. Inspects the `gradients` collection (tensors named `gradient*` in jobs
     without a collections file); uses the saved abs_mean reduction when there is one."""
 
     Params = VanishingGradientParams
     params: VanishingGradientParams
+    # Judge weight matrices only, and against the other layers: deep sigmoid stacks sit at
+    # 1e-8 of their last layer, healthy MLPs, CNNs, RNNs and transformers above 1e-2.
+    preset = {"relative_threshold": 1e-3, "skip_kinds": ("bias", "vector", "norm", "embedding")}
 
     def _gradients(self) -> list[str]:
         return self.select_tensors(("gradients",), GRADIENT_REGEX)
@@ -72,14 +107,37 @@ class VanishingGradient(Rule):
     def required_tensors(self, step: int):
         return [TensorRequest(n, step, "mean", True) for n in self._gradients()]
 
+    def _kind(self, name: str, step: int) -> str:
+        ndim = None
+        if self.has_raw(name, step):
+            value = self.value(name, step)
+            ndim = None if value is None else value.ndim
+        param = name.split("/", 1)[1] if name.startswith("gradient") and "/" in name else name
+        return parameter_kind(param, self.trial.module_class(name) or self.trial.module_class(param), ndim)
+
     def invoke_at_step(self, step: int) -> bool:
-        fired = False
+        p = self.params
+        judged: dict[str, float] = {}
         for name in self._gradients():
+            if p.skip_kinds and self._kind(name, step) in p.skip_kinds:
+                continue
             abs_mean = self.reduction(name, step, "mean", abs=True)
-            if abs_mean is not None and abs_mean < self.params.threshold:
-                self.violation(step, f"{name}: mean |gradient| {abs_mean:.3g} < {self.params.threshold:g}", tensor=name, abs_mean=abs_mean)
-                fired = True
-        return fired
+            if abs_mean is not None and np.isfinite(abs_mean):
+                judged[name] = abs_mean
+        if not judged:
+            return False
+        largest_name = max(judged, key=judged.__getitem__)
+        largest = judged[largest_name]
+        for name, abs_mean in judged.items():
+            if abs_mean < p.threshold:
+                self.violation(step, f"{name}: mean |gradient| {abs_mean:.3g} < {p.threshold:g}", tensor=name, value=abs_mean, threshold=p.threshold, abs_mean=abs_mean)
+            elif p.relative_threshold and largest > 0 and abs_mean / largest < p.relative_threshold:
+                ratio = abs_mean / largest
+                self.violation(
+                    step, f"{name}: mean |gradient| {abs_mean:.3g} is {ratio:.2g} of the largest ({largest_name}: {largest:.3g}) < {p.relative_threshold:g}",
+                    tensor=name, value=ratio, threshold=p.relative_threshold, abs_mean=abs_mean, largest=largest_name,
+                )
+        return None
 
 
 # --- ExplodingTensor -----------------------------------------------------------------------
