@@ -256,3 +256,20 @@ def test_a_crashing_rule_gives_an_error_report(tmp_path, monkeypatch):
     monkeypatch.setattr(CPUBottleneck, "_measure", boom)
     (report,) = run_profiler_rules(ProfilerTrial(tmp_path), ["CPUBottleneck"])
     assert report.fired is False and report.status == "error" and "kaput" in report.errors[0]
+
+
+def test_dataloader_in_the_default_set_judges_the_data_wait(tmp_path, metrics_job, step_timeline_job):
+    # No worker processes in both jobs; data takes a quarter of each step in both.
+    metrics_job(tmp_path / "slow", children=0, cores=4)
+    step_timeline_job(tmp_path / "slow", step_s=0.2)  # 50 ms of data wait per step
+    metrics_job(tmp_path / "tiny", children=0, cores=4)
+    step_timeline_job(tmp_path / "tiny", step_s=0.004)  # 1 ms: nothing workers could win back
+    slow = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / "slow"))
+    assert slow.fired and slow.evidence[0].value == pytest.approx(25, abs=1) and slow.evidence[0].threshold == 10
+    assert slow.statistics["data_wait_ms_per_step"] == pytest.approx(50, rel=0.05)
+    assert "0 worker process(es)" in slow.evidence[0].message
+    tiny = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / "tiny"))
+    assert not tiny.fired and tiny.status == "ok"
+    assert Dataloader().run(ProfilerTrial(tmp_path / "tiny")).fired  # SageMaker's rule: the worker count alone
+    no_timeline = Dataloader(**Dataloader.preset).run(ProfilerTrial(metrics_job(tmp_path / "bare", children=0, cores=4)))
+    assert no_timeline.status == "no data"
