@@ -98,6 +98,10 @@ class VanishingGradient(Rule):
     # 1e-8 of their last layer, healthy MLPs, CNNs, RNNs and transformers above 1e-2.
     preset = {"relative_threshold": 1e-3, "skip_kinds": ("bias", "vector", "norm", "embedding")}
 
+    def __init__(self, base_trial: Trial, **kwargs: Any):
+        super().__init__(base_trial, **kwargs)
+        self._kinds: dict[str, str] = {}
+
     def _gradients(self) -> list[str]:
         return self.select_tensors(("gradients",), GRADIENT_REGEX)
 
@@ -108,12 +112,18 @@ class VanishingGradient(Rule):
         return [TensorRequest(n, step, "mean", True) for n in self._gradients()]
 
     def _kind(self, name: str, step: int) -> str:
+        known = self._kinds.get(name)
+        if known is not None:
+            return known
         ndim = None
         if self.has_raw(name, step):
             value = self.value(name, step)
             ndim = None if value is None else value.ndim
         param = name.split("/", 1)[1] if name.startswith("gradient") and "/" in name else name
-        return parameter_kind(param, self.trial.module_class(name) or self.trial.module_class(param), ndim)
+        kind = parameter_kind(param, self.trial.module_class(name) or self.trial.module_class(param), ndim)
+        if ndim is not None:  # a kind found without the shape may change once a raw value comes
+            self._kinds[name] = kind
+        return kind
 
     def invoke_at_step(self, step: int) -> bool:
         p = self.params
