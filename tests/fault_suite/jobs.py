@@ -431,6 +431,43 @@ def overfit_tiny(out_dir: Path) -> None:
     _classification(out_dir, sizes=(16, 256, 256, 4), optimizer="adam", lr=3e-3, train_samples=64, spread=4.0, steps=400)
 
 
+class _SlowDataset:
+    """Samples that take 1 ms each to produce (decoding, augmentation), loaded in the
+    training process (num_workers=0)."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self) -> int:
+        return len(self.x)
+
+    def __getitem__(self, i):
+        import time
+
+        time.sleep(0.001)
+        return self.x[i], self.y[i]
+
+
+def slow_data(out_dir: Path) -> None:
+    torch = _torch()
+    torch.manual_seed(0)
+    model = _mlp([16, 64, 32, 4])
+    x, y = _blobs(1, 4096)
+    loader = torch.utils.data.DataLoader(_SlowDataset(x, y), batch_size=32, shuffle=True, num_workers=0, generator=torch.Generator().manual_seed(0))
+    batches = iter(())
+
+    def next_batch(step):
+        nonlocal batches
+        try:
+            return next(batches)
+        except StopIteration:
+            batches = iter(loader)
+            return next(batches)
+
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _loop(out_dir, model, next_batch, torch.nn.CrossEntropyLoss(), opt, steps=120)
+
+
 JOBS: list[Job] = [
     Job("mlp_adam", "MLP, Adam", mlp_adam, fast=True),
     Job("mlp_sgd_momentum", "MLP, SGD+momentum", mlp_sgd_momentum),
@@ -453,6 +490,7 @@ JOBS: list[Job] = [
     Job("oscillating_lr", "MLP, SGD+momentum lr 1.5", oscillating_lr, "oscillating loss (learning rate too large)", ("LossNotDecreasing", "ExplodingTensor", "WeightUpdateRatio")),
     Job("zero_init", "MLP, all-zero initialisation", zero_init, "all-zero initialisation", ("AllZero",)),
     Job("overfit_tiny", "MLP on 64 samples", overfit_tiny, "overfitting on tiny data", ("Overfit",)),
+    Job("slow_data", "MLP, 1 ms per sample, no workers", slow_data, "data loading bottleneck", ("Dataloader",)),
 ]
 
 
