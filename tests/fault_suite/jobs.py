@@ -344,7 +344,7 @@ def lightning_mlp(out_dir: Path) -> None:
     trainer.fit(Module(), train, val)
 
 
-def keras_mlp(out_dir: Path) -> None:
+def keras_mlp(out_dir: Path, dead_bias: float | None = None) -> None:
     import os
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
@@ -356,13 +356,18 @@ def keras_mlp(out_dir: Path) -> None:
     keras.utils.set_random_seed(17)
     x, y = (t.numpy() for t in _blobs(18, 4096))
     vx, vy = (t.numpy() for t in _blobs(19, 512))
-    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
+    first = {"bias_initializer": keras.initializers.Constant(dead_bias)} if dead_bias is not None else {}
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu", **first), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(4)])
     model.compile(optimizer=keras.optimizers.Adam(1e-3), loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
     with StepscopeCallback(
-        str(out_dir), save_config=SaveConfig(save_interval=SAVE_INTERVAL), include_collections=["weights", "biases", "gradients", "losses"],
+        str(out_dir), save_config=SaveConfig(save_interval=SAVE_INTERVAL), include_collections=["weights", "biases", "gradients", "losses", "outputs"],
         collections=[Collection("losses", save_config=SaveConfig(save_interval=1))],
     ) as callback:
         model.fit(x, y, batch_size=32, epochs=3, validation_data=(vx, vy), callbacks=[callback], verbose=0)
+
+
+def keras_dead_relu(out_dir: Path) -> None:
+    keras_mlp(out_dir, dead_bias=-50.0)
 
 
 # --- planted faults --------------------------------------------------------------------
@@ -490,6 +495,7 @@ JOBS: list[Job] = [
     Job("oscillating_lr", "MLP, SGD+momentum lr 1.5", oscillating_lr, "oscillating loss (learning rate too large)", ("LossNotDecreasing", "ExplodingTensor", "WeightUpdateRatio")),
     Job("zero_init", "MLP, all-zero initialisation", zero_init, "all-zero initialisation", ("AllZero",)),
     Job("overfit_tiny", "MLP on 64 samples", overfit_tiny, "overfitting on tiny data", ("Overfit",)),
+    Job("keras_dead_relu", "Keras MLP, first-layer bias -50", keras_dead_relu, "dead ReLUs (Keras)", ("DeadRelu",), framework="keras"),
     Job("slow_data", "MLP, 1 ms per sample, no workers", slow_data, "data loading bottleneck", ("Dataloader",)),
 ]
 

@@ -195,6 +195,18 @@ class Hook:
         self._gradients = GradientCapture(self._optimizer, variables, names, self._strategy, self._capture_failed)
         return True
 
+    def _note_module_class(self, path: str, layer: Any, namers: dict) -> None:
+        """Record what each saved layer output is for the rules: the layer's activation
+        ("relu" for Dense(activation="relu")), else its class; a layer's input is an
+        activation's input only for weightless layers (ReLU, Activation)."""
+        activation = getattr(getattr(layer, "activation", None), "__name__", None)
+        described = activation if activation and activation != "linear" else type(layer).__name__
+        for kind in namers:
+            if kind == "inputs" and getattr(layer, "weights", None):
+                continue
+            for count in (1, 2):
+                self.core.module_classes[naming.layer_io_name(kind, path, 0, count)] = described
+
     def _install_layer_io(self) -> bool:
         self._layer_io = LayerIOCapture(self._strategy, self._capture_failed)
         wanted: set[str] = set()
@@ -209,6 +221,7 @@ class Hook:
                     namers[kind] = lambda i, n, kind=kind, path=path: naming.layer_io_name(kind, path, i, n)
             if namers:
                 self._layer_io.wrap(layer, namers.get("inputs"), namers.get("outputs"))
+                self._note_module_class(path, layer, namers)
         self._io_collections = tuple(sorted(wanted))
         return bool(self._io_collections)
 

@@ -19,7 +19,18 @@ ACTIVATION_CLASSES = {
     "tanh": ("tanh",),
     "sigmoid": ("sigmoid",),
 }
-_IO = re.compile(r"_(input|output)_\d+$")
+_IO = re.compile(r"_(input|output)_\d+$")  # PyTorch: `<module>_output_0`
+
+
+def io_side(name: str) -> str | None:
+    """"input" or "output" for a layer's saved input/output (PyTorch `net.1_output_0`,
+    Keras `outputs/dense_1`), else None."""
+    found = _IO.search(name)
+    if found is not None:
+        return found.group(1)
+    if name.startswith(("outputs/", "inputs/")):
+        return name.split("/", 1)[0][:-1]
+    return None
 
 
 def activation_kind(module_class: str | None) -> str | None:
@@ -48,8 +59,8 @@ def activation_layers(trial: Trial, kind: str, io: str | None = None) -> list[st
     module whose recorded class is an activation of `kind` ("relu", "tanh", "sigmoid")."""
     out = []
     for name in trial.tensor_names():
-        found = _IO.search(name)
-        if found is None or (io is not None and found.group(1) != io):
+        side = io_side(name)
+        if side is None or (io is not None and side != io):
             continue
         if activation_kind(trial.module_class(name)) == kind:
             out.append(name)
@@ -192,14 +203,13 @@ class SaturatedActivation(_InactiveUnits):
             inputs = set(layers)
             for kind in self.kinds:
                 for name in activation_layers(self.trial, kind, "output"):
-                    if _IO.sub("_input_0", name) not in inputs:
+                    if _IO.sub("_input_0", name) not in inputs and name.replace("outputs/", "inputs/", 1) not in inputs:
                         layers.append(name)
         return sorted(set(layers))
 
     def _active(self, name: str, value: np.ndarray) -> np.ndarray:
         low, high = self._bounds(name)
-        found = _IO.search(name)
-        if found is not None and found.group(1) == "output" and activation_kind(self.trial.module_class(name)) is not None:
+        if io_side(name) == "output" and activation_kind(self.trial.module_class(name)) is not None:
             value = _activation_input(activation_kind(self.trial.module_class(name)), value)
         return (value > low) & (value < high)
 
