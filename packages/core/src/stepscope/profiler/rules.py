@@ -396,7 +396,8 @@ class Dataloader(ProfilerRule):
     `min_threshold` % or more than `max_threshold` % of the CPU cores, on any node. With
     `min_data_wait_percent` > 0 (stepscope's default set uses 25): fires only when waiting
     for data takes at least that share of the step time (the step timeline's data phases),
-    whatever the worker count, and the mean wait per step is at least `min_data_wait_ms`
+    (median wait per TRAIN step / median step time), whatever the worker count, and the
+    median wait per step is at least `min_data_wait_ms`
     (the default set uses 5); the worker count is then evidence, not the verdict."""
 
     # A wait of a few ms per step is below what moving loading into worker processes can
@@ -424,12 +425,10 @@ class Dataloader(ProfilerRule):
             outside = not self.params.min_threshold <= percent <= self.params.max_threshold
             violations += int(outside)
             details["nodes"][node] = {"cores": cores, "dataloader_processes": workers, "percent_of_cores": percent}
-        timeline = trial.step_timeline()
-        wait = _data_wait_percent(timeline)
-        wait_ms = _data_wait_ms(timeline)
+        wait, wait_ms = _data_wait(trial.step_timeline())
         if wait is not None:
-            details["data_wait_percent_of_step_time"] = wait
-            details["data_wait_ms_per_step"] = wait_ms
+            details["data_wait_percent_of_step_time"] = wait  # median wait / median step
+            details["data_wait_ms_per_step"] = wait_ms  # median over TRAIN steps
         gate = self.params.min_data_wait_percent
         if gate > 0:
             if wait is None:
@@ -667,16 +666,19 @@ def _bottleneck(trial: ProfilerTrial, dimension: str, busy_threshold: float, gpu
     return _Outcome(percent > percent_threshold, violations, datapoints, {"bottleneck_percent": percent, "nodes": per_node}, message, percent, percent_threshold)
 
 
-def _data_wait_percent(timeline: pd.DataFrame) -> float | None:
-    steps = timeline[timeline["phase"] == "step"]["duration_ms"].sum()
-    data = timeline[timeline["phase"] == "data"]["duration_ms"].sum()
-    return float(100.0 * data / steps) if steps > 0 and data > 0 else None
-
-
-def _data_wait_ms(timeline: pd.DataFrame) -> float | None:
-    data = timeline[timeline["phase"] == "data"]
-    steps = timeline[timeline["phase"] == "step"]
-    return float(data["duration_ms"].sum() / max(len(steps), 1)) if len(data) else None
+def _data_wait(timeline: pd.DataFrame) -> tuple[float | None, float | None]:
+    """(share of the step in %, ms per step) spent waiting for data in a typical training
+    step: medians over the TRAIN steps (per rank and step, data phases summed), so the first
+    step's iterator set-up or one slow batch do not speak for the whole job."""
+    train = timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
+    data = train[train["phase"] == "data"]
+    steps = train[train["phase"] == "step"]
+    if data.empty or steps.empty:
+        return None, None
+    per_step = data.groupby(["node_id", "rank", "step"], observed=True)["duration_ms"].sum()
+    wait_ms = float(per_step.median())
+    step_ms = float(steps["duration_ms"].median())
+    return (100.0 * wait_ms / step_ms if step_ms > 0 else None), wait_ms
 
 
 def _no_data(reason: str) -> _Outcome:
