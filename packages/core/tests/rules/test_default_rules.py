@@ -130,3 +130,24 @@ def test_saturation_is_read_from_activation_outputs(tmp_path):
 
 def test_theil_sen_slope_ignores_one_outlier():
     assert theil_sen_slope([1.0, 2.0, 3.0, 40.0, 5.0]) == pytest.approx(1.0)
+
+
+def test_saved_legacy_norms_are_read_as_saved_and_missing_ones_are_vector_norms(tmp_path):
+    """smdebug reduced numpy arrays with np.linalg.norm: for a 2-D weight that is a matrix
+    norm, far from sum |x|. A legacy job's saved value is what reading gives (the trial and
+    the rules alike); where none was saved, the vector norm is computed."""
+    from stepscope.rules import TensorReader
+
+    weight = np.random.default_rng(1).standard_normal((40, 30)).astype(np.float32)
+    matrix_l1, vector_l1 = float(np.linalg.norm(weight, 1)), float(np.abs(weight).astype(np.float64).sum())
+    assert vector_l1 > 5 * matrix_l1
+    with Writer(str(tmp_path)) as writer:
+        writer.write_collections(CollectionManager(builtin_regexes=BUILTIN).dumps())
+        writer.write_step(0, ModeKeys.TRAIN, 0, {"fc.weight": weight, "smdebug/reductions/l1_norm/fc.weight": np.float32(matrix_l1)})
+        writer.write_step(1, ModeKeys.TRAIN, 1, {"fc.weight": weight})
+    trial = create_trial(str(tmp_path))
+    assert trial.tensor("fc.weight").reduction_value(0, "l1") == pytest.approx(matrix_l1, rel=1e-6)
+    assert trial.tensor("fc.weight").reduction_value(1, "l1") == pytest.approx(vector_l1, rel=1e-6)
+    reader = TensorReader()
+    assert reader.reduction(trial, "fc.weight", 0, "l1") == pytest.approx(matrix_l1, rel=1e-6)
+    assert reader.reduction(trial, "fc.weight", 1, "l2") == pytest.approx(float(np.sqrt((weight.astype(np.float64) ** 2).sum())), rel=1e-6)
