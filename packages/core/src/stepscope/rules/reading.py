@@ -69,6 +69,7 @@ class ReadCache(TensorReader):
         self._values: dict[tuple[int, str, int], np.ndarray | None] = {}
         self._reductions: dict[tuple[int, str, int, str, bool], float | None] = {}
         self._has: dict[tuple[int, str, int], bool] = {}
+        self._saved_names: dict[tuple[int, str, str, bool], list[str]] = {}
         self.reads = 0  # values fetched from the store (directly or by prefetch)
         self.hits = 0
 
@@ -112,7 +113,13 @@ class ReadCache(TensorReader):
         for request in requests:
             names = [request.name]
             if request.reduction is not None:
-                saved = [n for n in saved_names(request.name, request.reduction, request.abs) if trial.has_tensor(n)]
+                key = (id(trial), request.name, request.reduction, request.abs)
+                saved = self._saved_names.get(key)
+                if saved is None:
+                    # Tensor names only grow; a name saved once stays known.
+                    saved = [n for n in saved_names(request.name, request.reduction, request.abs) if trial.has_tensor(n)]
+                    if saved:
+                        self._saved_names[key] = saved
                 names = saved[:1] or names
             for name in names:
                 if (id(trial), name, request.step) not in self._values and trial.has_tensor(name):

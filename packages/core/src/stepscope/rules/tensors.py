@@ -177,6 +177,8 @@ class ExplodingTensor(_SelectingRule):
         return out
 
     def _bad(self, values: np.ndarray) -> tuple[int, int]:
+        if np.isfinite(values).all():  # the common case: one pass, no counting
+            return 0, 0
         nans = int(np.count_nonzero(np.isnan(values)))
         infs = 0 if self.params.only_nan else int(np.count_nonzero(np.isinf(values)))
         return nans, infs
@@ -240,6 +242,9 @@ class AllZero(_SelectingRule):
             if self.has_raw(name, step):
                 value = self.value(name, step)
                 if value is None or value.size == 0 or value.dtype.kind not in "fciub":
+                    continue
+                if self.params.threshold >= 100 and value.any():
+                    self._zero_run[name] = 0  # not all zero; counting would tell no more
                     continue
                 percent = 100.0 * (value.size - np.count_nonzero(value)) / value.size
             else:
