@@ -138,7 +138,7 @@ class LossNotDecreasing(_LossRule):
             if last[1] - loss <= needed:
                 change = 100.0 * (loss - last[1]) / abs(last[1]) if last[1] else float("inf") if loss > last[1] else 0.0
                 self.violation(
-                    step, f"{name} ({mode.name}): {loss:.4g} at step {mode_step} vs {last[1]:.4g} at step {last[0]} ({change:+.2f}%)",
+                    step, f"{name}: {loss:.4g} at {mode.name} step {mode_step} vs {last[1]:.4g} at {mode.name} step {last[0]} ({change:+.2f}%)",
                     tensor=name, mode=mode.name, loss=loss, previous_loss=last[1], previous_mode_step=last[0],
                 )
                 fired = True
