@@ -191,7 +191,7 @@ def test_defaults_are_smdebug_rulesconfig_defaults():
     assert GPUMemoryIncrease().parameters() == {"increase": 5, "patience": 1000, "window": 10, "scan_interval_us": 60_000_000}
     assert BatchSize().parameters()["gpu_memory_threshold_p95"] == 70
     assert LoadBalancing().params.threshold == 0.5
-    assert StepOutlier().parameters() == {"stddev": 3, "mode": None, "n_outliers": 10, "scan_interval_us": 60_000_000}
+    assert StepOutlier().parameters() == {"stddev": 3, "mode": None, "n_outliers": 10, "min_ratio": 0, "min_excess_ms": 0, "scan_interval_us": 60_000_000}
     assert MaxInitializationTime().params.threshold == 20
     assert Dataloader().parameters() == {"min_threshold": 70, "max_threshold": 200, "min_data_wait_percent": 0, "min_data_wait_ms": 0, "scan_interval_us": 60_000_000}
 
@@ -286,3 +286,21 @@ def test_dataloader_in_the_default_set_judges_the_data_wait(tmp_path, metrics_jo
         assert Dataloader().run(ProfilerTrial(tmp_path / quiet)).fired  # SageMaker's rule: the worker count alone
     no_timeline = Dataloader(**Dataloader.preset).run(ProfilerTrial(metrics_job(tmp_path / "bare", children=0, cores=4)))
     assert no_timeline.status == "no data"
+
+
+def test_step_outlier_in_the_default_set_ignores_jitter(tmp_path):
+    # 400 steps of 4 ms with twelve 9 ms jitters (over mean + 3 std, 2x the median), and a
+    # job with twelve 400 ms steps instead (checkpointing inside the step).
+    jitter = {s: 0.009 for s in range(5, 400, 33)}
+    for name, slow in (("jitter", jitter), ("checkpoints", {s: 0.4 for s in jitter})):
+        writer = TimelineWriter(tmp_path / name, node_id="algo-1", rank=0, framework="pytorch", flush_interval_s=3600)
+        t = int(T0 * 1e9)
+        for step in range(400):
+            end = t + int(slow.get(step, 0.004) * 1e9)
+            writer.add(f"Step {step}", t, end, step=step, mode=ModeKeys.TRAIN)
+            t = end
+        writer.close()
+    assert StepOutlier().run(ProfilerTrial(tmp_path / "jitter")).fired  # SageMaker's statistic alone
+    assert not StepOutlier(**StepOutlier.preset).run(ProfilerTrial(tmp_path / "jitter")).fired
+    report = StepOutlier(**StepOutlier.preset).run(ProfilerTrial(tmp_path / "checkpoints"))
+    assert report.fired and report.evidence[0].value == pytest.approx(400, rel=0.01)

@@ -302,16 +302,21 @@ class StepOutlierParams(RuleParams):
     stddev: float = ranged(3, "positive")
     mode: str | None = ranged(None, "mode")
     n_outliers: int = ranged(10, "count")
+    min_ratio: float = ranged(0, "non_negative")
+    min_excess_ms: float = ranged(0, "non_negative")
     scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
 
 
 class StepOutlier(ProfilerRule):
     """Steps longer than mean + `stddev` standard deviations of their rank and mode; fires
     when there are more than `n_outliers`. The first step of each rank and mode (warm-up,
-    compilation) is left out."""
+    compilation) is left out. With `min_ratio` / `min_excess_ms` (the default set: 3 and
+    50), an outlier must also take `min_ratio` times the median step and `min_excess_ms`
+    more than it: scheduler jitter on millisecond steps is not worth a finding."""
 
     Params = StepOutlierParams
     params: StepOutlierParams
+    preset: ClassVar[Mapping[str, Any]] = {"min_ratio": 3.0, "min_excess_ms": 50.0}
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
         steps = trial.step_timeline()
@@ -329,7 +334,8 @@ class StepOutlier(ProfilerRule):
             durations = group["duration_ms"].to_numpy()
             datapoints += len(durations)
             mean, std = float(durations.mean()), float(durations.std())
-            limit = mean + self.params.stddev * std
+            median = float(np.median(durations))
+            limit = max(mean + self.params.stddev * std, self.params.min_ratio * median, median + self.params.min_excess_ms)
             outliers = group[durations > limit]
             violations += len(outliers)
             details["groups"][f"{node}/rank{rank}/{mode}"] = {"steps": len(durations), "mean_ms": mean, "std_ms": std, "limit_ms": limit, "outliers": len(outliers)}
