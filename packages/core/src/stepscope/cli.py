@@ -6,7 +6,9 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 from .exceptions import ConfigError, StepscopeError
 
 EXIT_OK, EXIT_FIRED, EXIT_ERROR = 0, 1, 2
+_INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
 
 
 class UsageError(Exception):
@@ -68,7 +71,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
             "fire on healthy training, plus the profiler rules when the job has profiler data; `stepscope rules` "
             "lists them. A rule named with --rule or from --rules-config keeps SageMaker's parameters and meaning. "
             "Reports are written to PATH/rule-output/. Exit status: 0 no rule fired, 1 some rule fired, "
-            "2 bad usage or unreadable data. `--explain RULE` prints what a rule checks and what to do when it fires."
+            "2 bad usage, unreadable data, or a worker whose hook failed (stepscope-status/). `--explain RULE` prints what a rule checks and what to do when it fires."
         ),
     )
     parser.add_argument("path", nargs="?", help="the job's folder or s3:// URL")
@@ -161,6 +164,11 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.end_step is not None and args.end_step <= args.start_step:
         raise UsageError(f"--end-step ({args.end_step}) must be greater than --start-step ({args.start_step})")
     store = open_store(args.path)
+    failed = _failed_hooks(store)
+    for worker, cause in failed.items():
+        print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
+    if failed and not store.list(_INDEX_PREFIX):
+        return EXIT_ERROR  # not "no data": the job's hook broke before saving anything
     if not args.watch and not store.list(""):
         raise UsageError(f"no saved data at {store.describe()} (wrong path? use --watch for a job that has not written yet)")
     trial = create_trial(store)
@@ -177,9 +185,17 @@ def _run_check(args: argparse.Namespace) -> int:
         print()
     else:
         format_table(reports, sys.stdout)
+    if failed:
+        return EXIT_ERROR
     if any(report.fired for report in reports):
         return EXIT_FIRED
     return EXIT_ERROR if any(report.status == "error" for report in reports) else EXIT_OK
+
+
+def _failed_hooks(store: Any) -> dict[str, str]:
+    from .trial import Trial
+
+    return Trial.failed_workers_in(store)
 
 
 # --- rules (list) -------------------------------------------------------------------------
@@ -199,21 +215,62 @@ def _run_rules(args: argparse.Namespace) -> int:
         json.dump(described, sys.stdout, indent=1)
         print()
         return EXIT_OK
+    width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
     for rule in described:
         params = ", ".join(f"{k}={v!r}" for k, v in rule["parameters"].items())
         marker = " [default set]" if rule["default"] else ""
-        print(f"{rule['name']} ({rule['kind']}){marker}: {rule['explanation']['definition']}\n    {params or '(no parameters)'}")
+        definition = " ".join(str(rule["explanation"]["definition"]).split())  # whole, wrapped, never cut
+        print(textwrap.fill(f"{rule['name']} ({rule['kind']}){marker}: {definition}", width=width, subsequent_indent="    "))
+        print(textwrap.fill(params or "(no parameters)", width=width, initial_indent="    ", subsequent_indent="      "))
+    return EXIT_OK
+
+
+# --- timeline (merge) ---------------------------------------------------------------------
+
+
+def _add_timeline(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "timeline",
+        help="write a job's step timeline as one Chrome trace (Perfetto, chrome://tracing)",
+        description="Merge every step-timeline file of the job at PATH (all workers, all flushes) into one Chrome-trace JSON file.",
+    )
+    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="where to write it (default timeline.json; - for stdout)")
+    parser.set_defaults(run=_run_timeline)
+
+
+def _run_timeline(args: argparse.Namespace) -> int:
+    from .profiler import create_profiler_trial
+    from .profiler.timeline import merge_timeline
+
+    trial = create_profiler_trial(args.path)
+    if trial.step_timeline().empty:
+        raise UsageError(f"no step timeline at {args.path}")
+    data = merge_timeline(trial)
+    if args.output == "-":
+        sys.stdout.write(data.decode())
+    else:
+        with open(args.output, "wb") as f:
+            f.write(data)
+        print(f"wrote {args.output} ({len(data)} bytes)", file=sys.stderr)
     return EXIT_OK
 
 
 # --- entry point ------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_timeline]
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepscope", description="Debugger and profiler for deep-learning training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)

@@ -43,7 +43,7 @@ def _int_tuple(owner: str, name: str, value: Any) -> tuple[int, ...]:
         items = list(value)
     except TypeError:
         raise ConfigError(f"{owner}.{name} must be a list of integers, got {value!r}") from None
-    return tuple(sorted({_int_field(owner, name, item) for item in items}))
+    return tuple(sorted({int(_int_field(owner, name, item) or 0) for item in items}))
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,8 @@ class SaveConfig:
         end_step: int | None = None,
         mode_save_configs: Mapping[ModeKeys | str, SaveConfigMode | Mapping[str, Any] | None] | None = None,
     ):
-        default = SaveConfigMode(save_interval, save_steps or (), start_step, end_step)
+        steps: Any = save_steps or ()  # SaveConfigMode takes a list or smdebug's "1,2,3"
+        default = SaveConfigMode(save_interval, steps, start_step, end_step)
         self._modes: dict[ModeKeys, SaveConfigMode] = {mode: default for mode in ALL_MODES}
         for key, value in (mode_save_configs or {}).items():
             try:

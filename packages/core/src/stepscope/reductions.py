@@ -10,6 +10,7 @@ np.linalg.norm: matrix norms for 2-D arrays); see docs/reading.md."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -55,7 +56,7 @@ def compute(value: np.ndarray, reduction: str, abs: bool = False) -> np.ndarray:
     elif reduction == "l2":
         result = np.sqrt(np.sum(np.square(array, dtype=np.float64)))
     elif reduction in ("sum", "prod", "mean", "std", "variance"):
-        func = {"sum": np.sum, "prod": np.prod, "mean": np.mean, "std": np.std, "variance": np.var}[reduction]
+        func: Any = {"sum": np.sum, "prod": np.prod, "mean": np.mean, "std": np.std, "variance": np.var}[reduction]
         result = func(array, dtype=np.float64)
     else:
         result = getattr(np, reduction)(array)

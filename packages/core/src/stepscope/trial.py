@@ -26,6 +26,7 @@ from .exceptions import (
     StepUnavailable,
     TensorUnavailable,
     TensorUnavailableForStep,
+    UnknownName,
 )
 from .modes import ModeKeys
 from .store import Store, open_store
@@ -35,7 +36,7 @@ logger = logging.getLogger("stepscope")
 try:  # orjson parses index files ~4x faster; it is optional
     from orjson import loads as _json_loads
 except ImportError:  # pragma: no cover
-    _json_loads = json.loads
+    _json_loads = json.loads  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
@@ -300,8 +301,7 @@ class Trial:
             return None
 
     def _load_index_files(self, keys: list[str]) -> list[int]:
-        parsed = [(k, layout.parse_index_key(k)) for k in keys]
-        parsed = [(k, p) for k, p in parsed if p is not None]
+        parsed = [(k, p) for k, p in ((k, layout.parse_index_key(k)) for k in keys) if p is not None]
         if not parsed:
             return []
         reads = self._map(lambda kp: self._read_index(kp[0]), parsed)
@@ -504,8 +504,43 @@ class Trial:
     def collection(self, name: str) -> Collection:
         collections = self.collections()
         if name not in collections:
-            raise KeyError(f"no collection {name!r} in this trial; known: {', '.join(sorted(collections))}")
+            raise UnknownName(f"no collection {name!r} in this trial; known: {', '.join(sorted(collections))}")
         return collections[name]
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """The health the workers' hooks reported (`stepscope-status/<worker>.json`), by
+        worker: a hook that failed and switched itself off says so here ("state": "failed",
+        "component", "error", "traceback", "time", "host", "pid"). Empty: nothing reported."""
+        return self.status_in(self.store)
+
+    @staticmethod
+    def status_in(store: Store) -> dict[str, dict[str, Any]]:
+        """`status()` of the job in `store`, without opening a trial."""
+        found: dict[str, dict[str, Any]] = {}
+        for key in sorted(store.list(layout.STATUS_DIR + "/")):
+            name = key.rsplit("/", 1)[-1]
+            if not name.endswith(".json"):
+                continue
+            try:
+                body = json.loads(store.read(key))
+            except (OSError, ValueError) as exc:
+                body = {"state": "unreadable", "error": f"{key}: {exc}"}
+            if not isinstance(body, dict):
+                body = {"state": "unreadable", "error": f"{key}: not a JSON object"}
+            found[name[: -len(".json")]] = body
+        return found
+
+    def failed_workers(self) -> dict[str, str]:
+        """Workers whose hook (or profiler side) failed: worker -> "component: error"."""
+        return self.failed_workers_in(self.store)
+
+    @classmethod
+    def failed_workers_in(cls, store: Store) -> dict[str, str]:
+        return {
+            worker: f"{body.get('component', '?')}: {body.get('error', '?')}"
+            for worker, body in cls.status_in(store).items()
+            if body.get("state") != "ok"
+        }
 
     def tensor_names(self, regex: str | Iterable[str] | None = None, collection: str | Collection | None = None, step: int | None = None, mode: ModeKeys | str | None = None) -> list[str]:
         names = set(self._tensor_names)

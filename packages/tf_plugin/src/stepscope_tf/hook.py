@@ -5,6 +5,7 @@ schedules, saving, timeline and fail-safe are core's."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from .reductions import BatchedReader, record_tensor
 
 logger = logging.getLogger("stepscope")
 
+_not_converted = tf.autograph.experimental.do_not_convert
 _IO_COLLECTIONS = {"inputs": (CollectionName.INPUTS,), "outputs": (CollectionName.OUTPUTS,)}
 
 
@@ -183,17 +185,15 @@ class Hook(HookBase):
         self._gradients = GradientCapture(self._optimizer, variables, names, self._strategy, self._capture_failed)
         return True
 
-    def _note_module_class(self, path: str, layer: Any, namers: dict) -> None:
-        """Record what each saved layer output is for the rules: the layer's activation
-        ("relu" for Dense(activation="relu")), else its class; a layer's input is an
+    @staticmethod
+    def _described(layer: Any, kind: str) -> str:
+        """What a layer's saved input/output is, for the rules: an output is its activation's
+        ("relu" for Dense(activation="relu")), else the layer class; an input is an
         activation's input only for weightless layers (ReLU, Activation)."""
         activation = getattr(getattr(layer, "activation", None), "__name__", None)
-        described = activation if activation and activation != "linear" else type(layer).__name__
-        for kind in namers:
-            if kind == "inputs" and getattr(layer, "weights", None):
-                continue
-            for count in (1, 2):
-                self.module_classes[naming.layer_io_name(kind, path, 0, count)] = described
+        if activation and activation != "linear" and (kind == "outputs" or not getattr(layer, "weights", None)):
+            return activation
+        return type(layer).__name__
 
     def _install_layer_io(self) -> bool:
         self._layer_io = LayerIOCapture(self._strategy, self._capture_failed)
@@ -206,12 +206,18 @@ class Hook(HookBase):
                 # `inputs`/`outputs` in include_collections mean every layer; regexes pick some.
                 if found:
                     wanted.update(found)
-                    namers[kind] = lambda i, n, kind=kind, path=path: naming.layer_io_name(kind, path, i, n)
+                    namers[kind] = functools.partial(self._layer_io_name, kind, path, self._described(layer, kind))
             if namers:
                 self._layer_io.wrap(layer, namers.get("inputs"), namers.get("outputs"))
-                self._note_module_class(path, layer, namers)
         self._io_collections = tuple(sorted(wanted))
         return bool(self._io_collections)
+
+    def _layer_io_name(self, kind: str, path: str, layer_class: str, index: int, count: int) -> str:
+        """A layer input/output's name; its layer's class goes to the collections metadata
+        (rules recognise activations by type)."""
+        name = naming.layer_io_name(kind, path, index, count)
+        self.note_module_class(name, layer_class)
+        return name
 
     def _capture_failed(self, exc: BaseException) -> None:
         self.failsafe.fail(exc)
@@ -310,6 +316,26 @@ class Hook(HookBase):
 
     # --- values -------------------------------------------------------------------------
 
+    # Called inside a tf.function, these would be converted by autograph, callees included
+    # (and its cache of converted functions can confuse one of ours with another): they
+    # run as plain Python, where a symbolic value is skipped with a warning.
+    @_not_converted
+    def save_tensor(self, name: str, value: Any, collections: Iterable[str] | str = CollectionName.DEFAULT) -> None:
+        super().save_tensor(name, value, collections)
+
+    @_not_converted
+    def save_scalar(self, name: str, value: Any) -> None:
+        super().save_scalar(name, value)
+
+    @_not_converted
+    def save_loss(self, value: Any, name: str = "loss") -> None:
+        super().save_loss(value, name)
+
+    @_not_converted
+    def save_value(self, name: str, value: Any, collections: Iterable[str] = ()) -> None:
+        super().save_value(name, value, collections)
+
+    @_not_converted
     def save_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         """Save `grads` (eager tensors, e.g. from a GradientTape) of `variables` at this step."""
         if self.enabled and self.due:

@@ -173,7 +173,8 @@ class Hook(HookBase):
         for module_name, module in naming.unwrap(model).named_modules():
             for param_name, _ in module.named_parameters(recurse=False):
                 name = naming.clean_name(f"{module_name}.{param_name}" if module_name else param_name)
-                self.module_classes[name] = self.module_classes[naming.gradient_name(name)] = type(module).__name__
+                self.note_module_class(name, type(module).__name__)
+                self.note_module_class(naming.gradient_name(name), type(module).__name__)
         if self._timer is not None:
             device = next((p.device for _, p in self._params), None)
             clock: Clock | None = self.profiler_failsafe.call(device_clock, device)
@@ -211,7 +212,7 @@ class Hook(HookBase):
         hook.wrap_loss(F.nll_loss)`, then `loss = loss_fn(output, target)`."""
         if not callable(loss_fn):
             raise ConfigError(f"wrap_loss: expected a callable loss, got {type(loss_fn).__name__}")
-        tensor_name = naming.activation_name(name or getattr(loss_fn, "__name__", "loss"), "output", 0)
+        tensor_name = naming.activation_name(str(name or getattr(loss_fn, "__name__", None) or "loss"), "output", 0)
 
         @functools.wraps(loss_fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -335,12 +336,11 @@ class Hook(HookBase):
                     if isinstance(value, torch.Tensor):
                         self.save_value(naming.optimizer_state_name(name, key), value, (CollectionName.OPTIMIZER_VARIABLES,))
 
-    def _save_io(self, module_name: str, args: Any, output: Any, module_class: str | None = None) -> None:
+    def _save_io(self, module_name: str, args: Any, output: Any, module_class: str) -> None:
         for kind, value in (("input", args), ("output", output)):
             for i, tensor in enumerate(naming.flatten_tensors(value)):
                 name = naming.activation_name(module_name, kind, i)
-                if module_class is not None:
-                    self.module_classes[name] = module_class
+                self.note_module_class(name, module_class)
                 self.save_value(name, tensor)
 
     @staticmethod

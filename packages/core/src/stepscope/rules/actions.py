@@ -123,7 +123,7 @@ def action_from_json(entry: Mapping[str, Any]) -> Action:
         level = params.get("level", "WARNING")
         return Log(level if isinstance(level, int) else logging.getLevelName(str(level).upper()))
     if name == "webhook":
-        url = params.get("url") or params.get("endpoint")
+        url = str(params.get("url") or params.get("endpoint") or "")
         try:
             return Webhook(
                 url, timeout=float(params.get("timeout", 5.0)), retries=int(params.get("retries", 3)), backoff=float(params.get("backoff", 0.5))

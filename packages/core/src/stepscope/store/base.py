@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
@@ -41,7 +42,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: str) -> None: ...
 
-    def read_ranges(self, requests: Iterable[tuple[str, int, int]], max_workers: int = 16) -> list[bytes]:
+    def read_ranges(self, requests: Iterable[tuple[str, int, int]], max_workers: int = 16) -> builtins.list[bytes]:
         """Several ranged reads, concurrently where the backend gains from it."""
         requests = list(requests)
         if len(requests) <= 1 or not self.concurrent_reads:

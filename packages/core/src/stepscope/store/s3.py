@@ -119,7 +119,7 @@ class S3Store(Store):
         kwargs = {"Bucket": self.bucket, "Prefix": full_prefix}
         if start_after:
             kwargs["StartAfter"] = self._key(start_after)
-        keys = []
+        keys: list[str] = []
         try:
             for page in self._client.get_paginator("list_objects_v2").paginate(**kwargs):
                 keys.extend(item["Key"][strip:] for item in page.get("Contents", ()))
