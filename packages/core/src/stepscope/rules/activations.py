@@ -78,6 +78,7 @@ def unit_activity(value: np.ndarray, active: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _LayerParams(RuleParams):
+    tensor_regex: tuple[str, ...] = ()
     threshold_inactivity: float = 1.0
     threshold_layer: float = 50.0
     # Also inspect tensors the hook recorded as a ReLU's output / a tanh's or sigmoid's input.
@@ -93,6 +94,7 @@ class _InactiveUnits(Rule):
     active in less than `threshold_inactivity` % of the batch, against `threshold_layer`."""
 
     state: str  # "dead", "saturated": names the finding in messages and details
+    params: _LayerParams
 
     # Which activations (ACTIVATION_CLASSES keys) and which side of them this rule reads
     # when `by_module_class` is on.
@@ -126,7 +128,8 @@ class _InactiveUnits(Rule):
             inactive = 100.0 * float(np.mean(activity < p.threshold_inactivity))
             if inactive > p.threshold_layer:
                 message = f"{name}: {inactive:.1f}% of units {self.state} > {p.threshold_layer:g}%"
-                self.violation(step, message, tensor=name, **{f"percent_{self.state}": inactive})
+                extra: dict[str, Any] = {f"percent_{self.state}": inactive}
+                self.violation(step, message, tensor=name, value=inactive, threshold=p.threshold_layer, **extra)
                 fired = True
         return fired
 
@@ -208,7 +211,10 @@ class SaturatedActivation(_InactiveUnits):
         return sorted(set(layers))
 
     def _active(self, name: str, value: np.ndarray) -> np.ndarray:
-        low, high = self._bounds(name)
+        bounds = self._bounds(name)
+        if bounds is None:
+            return np.ones(value.shape, dtype=bool)
+        low, high = bounds
         if io_side(name) == "output" and activation_kind(self.trial.module_class(name)) is not None:
             value = _activation_input(activation_kind(self.trial.module_class(name)), value)
         return (value > low) & (value < high)
@@ -301,8 +307,8 @@ class PoorWeightInitialization(Rule):
         return fired
 
     def _check_loss(self, step: int) -> bool:
-        values = [self.value(n, step) for n in self._losses() if self.has_raw(n, step)]
-        values = [float(np.mean(v)) for v in values if v is not None and v.size]
+        arrays = [self.value(n, step) for n in self._losses() if self.has_raw(n, step)]
+        values = [float(np.mean(v)) for v in arrays if v is not None and v.size]
         if not values:
             return False
         loss = float(np.mean(values))

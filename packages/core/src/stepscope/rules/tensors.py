@@ -125,7 +125,7 @@ class VanishingGradient(Rule):
             self._kinds[name] = kind
         return kind
 
-    def invoke_at_step(self, step: int) -> bool:
+    def invoke_at_step(self, step: int) -> bool | None:
         p = self.params
         judged: dict[str, float] = {}
         for name in self._gradients():
@@ -147,7 +147,7 @@ class VanishingGradient(Rule):
                     step, f"{name}: mean |gradient| {abs_mean:.3g} is {ratio:.2g} of the largest ({largest_name}: {largest:.3g}) < {p.relative_threshold:g}",
                     tensor=name, value=ratio, threshold=p.relative_threshold, abs_mean=abs_mean, largest=largest_name,
                 )
-        return None
+        return None  # fired follows from the violations reported
 
 
 # --- ExplodingTensor -----------------------------------------------------------------------
@@ -246,7 +246,7 @@ class AllZero(_SelectingRule):
                 if self.params.threshold >= 100 and value.any():
                     self._zero_run[name] = 0  # not all zero; counting would tell no more
                     continue
-                percent = 100.0 * (value.size - np.count_nonzero(value)) / value.size
+                percent = float(100.0 * (value.size - np.count_nonzero(value)) / value.size)
             else:
                 abs_max = self.reduction(name, step, "max", abs=True)
                 if abs_max is None:
