@@ -300,6 +300,19 @@ def embedding_bag(out_dir: Path) -> None:
     _loop(out_dir, model, _batcher(tokens, labels), nn.CrossEntropyLoss(), opt, val_batches=_fixed(vt, vl))
 
 
+def frozen_backbone(out_dir: Path) -> None:
+    """Fine-tuning: the first layers are frozen on purpose, only the head trains."""
+    torch = _torch()
+    torch.manual_seed(20)
+    model = _mlp([16, 64, 32, 4])
+    for p in list(model[0].parameters()) + list(model[2].parameters()):
+        p.requires_grad_(False)
+    x, y = _blobs(21, 4096)
+    vx, vy = _blobs(22, 512)
+    opt = torch.optim.Adam([p for p in model.parameters() if p.requires_grad], lr=3e-3)
+    _loop(out_dir, model, _batcher(x, y), torch.nn.CrossEntropyLoss(), opt, val_batches=_fixed(vx, vy))
+
+
 def lightning_mlp(out_dir: Path) -> None:
     torch = _torch()
     import lightning.pytorch as pl
@@ -483,6 +496,7 @@ JOBS: list[Job] = [
     Job("gru", "GRU, Adam", gru),
     Job("transformer", "transformer encoder, AdamW", transformer),
     Job("embedding_bag", "sparse embeddings, Adam", embedding_bag),
+    Job("frozen_backbone", "fine-tuning a head, frozen layers", frozen_backbone),
     Job("lightning_mlp", "Lightning MLP, Adam", lightning_mlp, framework="lightning"),
     Job("keras_mlp", "Keras MLP with validation", keras_mlp, framework="keras"),
     Job("vanishing_sigmoid", "12-layer sigmoid MLP", vanishing_sigmoid, "vanishing gradients", ("VanishingGradient",), fast=True),

@@ -151,3 +151,19 @@ def test_saved_legacy_norms_are_read_as_saved_and_missing_ones_are_vector_norms(
     reader = TensorReader()
     assert reader.reduction(trial, "fc.weight", 0, "l1") == pytest.approx(matrix_l1, rel=1e-6)
     assert reader.reduction(trial, "fc.weight", 1, "l2") == pytest.approx(float(np.sqrt((weight.astype(np.float64) ** 2).sum())), rel=1e-6)
+
+
+def test_frozen_weights_are_not_judged_by_the_default_weight_update_ratio(tmp_path):
+    from stepscope.rules import WeightUpdateRatio
+
+    backbone = np.ones((4, 4), np.float32)
+
+    def tensors(step):  # a frozen backbone (no gradient saved) and a head that trains
+        head = np.full((2, 4), 1.0 + 0.01 * step, np.float32)
+        return {"backbone.weight": backbone, "head.weight": head, "gradient/head.weight": head * 0.1}
+
+    path = write(tmp_path, np.linspace(1, 0.5, 6), tensors=tensors)
+    sagemaker = run_rules([WeightUpdateRatio(create_trial(path))])[0]
+    assert {e.tensor for e in sagemaker.evidence} == {"backbone.weight"}  # ratio 0 < 1e-8
+    default = _run(WeightUpdateRatio, path)
+    assert not default.fired and default.tensors_inspected == 1

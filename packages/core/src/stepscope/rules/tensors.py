@@ -363,6 +363,7 @@ class WeightUpdateRatioParams(RuleParams):
     large_threshold: float = 10.0
     small_threshold: float = 1e-8
     epsilon: float = 1e-9
+    skip_frozen: bool = False
 
     def validate(self, owner: str) -> None:
         if self.num_steps is not None:
@@ -376,7 +377,9 @@ class WeightUpdateRatio(Rule):
     (1e-8); epsilon is 1e-9. w_prev is the previous saved training step, or with
     `num_steps` the earliest saved step >= s - num_steps (skipped when there is none).
     Save weights at close steps (save_interval 1) for a meaningful ratio. Inspects the
-    `weights` collection; a weight that was all zero has no meaningful ratio and is skipped."""
+    `weights` collection; a weight that was all zero has no meaningful ratio and is skipped.
+    With `skip_frozen` (the default set), weights whose gradient (`gradient/<name>`) the job
+    never saved while saving others' are frozen on purpose and not judged."""
 
     Params = WeightUpdateRatioParams
     params: WeightUpdateRatioParams
@@ -384,9 +387,23 @@ class WeightUpdateRatio(Rule):
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
         self._history: dict[str, deque[tuple[int, np.ndarray]]] = {}
+        self._trained: tuple[list[str], list[str]] | None = None
+
+    # A weight frozen on purpose (fine-tuning a head on a frozen backbone) has an update
+    # ratio of 0 by design: judge only the weights that get gradients.
+    preset = {"skip_frozen": True}
 
     def _weights(self) -> list[str]:
-        return self.select_tensors(("weights",), WEIGHT_REGEX)
+        weights = self.select_tensors(("weights",), WEIGHT_REGEX)
+        if not self.params.skip_frozen:
+            return weights
+        if self._trained is not None and self._trained[0] is weights:  # same selection as before
+            return self._trained[1]
+        gradients = {n[len("gradient/") :] for n in self.trial.tensor_names() if n.startswith("gradient/")}
+        # The job saved gradients: a weight without one is frozen.
+        trained = [w for w in weights if w in gradients] if gradients else weights
+        self._trained = (weights, trained)
+        return trained
 
     def has_inputs(self) -> bool:
         return bool(self._weights())
