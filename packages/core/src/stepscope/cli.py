@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
 import shutil
 import sys
 import textwrap
@@ -82,14 +83,25 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--rules-config", metavar="FILE", help="JSON file of rule configurations (smdebug_rulesconfig dicts, SageMaker entries)")
     parser.add_argument("--explain", metavar="RULE", help="print what RULE checks, its parameters, likely causes and advice, and exit")
     parser.add_argument("--watch", action="store_true", help="follow a running job until it ends (training_job_end.ts)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="with --watch: stop following after S seconds")
-    parser.add_argument("--poll-interval", type=float, default=5.0, metavar="S", help="with --watch: longest wait between looks for new steps")
+    parser.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="with --watch: stop following after S seconds")
+    parser.add_argument("--poll-interval", type=_seconds, default=5.0, metavar="S", help="with --watch: longest wait between looks for new steps (> 0)")
     parser.add_argument("--start-step", type=int, default=0, metavar="N", help="first global step to check")
     parser.add_argument("--end-step", type=int, default=None, metavar="N", help="check steps before N only")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
     parser.add_argument("--no-write", action="store_true", help="do not write reports to PATH/rule-output/")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(run=_run_check)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse type): 0 would busy-loop."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 class _Progress:
@@ -130,10 +142,11 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
 
 
 def _write_reports(store: Any, reports: list[Any], path: str) -> None:
-    from .layout import RULE_OUTPUT_DIR
+    from .layout import RULE_OUTPUT_DIR, rule_output_key
 
     for report in reports:
-        store.write(f"{RULE_OUTPUT_DIR}/{report.rule}.json", json.dumps(report.to_json(), indent=1).encode())
+        # Rule names come from configuration files: escaped so that a report stays in the job.
+        store.write(rule_output_key(report.rule), json.dumps(report.to_json(), indent=1).encode())
     summary = {"path": path, "time": time.time(), "rules": [report.row() for report in reports]}
     store.write(f"{RULE_OUTPUT_DIR}/summary.json", json.dumps(summary, indent=1).encode())
 
@@ -164,6 +177,15 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.end_step is not None and args.end_step <= args.start_step:
         raise UsageError(f"--end-step ({args.end_step}) must be greater than --start-step ({args.start_step})")
     store = open_store(args.path)
+    root = getattr(store, "root", None)
+    if root is not None and not root.is_dir():
+        # A job that has not started may not have made its folder yet: --watch waits for it
+        # (within --timeout), creating nothing; without --watch a missing folder is a typo.
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        while args.watch and not root.is_dir() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(min(args.poll_interval, 0.5))
+        if not root.is_dir():
+            raise UsageError(f"no saved data at {store.describe()}: no such folder (a mistyped path?)")
     failed = _failed_hooks(store)
     for worker, cause in failed.items():
         print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
@@ -185,7 +207,12 @@ def _run_check(args: argparse.Namespace) -> int:
         print()
     else:
         format_table(reports, sys.stdout)
-    if failed:
+    if trial.problems:
+        # Unreadable files are not a rule firing: say which were skipped, and exit 2.
+        print(f"stepscope check: {len(trial.problems)} file(s) could not be read and were skipped:", file=sys.stderr)
+        for problem in trial.problems[:20]:
+            print(f"  {problem}", file=sys.stderr)
+    if failed or trial.problems:
         return EXIT_ERROR
     if any(report.fired for report in reports):
         return EXIT_FIRED
@@ -295,8 +322,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StepscopeError, OSError) as exc:
         print(f"stepscope {args.command}: cannot read the data: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except re.error as exc:
+        print(f"stepscope {args.command}: bad regular expression {exc.pattern!r}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except (RecursionError, MemoryError) as exc:
+        print(f"stepscope {args.command}: input too deeply nested or too large: {type(exc).__name__}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # bad data must never end in a traceback (it is logged with -v)
+        logging.getLogger("stepscope").debug("stepscope %s failed", args.command, exc_info=True)
+        print(f"stepscope {args.command}: failed on unexpected input: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ which tensors form a collection (Collection). Pure, framework-free, validated at
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -75,7 +76,10 @@ class SaveConfigMode:
 
     def next_save_step(self, step: int) -> int | None:
         """The first step >= `step` that is saved, or None when none is left."""
-        candidates = [s for s in self.save_steps if s >= step]
+        # save_steps is sorted (see _int_tuple): one bisection, not a scan of a list that
+        # may hold a million steps, on the training thread at every step.
+        at = bisect.bisect_left(self.save_steps, step)
+        candidates = [self.save_steps[at]] if at < len(self.save_steps) else []
         first = max(step, self.start_step)
         first += (-first) % self.save_interval
         if self.end_step is None or first < self.end_step:

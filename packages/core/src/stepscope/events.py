@@ -313,6 +313,12 @@ def decode_tensor_value(payload: bytes | memoryview) -> np.ndarray:
     return _value_array(_summary_value(Event.FromString(bytes(payload))))
 
 
+def decode_tensor_tag_value(payload: bytes | memoryview) -> tuple[str, np.ndarray]:
+    """The name (tag) and tensor of a record: a reader checks the name against its index."""
+    value = _summary_value(Event.FromString(bytes(payload)))
+    return value.tag, _value_array(value)
+
+
 def decode_tensor_event(payload: bytes | memoryview) -> DecodedTensor:
     event = Event.FromString(bytes(payload))
     value = _summary_value(event)

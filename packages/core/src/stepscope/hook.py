@@ -26,7 +26,7 @@ import logging
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -55,6 +55,7 @@ logger = logging.getLogger("stepscope")
 
 STOP_POLL_ENV = "STEPSCOPE_STOP_POLL_S"
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
+_NOTHING_DUE: frozenset[str] = frozenset()
 _PUBLISH_EVERY_STEPS = 64  # steps whose spans are turned into wall-clock time together
 
 
@@ -96,17 +97,23 @@ class TensorPlan:
     save_shape: bool
 
 
-@dataclass
 class StepState:
-    """The open step: its numbers and the collections due at it, and what was recorded."""
+    """The open step: its numbers and the collections due at it, and what was recorded.
+    (A slotted class: one is made per step, on the training thread.)"""
 
-    global_step: int
-    mode: ModeKeys
-    mode_step: int
-    due: tuple[Collection, ...]
-    due_names: frozenset[str] = frozenset()
-    tensors: dict[str, Any] = field(default_factory=dict)
-    shapes: dict[str, Sequence[int]] = field(default_factory=dict)
+    __slots__ = ("global_step", "mode", "mode_step", "due", "due_names", "tensors", "shapes")
+
+    def __init__(self, global_step: int, mode: ModeKeys, mode_step: int, due: tuple[Collection, ...], due_names: frozenset[str] = frozenset()):
+        self.global_step = global_step
+        self.mode = mode
+        self.mode_step = mode_step
+        self.due = due
+        self.due_names = due_names
+        self.tensors: dict[str, Any] = {}
+        self.shapes: dict[str, Sequence[int]] = {}
+
+    def __repr__(self) -> str:
+        return f"StepState(global_step={self.global_step}, mode={self.mode.name}, mode_step={self.mode_step}, due={sorted(self.due_names)})"
 
 
 def _close_at_exit(ref: weakref.ref[HookBase]) -> None:
@@ -322,7 +329,7 @@ class HookBase:
     def begin_step(self, mode: ModeKeys | str | None = None) -> bool:
         """Open the next step in `mode` (default: the current mode), closing the open one.
         Returns True when some collection is due at it."""
-        if not self.enabled:
+        if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
             return False
         parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
         return bool(self.failsafe.call(self._begin_step, parsed))
@@ -398,7 +405,7 @@ class HookBase:
             due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
             upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
             self._next_due[mode] = min(upcoming) if upcoming else None
-        self._step = StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else frozenset())
+        self._step = StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else _NOTHING_DUE)
         self._global_step += 1
         if self._timer is not None:
             # A step's time starts where the previous one's work ended: the wait for data
