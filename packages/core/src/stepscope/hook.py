@@ -31,7 +31,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import layout, reductions
+from . import annotation, layout, reductions
 from .collection_manager import CollectionManager
 from .config import (
     ALWAYS_SAVED_COLLECTIONS,
@@ -194,6 +194,7 @@ class HookBase:
         self.stop_poller: StopPoller | None = None
         self.monitor: Any = None
         self.timeline: Any = None
+        self.detailed: Any = None  # windowed profilers (stepscope.profiler.detailed), None without windows
         self._phases = PhaseTracker()
         self._timer: StepTimer | None = None
         self._timed: tuple[int, ModeKeys] | None = None  # the step whose phases are being tracked
@@ -240,6 +241,11 @@ class HookBase:
 
     def _on_phase_event(self, event: str) -> None:
         """A phase event on a step where something is due (see `phase_event`)."""
+
+    def _make_detailed_profilers(self) -> Any:
+        """The framework's windowed profilers (stepscope.profiler.detailed.WindowedProfilers)
+        for `profiler_config`'s windows, or None (no windows, or no framework profiler)."""
+        return None
 
     def _make_clock(self) -> Clock:
         return CpuClock()
@@ -413,6 +419,8 @@ class HookBase:
             start = self._last_end if self._last_end is not None else now
             self._phases.begin(mode, start)
             self._timed = (self._step.global_step, mode)
+        if self.detailed is not None:
+            self.profiler_failsafe.call(self.detailed.step_started, self._step.global_step)
         self._on_step_begin(bool(due))
         return bool(due)
 
@@ -440,6 +448,8 @@ class HookBase:
         if step is None:
             return
         self._on_step_end()
+        if self.detailed is not None:
+            self.profiler_failsafe.call(self.detailed.step_ended, step.global_step)
         if self._timer is not None and self._phases.open:
             self.profiler_failsafe.call(self._finish_timing, self._timer.clock.now())
         self._step = None
@@ -647,6 +657,12 @@ class HookBase:
         if config.step_timeline:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
             self._timer = StepTimer(self._make_clock())
+            # stepscope.annotate() outside profiling windows: a span of the open step.
+            annotation.set_sink(self._annotation_span)
+        self.detailed = self._make_detailed_profilers()
+
+    def _annotation_span(self, name: str, start_ns: int, end_ns: int) -> None:
+        self.add_timeline(name, start_ns, end_ns, phase="annotation")
 
     def _publish_timeline(self, wait: bool) -> None:
         if self._timer is None or self.timeline is None:
@@ -705,6 +721,10 @@ class HookBase:
                 self.failsafe.call(self._write_collections)
                 # Only rank 0 marks the job finished; other workers just flush.
                 self.writer.close(end_marker=self.rank == 0)
+            if self.detailed is not None:
+                self.profiler_failsafe.call(self.detailed.close)
+            if annotation._sink == self._annotation_span:
+                annotation.set_sink(None)
             for part in (self.timeline, self.monitor, self.stop_poller):
                 if part is not None:
                     method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()

@@ -151,6 +151,17 @@ class Hook(HookBase):
         self._remove(self._step_handles)
         self._remove(self._handles)
 
+    def _make_detailed_profilers(self) -> Any:
+        # torch.profiler, cProfile and data-loader timing in ProfilerConfig's windows (docs/traces.md).
+        if not self.profiler_config.detailed or self.store is None:
+            return None
+        from .profiling import create_profiling
+
+        return create_profiling(
+            self.profiler_config, self.store, rank=self.rank, world_size=self.world_size,
+            record_span=lambda name, start, end: self.add_timeline(name, start, end, phase=name),
+        )
+
     # --- registration -------------------------------------------------------------------
 
     def register_module(self, model: nn.Module, *, drive_steps: bool = True) -> None:
