@@ -101,9 +101,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _self_check(jobs: list[str]) -> int:
-    """The planted problem must be found, and the healthy jobs must not look broken. Other
-    findings (a loss that rose between two noisy mini-batches, no data-loader workers on a
-    2-core machine) are real observations a user would read, not demo failures."""
+    """The planted problem must be found by the rule that names it, and the healthy jobs
+    must get no finding at all: a debugger that cries wolf on healthy runs gets switched off."""
     import json
 
     problems = []
@@ -116,8 +115,8 @@ def _self_check(jobs: list[str]) -> int:
         planted = job.endswith("exploding_job")
         if planted and "ExplodingTensor" not in fired:
             problems.append(f"{job}: ExplodingTensor did not fire on the planted job")
-        if not planted and fired & {"ExplodingTensor", "VanishingGradient"}:
-            problems.append(f"{job}: a healthy job fired {sorted(fired & {'ExplodingTensor', 'VanishingGradient'})}")
+        if not planted and fired:
+            problems.append(f"{job}: a healthy job got findings: {sorted(fired)}")
     for problem in problems:
         print(f"demo self-check failed: {problem}", file=sys.stderr)
     return 1 if problems else 0

@@ -98,7 +98,7 @@ def _is_profiler_report(cfg: Any) -> bool:
     if isinstance(cfg, Mapping):
         inner = cfg.get("DebugRuleConfiguration", cfg)
         params = inner.get("RuleParameters") or inner.get("rule_parameters") or {} if isinstance(inner, Mapping) else {}
-        names = (inner.get("RuleConfigurationName"), inner.get("rule_name"), params.get("rule_to_invoke") if isinstance(params, Mapping) else None)
+        names: tuple[Any, ...] = (inner.get("RuleConfigurationName"), inner.get("rule_name"), params.get("rule_to_invoke") if isinstance(params, Mapping) else None)
     else:
         names = (getattr(cfg, "rule_name", None),)
     return any(str(n).lower() == "profilerreport" for n in names if n)
