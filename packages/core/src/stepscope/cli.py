@@ -138,6 +138,10 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"rule name(s) {', '.join(duplicates)} given twice; their reports would overwrite each other")
+    if "ProfilerReport" in names:  # the report shows the other rules of this run
+        from .report.rule import with_companions
+
+        with_companions(rules)
     return rules
 
 
@@ -247,7 +251,7 @@ def _run_rules(args: argparse.Namespace) -> int:
         params = ", ".join(f"{k}={v!r}" for k, v in rule["parameters"].items())
         marker = " [default set]" if rule["default"] else ""
         definition = " ".join(str(rule["explanation"]["definition"]).split())  # whole, wrapped, never cut
-        print(textwrap.fill(f"{rule['name']} ({rule['kind']}){marker}: {definition}", width=width, subsequent_indent="    "))
+        print(textwrap.fill(f"{rule['name']} ({rule['kind']}){marker}: {definition}", width=width, subsequent_indent="    ", break_on_hyphens=False))
         print(textwrap.fill(params or "(no parameters)", width=width, initial_indent="    ", subsequent_indent="      "))
     return EXIT_OK
 
@@ -255,37 +259,30 @@ def _run_rules(args: argparse.Namespace) -> int:
 # --- timeline (merge) ---------------------------------------------------------------------
 
 
-def _add_timeline(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "timeline",
-        help="write a job's step timeline as one Chrome trace (Perfetto, chrome://tracing)",
-        description="Merge every step-timeline file of the job at PATH (all workers, all flushes) into one Chrome-trace JSON file.",
-    )
-    parser.add_argument("path", help="the job's folder or s3:// URL")
-    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="where to write it (default timeline.json; - for stdout)")
-    parser.set_defaults(run=_run_timeline)
-
-
-def _run_timeline(args: argparse.Namespace) -> int:
-    from .profiler import create_profiler_trial
-    from .profiler.timeline import merge_timeline
-
-    trial = create_profiler_trial(args.path)
-    if trial.step_timeline().empty:
-        raise UsageError(f"no step timeline at {args.path}")
-    data = merge_timeline(trial)
-    if args.output == "-":
-        sys.stdout.write(data.decode())
-    else:
-        with open(args.output, "wb") as f:
-            f.write(data)
-        print(f"wrote {args.output} ({len(data)} bytes)", file=sys.stderr)
-    return EXIT_OK
-
-
 # --- entry point ------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_timeline]
+def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
+    # `profile` and `timeline` (the merged Perfetto trace: step timeline, system metrics,
+    # detailed traces, rule firings) live in stepscope/traces/cli.py.
+    from .traces.cli import add_profile, add_timeline
+
+    add_profile(sub)
+    add_timeline(sub)
+
+
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    from .export.cli import add_parser
+
+    add_parser(sub)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    from .report.cli import add_parser
+
+    add_parser(sub)
+
+
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report]
 
 
 def _version() -> str:

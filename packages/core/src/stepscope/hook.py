@@ -32,7 +32,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from . import layout, reductions
+from . import annotation, layout, reductions
 from .collection_manager import CollectionManager
 from .config import (
     ALWAYS_SAVED_COLLECTIONS,
@@ -46,6 +46,7 @@ from .config import (
 from .control import StopPoller
 from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
+from .hook_outputs import HookOutputs, instrument
 from .modes import ModeKeys
 from .phases import EVENTS, OTHER, PHASES, Clock, CpuClock, PhaseLog, StepTimer
 from .safety import FailSafe, write_status
@@ -195,9 +196,11 @@ class HookBase:
         self._closed = False
         self.store: Store | None = None
         self.writer: Writer | None = None
+        self.outputs: HookOutputs | None = None
         self.stop_poller: StopPoller | None = None
         self.monitor: Any = None
         self.timeline: Any = None
+        self.detailed: Any = None  # windowed profilers (stepscope.profiler.detailed), None without windows
         # The step timeline on the training thread: a clock reading and a deque append per
         # boundary (`_log`); the flush thread turns the log into spans (`_drain_timeline`).
         self._timer: StepTimer | None = None
@@ -224,6 +227,10 @@ class HookBase:
         if self.writes_tensors:
             self.writer = Writer(store, self.worker)
             self._write_collections()
+        # Live TensorBoard, the report at close, and stepscope's own cost (hook_outputs).
+        self.outputs = HookOutputs(self.worker, tensorboard_dir=opts.tensorboard_dir, report=opts.report, several_workers=self.num_workers > 1, chief=self.rank == 0)
+        self.failsafe.call(self.outputs.attach, self.writer)
+        instrument(self, self.outputs)
         self.stop_poller = StopPoller(store, control_poll_s or _poll_interval_from_env())
         self.profiler_failsafe.call(self._start_profiler)
 
@@ -248,6 +255,11 @@ class HookBase:
 
     def _on_phase_event(self, event: str) -> None:
         """A phase event on a step where something is due (see `phase_event`)."""
+
+    def _make_detailed_profilers(self) -> Any:
+        """The framework's windowed profilers (stepscope.profiler.detailed.WindowedProfilers)
+        for `profiler_config`'s windows, or None (no windows, or no framework profiler)."""
+        return None
 
     def _make_clock(self) -> Clock:
         return CpuClock()
@@ -383,6 +395,8 @@ class HookBase:
                 self._timing = True
                 if event is not None:
                     append((event, clock_now()))
+            if self.detailed is not None:
+                self.profiler_failsafe.call(self.detailed.step_started, global_step)
             if due:
                 self._on_step_begin(True)
                 if event is not None and self._step is not None:
@@ -458,6 +472,8 @@ class HookBase:
         if step is None:
             return
         self._on_step_end()
+        if self.detailed is not None:
+            self.profiler_failsafe.call(self.detailed.step_ended, step.global_step)
         if self._timing:
             self.finish_step_timing()
         self._step = None
@@ -669,6 +685,12 @@ class HookBase:
             self._log_append = self._log.append
             self._now = self._timer.clock.now
             self.timeline.add_source(self._drain_timeline)
+            # stepscope.annotate() outside profiling windows: a span of the open step.
+            annotation.set_sink(self._annotation_span)
+        self.detailed = self._make_detailed_profilers()
+
+    def _annotation_span(self, name: str, start_ns: int, end_ns: int) -> None:
+        self.add_timeline(name, start_ns, end_ns, phase="annotation")
 
     def _set_clock(self, clock: Clock) -> None:
         """Use `clock` for the step timeline from now on (before the first step: a plugin
@@ -746,10 +768,16 @@ class HookBase:
                 self.failsafe.call(self._write_collections)
                 # Only rank 0 marks the job finished; other workers just flush.
                 self.writer.close(end_marker=self.rank == 0)
+            if self.detailed is not None:
+                self.profiler_failsafe.call(self.detailed.close)
+            if annotation._sink == self._annotation_span:
+                annotation.set_sink(None)
             for part in (self.timeline, self.monitor, self.stop_poller):
                 if part is not None:
                     method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()
                     self.profiler_failsafe.call(method)
+            if self.outputs is not None:
+                self.outputs.close(self.store, self.writer)  # after the end marker: the report reads the whole job
         finally:
             self._closed = True
             try:

@@ -154,6 +154,17 @@ class Hook(HookBase):
         self._remove(self._step_handles)
         self._remove(self._handles)
 
+    def _make_detailed_profilers(self) -> Any:
+        # torch.profiler, cProfile and data-loader timing in ProfilerConfig's windows (docs/traces.md).
+        if not self.profiler_config.detailed or self.store is None:
+            return None
+        from .profiling import create_profiling
+
+        return create_profiling(
+            self.profiler_config, self.store, rank=self.rank, world_size=self.world_size,
+            record_span=lambda name, start, end: self.add_timeline(name, start, end, phase=name),
+        )
+
     # --- registration -------------------------------------------------------------------
 
     def register_module(self, model: nn.Module, *, drive_steps: bool = True) -> None:
@@ -172,6 +183,13 @@ class Hook(HookBase):
         self._modules = naming.named_modules(model)
         self.claim_names(name for name, _ in self._params)
         self.claim_names(naming.gradient_name(name) for name, _ in self._params)
+        # Which module class each parameter (and its gradient) belongs to: rules judge a
+        # tensor against what is normal for its kind (an embedding, a norm layer).
+        for module_name, module in naming.unwrap(model).named_modules():
+            for param_name, _ in module.named_parameters(recurse=False):
+                name = naming.clean_name(f"{module_name}.{param_name}" if module_name else param_name)
+                self.note_module_class(name, type(module).__name__)
+                self.note_module_class(naming.gradient_name(name), type(module).__name__)
         if self._timer is not None:
             device = next((p.device for _, p in self._params), None)
             clock: Clock | None = self.profiler_failsafe.call(device_clock, device)

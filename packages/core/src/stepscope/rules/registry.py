@@ -46,8 +46,16 @@ def default_rules(trial: Trial) -> list[Rule]:
     ...), plus the profiler rules when the job has profiler data. See docs/rules.md."""
     rules: list[Rule] = [rule for rule in (BUILTIN_RULES[n](trial, **BUILTIN_RULES[n].preset) for n in DEFAULT_RULES) if rule.has_inputs()]
     if has_profiler_data(trial):
-        rules += [cls(trial, **cls.preset) for cls in profiler_rules().values()]
+        traced = has_trace_data(trial)
+        rules += [cls(trial, **cls.preset) for cls in profiler_rules().values() if traced or cls.__module__ != "stepscope.traces.rules"]
     return rules
+
+
+def has_trace_data(trial: Trial) -> bool:
+    """Whether the job holds detailed traces (the trace rules then join the default set)."""
+    from ..layout import FRAMEWORK_DIR
+
+    return any(trial.store.list(f"{FRAMEWORK_DIR}/{framework}/detailed/") for framework in ("pytorch", "tensorflow"))
 
 
 def profiler_rules() -> dict[str, type[Rule]]:
@@ -56,7 +64,23 @@ def profiler_rules() -> dict[str, type[Rule]]:
         module = importlib.import_module("stepscope.profiler.rules")
     except ImportError:
         return {}
-    return dict(getattr(module, "PROFILER_RULES", {}))
+    rules = dict(getattr(module, "PROFILER_RULES", {}))
+    try:  # the trace rules (stepscope.traces.rules) need pyarrow
+        rules.update(importlib.import_module("stepscope.traces.rules").TRACE_RULES)
+    except ImportError:
+        pass
+    return rules
+
+
+def job_rules() -> dict[str, type[Rule]]:
+    """The profiler rules plus the rules that bundle them (ProfilerReport, which writes the
+    job's report): every whole-job rule known by name. Not in the default set."""
+    rules = profiler_rules()
+    try:
+        from ..report.rule import ProfilerReport
+    except ImportError:  # the report's dependencies (matplotlib) are not installed
+        return rules
+    return {**rules, "ProfilerReport": ProfilerReport}
 
 
 def _lookup(registry: dict[str, Any], name: str) -> str | None:
@@ -77,13 +101,13 @@ def rule_kind(name: str) -> str:
         return "custom"
     if _lookup(BUILTIN_RULES, name):
         return "tensor"
-    if _lookup(profiler_rules(), name):
+    if _lookup(job_rules(), name):
         return "profiler"
     raise ConfigError(f"unknown rule {name!r}; valid: {', '.join(valid_rule_names())} (or package.module:ClassName for your own)")
 
 
 def valid_rule_names() -> list[str]:
-    return list(BUILTIN_RULES) + [n for n in profiler_rules() if n not in BUILTIN_RULES]
+    return list(BUILTIN_RULES) + [n for n in job_rules() if n not in BUILTIN_RULES]
 
 
 def load_rule_class(spec: str) -> type[Rule]:
@@ -108,7 +132,7 @@ def rule_class(name: str) -> type[Rule]:
         return load_rule_class(name)
     if kind == "tensor":
         return BUILTIN_RULES[_lookup(BUILTIN_RULES, name) or name]
-    registry = profiler_rules()
+    registry = job_rules()
     return registry[_lookup(registry, name) or name]
 
 
@@ -133,9 +157,10 @@ def build_profiler_rule(name: str, params: dict[str, Any]) -> Rule:
 def describe_rules() -> list[dict[str, Any]]:
     """Each rule's `describe()`: name, kind, parameters with defaults, preset, doc, explanation."""
     out = [cls.describe() for cls in BUILTIN_RULES.values()]
-    out += [cls.describe() for name, cls in profiler_rules().items() if name not in BUILTIN_RULES]
+    out += [cls.describe() for name, cls in job_rules().items() if name not in BUILTIN_RULES]
+    in_default_set = set(DEFAULT_RULES) | set(profiler_rules())
     for entry in out:
-        entry["default"] = entry["name"] in DEFAULT_RULES or entry["kind"] == "job"
+        entry["default"] = entry["name"] in in_default_set
     return out
 
 
