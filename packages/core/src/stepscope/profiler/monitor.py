@@ -519,18 +519,17 @@ class SystemMonitor:
             # at the same instants; deadlines are then kept on the monotonic clock, each one
             # computed from the first, so that no drift accumulates.
             first = anchor_monotonic + (interval_s - anchor_wall % interval_s)
-            late_start = time.monotonic() - first
-            if late_start > 0:
-                # The start-up (imports, NVML, the first readings; a new sampler process on a
-                # busy machine) ran past the first tick: start on the next tick of the grid
-                # rather than sampling late and then late again for the one after.
-                first += math.ceil(late_start / interval_s) * interval_s
+            # Jitter is the schedule's in steady state: ticks due before the start-up (imports,
+            # NVML, the first readings; a new sampler process on a busy machine) was over are
+            # sampled as soon as possible but not counted (they measured the start-up:
+            # up to 183 ms in a sampler process started next to a GIL-bound loop).
+            ready = time.monotonic()
             tick = 0
             while True:
                 deadline = first + tick * interval_s
                 if self._stop_event.wait(max(0.0, deadline - time.monotonic())):
                     break
-                if tick:  # the first sample waits for the thread's start-up, not the schedule
+                if tick and deadline - interval_s > ready:  # its previous sample ran after the start-up
                     self._stats.jitter_s.append(abs(time.monotonic() - deadline))
                 timestamp = time.time()
                 metrics = host.sample()
