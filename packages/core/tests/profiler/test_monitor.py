@@ -235,7 +235,8 @@ def test_sampling_in_a_process_of_its_own(tmp_path):
     assert not monitor.running
     df = ProfilerTrial(tmp_path).system_metrics()
     stats = monitor.stats()
-    assert stats.samples == df["timestamp"].nunique() >= 2 and len(stats.jitter_s) == stats.samples - 1
+    # Jitter: one value per sample after the first, less those due during the start-up.
+    assert stats.samples == df["timestamp"].nunique() >= 2 and 0 < len(stats.jitter_s) <= stats.samples - 1
     rss = df[df["dimension"] == "ProcessMemoryRSSBytes"]["value"]
     mine = psutil.Process(os.getpid()).memory_info().rss
     assert len(rss) and abs(float(rss.iloc[-1]) - mine) < 0.5 * mine  # this process, not the sampler's
