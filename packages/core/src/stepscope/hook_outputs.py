@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost import CostMeter, cost_key
+from .cost import MAX_SAMPLES, CostMeter, cost_key
 from .modes import ModeKeys
 
 logger = logging.getLogger("stepscope")
@@ -118,21 +118,35 @@ def instrument(hook: Any, outputs: HookOutputs) -> None:
     begin = hook.begin_step
     clock = time.perf_counter
 
-    def begin_step(*args: Any, **kwargs: Any) -> Any:
+    cost = meter.cost
+
+    def begin_step(mode: Any = None, event: Any = None) -> Any:
         # One wrapper for both the time inside begin_step and the step clock: this runs
-        # on every step, saved or not.
+        # on every step, saved or not, so CostMeter.step_begins / step_done are inlined
+        # for the common case (every step sampled; a frame each would be most of its cost).
         started = clock()
         meter.depth = 1
         try:
-            return begin(*args, **kwargs)
+            return begin(mode, event)
         finally:
             meter.depth = 0
             elapsed = clock() - started
             meter.hook_s += elapsed
-            meter.step_hook_s += elapsed
             step = hook._step  # the step just opened (None when the hook is off)
             if step is not None:
-                meter.step_begins(step.global_step, started)
+                previous = meter._step
+                if previous is None or meter._stride != 1 or len(cost.samples) >= MAX_SAMPLES - 1:
+                    meter.step_hook_s += elapsed
+                    meter.step_begins(step.global_step, started)
+                else:
+                    step_s = started - meter._step_started
+                    cost.steps += 1
+                    cost.step_s += step_s
+                    cost.samples.append((previous, step_s, meter.step_hook_s + elapsed))
+                    meter.step_hook_s = 0.0
+                    meter._step, meter._step_started = step.global_step, started
+            else:
+                meter.step_hook_s += elapsed
 
     begin_step.__doc__ = begin.__doc__
     hook.begin_step = begin_step
