@@ -79,3 +79,26 @@ def test_a_failing_listener_is_dropped_not_fatal(tmp_path):
     writer.close()
     assert calls == [0] and not writer.failed
     assert json.loads((tmp_path / "job" / "index" / "000000000" / "000000000002_worker_0.json").read_text())["tensor_payload"]
+
+
+def test_the_instrumented_begin_step_samples_steps_as_the_meter_does(tmp_path):
+    # begin_step's wrapper does the meter's per-step bookkeeping inline (it runs every
+    # step): the same steps, the same thinning of the samples, as CostMeter.step_begins.
+    from stepscope.config import ProfilerConfig
+    from stepscope.cost import MAX_SAMPLES, CostMeter
+    from stepscope.hook import HookBase
+
+    hook = HookBase(str(tmp_path / "job"), profiler_config=ProfilerConfig.disabled())
+    steps = 2 * MAX_SAMPLES + 101
+    for _ in range(steps):
+        hook.begin_step("train")
+    reference = CostMeter("worker_0")
+    for step in range(steps):
+        reference.step_begins(step, float(step))
+    meter = hook.outputs.meter
+    assert meter.cost.steps == reference.cost.steps == steps - 1
+    assert [s[0] for s in meter.cost.samples] == [s[0] for s in reference.cost.samples]
+    assert meter._stride == reference._stride > 1
+    assert 0 < sum(h for _, _, h in meter.cost.samples) <= meter.hook_s
+    assert meter.cost.step_s >= sum(s for _, s, _ in meter.cost.samples) > 0  # every step counted, some sampled
+    hook.close()

@@ -123,7 +123,7 @@ def instrument(hook: Any, outputs: HookOutputs) -> None:
     def begin_step(mode: Any = None, event: Any = None) -> Any:
         # One wrapper for both the time inside begin_step and the step clock: this runs
         # on every step, saved or not, so CostMeter.step_begins / step_done are inlined
-        # for the common case (every step sampled; a frame each would be most of its cost).
+        # for the common case (a frame each would be most of its cost).
         started = clock()
         meter.depth = 1
         try:
@@ -135,14 +135,16 @@ def instrument(hook: Any, outputs: HookOutputs) -> None:
             step = hook._step  # the step just opened (None when the hook is off)
             if step is not None:
                 previous = meter._step
-                if previous is None or meter._stride != 1 or len(cost.samples) >= MAX_SAMPLES - 1:
+                if previous is None or len(cost.samples) >= MAX_SAMPLES - 1:  # (then the samples are thinned)
                     meter.step_hook_s += elapsed
                     meter.step_begins(step.global_step, started)
                 else:
                     step_s = started - meter._step_started
                     cost.steps += 1
                     cost.step_s += step_s
-                    cost.samples.append((previous, step_s, meter.step_hook_s + elapsed))
+                    stride = meter._stride
+                    if stride == 1 or previous % stride == 0:
+                        cost.samples.append((previous, step_s, meter.step_hook_s + elapsed))
                     meter.step_hook_s = 0.0
                     meter._step, meter._step_started = step.global_step, started
             else:
