@@ -247,7 +247,13 @@ def _run_rules(args: argparse.Namespace) -> int:
 
 # --- entry point ------------------------------------------------------------------------
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules]
+def _add_ui(sub: argparse._SubParsersAction) -> None:
+    from .ui.cli import add_ui  # the app's own module; flask loads only when it runs
+
+    add_ui(sub)
+
+
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_ui]
 
 
 def build_parser() -> argparse.ArgumentParser:
