@@ -21,6 +21,15 @@ QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDO
 
 def _install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *PACKAGES, *extra)
+    _build_ui(session)
+
+
+def _build_ui(session: nox.Session) -> None:
+    """The web app's bundle (npm packages pinned by packages/core/ui-src/package-lock.json)."""
+    if not shutil.which("npm") and os.geteuid() == 0:
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "npm", external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+    session.run("python", "scripts/build_ui.py")
 
 
 def _ensure_chromium(session: nox.Session) -> None:

@@ -24,7 +24,7 @@ from .users import UserDB
 
 logger = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
-_PUBLIC_PATHS = ("/login", "/static/", "/healthz")
+_PUBLIC_PATHS = ("/login", "/static/", "/healthz", "/favicon.ico")
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
     "X-Content-Type-Options": "nosniff",
@@ -114,13 +114,21 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
     # --- login ------------------------------------------------------------------------
 
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status=204)
+
     @app.get("/healthz")
     def healthz() -> Response:
         return jsonify(ok=True)
 
     @app.get("/login")
     def login_form() -> Response:
-        token = secrets.token_urlsafe(24)
+        # Reuse the browser's token: a second /login load (another tab, a redirected
+        # favicon) must not invalidate a form already on screen.
+        token = request.cookies.get(auth.LOGIN_CSRF_COOKIE, "")
+        if not (20 <= len(token) <= 64 and token.replace("-", "").replace("_", "").isalnum()):
+            token = secrets.token_urlsafe(24)
         resp = Response(_login_page(token, ""), mimetype="text/html")
         cookie(resp, auth.LOGIN_CSRF_COOKIE, token, max_age=3600)
         return resp
@@ -197,44 +205,47 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     def job_version(job: str) -> Response:
         from .views import version
 
-        return jsonify(version(jobs.trial(_visible(job))))
+        visible = _visible(job)
+        trial = jobs.trial(visible)
+        return jsonify(version(trial, jobs.generation(visible)))
 
     @app.get("/api/jobs/<path:job>/dashboard")
     def job_dashboard(job: str) -> Response:
         from .views import dashboard
 
-        return jsonify(dashboard(jobs.trial(_visible(job)), phase=request.args.get("phase"), bins=_int_arg("bins", 30, 5, 200)))
+        trial, stamp = _open(job)
+        return jsonify(dashboard(trial, stamp, phase=request.args.get("phase"), bins=_int_arg("bins", 30, 5, 200)))
 
     @app.get("/api/jobs/<path:job>/rules")
     def job_rules(job: str) -> Response:
         from .views import rules_status
 
-        return jsonify(rules_status(jobs.trial(_visible(job))))
+        return jsonify(rules_status(*_open(job)))
 
     @app.get("/api/jobs/<path:job>/health")
     def job_health(job: str) -> Response:
         from .views import training_health
 
-        return jsonify(training_health(jobs.trial(_visible(job))))
+        return jsonify(training_health(*_open(job)))
 
     @app.get("/api/jobs/<path:job>/tensor-histograms")
     def job_tensor_histograms(job: str) -> Response:
         from .views import tensor_histograms
 
         name = request.args.get("tensor", "")
-        return jsonify(tensor_histograms(jobs.trial(_visible(job)), name, bins=_int_arg("bins", 30, 5, 200)))
+        return jsonify(tensor_histograms(*_open(job), name, bins=_int_arg("bins", 30, 5, 200)))
 
     @app.get("/api/jobs/<path:job>/stats")
     def job_stats(job: str) -> Response:
         from .views import statistics
 
-        return jsonify(statistics(jobs.trial(_visible(job))))
+        return jsonify(statistics(*_open(job)))
 
     @app.get("/api/jobs/<path:job>/stats/<table>.csv")
     def job_stats_csv(job: str, table: str) -> Response:
         from .views import statistics
 
-        tables = statistics(jobs.trial(_visible(job)))["tables"]
+        tables = statistics(*_open(job))["tables"]
         if table not in tables:
             raise _HttpError(404, "no such table")
         out = io.StringIO()
@@ -343,6 +354,12 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
             raise JobNotFound(job)
         jobs.open(job)  # raises JobNotFound when it is not a job of the store
         return job
+
+    def _open(job: str) -> tuple[Any, int]:
+        """(trial, generation) of a job this user may see."""
+        visible = _visible(job)
+        trial = jobs.trial(visible)
+        return trial, jobs.generation(visible)
 
     return app
 

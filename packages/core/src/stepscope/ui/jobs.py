@@ -79,6 +79,8 @@ class JobStore:
         self._lock = threading.Lock()
         self._trials: dict[str, Any] = {}
         self._summaries: dict[str, tuple[float, JobSummary]] = {}
+        self._generations: dict[str, int] = {}
+        self._seen: dict[str, tuple[bool, int]] = {}
 
     # --- finding jobs ------------------------------------------------------------------
 
@@ -153,12 +155,27 @@ class JobStore:
             trial = self._trials.get(job)
         if trial is None:
             trial = create_trial(self.open(job), name=job)
+            seen = (trial.is_complete(), len(trial.store.list(layout.RULE_OUTPUT_DIR + "/")))
             with self._lock:
                 self._trials[job] = trial
+                self._seen[job] = seen
+                self._generations[job] = self._generations.get(job, 0) + 1
         elif refresh:
-            trial.refresh()
-            trial.profiler.refresh()
+            rule_files = len(trial.store.list(layout.RULE_OUTPUT_DIR + "/"))
+            new_data = bool(trial.refresh()) | bool(trial.profiler.refresh())
+            changed = new_data or (trial.is_complete(), rule_files) != self._seen.get(job)
+            with self._lock:
+                self._seen[job] = (trial.is_complete(), rule_files)
+                if changed:
+                    self._generations[job] = self._generations.get(job, 0) + 1
         return trial
+
+    def generation(self, job: str) -> int:
+        """A number that grows whenever the job has published something new (new steps,
+        timeline or metric files, rule reports, the end marker): what the pages poll and the
+        computed views are cached by."""
+        with self._lock:
+            return self._generations.get(job, 0)
 
     def summary(self, job: str) -> JobSummary:
         now = time.monotonic()

@@ -19,7 +19,7 @@ import orjson
 import pandas as pd
 
 from ..exceptions import StepscopeError
-from .views import STEP_PHASES, _stamp
+from .views import STEP_PHASES
 
 MIN_SLICE_PX = 2.0  # narrower intervals are aggregated
 BUCKET_PX = 3  # pixels per aggregation bucket
@@ -212,6 +212,8 @@ def event_details(index: TimelineIndex, lane_id: str, row: int) -> dict[str, Any
     event = index.events.iloc[int(lane.row[row])]
     out = {k: _plain(event[k]) for k in ("node_id", "rank", "framework", "mode", "step", "phase", "name", "start_ns", "end_ns", "duration_ms")}
     out["args"] = _plain(event["args"])
+    # epoch nanoseconds need 61 bits; a browser's JSON numbers keep 53, so send them as text
+    out["start_ns"], out["end_ns"] = str(out["start_ns"]), str(out["end_ns"])
     return out
 
 
@@ -269,19 +271,19 @@ _lock = threading.Lock()
 def job_index(jobs: Any, job: str) -> TimelineIndex:
     """The job's index, rebuilt when the job has published something new."""
     trial = jobs.trial(job)
-    stamp = _stamp(trial)
+    stamp = jobs.generation(job)
     with _lock:
         hit = _indexes.get(job)
     if hit is not None and hit[0] == stamp:
         return hit[1]
     profiler = trial.profiler
-    index = build_index(profiler.step_timeline(), profiler.system_metrics(), _rule_markers(trial))
+    index = build_index(profiler.step_timeline(), profiler.system_metrics(), _rule_markers(trial, stamp))
     with _lock:
         _indexes[job] = (stamp, index)
     return index
 
 
-def _rule_markers(trial: Any) -> list[dict[str, Any]]:
+def _rule_markers(trial: Any, stamp: int) -> list[dict[str, Any]]:
     """Where rules fired, placed at the start of the step they name (for the marker lane)."""
     from .views import rules_status
 
@@ -292,7 +294,7 @@ def _rule_markers(trial: Any) -> list[dict[str, Any]]:
     first_start = steps.groupby("step")["start_ns"].min()
     markers = []
     try:
-        rows = rules_status(trial)["rules"]
+        rows = rules_status(trial, stamp)["rules"]
     except (StepscopeError, OSError, ValueError):
         return []
     for row in rows:

@@ -2,15 +2,15 @@
 trial's Python APIs (the step timeline and system metrics of `trial.profiler`, tensors,
 the profiler rules' reports), so the browser only draws what it is given.
 
-Results are cached per job and per `version()` (what the job has published so far), so a
-page that polls a finished job costs one cheap listing, and a running job is recomputed
-only when something new has landed."""
+Results are cached per trial and per `stamp` (the job store's generation of the job, which
+grows when the job publishes something), so a page that polls a finished job costs one
+cheap listing, and a running job is recomputed only when something new has landed."""
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from typing import Any
 
 import numpy as np
@@ -32,9 +32,8 @@ _cache: dict[tuple[int, str], tuple[Any, Any]] = {}
 _cache_lock = threading.Lock()
 
 
-def _cached(trial: Any, what: str, compute: Callable[[], Any]) -> Any:
+def _cached(trial: Any, stamp: Hashable, what: str, compute: Callable[[], Any]) -> Any:
     key = (id(trial), what)
-    stamp = _stamp(trial)
     with _cache_lock:
         hit = _cache.get(key)
     if hit is not None and hit[0] == stamp:
@@ -47,24 +46,21 @@ def _cached(trial: Any, what: str, compute: Callable[[], Any]) -> Any:
     return value
 
 
-def _stamp(trial: Any) -> tuple:
-    timeline = trial.profiler.step_timeline()
-    span = trial.profiler.time_range()
-    return (len(trial.steps()), len(timeline), span, trial.is_complete(), tuple(sorted(trial.store.list(layout.RULE_OUTPUT_DIR + "/"))))
+def version(trial: Any, stamp: Hashable) -> dict[str, Any]:
+    """What the job has published so far; a page polls this and reloads when `tag` changes."""
+    def compute() -> dict[str, Any]:
+        span = trial.profiler.time_range()
+        return {"steps": len(trial.steps()), "timeline_events": len(trial.profiler.step_timeline()), "last_sample": span[1] if span else None,
+                "complete": trial.is_complete(), "tag": str(stamp)}
 
-
-def version(trial: Any) -> dict[str, Any]:
-    """What the job has published so far; a page polls this and reloads when it changes."""
-    steps, events, span, complete, rules = _stamp(trial)
-    return {"steps": steps, "timeline_events": events, "last_sample": span[1] if span else None, "complete": complete, "rule_files": len(rules),
-            "tag": f"{steps}-{events}-{span[1] if span else 0}-{int(complete)}-{len(rules)}"}
+    return _cached(trial, stamp, "version", compute)
 
 
 # --- dashboard -------------------------------------------------------------------------
 
 
-def dashboard(trial: Any, phase: str | None = None, bins: int = 30) -> dict[str, Any]:
-    return _cached(trial, f"dashboard:{phase}:{bins}", lambda: _dashboard(trial, phase, bins))
+def dashboard(trial: Any, stamp: Hashable, phase: str | None = None, bins: int = 30) -> dict[str, Any]:
+    return _cached(trial, stamp, f"dashboard:{phase}:{bins}", lambda: _dashboard(trial, phase, bins))
 
 
 def _dashboard(trial: Any, phase: str | None, bins: int) -> dict[str, Any]:
@@ -169,8 +165,8 @@ def _gpu_views(trial: Any) -> dict[str, Any]:
 # --- rules -----------------------------------------------------------------------------
 
 
-def rules_status(trial: Any) -> dict[str, Any]:
-    return _cached(trial, "rules", lambda: _rules_status(trial))
+def rules_status(trial: Any, stamp: Hashable) -> dict[str, Any]:
+    return _cached(trial, stamp, "rules", lambda: _rules_status(trial))
 
 
 def _rules_status(trial: Any) -> dict[str, Any]:
@@ -228,8 +224,8 @@ def _trim(value: Any, depth: int = 0) -> Any:
 # --- training health -----------------------------------------------------------------------
 
 
-def training_health(trial: Any) -> dict[str, Any]:
-    return _cached(trial, "health", lambda: _training_health(trial))
+def training_health(trial: Any, stamp: Hashable) -> dict[str, Any]:
+    return _cached(trial, stamp, "health", lambda: _training_health(trial))
 
 
 def _collection_names(trial: Any, collection: str) -> list[str]:
@@ -295,12 +291,12 @@ def _update_ratios(trial: Any) -> dict[str, Any]:
     return {"series": series}
 
 
-def tensor_histograms(trial: Any, name: str, bins: int = 30) -> dict[str, Any]:
+def tensor_histograms(trial: Any, stamp: Hashable, name: str, bins: int = 30) -> dict[str, Any]:
     """Histograms of one tensor at its saved steps, on common bin edges (TensorBoard's
     histogram view): counts[step index][bin]."""
     if not trial.has_tensor(name):
         return {"tensor": name, "steps": [], "edges": [], "counts": [], "error": "no such tensor"}
-    return _cached(trial, f"hist:{name}:{bins}", lambda: _tensor_histograms(trial, name, bins))
+    return _cached(trial, stamp, f"hist:{name}:{bins}", lambda: _tensor_histograms(trial, name, bins))
 
 
 def _tensor_histograms(trial: Any, name: str, bins: int) -> dict[str, Any]:
@@ -323,8 +319,8 @@ def _tensor_histograms(trial: Any, name: str, bins: int) -> dict[str, Any]:
 # --- statistical summary ----------------------------------------------------------------
 
 
-def statistics(trial: Any) -> dict[str, Any]:
-    return _cached(trial, "stats", lambda: _statistics(trial))
+def statistics(trial: Any, stamp: Hashable) -> dict[str, Any]:
+    return _cached(trial, stamp, "stats", lambda: _statistics(trial))
 
 
 def _statistics(trial: Any) -> dict[str, Any]:

@@ -1,0 +1,199 @@
+"""The app in a real headless Chromium, on a job from a real (small) PyTorch training run
+with a planted problem (learning rate 0: the weights never move, so WeightUpdateRatio
+fires): log in, find the job, check the dashboard's and health page's chart numbers
+against the trial's, see the finding, open and zoom the timeline, click an interval; a
+running job's page updates by itself. Screenshots land in artifacts/ui/."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from stepscope.modes import ModeKeys
+from stepscope.trial import create_trial
+from stepscope.ui.app import assets_built, create_app
+from stepscope.ui.jobs import JobStore
+from stepscope.ui.users import UserDB
+
+from .browser import REPO, LiveServer, chromium_paths, quit_browser, screenshot, start_browser, wait_for
+from .conftest import PASSWORD, T0_NS, write_profiler_job
+
+pytestmark = pytest.mark.heavy
+
+STEPS = 30
+
+
+def _train(out_dir: str) -> None:
+    torch = pytest.importorskip("torch")
+    from stepscope.config import ProfilerConfig, SaveConfig
+    from stepscope_torch import Hook
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.0)  # the planted problem
+    loss_fn = torch.nn.CrossEntropyLoss()
+    hook = Hook(out_dir, save_config=SaveConfig(save_interval=1), include_collections=["weights", "gradients", "losses"],
+                profiler_config=ProfilerConfig(system_monitor=True, monitor_interval_ms=100, step_timeline=True))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(optimizer)
+    generator = torch.Generator().manual_seed(1)
+    try:
+        for _ in range(STEPS):
+            x, y = torch.randn(32, 8, generator=generator), torch.randint(0, 3, (32,), generator=generator)
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+    finally:
+        hook.close()
+
+
+@pytest.fixture(scope="module")
+def trained_store(tmp_path_factory):
+    from stepscope.cli import main
+
+    chromium_paths()  # skip before training when there is no browser
+    root = tmp_path_factory.mktemp("store")
+    job = root / "team-a" / "mlp-lr0"
+    _train(str(job))
+    assert main(["check", str(job), "--rule", "WeightUpdateRatio", "--rule", "StepOutlier", "--quiet"]) == 1
+    return root
+
+
+@pytest.fixture(scope="module")
+def served(trained_store, tmp_path_factory):
+    if not assets_built():  # a checkout where nox has not built the bundle yet
+        subprocess.run([sys.executable, str(REPO / "scripts" / "build_ui.py")], check=True)
+    db = UserDB(tmp_path_factory.mktemp("db") / "users.db", argon2_memory_kib=256, argon2_time_cost=1)
+    db.add_user("alice", PASSWORD, prefixes=["team-a"])
+    server = LiveServer(create_app(JobStore(str(trained_store)), db))
+    driver = start_browser()
+    yield server, driver, trained_store
+    quit_browser(driver)
+    server.stop()
+
+
+def _login(driver, url: str) -> None:
+    driver.get(url + "/")
+    assert driver.current_url.endswith("/login")
+    driver.find_element("id", "username").send_keys("alice")
+    driver.find_element("id", "password").send_keys(PASSWORD)
+    driver.find_element("id", "login").click()
+    wait_for(lambda: driver.find_elements("css selector", "#jobs-table tbody tr"), what="jobs list")
+
+
+def _chart(driver, chart_id: str):
+    return wait_for(lambda: driver.execute_script("return (window.stepscope && window.stepscope.charts[arguments[0]]) || null", chart_id), what=f"chart {chart_id}")
+
+
+def test_browser_end_to_end(served):
+    server, driver, root = served
+    _login(driver, server.url)
+    rows = driver.find_elements("css selector", "#jobs-table tbody tr")
+    assert [r.get_attribute("data-job") for r in rows] == ["team-a/mlp-lr0"]
+    assert "WeightUpdateRatio" in rows[0].text and "finished" in rows[0].text
+    screenshot(driver, "01-jobs")
+
+    trial = create_trial(str(root / "team-a" / "mlp-lr0"))
+    timeline = trial.profiler.step_timeline()
+    steps = timeline[(timeline["phase"] == "step") & (timeline["mode"] == "TRAIN")].sort_values("start_ns")
+
+    # dashboard: step times and their histogram are the trial's numbers
+    rows[0].find_element("tag name", "a").click()
+    key = f"{steps['node_id'].iloc[0]}/rank{steps['rank'].iloc[0]}/TRAIN"
+    chart = _chart(driver, f"steps:{key}")
+    assert chart["x"] == [int(s) for s in steps["step"]]
+    np.testing.assert_allclose(chart["series"]["step time (ms)"], steps["duration_ms"].to_numpy(), rtol=1e-9)
+    histogram = _chart(driver, "step-histogram")
+    counts, edges = np.histogram(steps["duration_ms"].to_numpy(), bins=30)
+    assert histogram["counts"] == counts.tolist()
+    np.testing.assert_allclose(histogram["edges"], edges)
+    system = trial.profiler.system_metrics()
+    cpu = system[(system["dimension"] == "CPUUtilization") & (system["name"] == "total")]
+    sys_chart = _chart(driver, f"system:{cpu['node_id'].iloc[0]}")
+    if len(cpu) <= 600:  # not resampled: the same samples
+        np.testing.assert_allclose(sys_chart["series"]["CPU"], cpu.sort_values("timestamp")["value"].to_numpy())
+    rule = wait_for(lambda: driver.find_element("css selector", 'li[data-rule="WeightUpdateRatio"]'), what="rule finding")
+    assert "fired" in rule.get_attribute("class")
+    report = trial.store.read("rule-output/WeightUpdateRatio.json").decode()
+    if '"advice"' in report:
+        assert rule.find_elements("css selector", ".advice"), "the rule's advice is not shown"
+    screenshot(driver, "02-dashboard")
+
+    # training health: the loss curve is the saved loss
+    driver.execute_script("location.hash = '#health'")
+    loss_name = [n for n in trial.tensor_names(collection="losses")][0]
+    curve = _chart(driver, f"curve:{loss_name}:TRAIN")
+    saved = trial.tensor(loss_name).values(mode=ModeKeys.TRAIN)
+    assert curve["x"] == sorted(saved)
+    np.testing.assert_allclose(curve["series"][loss_name], [float(saved[s]) for s in sorted(saved)], rtol=1e-6)
+    norms = _chart(driver, "gradient-norms")
+    name, step = norms["rows"][0], norms["columns"][-1]
+    expected = float(np.linalg.norm(trial.tensor(name).value(step).ravel()))
+    assert norms["values"][0][-1] == pytest.approx(expected, rel=1e-5)
+    ratios = _chart(driver, "update-ratios")
+    assert all(v == 0 for values in ratios["series"].values() for v in values if v is not None)  # lr 0: nothing moves
+    wait_for(lambda: driver.execute_script("return window.stepscope.charts['tensor-histogram']"), what="tensor histogram")
+    screenshot(driver, "03-health")
+
+    # statistics: the steps table, sortable, with a CSV
+    driver.execute_script("location.hash = '#stats'")
+    table = wait_for(lambda: driver.find_element("id", "stats-steps"), what="steps table")
+    assert len(table.find_elements("css selector", "tbody tr")) == len(timeline[timeline["phase"] == "step"])
+    screenshot(driver, "04-stats")
+
+    # timeline: opens, zooms with W, a click on an interval shows its details
+    driver.execute_script("location.hash = '#timeline'")
+    canvas = wait_for(lambda: driver.find_element("id", "timeline-canvas"), what="timeline canvas")
+    wait_for(lambda: driver.execute_script("return window.stepscope.timeline && window.stepscope.timeline.loads >= 1"), what="timeline data")
+    full = driver.execute_script("const s = window.stepscope.timeline; return s.t1 - s.t0")
+    loads = driver.execute_script("return window.stepscope.timeline.loads")
+    canvas.click()
+    canvas.send_keys("www")
+    # each key asks the server again; only the last answer is drawn
+    wait_for(lambda: driver.execute_script("const s = window.stepscope.timeline; return s.loads > arguments[0] && !s.loading", loads), what="zoomed data")
+    state = driver.execute_script("const s = window.stepscope.timeline; return [s.t1 - s.t0, s.data.t1 - s.data.t0]")
+    assert state[0] == pytest.approx(full * 0.7 ** 3, rel=0.02) and state[1] == pytest.approx(state[0], rel=1e-6)
+    screenshot(driver, "05-timeline-zoomed")
+    hit = driver.execute_script(
+        "const h = window.stepscope.timeline.hits.filter(h => h.kind === 'slice' && h.x1 - h.x0 > 6); return h.length ? h[0] : null")
+    assert hit, "no interval wide enough to click"
+    size = canvas.size
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    ActionChains(driver).move_to_element_with_offset(canvas, int((hit["x0"] + hit["x1"]) / 2 - size["width"] / 2),
+                                                     int((hit["y0"] + hit["y1"]) / 2 - size["height"] / 2)).click().perform()
+    selected = wait_for(lambda: driver.execute_script("return window.stepscope.timeline.selected"), what="selected interval")
+    assert selected["name"] == hit["name"]
+    row = timeline[(timeline["start_ns"] == int(selected["start_ns"])) & (timeline["name"] == selected["name"])]
+    assert len(row) == 1 and int(row["step"].iloc[0]) == selected["step"]
+    assert driver.find_element("id", "selected-name").text == hit["name"]
+    href = driver.find_element("id", "open-perfetto").get_attribute("href")
+    assert re.search(r"/perfetto\?start=\d+&end=\d+$", href)
+    screenshot(driver, "06-timeline-details")
+
+
+def test_live_job_page_updates(served, tmp_path_factory):
+    """A running job: new steps published while the page is open appear without a reload."""
+    from stepscope.profiler import TimelineWriter
+
+    server, driver, root = served
+    job = root / "team-a" / "running"
+    write_profiler_job(job, steps=5, close=False, start_ns=T0_NS)
+    driver.get(f"{server.url}/jobs/team-a/running#dashboard")
+    chart = _chart(driver, "steps:algo-1/rank0/TRAIN")
+    assert len(chart["x"]) == 5
+    writer = TimelineWriter(job, node_id="algo-1", rank=0, framework="pytorch", flush_interval_s=3600)
+    t = T0_NS + 10**9
+    for step in range(5, 12):
+        writer.add(f"Step {step}", t, t + 50_000_000, step=step, mode=ModeKeys.TRAIN, phase="step")
+        t += 60_000_000
+    writer.close()
+    grown = wait_for(lambda: (lambda c: c if c and len(c["x"]) == 12 else None)(
+        driver.execute_script("return window.stepscope.charts['steps:algo-1/rank0/TRAIN']")), timeout=20, what="live update")
+    assert grown["x"] == list(range(12))
+    screenshot(driver, "07-live-job")

@@ -1,0 +1,143 @@
+"""Server-side level of detail: every interval of the range is either sent or counted in a
+bucket, answers stay small however many intervals the range holds, details and the
+Perfetto export come from the step timeline."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from stepscope.ui.timeline import BUCKET_PX, MIN_SLICE_PX, build_index, event_details, perfetto_events, query
+
+T0 = 1_700_000_000 * 10**9
+
+
+def _frame(n: int, dur_ns: int = 1000, gap_ns: int = 500, seed: int = 0) -> pd.DataFrame:
+    """n steps, each with one nested phase, back to back."""
+    rng = np.random.default_rng(seed)
+    durations = (dur_ns * (1 + rng.random(n))).astype(np.int64)
+    starts = T0 + np.concatenate([[0], np.cumsum(durations + gap_ns)[:-1]])
+    rows = []
+    for i in range(n):
+        rows.append(("n1", 0, "pytorch", "TRAIN", i, "step", f"Step {i}", int(starts[i]), int(starts[i] + durations[i])))
+        rows.append(("n1", 0, "pytorch", "TRAIN", i, "forward", "forward", int(starts[i]), int(starts[i] + durations[i] // 2)))
+    frame = pd.DataFrame(rows, columns=["node_id", "rank", "framework", "mode", "step", "phase", "name", "start_ns", "end_ns"])
+    frame["duration_ms"] = (frame["end_ns"] - frame["start_ns"]) / 1e6
+    frame["args"] = None
+    return frame
+
+
+def _empty_metrics() -> pd.DataFrame:
+    return pd.DataFrame(columns=["timestamp", "node_id", "type", "name", "dimension", "value"])
+
+
+def test_every_interval_is_sent_or_counted_once():
+    frame = _frame(20000)
+    index = build_index(frame, _empty_metrics())
+    answer = query(index, None, None, 900)
+    (lane,) = answer["lanes"]
+    sent, counted = len(lane["slices"]["s"]), sum(lane["agg"]["c"])
+    assert sent + counted == len(frame)
+    assert len(lane["agg"]["b"]) <= 2 * 900 / BUCKET_PX
+    assert len(json.dumps(answer)) < 200_000
+
+
+def test_busy_fraction_of_a_bucket_matches_numpy():
+    frame = _frame(5000)
+    index = build_index(frame, _empty_metrics())
+    t0, t1 = int(frame["start_ns"].min()), int(frame["end_ns"].max())
+    answer = query(index, t0, t1, 300)
+    lane = answer["lanes"][0]
+    bucket_ns = (t1 - t0) / 300 * BUCKET_PX
+    steps = frame[frame["phase"] == "step"]
+    b = np.clip(((steps["start_ns"] - t0) / bucket_ns).astype(int), 0, 99)
+    busy = np.bincount(b, weights=(np.minimum(steps["end_ns"], t1) - steps["start_ns"]).astype(float), minlength=100)
+    agg = lane["agg"]
+    for bucket, depth, fraction, count in zip(agg["b"], agg["z"], agg["f"], agg["c"]):
+        if depth == 0:
+            assert fraction == min(100, round(100 * busy[bucket] / bucket_ns))
+            assert count == int((b == bucket).sum())
+
+
+def test_zoomed_in_everything_is_individual_with_exact_times():
+    frame = _frame(2000)
+    index = build_index(frame, _empty_metrics())
+    steps = frame[frame["phase"] == "step"]
+    t0, t1 = int(steps["start_ns"].iloc[100]), int(steps["end_ns"].iloc[104])
+    answer = query(index, t0, t1, 1000)
+    lane = answer["lanes"][0]
+    assert lane["agg"]["c"] == []
+    names = [answer["names"][n] for n in lane["slices"]["n"]]
+    assert [n for n in names if n.startswith("Step")] == [f"Step {i}" for i in range(100, 105)]
+    first = names.index("Step 100")
+    assert lane["slices"]["s"][first] == 0.0
+    assert lane["slices"]["d"][first] == pytest.approx((steps["end_ns"].iloc[100] - steps["start_ns"].iloc[100]) / 1e3, abs=0.05)
+
+
+def test_an_interval_begun_before_the_range_is_kept():
+    frame = _frame(10, dur_ns=10**9)
+    index = build_index(frame, _empty_metrics())
+    step3 = frame[(frame["phase"] == "step") & (frame["step"] == 3)].iloc[0]
+    middle = int(step3["start_ns"] + 6 * 10**8)
+    answer = query(index, middle, middle + 10**6, 500)
+    names = [answer["names"][n] for n in answer["lanes"][0]["slices"]["n"]]
+    assert names == ["Step 3"]
+
+
+def test_narrow_slices_threshold():
+    frame = _frame(100)
+    index = build_index(frame, _empty_metrics())
+    t0, t1 = index.start_ns, index.end_ns
+    width = 500
+    answer = query(index, t0, t1, width)
+    lane = answer["lanes"][0]
+    ns_per_px = (t1 - t0) / width
+    assert all(d * 1e3 >= ns_per_px * MIN_SLICE_PX - 100 for d in lane["slices"]["d"])
+
+
+def test_counters_are_averaged_per_bucket():
+    n = 10000
+    metrics = pd.DataFrame({"timestamp": T0 / 1e9 + np.arange(n) * 0.01, "node_id": "n1", "type": "cpu", "name": "total",
+                            "dimension": "CPUUtilization", "value": np.arange(n) % 100.0})
+    index = build_index(_frame(0), metrics)
+    answer = query(index, None, None, 600)
+    (lane,) = answer["lanes"]
+    assert lane["kind"] == "counter" and len(lane["t"]) <= 600 / BUCKET_PX + 2
+    assert np.mean(lane["v"]) == pytest.approx(np.mean(np.arange(n) % 100.0), rel=0.02)
+
+
+def test_details_and_perfetto_export():
+    frame = _frame(50)
+    index = build_index(frame, _empty_metrics())
+    lane = index.lanes[0]
+    details = event_details(index, lane.id, 7)
+    source = frame.iloc[int(lane.row[7])]
+    assert details["name"] == source["name"] and int(details["start_ns"]) == source["start_ns"]
+    with pytest.raises(KeyError):
+        event_details(index, lane.id, 10**6)
+    steps = frame[frame["phase"] == "step"]
+    t0, t1 = int(steps["start_ns"].iloc[10]), int(steps["end_ns"].iloc[19])
+    trace = json.loads(perfetto_events(index, t0, t1))
+    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert sorted(e["args"]["step"] for e in complete if e["cat"] == "step") == list(range(10, 20))
+    assert all(e["ts"] * 1e3 <= t1 + 1000 and (e["ts"] + e["dur"]) * 1e3 >= t0 - 1000 for e in complete)
+
+
+def test_timeline_endpoint_and_event_details(app):
+    from .conftest import login
+
+    client = app.test_client()
+    login(client, "alice")
+    answer = client.get("/api/jobs/team-a/run-1/timeline?width=800").get_json()
+    lanes = {lane["id"]: lane for lane in answer["lanes"]}
+    assert set(lanes) == {"r0-TRAIN", "c-algo-1-total", "c-algo-1-gpu0"}
+    train = lanes["r0-TRAIN"]
+    assert len(train["slices"]["s"]) + sum(train["agg"]["c"]) == 200
+    detail = client.get(f"/api/jobs/team-a/run-1/timeline/event?lane=r0-TRAIN&i={train['slices']['i'][0]}").get_json()
+    assert detail["name"] == answer["names"][train["slices"]["n"][0]]
+    resp = client.get("/api/jobs/team-a/run-1/perfetto")
+    assert "attachment" in resp.headers["Content-Disposition"]
+    assert sum(e["ph"] == "X" for e in json.loads(resp.data)["traceEvents"]) == 200

@@ -1,0 +1,182 @@
+"""The data behind the pages equals what the trial's APIs give (the app computes nothing of
+its own beyond binning for display), and the jobs list filters and sorts."""
+
+from __future__ import annotations
+
+import csv
+import io
+
+import numpy as np
+
+from stepscope.profiler.rules import OverallSystemUsage, StepOutlier
+from stepscope.trial import create_trial
+
+from .conftest import login, write_profiler_job
+
+
+def test_jobs_list_fields_filter_and_sort(app, store_root):
+    client = app.test_client()
+    login(client, "root")
+    jobs = {j["id"]: j for j in client.get("/api/jobs").get_json()["jobs"]}
+    run1 = jobs["team-a/run-1"]
+    trial = create_trial(str(store_root / "team-a" / "run-1"))
+    timeline = trial.profiler.step_timeline()
+    assert run1["status"] == "finished" and run1["framework"] == "pytorch" and run1["workers"] == 1 and run1["steps"] == 40
+    assert run1["start"] == trial.profiler.job_start()
+    assert run1["end"] == max(timeline["end_ns"].max() / 1e9, trial.profiler.time_range()[1])
+    by_steps = [j["id"] for j in client.get("/api/jobs?sort=-steps").get_json()["jobs"]]
+    assert by_steps == ["team-a/run-1", "team-b/secret-run", "team-a/run-2"]
+    assert [j["id"] for j in client.get("/api/jobs?sort=steps").get_json()["jobs"]] == by_steps[::-1]
+    assert [j["id"] for j in client.get("/api/jobs?q=run-2").get_json()["jobs"]] == ["team-a/run-2"]
+    assert client.get("/api/jobs?status=running").get_json()["jobs"] == []
+
+
+def test_running_and_failed_status(app, store_root):
+    import time
+
+    write_profiler_job(store_root / "team-a" / "live", steps=3, close=False, start_ns=time.time_ns() - 10**9)
+    (store_root / "team-a" / "broken").mkdir()
+    write_profiler_job(store_root / "team-a" / "broken", steps=3, close=False)
+    (store_root / "team-a" / "broken" / "stepscope-status").mkdir()
+    (store_root / "team-a" / "broken" / "stepscope-status" / "worker_0.json").write_text('{"component": "writer"}')
+    client = app.test_client()
+    login(client, "alice")
+    status = {j["id"]: j["status"] for j in client.get("/api/jobs").get_json()["jobs"]}
+    assert status["team-a/live"] == "running" and status["team-a/broken"] == "failed" and status["team-a/run-2"] == "finished"
+
+
+def test_dashboard_numbers_are_the_trials(app, store_root):
+    client = app.test_client()
+    login(client, "alice")
+    data = client.get("/api/jobs/team-a/run-1/dashboard?bins=12").get_json()
+    profiler = create_trial(str(store_root / "team-a" / "run-1")).profiler
+    timeline = profiler.step_timeline()
+    steps = timeline[timeline["phase"] == "step"].sort_values("start_ns")
+    (series,) = data["steps"]
+    assert series["steps"] == steps["step"].tolist()
+    np.testing.assert_allclose(series["duration_ms"], steps["duration_ms"])
+    limit = StepOutlier().run(profiler)["details"]["groups"]["algo-1/rank0/TRAIN"]["limit_ms"]
+    assert series["limit_ms"] == limit and series["outliers"] == [10, 20]
+    counts, edges = np.histogram(steps["duration_ms"], bins=12)
+    assert data["step_histogram"]["counts"] == counts.tolist()
+    np.testing.assert_allclose(data["step_histogram"]["edges"], edges)
+    backward = timeline[timeline["phase"] == "backward"]["duration_ms"]
+    assert data["annotation"]["chosen"] == "backward" and data["annotation"]["histogram"]["counts"] == np.histogram(backward, bins=12)[0].tolist()
+    forward = client.get("/api/jobs/team-a/run-1/dashboard?phase=forward&bins=12").get_json()["annotation"]["histogram"]
+    assert forward["n"] == 40
+    np.testing.assert_allclose(data["cpu_time"]["forward"], timeline[timeline["phase"] == "forward"]["duration_ms"].sum())
+    metrics = profiler.system_metrics()
+    cpu = metrics[(metrics["name"] == "total")].sort_values("timestamp")
+    system = data["system"]["algo-1"]
+    np.testing.assert_allclose(system["t"], cpu["timestamp"])
+    np.testing.assert_allclose(system["series"]["CPU"], cpu["value"])
+    gpu = metrics[(metrics["name"] == "gpu0") & (metrics["dimension"] == "GPUUtilization")].sort_values("timestamp")
+    np.testing.assert_allclose(system["series"]["gpu0"], gpu["value"])
+
+
+def test_system_series_are_averaged_down_to_600_points(tmp_path):
+    import pandas as pd
+
+    from stepscope.ui.views import MAX_POINTS, _system_series
+
+    n = 1500
+    frame = pd.DataFrame({"timestamp": np.arange(n) * 0.1, "node_id": "n", "type": "cpu", "name": "total", "dimension": "CPUUtilization", "value": np.arange(n, dtype=float)})
+    out = _system_series(frame)["n"]
+    assert len(out["t"]) == MAX_POINTS
+    assert out["series"]["CPU"][0] == np.mean(np.arange(n)[np.arange(n) * MAX_POINTS // n == 0])
+
+
+def test_statistics_tables_and_csv(app, store_root):
+    client = app.test_client()
+    login(client, "alice")
+    tables = client.get("/api/jobs/team-a/run-1/stats").get_json()["tables"]
+    profiler = create_trial(str(store_root / "team-a" / "run-1")).profiler
+    timeline = profiler.step_timeline()
+    backward = [r for r in tables["annotations"]["rows"] if r[0] == "backward"][0]
+    values = timeline[timeline["phase"] == "backward"]["duration_ms"].to_numpy()
+    np.testing.assert_allclose(backward[2:], [len(values), values.sum(), values.mean(), np.percentile(values, 50), np.percentile(values, 95), values.max()])
+    usage = OverallSystemUsage().run(profiler)["details"]["nodes"]["algo-1"]["GPUUtilization"]
+    gpu_row = [r for r in tables["system"]["rows"] if r[1] == "GPUUtilization"][0]
+    assert gpu_row[2:] == [usage["min"], usage["p50"], usage["p95"], usage["p99"], usage["max"]]
+    resp = client.get("/api/jobs/team-a/run-1/stats/steps.csv")
+    assert resp.headers["Content-Disposition"] == 'attachment; filename="steps.csv"'
+    rows = list(csv.reader(io.StringIO(resp.get_data(as_text=True))))
+    assert rows[0] == tables["steps"]["columns"] and len(rows) == 41
+    assert float(rows[11][5]) == tables["steps"]["rows"][10][5]
+    assert client.get("/api/jobs/team-a/run-1/stats/nope.csv").status_code == 404
+
+
+def test_rules_status_reads_check_reports_and_runs_profiler_rules(app, store_root):
+    from stepscope.cli import main
+
+    job = store_root / "team-a" / "run-1"
+    assert main(["check", str(job), "--rule", "StepOutlier:n_outliers=1", "--quiet"]) == 1
+    client = app.test_client()
+    login(client, "alice")
+    rules = {r["rule"]: r for r in client.get("/api/jobs/team-a/run-1/rules").get_json()["rules"]}
+    assert rules["StepOutlier"]["fired"] and rules["StepOutlier"]["source"] == "stepscope check"
+    assert [o["step"] for o in rules["StepOutlier"]["evidence"]["outliers"]] == [10, 20]
+    assert rules["LowGPUUtilization"]["source"] == "live"
+    jobs = {j["id"]: j for j in client.get("/api/jobs").get_json()["jobs"]}
+    assert jobs["team-a/run-1"]["rules_fired"] == ["StepOutlier"]
+
+
+def test_version_changes_when_the_job_grows(app, store_root):
+    from stepscope.modes import ModeKeys
+    from stepscope.profiler import TimelineWriter
+
+    client = app.test_client()
+    login(client, "alice")
+    first = client.get("/api/jobs/team-a/run-2/version").get_json()
+    assert client.get("/api/jobs/team-a/run-2/version").get_json()["tag"] == first["tag"]
+    writer = TimelineWriter(store_root / "team-a" / "run-2", node_id="algo-1", rank=0, flush_interval_s=3600)
+    writer.add("Step 99", 2 * 10**18, 2 * 10**18 + 10**6, step=99, mode=ModeKeys.TRAIN)
+    writer.close()
+    second = client.get("/api/jobs/team-a/run-2/version").get_json()
+    assert second["tag"] != first["tag"] and second["timeline_events"] == first["timeline_events"] + 1
+    steps = client.get("/api/jobs/team-a/run-2/dashboard").get_json()["steps"][0]["steps"]
+    assert steps[-1] == 99
+
+
+def test_health_on_a_tensor_job(app, store_root, write_job):
+    written, _ = write_job(store_root / "team-a" / "tensors", steps=6, eval_steps=2)
+    client = app.test_client()
+    login(client, "alice")
+    health = client.get("/api/jobs/team-a/tensors/health").get_json()
+    curves = {(c["tensor"], c["mode"]): c for c in health["curves"]}
+    train = curves[("loss", "TRAIN")]
+    assert train["steps"] == list(range(6))
+    np.testing.assert_allclose(train["values"], [float(written[s]["loss"]) for s in range(6)], rtol=1e-6)
+    assert curves[("loss", "EVAL")]["steps"] == [0, 1]
+    ratios = health["update_ratios"]["series"][0]
+    w = [written[s]["fc.weight"] for s in range(8)]
+    expected = [np.linalg.norm(w[i] - w[i - 1]) / (np.linalg.norm(w[i - 1]) + 1e-9) for i in range(1, 8)]
+    np.testing.assert_allclose(ratios["values"], expected, rtol=1e-5)
+    hist = client.get("/api/jobs/team-a/tensors/tensor-histograms?tensor=fc.weight&bins=8").get_json()
+    edges = np.linspace(min(x.min() for x in w), max(x.max() for x in w), 9)
+    assert hist["counts"][3] == np.histogram(w[3], bins=edges)[0].tolist()
+    assert client.get("/api/jobs/team-a/tensors/tensor-histograms?tensor=nope").get_json()["error"] == "no such tensor"
+
+
+def test_s3_store_lists_and_opens_jobs(s3_url, user_db, tmp_path):
+    """The same app over an s3:// prefix on the loopback S3 server."""
+    import boto3
+
+    from stepscope.ui.app import create_app
+    from stepscope.ui.jobs import JobStore
+
+    local = write_profiler_job(tmp_path / "job", steps=8)
+    bucket, prefix = s3_url[len("s3://"):].split("/", 1)
+    client_s3 = boto3.client("s3")
+    for path in local.rglob("*"):
+        if path.is_file():
+            client_s3.upload_file(str(path), bucket, f"{prefix}/team-a/s3run/{path.relative_to(local)}")
+    client_s3.put_object(Bucket=bucket, Key=f"{prefix}/team-b/other/training_job_end.ts", Body=b"")
+    app = create_app(JobStore(s3_url), user_db)
+    client = app.test_client()
+    login(client, "alice")
+    jobs = client.get("/api/jobs").get_json()["jobs"]
+    assert [j["id"] for j in jobs] == ["team-a/s3run"] and jobs[0]["steps"] == 8
+    assert client.get("/api/jobs/team-a/s3run/dashboard").get_json()["steps"][0]["steps"] == list(range(8))
+    assert client.get("/api/jobs/team-b/other/summary").status_code == 404
+    assert client.get("/api/jobs/team-a/%2e%2e/team-b/other/summary").status_code == 404

@@ -1,0 +1,142 @@
+// One job's pages: dashboard, training health, statistics (the timeline has its own module).
+import { api, el, fmt, jobPath } from './api.js';
+import { barChart, heatmap, lineChart, pieChart, ridgeline } from './charts.js';
+
+const section = (title, id, ...body) => el('section', { class: 'card', id }, el('h3', {}, title), ...body);
+
+export async function dashboardView(root, job) {
+  const base = `/api/jobs/${jobPath(job)}`;
+  const d = await api(`${base}/dashboard`);
+  const wrap = el('div', { class: 'cards' });
+  root.append(wrap);
+
+  // System utilization per node
+  for (const [node, sys] of Object.entries(d.system)) {
+    const box = el('div', { class: 'chart' });
+    wrap.append(section(`Utilization over time: ${node}`, `system-${node}`, box));
+    lineChart(box, `system:${node}`, { x: sys.t, series: sys.series, xTime: true, yLabel: '%' });
+  }
+  if (!Object.keys(d.system).length) wrap.append(section('Utilization over time', 'system-none', el('p', { class: 'muted' }, 'no system metrics')));
+
+  // Step time over steps, outliers marked (StepOutlier's limit)
+  for (const s of d.steps) {
+    const box = el('div', { class: 'chart' });
+    const outlierSet = new Set(s.outliers);
+    const points = { label: 'outliers', y: s.steps.map((step, i) => (outlierSet.has(step) ? s.duration_ms[i] : null)) };
+    wrap.append(section(`Step time: ${s.key}`, `steps-${s.key}`, box,
+      el('p', { class: 'muted', 'data-outliers': s.outliers.join(',') },
+        `${s.steps.length} steps; outliers (> ${s.limit_ms === null ? '-' : fmt.ms(s.limit_ms)}, StepOutlier): ${s.outliers.length ? s.outliers.join(', ') : 'none'}`)));
+    lineChart(box, `steps:${s.key}`, { x: s.steps, series: { 'step time (ms)': s.duration_ms }, xLabel: 'step', yLabel: 'ms', points });
+  }
+
+  const hist = el('div', { class: 'chart' });
+  wrap.append(section('Step-time histogram', 'step-histogram', hist, summaryLine(d.step_histogram)));
+  barChart(hist, 'step-histogram', { ...d.step_histogram, xLabel: 'step time (ms)' });
+
+  const pie = el('div');
+  wrap.append(section('Host time by phase', 'cpu-time', pie));
+  pieChart(pie, 'cpu-time', d.cpu_time);
+
+  // Any annotation's durations
+  const annot = el('div', { class: 'chart' });
+  const picker = el('select', { id: 'annotation-picker', onchange: async () => {
+    const next = await api(`${base}/dashboard?phase=${encodeURIComponent(picker.value)}`);
+    annot.replaceChildren();
+    barChart(annot, 'annotation-histogram', { ...next.annotation.histogram, xLabel: `${picker.value} (ms)` });
+  } }, d.annotation.names.map((n) => el('option', { value: n, selected: n === d.annotation.chosen }, n)));
+  wrap.append(section('Annotation durations', 'annotation', el('label', {}, 'annotation ', picker), annot));
+  if (d.annotation.chosen) barChart(annot, 'annotation-histogram', { ...d.annotation.histogram, xLabel: `${d.annotation.chosen} (ms)` });
+
+  wrap.append(section('GPU: kernels, memory operations, precision', 'gpu', d.gpu.available ? gpuTables(d.gpu) : el('p', { class: 'muted' }, d.gpu.reason)));
+
+  const rules = el('div', { id: 'rules-list' }, el('p', { class: 'muted' }, 'running rules…'));
+  wrap.append(section('Rules', 'rules', rules));
+  api(`${base}/rules`).then((r) => rules.replaceChildren(rulesList(r.rules)), (e) => rules.replaceChildren(el('p', { class: 'error' }, e.message)));
+}
+
+function summaryLine(h) {
+  return el('p', { class: 'muted', id: 'step-histogram-summary' }, h.n ? `n=${h.n}, mean ${fmt.ms(h.mean)}, p50 ${fmt.ms(h.p50)}, p95 ${fmt.ms(h.p95)}, max ${fmt.ms(h.max)}` : 'no steps');
+}
+
+function gpuTables(gpu) {
+  return el('div', {}, Object.entries(gpu.tables || {}).map(([name, t]) => el('div', {}, el('h4', {}, name), simpleTable(t.columns, t.rows.slice(0, gpu.k || 10)))));
+}
+
+export function rulesList(rules) {
+  if (!rules.length) return el('p', { class: 'muted' }, 'no rules ran (run `stepscope check` on the job)');
+  return el('ul', { class: 'rules' }, rules.map((r) => el('li', { class: `rule ${r.fired ? 'fired' : r.status}`, 'data-rule': r.rule },
+    el('div', { class: 'rule-head' }, el('strong', {}, r.rule), el('span', { class: `status ${r.fired ? 'failed' : 'finished'}` }, r.status), el('span', { class: 'muted' }, ` ${r.kind}, ${r.source}`)),
+    el('div', { class: 'rule-summary' }, r.summary),
+    r.advice ? el('div', { class: 'advice' }, el('strong', {}, 'Advice: '), r.advice) : null,
+    r.evidence ? el('details', {}, el('summary', {}, 'evidence'), el('pre', {}, JSON.stringify(r.evidence, null, 1))) : null,
+  )));
+}
+
+export async function healthView(root, job) {
+  const base = `/api/jobs/${jobPath(job)}`;
+  const h = await api(`${base}/health`);
+  const wrap = el('div', { class: 'cards' });
+  root.append(wrap);
+  const byTensor = {};
+  for (const c of h.curves) (byTensor[c.tensor] = byTensor[c.tensor] || []).push(c);
+  for (const [tensor, curves] of Object.entries(byTensor)) {
+    for (const c of curves) {
+      const box = el('div', { class: 'chart' });
+      wrap.append(section(`${tensor} (${c.mode})`, `curve-${tensor}-${c.mode}`, box));
+      lineChart(box, `curve:${tensor}:${c.mode}`, { x: c.steps, series: { [tensor]: c.values }, xLabel: `${c.mode} step` });
+    }
+  }
+  if (!h.curves.length) wrap.append(section('Loss and metrics', 'curves', el('p', { class: 'muted' }, 'no losses or metrics saved')));
+  const hm = el('div');
+  wrap.append(section('Gradient norm per layer (L2)', 'gradient-norms', hm));
+  heatmap(hm, 'gradient-norms', { rows: h.gradient_norms.tensors, columns: h.gradient_norms.steps, values: h.gradient_norms.values });
+  const ur = el('div', { class: 'chart' });
+  wrap.append(section('Weight update ratio |Δw| / |w|', 'update-ratios', ur));
+  if (h.update_ratios.series.length) {
+    const steps = [...new Set(h.update_ratios.series.flatMap((s) => s.steps))].sort((a, b) => a - b);
+    const series = {};
+    for (const s of h.update_ratios.series) { const m = new Map(s.steps.map((st, i) => [st, s.values[i]])); series[s.tensor] = steps.map((st) => m.get(st) ?? null); }
+    const positive = Object.values(series).flat().every((v) => v === null || v > 0);
+    lineChart(ur, 'update-ratios', { x: steps, series, xLabel: 'step', logY: positive });
+    if (!positive) ur.append(el('p', { class: 'muted' }, 'some ratios are 0 (weights that did not move): linear scale'));
+  } else ur.append(el('p', { class: 'muted' }, 'needs weights saved at two or more steps'));
+  const hist = el('div');
+  const picker = el('select', { id: 'tensor-picker', onchange: () => drawHist() }, h.tensors.map((n) => el('option', { value: n }, n)));
+  wrap.append(section('Tensor histograms over steps', 'tensor-histograms', el('label', {}, 'tensor ', picker), hist));
+  async function drawHist() {
+    if (!picker.value) return;
+    const data = await api(`${base}/tensor-histograms?tensor=${encodeURIComponent(picker.value)}`);
+    hist.replaceChildren();
+    ridgeline(hist, 'tensor-histogram', data);
+  }
+  const firstWeight = h.tensors.find((n) => /weight/.test(n));
+  if (firstWeight) picker.value = firstWeight;
+  drawHist();
+}
+
+export async function statsView(root, job) {
+  const base = `/api/jobs/${jobPath(job)}`;
+  const { tables } = await api(`${base}/stats`);
+  for (const [name, t] of Object.entries(tables)) {
+    const filter = el('input', { type: 'search', placeholder: 'filter rows', 'data-table': name });
+    const holder = el('div', { class: 'table-scroll' });
+    let sortCol = null, desc = true;
+    const draw = () => {
+      const q = filter.value.toLowerCase();
+      let rows = q ? t.rows.filter((r) => r.some((c) => String(c).toLowerCase().includes(q))) : t.rows.slice();
+      if (sortCol !== null) rows.sort((a, b) => (a[sortCol] < b[sortCol] ? -1 : a[sortCol] > b[sortCol] ? 1 : 0) * (desc ? -1 : 1));
+      holder.replaceChildren(simpleTable(t.columns, rows.slice(0, 1000), (i) => { desc = sortCol === i ? !desc : true; sortCol = i; draw(); }, `stats-${name}`));
+      if (rows.length > 1000) holder.append(el('p', { class: 'muted' }, `first 1000 of ${rows.length} rows; the CSV has all`));
+    };
+    filter.addEventListener('input', draw);
+    root.append(section(t.title, `stats-section-${name}`,
+      el('div', { class: 'toolbar' }, filter, el('a', { href: `${base}/stats/${name}.csv`, download: `${name}.csv`, class: 'button' }, 'CSV')), holder));
+    draw();
+  }
+}
+
+export function simpleTable(columns, rows, onSort, id) {
+  return el('table', { class: 'grid', id },
+    el('thead', {}, el('tr', {}, columns.map((c, i) => el('th', { class: onSort ? 'sortable' : '', onclick: onSort ? () => onSort(i) : undefined }, c)))),
+    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((v) => el('td', { 'data-value': v }, typeof v === 'number' ? fmt.num(v, 3) : v))))));
+}
