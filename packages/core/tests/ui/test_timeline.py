@@ -141,3 +141,44 @@ def test_timeline_endpoint_and_event_details(app):
     resp = client.get("/api/jobs/team-a/run-1/perfetto")
     assert "attachment" in resp.headers["Content-Disposition"]
     assert sum(e["ph"] == "X" for e in json.loads(resp.data)["traceEvents"]) == 200
+
+
+def test_grid_path_for_huge_ranges_agrees_with_the_exact_one(monkeypatch):
+    from stepscope.ui import timeline
+
+    monkeypatch.setattr(timeline, "RAW_LIMIT", 1000)
+    frame = _frame(30000)
+    index = build_index(frame, _empty_metrics())
+    lane = index.lanes[0]
+    assert lane.grid is not None
+    gridded = query(index, None, None, 600)["lanes"][0]
+    lane.grid = None
+    exact = query(index, None, None, 600)["lanes"][0]
+    assert len(gridded["slices"]["s"]) + sum(gridded["agg"]["c"]) == len(frame)
+    def counts(answer, depth):
+        out = np.zeros(200)
+        for b, z, c in zip(answer["agg"]["b"], answer["agg"]["z"], answer["agg"]["c"]):
+            if z == depth:
+                out[b] += c
+        return out
+
+    for depth in (0, 1):
+        g, e = counts(gridded, depth), counts(exact, depth)
+        assert g.sum() == e.sum()
+        assert np.abs(g - e).sum() <= 0.02 * e.sum()  # edges exact to one cell of 65,536
+
+
+def test_grid_path_sends_the_long_intervals(monkeypatch):
+    from stepscope.ui import timeline
+
+    monkeypatch.setattr(timeline, "RAW_LIMIT", 1000)
+    frame = _frame(20000)
+    long_start = int(frame["start_ns"].iloc[0])
+    extra = pd.DataFrame([("n1", 0, "pytorch", "TRAIN", -1, "eval_step", "long", long_start, long_start + int(frame["end_ns"].max() - long_start) // 2, 0.0, None)],
+                         columns=frame.columns)
+    index = build_index(pd.concat([frame, extra], ignore_index=True), _empty_metrics())
+    answer = query(index, None, None, 800)
+    lane = answer["lanes"][0]
+    names = [answer["names"][n] for n in lane["slices"]["n"]]
+    assert names == ["long"]
+    assert len(lane["slices"]["s"]) + sum(lane["agg"]["c"]) == len(frame) + 1

@@ -32,13 +32,19 @@ def add_ui(sub: argparse._SubParsersAction) -> None:
         ),
     )
     parser.add_argument("store", help="a folder or s3:// prefix of jobs, or `users`")
+    # Everything after STORE is parsed by run_ui: the serving options, or `users`' own.
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
-    parser.add_argument("--db", default=None, help="user database file (default $STEPSCOPE_UI_DB or ~/.stepscope/ui.sqlite3)")
-    parser.add_argument("--cert", help="TLS certificate (PEM); with --key, serve HTTPS")
-    parser.add_argument("--key", help="TLS private key (PEM)")
+    _serve_options(parser)
     parser.set_defaults(run=run_ui)
+
+
+def _serve_options(parser: argparse.ArgumentParser, defaults: bool = True) -> None:
+    suppress = argparse.SUPPRESS
+    parser.add_argument("--host", default="127.0.0.1" if defaults else suppress, help="address to bind (default 127.0.0.1: this machine only)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT if defaults else suppress, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--db", default=None if defaults else suppress, help="user database file (default $STEPSCOPE_UI_DB or ~/.stepscope/ui.sqlite3)")
+    parser.add_argument("--cert", default=None if defaults else suppress, help="TLS certificate (PEM); with --key, serve HTTPS")
+    parser.add_argument("--key", default=None if defaults else suppress, help="TLS private key (PEM)")
 
 
 def _users_parser() -> argparse.ArgumentParser:
@@ -110,7 +116,12 @@ def run_ui(args: argparse.Namespace) -> int:
         except SystemExit as exc:
             return int(exc.code or 0)
     if args.rest:
-        raise ConfigError(f"unexpected arguments after the store: {' '.join(args.rest)}")
+        after = argparse.ArgumentParser(prog="stepscope ui STORE", add_help=False)
+        _serve_options(after, defaults=False)
+        try:
+            after.parse_args(args.rest, namespace=args)
+        except SystemExit:
+            raise ConfigError(f"bad arguments after the store: {' '.join(args.rest)}") from None
     from werkzeug.serving import make_server
 
     from .app import assets_built, create_app

@@ -24,6 +24,8 @@ from .views import STEP_PHASES
 MIN_SLICE_PX = 2.0  # narrower intervals are aggregated
 BUCKET_PX = 3  # pixels per aggregation bucket
 MAX_SLICES_PER_LANE = 4000
+RAW_LIMIT = 150_000  # a range with more intervals than this is answered from the lane's grid
+GRID_CELLS = 1 << 16
 _TRACKS = {"TRAIN": 1, "EVAL": 2, "PREDICT": 3, "GLOBAL": 4}
 
 
@@ -41,6 +43,46 @@ class SliceLane:
     row: np.ndarray  # int64 row of the source frame (for details)
     max_duration: int = 0
     kind: str = "slices"
+    duration: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
+    grid: _Grid | None = None
+
+    def __post_init__(self) -> None:
+        self.duration = self.end - self.start
+        if len(self.start) > RAW_LIMIT:
+            self.grid = _Grid.build(self)
+
+
+@dataclass
+class _Grid:
+    """Per depth, intervals counted on GRID_CELLS equal cells of the lane's span (count,
+    summed duration, first interval), and the lane's positions sorted by duration: what a
+    coarse zoom over millions of intervals reads instead of the intervals."""
+
+    origin: int
+    cell_ns: int
+    cells: int
+    count: np.ndarray  # (depths, cells) int32
+    busy: np.ndarray  # (depths, cells) float64
+    first: np.ndarray  # (depths, cells) int64 position of the first interval, -1 if none
+    by_duration: np.ndarray
+    sorted_durations: np.ndarray
+
+    @classmethod
+    def build(cls, lane: SliceLane) -> _Grid:
+        origin = int(lane.start[0])
+        cell_ns = max(1, -(-(int(lane.start[-1]) - origin + 1) // GRID_CELLS))
+        cell = (lane.start - origin) // cell_ns
+        depths = int(lane.depth.max()) + 1
+        key = lane.depth.astype(np.int64) * GRID_CELLS + cell
+        count = np.bincount(key, minlength=depths * GRID_CELLS).reshape(depths, GRID_CELLS).astype(np.int32)
+        busy = np.bincount(key, weights=lane.duration.astype(float), minlength=depths * GRID_CELLS).reshape(depths, GRID_CELLS)
+        first = np.full(depths * GRID_CELLS, -1, dtype=np.int64)
+        order = np.argsort(key, kind="stable")
+        sorted_key = key[order]
+        starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+        first[sorted_key[starts]] = order[starts]
+        by_duration = np.argsort(lane.duration, kind="stable")
+        return cls(origin, cell_ns, GRID_CELLS, count, busy, first.reshape(depths, GRID_CELLS), by_duration, lane.duration[by_duration])
 
 
 @dataclass
@@ -145,48 +187,99 @@ def _local_names(ids: np.ndarray, used: dict[int, int]) -> list[int]:
 def _query_slices(lane: SliceLane, t0: int, t1: int, ns_per_px: float, bucket_ns: float, buckets: int, used: dict[int, int]) -> dict[str, Any]:
     lo = int(np.searchsorted(lane.start, t0 - lane.max_duration, side="left"))
     hi = int(np.searchsorted(lane.start, t1, side="right"))
-    s, e = lane.start[lo:hi], lane.end[lo:hi]
-    inside = e >= t0
-    idx = np.nonzero(inside)[0]
-    s, e = s[idx], e[idx]
-    durations = e - s
-    wide = durations >= ns_per_px * MIN_SLICE_PX
-    wide_idx = idx[wide]
-    if len(wide_idx) > MAX_SLICES_PER_LANE:  # keep the longest; the rest is aggregated below
-        keep = np.argsort(durations[wide])[-MAX_SLICES_PER_LANE:]
-        mask = np.zeros(len(wide_idx), bool)
-        mask[keep] = True
-        wide_positions = np.nonzero(wide)[0]
-        wide[wide_positions[~mask]] = False
-        wide_idx = idx[wide]
-    absolute = wide_idx + lo
+    threshold = ns_per_px * MIN_SLICE_PX
+    if lane.grid is not None and hi - lo > RAW_LIMIT and bucket_ns >= 4 * lane.grid.cell_ns:
+        wide, agg = _from_grid(lane, t0, t1, threshold, bucket_ns, buckets)
+    else:
+        wide, agg = _from_events(lane, lo, hi, t0, t1, threshold, bucket_ns, buckets)
     slices = {
-        "s": np.round((lane.start[absolute] - t0) / 1e3, 1).tolist(),
-        "d": np.round((lane.end[absolute] - lane.start[absolute]) / 1e3, 1).tolist(),
-        "z": lane.depth[absolute].tolist(),
-        "n": _local_names(lane.name[absolute], used),
-        "i": absolute.tolist(),
+        "s": np.round((lane.start[wide] - t0) / 1e3, 1).tolist(),
+        "d": np.round(lane.duration[wide] / 1e3, 1).tolist(),
+        "z": lane.depth[wide].tolist(),
+        "n": _local_names(lane.name[wide], used),
+        "i": wide.tolist(),
     }
-    narrow = ~wide
-    agg: dict[str, Any] = {"b": [], "z": [], "c": [], "f": [], "n": []}
-    if narrow.any():
-        ns, ne = np.maximum(s[narrow], t0), np.minimum(e[narrow], t1)
-        bucket = np.clip(((ns - t0) / bucket_ns).astype(np.int64), 0, buckets - 1)
-        depth = lane.depth[idx[narrow] + lo].astype(np.int64)
-        key = depth * buckets + bucket
-        counts = np.bincount(key, minlength=2 * buckets)
-        busy = np.bincount(key, weights=(ne - ns).astype(float), minlength=2 * buckets)
-        present = np.nonzero(counts)[0]
-        _, first = np.unique(key, return_index=True)  # key ascends with start within a depth: the first event of each bucket
-        names = lane.name[idx[narrow] + lo][first]
-        agg = {
-            "b": (present % buckets).tolist(),
-            "z": (present // buckets).tolist(),
-            "c": counts[present].tolist(),
-            "f": np.minimum(100, np.round(100 * busy[present] / bucket_ns)).astype(int).tolist(),
-            "n": _local_names(names, used),
-        }
-    return {"id": lane.id, "group": lane.group, "label": lane.label, "kind": "slices", "slices": slices, "agg": agg}
+    bucket, depth, count, busy, first = agg
+    aggregated = {
+        "b": bucket.tolist(), "z": depth.tolist(), "c": count.astype(np.int64).tolist(),
+        "f": np.minimum(100, np.round(100 * busy / bucket_ns)).astype(np.int64).tolist(),
+        "n": _local_names(lane.name[first], used),
+    }
+    return {"id": lane.id, "group": lane.group, "label": lane.label, "kind": "slices", "slices": slices, "agg": aggregated}
+
+
+def _keep_longest(positions: np.ndarray, durations: np.ndarray) -> np.ndarray:
+    """At most MAX_SLICES_PER_LANE of `positions`, the longest, in start order."""
+    if len(positions) > MAX_SLICES_PER_LANE:
+        positions = np.sort(positions[np.argsort(durations, kind="stable")[-MAX_SLICES_PER_LANE:]])
+    return positions
+
+
+def _from_events(lane: SliceLane, lo: int, hi: int, t0: int, t1: int, threshold: float, bucket_ns: float, buckets: int):
+    """(wide positions, aggregates) from the intervals themselves: exact."""
+    # Only intervals starting before t0 can end before it: check those alone.
+    first_inside = int(np.searchsorted(lane.start, t0, side="left"))
+    early = np.arange(lo, first_inside)[lane.end[lo:first_inside] >= t0]
+    positions = np.concatenate([early, np.arange(first_inside, hi)]) if len(early) or first_inside > lo else np.arange(first_inside, hi)
+    durations = lane.duration[positions]
+    is_wide = durations >= threshold
+    wide = _keep_longest(positions[is_wide], durations[is_wide])
+    if len(wide) < int(is_wide.sum()):
+        is_wide = np.isin(positions, wide, assume_unique=True)
+    narrow = positions[~is_wide]
+    if not len(narrow):
+        empty = np.array([], dtype=np.int64)
+        return wide, (empty, empty, empty, np.array([], float), empty)
+    ns = np.maximum(lane.start[narrow], t0)
+    ne = np.minimum(lane.end[narrow], t1)
+    bucket = np.minimum(((ns - t0) / bucket_ns).astype(np.int64), buckets - 1)
+    depth = lane.depth[narrow].astype(np.int64)
+    return wide, _aggregate(bucket, depth, (ne - ns).astype(float), narrow, buckets)
+
+
+def _aggregate(bucket: np.ndarray, depth: np.ndarray, busy: np.ndarray, positions: np.ndarray, buckets: int, counts: np.ndarray | None = None):
+    """Sum per (depth, bucket); the first position of each (buckets ascend within a depth)."""
+    key = depth * buckets + bucket
+    size = (int(depth.max()) + 1) * buckets if len(depth) else buckets
+    count = np.bincount(key, weights=counts, minlength=size)
+    total = np.bincount(key, weights=busy, minlength=size)
+    present = np.flatnonzero(count > 0)
+    # the first position of each key: keys in ascending order, start order kept within one
+    order = np.arange(len(key)) if len(key) < 2 or bool(np.all(key[1:] >= key[:-1])) else np.argsort(key, kind="stable")
+    sorted_key = key[order]
+    starts = np.flatnonzero(np.r_[True, sorted_key[1:] != sorted_key[:-1]])
+    first = positions[order[starts]].astype(np.int64)  # aligned with `present`: the same sorted keys
+    return present % buckets, present // buckets, count[present], total[present], first
+
+
+def _from_grid(lane: SliceLane, t0: int, t1: int, threshold: float, bucket_ns: float, buckets: int):
+    """(wide positions, aggregates) from the lane's precomputed grid: a range of millions of
+    intervals costs what its cells cost. Intervals count in the cell where they start, so
+    bucket edges are exact to one cell (1/GRID_CELLS of the lane's span)."""
+    grid = lane.grid
+    # wide ones: a suffix of the lane sorted by duration, then those overlapping the range
+    k = int(np.searchsorted(grid.sorted_durations, threshold, side="left"))
+    candidates = grid.by_duration[k:]
+    candidates = candidates[(lane.start[candidates] <= t1) & (lane.end[candidates] >= t0)]
+    wide = _keep_longest(np.sort(candidates), lane.duration[np.sort(candidates)])
+    c0 = max(0, (t0 - grid.origin) // grid.cell_ns)
+    c1 = min(grid.cells - 1, (t1 - grid.origin) // grid.cell_ns)
+    if c1 < c0:
+        empty = np.array([], dtype=np.int64)
+        return wide, (empty, empty, empty, np.array([], float), empty)
+    cells = np.arange(c0, c1 + 1)
+    cell_bucket = np.clip(((grid.origin + cells * grid.cell_ns - t0) / bucket_ns).astype(np.int64), 0, buckets - 1)
+    count = grid.count[:, c0:c1 + 1].astype(float).copy()
+    busy = grid.busy[:, c0:c1 + 1].copy()
+    # the wide ones are sent as they are: take them out of the counts
+    inside = wide[(lane.start[wide] >= grid.origin + c0 * grid.cell_ns) & (lane.start[wide] < grid.origin + (c1 + 1) * grid.cell_ns)]
+    if len(inside):
+        cell_of = (lane.start[inside] - grid.origin) // grid.cell_ns - c0
+        np.subtract.at(count, (lane.depth[inside].astype(np.int64), cell_of), 1)
+        np.subtract.at(busy, (lane.depth[inside].astype(np.int64), cell_of), lane.duration[inside].astype(float))
+    present = count > 0
+    d_idx, c_idx = np.nonzero(present)
+    return wide, _aggregate(cell_bucket[c_idx], d_idx.astype(np.int64), busy[d_idx, c_idx], grid.first[d_idx, c_idx + c0], buckets, counts=count[d_idx, c_idx])
 
 
 def _query_counter(lane: CounterLane, t0: int, t1: int, bucket_ns: float, buckets: int) -> dict[str, Any]:
