@@ -74,6 +74,7 @@ class ProfilerTrial:
         self._timeline_parsed: dict[str, ParsedTimeline] = {}
         self._timeline_frame: pd.DataFrame | None = None
         self._listed = False
+        self._traces: Any = None  # stepscope.traces.TraceAnalysis, made on first use
 
     def __repr__(self) -> str:
         return f"ProfilerTrial({self.path!r})"
@@ -179,6 +180,15 @@ class ProfilerTrial:
                 frame = _empty_system_frame()
             self._system_frames[key] = frame
         return frame
+
+    @property
+    def traces(self) -> Any:
+        """The detailed traces of the job and their analyses (stepscope.traces.TraceAnalysis)."""
+        if self._traces is None:
+            from ..traces.analysis import TraceAnalysis
+
+            self._traces = TraceAnalysis(self.store)
+        return self._traces
 
     # --- step timeline ---------------------------------------------------------------
 

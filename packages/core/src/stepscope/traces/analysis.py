@@ -1,0 +1,205 @@
+"""The facade over a job's detailed traces: one method per question, each returning a
+pandas DataFrame (times in microseconds, `*_us`). Reached as `create_trial(path).profiler.traces`
+or `TraceAnalysis(path)`; documented in docs/traces.md.
+
+Every method takes `rank` (None: every rank, with a `rank` column first) and `steps`
+(None, or `(first, last)` inclusive, or a range) to narrow what it looks at."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+
+import pandas as pd
+
+from ..store import Store, open_store
+from .analyzers import cpu_ops, idle, kernels, launches, memory, steps, syncs
+from .tables import TraceInfo, list_trace_keys, load_trace
+
+StepRange = tuple[int, int] | range | None
+Progress = Callable[[str, int, int | None], None]
+
+
+class TraceAnalysis:
+    """A job's Kineto / XSpace traces as tables per rank, and the analyses over them.
+    Traces are parsed on first use (and their tables persisted under `stepscope-traces/`
+    when `persist`); later analyses read the Parquet tables."""
+
+    def __init__(self, path: str | os.PathLike[str] | Store, *, persist: bool = True, progress: Progress | None = None, keys: Iterable[str] | None = None):
+        self.store = path if isinstance(path, Store) else open_store(os.fspath(path))
+        self.persist = persist
+        self.progress = progress
+        self._keys = sorted(keys) if keys is not None else None
+        self._loaded: dict[str, tuple[TraceInfo, pd.DataFrame]] = {}
+        self._timeline: pd.DataFrame | None = None
+
+    def __repr__(self) -> str:
+        return f"TraceAnalysis({self.store.url!r})"
+
+    # --- the traces ---------------------------------------------------------------------
+
+    def trace_keys(self) -> list[str]:
+        if self._keys is None:
+            self._keys = list_trace_keys(self.store)
+        return list(self._keys)
+
+    def traces(self) -> pd.DataFrame:
+        """One row per trace: key, rank, events, start_ns, end_ns."""
+        rows = [self._load(key)[0].to_row() for key in self.trace_keys()]
+        return pd.DataFrame(rows, columns=["key", "rank", "events", "start_ns", "end_ns"])
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted({self._load(key)[0].rank for key in self.trace_keys()})
+
+    def events(self, rank: int | None = None, steps: StepRange = None, kinds: Iterable[str] | None = None) -> pd.DataFrame:
+        """The event table (schema in docs/traces.md), optionally of some kinds only."""
+        frames = [self._events(r, steps) for r in self._ranks(rank)]
+        frame = pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+        if kinds is not None and not frame.empty:
+            from .analyzers.common import of_kind
+
+            frame = of_kind(frame, *kinds).reset_index(drop=True)
+        return frame
+
+    # --- analyses -----------------------------------------------------------------------
+
+    def kernel_stats(self, by: str = "name", rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Per kernel (and per `by` in name/stream/step/annotation/precision): count,
+        total_us, mean_us, p50_us, p95_us, max_us, precision."""
+        return self._per_rank(rank, steps, lambda e, r: kernels.kernel_stats(e, by=by))
+
+    def top_kernels(self, k: int = 10, by: str = "time", rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """The k kernels with the most time (`by="time"`) or launches (`by="launches"`)."""
+        return self._per_rank(rank, steps, lambda e, r: kernels.top_kernels(e, k=k, by=by))
+
+    def launch_latency(self, rank: int | None = None, steps: StepRange = None, outlier_us: float = launches.OUTLIER_US) -> pd.DataFrame:
+        """Per kernel: launches, total/mean/p50/p95/max launch delay (µs), outliers."""
+        return self._per_rank(rank, steps, lambda e, r: launches.launch_latency(e, outlier_us=outlier_us))
+
+    def launches(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """One row per launched GPU activity with its launch call and delay_ns."""
+        return self._per_rank(rank, steps, lambda e, r: launches.launches(e))
+
+    def memory_ops(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Per direction (H2D/D2H/D2D/P2P/memset) and host memory: count, bytes, total_us, bandwidth_gbps."""
+        return self._per_rank(rank, steps, lambda e, r: memory.memory_ops(e))
+
+    def syncs(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Per synchronize call: count, total/mean/max µs, gpu_wait_us, waited_for."""
+        return self._per_rank(rank, steps, lambda e, r: syncs.sync_stats(e))
+
+    def sync_events(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        return self._per_rank(rank, steps, lambda e, r: syncs.sync_events(e))
+
+    def temporal_breakdown(self, rank: int | None = None, steps: StepRange = None, per_step: bool = False) -> pd.DataFrame:
+        """GPU span, busy, idle, compute and non-compute time (µs and % of the span)."""
+        return self._per_rank(rank, steps, lambda e, r: idle.temporal_breakdown(e, per_step=per_step))
+
+    def idle_breakdown(self, rank: int | None = None, steps: StepRange = None, per_step: bool = False, kernel_wait_us: float = idle.KERNEL_WAIT_US) -> pd.DataFrame:
+        """Per stream (and step): idle time split into host_wait_us, kernel_wait_us, other_us."""
+        return self._per_rank(rank, steps, lambda e, r: idle.idle_breakdown(e, kernel_wait_us=kernel_wait_us, per_step=per_step))
+
+    def cpu_ops(self, k: int | None = 20, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Top CPU operators by inclusive time."""
+        return self._per_rank(rank, steps, lambda e, r: cpu_ops.cpu_op_stats(e, k=k))
+
+    def step_breakdown(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Per profiled step: step_us, kernel_us, gpu_busy_us, gpu_idle_us, memcpy_us,
+        sync_us, and data/forward/backward/optimizer from the step timeline."""
+        timeline = self.step_timeline()
+        return self._per_rank(rank, steps, lambda e, r: steps_module.step_breakdown(e, timeline, rank=r))
+
+    def rank_comparison(self, steps: StepRange = None) -> pd.DataFrame:
+        """Per step and rank: step_us, kernel_us, gpu_idle_us, vs_median_us, slowest."""
+        per_rank = {r: steps_module.step_breakdown(self._events(r, steps)) for r in self.ranks}
+        return steps_module.rank_comparison(per_rank)
+
+    def summary(self, rank: int | None = None, steps: StepRange = None) -> dict[str, pd.DataFrame]:
+        """The tables `stepscope profile` prints, by name."""
+        return {
+            "traces": self.traces(),
+            "temporal_breakdown": self.temporal_breakdown(rank, steps),
+            "idle_breakdown": self.idle_breakdown(rank, steps),
+            "top_kernels": self.top_kernels(10, "time", rank, steps),
+            "kernels_by_precision": self.kernel_stats("precision", rank, steps),
+            "launch_latency": self.launch_latency(rank, steps).head(10),
+            "memory_ops": self.memory_ops(rank, steps),
+            "syncs": self.syncs(rank, steps),
+            "cpu_ops": self.cpu_ops(10, rank, steps),
+            "steps": self.step_breakdown(rank, steps),
+            "ranks": self.rank_comparison(steps),
+        }
+
+    def step_timeline(self) -> pd.DataFrame:
+        """The hooks' step/phase timeline of the job (empty when there is none)."""
+        if self._timeline is None:
+            try:
+                from ..profiler.reader import ProfilerTrial
+
+                self._timeline = ProfilerTrial(self.store).step_timeline()
+            except Exception:  # a folder with traces only
+                self._timeline = pd.DataFrame()
+        return self._timeline
+
+    # --- plumbing -----------------------------------------------------------------------
+
+    def _load(self, key: str) -> tuple[TraceInfo, pd.DataFrame]:
+        loaded = self._loaded.get(key)
+        if loaded is None:
+            progress = (lambda done, total: self.progress(key, done, total)) if self.progress else None  # type: ignore[misc]
+            loaded = self._loaded[key] = load_trace(self.store, key, persist=self.persist, progress=progress)
+        return loaded
+
+    def _ranks(self, rank: int | None) -> list[int]:
+        ranks = self.ranks
+        if rank is None:
+            return ranks
+        if rank not in ranks:
+            from ..exceptions import ConfigError
+
+            raise ConfigError(f"rank {rank!r} has no trace in {self.store.url}; ranks with traces: {ranks}")
+        return [rank]
+
+    def _events(self, rank: int, steps: StepRange) -> pd.DataFrame:
+        frames = [frame for key in self.trace_keys() for info, frame in [self._load(key)] if info.rank == rank]
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        if steps is not None:
+            first, last = (steps.start, steps.stop - 1) if isinstance(steps, range) else steps
+            step = frame["step"].to_numpy()
+            frame = frame[(step >= first) & (step <= last)]
+        return frame
+
+    def _per_rank(self, rank: int | None, steps: StepRange, analysis: Callable[[pd.DataFrame, int], pd.DataFrame]) -> pd.DataFrame:
+        ranks = self._ranks(rank)
+        if rank is not None:
+            return analysis(self._events(rank, steps), rank)
+        frames = []
+        for r in ranks:
+            out = analysis(self._events(r, steps), r)
+            out.insert(0, "rank", r)
+            frames.append(out)
+        return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def parse_steps(text: str | None) -> tuple[int, int] | None:
+    """"A:B" (inclusive) or "A" -> (A, B); None for None."""
+    if text is None:
+        return None
+    from ..exceptions import ConfigError
+
+    try:
+        if ":" in text:
+            first, last = text.split(":", 1)
+            result = (int(first) if first else 0, int(last) if last else 2**31 - 1)
+        else:
+            result = (int(text), int(text))
+    except ValueError:
+        raise ConfigError(f"--steps must be A:B or A, got {text!r}") from None
+    if result[1] < result[0]:
+        raise ConfigError(f"--steps {text!r}: the last step is before the first")
+    return result
+
+
+steps_module = steps
+__all__ = ["TraceAnalysis", "parse_steps", "StepRange"]

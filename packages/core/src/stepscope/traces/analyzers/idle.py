@@ -1,0 +1,88 @@
+"""GPU busy and idle time. The temporal breakdown (HTA's): over the span from the first GPU
+activity's start to the last one's end, idle = span - union of all GPU activity; compute =
+union of computation kernels (not memcpy/memset, not NCCL); non-compute = the rest of the
+busy time. The idle breakdown (HTA's, per stream): each gap between consecutive activities
+on a stream is host wait when the next activity's launch call started after the previous
+activity ended (the CPU was late), kernel wait when it is shorter than `kernel_wait_us`
+(back-to-back launch overhead), other otherwise."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from ..schema import KIND_CODE
+from .common import launch_start_of, of_kind, union_ns
+
+KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay (HTA's docs say ns; it compares µs)
+BREAKDOWN_COLUMNS = ["span_us", "busy_us", "idle_us", "compute_us", "non_compute_us", "idle_pct", "compute_pct", "non_compute_pct"]
+
+
+def _is_compute(gpu: pd.DataFrame) -> np.ndarray:
+    kernels = gpu["kind"].to_numpy() == KIND_CODE["kernel"]
+    names = gpu["name"].astype("category")
+    nccl = np.asarray(["nccl" in str(c).lower() for c in names.cat.categories], dtype=bool)
+    return kernels & ~(nccl[names.cat.codes.to_numpy()] if nccl.size else np.zeros(len(gpu), dtype=bool))
+
+
+def _breakdown(gpu: pd.DataFrame) -> dict[str, float]:
+    start = gpu["ts_ns"].to_numpy()
+    end = start + gpu["dur_ns"].to_numpy()
+    if start.size == 0:
+        return dict.fromkeys(BREAKDOWN_COLUMNS, 0.0)
+    span = int(end.max() - start.min())
+    busy = union_ns(start, end)
+    compute_mask = _is_compute(gpu)
+    compute = union_ns(start[compute_mask], end[compute_mask])
+    row = {"span_us": span / 1000, "busy_us": busy / 1000, "idle_us": (span - busy) / 1000, "compute_us": compute / 1000, "non_compute_us": (busy - compute) / 1000}
+    for name in ("idle", "compute", "non_compute"):
+        row[f"{name}_pct"] = 100.0 * row[f"{name}_us"] / row["span_us"] if span else 0.0
+    return row
+
+
+def temporal_breakdown(events: pd.DataFrame, per_step: bool = False) -> pd.DataFrame:
+    """One row (or one per step): span, busy, idle, compute, non-compute time and shares."""
+    gpu = of_kind(events, "kernel", "memcpy", "memset")
+    if not per_step:
+        return pd.DataFrame([_breakdown(gpu)], columns=BREAKDOWN_COLUMNS)
+    rows = []
+    for step, group in gpu.groupby("step", sort=True):
+        if step < 0:
+            continue
+        rows.append({"step": int(step), **_breakdown(group)})
+    return pd.DataFrame(rows, columns=["step", *BREAKDOWN_COLUMNS])
+
+
+def idle_breakdown(events: pd.DataFrame, kernel_wait_us: float = KERNEL_WAIT_US, per_step: bool = False) -> pd.DataFrame:
+    """Idle time per stream (and step) split into host_wait, kernel_wait and other (µs)."""
+    gpu = of_kind(events, "kernel", "memcpy", "memset")
+    launch = launch_start_of(events, gpu)
+    # Times relative to the first activity, so that the float columns below stay exact.
+    origin = int(gpu["ts_ns"].min()) if len(gpu) else 0
+    frame = pd.DataFrame(
+        {
+            "stream": gpu["stream"].to_numpy(),
+            "step": gpu["step"].to_numpy(),
+            "ts": gpu["ts_ns"].to_numpy() - origin,
+            "end": gpu["ts_ns"].to_numpy() + gpu["dur_ns"].to_numpy() - origin,
+            "launch": np.where(launch >= 0, launch - origin, np.nan),
+        }
+    ).sort_values(["stream", "ts"], kind="stable", ignore_index=True)
+    same_stream = frame["stream"].eq(frame["stream"].shift(1)).to_numpy()
+    previous_end = frame["end"].shift(1).to_numpy()
+    gap = np.where(same_stream, frame["ts"].to_numpy() - previous_end, np.nan)
+    host_wait = frame["launch"].to_numpy() > previous_end  # NaN launch compares False, as in HTA
+    kernel_wait = ~host_wait & (gap < kernel_wait_us * 1000)
+    category = np.where(host_wait, "host_wait", np.where(kernel_wait, "kernel_wait", "other"))
+    frame["gap"] = gap
+    frame["category"] = category
+    frame = frame[same_stream]
+    keys = ["stream", "step"] if per_step else ["stream"]
+    out = frame.pivot_table(index=keys, columns="category", values="gap", aggfunc="sum", fill_value=0.0)
+    for column in ("host_wait", "kernel_wait", "other"):
+        if column not in out.columns:
+            out[column] = 0.0
+    out = (out[["host_wait", "kernel_wait", "other"]] / 1000.0).add_suffix("_us")
+    out["idle_us"] = out.sum(axis=1)
+    out.columns.name = None
+    return out.reset_index()

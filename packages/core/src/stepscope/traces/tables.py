@@ -1,0 +1,145 @@
+"""Finding a job's detailed traces, and their event tables persisted as Parquet next to
+the job, so that a second analysis (and the report, the UI, DuckDB or Spark) never parses
+JSON again.
+
+A trace at `profiler-output/framework/<rest>` has its table at
+`stepscope-traces/<rest>.parquet`: one file per trace (one rank, one profiling window),
+every column of schema.EVENT_SCHEMA plus a constant `rank`, the trace's metadata in the
+Parquet key-value metadata under `stepscope`. Traces are immutable once published, so a
+table that exists is current."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from ..layout import FRAMEWORK_DIR
+from ..store import Store
+from .reader import RawTrace, read_trace
+from .schema import KINDS
+
+logger = logging.getLogger("stepscope.traces")
+
+TABLE_DIR = "stepscope-traces"
+TABLE_VERSION = 1
+DETAILED_DIRS = (f"{FRAMEWORK_DIR}/pytorch/detailed", f"{FRAMEWORK_DIR}/tensorflow/detailed")
+_SKIPPED_DIRS = (f"{FRAMEWORK_DIR}/steps/", f"{FRAMEWORK_DIR}/pevents/")
+_TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb")
+_RANK_IN_KEY = re.compile(r"rank[_-]?(\d+)")
+
+
+@dataclass
+class TraceInfo:
+    """One trace of the job: where it is, which rank wrote it, when it starts."""
+
+    key: str
+    rank: int
+    base_ns: int
+    events: int
+    start_ns: int | None
+    end_ns: int | None
+    metadata: dict[str, Any]
+
+    def to_row(self) -> dict[str, Any]:
+        return {"key": self.key, "rank": self.rank, "events": self.events, "start_ns": self.start_ns, "end_ns": self.end_ns}
+
+
+def list_trace_keys(store: Store) -> list[str]:
+    """Every detailed trace of the job (Kineto JSON, plain or gzip; TF XSpace)."""
+    keys = []
+    for key in store.list(FRAMEWORK_DIR):
+        if key.startswith(_SKIPPED_DIRS) or not key.endswith(_TRACE_SUFFIXES):
+            continue
+        keys.append(key)
+    return sorted(keys)
+
+
+def table_key(trace_key: str) -> str:
+    rest = trace_key[len(FRAMEWORK_DIR) + 1 :] if trace_key.startswith(FRAMEWORK_DIR + "/") else trace_key
+    return f"{TABLE_DIR}/{rest}.parquet"
+
+
+def rank_of(metadata: dict[str, Any], key: str) -> int:
+    info = metadata.get("distributedInfo")
+    if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        return int(info["rank"])
+    match = _RANK_IN_KEY.search(key)
+    return int(match.group(1)) if match else 0
+
+
+def load_trace(
+    store: Store,
+    key: str,
+    *,
+    persist: bool = True,
+    progress: Callable[[int, int | None], None] | None = None,
+) -> tuple[TraceInfo, pd.DataFrame]:
+    """The events of one trace as a DataFrame: from its Parquet table when there is one,
+    else parsed (and persisted when `persist`)."""
+    tkey = table_key(key)
+    if store.exists(tkey):
+        try:
+            return _read_table(store, tkey, key)
+        except Exception as exc:  # a damaged table is rebuilt from its trace
+            logger.warning("%s: unreadable (%s); parsing the trace again", store.describe(tkey), exc)
+    raw = _parse(store, key, progress)
+    rank = rank_of(raw.metadata, key)
+    table = raw.table.append_column("rank", pa.array(np.full(raw.table.num_rows, rank, dtype=np.int32)))
+    info = _info(key, rank, raw.base_ns, table, raw.metadata)
+    if persist:
+        try:
+            _write_table(store, tkey, table, info)
+        except Exception as exc:  # a read-only job still gets its analysis
+            logger.warning("%s: could not persist the trace table (%s)", store.describe(tkey), exc)
+    return info, _to_pandas(table)
+
+
+def _parse(store: Store, key: str, progress: Callable[[int, int | None], None] | None) -> RawTrace:
+    if key.endswith(".xplane.pb"):
+        from .xspace import read_xspace
+
+        return read_xspace(store.read(key), store.describe(key))
+    return read_trace(key, store, progress=progress)
+
+
+def _info(key: str, rank: int, base_ns: int, table: pa.Table, metadata: dict[str, Any]) -> TraceInfo:
+    ts = table.column("ts_ns")
+    ends = pc.add(ts, table.column("dur_ns")) if table.num_rows else None
+    start = pc.min(ts).as_py() if table.num_rows else None
+    end = pc.max(ends).as_py() if ends is not None else None
+    small = {k: v for k, v in metadata.items() if k != "traceEvents" and len(json.dumps(v, default=str)) < 20_000}
+    return TraceInfo(key, rank, base_ns, table.num_rows, start, end, small)
+
+
+def _write_table(store: Store, tkey: str, table: pa.Table, info: TraceInfo) -> None:
+    meta = {"version": TABLE_VERSION, "kinds": list(KINDS), **info.to_row(), "base_ns": info.base_ns, "metadata": info.metadata}
+    table = table.replace_schema_metadata({"stepscope": json.dumps(meta, default=str)})
+    sink = io.BytesIO()
+    pq.write_table(table, sink, compression="zstd", row_group_size=1 << 20)
+    store.write(tkey, sink.getvalue())
+
+
+def _read_table(store: Store, tkey: str, key: str) -> tuple[TraceInfo, pd.DataFrame]:
+    data = store.read(tkey)
+    table = pq.read_table(pa.BufferReader(data))
+    raw_meta = (table.schema.metadata or {}).get(b"stepscope")
+    meta = json.loads(raw_meta) if raw_meta else {}
+    if meta.get("version") != TABLE_VERSION:
+        raise ValueError(f"table version {meta.get('version')!r}, expected {TABLE_VERSION}")
+    info = TraceInfo(key, int(meta.get("rank", 0)), int(meta.get("base_ns", 0)), table.num_rows, meta.get("start_ns"), meta.get("end_ns"), meta.get("metadata") or {})
+    return info, _to_pandas(table)
+
+
+def _to_pandas(table: pa.Table) -> pd.DataFrame:
+    return table.to_pandas(split_blocks=True, self_destruct=True)
