@@ -197,3 +197,49 @@ def test_live_job_page_updates(served, tmp_path_factory):
         driver.execute_script("return window.stepscope.charts['steps:algo-1/rank0/TRAIN']")), timeout=20, what="live update")
     assert grown["x"] == list(range(12))
     screenshot(driver, "07-live-job")
+
+
+def _click_hit(driver, canvas, hit) -> None:
+    from selenium.webdriver.common.action_chains import ActionChains
+
+    size = canvas.size
+    ActionChains(driver).move_to_element_with_offset(canvas, int((hit["x0"] + hit["x1"]) / 2 - size["width"] / 2),
+                                                     int((hit["y0"] + hit["y1"]) / 2 - size["height"] / 2)).click().perform()
+
+
+def test_gpu_job_dashboard_and_kernel_launch(served):
+    """A job with (generated) Kineto GPU traces: the trace engine's tables on the dashboard,
+    and clicking a kernel on the timeline shows the runtime call that launched it."""
+    pytest.importorskip("pyarrow")
+    from stepscope.traces.synth import SynthSpec, write_trace
+
+    server, driver, root = served
+    job = root / "team-a" / "gpu"
+    write_trace(SynthSpec(steps=3, ops_per_step=30, seed=7), job / "profiler-output/framework/pytorch/detailed/rank0/window_000000.pt.trace.json.gz")
+    (job / "training_job_end.ts").write_text("")
+    traces = create_trial(str(job)).profiler.traces
+    driver.get(f"{server.url}/jobs/team-a/gpu#dashboard")
+    top = _chart(driver, "gpu-table:Top kernels by time")
+    expected = traces.top_kernels(k=10, by="time")
+    assert [r[1] for r in top["rows"]] == expected["name"].tolist()
+    pie = _chart(driver, "gpu-time:rank 0")
+    temporal = traces.temporal_breakdown().iloc[0]
+    assert pie["idle"] == pytest.approx(temporal["idle_us"]) and pie["kernels (compute)"] == pytest.approx(temporal["compute_us"])
+    screenshot(driver, "08-gpu-dashboard")
+
+    driver.execute_script("location.hash = '#timeline'")
+    canvas = wait_for(lambda: driver.find_element("id", "timeline-canvas"), what="timeline canvas")
+    wait_for(lambda: driver.execute_script("return window.stepscope.timeline && window.stepscope.timeline.data && !window.stepscope.timeline.loading"),
+             what="timeline data")
+    hit = driver.execute_script(
+        "const h = window.stepscope.timeline.hits.filter(h => h.kind === 'slice' && h.lane.startsWith('g0-') && h.x1 - h.x0 > 6);"
+        "return h.length ? h[Math.floor(h.length / 2)] : null")
+    assert hit, "no kernel wide enough to click"
+    _click_hit(driver, canvas, hit)
+    selected = wait_for(lambda: driver.execute_script("const s = window.stepscope.timeline.selected; return s && s.launch ? s : null"), what="kernel details")
+    assert selected["name"] == hit["name"] and selected["kind"] in ("kernel", "memcpy", "memset")
+    launches = traces.launches()
+    launch = launches[launches["correlation"] == selected["correlation"]].iloc[0]
+    assert selected["launch"]["call"] == launch["launch_call"] and int(selected["launch"]["start_ns"]) == launch["launch_ts_ns"]
+    assert launch["launch_call"] in driver.find_element("id", "selected-launch").text
+    screenshot(driver, "09-timeline-kernel-launch")

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 
 import numpy as np
+import pytest
 
 from stepscope.profiler.rules import OverallSystemUsage, StepOutlier
 from stepscope.trial import create_trial
@@ -180,3 +182,63 @@ def test_s3_store_lists_and_opens_jobs(s3_url, user_db, tmp_path):
     assert client.get("/api/jobs/team-a/s3run/dashboard").get_json()["steps"][0]["steps"] == list(range(8))
     assert client.get("/api/jobs/team-b/other/summary").status_code == 404
     assert client.get("/api/jobs/team-a/%2e%2e/team-b/other/summary").status_code == 404
+
+
+def _gpu_job(root):
+    from stepscope.traces.synth import SynthSpec, write_trace
+
+    for rank in range(2):
+        write_trace(SynthSpec(steps=3, ops_per_step=30, rank=rank, world_size=2, seed=7),
+                    root / f"profiler-output/framework/pytorch/detailed/rank{rank}/window_000000.pt.trace.json.gz")
+    (root / "training_job_end.ts").write_text("")
+    return root
+
+
+def test_gpu_views_are_the_trace_engines(app, store_root):
+    pytest.importorskip("pyarrow")
+    job = _gpu_job(store_root / "team-a" / "gpu")
+    client = app.test_client()
+    login(client, "alice")
+    gpu = client.get("/api/jobs/team-a/gpu/dashboard?k=3").get_json()["gpu"]
+    traces = create_trial(str(job)).profiler.traces
+    assert gpu["available"]
+    top = traces.top_kernels(k=3, by="time")
+    assert gpu["tables"]["Top kernels by time"]["columns"] == list(top.columns)
+    assert [r[1] for r in gpu["tables"]["Top kernels by time"]["rows"]] == top["name"].tolist()
+    np.testing.assert_allclose([r[4] for r in gpu["tables"]["Top kernels by time"]["rows"]], top["total_us"])
+    by_launches = traces.top_kernels(k=3, by="launches")
+    assert [r[3] for r in gpu["tables"]["Top kernels by launches"]["rows"]] == by_launches["count"].tolist()
+    temporal = traces.temporal_breakdown().set_index("rank")
+    assert gpu["pies"]["rank 1"]["time"]["idle"] == pytest.approx(temporal.loc[1, "idle_us"])
+    assert gpu["pies"]["rank 0"]["time"]["kernels (compute)"] == pytest.approx(temporal.loc[0, "compute_us"])
+    memory = traces.memory_ops()
+    assert sum(r[4] for r in gpu["tables"]["Memory operations"]["rows"]) == int(memory["bytes"].sum())
+    tables = client.get("/api/jobs/team-a/gpu/stats").get_json()["tables"]
+    assert len(tables["kernels"]["rows"]) == len(traces.kernel_stats())
+    assert {"cpu_ops", "memory_ops", "syncs", "launch_latency"} <= set(tables)
+
+
+def test_timeline_has_stream_lanes_and_a_kernel_shows_its_launch(app, store_root):
+    pytest.importorskip("pyarrow")
+    job = _gpu_job(store_root / "team-a" / "gpu")
+    client = app.test_client()
+    login(client, "alice")
+    answer = client.get("/api/jobs/team-a/gpu/timeline?width=1000").get_json()
+    lanes = {lane["id"]: lane for lane in answer["lanes"]}
+    assert {"g0-s7", "g0-s20", "h0-runtime", "h0-ops", "g1-s7"} <= set(lanes)
+    traces = create_trial(str(job)).profiler.traces
+    events = traces.events(rank=0, kinds=["kernel", "memcpy", "memset"])
+    on_7 = events[events["stream"] == 7]
+    lane = lanes["g0-s7"]
+    assert len(lane["slices"]["s"]) + sum(lane["agg"]["c"]) == len(on_7)
+    launches = traces.launches(rank=0)
+    kernel = on_7.sort_values("ts_ns").iloc[0]
+    detail = client.get("/api/jobs/team-a/gpu/timeline/event?lane=g0-s7&i=0").get_json()
+    assert detail["name"] == kernel["name"] and int(detail["start_ns"]) == kernel["ts_ns"]
+    launch = launches[launches["correlation"] == kernel["correlation"]].iloc[0]
+    assert detail["launch"]["call"] == launch["launch_call"] and detail["launch"]["delay_us"] == launch["delay_ns"] / 1e3
+    assert int(detail["launch"]["start_ns"]) == launch["launch_ts_ns"]
+    trace = json.loads(client.get("/api/jobs/team-a/gpu/perfetto").data)
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    assert len(kernels) == len(traces.events(kinds=["kernel"]))
+    assert any(e["ph"] == "s" for e in trace["traceEvents"]) and any(e["ph"] == "f" for e in trace["traceEvents"])

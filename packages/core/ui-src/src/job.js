@@ -47,7 +47,25 @@ export async function dashboardView(root, job) {
   wrap.append(section('Annotation durations', 'annotation', el('label', {}, 'annotation ', picker), annot));
   if (d.annotation.chosen) barChart(annot, 'annotation-histogram', { ...d.annotation.histogram, xLabel: `${d.annotation.chosen} (ms)` });
 
-  wrap.append(section('GPU: kernels, memory operations, precision', 'gpu', d.gpu.available ? gpuTables(d.gpu) : el('p', { class: 'muted' }, d.gpu.reason)));
+  const gpu = el('div');
+  wrap.append(section('GPU: active time, kernels, memory operations, precision', 'gpu', gpu));
+  const drawGpu = (g) => {
+    gpu.replaceChildren();
+    if (!g.available) { gpu.append(el('p', { class: 'muted' }, g.reason)); return; }
+    const k = el('input', { type: 'number', id: 'top-k', min: '1', max: '100', value: String(g.k), onchange: async () => drawGpu((await api(`${base}/dashboard?k=${k.value}`)).gpu) });
+    gpu.append(el('label', {}, 'top k ', k));
+    for (const [rank, p] of Object.entries(g.pies)) {
+      const a = el('div'), b = el('div');
+      gpu.append(el('h4', {}, rank), el('div', { class: 'pies' }, el('div', {}, el('p', { class: 'muted' }, 'GPU time'), a), el('div', {}, el('p', { class: 'muted' }, 'GPU idle, by cause'), b)));
+      pieChart(a, `gpu-time:${rank}`, p.time);
+      pieChart(b, `gpu-idle:${rank}`, p.idle);
+    }
+    for (const [name, t] of Object.entries(g.tables)) {
+      window.stepscope.charts[`gpu-table:${name}`] = t;
+      gpu.append(el('h4', {}, name), el('div', { class: 'table-scroll' }, simpleTable(t.columns, t.rows)));
+    }
+  };
+  drawGpu(d.gpu);
 
   const rules = el('div', { id: 'rules-list' }, el('p', { class: 'muted' }, 'running rules…'));
   wrap.append(section('Rules', 'rules', rules));
@@ -56,10 +74,6 @@ export async function dashboardView(root, job) {
 
 function summaryLine(h) {
   return el('p', { class: 'muted', id: 'step-histogram-summary' }, h.n ? `n=${h.n}, mean ${fmt.ms(h.mean)}, p50 ${fmt.ms(h.p50)}, p95 ${fmt.ms(h.p95)}, max ${fmt.ms(h.max)}` : 'no steps');
-}
-
-function gpuTables(gpu) {
-  return el('div', {}, Object.entries(gpu.tables || {}).map(([name, t]) => el('div', {}, el('h4', {}, name), simpleTable(t.columns, t.rows.slice(0, gpu.k || 10)))));
 }
 
 export function rulesList(rules) {

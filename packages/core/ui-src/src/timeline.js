@@ -63,6 +63,7 @@ export function timelineView(root, job) {
       ctx.fillRect(x, 16, 1, 5);
     }
     state.hits = [];
+    state.laneY = {};
     let y = AXIS_H;
     group = null;
     for (const lane of data.lanes) {
@@ -73,6 +74,7 @@ export function timelineView(root, job) {
         y += GROUP_H;
       }
       ctx.fillStyle = '#374151'; ctx.fillText(lane.label, 8, y + 12);
+      state.laneY[lane.id] = y;
       if (lane.kind === 'counter') {
         ctx.strokeStyle = '#0891b2'; ctx.fillStyle = 'rgba(8,145,178,0.25)';
         ctx.beginPath(); ctx.moveTo(LABEL_W, y + COUNTER_H - 2);
@@ -100,6 +102,18 @@ export function timelineView(root, job) {
         state.hits.push({ kind: 'bucket', x0, x1: x0 + BUCKET_PX, y0: yy, y1: yy + SLICE_H, count: a.c[i], busy: a.f[i], name: data.names[a.n[i]] });
       }
       y += SLICE_H * 2 + 4;
+    }
+    // the selected GPU activity's launch: an arrow from the runtime call to the activity
+    const sel = state.selected;
+    if (sel && sel.launch) {
+      const hostLane = state.laneY[sel.launch.lane], gpuLane = state.laneY[sel.laneId];
+      if (hostLane !== undefined && gpuLane !== undefined) {
+        const x0 = xOf((Number(sel.launch.start_ns) - data.t0) / 1e3 + sel.launch.duration_us), x1 = xOf((Number(sel.start_ns) - data.t0) / 1e3);
+        ctx.strokeStyle = '#111'; ctx.fillStyle = '#111'; ctx.lineWidth = 1.5;
+        ctx.beginPath(); ctx.moveTo(x0, hostLane + SLICE_H / 2); ctx.lineTo(x1, gpuLane + SLICE_H / 2); ctx.stroke();
+        ctx.beginPath(); ctx.arc(x1, gpuLane + SLICE_H / 2, 3, 0, 2 * Math.PI); ctx.fill();
+        ctx.lineWidth = 1;
+      }
     }
     ctx.strokeStyle = 'rgba(220,38,38,0.8)'; ctx.fillStyle = '#b91c1c';
     let lastLabel = -Infinity;
@@ -153,8 +167,11 @@ export function timelineView(root, job) {
       return;
     }
     const info = await api(`${base}/timeline/event?lane=${encodeURIComponent(hit.lane)}&i=${hit.row}`);
+    info.laneId = hit.lane;
     state.selected = info;
-    details.replaceChildren(el('h4', { id: 'selected-name' }, info.name),
+    draw();
+    const launch = info.launch ? el('p', { id: 'selected-launch' }, `launched by ${info.launch.call} (${fmt.ms(info.launch.duration_us / 1000)}); started ${fmt.ms(info.launch.delay_us / 1000)} after the call returned (launch delay)`) : null;
+    details.replaceChildren(el('h4', { id: 'selected-name' }, info.name), launch,
       el('table', { class: 'grid kv' }, el('tbody', {}, Object.entries(info).map(([k, v]) => el('tr', {}, el('th', {}, k), el('td', { 'data-key': k }, typeof v === 'object' && v !== null ? JSON.stringify(v) : String(v)))))));
   });
   window.addEventListener('resize', () => load());

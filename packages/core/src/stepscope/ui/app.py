@@ -214,7 +214,7 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         from .views import dashboard
 
         trial, stamp = _open(job)
-        return jsonify(dashboard(trial, stamp, phase=request.args.get("phase"), bins=_int_arg("bins", 30, 5, 200)))
+        return jsonify(dashboard(trial, stamp, phase=request.args.get("phase"), bins=_int_arg("bins", 30, 5, 200), k=_int_arg("k", 10, 1, 100)))
 
     @app.get("/api/jobs/<path:job>/rules")
     def job_rules(job: str) -> Response:

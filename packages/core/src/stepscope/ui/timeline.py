@@ -43,6 +43,7 @@ class SliceLane:
     row: np.ndarray  # int64 row of the source frame (for details)
     max_duration: int = 0
     kind: str = "slices"
+    source: str = "steps"  # which frame `row` points into: "steps" (step timeline) or "traces"
     duration: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
     grid: _Grid | None = None
 
@@ -107,14 +108,18 @@ class TimelineIndex:
     events: pd.DataFrame  # the step timeline, for details and export
     metrics: pd.DataFrame
     markers: list[dict[str, Any]] = field(default_factory=list)
+    traces: pd.DataFrame | None = None  # the trace engine's events (kernels, runtime calls, CPU ops, ...)
+    launches: pd.DataFrame | None = None  # the trace engine's launch -> GPU activity pairs
 
     @property
     def event_count(self) -> int:
         return sum(len(lane.start) for lane in self.lanes if lane.kind == "slices")
 
 
-def build_index(timeline: pd.DataFrame, metrics: pd.DataFrame, markers: list[dict[str, Any]] | None = None) -> TimelineIndex:
-    """Lanes from a step timeline frame (`ProfilerTrial.step_timeline()`) and system metrics."""
+def build_index(timeline: pd.DataFrame, metrics: pd.DataFrame, markers: list[dict[str, Any]] | None = None,
+                traces: pd.DataFrame | None = None, launches: pd.DataFrame | None = None) -> TimelineIndex:
+    """Lanes from a step timeline frame (`ProfilerTrial.step_timeline()`), system metrics and,
+    where the job has detailed traces, the trace engine's events (`TraceAnalysis.events()`)."""
     names: dict[str, int] = {}
     lanes: list[Any] = []
     timeline = timeline.reset_index(drop=True)
@@ -140,12 +145,53 @@ def build_index(timeline: pd.DataFrame, metrics: pd.DataFrame, markers: list[dic
             frame = frame.sort_values("timestamp")
             label = "CPU utilization" if name == "total" else f"{name} utilization"
             lanes.append(CounterLane(f"c-{node}-{name}", f"{node}", label, (frame["timestamp"].to_numpy() * 1e9).astype(np.int64), frame["value"].to_numpy(float)))
+    if traces is not None and len(traces):
+        traces = traces.reset_index(drop=True)
+        lanes += _trace_lanes(traces, names)
     lanes.sort(key=lambda lane: (lane.group, lane.kind != "counter", _TRACKS.get(lane.label, 9), lane.label))
     bounds = [(int(lane.start[0]), int(lane.end.max())) for lane in lanes if lane.kind == "slices" and len(lane.start)]
     bounds += [(int(lane.t[0]), int(lane.t[-1])) for lane in lanes if lane.kind == "counter" and len(lane.t)]
     start = min((b[0] for b in bounds), default=0)
     end = max((b[1] for b in bounds), default=0)
-    return TimelineIndex(lanes, list(names), start, max(end, start + 1), timeline, metrics, markers or [])
+    return TimelineIndex(lanes, list(names), start, max(end, start + 1), timeline, metrics, markers or [], traces, launches)
+
+
+def _trace_lanes(traces: pd.DataFrame, names: dict[str, int]) -> list[SliceLane]:
+    """Per rank: one lane per GPU stream (kernels, memcpy, memset), one of runtime calls (the
+    launches), one of annotations over CPU operators."""
+    from ..traces.schema import KIND_CODE
+
+    text = traces["name"].astype(str)
+    codes = np.array([names.setdefault(n, len(names)) for n in text.tolist()], dtype=np.int32)
+    kind = traces["kind"].to_numpy()
+    starts = traces["ts_ns"].to_numpy(np.int64)
+    ends = starts + np.maximum(traces["dur_ns"].to_numpy(np.int64), 0)
+    gpu = np.isin(kind, [KIND_CODE["kernel"], KIND_CODE["memcpy"], KIND_CODE["memset"]])
+    runtime = np.isin(kind, [KIND_CODE["runtime"], KIND_CODE["sync"]]) & (traces["stream"].to_numpy() < 0)
+    host_ops = np.isin(kind, [KIND_CODE["annotation"], KIND_CODE["cpu_op"]])
+    lanes = []
+
+    def lane(lane_id: str, group: str, label: str, rows: np.ndarray, depth: np.ndarray) -> None:
+        order = np.argsort(starts[rows], kind="stable")
+        rows = rows[order]
+        s, e = starts[rows], ends[rows]
+        lanes.append(SliceLane(lane_id, group, label, s, e, depth[order].astype(np.int8), codes[rows], rows,
+                               int((e - s).max()) if len(s) else 0, source="traces"))
+
+    ranks = traces["rank"].to_numpy()
+    streams = traces["stream"].to_numpy()
+    for rank in sorted(set(ranks.tolist())):
+        mine = ranks == rank
+        for stream in sorted(set(streams[mine & gpu].tolist())):
+            rows = np.flatnonzero(mine & gpu & (streams == stream))
+            lane(f"g{rank}-s{stream}", f"rank {rank} GPU", f"stream {stream}", rows, np.zeros(len(rows)))
+        rows = np.flatnonzero(mine & runtime)
+        if len(rows):
+            lane(f"h{rank}-runtime", f"rank {rank} host", "runtime (launches)", rows, np.zeros(len(rows)))
+        rows = np.flatnonzero(mine & host_ops)
+        if len(rows):
+            lane(f"h{rank}-ops", f"rank {rank} host", "annotations / CPU ops", rows, (kind[rows] == KIND_CODE["cpu_op"]).astype(np.int8))
+    return lanes
 
 
 def query(index: TimelineIndex, start_ns: int | None, end_ns: int | None, width_px: int) -> dict[str, Any]:
@@ -302,11 +348,37 @@ def event_details(index: TimelineIndex, lane_id: str, row: int) -> dict[str, Any
     lane = next((lane for lane in index.lanes if lane.id == lane_id and lane.kind == "slices"), None)
     if lane is None or not 0 <= row < len(lane.row):
         raise KeyError("no such event")
+    if lane.source == "traces":
+        return _trace_event_details(index, int(lane.row[row]))
     event = index.events.iloc[int(lane.row[row])]
     out = {k: _plain(event[k]) for k in ("node_id", "rank", "framework", "mode", "step", "phase", "name", "start_ns", "end_ns", "duration_ms")}
     out["args"] = _plain(event["args"])
     # epoch nanoseconds need 61 bits; a browser's JSON numbers keep 53, so send them as text
     out["start_ns"], out["end_ns"] = str(out["start_ns"]), str(out["end_ns"])
+    return out
+
+
+def _trace_event_details(index: TimelineIndex, row: int) -> dict[str, Any]:
+    """A trace event, and for a GPU activity the runtime call that launched it (the launch
+    lane, time, delay), from the trace engine's `launches()`."""
+    from ..traces.schema import KINDS
+
+    event = index.traces.iloc[row]
+    out: dict[str, Any] = {"kind": KINDS[int(event["kind"])], "name": str(event["name"]), "rank": int(event["rank"]), "step": int(event["step"]),
+                           "start_ns": str(int(event["ts_ns"])), "end_ns": str(int(event["ts_ns"]) + int(event["dur_ns"])),
+                           "duration_us": int(event["dur_ns"]) / 1e3}
+    for column in ("stream", "device", "correlation", "external_id", "bytes"):
+        if int(event[column]) >= 0:
+            out[column] = int(event[column])
+    launches = index.launches
+    if launches is not None and len(launches) and out.get("correlation") is not None and out["kind"] in ("kernel", "memcpy", "memset"):
+        match = launches[(launches["correlation"] == out["correlation"]) & (launches["rank"] == out["rank"])] if "rank" in launches else \
+            launches[launches["correlation"] == out["correlation"]]
+        if len(match):
+            launch = match.iloc[0]
+            out["launch"] = {"call": str(launch["launch_call"]), "start_ns": str(int(launch["launch_ts_ns"])),
+                             "duration_us": int(launch["launch_dur_ns"]) / 1e3, "delay_us": int(launch["delay_ns"]) / 1e3,
+                             "lane": f"h{out['rank']}-runtime"}
     return out
 
 
@@ -331,6 +403,22 @@ def perfetto_events(index: TimelineIndex, start_ns: int | None, end_ns: int | No
                 args.update(row.args)
             events.append({"name": str(row.name), "cat": str(row.phase), "ph": "X", "ts": row.start_ns / 1e3, "dur": (row.end_ns - row.start_ns) / 1e3,
                            "pid": int(row.rank), "tid": _TRACKS.get(str(row.mode), 9), "args": args})
+    if index.traces is not None and len(index.traces):
+        from ..traces.schema import KINDS
+
+        trace = index.traces
+        trace = trace[(trace["ts_ns"] + trace["dur_ns"] >= t0) & (trace["ts_ns"] <= t1)]
+        for row in trace.itertuples():
+            kind = KINDS[int(row.kind)]
+            on_gpu = int(row.stream) >= 0
+            pid = f"rank {row.rank} GPU" if on_gpu else f"rank {row.rank} host"
+            events.append({"name": str(row.name), "cat": kind, "ph": "X", "ts": row.ts_ns / 1e3, "dur": row.dur_ns / 1e3, "pid": pid,
+                           "tid": f"stream {row.stream}" if on_gpu else int(row.tid), "args": {"correlation": int(row.correlation), "step": int(row.step)}})
+            if int(row.correlation) >= 0 and kind in ("runtime", "kernel", "memcpy", "memset"):
+                # flow arrows launch -> activity, as Kineto writes them
+                flow = {"name": "launch", "cat": "ac2g", "id": int(row.correlation), "ts": row.ts_ns / 1e3, "pid": pid,
+                        "tid": f"stream {row.stream}" if on_gpu else int(row.tid)}
+                events.append(flow | ({"ph": "f", "bp": "e"} if on_gpu else {"ph": "s"}))
     for lane in index.lanes:
         if lane.kind != "counter":
             continue
@@ -369,8 +457,13 @@ def job_index(jobs: Any, job: str) -> TimelineIndex:
         hit = _indexes.get(job)
     if hit is not None and hit[0] == stamp:
         return hit[1]
+    from .views import _traces
+
     profiler = trial.profiler
-    index = build_index(profiler.step_timeline(), profiler.system_metrics(), _rule_markers(trial, stamp))
+    traces = _traces(trial)
+    events = traces.events(kinds=["kernel", "memcpy", "memset", "runtime", "sync", "annotation", "cpu_op"]) if traces is not None else None
+    launches = traces.launches() if traces is not None else None
+    index = build_index(profiler.step_timeline(), profiler.system_metrics(), _rule_markers(trial, stamp), events, launches)
     with _lock:
         _indexes[job] = (stamp, index)
     return index

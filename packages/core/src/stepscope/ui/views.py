@@ -59,11 +59,11 @@ def version(trial: Any, stamp: Hashable) -> dict[str, Any]:
 # --- dashboard -------------------------------------------------------------------------
 
 
-def dashboard(trial: Any, stamp: Hashable, phase: str | None = None, bins: int = 30) -> dict[str, Any]:
-    return _cached(trial, stamp, f"dashboard:{phase}:{bins}", lambda: _dashboard(trial, phase, bins))
+def dashboard(trial: Any, stamp: Hashable, phase: str | None = None, bins: int = 30, k: int = 10) -> dict[str, Any]:
+    return _cached(trial, stamp, f"dashboard:{phase}:{bins}:{k}", lambda: _dashboard(trial, phase, bins, k))
 
 
-def _dashboard(trial: Any, phase: str | None, bins: int) -> dict[str, Any]:
+def _dashboard(trial: Any, phase: str | None, bins: int, k: int) -> dict[str, Any]:
     profiler = trial.profiler
     timeline = profiler.step_timeline()
     metrics = profiler.system_metrics()
@@ -79,7 +79,7 @@ def _dashboard(trial: Any, phase: str | None, bins: int) -> dict[str, Any]:
         "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins),
         "cpu_time": _phase_shares(steps, phases),
         "annotation": {"names": annotation_names, "chosen": phase, "histogram": _histogram(chosen, bins)},
-        "gpu": _gpu_views(trial),
+        "gpu": _gpu_views(trial, k),
     }
 
 
@@ -153,13 +153,53 @@ def _phase_shares(steps: pd.DataFrame, phases: pd.DataFrame) -> dict[str, float]
     return shares
 
 
-def _gpu_views(trial: Any) -> dict[str, Any]:
-    """Kernel tables, active-time breakdown and memory operations from the trace engine,
-    when the job has framework traces and the engine is installed."""
-    engine = getattr(trial.profiler, "traces", None)
-    if engine is None:
-        return {"available": False, "reason": "no GPU trace analysis for this job (no framework trace, or the trace engine is not installed)"}
-    return {"available": False, "reason": "trace engine found but not wired to the app yet"}
+def _traces(trial: Any) -> Any | None:
+    """The job's trace analysis (stepscope.traces) when it has detailed traces, else None."""
+    try:
+        traces = trial.profiler.traces
+        return traces if traces.trace_keys() else None
+    except ImportError:  # the `traces` extra (pyarrow) is not installed
+        return None
+
+
+def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
+    """The trace engine's answers: GPU time split (compute, memory/communication, idle) and
+    idle causes per rank, top kernels by time and by launches, kernel precision, memory
+    operations, syncs and launch delays."""
+    traces = _traces(trial)
+    if traces is None:
+        return {"available": False, "reason": "no detailed GPU traces in this job (profile some steps with the plugins' detailed profiling)"}
+    temporal = traces.temporal_breakdown()
+    idle = traces.idle_breakdown()
+    pies = {}
+    for row in temporal.itertuples():
+        waits = idle[idle["rank"] == row.rank]
+        pies[f"rank {row.rank}"] = {
+            "time": {"kernels (compute)": float(row.compute_us), "memcpy / memset / communication": float(row.non_compute_us), "idle": float(row.idle_us)},
+            "idle": {"waiting for the host": float(waits["host_wait_us"].sum()), "between kernels": float(waits["kernel_wait_us"].sum()),
+                     "other": float(waits["other_us"].sum())},
+        }
+    return {
+        "available": True,
+        "k": k,
+        "pies": pies,
+        "tables": {
+            "Top kernels by time": table(traces.top_kernels(k=k, by="time")),
+            "Top kernels by launches": table(traces.top_kernels(k=k, by="launches")),
+            "Kernel precision": table(traces.kernel_stats(by="precision")),
+            "Memory operations": table(traces.memory_ops()),
+            "Synchronizations": table(traces.syncs()),
+            "Launch delay": table(traces.launch_latency().head(k)),
+        },
+    }
+
+
+def table(frame: pd.DataFrame) -> dict[str, Any]:
+    """A DataFrame as {columns, rows} of JSON values (NaN as null)."""
+    rows = []
+    for values in frame.itertuples(index=False):
+        rows.append([None if isinstance(v, float) and not np.isfinite(v) else v.item() if isinstance(v, np.generic) else v for v in values])
+    return {"columns": [str(c) for c in frame.columns], "rows": rows}
 
 
 # --- rules -----------------------------------------------------------------------------
@@ -350,6 +390,16 @@ def _statistics(trial: Any) -> dict[str, Any]:
         "columns": ["node", "dimension", "min", "p50", "p95", "p99", "max"],
         "rows": [[node, dim, s["min"], s["p50"], s["p95"], s["p99"], s["max"]] for node, dims in sorted(usage.items()) for dim, s in dims.items()],
     }
+    traces = _traces(trial)
+    if traces is not None:
+        for name, title, frame in (
+            ("kernels", "GPU kernels", traces.kernel_stats()),
+            ("cpu_ops", "CPU operators (inclusive time)", traces.cpu_ops(k=None)),
+            ("memory_ops", "Memory operations", traces.memory_ops()),
+            ("syncs", "Synchronizations", traces.syncs()),
+            ("launch_latency", "Kernel launch delay", traces.launch_latency()),
+        ):
+            tables[name] = {"title": title, **table(frame)}
     return {"tables": tables}
 
 
