@@ -152,5 +152,5 @@ export async function statsView(root, job) {
 export function simpleTable(columns, rows, onSort, id) {
   return el('table', { class: 'grid', id },
     el('thead', {}, el('tr', {}, columns.map((c, i) => el('th', { class: onSort ? 'sortable' : '', onclick: onSort ? () => onSort(i) : undefined }, c)))),
-    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((v) => el('td', { 'data-value': v }, typeof v === 'number' ? fmt.num(v, 3) : v))))));
+    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((v) => el('td', { 'data-value': v, title: typeof v === 'string' && v.length > 40 ? v : undefined }, typeof v === 'number' ? fmt.num(v, 3) : v))))));
 }

@@ -52,7 +52,8 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     app = Flask(__name__, static_folder=str(STATIC_DIR), static_url_path="/static")
     app.url_map.merge_slashes = False  # `//etc/x` must not be redirected into something that matches
     app.url_map.strict_slashes = False
-    app.config.update(MAX_CONTENT_LENGTH=64 * 1024, JSON_SORT_KEYS=False)
+    app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
+    app.json.sort_keys = False  # tables and series keep the order the views give them
     app.extensions["stepscope"] = {"jobs": jobs, "users": users}
 
     def cookie(resp: Response, name: str, value: str, max_age: int | None = None) -> None:

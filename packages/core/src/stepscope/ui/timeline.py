@@ -11,6 +11,7 @@ smoothly as a small one."""
 from __future__ import annotations
 
 import threading
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -445,7 +446,8 @@ def _plain(value: Any) -> Any:
 
 # --- per job, cached ----------------------------------------------------------------------
 
-_indexes: dict[str, tuple[Any, TimelineIndex]] = {}
+# Per trial, weakly (see views._cache): (generation, index).
+_indexes: weakref.WeakKeyDictionary[Any, tuple[int, TimelineIndex]] = weakref.WeakKeyDictionary()
 _lock = threading.Lock()
 
 
@@ -454,7 +456,7 @@ def job_index(jobs: Any, job: str) -> TimelineIndex:
     trial = jobs.trial(job)
     stamp = jobs.generation(job)
     with _lock:
-        hit = _indexes.get(job)
+        hit = _indexes.get(trial)
     if hit is not None and hit[0] == stamp:
         return hit[1]
     from .views import _traces
@@ -465,7 +467,7 @@ def job_index(jobs: Any, job: str) -> TimelineIndex:
     launches = traces.launches() if traces is not None else None
     index = build_index(profiler.step_timeline(), profiler.system_metrics(), _rule_markers(trial, stamp), events, launches)
     with _lock:
-        _indexes[job] = (stamp, index)
+        _indexes[trial] = (stamp, index)
     return index
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import threading
+import weakref
 from collections.abc import Callable, Hashable
 from typing import Any
 
@@ -28,21 +29,22 @@ MAX_HEATMAP_TENSORS = 60
 MAX_HISTOGRAM_STEPS = 50
 STEP_PHASES = ("step", "eval_step", "predict_step")
 
-_cache: dict[tuple[int, str], tuple[Any, Any]] = {}
+# Per trial (weakly: a trial the app drops takes its entries with it): {what: (stamp, value)}.
+_cache: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
 _cache_lock = threading.Lock()
 
 
 def _cached(trial: Any, stamp: Hashable, what: str, compute: Callable[[], Any]) -> Any:
-    key = (id(trial), what)
     with _cache_lock:
-        hit = _cache.get(key)
+        hit = _cache.get(trial, {}).get(what)
     if hit is not None and hit[0] == stamp:
         return hit[1]
     value = compute()
     with _cache_lock:
-        if len(_cache) > 512:
-            _cache.clear()
-        _cache[key] = (stamp, value)
+        entries = _cache.setdefault(trial, {})
+        if len(entries) > 64:  # many histogram or phase choices: start over
+            entries.clear()
+        entries[what] = (stamp, value)
     return value
 
 
