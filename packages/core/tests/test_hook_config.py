@@ -71,3 +71,47 @@ def test_load_from_file_and_env(tmp_path, monkeypatch):
         load_hook_config(path)
     with pytest.raises(ConfigError, match="cannot read"):
         load_hook_config(tmp_path / "missing.json")
+
+
+@pytest.mark.parametrize(
+    "data,message",
+    [
+        ({"HookParameters": {"reductions": 5}}, r"'5'"),
+        ({"HookParameters": {"reductions": ["max"]}}, r"HookParameters.reductions must be a string, got list"),
+        ({"CollectionConfigurations": [{"CollectionName": "w", "CollectionParameters": [1]}]}, r"CollectionConfigurations\[w\].CollectionParameters must be an object"),
+        ({"LocalPath": ""}, r"LocalPath must be a non-empty path"),
+        ({"LocalPath": 5}, r"LocalPath must be a non-empty path.*5"),
+        ({"HookParameters": {"save_interval": {"a": {"b": {"c": [1]}}}}}, r"HookParameters.save_interval must be a string, got dict"),
+        ({"CollectionConfigurations": [{"CollectionName": "w", "CollectionParameters": {"include_regex": [["fc"]]}}]}, r"include_regex\[\] must be a string, got list"),
+        ({"CollectionConfigurations": {"CollectionName": "w"}}, r"CollectionConfigurations must be a list"),
+        ({"CollectionConfigurations": [5]}, r"CollectionConfigurations\[0\] must be an object"),
+        ({"CollectionConfigurations": [{"CollectionName": 7}]}, r"CollectionName must be a string"),
+        ({"HookParameters": "save_all"}, r"HookParameters must be an object"),
+    ],
+)
+def test_malformed_values_name_the_field(data, message):
+    with pytest.raises(ConfigError, match=message):
+        parse_hook_config(data)
+
+
+def test_deeply_nested_json_is_a_config_error(tmp_path):
+    path = tmp_path / "deep.json"
+    path.write_text('{"HookParameters": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    with pytest.raises(ConfigError, match="deep.json"):
+        load_hook_config(path)
+
+
+def test_hook_json_gives_hook_options_directly(tmp_path):
+    from stepscope.hook_options import HookOptions
+
+    path = tmp_path / "debughookconfig.json"
+    path.write_text(json.dumps(SAGEMAKER_CONFIG))
+    options = HookOptions.from_json(path)
+    assert isinstance(options, HookOptions) and options.out_dir == "/opt/ml/output/tensors"
+    assert options.include_regex == ("relu", "tanh") and options.include_workers == "all"
+    assert [c.name for c in options.collections] == ["weights", "custom", "losses"]
+    assert HookOptions.from_json(path, out_dir=str(tmp_path)).out_dir == str(tmp_path)
+    path.write_text(json.dumps({"HookParameters": {"save_interval": "10"}}))
+    with pytest.raises(ConfigError, match="no LocalPath; pass out_dir"):
+        HookOptions.from_json(path)
+    assert HookOptions.from_json(path, out_dir="x").save_config.for_mode(ModeKeys.TRAIN).save_interval == 10

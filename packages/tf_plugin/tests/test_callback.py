@@ -122,15 +122,23 @@ def test_layer_outputs_and_inputs_chosen_by_regex(fitted):
     np.testing.assert_allclose(trial.tensor("outputs/hidden").value(3, mode=ModeKeys.PREDICT), np.tanh(x[24:] @ kernel + bias), rtol=1e-5, atol=1e-6)
 
 
-def test_step_timeline_has_one_span_per_step(fitted):
-    from stepscope.profiler import create_profiler_trial
+def test_step_timeline_accounts_for_every_step(fitted):
+    from stepscope.profiler import STEP_PHASES, create_profiler_trial
 
     timeline = create_profiler_trial(fitted["out_dir"]).step_timeline()
     assert set(timeline["framework"]) == {"tensorflow"}
-    counts = timeline.groupby("mode").size().to_dict()
-    assert counts == {"TRAIN": 8, "EVAL": 6, "PREDICT": 4}
-    assert set(timeline["phase"]) == {"step", "eval_step", "predict_step"}
+    steps = timeline[timeline["phase"].isin(STEP_PHASES)]
+    assert steps.groupby("mode").size().to_dict() == {"TRAIN": 8, "EVAL": 6, "PREDICT": 4}
+    assert set(steps["phase"]) == {"step", "eval_step", "predict_step"}
     assert (timeline["end_ns"] >= timeline["start_ns"]).all()
+    # Each step is its "data" (the loop between batches) then "compute" (the compiled
+    # step); together they account for all of the step's time.
+    phases = timeline[~timeline["phase"].isin(STEP_PHASES)]
+    assert set(phases["phase"]) <= {"data", "compute"} and "compute" in set(phases["phase"])
+    for (mode, step), whole in steps.groupby(["mode", "step"]):
+        parts = phases[(phases["mode"] == mode) & (phases["step"] == step)]
+        whole_ns = int(whole["end_ns"].iloc[0] - whole["start_ns"].iloc[0])
+        assert int((parts["end_ns"] - parts["start_ns"]).sum()) >= 0.95 * whole_ns, (mode, step)
 
 
 def test_captures_are_removed_at_close(fitted):
@@ -209,8 +217,8 @@ def test_stop_request_ends_fit_at_the_batch_end(make_model, data, tmp_path, no_p
     class Rule(keras.callbacks.Callback):
         def on_train_batch_end(self, batch, logs=None):
             if batch == 1:
-                request_stop(callback.hook.core.store, "TestRule", "loss is fine")
-                callback.hook.core.stop_poller.check_now()  # the poller's thread would see it within 2 s
+                request_stop(callback.hook.store, "TestRule", "loss is fine")
+                callback.hook.stop_poller.check_now()  # the poller's thread would see it within 2 s
 
     history = make_model().fit(x, y, batch_size=BATCH, epochs=3, shuffle=False, verbose=0, callbacks=[Rule(), callback])
     callback.close()
@@ -243,7 +251,7 @@ def test_unwritable_store_mid_run_leaves_training_unchanged(make_model, data, tm
     model = make_model()
     history = _fit(model, x, y, [BreakStore(), callback], epochs=2)
     callback.close()
-    assert not callback.hook.active
+    assert not callback.hook.enabled
     assert "failed and is now disabled" in caplog.text
     for got, want in zip(model.get_weights(), expected_weights):
         np.testing.assert_array_equal(got, want)

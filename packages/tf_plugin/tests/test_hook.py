@@ -38,11 +38,11 @@ def test_gradient_tape_recipe(make_model, data, tmp_path, no_profiler, gradients
                     loss = loss_fn(yb, model(xb, training=True))
                 grads = tape.gradient(loss, model.trainable_variables)
                 hook.save_gradients(grads, model.trainable_variables)
-                hook.save_scalar("loss", loss)
+                hook.save_loss(loss)
                 hook.save_tensor("custom/lr", np.float32(0.05))
                 optimizer.apply(grads, model.trainable_variables)
         with hook.step("eval"):
-            hook.save_scalar("loss", loss_fn(y, model(x)))
+            hook.save_loss(loss_fn(y, model(x)))
     trial = stepscope.create_trial(str(tmp_path))
     assert trial.steps(mode=ModeKeys.TRAIN) == [0, 2] and trial.steps(mode=ModeKeys.EVAL) == [0]
     for step in (0, 2):
@@ -76,7 +76,7 @@ def test_tf_function_train_step_gradients_captured_through_the_optimizer(make_mo
     for xb, yb in _batches(x, y) * 2:
         seen_weights.append(model.get_weights())
         with hook.step():
-            hook.save_scalar("loss", train_step(xb, yb))
+            hook.save_loss(train_step(xb, yb))
     hook.close()
     trial = stepscope.create_trial(str(tmp_path))
     assert trial.steps(mode="train") == [0, 3, 6]
@@ -99,16 +99,16 @@ def test_symbolic_tensors_are_skipped_with_one_warning(tmp_path, no_profiler, ca
     with caplog.at_level(logging.WARNING, logger="stepscope"), hook.step():
         inside()
     hook.close()
-    assert "symbolic tensor" in caplog.text and hook.active is False  # closed, not failed
-    assert hook.core.failsafe.error is None
+    assert "symbolic tensor" in caplog.text and hook.enabled is False  # closed, not failed
+    assert hook.failsafe.error is None
 
 
 def test_stop_request_raises_at_step_end(tmp_path, no_profiler):
     hook = Hook(str(tmp_path), profiler_config=no_profiler)
     with hook.step():
         pass
-    request_stop(hook.core.store, "TestRule", "enough")
-    hook.core.stop_poller.check_now()
+    request_stop(hook.store, "TestRule", "enough")
+    hook.stop_poller.check_now()
     with pytest.raises(StopTrainingRequested), hook.step():
         pass
     hook.close()

@@ -207,8 +207,8 @@ def test_nothing_happens_on_steps_where_nothing_is_due(make_hook, mlp, batches, 
     hook.register_module(model)
     hook.register_optimizer(optimizer)
     calls = []
-    original_plan = hook.core.plan
-    monkeypatch.setattr(hook.core, "plan", lambda *a, **k: calls.append(a[0]) or original_plan(*a, **k))
+    original_plan = hook.plan
+    monkeypatch.setattr(hook, "plan", lambda *a, **k: calls.append(a[0]) or original_plan(*a, **k))
     work_per_step, activation_hooks = [], []
     for x, y in batches(6):
         calls.clear()
@@ -237,13 +237,15 @@ def test_save_tensor_and_scalar(make_hook, mlp, batches, out_dir, caplog):
         # After optimizer.step() the step still takes values until the next one begins.
         hook.save_scalar("accuracy", 0.5 + step)
         hook.save_tensor("logits_mean", torch.full((3,), float(step)), collections=["custom"])
-    hook.save_tensor("lost", torch.ones(2))  # "default" is not included: warned about, not saved
+        hook.save_tensor("mine", torch.full((2,), float(step)))  # "default": always included
+    hook.save_tensor("lost", torch.ones(2), collections="nope")  # not included: warned about, not saved
     hook.close()
     trial = stepscope.create_trial(out_dir)
     assert [float(trial.tensor("accuracy").value(s)) for s in (0, 1)] == [0.5, 1.5]
     np.testing.assert_array_equal(trial.tensor("logits_mean").value(1), np.full(3, 1.0, dtype=np.float32))
+    np.testing.assert_array_equal(trial.tensor("mine").value(1), np.full(2, 1.0, dtype=np.float32))
     assert "lost" not in trial.tensor_names()
-    assert "not included" in caplog.text
+    assert "not included" in caplog.text and "['nope']" in caplog.text
 
 
 @pytest.mark.heavy  # torch.compile (eager backend) takes a few seconds
@@ -282,8 +284,8 @@ def test_stop_request_raises_at_the_end_of_the_step(make_hook, mlp, batches):
     with pytest.raises(StopTrainingRequested):
         for i, (x, y) in enumerate(batches(4)):
             if i == 2:
-                request_stop(hook.core.store, rule="LossNotDecreasing", reason="test")
-                hook.core.stop_poller.check_now()  # the poller's thread would see it within 2 s
+                request_stop(hook.store, rule="LossNotDecreasing", reason="test")
+                hook.stop_poller.check_now()  # the poller's thread would see it within 2 s
                 before = model.fc1.weight.detach().clone()
             optimizer.zero_grad()
             nn.functional.cross_entropy(model(x), y).backward()

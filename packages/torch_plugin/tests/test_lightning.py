@@ -112,8 +112,8 @@ def test_stop_request_sets_should_stop(out_dir):
 
     class RequestStop(pl.Callback):
         def on_train_start(self, trainer, pl_module):
-            request_stop(cb.hook.core.store, rule="Test", reason="stop now")
-            cb.hook.core.stop_poller.check_now()  # the poller's thread would see it within 2 s
+            request_stop(cb.hook.store, rule="Test", reason="stop now")
+            cb.hook.stop_poller.check_now()  # the poller's thread would see it within 2 s
 
     run = trainer([cb, RequestStop()], max_epochs=5, num_sanity_val_steps=0)
     run.fit(Classifier(accumulate=1), loader(4, 1))
@@ -177,3 +177,64 @@ def test_a_rule_following_the_job_stops_lightning(out_dir, monkeypatch):
     follower.join(60)
     assert result["report"].fired_steps[0] == bad_step
     assert run.global_step == bad_step + 2  # steps 0..13 ran; fit stopped at the end of step 13
+
+
+@pytest.mark.heavy
+def test_eval_metrics_timeline_and_publishing_after_each_stage(out_dir):
+    """The default save interval (500) lands on no last eval batch: the loops' metrics are
+    saved anyway, in their own mode; the timeline and tensors are readable as soon as fit
+    returns, and each TRAIN step's phases account for (all of) its time."""
+    from stepscope.profiler import STEP_PHASES, create_profiler_trial
+
+    cb = callback(out_dir, profiler_config=ProfilerConfig(system_monitor=False))
+    model = Classifier(accumulate=1)
+    run = trainer([cb], max_epochs=1, num_sanity_val_steps=0)
+    run.fit(model, loader(6, 1), loader(3, 2))
+    val_loss = float(run.callback_metrics["val_loss"])
+
+    timeline = create_profiler_trial(out_dir).step_timeline()  # before close: published by fit's end
+    steps = timeline[timeline["phase"] == "step"]
+    assert sorted(steps["step"]) == [0, 1, 2, 3, 4, 5]
+    parts = timeline[(timeline["mode"] == "TRAIN") & ~timeline["phase"].isin(STEP_PHASES)]
+    assert {"data", "forward", "backward", "optimizer"} <= set(parts["phase"])
+    for step, whole in steps.groupby("step"):
+        mine = parts[parts["step"] == step]
+        assert int((mine["end_ns"] - mine["start_ns"]).sum()) >= 0.95 * int(whole["end_ns"].iloc[0] - whole["start_ns"].iloc[0])
+    trial = stepscope.create_trial(out_dir)
+    assert float(trial.tensor("val_loss").value(2, mode=ModeKeys.EVAL)) == pytest.approx(val_loss, rel=1e-6)
+
+    run.test(model, loader(2, 4), verbose=False)
+    test_loss = float(run.callback_metrics["test_loss"])
+    trial = stepscope.create_trial(out_dir)
+    assert float(trial.tensor("test_loss").value(4, mode=ModeKeys.EVAL)) == pytest.approx(test_loss, rel=1e-6)
+    assert trial.tensor("val_loss").steps(mode=ModeKeys.TRAIN) == []  # never copied into TRAIN steps
+    assert trial.tensor("train_loss").steps(mode=ModeKeys.TRAIN) == [0]
+    cb.close()
+    assert stepscope.create_trial(out_dir).is_complete()
+
+
+@pytest.mark.heavy
+def test_resuming_from_a_checkpoint_continues_the_step_numbering(out_dir, tmp_path):
+    weights = Collection("weights", save_config=SaveConfig(save_interval=1))
+    first = callback(out_dir, collections=[weights])
+    run = trainer([first], max_epochs=1, num_sanity_val_steps=0, enable_checkpointing=True, default_root_dir=str(tmp_path / "ckpt"))
+    run.fit(Classifier(accumulate=1), loader(3, 1))
+    first.close()
+    [checkpoint] = list((tmp_path / "ckpt").rglob("*.ckpt"))
+    assert torch.load(checkpoint, weights_only=False)["callbacks"]  # the callback's state is in it
+
+    second = callback(out_dir, collections=[weights])
+    model = Classifier(accumulate=1)
+    seen = {}
+
+    class Watch(pl.Callback):
+        def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            seen[trainer.global_step] = pl_module.net[0].weight.detach().clone()
+
+    run = trainer([second, Watch()], max_epochs=2, num_sanity_val_steps=0, default_root_dir=str(tmp_path / "ckpt"))
+    run.fit(model, loader(3, 1), ckpt_path=str(checkpoint))
+    second.close()
+    trial = stepscope.create_trial(out_dir)
+    assert trial.steps(mode=ModeKeys.TRAIN) == [0, 1, 2, 3, 4, 5]
+    for step in (3, 4, 5):
+        np.testing.assert_array_equal(trial.tensor("net.0.weight").value(step, mode=ModeKeys.TRAIN), seen[step].numpy())

@@ -56,7 +56,7 @@ def test_store_gone_mid_run_leaves_training_unchanged(make_hook, mlp, batches, t
 
     def break_store(step):
         if step == 3:
-            hook.core.writer.flush()
+            hook.writer.flush()
             # The folder is replaced by a file: every later write fails, for root too.
             shutil.rmtree(out)
             out.write_text("not a folder any more")

@@ -1,5 +1,6 @@
-"""Load smdebug's hook JSON (debughookconfig.json) into stepscope's configuration objects,
-so SageMaker jobs' existing configurations work unchanged. Every value there is a string."""
+"""Load smdebug's hook JSON (debughookconfig.json) into `HookOptions`, so SageMaker jobs'
+existing configurations work unchanged. Every value there is a string (numbers and booleans
+are accepted too); anything else gets a ConfigError naming the field."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from typing import Any
 
 from .config import Collection, ReductionConfig, SaveConfig, SaveConfigMode, parse_bool
 from .exceptions import ConfigError
+from .hook_options import HookOptions
 from .modes import ModeKeys
 
 _SAVE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
@@ -39,6 +41,37 @@ class HookConfig:
         return list(self.collections)
 
 
+def _scalar(where: str, value: Any) -> str | int | float | bool:
+    """A configuration value: a string, number or boolean (what smdebug wrote), never a
+    list or object."""
+    if isinstance(value, (str, int, float, bool)):
+        return value
+    raise ConfigError(f"{where} must be a string, got {type(value).__name__} {_short(value)}")
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _params(where: str, value: Any) -> Mapping[str, Any]:
+    """An object of parameters whose values are scalars (a list of names may also be a JSON
+    list of strings, for include_regex)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise ConfigError(f"{where} must be an object of parameters, got {type(value).__name__} {_short(value)}")
+    for key, item in value.items():
+        if not isinstance(key, str):
+            raise ConfigError(f"{where}: parameter names must be strings, got {key!r}")
+        if isinstance(item, (list, tuple)) and key.partition(".")[0] == "include_regex":
+            for part in item:
+                _scalar(f"{where}.{key}[]", part)
+        else:
+            _scalar(f"{where}.{key}", item)
+    return value
+
+
 def _save_config(where: str, params: Mapping[str, Any]) -> SaveConfig | None:
     general = {k: params[k] for k in _SAVE_KEYS if k in params}
     per_mode: dict[ModeKeys, dict[str, Any]] = {}
@@ -64,7 +97,7 @@ def _reduction_config(where: str, params: Mapping[str, Any]) -> ReductionConfig 
         return None
     try:
         return ReductionConfig.from_smdebug_string(
-            params.get("reductions", ""), params.get("save_raw_tensor", False), params.get("save_shape", False)
+            str(params.get("reductions", "")), params.get("save_raw_tensor", False), params.get("save_shape", False)
         )
     except ConfigError as exc:
         raise ConfigError(f"{where}: {exc}") from None
@@ -86,11 +119,12 @@ def _regex_list(value: Any) -> tuple[str, ...]:
 def parse_hook_config(data: Mapping[str, Any]) -> HookConfig:
     if not isinstance(data, Mapping):
         raise ConfigError(f"hook configuration must be a JSON object, got {type(data).__name__}")
-    hook_params = data.get("HookParameters") or {}
-    if not isinstance(hook_params, Mapping):
-        raise ConfigError(f"HookParameters must be an object, got {hook_params!r}")
+    hook_params = _params("HookParameters", data.get("HookParameters"))
     _check_keys("HookParameters", hook_params, _HOOK_KEYS)
-    config = HookConfig(out_dir=data.get("LocalPath"))
+    out_dir = data.get("LocalPath")
+    if out_dir is not None and (not isinstance(out_dir, str) or not out_dir.strip()):
+        raise ConfigError(f"LocalPath must be a non-empty path or s3:// URL, got {_short(out_dir)}")
+    config = HookConfig(out_dir=out_dir)
     if "save_all" in hook_params:
         config.save_all = parse_bool("HookParameters.save_all", hook_params["save_all"])
     if "include_regex" in hook_params:
@@ -103,12 +137,19 @@ def parse_hook_config(data: Mapping[str, Any]) -> HookConfig:
     config.save_config = _save_config("HookParameters", hook_params) or SaveConfig()
     config.reduction_config = _reduction_config("HookParameters", hook_params) or ReductionConfig()
 
-    for i, entry in enumerate(data.get("CollectionConfigurations") or []):
-        name = entry.get("CollectionName") if isinstance(entry, Mapping) else None
+    entries = data.get("CollectionConfigurations") or []
+    if not isinstance(entries, list):
+        raise ConfigError(f"CollectionConfigurations must be a list of objects, got {_short(entries)}")
+    for i, entry in enumerate(entries):
+        if not isinstance(entry, Mapping):
+            raise ConfigError(f"CollectionConfigurations[{i}] must be an object, got {_short(entry)}")
+        name = entry.get("CollectionName")
         if not name:
             raise ConfigError(f"CollectionConfigurations[{i}].CollectionName is missing")
-        params = entry.get("CollectionParameters") or {}
+        if not isinstance(name, str):
+            raise ConfigError(f"CollectionConfigurations[{i}].CollectionName must be a string, got {_short(name)}")
         where = f"CollectionConfigurations[{name}]"
+        params = _params(f"{where}.CollectionParameters", entry.get("CollectionParameters"))
         _check_keys(where, params, _COLLECTION_KEYS)
         collection = Collection(
             name,
@@ -119,6 +160,30 @@ def parse_hook_config(data: Mapping[str, Any]) -> HookConfig:
         )
         config.collections[name] = collection
     return config
+
+
+def hook_options(config: HookConfig, **overrides: Any) -> HookOptions:
+    """The HookOptions a parsed configuration describes; `overrides` replace fields (and give
+    out_dir when the file has no LocalPath)."""
+    options: dict[str, Any] = {
+        "save_config": config.save_config,
+        "reduction_config": config.reduction_config,
+        "collections": tuple(config.collections.values()),
+        "include_regex": config.include_regex,
+        "save_all": config.save_all,
+        "include_workers": config.include_workers,
+    }
+    if config.out_dir:
+        options["out_dir"] = config.out_dir
+    options.update(overrides)
+    if not options.get("out_dir"):
+        raise ConfigError("out_dir: the hook configuration has no LocalPath; pass out_dir=...")
+    return HookOptions(**options)
+
+
+def load_hook_options(path: str | os.PathLike[str] | None = None, **overrides: Any) -> HookOptions:
+    """HookOptions from a JSON hook configuration at `path` (or $STEPSCOPE_HOOK_CONFIG)."""
+    return hook_options(load_hook_config(path), **overrides)
 
 
 def load_hook_config(path: str | os.PathLike[str] | None = None) -> HookConfig:
@@ -132,6 +197,8 @@ def load_hook_config(path: str | os.PathLike[str] | None = None) -> HookConfig:
         raise ConfigError(f"cannot read hook configuration {path}: {exc.strerror or exc}") from None
     try:
         data = json.loads(text)
+    except RecursionError:
+        raise ConfigError(f"{path}: JSON nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise ConfigError(f"{path}: not valid JSON ({exc})") from None
     try:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import enum
 
+from .exceptions import ConfigError
+
 
 class ModeKeys(enum.IntEnum):
     TRAIN = 1
@@ -23,11 +25,11 @@ class ModeKeys(enum.IntEnum):
             if key.isdigit():
                 value = int(key)
             else:
-                raise ValueError(f"unknown mode {value!r}; expected one of {', '.join(cls.__members__)}")
+                raise ConfigError(f"unknown mode {value!r}; expected one of {', '.join(cls.__members__)}")
         try:
             return cls(int(value))
         except (ValueError, TypeError):
-            raise ValueError(f"unknown mode {value!r}; expected one of {', '.join(cls.__members__)}") from None
+            raise ConfigError(f"unknown mode {value!r}; expected one of {', '.join(cls.__members__)}") from None
 
 
 ALL_MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT, ModeKeys.GLOBAL)

@@ -146,11 +146,17 @@ def test_a_failing_store_never_reaches_training(tmp_path, caplog):
 
 @pytest.mark.parametrize(
     "kwargs, field",
-    [({"rank": -1}, "rank"), ({"framework": "jax"}, "framework"), ({"flush_interval_s": 0}, "flush_interval_s"), ({"node_id": "a b"}, "node_id")],
+    [({"rank": -1}, "rank"), ({"framework": "Py Torch"}, "framework"), ({"flush_interval_s": 0}, "flush_interval_s"), ({"node_id": "a b"}, "node_id")],
 )
 def test_bad_writer_config_names_the_field(tmp_path, kwargs, field):
     with pytest.raises(ConfigError, match=field):
         TimelineWriter(tmp_path, **{"node_id": "n", **kwargs})
+
+
+def test_any_plugin_framework_is_accepted(tmp_path):
+    with TimelineWriter(tmp_path, node_id="n", framework="jax", flush_interval_s=3600) as writer:
+        writer.add("step", 1_000, 2_000, step=0, mode=ModeKeys.TRAIN)
+    assert writer.config.framework == "jax"
 
 
 def test_reader_round_trip(tmp_path):

@@ -2,7 +2,9 @@
 gradients captured inside `fit`) and `Hook` for custom training loops."""
 
 from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
-from stepscope.hook_core import StopTrainingRequested
+from stepscope.exceptions import ConfigError
+from stepscope.hook import StopTrainingRequested
+from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
 
 from .callback import StepscopeCallback
@@ -13,7 +15,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Collection",
     "CollectionName",
+    "ConfigError",
     "Hook",
+    "HookOptions",
     "ModeKeys",
     "ProfilerConfig",
     "ReductionConfig",

@@ -1,5 +1,12 @@
 """The Keras 3 callback: maps fit/evaluate/predict batches to stepscope steps of the
-matching mode and hands everything else to `Hook`."""
+matching mode and hands everything else to `Hook`, through its public step driver.
+
+Step timeline: Keras runs a whole step (fetching the batch from a tf.data iterator,
+forward, backward, optimizer update) in one compiled call between `on_*_batch_begin` and
+`on_*_batch_end`, which the callback API cannot split; that call is the "compute" phase.
+The time between a batch's end and the next one's begin (the Python loop, callbacks, and
+data fetched outside the compiled step) is the next step's "data" phase. For a finer split,
+use `Hook` in a custom loop with `hook.phase("forward")` etc."""
 
 from __future__ import annotations
 
@@ -8,9 +15,10 @@ from typing import Any
 
 import keras
 
-from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig
-from stepscope.hook_core import HookCore
+from stepscope.config import CollectionName
+from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
+from stepscope.phases import COMPUTE
 
 from .hook import Hook
 
@@ -29,39 +37,17 @@ class StepscopeCallback(keras.callbacks.Callback):
     thread-safe (`keras.src.backend.IS_THREAD_SAFE`), which TensorFlow is not, so they run
     in the loop whether a callback defines them or not."""
 
-    def __init__(
-        self,
-        out_dir: str,
-        save_config: SaveConfig | None = None,
-        reduction_config: ReductionConfig | None = None,
-        include_collections: Iterable[str] | None = None,
-        include_regex: Iterable[str] | str | None = None,
-        save_all: bool = False,
-        include_workers: str = "one",
-        profiler_config: ProfilerConfig | None = None,
-        collections: Iterable[Collection] = (),
-    ):
+    def __init__(self, out_dir: Any = None, *args: Any, **kwargs: Any):
+        """The options of `stepscope.HookOptions` (by position or name), or one HookOptions."""
         super().__init__()
-        self.hook = Hook(
-            out_dir,
-            save_config=save_config,
-            reduction_config=reduction_config,
-            include_collections=include_collections,
-            include_regex=include_regex,
-            save_all=save_all,
-            include_workers=include_workers,
-            profiler_config=profiler_config,
-            collections=collections,
-        )
+        self.hook = Hook(HookOptions.of(out_dir, *args, **kwargs))
         self._runs = 0  # nesting depth of fit/evaluate/predict (evaluate runs inside fit)
 
     @classmethod
     def from_json(cls, path: str | None = None, **overrides: Any) -> StepscopeCallback:
         """A callback configured by smdebug's hook JSON (`debughookconfig.json`); without
         `path`, the file named by STEPSCOPE_HOOK_CONFIG. Keyword arguments override it."""
-        options = HookCore.options_from_json(path)
-        options.update(overrides)
-        return cls(**options)
+        return cls(HookOptions.from_json(path, **overrides))
 
     # --- run boundaries -----------------------------------------------------------------
 
@@ -77,7 +63,7 @@ class StepscopeCallback(keras.callbacks.Callback):
                     setattr(self.model, f"{function}_function", None)
 
     def _run_begin(self, mode: ModeKeys) -> None:
-        self.hook.core.failsafe.call(self._attach, mode)
+        self.hook.failsafe.call(self._attach, mode)
 
     def _run_end(self) -> None:
         self._runs = max(self._runs - 1, 0)
@@ -104,19 +90,26 @@ class StepscopeCallback(keras.callbacks.Callback):
 
     # --- steps --------------------------------------------------------------------------
 
+    def _batch_begin(self, mode: ModeKeys) -> None:
+        hook = self.hook
+        hook.begin_step(mode)
+        hook.phase(COMPUTE)
+
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.hook.begin_step(ModeKeys.TRAIN)
+        self._batch_begin(ModeKeys.TRAIN)
 
     def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.hook.begin_step(ModeKeys.EVAL)
+        self._batch_begin(ModeKeys.EVAL)
 
     def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self.hook.begin_step(ModeKeys.PREDICT)
+        self._batch_begin(ModeKeys.PREDICT)
 
     def _batch_end(self, logs: dict[str, Any] | None) -> None:
-        self.hook.save_logs(logs)
-        self.hook.end_step(raise_on_stop=False)
-        if self.hook.stop_requested:
+        hook = self.hook
+        hook.finish_step_timing()
+        hook.save_logs(logs)
+        hook.end_step(raise_on_stop=False)
+        if hook.stop_requested:
             self.model.stop_training = True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
@@ -126,13 +119,22 @@ class StepscopeCallback(keras.callbacks.Callback):
         self._batch_end(logs)
 
     def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
+        self.hook.finish_step_timing()
         self.hook.end_step(raise_on_stop=False)  # predict logs hold the batch's outputs, not scalars
 
     # --- end ----------------------------------------------------------------------------
 
-    def save_tensor(self, name: str, value: Any, collections: Iterable[str] = ("default",)) -> None:
+    def save_tensor(self, name: str, value: Any, collections: Iterable[str] | str = CollectionName.DEFAULT) -> None:
         """Save a custom tensor at the current step (e.g. from another callback)."""
         self.hook.save_tensor(name, value, collections)
+
+    def save_scalar(self, name: str, value: Any) -> None:
+        """Save a number at the current step (metrics collection)."""
+        self.hook.save_scalar(name, value)
+
+    def save_loss(self, value: Any, name: str = "loss") -> None:
+        """Save a loss value at the current step (losses collection)."""
+        self.hook.save_loss(value, name)
 
     def close(self) -> None:
         self.hook.close()

@@ -1,14 +1,11 @@
-"""The TensorFlow hook: steps, what to save of a Keras model at each step, captures inside
-compiled steps, timing. Custom loops use it directly; `StepscopeCallback` drives it for
-`fit`/`evaluate`/`predict`. Everything framework-free is `stepscope.hook_core.HookCore`."""
+"""The TensorFlow hook, on core's `HookBase`: what to save of a Keras model at each step and
+the captures inside compiled steps. Custom loops use it directly; `StepscopeCallback`
+drives it for `fit`/`evaluate`/`predict` through the same public step driver. Options,
+schedules, saving, timeline and fail-safe are core's."""
 
 from __future__ import annotations
 
-import atexit
-import contextlib
 import logging
-import time
-import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -16,9 +13,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig
+from stepscope.config import CollectionName
 from stepscope.exceptions import ConfigError
-from stepscope.hook_core import HookCore, StopTrainingRequested, clock_origin, wall_ns
+from stepscope.hook import HookBase, TensorPlan
 from stepscope.modes import ModeKeys
 
 from . import naming
@@ -28,9 +25,6 @@ from .reductions import BatchedReader, record_tensor
 
 logger = logging.getLogger("stepscope")
 
-# Timeline names as smdebug's TF profiler wrote them, so old dashboards keep working.
-_STEP_PHASE = {ModeKeys.TRAIN: "step", ModeKeys.EVAL: "eval_step", ModeKeys.PREDICT: "predict_step", ModeKeys.GLOBAL: "step"}
-_STEP_NAME = {mode: f"Step:ModeKeys.{mode.name}" for mode in ModeKeys}
 _IO_COLLECTIONS = {"inputs": (CollectionName.INPUTS,), "outputs": (CollectionName.OUTPUTS,)}
 
 
@@ -53,7 +47,7 @@ def _walk_layers(model: Any) -> Iterator[tuple[str, Any]]:
     yield from walk(model, "")
 
 
-class Hook:
+class Hook(HookBase):
     """Saves tensors of a TensorFlow/Keras training job into `out_dir` (a folder or s3:// URL).
 
     Custom loop::
@@ -61,60 +55,32 @@ class Hook:
         hook = Hook(out_dir, model=model, optimizer=optimizer)
         for x, y in dataset:
             with hook.step(ModeKeys.TRAIN):
-                with tf.GradientTape() as tape:
+                with hook.phase("forward"), tf.GradientTape() as tape:
                     loss = loss_fn(y, model(x, training=True))
-                grads = tape.gradient(loss, model.trainable_variables)
+                with hook.phase("backward"):
+                    grads = tape.gradient(loss, model.trainable_variables)
                 hook.save_gradients(grads, model.trainable_variables)
-                hook.save_scalar("loss", loss)
-                optimizer.apply(grads, model.trainable_variables)
+                hook.save_loss(loss)
+                with hook.phase("optimizer"):
+                    optimizer.apply(grads, model.trainable_variables)
         hook.close()
 
+    Options: those of `stepscope.HookOptions`, plus `model`, `optimizer` and `strategy`.
     With `optimizer=` the hook also captures the gradients the optimizer receives inside
     a `tf.function` train step (no `save_gradients` call needed there). Weights and
     optimizer variables are saved at the start of a step (the values the step used);
     gradients, layer inputs/outputs and scalars are those of the step."""
 
-    def __init__(
-        self,
-        out_dir: str,
-        *,
-        model: Any = None,
-        optimizer: Any = None,
-        save_config: SaveConfig | None = None,
-        reduction_config: ReductionConfig | None = None,
-        include_collections: Iterable[str] | None = None,
-        include_regex: Iterable[str] | str | None = None,
-        save_all: bool = False,
-        include_workers: str = "one",
-        profiler_config: ProfilerConfig | None = None,
-        collections: Iterable[Collection] = (),
-        strategy: tf.distribute.Strategy | None = None,
-    ):
-        if isinstance(include_collections, str):
-            include_collections = [include_collections]
+    framework = "tensorflow"
+    builtin_regexes = naming.BUILTIN_REGEXES
+
+    def __init__(self, out_dir: Any = None, *args: Any, model: Any = None, optimizer: Any = None, strategy: tf.distribute.Strategy | None = None, **kwargs: Any):
         if model is not None and not isinstance(model, keras.layers.Layer):
             raise ConfigError(f"model must be a keras Model or Layer, got {type(model).__name__}")
         if optimizer is not None and not hasattr(optimizer, "apply"):
             raise ConfigError(f"optimizer must be a keras optimizer, got {type(optimizer).__name__}")
         if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
             raise ConfigError(f"strategy must be a tf.distribute.Strategy, got {type(strategy).__name__}")
-        rank, world_size = rank_from_tf_config()
-        self.core = HookCore(
-            out_dir,
-            framework="tensorflow",
-            builtin_regexes=naming.BUILTIN_REGEXES,
-            save_config=save_config,
-            reduction_config=reduction_config,
-            # "default" is where custom tensors go unless told otherwise: always present.
-            include_collections=[*(include_collections or ()), CollectionName.DEFAULT],
-            include_regex=include_regex,
-            save_all=save_all,
-            include_workers=include_workers,
-            profiler_config=profiler_config,
-            collections=collections,
-            rank=rank,
-            world_size=world_size,
-        )
         self._strategy = strategy
         self._model: Any = None
         self._optimizer: Any = optimizer
@@ -131,14 +97,34 @@ class Hook:
         self._gradients_given = False
         self._warned: set[str] = set()
         self._reader = BatchedReader()
-        self._perf_origin, self._wall_origin = clock_origin()
-        self._step_start_ns = 0
-        if model is not None:
-            self.core.failsafe.call(self.attach, model, optimizer)
-        # Close at interpreter exit if the user did not; a weak reference keeps the hook collectable.
-        ref = weakref.ref(self)
-        self._atexit = lambda: (lambda hook: hook.close() if hook is not None else None)(ref())
-        atexit.register(self._atexit)
+        super().__init__(out_dir, *args, **kwargs)
+        if model is not None and self.enabled:
+            self.failsafe.call(self.attach, model, optimizer)
+
+    # --- the plugin contract ------------------------------------------------------------
+
+    def _detect_rank(self) -> tuple[int, int, int]:
+        rank, world_size = rank_from_tf_config()
+        return rank, world_size, 0
+
+    def _is_framework_value(self, value: Any) -> bool:
+        return isinstance(value, (tf.Tensor, tf.Variable, keras.Variable))
+
+    def _capture(self, plan: TensorPlan, value: Any) -> bool:
+        if not self._is_framework_value(value):
+            return False
+        if tf.is_symbolic_tensor(value):
+            self._warn_once(
+                "symbolic",
+                f"stepscope: {plan.name!r} is a symbolic tensor (inside tf.function); return it from the function and save it "
+                "outside, or let the hook capture gradients through its optimizer",
+            )
+            return True
+        record_tensor(self, plan, tf.convert_to_tensor(value))
+        return True
+
+    def _on_close(self) -> None:
+        self.detach()
 
     # --- model --------------------------------------------------------------------------
 
@@ -150,7 +136,7 @@ class Hook:
         """Learn `model`'s variables and install the captures it needs (once each).
         Returns True when something was installed: compiled steps traced before must be
         traced again to include it (the callback does that)."""
-        if not self.core.active:
+        if not self.enabled:
             return False
         if self._model is not None and self._model is not model:
             raise ConfigError("this hook is already attached to another model; use one hook per model")
@@ -173,6 +159,8 @@ class Hook:
         names = naming.variable_names(weights, self.model_name)
         self._names = {id(v): n for v, n in zip(weights, names)}
         self._variables = [(n, (CollectionName.BIASES,) if naming.is_bias(n) else (CollectionName.WEIGHTS,), (v,), "first") for v, n in zip(weights, names)]
+        self.claim_names(names)
+        self.claim_names(naming.gradient_name(n) for n in names)
 
     def _optimizer_variables(self) -> list[tuple[str, tuple[str, ...], tuple[Any, ...], str]]:
         # Named once: an optimizer creates its variables at its first step, then keeps them.
@@ -184,7 +172,7 @@ class Hook:
 
     def _wanted_by(self, names: Sequence[str], builtin: tuple[str, ...]) -> tuple[str, ...]:
         """Included collections that would ever take one of `names`."""
-        return tuple(c.name for c in self.core.included if c.name in builtin or any(c.matches(n) for n in names))
+        return tuple(c.name for c in self.included if c.name in builtin or any(c.matches(n) for n in names))
 
     def _install_gradient_capture(self) -> bool:
         variables = list(self._model.trainable_weights)
@@ -213,7 +201,7 @@ class Hook:
         return bool(self._io_collections)
 
     def _capture_failed(self, exc: BaseException) -> None:
-        self.core.failsafe.fail(exc)
+        self.failsafe.fail(exc)
 
     def _name_of(self, variable: Any) -> str:
         name = self._names.get(id(variable))
@@ -235,22 +223,17 @@ class Hook:
 
     # --- steps --------------------------------------------------------------------------
 
-    def begin_step(self, mode: ModeKeys | str = ModeKeys.TRAIN) -> None:
-        """Open the next step of `mode` (a new global step, the next step of that mode)."""
-        if self.core.active:
-            self.core.failsafe.call(self._begin_step, mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode))
-
-    def _begin_step(self, mode: ModeKeys) -> None:
-        self._step_start_ns = time.perf_counter_ns()
-        core = self.core
-        due = core.begin_step(mode)
+    def _on_step_begin(self, due: bool) -> None:
         self._gradients_given = False
         if not due:  # the common case: stay cheap
             if self._capturing():
                 self._disarm()
             return
-        arm_gradients = self._gradients is not None and mode == ModeKeys.TRAIN and any(core.is_due(c) for c in self._gradient_collections)
-        arm_io = self._layer_io is not None and any(core.is_due(c) for c in self._io_collections)
+        step = self.current_step
+        assert step is not None
+        mode = step.mode
+        arm_gradients = self._gradients is not None and mode == ModeKeys.TRAIN and any(self.is_due(c) for c in self._gradient_collections)
+        arm_io = self._layer_io is not None and any(self.is_due(c) for c in self._io_collections)
         self._gradients_armed, self._io_armed = arm_gradients, arm_io
         entries = []
         if self._model is not None:
@@ -259,7 +242,7 @@ class Hook:
             if mode == ModeKeys.TRAIN and self._optimizer is not None:
                 entries += self._planned(self._optimizer_variables())
         # The captures are switched in the same compiled call that reads the weights.
-        self._reader.record(core, entries, self._switches(arm_gradients, arm_io))
+        self._reader.record(self, entries, self._switches(arm_gradients, arm_io))
 
     def _switches(self, gradients: bool, io: bool) -> list[tuple[Any, bool]]:
         """(switch, on) of each installed capture."""
@@ -274,26 +257,12 @@ class Hook:
         """(plan, components, combine) of the items due at this step."""
         out = []
         for name, collections, components, combine in items:
-            plan = self.core.plan(name, collections)
+            plan = self.plan(name, collections)
             if plan is not None:
                 out.append((plan, components, combine))
         return out
 
-    def end_step(self, *, raise_on_stop: bool = True) -> None:
-        """Close the current step: read what the captures kept, hand the step to the writer.
-        A rule's stop request raises StopTrainingRequested here (unless `raise_on_stop` is
-        False; the Keras callback sets `model.stop_training` instead)."""
-        if self.core.active:
-            self.core.failsafe.call(self._end_step)
-        elif self._capturing():
-            self._disarm()
-        if raise_on_stop and self.core.stop_requested:
-            raise StopTrainingRequested(f"stepscope: a rule asked to stop training: {self.core.stop_poller.request}")
-
-    def _end_step(self) -> None:
-        core = self.core
-        if core.step is None:
-            return
+    def _on_step_end(self) -> None:
         if self._capturing():
             entries = []
             # Gradients handed over by save_gradients win over the capture's copy.
@@ -304,14 +273,13 @@ class Hook:
                     (name, _IO_COLLECTIONS["inputs" if name.startswith(naming.INPUTS_PREFIX) else "outputs"], parts, combine) for name, parts, combine in self._layer_io.sources()
                 )
             # Switched off in the call that reads them; the next due step switches them on again.
-            self._reader.record(core, entries, self._switches(False, False))
+            self._reader.record(self, entries, self._switches(False, False))
             self._gradients_armed = self._io_armed = False
-        now = time.perf_counter_ns()
-        mode = core.step.mode
-        core.add_timeline(_STEP_NAME[mode], self._wall(self._step_start_ns), self._wall(now), phase=_STEP_PHASE[mode])
-        core.end_step()
-        if not core.active:
-            self._disarm()
+
+    def end_step(self, *, raise_on_stop: bool = True) -> None:
+        super().end_step(raise_on_stop=raise_on_stop)
+        if not self.enabled and self._capturing():
+            self._disarm()  # after a failure the captures must stop copying
 
     def _capturing(self) -> bool:
         """Whether a capture is switched on (copying in every step until switched off)."""
@@ -327,118 +295,31 @@ class Hook:
             except Exception:  # noqa: BLE001 - disarming is best effort by design
                 pass
 
-    def _wall(self, perf_ns: int) -> int:
-        return wall_ns(perf_ns, self._perf_origin, self._wall_origin)
-
-    @contextlib.contextmanager
-    def step(self, mode: ModeKeys | str = ModeKeys.TRAIN) -> Iterator[Hook]:
-        """`with hook.step("train"):` around one step of a custom loop."""
-        self.begin_step(mode)
-        try:
-            yield self
-        finally:
-            self.end_step()
-
-    @contextlib.contextmanager
-    def phase(self, phase: str, name: str | None = None) -> Iterator[None]:
-        """Time a part of the current step ("data", "forward", "backward", "optimizer")
-        on the step timeline."""
-        start = time.perf_counter_ns()
-        try:
-            yield
-        finally:
-            end = time.perf_counter_ns()
-            if self.core.active:
-                self.core.failsafe.call(self.core.add_timeline, name or phase, self._wall(start), self._wall(end), phase)
-
     # --- values -------------------------------------------------------------------------
 
     def save_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         """Save `grads` (eager tensors, e.g. from a GradientTape) of `variables` at this step."""
-        if self.core.active and self.core.due:
-            self.core.failsafe.call(self._save_gradients, grads, variables)
+        if self.enabled and self.due:
+            self.failsafe.call(self._save_gradients, grads, variables)
 
     def _save_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         self._gradients_given = True
         for grad, variable in zip(grads, variables):
             if grad is None:
                 continue
-            self._save(naming.gradient_name(self._name_of(variable)), grad, (CollectionName.GRADIENTS,))
-
-    def save_tensor(self, name: str, value: Any, collections: Iterable[str] = (CollectionName.DEFAULT,)) -> None:
-        """Save a custom tensor (eager tensor, variable, numpy array or number) at this
-        step, when one of `collections` (or a collection whose regex matches) is due."""
-        if self.core.active and self.core.due:
-            self.core.failsafe.call(self._save, name, value, tuple(collections))
-
-    def save_scalar(self, name: str, value: Any) -> None:
-        """Save a scalar: a loss when named like one (`loss`, `*_loss`), else a metric."""
-        if self.core.active and self.core.due:
-            collection = CollectionName.LOSSES if naming.is_loss_name(name) else CollectionName.METRICS
-            self.core.failsafe.call(self._save, name, value, (collection,))
+            self.save_value(naming.gradient_name(self._name_of(variable)), grad, (CollectionName.GRADIENTS,))
 
     def save_logs(self, logs: Mapping[str, Any] | None) -> None:
-        """Save the scalars of a Keras `logs` dict: losses and metrics."""
-        if not logs or not self.core.active or not self.core.due:
+        """Save the scalars of a Keras `logs` dict: losses (`loss`, `*_loss`) in the losses
+        collection, the rest in metrics."""
+        if not logs or not self.enabled or not self.due:
             return
         for name, value in logs.items():
             if np.ndim(value) == 0 and isinstance(value, (int, float, np.number, np.ndarray, tf.Tensor)):
-                self.save_scalar(name, value)
-
-    def _save(self, name: str, value: Any, collections: tuple[str, ...]) -> None:
-        if isinstance(value, (tf.Tensor, tf.Variable, keras.Variable)):
-            if tf.is_symbolic_tensor(value):
-                self._warn_once("symbolic", f"stepscope: {name!r} is a symbolic tensor (inside tf.function); return it from the function and save it outside, or let the hook capture gradients through its optimizer")
-                return
-            plan = self.core.plan(name, collections)
-            if plan is not None:
-                record_tensor(self.core, plan, tf.convert_to_tensor(value))
-        else:
-            self.core.save_numpy(name, value, collections)
+                collection = CollectionName.LOSSES if naming.is_loss_name(name) else CollectionName.METRICS
+                self.failsafe.call(self.save_value, name, value, (collection,))
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
             self._warned.add(key)
             logger.warning(message)
-
-    # --- state and end ------------------------------------------------------------------
-
-    @property
-    def out_dir(self) -> str:
-        return self.core.out_dir
-
-    @property
-    def active(self) -> bool:
-        return self.core.active
-
-    @property
-    def global_step(self) -> int:
-        """The number of steps opened so far, all modes together."""
-        return self.core.global_step
-
-    def mode_step(self, mode: ModeKeys | str) -> int:
-        return self.core.mode_step(ModeKeys.parse(mode))
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.core.stop_requested
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Wait until every step handed over so far is published."""
-        if self.core.writer is not None and self.core.active:
-            self.core.failsafe.call(self.core.writer.flush, timeout)
-
-    def close(self) -> None:
-        """Publish everything, write the end marker, remove the captures. Idempotent."""
-        atexit.unregister(self._atexit)
-        try:
-            self.detach()
-        except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
-            logger.warning("stepscope: could not remove the captures cleanly: %s", exc)
-        self.core.close()
-
-    def __enter__(self) -> Hook:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()

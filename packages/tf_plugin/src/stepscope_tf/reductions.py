@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stepscope.hook_core import HookCore, TensorPlan
+from stepscope.hook import HookBase, TensorPlan
 
 
 def reduce(tensor: tf.Tensor, reduction: str, abs: bool = False) -> tf.Tensor:
@@ -57,7 +57,7 @@ class HostCopy:
         return self.tensor.numpy()
 
 
-def record_tensor(core: HookCore, plan: TensorPlan, tensor: tf.Tensor) -> None:
+def record_tensor(core: HookBase, plan: TensorPlan, tensor: tf.Tensor) -> None:
     """Hand `plan`'s part of an eager `tensor` to the core: reductions on the device, the raw
     value as a pending host copy."""
     values: Mapping[tuple[str, bool], Any] = {}
@@ -81,7 +81,7 @@ class BatchedReader:
     def __init__(self) -> None:
         self._functions: dict[tuple[Any, ...], _CompiledRead] = {}
 
-    def record(self, core: HookCore, entries: Sequence[tuple[TensorPlan, Sequence[Any], str]], switches: Sequence[tuple[Any, bool]] = ()) -> None:
+    def record(self, core: HookBase, entries: Sequence[tuple[TensorPlan, Sequence[Any], str]], switches: Sequence[tuple[Any, bool]] = ()) -> None:
         switches = [(switch, on) for switch, on in switches if switch.on != on]
         if not entries:
             for switch, on in switches:

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
-from stepscope.hook_core import StopTrainingRequested
+from stepscope.exceptions import ConfigError
+from stepscope.hook import StopTrainingRequested
+from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
 
 from .hook import Hook
@@ -16,7 +18,9 @@ __version__ = "0.1.0"
 __all__ = [
     "Collection",
     "CollectionName",
+    "ConfigError",
     "Hook",
+    "HookOptions",
     "ModeKeys",
     "ProfilerConfig",
     "ReductionConfig",

@@ -1,9 +1,10 @@
-"""`Hook`: stepscope for a hand-written PyTorch training loop.
+"""`Hook`: stepscope for a hand-written PyTorch training loop, on core's `HookBase`.
 
-The hook learns where steps begin and end from the model's top-level forward and the
-optimizer's step, and which tensors exist from the model's parameters, its modules and
-the registered loss modules. Everything else (what is due, what to save, writing) is
-`stepscope.hook_core.HookCore`.
+The plugin part is small: the model's top-level forward and the optimizer's step say
+where steps and phases begin and end (through the public driver `begin_step`,
+`phase_event`, `finish_step_timing`, which the Lightning callback calls too); the model's
+parameters, its modules and the registered losses are the tensors; `HostTransfer` copies
+them to host. Everything else (options, schedules, saving, timeline, fail-safe) is core.
 
 Step semantics:
 - TRAIN: one step per `optimizer.step()` of a registered optimizer. With gradient
@@ -17,26 +18,27 @@ Step semantics:
 
 from __future__ import annotations
 
-import atexit
 import functools
 import logging
 import os
-import weakref
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import torch
 from torch import nn
 
-from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig
-from stepscope.hook_core import HookCore, StopTrainingRequested
+from stepscope.config import CollectionName
+from stepscope.exceptions import ConfigError
+from stepscope.hook import HookBase, StopTrainingRequested, TensorPlan
 from stepscope.modes import ModeKeys
+from stepscope.phases import FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, Clock
 
 from . import naming
-from .timing import StepTimer
+from .timing import device_clock
 from .transfer import HostTransfer
 
 logger = logging.getLogger("stepscope")
+F = TypeVar("F", bound=Callable[..., Any])
 
 # Collections filled by other means than module forward hooks; when only these are due, a
 # step installs no activation hooks.
@@ -50,7 +52,6 @@ _NOT_ACTIVATIONS = frozenset(
         CollectionName.METRICS,
     }
 )
-_STEP_PHASE = {ModeKeys.TRAIN: "step", ModeKeys.EVAL: "eval_step", ModeKeys.PREDICT: "predict_step", ModeKeys.GLOBAL: "step"}
 
 
 def distributed_rank() -> tuple[int, int, int]:
@@ -61,159 +62,117 @@ def distributed_rank() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), local_rank
 
 
-def _close_at_exit(ref: weakref.ref[Hook]) -> None:
-    hook = ref()
-    if hook is not None:
-        hook.close()
-
-
-class Hook:
+class Hook(HookBase):
     """Saves tensors of a PyTorch training loop. Typical use::
 
         hook = Hook(out_dir, include_collections=["weights", "gradients"])
         hook.register_module(model)
-        hook.register_loss(loss_fn)
+        hook.register_loss(loss_module)        # or: hook.save_loss(F.nll_loss(out, y))
         hook.register_optimizer(optimizer)
         ... train ...
         hook.close()
 
-    After a rule asked to stop training, the hook raises `StopTrainingRequested` at the end
-    of the TRAIN step (out of `optimizer.step()`); `hook.stop_requested` tells the same
-    without an exception. With STEPSCOPE_DISABLE=1 every method is a no-op and no torch
-    hook is registered."""
+    Options: those of `stepscope.HookOptions`. After a rule asked to stop training, the
+    hook raises `StopTrainingRequested` at the end of the TRAIN step (out of
+    `optimizer.step()`); `hook.stop_requested` tells the same without an exception. With
+    STEPSCOPE_DISABLE=1 every method is a no-op and no torch hook is registered."""
 
-    def __init__(
-        self,
-        out_dir: str,
-        save_config: SaveConfig | None = None,
-        reduction_config: ReductionConfig | None = None,
-        include_collections: Iterable[str] | None = None,
-        include_regex: Iterable[str] | str | None = None,
-        save_all: bool = False,
-        include_workers: str = "one",
-        profiler_config: ProfilerConfig | None = None,
-        collections: Iterable[Collection] = (),
-        *,
-        rank: int | None = None,
-        world_size: int | None = None,
-        local_rank: int | None = None,
-    ):
-        self.core = HookCore(out_dir, **self._core_options(
-            save_config, reduction_config, include_collections, include_regex, save_all, include_workers, profiler_config, collections, rank, world_size, local_rank
-        ))
+    framework = "pytorch"
+    builtin_regexes = naming.BUILTIN_REGEXES
+
+    def __init__(self, out_dir: Any = None, *args: Any, **kwargs: Any):
         self._model: nn.Module | None = None
         self._params: list[tuple[str, nn.Parameter]] = []
         self._param_names: dict[int, str] = {}
         self._modules: list[tuple[str, nn.Module]] = []
         self._losses: list[tuple[str, nn.Module]] = []
         self._optimizers: list[torch.optim.Optimizer] = []
+        self._drives_optimizer = False
         self._handles: list[Any] = []
         self._step_handles: list[Any] = []
         self._explicit_mode: ModeKeys | None = None
         self._transfer = HostTransfer()
-        self._timer: StepTimer | None = None
-        self._warned_collections: set[str] = set()
-        # The open step: its mode (None: no step open), whether anything is due, whether a
-        # TRAIN step still takes forwards (its optimizer has not stepped yet).
-        self._open_mode: ModeKeys | None = None
-        self._due = False
+        # Whether the open TRAIN step still takes forwards (its optimizer has not stepped).
         self._train_active = False
-        self._timing_done = False
-        # Clock tokens of the open step's boundaries.
-        self._step_start: Any = None
-        self._fwd_start: Any = None
-        self._fwd_end: Any = None
-        self._opt_start: Any = None
-        self._last_end: Any = None
-        self._stop_raised = False
-        self._closed = False
-        # Close at interpreter exit if the user did not; the weak reference keeps atexit
-        # from holding the model alive.
-        self._at_exit = functools.partial(_close_at_exit, weakref.ref(self))
-        atexit.register(self._at_exit)
-
-    @staticmethod
-    def _core_options(
-        save_config, reduction_config, include_collections, include_regex, save_all, include_workers, profiler_config, collections, rank=None, world_size=None, local_rank=None
-    ) -> dict[str, Any]:
-        detected = distributed_rank()
-        return dict(
-            framework="pytorch",
-            builtin_regexes=naming.BUILTIN_REGEXES,
-            save_config=save_config,
-            reduction_config=reduction_config,
-            include_collections=include_collections,
-            include_regex=include_regex,
-            save_all=save_all,
-            include_workers=include_workers,
-            profiler_config=profiler_config,
-            collections=list(collections),
-            rank=detected[0] if rank is None else rank,
-            world_size=detected[1] if world_size is None else world_size,
-            local_rank=detected[2] if local_rank is None else local_rank,
+        super().__init__(out_dir, *args, **kwargs)
+        # Collections that need module forward hooks ("default" only when include_regex
+        # gave it regexes: otherwise it holds the user's own tensors).
+        self._io_collections = frozenset(
+            c.name for c in self.included if c.name not in _NOT_ACTIVATIONS and (c.name != CollectionName.DEFAULT or c.include_regex)
         )
 
-    @classmethod
-    def validate_options(cls, out_dir: str, **options: Any) -> None:
-        """Check the constructor's arguments the way the constructor does (raising
-        ConfigError), without starting anything or writing to out_dir."""
-        defaults = dict(save_config=None, reduction_config=None, include_collections=None, include_regex=None, save_all=False,
-                        include_workers="one", profiler_config=None, collections=())
-        HookCore(out_dir, validate_only=True, **cls._core_options(**{**defaults, **options}))
+    # --- the plugin contract ------------------------------------------------------------
 
-    @classmethod
-    def from_json(cls, path: str | None = None, **overrides: Any) -> Hook:
-        """A hook configured by smdebug's hook JSON (`debughookconfig.json`); without `path`,
-        the file named by STEPSCOPE_HOOK_CONFIG."""
-        options = HookCore.options_from_json(path)
-        options.update(overrides)
-        return cls(**options)
+    def _detect_rank(self) -> tuple[int, int, int]:
+        return distributed_rank()
 
-    def __enter__(self) -> Hook:
-        return self
+    def _is_framework_value(self, value: Any) -> bool:
+        return isinstance(value, torch.Tensor)
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def _capture(self, plan: TensorPlan, value: Any) -> bool:
+        if not isinstance(value, torch.Tensor):
+            return False
+        raw, reduced, shape = self._transfer.capture(plan, value)
+        self.record(plan, raw, reduced, shape)
+        return True
 
-    # --- public API ---------------------------------------------------------------------
-
-    @property
-    def enabled(self) -> bool:
-        """False once disabled (STEPSCOPE_DISABLE, a failure, or close)."""
-        return self.core.failsafe.enabled and not self._closed
-
-    @property
-    def stop_requested(self) -> bool:
-        return self.core.stop_requested
-
-    @property
-    def global_step(self) -> int:
-        """The global step of the open step (or of the next one when none is open)."""
-        return self.core.step.global_step if self.core.step is not None else self.core.global_step
-
-    @property
-    def mode(self) -> ModeKeys:
-        return self._open_mode or self._explicit_mode or ModeKeys.TRAIN
-
-    def register_module(self, model: nn.Module) -> None:
-        """Watch `model`: its top-level forward delimits steps; its parameters are the
-        weights, biases and gradients; its modules' inputs and outputs the activations."""
-        self.attach(model, drive_steps=True)
-
-    def attach(self, model: nn.Module, drive_steps: bool) -> None:
-        """Learn `model`'s tensors; with `drive_steps`, also its forwards delimit steps
-        (a framework callback that knows the steps passes False)."""
-        if not self.enabled:
+    def _on_step_begin(self, due: bool) -> None:
+        step = self.current_step
+        assert step is not None
+        self._train_active = step.mode == ModeKeys.TRAIN
+        if not due:
             return
-        if self._model is not None:
-            raise ValueError("register_module: a model is already registered with this hook")
+        self._save_parameters()
+        watched = list(self._losses)
+        if not self._io_collections.isdisjoint(step.due_names):
+            watched += self._modules
+        self._step_handles += [m.register_forward_hook(functools.partial(self._on_module_io, n)) for n, m in watched]
+        if step.mode == ModeKeys.TRAIN and not self._optimizers:
+            self._step_handles += [
+                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, n)) for n, p in self._params if p.requires_grad
+            ]
+
+    def _on_step_end(self) -> None:
+        self._train_active = False
+        self._remove(self._step_handles)
+        self._transfer.end_step()
+
+    def _on_phase_event(self, event: str) -> None:
+        # Only on steps where something is due.
+        if event == OPTIMIZER_BEGIN:
+            self._save_gradients()
+        elif event == OPTIMIZER_END:
+            for optimizer in self._optimizers:
+                self._save_optimizer_state(optimizer)
+            self._remove(self._step_handles)  # activations after the update belong to no step
+
+    def _on_close(self) -> None:
+        self._remove(self._step_handles)
+        self._remove(self._handles)
+
+    # --- registration -------------------------------------------------------------------
+
+    def register_module(self, model: nn.Module, *, drive_steps: bool = True) -> None:
+        """Watch `model`: its parameters are the weights, biases and gradients; its modules'
+        inputs and outputs the activations; with `drive_steps` (plain loops) its top-level
+        forward also opens steps (a framework callback that knows the steps passes False)."""
+        if not isinstance(model, nn.Module):
+            raise ConfigError(f"register_module: expected a torch.nn.Module, got {type(model).__name__}")
+        if self._model is not None and self._model is not model:
+            raise ConfigError("register_module: a model is already registered with this hook (use one hook per model)")
+        if not self.enabled or self._model is not None:
+            return
         self._model = model
         self._params = naming.named_parameters(model)
         self._param_names = {id(p): name for name, p in self._params}
         self._modules = naming.named_modules(model)
-        if self.core.timeline is not None:
+        self.claim_names(name for name, _ in self._params)
+        self.claim_names(naming.gradient_name(name) for name, _ in self._params)
+        if self._timer is not None:
             device = next((p.device for _, p in self._params), None)
-            self._timer = self.core.profiler_failsafe.call(StepTimer, device)
+            clock: Clock | None = self.profiler_failsafe.call(device_clock, device)
+            if clock is not None:
+                self._timer.clock = clock
         if drive_steps:
             # Every torch hook on a module costs each call of it; the end-of-forward hook is
             # there only for the timeline.
@@ -221,223 +180,144 @@ class Hook:
             if self._timer is not None:
                 self._handles.append(model.register_forward_hook(self._on_forward))
 
-    def register_loss(self, loss_module: nn.Module) -> None:
-        """Save the output of a loss module as `<LossClass>_output_0` (losses collection)."""
+    def register_loss(self, loss_module: nn.Module) -> nn.Module:
+        """Save the output of a loss module as `<LossClass>_output_0` (losses collection).
+        For a functional loss (`F.nll_loss`) use `hook.save_loss(value)` or
+        `loss_fn = hook.wrap_loss(F.nll_loss)`."""
+        if not isinstance(loss_module, nn.Module):
+            what = getattr(loss_module, "__name__", type(loss_module).__name__)
+            raise ConfigError(
+                f"register_loss: expected a loss module (e.g. nn.NLLLoss()), got {what}; for a functional loss "
+                f"call hook.save_loss(loss) after computing it, or use loss_fn = hook.wrap_loss({what})"
+            )
         if not self.enabled:
-            return
+            return loss_module
         base = type(loss_module).__name__
         taken = {name for name, _ in self._losses}
         name = base if base not in taken else next(f"{base}_{i}" for i in range(1, len(taken) + 2) if f"{base}_{i}" not in taken)
         self._losses.append((name, loss_module))
+        self.claim_names([naming.activation_name(name, "output", 0)])
+        return loss_module
 
-    def register_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
+    def wrap_loss(self, loss_fn: F, name: str | None = None) -> F:
+        """A functional loss that also saves its value (losses collection) as
+        `<name>_output_0`, `name` defaulting to the function's name: `loss_fn =
+        hook.wrap_loss(F.nll_loss)`, then `loss = loss_fn(output, target)`."""
+        if not callable(loss_fn):
+            raise ConfigError(f"wrap_loss: expected a callable loss, got {type(loss_fn).__name__}")
+        tensor_name = naming.activation_name(name or getattr(loss_fn, "__name__", "loss"), "output", 0)
+
+        @functools.wraps(loss_fn)
+        def wrapped(*args: Any, **kwargs: Any) -> Any:
+            value = loss_fn(*args, **kwargs)
+            if self.due and isinstance(value, torch.Tensor) and value.numel() == 1:
+                self.failsafe.call(self.save_value, tensor_name, value, (CollectionName.LOSSES,))
+            return value
+
+        return wrapped  # type: ignore[return-value]
+
+    def register_optimizer(self, optimizer: torch.optim.Optimizer, *, drive_steps: bool = True) -> None:
         """Make each `optimizer.step()` end a TRAIN step; gradients are saved right before
-        the update, optimizer state (e.g. Adam's moments) right after it."""
-        if not self.enabled:
+        the update, optimizer state (e.g. Adam's moments) right after it. A framework
+        callback that drives the steps itself passes `drive_steps=False`."""
+        if not isinstance(optimizer, torch.optim.Optimizer):
+            raise ConfigError(f"register_optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        if not self.enabled or any(o is optimizer for o in self._optimizers):
             return
         self._optimizers.append(optimizer)
-        self._handles += [
-            optimizer.register_step_pre_hook(self._on_optimizer_pre),
-            optimizer.register_step_post_hook(self._on_optimizer_post),
-        ]
+        if drive_steps:
+            self._drives_optimizer = True
+            self._handles += [
+                optimizer.register_step_pre_hook(self._on_optimizer_pre),
+                optimizer.register_step_post_hook(self._on_optimizer_post),
+            ]
 
     def set_mode(self, mode: ModeKeys | str | None) -> None:
         """Set the mode of the following steps; None goes back to `model.training`."""
         if not self.enabled:
             return
         new = None if mode is None else ModeKeys.parse(mode)
-        if new != self._explicit_mode and self._open_mode is not None and self._open_mode != new:
-            self.core.failsafe.call(self._end)
+        step = self.current_step
+        if new != self._explicit_mode and step is not None and step.mode != new:
+            self.end_step(raise_on_stop=False)
         self._explicit_mode = new
 
-    def save_tensor(self, name: str, value: Any, collections: Iterable[str] | str = (CollectionName.DEFAULT,)) -> None:
-        """Save a tensor (or number, or numpy array) of the open step in `collections`,
-        which must be included in the hook (include_collections / collections=)."""
-        if not self.enabled:
-            return
-        names = (collections,) if isinstance(collections, str) else tuple(collections)
-        self.core.failsafe.call(self._save_user_value, name, value, names)
+    @property
+    def mode(self) -> ModeKeys:
+        step = self.current_step
+        return step.mode if step is not None else self._explicit_mode or ModeKeys.TRAIN
 
-    def save_scalar(self, name: str, value: Any) -> None:
-        """Save a number of the open step in the metrics collection."""
-        self.save_tensor(name, value, (CollectionName.METRICS,))
-
-    def close(self) -> None:
-        """Write what is left and the job's end marker; remove every torch hook."""
-        if self._closed:
-            return
-        if self.core.failsafe.enabled:
-            self.core.failsafe.call(self._end)
-            if self._timer is not None:
-                self.core.profiler_failsafe.call(self._publish_timeline, True)
-        self._remove(self._step_handles)
-        self._remove(self._handles)
-        self.core.close()
-        self._closed = True
-        atexit.unregister(self._at_exit)
+    @property
+    def train_step_open(self) -> bool:
+        """A TRAIN step is open and its optimizer has not stepped yet (more micro-batches
+        of it may come)."""
+        return self._train_active
 
     # --- torch hooks (training thread; each returns at once when nothing is due) ---------
 
     def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        if not self.core.failsafe.enabled:
+        if not self.failsafe.enabled:
             return
         mode = self._explicit_mode or (ModeKeys.TRAIN if module.training else ModeKeys.EVAL)
-        if mode == ModeKeys.TRAIN and self._train_active and self._optimizers:
-            # Another micro-batch of a step that ends at optimizer.step().
-            if self._timer is not None:
-                self.core.failsafe.call(self._forward_starts, False)
+        if mode == ModeKeys.TRAIN and self._train_active and self._drives_optimizer:
+            self.phase_event(FORWARD_BEGIN)  # another micro-batch of a step that ends at optimizer.step()
             return
-        if self._open_mode == ModeKeys.TRAIN and not self._optimizers:
-            self._check_stop()
-        self.core.failsafe.call(self._begin, mode)
+        step = self.current_step
+        if step is not None and step.mode == ModeKeys.TRAIN and not self._drives_optimizer:
+            self.end_step()  # raises StopTrainingRequested after a stop request
+        self.begin_step(mode)
+        self.phase_event(FORWARD_BEGIN)
 
     def _on_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        if self._timer is not None and self.core.failsafe.enabled:
-            self._fwd_end = self._timer.mark()
+        step = self.current_step
+        if step is None:
+            return
+        if step.mode == ModeKeys.TRAIN:
+            self.phase_event(FORWARD_END)
+        else:
+            self.finish_step_timing()  # an evaluation step is its forward
 
     def _on_module_io(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         """Forward hook of loss and activation modules; registered only while a step is due."""
-        if self._due and self.core.failsafe.enabled:
-            self.core.failsafe.call(self._save_io, name, args, output)
+        if self.due and self.failsafe.enabled:
+            self.failsafe.call(self._save_io, name, args, output)
 
     def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.core.failsafe.enabled:
+        if not self.failsafe.enabled:
             return
-        self.core.failsafe.call(self._optimizer_starts)
+        if not self._train_active:
+            self.begin_step(ModeKeys.TRAIN)  # optimizer.step() without a forward in this step
+        self.phase_event(OPTIMIZER_BEGIN)
 
     def _on_optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.core.failsafe.enabled:
+        if not self.failsafe.enabled:
             return
-        self.core.failsafe.call(self._optimizer_ends, optimizer)
-        self._check_stop()
-
-    # --- steps (also driven by the Lightning callback) ----------------------------------
-
-    def _begin(self, mode: ModeKeys) -> None:
-        """Close the open step and open the next one in `mode`."""
-        start = self._timer.mark() if self._timer is not None else None
-        self._end()
-        self._due = self.core.begin_step(mode)
-        self._open_mode = mode
-        self._train_active = mode == ModeKeys.TRAIN
-        self._timing_done = False
-        self._step_start = self._last_end if self._last_end is not None else start
-        self._fwd_start = self._fwd_end = self._opt_start = None
-        if self._timer is not None:
-            self._timer.begin_step(self.core.step.global_step, mode)
-            self._forward_starts(True)
-        if not self._due:
-            return
-        self._save_parameters()
-        watched = list(self._losses)
-        if any(name not in _NOT_ACTIVATIONS for name in self.core.step.due_names):
-            watched += self._modules
-        self._step_handles += [m.register_forward_hook(functools.partial(self._on_module_io, n)) for n, m in watched]
-        if mode == ModeKeys.TRAIN and not self._optimizers:
-            self._step_handles += [
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, n)) for n, p in self._params if p.requires_grad
-            ]
-
-    def _finish_work(self, end: Any = None) -> None:
-        """The step's work is over (the optimizer stepped, or the next step starts): stop
-        capturing activations and close the step's timeline."""
+        self.finish_step_timing()
+        self.phase_event(OPTIMIZER_END)  # saves optimizer state when due
         self._train_active = False
-        self._remove(self._step_handles)
-        if self._timer is None or self._timing_done or self._open_mode is None:
-            return
-        self._timing_done = True
-        if end is None:
-            end = self._fwd_end if self._open_mode != ModeKeys.TRAIN and self._fwd_end is not None else self._timer.mark()
-        self._file_forward(end if self._open_mode == ModeKeys.TRAIN else None)
-        self._timer.add_span(_STEP_PHASE[self._open_mode], self._step_start, end)
-        self._timer.end_step()
-        self._last_end = end
-
-    def _end(self) -> None:
-        """Hand the open step to the writer (values saved after its work ended included)."""
-        if self._open_mode is None:
-            return
-        self._finish_work()
-        self._open_mode, self._due = None, False
-        self._transfer.end_step()
-        self.core.end_step()
-        if self._timer is not None:
-            self.core.profiler_failsafe.call(self._publish_timeline, False)
-
-    def _check_stop(self) -> None:
-        if self.core.stop_requested and not self._stop_raised and self.core.failsafe.enabled:
-            self._stop_raised = True
-            raise StopTrainingRequested(f"stepscope: a rule asked to stop training ({self.core.stop_poller.request})")
-
-    def _forward_starts(self, first: bool) -> None:
-        if self._timer is None:
-            return
-        now = self._timer.mark()
-        if first:
-            self._timer.add_span("data", self._step_start, now)
-        else:
-            self._file_forward(now)
-        self._fwd_start = now
-
-    def _file_forward(self, backward_end: Any) -> None:
-        """File the last forward span, and the backward that followed it until `backward_end`."""
-        if self._fwd_start is None or self._fwd_end is None:
-            return
-        self._timer.add_span("forward", self._fwd_start, self._fwd_end)
-        if backward_end is not None:
-            self._timer.add_span("backward", self._fwd_end, backward_end)
-        self._fwd_start = self._fwd_end = None
-
-    def _optimizer_starts(self) -> None:
-        if not self._train_active:
-            self._begin(ModeKeys.TRAIN)  # optimizer.step() without a forward in this step
-        if self._timer is not None:
-            self._opt_start = self._timer.mark()
-            self._file_forward(self._opt_start)
-        if self._due:
-            self._save_gradients()
-
-    def _optimizer_ends(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._due:
-            self._save_optimizer_state(optimizer)
-        end = None
-        if self._timer is not None:
-            end = self._timer.mark()
-            self._timer.add_span("optimizer", self._opt_start, end)
-        self._finish_work(end)
+        step = self.current_step
+        if step is not None and step.mode == ModeKeys.TRAIN:
+            self._raise_if_stop_requested()
 
     # --- what is saved -------------------------------------------------------------------
 
-    def _capture(self, name: str, value: Any, collections: tuple[str, ...] = ()) -> None:
-        plan = self.core.plan(name, collections)
-        if plan is None:
-            return
-        if isinstance(value, torch.Tensor):
-            raw, reduced, shape = self._transfer.capture(plan, value)
-            self.core.record(plan, raw, reduced, shape)
-        else:
-            self.core.save_numpy(name, value, collections)
-
-    def _save_user_value(self, name: str, value: Any, collections: tuple[str, ...]) -> None:
-        included = {c.name for c in self.core.included}
-        missing = [c for c in collections if c not in included and c not in self._warned_collections]
-        if missing and len(missing) == len(collections):
-            self._warned_collections.update(missing)
-            logger.warning("stepscope: save_tensor(%r): collection(s) %s are not included in the hook; nothing is saved", name, missing)
-        self._capture(name, value, collections)
-
     def _save_parameters(self) -> None:
         for name, param in self._params:
-            self._capture(name, param)
+            self.save_value(name, param)
 
     def _save_gradients(self) -> None:
         for name, param in self._params:
             if param.grad is not None:
-                self._capture(naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
+                self.save_value(naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
 
     def _on_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
-        if self._due and self.core.failsafe.enabled and param.grad is not None:
-            self.core.failsafe.call(self._capture, naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
+        if self.due and self.failsafe.enabled and param.grad is not None:
+            self.failsafe.call(self.save_value, naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
+
+    def save_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        """Save `optimizer`'s per-parameter state (optimizer_variables) at the open step."""
+        if self.due:
+            self.failsafe.call(self._save_optimizer_state, optimizer)
 
     def _save_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         for group in optimizer.param_groups:
@@ -447,19 +327,17 @@ class Hook:
                     continue
                 for key, value in optimizer.state.get(param, {}).items():
                     if isinstance(value, torch.Tensor):
-                        self._capture(naming.optimizer_state_name(name, key), value, (CollectionName.OPTIMIZER_VARIABLES,))
+                        self.save_value(naming.optimizer_state_name(name, key), value, (CollectionName.OPTIMIZER_VARIABLES,))
 
     def _save_io(self, module_name: str, args: Any, output: Any) -> None:
         for kind, value in (("input", args), ("output", output)):
             for i, tensor in enumerate(naming.flatten_tensors(value)):
-                self._capture(naming.activation_name(module_name, kind, i), tensor)
-
-    def _publish_timeline(self, wait: bool) -> None:
-        for step, mode, spans in self._timer.ready_steps(wait):
-            self.core.add_timeline_spans(spans, step=step, mode=mode)
+                self.save_value(naming.activation_name(module_name, kind, i), tensor)
 
     @staticmethod
     def _remove(handles: list[Any]) -> None:
         while handles:
             handles.pop().remove()
 
+
+__all__ = ["Hook", "StopTrainingRequested", "distributed_rank"]

@@ -1,22 +1,27 @@
 """`StepscopeCallback`: stepscope for Lightning. A thin callback: Lightning says when a step
-starts and ends; the `Hook` does the saving.
+and its phases start and end, and the `Hook` does the rest through its public step driver
+(`begin_step`, `phase_event`, `finish_step_timing`, `end_step`).
 
 - TRAIN steps are optimizer steps (`trainer.global_step`); with accumulate_grad_batches the
   batches before an optimizer step belong to it, and gradients are saved in
   `on_before_optimizer_step`, i.e. accumulated, before clipping and the update.
+- Phases: data (until the batch starts), forward (until backward starts), backward (until
+  the optimizer step), optimizer (until the batch ends); evaluation: data, forward, other.
 - validation and test batches are EVAL steps, predict batches PREDICT steps; the sanity
   check is not recorded.
-- `trainer.callback_metrics` are saved as scalars (metrics collection) at TRAIN step ends
-  and, for validation and test, in the last step of the loop, once Lightning has reduced
-  the epoch's metrics.
+- Metrics: `trainer.callback_metrics` logged in training are saved (metrics collection) at
+  the TRAIN steps where metrics are due; those logged during a validation or test loop are
+  saved in that loop's last step, in its mode, whatever the save interval, and never in
+  TRAIN steps.
 - Each trainer stage (fit, validate, test, predict) ends with everything published; the
   job is closed (end marker written) by `close()`, on an exception, or at interpreter exit,
   so that `fit` followed by `test` lands in one job with one step numbering.
+- `state_dict` / `load_state_dict` carry the step counters in Lightning checkpoints, so
+  `fit(ckpt_path=...)` continues the step numbering of the run it resumes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -26,8 +31,10 @@ try:
 except ImportError:  # the older distribution name
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
-from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig
+from stepscope.config import CollectionName
+from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
+from stepscope.phases import BACKWARD_BEGIN, FORWARD_BEGIN, OPTIMIZER_BEGIN, OPTIMIZER_END
 
 from .hook import Hook
 
@@ -35,52 +42,49 @@ _LOSS_NAME = "loss_output_0"
 
 
 class StepscopeCallback(pl.Callback):
-    """Same options as `Hook`; pass to `Trainer(callbacks=[StepscopeCallback(out_dir, ...)])`."""
+    """Same options as `Hook` (see `stepscope.HookOptions`), or one `HookOptions`; pass to
+    `Trainer(callbacks=[StepscopeCallback(out_dir, ...)])`."""
 
-    def __init__(
-        self,
-        out_dir: str,
-        save_config: SaveConfig | None = None,
-        reduction_config: ReductionConfig | None = None,
-        include_collections: Iterable[str] | None = None,
-        include_regex: Iterable[str] | str | None = None,
-        save_all: bool = False,
-        include_workers: str = "one",
-        profiler_config: ProfilerConfig | None = None,
-        collections: Iterable[Collection] = (),
-    ):
-        self._options = dict(
-            out_dir=out_dir,
-            save_config=save_config,
-            reduction_config=reduction_config,
-            include_collections=include_collections,
-            include_regex=include_regex,
-            save_all=save_all,
-            include_workers=include_workers,
-            profiler_config=profiler_config,
-            collections=list(collections),
-        )
+    def __init__(self, out_dir: Any = None, *args: Any, **kwargs: Any):
+        self.options = HookOptions.of(out_dir, *args, **kwargs)
         # Bad arguments fail here, not inside trainer.fit; the hook itself needs the
         # trainer's rank and is made in setup (in each process, so the callback pickles).
-        Hook.validate_options(**self._options)
+        Hook(self.options, validate_only=True)
         self.hook: Hook | None = None
-        self._train_global_step = -1
+        self._restored: dict[str, Any] | None = None
+        self._train_step = -1  # trainer.global_step when the open TRAIN step began
+        self._metrics_before: dict[str, Any] = {}
+        self._eval_metrics: set[str] = set()
+
+    @classmethod
+    def from_json(cls, path: str | None = None, **overrides: Any) -> StepscopeCallback:
+        """A callback configured by smdebug's hook JSON (`debughookconfig.json`); without
+        `path`, the file named by STEPSCOPE_HOOK_CONFIG. Keyword arguments override it."""
+        return cls(HookOptions.from_json(path, **overrides))
 
     # --- lifecycle ------------------------------------------------------------------------
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.hook is None:
-            self.hook = Hook(**self._options, rank=trainer.global_rank, world_size=trainer.world_size, local_rank=trainer.local_rank)
-            self.hook.attach(pl_module, drive_steps=False)
+            self.hook = Hook(self.options, rank=trainer.global_rank, world_size=trainer.world_size, local_rank=trainer.local_rank)
+            self.hook.register_module(pl_module, drive_steps=False)
+            self.hook.claim_names([_LOSS_NAME])
+            if self._restored is not None:
+                self.hook.load_state_dict(self._restored)
+                self._restored = None
+
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._live:
+            for optimizer in trainer.optimizers:
+                self.hook.register_optimizer(optimizer, drive_steps=False)
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles callbacks into the workers; each worker makes its own hook.
         return {**self.__dict__, "hook": None}
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        if self._live:
-            self._call(self.hook._end)
-            self.hook.core.flush()
+        if self.hook is not None:
+            self.hook.flush()  # what this stage recorded is readable when fit/test returns
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         self.close()
@@ -90,70 +94,89 @@ class StepscopeCallback(pl.Callback):
         if self.hook is not None:
             self.hook.close()
 
+    def state_dict(self) -> dict[str, Any]:
+        if self.hook is not None:
+            return self.hook.state_dict()
+        return dict(self._restored or {})
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        if self.hook is not None:
+            self.hook.load_state_dict(state_dict)
+        else:
+            self._restored = dict(state_dict)
+
     @property
     def _live(self) -> bool:
         return self.hook is not None and self.hook.enabled
 
-    def _call(self, fn: Any, *args: Any) -> Any:
-        return self.hook.core.failsafe.call(fn, *args)
-
     # --- training ---------------------------------------------------------------------------
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
-        if not self._live:
+        hook = self.hook
+        if hook is None or not hook.enabled:
             return
-        if self.hook._open_mode != ModeKeys.TRAIN or not self.hook._train_active:
-            self._train_global_step = trainer.global_step
-            self._call(self.hook._begin, ModeKeys.TRAIN)
-        elif self.hook._timer is not None:
-            self._call(self.hook._forward_starts, False)  # another batch of an accumulated step
+        if not hook.train_step_open:  # else another batch of an accumulated step
+            self._train_step = trainer.global_step
+            hook.begin_step(ModeKeys.TRAIN)
+        hook.phase_event(FORWARD_BEGIN)
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        if self._live and self.hook._timer is not None:
-            self.hook._fwd_end = self.hook._timer.mark()
+        if self.hook is not None:
+            self.hook.phase_event(BACKWARD_BEGIN)
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
-        if self._live:
-            self._call(self.hook._optimizer_starts)
+        if self.hook is not None:
+            self.hook.phase_event(OPTIMIZER_BEGIN)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
-        if not self._live:
-            return
-        if trainer.global_step == self._train_global_step:
-            return  # an accumulation batch: the step goes on
-        self._call(self._end_train_step, trainer, outputs)
-        if self.hook.core.stop_requested:
-            trainer.should_stop = True
-
-    def _end_train_step(self, trainer: pl.Trainer, outputs: Any) -> None:
         hook = self.hook
-        if hook._due:
-            for optimizer in trainer.optimizers:
-                hook._save_optimizer_state(optimizer)
-            self._save_loss(outputs)
-            self._save_metrics(trainer)
-        hook._finish_work()
-        hook._end()
+        if hook is None or not hook.enabled or trainer.global_step == self._train_step:
+            return  # an accumulation batch: the step goes on
+        hook.finish_step_timing()
+        hook.phase_event(OPTIMIZER_END)  # saves optimizer state when due
+        if hook.due:
+            hook.failsafe.call(self._save_loss, outputs)
+            hook.failsafe.call(self._save_metrics, trainer, self._eval_metrics)
+        hook.end_step(raise_on_stop=False)
+        if hook.stop_requested:
+            trainer.should_stop = True
 
     # --- evaluation and prediction -----------------------------------------------------------
 
+    def _loop_start(self, trainer: pl.Trainer) -> None:
+        if not trainer.sanity_checking:
+            self._metrics_before = dict(trainer.callback_metrics)
+
     def _eval_batch_start(self, trainer: pl.Trainer, mode: ModeKeys) -> None:
         if self._live and not trainer.sanity_checking:
-            self._call(self.hook._begin, mode)
+            assert self.hook is not None
+            self.hook.begin_step(mode)
+            self.hook.phase_event(FORWARD_BEGIN)
 
     def _eval_batch_end(self, trainer: pl.Trainer, outputs: Any) -> None:
         # The step stays open: the loop's reduced metrics arrive in its last step.
-        if self._live and not trainer.sanity_checking and self.hook._open_mode is not None:
-            if self.hook._timer is not None:
-                self.hook._fwd_end = self.hook._timer.mark()
-            if self.hook._due:
-                self._call(self._save_loss, outputs)
+        hook = self.hook
+        if hook is None or not hook.enabled or trainer.sanity_checking or hook.current_step is None:
+            return
+        hook.finish_step_timing()
+        if hook.due:
+            hook.failsafe.call(self._save_loss, outputs)
 
-    def _eval_end(self, trainer: pl.Trainer) -> None:
-        if self._live and not trainer.sanity_checking and self.hook._open_mode is not None:
-            if self.hook._due:
-                self._call(self._save_metrics, trainer)
-            self._call(self.hook._end)
+    def _eval_end(self, trainer: pl.Trainer, with_metrics: bool = True) -> None:
+        hook = self.hook
+        if hook is None or trainer.sanity_checking:
+            return
+        # Metrics this loop logged (Lightning reduced them at its end): never TRAIN metrics.
+        logged = {n for n, v in trainer.callback_metrics.items() if self._metrics_before.get(n) is not v} if with_metrics else set()
+        self._eval_metrics |= logged
+        if hook.enabled and hook.current_step is not None:
+            if logged:
+                hook.make_due(CollectionName.METRICS)
+                hook.failsafe.call(self._save_metrics, trainer, set(), logged)
+            hook.end_step(raise_on_stop=False)
+
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._loop_start(trainer)
 
     def on_validation_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_start(trainer, ModeKeys.EVAL)
@@ -163,6 +186,9 @@ class StepscopeCallback(pl.Callback):
 
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._eval_end(trainer)
+
+    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._loop_start(trainer)
 
     def on_test_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_start(trainer, ModeKeys.EVAL)
@@ -180,15 +206,17 @@ class StepscopeCallback(pl.Callback):
         self._eval_batch_end(trainer, None)
 
     def on_predict_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._eval_end(trainer)
+        self._eval_end(trainer, with_metrics=False)
 
     # --- values -----------------------------------------------------------------------------
 
     def _save_loss(self, outputs: Any) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
-        if isinstance(loss, torch.Tensor) and loss.numel() == 1:
-            self.hook._capture(_LOSS_NAME, loss, (CollectionName.LOSSES,))
+        if isinstance(loss, torch.Tensor) and loss.numel() == 1 and self.hook is not None:
+            self.hook.save_value(_LOSS_NAME, loss, (CollectionName.LOSSES,))
 
-    def _save_metrics(self, trainer: pl.Trainer) -> None:
+    def _save_metrics(self, trainer: pl.Trainer, skip: set[str], only: set[str] | None = None) -> None:
+        assert self.hook is not None
         for name, value in trainer.callback_metrics.items():
-            self.hook._capture(name, value, (CollectionName.METRICS,))
+            if name not in skip and (only is None or name in only):
+                self.hook.save_value(name, value, (CollectionName.METRICS,))

@@ -14,7 +14,7 @@ import numpy as np
 import torch
 
 from stepscope import reductions
-from stepscope.hook_core import TensorPlan
+from stepscope.hook import TensorPlan
 from stepscope.writer import Deferred
 
 from .reductions import reduce_on_device
@@ -80,7 +80,7 @@ class _PinnedReduction:
 
 
 class HostTransfer:
-    """Turns the tensors of one step into values for `HookCore.record`."""
+    """Turns the tensors of one step into values for `HookBase.record`."""
 
     def __init__(self) -> None:
         self._fence: _StepFence | None = None

@@ -33,9 +33,11 @@ LEGACY_TIMELINE_DIR = f"{FRAMEWORK_DIR}/pevents"  # smdebug's python timeline fi
 SCHEMA = "stepscope.step_timeline"
 SCHEMA_VERSION = 1
 
-PHASES = ("step", "data", "forward", "backward", "optimizer", "eval_step", "predict_step")
 STEP_PHASES = ("step", "eval_step", "predict_step")  # a whole step of its mode
-FRAMEWORKS = ("pytorch", "tensorflow")
+# The parts of a step (stepscope.phases, which tile it), then the whole steps.
+PHASES = ("data", "forward", "backward", "optimizer", "compute", "other", *STEP_PHASES)
+# Any plugin may write a timeline: its framework name is a lowercase identifier.
+_FRAMEWORK_RE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
 
 # Bounds memory when the store is unreachable for a long time; beyond it events are dropped.
 _MAX_BUFFERED_EVENTS = 1_000_000
@@ -77,8 +79,8 @@ class TimelineConfig:
             raise ConfigError(f"node_id: {self.node_id!r} must be non-empty letters, digits, '.', '_' or '-'")
         if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
             raise ConfigError(f"rank: {self.rank!r} must be an integer >= 0")
-        if self.framework not in FRAMEWORKS:
-            raise ConfigError(f"framework: {self.framework!r} is not one of {', '.join(FRAMEWORKS)}")
+        if not isinstance(self.framework, str) or not _FRAMEWORK_RE.fullmatch(self.framework):
+            raise ConfigError(f"framework: {self.framework!r} must be a lowercase name such as 'pytorch', 'tensorflow', 'jax'")
         if not isinstance(self.flush_interval_s, (int, float)) or not self.flush_interval_s > 0:
             raise ConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number > 0")
 

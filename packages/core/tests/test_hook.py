@@ -1,4 +1,6 @@
-"""The framework-free hook logic every plugin shares."""
+"""HookBase, the contract every plugin builds on: schedules, planning, saving, options,
+the fail-safe, stop requests, driven here by hand (see test_numpy_plugin.py for a whole
+plugin built on it)."""
 
 import time
 
@@ -9,14 +11,19 @@ from stepscope import ModeKeys, create_trial
 from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from stepscope.control import request_stop
 from stepscope.exceptions import ConfigError
-from stepscope.hook_core import HookCore
+from stepscope.hook import HookBase
 
 REGEXES = {"weights": [r"^(?!gradient).*weight"], "gradients": ["^gradient"], "losses": ["loss"]}
 
 
+class BareHook(HookBase):
+    framework = "test"
+    builtin_regexes = REGEXES
+
+
 def make_core(out_dir, **kwargs):
     kwargs.setdefault("profiler_config", ProfilerConfig.disabled())
-    return HookCore(str(out_dir), framework="test", builtin_regexes=REGEXES, **kwargs)
+    return BareHook(str(out_dir), **kwargs)
 
 
 def test_due_collections_follow_each_schedule(tmp_path):
@@ -34,12 +41,12 @@ def test_due_collections_follow_each_schedule(tmp_path):
             expected = set()
             interval = 2 if mode == ModeKeys.EVAL else 5  # the EVAL override replaces the default
             if mode_step % interval == 0:
-                expected |= {"losses", "metrics"}  # always included
+                expected |= {"losses", "metrics", "default"}  # always included
                 if mode == ModeKeys.TRAIN:
                     expected.add("gradients")  # gradients are never due outside TRAIN
             if mode_step % 3 == 0 or mode_step == 4:  # the collection's own schedule, every mode
                 expected.add("weights")
-            assert {c.name for c in core.step.due} == expected, (mode, mode_step)
+            assert {c.name for c in core.current_step.due} == expected, (mode, mode_step)
             core.end_step()
     assert core.global_step == 62
     core.close()
@@ -57,8 +64,8 @@ def test_plan_merges_collections_and_save_numpy_reduces_with_numpy(tmp_path):
     assert plan.save_raw and plan.save_shape and plan.reductions == (("max", True), ("l2", False))
     assert core.plan("gradient/fc.weight") is None  # gradients not included
     value = np.array([[3.0, -4.0]], dtype=np.float32)
-    core.save_numpy("fc.weight", value)
-    core.save_numpy("loss", np.float32(0.5), collections=["losses"])
+    core.save_value("fc.weight", value)
+    core.save_value("loss", np.float32(0.5), collections=["losses"])
     core.close()
     trial = create_trial(str(tmp_path))
     w = trial.tensor("fc.weight")
@@ -86,7 +93,7 @@ def test_disabled_by_env_does_nothing(tmp_path, monkeypatch):
     core = make_core(tmp_path / "job", save_config=SaveConfig(save_interval=1))
     assert not core.enabled and core.writer is None
     core.begin_step(ModeKeys.TRAIN)
-    core.save_numpy("loss", 1.0, ["losses"])
+    core.save_value("loss", 1.0, ["losses"])
     core.close()
     assert not (tmp_path / "job").exists()
 
@@ -100,8 +107,9 @@ def test_only_rank_zero_saves_with_include_workers_one(tmp_path):
     every.close()
 
 
-def test_stop_request_is_seen_by_the_poller(tmp_path):
-    core = make_core(tmp_path, control_poll_s=0.05)
+def test_stop_request_is_seen_by_the_poller(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_STOP_POLL_S", "0.05")
+    core = make_core(tmp_path)
     assert not core.stop_requested
     request_stop(core.store, "ExplodingTensor", "NaN in gradients")
     deadline = time.monotonic() + 5

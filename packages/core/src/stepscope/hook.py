@@ -1,0 +1,691 @@
+"""`HookBase`: the one contract between core and a framework plugin.
+
+It implements the whole public surface of a stepscope hook once: options, collections,
+modes, steps and phases (`begin_step` / `end_step` / `phase`), `save_tensor` /
+`save_scalar` / `save_loss`, `from_json`, `flush` / `close`, the context manager,
+`enabled`, `global_step`, stop requests, the fail-safe, the system monitor and the step
+timeline. A plugin subclasses it and fills in only what needs its framework:
+
+- `framework` and `builtin_regexes` (class attributes): its name, and the regexes of the
+  built-in collections over its tensor names;
+- `_detect_rank()`: (rank, world size, local rank);
+- `_capture(plan, value)`: copy one framework tensor (or its reductions) to host and
+  `record` it; return False for values that are not its framework's (core saves those);
+- `_on_step_begin(due)` / `_on_step_end()`: arm and read its captures around a step;
+- `_make_clock()`: a clock for the step timeline (a GPU plugin reads device events);
+- `_on_close()`: remove what it installed in the framework;
+and calls the driver (`begin_step`, `phase_event`, `finish_step_timing`, `end_step`)
+from its framework's events. Tensors the plugin discovers go through `plan` + `record`.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import logging
+import os
+import weakref
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from . import layout, reductions
+from .collection_manager import CollectionManager
+from .config import (
+    ALWAYS_SAVED_COLLECTIONS,
+    TRAIN_ONLY_COLLECTIONS,
+    Collection,
+    CollectionName,
+    ProfilerConfig,
+    ReductionConfig,
+    SaveConfig,
+)
+from .control import StopPoller
+from .exceptions import ConfigError, StepscopeError
+from .hook_options import HookOptions, name_tuple
+from .modes import ModeKeys
+from .phases import OTHER, PHASES, STEP_PHASE, Clock, CpuClock, PhaseTracker, StepTimer
+from .safety import FailSafe, write_status
+from .store import Store, open_store
+from .writer import Writer
+
+logger = logging.getLogger("stepscope")
+
+STOP_POLL_ENV = "STEPSCOPE_STOP_POLL_S"
+_SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
+
+
+class StopTrainingRequested(StepscopeError, RuntimeError):
+    """Raised by a plain-loop hook at the end of a TRAIN step after a rule asked to stop
+    (callbacks stop through their framework instead: `trainer.should_stop`,
+    `model.stop_training`)."""
+
+
+def _poll_interval_from_env() -> float:
+    """How often hooks look for a stop request: $STEPSCOPE_STOP_POLL_S seconds, default 2
+    (one stat or HEAD request per interval, off the training thread)."""
+    raw = os.environ.get(STOP_POLL_ENV, "2.0")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{STOP_POLL_ENV} must be a number of seconds, got {raw!r}") from None
+    if not value > 0:
+        raise ConfigError(f"{STOP_POLL_ENV} must be > 0, got {raw!r}")
+    return value
+
+
+def env_rank() -> tuple[int, int, int]:
+    """(rank, world size, local rank) from the RANK / WORLD_SIZE / LOCAL_RANK variables
+    that torchrun, mpirun wrappers and SageMaker set."""
+    try:
+        return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("LOCAL_RANK", 0))
+    except ValueError as exc:
+        raise ConfigError(f"RANK / WORLD_SIZE / LOCAL_RANK must be integers: {exc}") from None
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    """What to save of one tensor at the current step."""
+
+    name: str
+    save_raw: bool
+    reductions: tuple[tuple[str, bool], ...]
+    save_shape: bool
+
+
+@dataclass
+class StepState:
+    """The open step: its numbers and the collections due at it, and what was recorded."""
+
+    global_step: int
+    mode: ModeKeys
+    mode_step: int
+    due: tuple[Collection, ...]
+    due_names: frozenset[str] = frozenset()
+    tensors: dict[str, Any] = field(default_factory=dict)
+    shapes: dict[str, Sequence[int]] = field(default_factory=dict)
+
+
+def _close_at_exit(ref: weakref.ref[HookBase]) -> None:
+    hook = ref()
+    if hook is not None:
+        hook.close()
+
+
+class _PhaseScope:
+    """What `HookBase.phase` returns: the phase has started; leaving a `with` block over it
+    moves the step to "other"."""
+
+    def __init__(self, hook: HookBase):
+        self._hook = hook
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        self._hook._enter_phase(OTHER)
+
+
+class HookBase:
+    """The public surface of every stepscope hook; see the module docstring for what a
+    plugin adds. `HookBase(out_dir, save_config, ..., collections)` takes the options of
+    `HookOptions` (by position or name) or one `HookOptions`."""
+
+    framework: ClassVar[str] = "generic"
+    builtin_regexes: ClassVar[Mapping[str, Sequence[str]]] = {}
+
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str] | HookOptions | None = None,
+        *args: Any,
+        rank: int | None = None,
+        world_size: int | None = None,
+        local_rank: int | None = None,
+        control_poll_s: float | None = None,
+        validate_only: bool = False,
+        **options: Any,
+    ):
+        """`rank`/`world_size`/`local_rank` default to what the plugin detects;
+        `control_poll_s` (default $STEPSCOPE_STOP_POLL_S, else 2) is how often stop requests
+        are looked for. `validate_only` checks the options (out_dir included) and starts
+        nothing: for callbacks that must fail at construction but start only once they know
+        the rank."""
+        self.options: HookOptions = HookOptions.of(out_dir, *args, **options)
+        self.failsafe = FailSafe(f"{self.framework} hook")
+        # The profiler side fails on its own: losing the timeline must not stop tensor saving.
+        self.profiler_failsafe = FailSafe(f"{self.framework} profiler")
+        opts = self.options
+        self.save_config: SaveConfig = opts.save_config or SaveConfig()
+        self.reduction_config: ReductionConfig = opts.reduction_config or ReductionConfig()
+        self.profiler_config: ProfilerConfig = opts.profiler_config or ProfilerConfig()
+        detected = (0, 1, 0) if validate_only else self._detect_rank()
+        self.rank = int(detected[0] if rank is None else rank)
+        self.world_size = int(detected[1] if world_size is None else world_size)
+        self.local_rank = int(detected[2] if local_rank is None else local_rank)
+        self.worker = layout.worker_name(self.rank)
+        self.writes_tensors = opts.include_workers == "all" or self.rank == 0
+        self.num_workers = self.world_size if opts.include_workers == "all" else 1
+        self.collections = self._collection_manager(opts)
+        self.included: tuple[Collection, ...] = self._included(opts)
+        self._included_names = frozenset(c.name for c in self.included)
+        self._warned_collections: set[str] = set()
+        self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
+        self._model_names: set[str] = set()
+        self._mode_counts = {mode: 0 for mode in ModeKeys}
+        self._next_due: dict[ModeKeys, int | None] = {}
+        self._global_step = 0
+        self._step: StepState | None = None
+        self._mode = ModeKeys.TRAIN
+        self._stop_raised = False
+        self._closed = False
+        self.store: Store | None = None
+        self.writer: Writer | None = None
+        self.stop_poller: StopPoller | None = None
+        self.monitor: Any = None
+        self.timeline: Any = None
+        self._phases = PhaseTracker()
+        self._timer: StepTimer | None = None
+        self._timed: tuple[int, ModeKeys] | None = None  # the step whose phases are being tracked
+        self._last_end: Any = None
+        if validate_only:
+            open_store(opts.out_dir)  # raises ConfigError when out_dir is a file; writes nothing
+            self._closed = True
+            return
+        # Close at interpreter exit if the user did not; the weak reference keeps atexit
+        # from holding the hook (and the model it watches) alive.
+        self._at_exit = lambda ref=weakref.ref(self): _close_at_exit(ref)
+        atexit.register(self._at_exit)
+        if not self.failsafe.enabled:  # STEPSCOPE_DISABLE
+            return
+        self.store = open_store(opts.out_dir)  # raises ConfigError when out_dir is a file
+        store = self.store
+        self.failsafe._on_failure = lambda status: write_status(store, self.worker, status)
+        self.profiler_failsafe._on_failure = lambda status: write_status(store, f"{self.worker}_profiler", status)
+        if self.writes_tensors:
+            self.writer = Writer(store, self.worker)
+            self._write_collections()
+        self.stop_poller = StopPoller(store, control_poll_s or _poll_interval_from_env())
+        self.profiler_failsafe.call(self._start_profiler)
+
+    # --- what a plugin supplies -------------------------------------------------------
+
+    def _detect_rank(self) -> tuple[int, int, int]:
+        return env_rank()
+
+    def _capture(self, plan: TensorPlan, value: Any) -> bool:
+        """Record `value` (a framework tensor) for `plan`; False: not a framework value."""
+        return False
+
+    def _is_framework_value(self, value: Any) -> bool:
+        """Whether `value` is a tensor of this plugin's framework (checked by `_capture`)."""
+        return False
+
+    def _on_step_begin(self, due: bool) -> None:
+        """The step `self.current_step` opened; `due`: some collection is due at it."""
+
+    def _on_step_end(self) -> None:
+        """The open step is about to be handed to the writer: record what is left."""
+
+    def _on_phase_event(self, event: str) -> None:
+        """A phase event on a step where something is due (see `phase_event`)."""
+
+    def _make_clock(self) -> Clock:
+        return CpuClock()
+
+    def _on_close(self) -> None:
+        """Remove what the plugin installed in the framework."""
+
+    # --- options ------------------------------------------------------------------------
+
+    @classmethod
+    def from_json(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> Any:
+        """A hook configured by smdebug's hook JSON (`debughookconfig.json`); without `path`,
+        the file named by $STEPSCOPE_HOOK_CONFIG. Keyword arguments replace its options
+        (and may give the plugin's own arguments)."""
+        names = set(HookOptions.__dataclass_fields__)
+        options = HookOptions.from_json(path, **{k: v for k, v in overrides.items() if k in names})
+        return cls(options, **{k: v for k, v in overrides.items() if k not in names})
+
+    @property
+    def out_dir(self) -> str:
+        return self.options.out_dir
+
+    def _collection_manager(self, opts: HookOptions) -> CollectionManager:
+        manager = CollectionManager(opts.collections, builtin_regexes=self.builtin_regexes)
+        if opts.include_regex:
+            manager.get(CollectionName.DEFAULT).include(*opts.include_regex)
+        if opts.save_all:
+            manager.get(CollectionName.ALL).include(".*")
+        return manager
+
+    def _included(self, opts: HookOptions) -> tuple[Collection, ...]:
+        # "default" takes the user's own tensors (save_tensor) and include_regex: always there.
+        names = [*opts.included_names(), *sorted(ALWAYS_SAVED_COLLECTIONS), CollectionName.DEFAULT]
+        if opts.save_all:
+            names.append(CollectionName.ALL)
+        unknown = [n for n in names if n not in self.collections]
+        if unknown:
+            raise ConfigError(
+                f"include_collections: unknown collection(s) {unknown}; known: {', '.join(self.collections.names())}"
+                " (define others with collections=[Collection(...)])"
+            )
+        return tuple(self.collections.get(n).with_defaults(self.save_config, self.reduction_config) for n in dict.fromkeys(names))
+
+    # --- state --------------------------------------------------------------------------
+
+    @property
+    def enabled(self) -> bool:
+        """False once stepscope is off for this hook: STEPSCOPE_DISABLE, a failure inside
+        it (see the worker's file in stepscope-status/), or `close()`."""
+        return self.failsafe.enabled and not self._closed and not (self.writer is not None and self.writer.failed)
+
+    @property
+    def global_step(self) -> int:
+        """The global step (all modes counted together) of the open step; between steps,
+        the number the next step will get. The first step is 0."""
+        step = self._step
+        return step.global_step if step is not None else self._global_step
+
+    @property
+    def mode(self) -> ModeKeys:
+        """The mode of the open step, else of the last one."""
+        return self._mode
+
+    def mode_step(self, mode: ModeKeys | str) -> int:
+        """How many steps of `mode` were opened so far."""
+        return self._mode_counts[ModeKeys.parse(mode)]
+
+    @property
+    def current_step(self) -> StepState | None:
+        return self._step
+
+    @property
+    def stop_requested(self) -> bool:
+        """True once a rule asked the job to stop (polled off the training thread)."""
+        return self.stop_poller is not None and self.stop_poller.stop_requested
+
+    @property
+    def due(self) -> bool:
+        """Whether some collection is due at the open step."""
+        return self._step is not None and bool(self._step.due)
+
+    def is_due(self, collection: str) -> bool:
+        return self._step is not None and collection in self._step.due_names
+
+    # --- the step driver ----------------------------------------------------------------
+
+    def begin_step(self, mode: ModeKeys | str | None = None) -> bool:
+        """Open the next step in `mode` (default: the current mode), closing the open one.
+        Returns True when some collection is due at it."""
+        if not self.enabled:
+            return False
+        parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
+        return bool(self.failsafe.call(self._begin_step, parsed))
+
+    def end_step(self, *, raise_on_stop: bool = True) -> None:
+        """Close the open step: its timeline ends now and what it saved goes to the writer.
+        After a rule asked to stop, raises StopTrainingRequested once at the end of a TRAIN
+        step (unless `raise_on_stop` is False: callbacks stop through their framework)."""
+        mode = self._step.mode if self._step is not None else None
+        if self.enabled:
+            self.failsafe.call(self._end_step)
+        if raise_on_stop and mode == ModeKeys.TRAIN:
+            self._raise_if_stop_requested()
+
+    @contextlib.contextmanager
+    def step(self, mode: ModeKeys | str = ModeKeys.TRAIN) -> Iterator[HookBase]:
+        """`with hook.step("train"):` around one step of a hand-written loop."""
+        self.begin_step(mode)
+        try:
+            yield self
+        finally:
+            self.end_step()
+
+    def phase(self, name: str) -> _PhaseScope:
+        """Start phase `name` ("data", "forward", "backward", "optimizer", "compute",
+        "other") of the open step now; as `with hook.phase("forward"):` the step moves to
+        "other" when the block ends. The phases of a step tile it on the timeline."""
+        if name not in PHASES:
+            raise ConfigError(f"phase: unknown phase {name!r}; phases: {', '.join(PHASES)}")
+        self._enter_phase(name)
+        return _PhaseScope(self)
+
+    def phase_event(self, event: str) -> None:
+        """A framework event (see `stepscope.phases.EVENTS`) moves the step to the phase
+        that `stepscope.phases.TRANSITIONS` gives; on a step where something is due the
+        plugin also saves what the event makes available (gradients before the update)."""
+        step = self._step
+        if step is None or not self.enabled:
+            return
+        if self._timer is not None and self._phases.open:
+            self.profiler_failsafe.call(self._phases.event, event, self._timer.clock.now())
+        if step.due:
+            self.failsafe.call(self._on_phase_event, event)
+
+    def finish_step_timing(self) -> None:
+        """The open step's work is over (e.g. the optimizer stepped): its timeline ends
+        now, though values may still be saved into it until `end_step`."""
+        if self._timer is not None and self._phases.open:
+            self.profiler_failsafe.call(self._finish_timing, self._timer.clock.now())
+
+    def _enter_phase(self, name: str) -> None:
+        if self._timer is not None and self._phases.open and self.enabled:
+            self.profiler_failsafe.call(self._phases.enter, name, self._timer.clock.now())
+
+    def _begin_step(self, mode: ModeKeys) -> bool:
+        now = self._timer.clock.now() if self._timer is not None else None
+        if self._step is not None:
+            self._end_step()
+        self._mode = mode
+        mode_step = self._mode_counts[mode]
+        self._mode_counts[mode] = mode_step + 1
+        due: tuple[Collection, ...] = ()
+        next_due = self._next_due.get(mode, 0)
+        # Most steps save nothing: compare with the next due step instead of asking every
+        # collection's schedule (that is the whole cost of a step where nothing is due).
+        if next_due is not None and mode_step >= next_due and self.writes_tensors:
+            candidates = self._collections_for(mode)
+            due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))
+            upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]
+            self._next_due[mode] = min(upcoming) if upcoming else None
+        self._step = StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else frozenset())
+        self._global_step += 1
+        if self._timer is not None:
+            # A step's time starts where the previous one's work ended: the wait for data
+            # in between is this step's "data" phase.
+            start = self._last_end if self._last_end is not None else now
+            self._phases.begin(mode, start)
+            self._timed = (self._step.global_step, mode)
+        self._on_step_begin(bool(due))
+        return bool(due)
+
+    def _finish_timing(self, token: Any) -> None:
+        begin, spans = self._phases.end(token)
+        if self._timer is None or self._timed is None or not spans:
+            return
+        step, mode = self._timed
+        self._timed = None
+        self._last_end = token
+        self._timer.add_step(step, mode, [*spans, (STEP_PHASE[mode], begin, token)])
+        self._publish_timeline(False)
+
+    def _end_step(self) -> None:
+        step = self._step
+        if step is None:
+            return
+        self._on_step_end()
+        if self._timer is not None and self._phases.open:
+            self.profiler_failsafe.call(self._finish_timing, self._timer.clock.now())
+        self._step = None
+        if (step.tensors or step.shapes) and self.writer is not None:
+            self.writer.write_step(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes)
+            if self.writer.failed:
+                self.failsafe.enabled = False
+
+    def make_due(self, *collections: str) -> None:
+        """Make `collections` due at the open step whatever their schedule (e.g. metrics a
+        framework reduces at the end of an evaluation loop, saved in its last step)."""
+        step = self._step
+        if step is None:
+            return
+        extra = tuple(c for c in self.included if c.name in collections and c.name not in step.due_names)
+        if extra:
+            step.due = step.due + extra
+            step.due_names = step.due_names | {c.name for c in extra}
+
+    def state_dict(self) -> dict[str, Any]:
+        """The step counters, for a framework checkpoint: a run resumed from it continues
+        the numbering instead of writing over the earlier run's steps."""
+        return {"global_step": self._global_step, "mode_steps": {m.name: n for m, n in self._mode_counts.items()}}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue the step numbering saved by `state_dict` (between steps)."""
+        try:
+            global_step = int(state["global_step"])
+            mode_steps = {ModeKeys.parse(m): int(n) for m, n in dict(state.get("mode_steps") or {}).items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ConfigError(f"load_state_dict: not a stepscope hook state ({exc!r}): {state!r}") from None
+        if global_step < 0 or any(n < 0 for n in mode_steps.values()):
+            raise ConfigError(f"load_state_dict: step counters must be >= 0, got {state!r}")
+        if self._step is not None:
+            self._end_step()
+        self._global_step = global_step
+        self._mode_counts.update(mode_steps)
+        self._next_due = {}
+
+    def _raise_if_stop_requested(self) -> None:
+        if self.stop_requested and not self._stop_raised and self.failsafe.enabled:
+            self._stop_raised = True
+            request = self.stop_poller.request if self.stop_poller is not None else None
+            raise StopTrainingRequested(f"stepscope: a rule asked to stop training ({request})")
+
+    def _collections_for(self, mode: ModeKeys) -> tuple[Collection, ...]:
+        if mode == ModeKeys.TRAIN:
+            return self.included
+        return tuple(c for c in self.included if c.name not in TRAIN_ONLY_COLLECTIONS)
+
+    # --- what is saved (plugin side) ------------------------------------------------------
+
+    def claim_names(self, names: Iterable[str]) -> None:
+        """Names of the model's own tensors: `save_tensor` refuses them (a user value must
+        never silently replace a model tensor of the same name)."""
+        self._model_names.update(names)
+
+    def _matching(self, name: str, collections: tuple[str, ...]) -> tuple[Collection, ...]:
+        key = (name, collections)
+        found = self._matching_cache.get(key)
+        if found is None:
+            found = tuple(c for c in self.included if c.name in collections or c.matches(name))
+            self._matching_cache[key] = found
+            for c in found:
+                c.add_tensor_name(name)
+        return found
+
+    def plan(self, name: str, collections: Iterable[str] = ()) -> TensorPlan | None:
+        """What to save of tensor `name` (member of `collections` by the plugin's knowledge,
+        plus any included collection whose regex matches) at the open step; None: nothing."""
+        step = self._step
+        if step is None or not step.due:
+            return None
+        due = step.due_names
+        matched = [c for c in self._matching(name, tuple(collections)) if c.name in due]
+        if not matched:
+            return None
+        save_raw, save_shape, wanted = False, False, []
+        for c in matched:
+            rc = c.reduction_config
+            assert rc is not None  # with_defaults filled it
+            save_raw = save_raw or rc.save_raw_tensor or rc.is_empty
+            save_shape = save_shape or rc.save_shape
+            wanted.extend(rc.requested())
+        return TensorPlan(name, save_raw, tuple(dict.fromkeys(wanted)), save_shape)
+
+    def record(
+        self,
+        plan: TensorPlan,
+        raw: Any = None,
+        reduction_values: Mapping[tuple[str, bool], Any] | None = None,
+        shape: Sequence[int] | None = None,
+    ) -> None:
+        """Buffer what the plugin computed for `plan` in the open step."""
+        step = self._step
+        if step is None:
+            return
+        if plan.save_raw and raw is not None:
+            step.tensors[plan.name] = raw
+        for (reduction, is_abs), value in (reduction_values or {}).items():
+            step.tensors[reductions.reduction_tensor_name(plan.name, reduction, is_abs)] = value
+        if plan.save_shape and shape is not None:
+            step.shapes[plan.name] = tuple(int(d) for d in shape)
+
+    def save_value(self, name: str, value: Any, collections: Iterable[str] = ()) -> None:
+        """Save `value` as tensor `name` when due: a framework tensor by the plugin, anything
+        else (number, numpy array) by numpy. For the plugin's own discoveries."""
+        plan = self.plan(name, collections)
+        if plan is None:
+            return
+        if not self._capture(plan, value):
+            self._record_host(plan, np.asarray(value))
+
+    def _record_host(self, plan: TensorPlan, array: np.ndarray) -> None:
+        values = {(r, a): reductions.compute(array, r, a) for r, a in plan.reductions if array.size}
+        self.record(plan, array, values, array.shape)
+
+    # --- what is saved (user side) ---------------------------------------------------------
+
+    def save_tensor(self, name: str, value: Any, collections: Iterable[str] | str = CollectionName.DEFAULT) -> None:
+        """Save `value` (a framework tensor, numpy array or number) as tensor `name` of the
+        open step, when one of `collections` (a string is one name; default "default") or
+        a collection whose regex matches `name` is due. A value that cannot be saved, a
+        bad name, or the name of one of the model's own tensors raises ConfigError here."""
+        if not self.enabled:
+            return
+        names = name_tuple("save_tensor collections", collections)
+        host = self._check_user_value(name, value)
+        self._warn_not_included(name, names)
+        self.failsafe.call(self._save_user_value, name, value if host is None else host, names)
+
+    def save_scalar(self, name: str, value: Any) -> None:
+        """Save a number of the open step in the "metrics" collection (every plugin)."""
+        self.save_tensor(name, value, CollectionName.METRICS)
+
+    def save_loss(self, value: Any, name: str = "loss") -> None:
+        """Save a loss value of the open step in the "losses" collection: for functional
+        losses (`F.nll_loss(...)`, `keras.losses.*`) that no module or layer computes."""
+        self.save_tensor(name, value, CollectionName.LOSSES)
+
+    def _check_user_value(self, name: Any, value: Any) -> np.ndarray | None:
+        """Refuse at the call what could only fail later, on the writer thread. Returns the
+        host array of a non-framework value."""
+        if not isinstance(name, str) or not name:
+            raise ConfigError(f"save_tensor: the name must be a non-empty string, got {name!r}")
+        try:
+            name.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ConfigError(f"save_tensor({name!r}): the name is not valid UTF-8 text (lone surrogate?)") from None
+        if name in self._model_names:
+            raise ConfigError(
+                f"save_tensor({name!r}): the model has a tensor of that name, which the hook saves itself; "
+                "give your value another name"
+            )
+        if self._is_framework_value(value):
+            return None
+        try:
+            array = np.asarray(value)
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"save_tensor({name!r}): cannot save {type(value).__name__} value: {exc}") from None
+        if array.dtype.kind not in _SAVEABLE_KINDS:
+            raise ConfigError(
+                f"save_tensor({name!r}): cannot save a value of dtype {array.dtype} ({type(value).__name__}); "
+                "give a number, a numeric numpy array or a framework tensor"
+            )
+        return array
+
+    def _warn_not_included(self, name: str, collections: tuple[str, ...]) -> None:
+        missing = [c for c in collections if c not in self._included_names]
+        if missing and len(missing) == len(collections) and not self._warned_collections.issuperset(missing):
+            self._warned_collections.update(missing)
+            logger.warning("stepscope: save_tensor(%r): collection(s) %s are not included in the hook; nothing is saved there", name, missing)
+
+    def _save_user_value(self, name: str, value: Any, collections: tuple[str, ...]) -> None:
+        plan = self.plan(name, collections)
+        if plan is None:
+            return
+        if isinstance(value, np.ndarray):
+            self._record_host(plan, value)
+        elif not self._capture(plan, value):
+            self._record_host(plan, np.asarray(value))
+
+    # --- profiler side ----------------------------------------------------------------
+
+    def _start_profiler(self) -> None:
+        from .profiler import SystemMonitor, TimelineWriter, default_node_id
+
+        node = default_node_id()
+        config = self.profiler_config
+        if config.system_monitor and SystemMonitor.should_run(self.rank, self.local_rank, config.monitor_every_rank):
+            node_id = default_node_id(self.rank) if config.monitor_every_rank else node
+            self.monitor = SystemMonitor(self.store, interval_ms=config.monitor_interval_ms, node_id=node_id)
+            self.monitor.start()
+        if config.step_timeline:
+            self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
+            self._timer = StepTimer(self._make_clock())
+
+    def _publish_timeline(self, wait: bool) -> None:
+        if self._timer is None or self.timeline is None:
+            return
+        for step, mode, spans in self._timer.ready_steps(wait):
+            self.timeline.add_spans(spans, step=step, mode=mode)
+
+    def add_timeline(self, name: str, start_ns: int, end_ns: int, phase: str = "step", args: dict[str, Any] | None = None,
+                     *, step: int | None = None, mode: ModeKeys | None = None) -> None:
+        """Record one extra span (absolute time.time_ns() times) of the open step, or of
+        `step`/`mode`."""
+        if self.timeline is None or not self.profiler_failsafe.enabled:
+            return
+        if step is None:
+            if self._step is None:
+                return
+            step, mode = self._step.global_step, self._step.mode
+        self.profiler_failsafe.call(self.timeline.add, name, start_ns, end_ns, step=step, mode=mode, phase=phase, args=args)
+
+    # --- end --------------------------------------------------------------------------
+
+    def _write_collections(self) -> None:
+        if self.writer is None:
+            return
+        manager = CollectionManager(self.included)
+        self.writer.write_collections(manager.dumps(self.num_workers))
+
+    def flush(self, timeout: float | None = None) -> None:
+        """Publish everything recorded so far (the open step included, which it closes):
+        tensors, the collections file and the step timeline, without closing. Callbacks
+        call it at the end of every fit / validate / test / predict."""
+        if self._closed:
+            return
+        if self.failsafe.enabled and self._step is not None:
+            self.failsafe.call(self._end_step)
+        if self.writer is not None and self.failsafe.enabled:
+            self.failsafe.call(self._write_collections)
+            self.writer.flush(timeout)
+        if self.timeline is not None and self.profiler_failsafe.enabled:
+            self.profiler_failsafe.call(self._publish_timeline, True)
+            self.profiler_failsafe.call(self.timeline.flush)
+
+    def close(self) -> None:
+        """Publish the rest, write the job's end marker (rank 0), stop the monitor and the
+        poller, and remove what the plugin installed. Idempotent; also runs at exit."""
+        if self._closed:
+            return
+        try:
+            if self.failsafe.enabled and self._step is not None:
+                self.failsafe.call(self._end_step)
+            self.profiler_failsafe.call(self._publish_timeline, True)
+            if self.writer is not None:
+                self.failsafe.call(self._write_collections)
+                # Only rank 0 marks the job finished; other workers just flush.
+                self.writer.close(end_marker=self.rank == 0)
+            for part in (self.timeline, self.monitor, self.stop_poller):
+                if part is not None:
+                    method = getattr(part, "close", None) or part.stop
+                    self.profiler_failsafe.call(method)
+        finally:
+            self._closed = True
+            try:
+                self._on_close()
+            except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
+                logger.warning("stepscope: could not remove the hooks cleanly: %s", exc)
+            at_exit = getattr(self, "_at_exit", None)
+            if at_exit is not None:
+                atexit.unregister(at_exit)
+
+    def __enter__(self) -> HookBase:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+__all__ = ["HookBase", "HookOptions", "StepState", "StopTrainingRequested", "TensorPlan", "env_rank"]

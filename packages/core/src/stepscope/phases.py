@@ -1,0 +1,158 @@
+"""Where the time of a step goes, framework-free: a phase tracker (a state machine whose
+transitions are the table `TRANSITIONS`) and a step timer that turns clock readings into
+wall-clock spans once the clock can tell them (at once on CPU; later for GPU events).
+
+Every instant between a step's begin and its end lies in exactly one phase: a step's
+phases tile it, with "other" for time no event explains. So the timeline accounts for the
+whole of every step, in every plugin."""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from .exceptions import ConfigError
+from .modes import ModeKeys
+
+DATA, FORWARD, BACKWARD, OPTIMIZER, COMPUTE, OTHER = "data", "forward", "backward", "optimizer", "compute", "other"
+PHASES = (DATA, FORWARD, BACKWARD, OPTIMIZER, COMPUTE, OTHER)
+
+# Events a plugin reports; each moves the tracker to the phase the table says.
+FORWARD_BEGIN, FORWARD_END = "forward_begin", "forward_end"
+BACKWARD_BEGIN, BACKWARD_END = "backward_begin", "backward_end"
+OPTIMIZER_BEGIN, OPTIMIZER_END = "optimizer_begin", "optimizer_end"
+EVENTS = (FORWARD_BEGIN, FORWARD_END, BACKWARD_BEGIN, BACKWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END)
+
+# (training step?, event) -> the phase that starts. A step starts in "data" (the wait for
+# the batch, since the previous step ended). In a training step the time after a forward
+# is its backward until something else is said; in evaluation it is "other".
+TRANSITIONS: Mapping[tuple[bool, str], str] = {
+    (True, FORWARD_BEGIN): FORWARD,
+    (True, FORWARD_END): BACKWARD,
+    (True, BACKWARD_BEGIN): BACKWARD,
+    (True, BACKWARD_END): OTHER,
+    (True, OPTIMIZER_BEGIN): OPTIMIZER,
+    (True, OPTIMIZER_END): OTHER,
+    (False, FORWARD_BEGIN): FORWARD,
+    (False, FORWARD_END): OTHER,
+    (False, BACKWARD_BEGIN): BACKWARD,
+    (False, BACKWARD_END): OTHER,
+    (False, OPTIMIZER_BEGIN): OPTIMIZER,
+    (False, OPTIMIZER_END): OTHER,
+}
+
+STEP_PHASE = {ModeKeys.TRAIN: "step", ModeKeys.EVAL: "eval_step", ModeKeys.PREDICT: "predict_step", ModeKeys.GLOBAL: "step"}
+
+# (phase, start token, end token); tokens are whatever the clock's `now()` returns.
+Span = tuple[str, Any, Any]
+
+
+class Clock(Protocol):
+    """Reads time as tokens and turns them into wall-clock ns once they are known."""
+
+    def now(self) -> Any: ...
+
+    def ready(self, token: Any) -> bool: ...
+
+    def wait(self, token: Any) -> None: ...
+
+    def to_wall_ns(self, token: Any) -> int: ...
+
+
+class CpuClock:
+    """Tokens are `time.perf_counter_ns()` readings, known at once."""
+
+    def __init__(self) -> None:
+        self._perf0, self._wall0 = time.perf_counter_ns(), time.time_ns()
+
+    def now(self) -> int:
+        return time.perf_counter_ns()
+
+    def ready(self, token: Any) -> bool:
+        return True
+
+    def wait(self, token: Any) -> None:
+        return None
+
+    def to_wall_ns(self, token: Any) -> int:
+        return self._wall0 + (int(token) - self._perf0)
+
+
+class PhaseTracker:
+    """The phases of the open step. `begin(mode, token)` opens a step in "data";
+    `event(name, token)` or `enter(phase, token)` closes the current phase and opens the
+    next; `end(token)` closes the step and returns its spans, which tile [begin, end]."""
+
+    def __init__(self) -> None:
+        self.phase: str | None = None
+        self._training = False
+        self._since: Any = None
+        self._begin: Any = None
+        self._spans: list[Span] = []
+
+    @property
+    def open(self) -> bool:
+        return self.phase is not None
+
+    def begin(self, mode: ModeKeys, token: Any) -> None:
+        self.phase, self._training = DATA, mode == ModeKeys.TRAIN
+        self._since = self._begin = token
+        self._spans = []
+
+    def event(self, name: str, token: Any) -> None:
+        """Move to the phase the table gives for `name` (unknown names: ConfigError)."""
+        try:
+            phase = TRANSITIONS[(self._training, name)]
+        except KeyError:
+            raise ConfigError(f"unknown phase event {name!r}; events: {', '.join(EVENTS)}") from None
+        self.enter(phase, token)
+
+    def enter(self, phase: str, token: Any) -> None:
+        if self.phase is None or phase == self.phase:
+            return
+        self._spans.append((self.phase, self._since, token))
+        self.phase, self._since = phase, token
+
+    def end(self, token: Any) -> tuple[Any, list[Span]]:
+        """Close the step at `token`: (its begin token, its phase spans)."""
+        if self.phase is None:
+            return None, []
+        self._spans.append((self.phase, self._since, token))
+        spans, begin = self._spans, self._begin
+        self.phase, self._spans, self._since, self._begin = None, [], None, None
+        return begin, spans
+
+
+@dataclass
+class _TimedStep:
+    step: int
+    mode: ModeKeys
+    spans: list[Span] = field(default_factory=list)
+
+
+class StepTimer:
+    """Steps' spans in clock tokens, handed back in wall-clock ns once the clock knows them
+    (in order: a GPU finishes steps in order, so the first unfinished one stops the walk)."""
+
+    def __init__(self, clock: Clock | None = None):
+        self.clock: Clock = clock or CpuClock()
+        self._pending: deque[_TimedStep] = deque()
+
+    def add_step(self, step: int, mode: ModeKeys, spans: list[Span]) -> None:
+        if spans:
+            self._pending.append(_TimedStep(step, mode, spans))
+
+    def ready_steps(self, wait: bool = False) -> Iterator[tuple[int, ModeKeys, list[tuple[str, int, int]]]]:
+        clock = self.clock
+        while self._pending:
+            timed = self._pending[0]
+            last = timed.spans[-1][2]
+            if not clock.ready(last):
+                if not wait:
+                    return
+                clock.wait(last)
+            self._pending.popleft()
+            yield timed.step, timed.mode, [(phase, clock.to_wall_ns(s), clock.to_wall_ns(e)) for phase, s, e in timed.spans]

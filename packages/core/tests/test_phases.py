@@ -1,0 +1,84 @@
+"""The phase tracker's table and the step timer, without any framework."""
+
+from __future__ import annotations
+
+import pytest
+
+from stepscope.exceptions import ConfigError
+from stepscope.modes import ModeKeys
+from stepscope.phases import EVENTS, PHASES, TRANSITIONS, CpuClock, PhaseTracker, StepTimer
+
+
+def test_the_table_covers_every_event_in_both_kinds_of_step():
+    assert {(training, event) for training in (True, False) for event in EVENTS} == set(TRANSITIONS)
+    assert set(TRANSITIONS.values()) <= set(PHASES)
+
+
+@pytest.mark.parametrize(
+    "mode, events, expected",
+    [
+        (ModeKeys.TRAIN, ["forward_begin", "forward_end", "optimizer_begin", "optimizer_end"], ["data", "forward", "backward", "optimizer", "other"]),
+        # Gradient accumulation: a second forward after the first backward.
+        (ModeKeys.TRAIN, ["forward_begin", "forward_end", "forward_begin", "forward_end", "optimizer_begin"], ["data", "forward", "backward", "forward", "backward", "optimizer"]),
+        # Lightning: backward reported explicitly.
+        (ModeKeys.TRAIN, ["forward_begin", "backward_begin", "backward_end", "optimizer_begin"], ["data", "forward", "backward", "other", "optimizer"]),
+        (ModeKeys.EVAL, ["forward_begin", "forward_end"], ["data", "forward", "other"]),
+        (ModeKeys.PREDICT, [], ["data"]),
+    ],
+)
+def test_transitions_tile_the_step(mode, events, expected):
+    tracker = PhaseTracker()
+    tracker.begin(mode, 100)
+    for i, event in enumerate(events):
+        tracker.event(event, 110 + 10 * i)
+    begin, spans = tracker.end(1000)
+    assert begin == 100 and [phase for phase, _, _ in spans] == expected
+    # Consecutive, no gap, no overlap: the phases account for all of the step.
+    assert spans[0][1] == 100 and spans[-1][2] == 1000
+    assert all(a[2] == b[1] for a, b in zip(spans, spans[1:]))
+    assert not tracker.open
+
+
+def test_explicit_phases_and_repeats():
+    tracker = PhaseTracker()
+    tracker.event("forward_begin", 5)  # no step open: ignored
+    tracker.begin(ModeKeys.TRAIN, 0)
+    tracker.enter("forward", 3)
+    tracker.enter("forward", 4)  # already there: the phase goes on
+    tracker.enter("compute", 7)
+    assert tracker.end(9) == (0, [("data", 0, 3), ("forward", 3, 7), ("compute", 7, 9)])
+    assert tracker.end(10) == (None, [])
+    with pytest.raises(ConfigError, match="unknown phase event 'fwd'"):
+        tracker.begin(ModeKeys.TRAIN, 0)
+        tracker.event("fwd", 1)
+
+
+class LateClock(CpuClock):
+    """Tokens known only once released, like GPU events."""
+
+    def __init__(self):
+        super().__init__()
+        self.known = set()
+
+    def ready(self, token):
+        return token in self.known
+
+    def wait(self, token):
+        self.known.add(token)
+
+
+def test_step_timer_hands_back_steps_in_order_once_known():
+    clock = LateClock()
+    timer = StepTimer(clock)
+    timer.add_step(0, ModeKeys.TRAIN, [("data", 1, 2), ("step", 1, 3)])
+    timer.add_step(1, ModeKeys.TRAIN, [("step", 3, 4)])
+    timer.add_step(2, ModeKeys.TRAIN, [])  # nothing recorded: nothing to hand back
+    assert list(timer.ready_steps()) == []
+    clock.known.add(4)  # a later step known first: still in order
+    assert list(timer.ready_steps()) == []
+    clock.known.add(3)
+    got = list(timer.ready_steps())
+    assert [s for s, _, _ in got] == [0, 1]
+    assert got[0][2] == [("data", clock.to_wall_ns(1), clock.to_wall_ns(2)), ("step", clock.to_wall_ns(1), clock.to_wall_ns(3))]
+    timer.add_step(3, ModeKeys.EVAL, [("eval_step", 5, 6)])
+    assert [s for s, _, _ in timer.ready_steps(wait=True)] == [3]
