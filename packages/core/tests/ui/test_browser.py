@@ -70,17 +70,19 @@ def served(trained_store, tmp_path_factory):
         subprocess.run([sys.executable, str(REPO / "scripts" / "build_ui.py")], check=True)
     db = UserDB(tmp_path_factory.mktemp("db") / "users.db", argon2_memory_kib=256, argon2_time_cost=1)
     db.add_user("alice", PASSWORD, prefixes=["team-a"])
+    db.add_user("root", PASSWORD, admin=True)
     server = LiveServer(create_app(JobStore(str(trained_store)), db))
     driver = start_browser()
+    driver._stepscope_db = db
     yield server, driver, trained_store
     quit_browser(driver)
     server.stop()
 
 
-def _login(driver, url: str) -> None:
+def _login(driver, url: str, name: str = "alice") -> None:
     driver.get(url + "/")
     assert driver.current_url.endswith("/login")
-    driver.find_element("id", "username").send_keys("alice")
+    driver.find_element("id", "username").send_keys(name)
     driver.find_element("id", "password").send_keys(PASSWORD)
     driver.find_element("id", "login").click()
     wait_for(lambda: driver.find_elements("css selector", "#jobs-table tbody tr"), what="jobs list")
@@ -243,3 +245,37 @@ def test_gpu_job_dashboard_and_kernel_launch(served):
     assert selected["launch"]["call"] == launch["launch_call"] and int(selected["launch"]["start_ns"]) == launch["launch_ts_ns"]
     assert launch["launch_call"] in driver.find_element("id", "selected-launch").text
     screenshot(driver, "09-timeline-kernel-launch")
+
+
+def test_admin_manages_users_from_the_app(served):
+    """Sign out, sign in as an administrator, add a user with a prefix and remove it again
+    on the Users page; a wrong password is refused on the way."""
+    server, driver, root = served
+    db = driver._stepscope_db
+    driver.get(server.url + "/")
+    if driver.find_elements("css selector", "form.logout button"):
+        driver.find_element("css selector", "form.logout button").click()
+        wait_for(lambda: driver.current_url.endswith("/login"), what="signed out")
+    driver.find_element("id", "username").send_keys("root")
+    driver.find_element("id", "password").send_keys("not the password")
+    driver.find_element("id", "login").click()
+    assert "Wrong user name or password" in driver.find_element("css selector", ".error").text
+    driver.find_element("id", "username").clear()
+    driver.find_element("id", "username").send_keys("root")
+    driver.find_element("id", "password").send_keys(PASSWORD)
+    driver.find_element("id", "login").click()
+    wait_for(lambda: driver.find_elements("css selector", "#jobs-table tbody tr"), what="jobs list")
+    driver.find_element("id", "admin-link").click()
+    wait_for(lambda: driver.find_elements("css selector", '#users-list tr[data-user="alice"]'), what="users list")
+    driver.find_element("id", "new-user-name").send_keys("carol")
+    driver.find_element("id", "new-user-prefixes").send_keys("team-a, team-c")
+    driver.find_element("id", "add-user").click()
+    row = wait_for(lambda: driver.find_elements("css selector", '#users-list tr[data-user="carol"]'), what="new user row")[0]
+    assert "team-a, team-c" in row.text
+    password = driver.find_element("id", "admin-output").text.rsplit(": ", 1)[1]
+    assert db.verify_password("carol", password).prefixes == ("team-a", "team-c")
+    screenshot(driver, "10-admin-users")
+    row.find_element("css selector", "button.danger").click()
+    driver.switch_to.alert.accept()
+    wait_for(lambda: not driver.find_elements("css selector", '#users-list tr[data-user="carol"]'), what="user removed")
+    assert "carol" not in [u.name for u in db.users()]

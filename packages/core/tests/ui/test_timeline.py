@@ -150,7 +150,8 @@ def test_grid_path_for_huge_ranges_agrees_with_the_exact_one(monkeypatch):
     frame = _frame(30000)
     index = build_index(frame, _empty_metrics())
     lane = index.lanes[0]
-    assert lane.grid is not None
+    assert lane.grid is not None and [g.cells for g in lane.grids] == [65536, 4096, 256]
+    assert all(int(g.count.sum()) == len(frame) for g in lane.grids)
     gridded = query(index, None, None, 600)["lanes"][0]
     lane.grid = None
     exact = query(index, None, None, 600)["lanes"][0]
@@ -165,7 +166,8 @@ def test_grid_path_for_huge_ranges_agrees_with_the_exact_one(monkeypatch):
     for depth in (0, 1):
         g, e = counts(gridded, depth), counts(exact, depth)
         assert g.sum() == e.sum()
-        assert np.abs(g - e).sum() <= 0.02 * e.sum()  # edges exact to one cell of 65,536
+        # an interval lands at most a quarter bucket (one cell) from its exact bucket
+        assert np.abs(np.cumsum(g) - np.cumsum(e)).max() <= 0.3 * e.max()
 
 
 def test_grid_path_sends_the_long_intervals(monkeypatch):

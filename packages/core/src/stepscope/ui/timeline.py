@@ -47,11 +47,14 @@ class SliceLane:
     source: str = "steps"  # which frame `row` points into: "steps" (step timeline) or "traces"
     duration: np.ndarray = field(default_factory=lambda: np.array([], dtype=np.int64))
     grid: _Grid | None = None
+    grids: list[_Grid] = field(default_factory=list)  # finest first
 
     def __post_init__(self) -> None:
         self.duration = self.end - self.start
         if len(self.start) > RAW_LIMIT:
-            self.grid = _Grid.build(self)
+            fine = _Grid.build(self)
+            self.grids = [fine, fine.coarser(), fine.coarser(256)]  # 65,536, 4,096 and 256 cells
+            self.grid = fine
 
 
 @dataclass
@@ -85,6 +88,15 @@ class _Grid:
         first[sorted_key[starts]] = order[starts]
         by_duration = np.argsort(lane.duration, kind="stable")
         return cls(origin, cell_ns, GRID_CELLS, count, busy, first.reshape(depths, GRID_CELLS), by_duration, lane.duration[by_duration])
+
+    def coarser(self, factor: int = 16) -> _Grid:
+        """The same counts on cells `factor` times wider (a level of the pyramid)."""
+        depths, cells = self.count.shape[0], self.cells // factor
+        first = self.first.reshape(depths, cells, factor)
+        has = first >= 0
+        pick = np.where(has.any(axis=2), np.take_along_axis(first, has.argmax(axis=2)[..., None], axis=2)[..., 0], -1)
+        return _Grid(self.origin, self.cell_ns * factor, cells, self.count.reshape(depths, cells, factor).sum(axis=2, dtype=np.int32),
+                     self.busy.reshape(depths, cells, factor).sum(axis=2), pick, self.by_duration, self.sorted_durations)
 
 
 @dataclass
@@ -235,8 +247,9 @@ def _query_slices(lane: SliceLane, t0: int, t1: int, ns_per_px: float, bucket_ns
     lo = int(np.searchsorted(lane.start, t0 - lane.max_duration, side="left"))
     hi = int(np.searchsorted(lane.start, t1, side="right"))
     threshold = ns_per_px * MIN_SLICE_PX
-    if lane.grid is not None and hi - lo > RAW_LIMIT and bucket_ns >= 4 * lane.grid.cell_ns:
-        wide, agg = _from_grid(lane, t0, t1, threshold, bucket_ns, buckets)
+    usable = [g for g in lane.grids if bucket_ns >= 4 * g.cell_ns] if lane.grid is not None else []
+    if usable and hi - lo > RAW_LIMIT:
+        wide, agg = _from_grid(lane, usable[-1], t0, t1, threshold, bucket_ns, buckets)
     else:
         wide, agg = _from_events(lane, lo, hi, t0, t1, threshold, bucket_ns, buckets)
     slices = {
@@ -299,11 +312,10 @@ def _aggregate(bucket: np.ndarray, depth: np.ndarray, busy: np.ndarray, position
     return present % buckets, present // buckets, count[present], total[present], first
 
 
-def _from_grid(lane: SliceLane, t0: int, t1: int, threshold: float, bucket_ns: float, buckets: int):
+def _from_grid(lane: SliceLane, grid: _Grid, t0: int, t1: int, threshold: float, bucket_ns: float, buckets: int):
     """(wide positions, aggregates) from the lane's precomputed grid: a range of millions of
     intervals costs what its cells cost. Intervals count in the cell where they start, so
-    bucket edges are exact to one cell (1/GRID_CELLS of the lane's span)."""
-    grid = lane.grid
+    bucket edges are exact to one cell, at most a quarter of a bucket."""
     # wide ones: a suffix of the lane sorted by duration, then those overlapping the range
     k = int(np.searchsorted(grid.sorted_durations, threshold, side="left"))
     candidates = grid.by_duration[k:]
