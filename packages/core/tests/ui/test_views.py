@@ -242,3 +242,29 @@ def test_timeline_has_stream_lanes_and_a_kernel_shows_its_launch(app, store_root
     kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
     assert len(kernels) == len(traces.events(kinds=["kernel"]))
     assert any(e["ph"] == "s" for e in trace["traceEvents"]) and any(e["ph"] == "f" for e in trace["traceEvents"])
+
+
+def test_dead_and_saturated_units_by_the_rules_definitions(app, store_root):
+    from stepscope.collection_manager import CollectionManager
+    from stepscope.modes import ModeKeys
+    from stepscope.writer import Writer
+
+    rng = np.random.default_rng(3)
+    writer = Writer(str(store_root / "team-a" / "acts"), "worker_0")
+    writer.write_collections(CollectionManager().dumps(1))
+    relus, tanhs = {}, {}
+    for step in range(4):
+        relu = np.maximum(rng.standard_normal((64, 10)), 0).astype(np.float32)
+        relu[:, : 2 + step] = 0  # more dead units every step
+        tanh_in = rng.standard_normal((64, 8)).astype(np.float32)
+        tanh_in[:, :3] = 20.0  # three units saturated
+        relus[step], tanhs[step] = relu, tanh_in
+        writer.write_step(step, ModeKeys.TRAIN, step, {"fc1.relu_output": relu, "fc2.tanh_input": tanh_in})
+    writer.close()
+    client = app.test_client()
+    login(client, "alice")
+    units = client.get("/api/jobs/team-a/acts/health").get_json()["inactive_units"]
+    assert units["tensors"] == ["fc1.relu_output (dead)", "fc2.tanh_input (saturated)"] and units["steps"] == [0, 1, 2, 3]
+    expected_dead = [100 * np.mean((relus[s] > 0).mean(axis=0) * 100 < 1.0) for s in range(4)]
+    np.testing.assert_allclose(units["values"][0], expected_dead)
+    np.testing.assert_allclose(units["values"][1], [100 * 3 / 8] * 4)

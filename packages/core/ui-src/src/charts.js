@@ -82,7 +82,7 @@ export function pieChart(container, id, shares, { title = '' } = {}) {
 export function heatmap(container, id, { rows, columns, values, log = true }) {
   exposeChart(id, { rows, columns, values });
   if (!rows.length || !columns.length) { container.append(el('p', { class: 'muted' }, 'no data')); return; }
-  const flat = values.flat().filter((v) => v !== null && v > 0);
+  const flat = values.flat().filter((v) => v !== null && (log ? v > 0 : true));
   const tr = (v) => (log ? Math.log10(v) : v);
   const lo = Math.min(...flat.map(tr)), hi = Math.max(...flat.map(tr));
   const labelW = 180, cellH = Math.max(8, Math.min(18, 360 / rows.length));
@@ -96,7 +96,7 @@ export function heatmap(container, id, { rows, columns, values, log = true }) {
     ctx.fillStyle = '#111';
     ctx.fillText(name.length > 28 ? '…' + name.slice(-27) : name, 2, r * cellH + cellH * 0.75);
     values[r].forEach((v, c) => {
-      if (v === null || !(v > 0)) { ctx.fillStyle = '#eee'; }
+      if (v === null || (log && !(v > 0))) { ctx.fillStyle = '#eee'; }
       else {
         const t = hi > lo ? (tr(v) - lo) / (hi - lo) : 0.5;
         ctx.fillStyle = `hsl(${240 - 240 * t}, 80%, ${35 + 20 * t}%)`;

@@ -114,6 +114,10 @@ export async function healthView(root, job) {
     lineChart(ur, 'update-ratios', { x: steps, series, xLabel: 'step', logY: positive });
     if (!positive) ur.append(el('p', { class: 'muted' }, 'some ratios are 0 (weights that did not move): linear scale'));
   } else ur.append(el('p', { class: 'muted' }, 'needs weights saved at two or more steps'));
+  const iu = el('div');
+  wrap.append(section('Dead / saturated units (% of each layer)', 'inactive-units', iu));
+  if (h.inactive_units.tensors.length) heatmap(iu, 'inactive-units', { rows: h.inactive_units.tensors, columns: h.inactive_units.steps, values: h.inactive_units.values, log: false });
+  else iu.append(el('p', { class: 'muted' }, 'no activations saved (save ReLU outputs as *relu_output, tanh/sigmoid inputs as *tanh_input / *sigmoid_input)'));
   const hist = el('div');
   const picker = el('select', { id: 'tensor-picker', onchange: () => drawHist() }, h.tensors.map((n) => el('option', { value: n }, n)));
   wrap.append(section('Tensor histograms over steps', 'tensor-histograms', el('label', {}, 'tensor ', picker), hist));

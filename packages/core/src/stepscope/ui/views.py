@@ -291,7 +291,35 @@ def _training_health(trial: Any) -> dict[str, Any]:
     gradients = [n for n in _collection_names(trial, "gradients") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
     raw = [n for n in trial.tensor_names() if not n.startswith("smdebug/")]
     return {"curves": curves, "gradient_norms": _norm_heatmap(trial, gradients), "update_ratios": _update_ratios(trial),
-            "tensors": raw}
+            "inactive_units": _inactive_units(trial), "tensors": raw}
+
+
+def _inactive_units(trial: Any) -> dict[str, Any]:
+    """Per saved activation and step, the % of units dead (ReLU outputs) or saturated (tanh /
+    sigmoid inputs), by the DeadRelu / SaturatedActivation rules' definitions and defaults."""
+    from ..rules.activations import DeadReluParams, SaturatedActivationParams, unit_activity
+
+    dead, saturated = DeadReluParams(), SaturatedActivationParams()
+    layers: list[tuple[str, str, Callable[[np.ndarray], np.ndarray], float]] = []
+    for name in trial.tensor_names(regex=list(dead.tensor_regex)):
+        layers.append((name, "dead", lambda v: v > 0, dead.threshold_inactivity))
+    for name in trial.tensor_names(regex=list(saturated.tensor_regex)):
+        low, high = saturated.threshold_tanh if "tanh" in name.lower() else saturated.threshold_sigmoid
+        layers.append((name, "saturated", lambda v, lo=low, hi=high: (v > lo) & (v < hi), saturated.threshold_inactivity))
+    layers = layers[:MAX_HEATMAP_TENSORS]
+    steps = _subsample(sorted({s for name, *_ in layers for s in trial.tensor(name).steps()}), MAX_HEATMAP_STEPS)
+    rows = []
+    for name, _, active, threshold in layers:
+        values = trial.read_many([(name, s, None, None) for s in steps])
+        row = []
+        for value in values:
+            if value is None or value.size == 0:
+                row.append(None)
+                continue
+            activity = unit_activity(value, active(value))
+            row.append(100.0 * float(np.mean(activity < threshold)))
+        rows.append(row)
+    return {"tensors": [f"{name} ({state})" for name, state, *_ in layers], "steps": steps, "values": rows}
 
 
 def _norm_heatmap(trial: Any, names: list[str]) -> dict[str, Any]:
