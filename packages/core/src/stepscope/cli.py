@@ -61,18 +61,23 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         "check",
         help="run rules over a job (after or during training)",
         description=(
-            "Run rules over the job at PATH (a folder or s3:// URL). Without --rule or --rules-config "
-            "it runs the default set (VanishingGradient, ExplodingTensor, LossNotDecreasing, WeightUpdateRatio, "
-            "Overfit). Reports are written to PATH/rule-output/. Exit status: 0 no rule fired, 1 some rule fired, "
-            "2 bad usage or unreadable data."
+            "Run rules over the job at PATH (a folder or s3:// URL). Without --rule or --rules-config it runs "
+            "stepscope's default set: every built-in rule whose inputs the job saved (NaN/inf, vanishing gradients, "
+            "weight updates, all-zero weights, loss trend, overfitting, dead ReLUs and saturated activations when "
+            "activations were saved, class imbalance when labels and predictions were), with thresholds tuned not to "
+            "fire on healthy training, plus the profiler rules when the job has profiler data; `stepscope rules` "
+            "lists them. A rule named with --rule or from --rules-config keeps SageMaker's parameters and meaning. "
+            "Reports are written to PATH/rule-output/. Exit status: 0 no rule fired, 1 some rule fired, "
+            "2 bad usage or unreadable data. `--explain RULE` prints what a rule checks and what to do when it fires."
         ),
     )
-    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser.add_argument("path", nargs="?", help="the job's folder or s3:// URL")
     parser.add_argument(
         "--rule", action="append", default=[], metavar="NAME[:key=value,...]",
         help="a rule to run (repeatable): a built-in or profiler rule name, or package.module:ClassName",
     )
     parser.add_argument("--rules-config", metavar="FILE", help="JSON file of rule configurations (smdebug_rulesconfig dicts, SageMaker entries)")
+    parser.add_argument("--explain", metavar="RULE", help="print what RULE checks, its parameters, likely causes and advice, and exit")
     parser.add_argument("--watch", action="store_true", help="follow a running job until it ends (training_job_end.ts)")
     parser.add_argument("--timeout", type=float, default=None, metavar="S", help="with --watch: stop following after S seconds")
     parser.add_argument("--poll-interval", type=float, default=5.0, metavar="S", help="with --watch: longest wait between looks for new steps")
@@ -102,124 +107,79 @@ class _Progress:
         print(f"stepscope check: {done}{total} steps (at step {step}, {rate:.0f} steps/s)", file=sys.stderr, flush=True)
 
 
-def _has_profiler_data(trial: Any) -> bool:
-    from .layout import PROFILER_DIR
-
-    return bool(trial.store.list(PROFILER_DIR + "/"))
-
-
-def _build_rules(args: argparse.Namespace, trial: Any) -> tuple[list[Any], list[Any]]:
-    """(tensor rules, profiler rules) from --rule, --rules-config, or the default set."""
-    from .rules import DEFAULT_RULES
+def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
+    """Rules from --rule and --rules-config, or the default set for `trial`."""
+    from .rules import default_rules
     from .rules.config import load_rules_config, rules_from_config
-    from .rules.registry import build_profiler_rule, rule_kind, tensor_rule_class
+    from .rules.registry import build_rule
 
-    tensor_rules: list[Any] = []
-    profiler_rules: list[Any] = []
-    specs = [parse_rule_spec(s) for s in args.rule]
-    if not specs and not args.rules_config:
-        specs = [(name, {}) for name in DEFAULT_RULES]
-        if _has_profiler_data(trial):
-            from .profiler.rules import PROFILER_RULES
-
-            specs += [(name, {}) for name in PROFILER_RULES]
-    for name, params in specs:
-        kind = rule_kind(name)
-        if kind == "profiler":
-            profiler_rules.append(build_profiler_rule(name, params))
-            continue
-        try:
-            tensor_rules.append(tensor_rule_class(name)(trial, **params))
-        except TypeError as exc:
-            raise ConfigError(f"{name}: {exc}") from None
+    if not args.rule and not args.rules_config:
+        return default_rules(trial)
+    rules = [build_rule(name, trial, params) for name, params in (parse_rule_spec(s) for s in args.rule)]
     if args.rules_config:
-        from .rules.base import Rule
-
         for entry in load_rules_config(args.rules_config):
-            for rule in rules_from_config(entry, trial):
-                (tensor_rules if isinstance(rule, Rule) else profiler_rules).append(rule)
-    names = [r.name for r in tensor_rules]
+            rules += rules_from_config(entry, trial)
+    names = [r.name for r in rules]
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"rule name(s) {', '.join(duplicates)} given twice; their reports would overwrite each other")
-    return tensor_rules, profiler_rules
+    return rules
 
 
-def _profiler_row(report: dict[str, Any]) -> dict[str, Any]:
-    error = report.get("error")
-    fired = bool(report.get("fired"))
-    return {
-        "rule": str(report.get("rule") or report.get("rule_name") or "?"),
-        "kind": "profiler",
-        "status": "fired" if fired else "error" if error else "ok",
-        "fired": fired,
-        "violations": int(report.get("violations") or 0),
-        "summary": str(error) if error else f"{report.get('violations', 0)} violation(s) over {report.get('datapoints', 0)} datapoint(s)",
-        "report": report,
-    }
-
-
-def _tensor_row(report: Any) -> dict[str, Any]:
-    return {
-        "rule": report.rule, "kind": "tensor", "status": report.status, "fired": report.fired,
-        "violations": report.violations, "summary": report.summary(), "report": report.to_json(),
-    }
-
-
-def _print_table(rows: list[dict[str, Any]], out: Any) -> None:
-    if not rows:
-        print("no rules were run", file=out)
-        return
-    width = max(len(r["rule"]) for r in rows)
-    print(f"{'RULE':<{width}}  {'STATUS':<7}  {'VIOLATIONS':>10}  DETAIL", file=out)
-    for row in rows:
-        summary = row["summary"] if len(row["summary"]) <= 110 else row["summary"][:107] + "..."
-        print(f"{row['rule']:<{width}}  {row['status']:<7}  {row['violations']:>10}  {summary}", file=out)
-
-
-def _write_reports(store: Any, rows: list[dict[str, Any]], path: str) -> None:
+def _write_reports(store: Any, reports: list[Any], path: str) -> None:
     from .layout import RULE_OUTPUT_DIR
 
-    for row in rows:
-        store.write(f"{RULE_OUTPUT_DIR}/{row['rule']}.json", json.dumps(row["report"], indent=1, default=str).encode())
-    summary = {"path": path, "time": time.time(), "rules": [{k: v for k, v in row.items() if k != "report"} for row in rows]}
-    store.write(f"{RULE_OUTPUT_DIR}/summary.json", json.dumps(summary, indent=1, default=str).encode())
+    for report in reports:
+        store.write(f"{RULE_OUTPUT_DIR}/{report.rule}.json", json.dumps(report.to_json(), indent=1).encode())
+    summary = {"path": path, "time": time.time(), "rules": [report.row() for report in reports]}
+    store.write(f"{RULE_OUTPUT_DIR}/summary.json", json.dumps(summary, indent=1).encode())
+
+
+def _explain(name: str) -> int:
+    from .rules.registry import rule_class
+
+    cls = rule_class(name)
+    described = cls.describe()
+    print(f"{described['name']} ({'whole-job' if described['kind'] == 'job' else 'step-wise tensor'} rule)\n")
+    print(cls.explain().render())
+    params = ", ".join(f"{k}={v!r}" for k, v in described["parameters"].items())
+    print(f"\nParameters (SageMaker defaults): {params or '(none)'}")
+    if described["preset"]:
+        print("In stepscope's default set: " + ", ".join(f"{k}={v!r}" for k, v in described["preset"].items()))
+    return EXIT_OK
 
 
 def _run_check(args: argparse.Namespace) -> int:
-    from .rules import run_rules
+    from .rules import format_table, run_rules
     from .store import open_store
     from .trial import create_trial
 
+    if args.explain:
+        return _explain(args.explain)
+    if not args.path:
+        raise UsageError("give the job's PATH (or --explain RULE)")
     if args.end_step is not None and args.end_step <= args.start_step:
         raise UsageError(f"--end-step ({args.end_step}) must be greater than --start-step ({args.start_step})")
     store = open_store(args.path)
     if not args.watch and not store.list(""):
         raise UsageError(f"no saved data at {store.describe()} (wrong path? use --watch for a job that has not written yet)")
     trial = create_trial(store)
-    tensor_rules, profiler_rules = _build_rules(args, trial)
+    rules = _build_rules(args, trial)
     progress = _Progress(enabled=not args.quiet)
-    rows = []
-    if tensor_rules:
-        reports = run_rules(
-            tensor_rules, args.start_step, args.end_step, watch=args.watch, timeout=args.timeout,
-            max_poll_interval=args.poll_interval, progress=progress,
-        )
-        rows += [_tensor_row(r) for r in reports]
-    if profiler_rules:
-        from .profiler.rules import run_profiler_rules
-
-        rows += [_profiler_row(r) for r in run_profiler_rules(trial, profiler_rules)]
+    reports = run_rules(
+        rules, args.start_step, args.end_step, watch=args.watch, timeout=args.timeout,
+        max_poll_interval=args.poll_interval, progress=progress,
+    )
     if not args.no_write:
-        _write_reports(store, rows, store.describe())
+        _write_reports(store, reports, store.describe())
     if args.json:
-        json.dump([row["report"] | {"status": row["status"], "kind": row["kind"]} for row in rows], sys.stdout, indent=1, default=str)
+        json.dump([report.to_json() for report in reports], sys.stdout, indent=1)
         print()
     else:
-        _print_table(rows, sys.stdout)
-    if any(row["fired"] for row in rows):
+        format_table(reports, sys.stdout)
+    if any(report.fired for report in reports):
         return EXIT_FIRED
-    return EXIT_ERROR if any(row["status"] == "error" for row in rows) else EXIT_OK
+    return EXIT_ERROR if any(report.status == "error" for report in reports) else EXIT_OK
 
 
 # --- rules (list) -------------------------------------------------------------------------
@@ -236,12 +196,13 @@ def _run_rules(args: argparse.Namespace) -> int:
 
     described = describe_rules()
     if args.json:
-        json.dump(described, sys.stdout, indent=1, default=str)
+        json.dump(described, sys.stdout, indent=1)
         print()
         return EXIT_OK
     for rule in described:
         params = ", ".join(f"{k}={v!r}" for k, v in rule["parameters"].items())
-        print(f"{rule['name']} ({rule['kind']}): {rule['doc']}\n    {params or '(no parameters)'}")
+        marker = " [default set]" if rule["default"] else ""
+        print(f"{rule['name']} ({rule['kind']}){marker}: {rule['explanation']['definition']}\n    {params or '(no parameters)'}")
     return EXIT_OK
 
 

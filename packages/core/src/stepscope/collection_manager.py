@@ -21,6 +21,8 @@ class CollectionManager:
 
     def __init__(self, collections: Iterable[Collection] = (), *, builtin_regexes: Mapping[str, Iterable[str]] | None = None):
         self._collections: dict[str, Collection] = {}
+        # tensor name -> class of the module it is an input/output of (written in `_meta`).
+        self.module_classes: dict[str, str] = {}
         for name in BUILTIN_COLLECTIONS:
             self._collections[name] = Collection(name, include_regex=tuple((builtin_regexes or {}).get(name, ())))
         for collection in collections:
@@ -54,10 +56,18 @@ class CollectionManager:
         return list(self._collections)
 
     def to_json(self, num_workers: int = 1) -> dict[str, Any]:
-        return {
-            "collections": {c.name: c.to_json() for c in self._collections.values()},
-            "_meta": {"num_workers": num_workers, "writer": f"stepscope {_version()}"},
-        }
+        meta: dict[str, Any] = {"num_workers": num_workers, "writer": f"stepscope {_version()}"}
+        if self.module_classes:
+            meta["module_classes"] = dict(sorted(self.module_classes.items()))
+        return {"collections": {c.name: c.to_json() for c in self._collections.values()}, "_meta": meta}
+
+    def note_module_class(self, tensor_name: str, module_class: str) -> bool:
+        """Record the class of the module (layer) whose input/output `tensor_name` is, so rules
+        recognise activations by type (a ReLU's output named `net.1_output_0`). True when new."""
+        if self.module_classes.get(tensor_name) == module_class:
+            return False
+        self.module_classes[tensor_name] = module_class
+        return True
 
     def dumps(self, num_workers: int = 1) -> bytes:
         return json.dumps(self.to_json(num_workers), indent=1, sort_keys=True).encode()
@@ -65,6 +75,7 @@ class CollectionManager:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CollectionManager:
         manager = cls()
+        manager.module_classes.update((data.get("_meta") or {}).get("module_classes") or {})
         for body in (data.get("collections") or {}).values():
             manager._collections[body["name"]] = Collection.from_json(body)
         return manager

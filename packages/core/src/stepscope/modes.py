@@ -33,3 +33,9 @@ class ModeKeys(enum.IntEnum):
 
 
 ALL_MODES = (ModeKeys.TRAIN, ModeKeys.EVAL, ModeKeys.PREDICT, ModeKeys.GLOBAL)
+
+# smdebug users write `smd.modes.TRAIN`; the same spelling works here.
+TRAIN = ModeKeys.TRAIN
+EVAL = ModeKeys.EVAL
+PREDICT = ModeKeys.PREDICT
+GLOBAL = ModeKeys.GLOBAL

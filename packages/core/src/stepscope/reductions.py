@@ -6,6 +6,8 @@ the abs_ variants apply to |x|. Empty tensors have no reductions."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .config import NORMS, REDUCTIONS
@@ -55,3 +57,27 @@ def compute(value: np.ndarray, reduction: str, abs: bool = False) -> np.ndarray:
     else:
         result = getattr(np, reduction)(array)
     return np.asarray(result, dtype=np.float64)
+
+
+def saved_names(tensor_name: str, reduction: str, abs: bool = False) -> tuple[str, ...]:
+    """The names a saved reduction of `tensor_name` may have (smdebug spelled the norms
+    `l1_norm`/`l2_norm` in some versions, `l1`/`l2` in others)."""
+    base = normalize_reduction(reduction)
+    spellings = (base, f"{base}_norm") if base in NORMS else (base,)
+    return tuple(reduction_tensor_name(tensor_name, s, abs) for s in spellings)
+
+
+def saved_or_computed(read: Callable[[str], np.ndarray | None], tensor_name: str, reduction: str, abs: bool = False) -> float | None:
+    """The reading rule every reader (Trial, the rule engine) shares: the reduction the job
+    saved, when it saved one (its value as written, whatever definition the writer used:
+    see docs/reading.md on legacy norms), else the reduction computed here from the raw
+    tensor. `read(name)` returns a value saved at the step in question, or None. None when
+    neither was saved."""
+    for name in saved_names(tensor_name, reduction, abs):
+        saved = read(name)
+        if saved is not None:
+            return float(np.asarray(saved).reshape(-1)[0])
+    raw = read(tensor_name)
+    if raw is None or np.asarray(raw).size == 0:
+        return None
+    return float(compute(raw, reduction, abs))

@@ -163,17 +163,17 @@ class Tensor:
     def reduction_value(self, step: int, reduction_name: str, mode: ModeKeys | str | None = None, worker: str | None = None, abs: bool = False) -> float:
         """The reduction saved at `step`, else computed from the raw value."""
         base = reductions.normalize_reduction(reduction_name)
-        for spelling in (base, f"{base}_norm") if base in ("l1", "l2") else (base,):
-            saved_name = reductions.reduction_tensor_name(self.name, spelling, abs)
-            if self.trial.has_tensor(saved_name):
-                saved = self.trial.tensor(saved_name)
-                if saved.has_value(step, mode):
-                    return float(np.asarray(saved.value(step, mode, worker)).reshape(-1)[0])
-        try:
-            raw = self.value(step, mode, worker)
-        except TensorUnavailableForStep:
-            raise TensorUnavailableForStep(self.name, step, mode, worker, f"neither the raw value nor its {'abs_' if abs else ''}{base} was saved") from None
-        return float(reductions.compute(raw, base, abs))
+
+        def read(name: str) -> np.ndarray | None:
+            if not self.trial.has_tensor(name):
+                return None
+            tensor = self.trial.tensor(name)
+            return tensor.value(step, mode, worker) if tensor.has_value(step, mode) else None
+
+        result = reductions.saved_or_computed(read, self.name, base, abs)
+        if result is None:
+            raise TensorUnavailableForStep(self.name, step, mode, worker, f"neither the raw value nor its {'abs_' if abs else ''}{base} was saved")
+        return result
 
     def reduction_values(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[tuple[str, bool], float]:
         """Every reduction saved for this tensor at `step`: {(name, abs): value}."""
@@ -246,6 +246,9 @@ class Trial:
                 continue
             meta = data.get("_meta") or {}
             self._num_workers = max(self._num_workers, int(meta.get("num_workers", 1)))
+            classes = meta.get("module_classes")
+            if isinstance(classes, dict):
+                manager.module_classes.update({str(k): str(v) for k, v in classes.items()})
             ours = meta.get("writer", "").split(" ")[0] == "stepscope" and meta.get("payload_crc", "crc32c") == "crc32c"
             self._legacy = self._legacy and not ours
             for body in (data.get("collections") or {}).values():
@@ -492,6 +495,11 @@ class Trial:
 
     def collections(self) -> dict[str, Collection]:
         return {c.name: c for c in self._collections} if self._collections else {}
+
+    def module_class(self, tensor_name: str) -> str | None:
+        """The class of the module (layer) `tensor_name` is an input or output of, as the
+        hook recorded it (e.g. "ReLU"); None when not recorded (older jobs, custom tensors)."""
+        return self._collections.module_classes.get(tensor_name) if self._collections else None
 
     def collection(self, name: str) -> Collection:
         collections = self.collections()

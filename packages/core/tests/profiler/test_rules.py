@@ -31,7 +31,7 @@ from stepscope.profiler import (
 )
 
 T0 = 1_700_000_000.0
-REPORT_KEYS = {"rule", "fired", "violations", "datapoints", "details", "parameters"}
+REPORT_KEYS = {"rule", "rule_class", "kind", "status", "fired", "violations", "summary", "fired_steps", "details", "parameters", "steps_evaluated", "first_step", "last_step", "datapoints", "tensors_inspected", "statistics", "errors", "no_data_reason", "explanation"}
 
 
 @pytest.fixture
@@ -49,7 +49,7 @@ def test_registry_has_the_ten_rules():
 
 
 def test_a_healthy_job_fires_nothing_with_default_parameters(healthy):
-    reports = run_profiler_rules(healthy)
+    reports = [r.to_json() for r in run_profiler_rules(healthy)]
     assert [r["rule"] for r in reports] == list(PROFILER_RULES)
     for report in reports:
         assert set(report) == REPORT_KEYS, report
@@ -58,11 +58,11 @@ def test_a_healthy_job_fires_nothing_with_default_parameters(healthy):
     by_rule = {r["rule"]: r for r in reports}
     assert by_rule["CPUBottleneck"]["datapoints"] == 1300 - 1000  # after patience
     assert by_rule["StepOutlier"]["datapoints"] == 39
-    assert by_rule["OverallSystemUsage"]["details"]["nodes"]["algo-1"]["GPUUtilization"]["p50"] == pytest.approx(85, abs=2)
+    assert by_rule["OverallSystemUsage"]["statistics"]["nodes"]["algo-1"]["GPUUtilization"]["p50"] == pytest.approx(85, abs=2)
 
 
 def _fires(trial, rule):
-    report = rule.run(trial)
+    report = rule.run(trial).to_json()
     assert report["fired"] is True, report
     assert report["violations"] > 0 and report["datapoints"] > 0
     return report
@@ -71,24 +71,24 @@ def _fires(trial, rule):
 def test_cpu_bottleneck(tmp_path, metrics_job):
     trial = ProfilerTrial(metrics_job(tmp_path, cpu=96.0, gpus=(5.0, 5.0)))
     report = _fires(trial, CPUBottleneck())
-    assert report["details"]["bottleneck_percent"] > 90
+    assert report["statistics"]["bottleneck_percent"] > 90
 
 
 def test_io_bottleneck(tmp_path, metrics_job):
     trial = ProfilerTrial(metrics_job(tmp_path, iowait=70.0, gpus=(4.0, 4.0)))
     _fires(trial, IOBottleneck())
-    assert not CPUBottleneck().run(trial)["fired"]
+    assert not CPUBottleneck().run(trial).fired
 
 
 def test_low_gpu_utilization_underused_and_fluctuating(tmp_path, metrics_job):
     fluctuating = lambda i: np.where(i % 2 == 0, 0.0, 100.0)  # noqa: E731
     trial = ProfilerTrial(metrics_job(tmp_path, gpus=(85.0, 20.0), gpu_memory=(40.0, 40.0)))
     report = _fires(trial, LowGPUUtilization())
-    assert report["details"]["gpus"]["algo-1/gpu1"]["underutilized_windows"] == 1
-    assert report["details"]["gpus"]["algo-1/gpu0"]["underutilized_windows"] == 0
+    assert report["statistics"]["gpus"]["algo-1/gpu1"]["underutilized_windows"] == 1
+    assert report["statistics"]["gpus"]["algo-1/gpu0"]["underutilized_windows"] == 0
     other = ProfilerTrial(metrics_job(tmp_path / "f", gpus=(85.0, fluctuating)))
     report = _fires(other, LowGPUUtilization(patience="100", window="200"))
-    assert report["details"]["gpus"]["algo-1/gpu1"]["fluctuating_windows"] == 6
+    assert report["statistics"]["gpus"]["algo-1/gpu1"]["fluctuating_windows"] == 6
 
 
 def test_gpu_memory_increase(tmp_path, metrics_job):
@@ -96,27 +96,27 @@ def test_gpu_memory_increase(tmp_path, metrics_job):
     trial = ProfilerTrial(metrics_job(tmp_path, gpu_memory=(40.0, leak)))
     report = _fires(trial, GPUMemoryIncrease())
     assert report["violations"] == 1
-    assert report["details"]["increases"][0]["gpu"] == "algo-1/gpu1"
-    assert report["details"]["increases"][0]["to"] - report["details"]["increases"][0]["from"] == pytest.approx(30, abs=1)
+    assert report["statistics"]["increases"][0]["gpu"] == "algo-1/gpu1"
+    assert report["statistics"]["increases"][0]["to"] - report["statistics"]["increases"][0]["from"] == pytest.approx(30, abs=1)
 
 
 def test_batch_size(tmp_path, metrics_job):
     trial = ProfilerTrial(metrics_job(tmp_path, cpu=20.0, gpus=(30.0, 30.0), gpu_memory=(15.0, 15.0)))
     report = _fires(trial, BatchSize())
-    assert report["violations"] == 2  # one window per GPU
+    assert report["statistics"]["samples_over_threshold"] == 2  # one window per GPU
 
 
 def test_load_balancing(tmp_path, metrics_job):
     trial = ProfilerTrial(metrics_job(tmp_path, gpus=(92.0, 15.0)))
     report = _fires(trial, LoadBalancing())
-    assert report["details"]["worst_pairs"][0]["gpus"] == ["algo-1/gpu0", "algo-1/gpu1"]
-    assert report["details"]["worst_pairs"][0]["distance"] == pytest.approx(0.77, abs=0.03)
+    assert report["statistics"]["worst_pairs"][0]["gpus"] == ["algo-1/gpu0", "algo-1/gpu1"]
+    assert report["statistics"]["worst_pairs"][0]["distance"] == pytest.approx(0.77, abs=0.03)
 
 
 def test_load_balancing_across_nodes(tmp_path, metrics_job):
     metrics_job(tmp_path, nodes=("algo-1",), gpus=(90.0,), gpu_memory=(40.0,))
     metrics_job(tmp_path, nodes=("algo-2",), gpus=(10.0,), gpu_memory=(40.0,))
-    assert LoadBalancing().run(ProfilerTrial(tmp_path))["fired"]
+    assert LoadBalancing().run(ProfilerTrial(tmp_path)).fired
 
 
 def test_max_initialization_time(tmp_path, metrics_job, step_timeline_job):
@@ -124,30 +124,30 @@ def test_max_initialization_time(tmp_path, metrics_job, step_timeline_job):
     metrics_job(tmp_path, samples=80, interval_s=30.0)
     step_timeline_job(tmp_path, first_step_at=T0 + 25 * 60)
     report = _fires(ProfilerTrial(tmp_path), MaxInitializationTime())
-    assert report["details"]["initialization_minutes"] == pytest.approx(25, abs=0.01)
-    assert not MaxInitializationTime(threshold="30").run(ProfilerTrial(tmp_path))["fired"]
+    assert report["statistics"]["initialization_minutes"] == pytest.approx(25, abs=0.01)
+    assert not MaxInitializationTime(threshold="30").run(ProfilerTrial(tmp_path)).fired
 
 
 def test_max_initialization_time_without_any_step(tmp_path, metrics_job):
     metrics_job(tmp_path, samples=50, interval_s=30.0)  # 24.5 minutes, no step at all
     report = _fires(ProfilerTrial(tmp_path), MaxInitializationTime())
-    assert report["details"]["first_step_start"] is None
+    assert report["statistics"]["first_step_start"] is None
 
 
 def test_dataloader(tmp_path, metrics_job, step_timeline_job):
     metrics_job(tmp_path, children=0, cores=4)
     step_timeline_job(tmp_path)
     report = _fires(ProfilerTrial(tmp_path), Dataloader())
-    assert report["details"]["nodes"]["algo-1"] == {"cores": 4, "dataloader_processes": 0, "percent_of_cores": 0.0}
-    assert report["details"]["data_wait_percent_of_step_time"] == pytest.approx(25, abs=1)
+    assert report["statistics"]["nodes"]["algo-1"] == {"cores": 4, "dataloader_processes": 0, "percent_of_cores": 0.0}
+    assert report["statistics"]["data_wait_percent_of_step_time"] == pytest.approx(25, abs=1)
     too_many = ProfilerTrial(metrics_job(tmp_path / "many", children=12, cores=4))
     _fires(too_many, Dataloader())
 
 
 def test_overall_system_usage_never_fires(tmp_path, metrics_job):
-    report = OverallSystemUsage().run(ProfilerTrial(metrics_job(tmp_path, cpu=99.0, gpus=(1.0, 1.0))))
+    report = OverallSystemUsage().run(ProfilerTrial(metrics_job(tmp_path, cpu=99.0, gpus=(1.0, 1.0)))).to_json()
     assert report["fired"] is False and report["datapoints"] > 0
-    cpu = report["details"]["nodes"]["algo-1"]["CPUUtilization"]
+    cpu = report["statistics"]["nodes"]["algo-1"]["CPUUtilization"]
     assert cpu["p50"] == pytest.approx(99, abs=1) and cpu["max"] <= 100
 
 
@@ -164,21 +164,22 @@ def test_step_outlier_on_a_real_loop_with_one_slow_step(tmp_path):
         writer.add(f"Step {step}", began, ended, step=step, mode=ModeKeys.TRAIN)
     writer.close()
     trial = ProfilerTrial(tmp_path)
-    report = StepOutlier(n_outliers=0).run(trial)
-    assert report["fired"] is True
-    assert 15 in [o["step"] for o in report["details"]["outliers"]]
+    report = StepOutlier(n_outliers=0).run(trial).to_json()
+    assert report["fired"] is True and report["status"] == "fired"
+    assert report["details"][0]["where"].startswith("TRAIN step")
+    assert 15 in [o["step"] for o in report["statistics"]["outliers"]]
     # With smdebug's default of ten tolerated outliers one slow step is reported, not fired.
     default = StepOutlier().run(trial)
-    assert default["fired"] is False and default["violations"] >= 1
-    assert StepOutlier(mode="EVAL").run(trial)["datapoints"] == 0
+    assert default.fired is False and default.statistics["samples_over_threshold"] >= 1
+    assert StepOutlier(mode="EVAL").run(trial).status == "no data"
 
 
 def test_legacy_job_runs_too(tmp_path, metrics_job):
     trial = ProfilerTrial(metrics_job(tmp_path, cpu=96.0, gpus=(5.0,), gpu_memory=(40.0,), children=None, legacy_flat=True))
-    reports = {r["rule"]: r for r in run_profiler_rules(trial)}
-    assert reports["CPUBottleneck"]["fired"]
-    assert reports["Dataloader"]["datapoints"] == 0 and not reports["Dataloader"]["fired"]
-    assert reports["StepOutlier"]["details"]["reason"]
+    reports = {r.rule: r for r in run_profiler_rules(trial)}
+    assert reports["CPUBottleneck"].fired
+    assert reports["Dataloader"].status == "no data" and not reports["Dataloader"].fired
+    assert reports["StepOutlier"].no_data_reason
 
 
 # --- construction -----------------------------------------------------------------------
@@ -189,29 +190,29 @@ def test_defaults_are_smdebug_rulesconfig_defaults():
     assert LowGPUUtilization().parameters()["window"] == 500
     assert GPUMemoryIncrease().parameters() == {"increase": 5, "patience": 1000, "window": 10, "scan_interval_us": 60_000_000}
     assert BatchSize().parameters()["gpu_memory_threshold_p95"] == 70
-    assert LoadBalancing().threshold == 0.5
+    assert LoadBalancing().params.threshold == 0.5
     assert StepOutlier().parameters() == {"stddev": 3, "mode": None, "n_outliers": 10, "scan_interval_us": 60_000_000}
-    assert MaxInitializationTime().threshold == 20
-    assert Dataloader().parameters() == {"min_threshold": 70, "max_threshold": 200, "scan_interval_us": 60_000_000}
+    assert MaxInitializationTime().params.threshold == 20
+    assert Dataloader().parameters() == {"min_threshold": 70, "max_threshold": 200, "min_data_wait_percent": 0, "scan_interval_us": 60_000_000}
 
 
 def test_strings_are_accepted():
     rule = LowGPUUtilization(threshold_p95="80", threshold_p5="5.5", window="100", patience="0", scan_interval_us="60000000.0")
-    assert (rule.threshold_p95, rule.threshold_p5, rule.window, rule.patience, rule.scan_interval_us) == (80.0, 5.5, 100, 0, 60_000_000)
-    assert StepOutlier(mode="ModeKeys.EVAL").mode == "EVAL"
-    assert StepOutlier(mode="None").mode is None
+    assert (rule.params.threshold_p95, rule.params.threshold_p5, rule.params.window, rule.params.patience, rule.params.scan_interval_us) == (80.0, 5.5, 100, 0, 60_000_000)
+    assert StepOutlier(mode="ModeKeys.EVAL").params.mode == "EVAL"
+    assert StepOutlier(mode="None").params.mode is None
 
 
 @pytest.mark.parametrize(
     "build, message",
     [
-        (lambda: CPUBottleneck(threshold="150"), "CPUBottleneck.threshold: '150'"),
-        (lambda: LowGPUUtilization(window=0), "LowGPUUtilization.window: 0"),
-        (lambda: GPUMemoryIncrease(patience="-1"), "GPUMemoryIncrease.patience: '-1'"),
-        (lambda: BatchSize(window="2.5"), "BatchSize.window: '2.5'"),
-        (lambda: StepOutlier(mode="training"), "StepOutlier.mode: 'training'"),
-        (lambda: LoadBalancing(threshold=True), "LoadBalancing.threshold: True"),
-        (lambda: from_rulesconfig({"rule_name": "CPUBottleneck", "rule_parameters": {"treshold": 1}}), "CPUBottleneck.treshold"),
+        (lambda: CPUBottleneck(threshold="150"), "CPUBottleneck.threshold must be a percentage in [0, 100], got 150"),
+        (lambda: LowGPUUtilization(window=0), "LowGPUUtilization.window must be an integer >= 1, got 0"),
+        (lambda: GPUMemoryIncrease(patience="-1"), "GPUMemoryIncrease.patience must be an integer >= 0, got -1"),
+        (lambda: BatchSize(window="2.5"), "BatchSize.window must be int, got '2.5'"),
+        (lambda: StepOutlier(mode="training"), "StepOutlier.mode must be a mode (TRAIN, EVAL, PREDICT, GLOBAL), got 'training'"),
+        (lambda: LoadBalancing(threshold=True), "LoadBalancing.threshold must be float, got True"),
+        (lambda: from_rulesconfig({"rule_name": "CPUBottleneck", "rule_parameters": {"treshold": 1}}), "CPUBottleneck: unknown parameter(s) 'treshold'"),
         (lambda: from_rulesconfig({"rule_name": "NoSuchRule"}), "'NoSuchRule'"),
     ],
 )
@@ -222,21 +223,21 @@ def test_bad_parameters_name_the_field_and_value(build, message):
 
 
 def test_from_dicts():
-    assert from_rulesconfig({"rule_name": "IOBottleneck", "rule_parameters": {"io_threshold": "40"}}).io_threshold == 40
+    assert from_rulesconfig({"rule_name": "IOBottleneck", "rule_parameters": {"io_threshold": "40"}}).params.io_threshold == 40
     sagemaker = {"RuleConfigurationName": "mine", "RuleParameters": {"rule_to_invoke": "StepOutlier", "stddev": "5"}}
-    assert from_rulesconfig(sagemaker) == StepOutlier(stddev=5)
-    assert from_rulesconfig({"rule_to_invoke": "Dataloader", "min_threshold": "50"}).min_threshold == 50
+    assert from_rulesconfig(sagemaker).params == StepOutlier(stddev=5).params
+    assert from_rulesconfig({"rule_to_invoke": "Dataloader", "min_threshold": "50"}).params.min_threshold == 50
 
 
 def test_from_smdebug_rulesconfig_objects():
     rulesconfig = pytest.importorskip("smdebug_rulesconfig.profiler_rules.rules")
     for name in PROFILER_RULES:
         built = from_rulesconfig(getattr(rulesconfig, name)())
-        assert built == PROFILER_RULES[name](), name
-    assert from_rulesconfig(rulesconfig.LowGPUUtilization(threshold_p95=60)).threshold_p95 == 60
+        assert built.params == PROFILER_RULES[name]().params, name
+    assert from_rulesconfig(rulesconfig.LowGPUUtilization(threshold_p95=60)).params.threshold_p95 == 60
     report = profiler_report_rules(rulesconfig.ProfilerReport(CPUBottleneck_threshold=70, lowgpuutilization_window=100))
-    by_name = {r.rule_name: r for r in report}
-    assert len(report) == 10 and by_name["CPUBottleneck"].threshold == 70 and by_name["LowGPUUtilization"].window == 100
+    by_name = {r.name: r for r in report}
+    assert len(report) == 10 and by_name["CPUBottleneck"].params.threshold == 70 and by_name["LowGPUUtilization"].params.window == 100
     with pytest.raises(ConfigError, match="ProfilerReport"):
         from_rulesconfig(rulesconfig.ProfilerReport())
 
@@ -244,14 +245,14 @@ def test_from_smdebug_rulesconfig_objects():
 def test_run_profiler_rules_accepts_names_objects_and_paths(tmp_path, metrics_job):
     metrics_job(tmp_path, cpu=96.0, gpus=(5.0, 5.0))
     reports = run_profiler_rules(str(tmp_path), ["CPUBottleneck", LowGPUUtilization(patience=0), {"rule_name": "IOBottleneck"}])
-    assert [r["fired"] for r in reports] == [True, True, False]
-    assert reports[1]["parameters"]["patience"] == 0
+    assert [r.fired for r in reports] == [True, True, False]
+    assert reports[1].parameters["patience"] == 0
 
 
 def test_a_crashing_rule_gives_an_error_report(tmp_path, monkeypatch):
     def boom(self, trial):
         raise RuntimeError("kaput")
 
-    monkeypatch.setattr(CPUBottleneck, "_evaluate", boom)
+    monkeypatch.setattr(CPUBottleneck, "_measure", boom)
     (report,) = run_profiler_rules(ProfilerTrial(tmp_path), ["CPUBottleneck"])
-    assert report["fired"] is False and "kaput" in report["error"]
+    assert report.fired is False and report.status == "error" and "kaput" in report.errors[0]

@@ -1,17 +1,15 @@
-"""Profiler rules over a job's system metrics and step timeline, with the defaults of
-smdebug-rulesconfig; each returns a report dict (see `ProfilerRule.run`).
+"""Profiler rules: whole-job rules (stepscope.rules.JobRule) over a job's system metrics and
+step timeline, with the parameters and defaults of smdebug-rulesconfig. Each puts its
+measurements in `report.statistics` and reports a violation when its condition holds;
+GPU rules on a job without GPU samples report "no data".
 
-Rules are dataclasses taking keyword parameters (numbers, or the strings SageMaker configs
-carry); `from_rulesconfig` builds one from a smdebug_rulesconfig object or a dict, and
-`PROFILER_RULES` names them for `stepscope check`."""
+`from_rulesconfig` builds one from a smdebug_rulesconfig object or a dict, `PROFILER_RULES`
+names them, `run_profiler_rules` runs them over a job."""
 
 from __future__ import annotations
 
-import abc
-import dataclasses
 import itertools
 import logging
-import math
 import os
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -21,7 +19,9 @@ import numpy as np
 import pandas as pd
 
 from ..exceptions import ConfigError
-from ..modes import ModeKeys
+from ..rules.base import JobRule
+from ..rules.params import RuleParams, ranged
+from ..rules.report import RuleReport
 from ..store import Store
 from .reader import ProfilerTrial
 from .timeline import STEP_PHASES
@@ -29,148 +29,116 @@ from .timeline import STEP_PHASES
 logger = logging.getLogger("stepscope.profiler")
 
 _SCAN_INTERVAL_US = 60 * 1000 * 1000  # accepted for SageMaker configs; reading is not polled here
-_MAX_LISTED = 20  # outliers, pairs, ... listed in a report's details
-
-
-# --- parameters -------------------------------------------------------------------------
-
-
-def _param(default: Any, kind: str) -> Any:
-    """A rule parameter: `kind` says how strings are converted and what range is valid."""
-    return field(default=default, metadata={"kind": kind})
-
-
-def _coerce(rule: str, name: str, value: Any, kind: str) -> Any:
-    def bad(expected: str) -> ConfigError:
-        return ConfigError(f"{rule}.{name}: {value!r} is not {expected}")
-
-    if kind == "mode":
-        if value is None or (isinstance(value, str) and value.strip() in ("", "None", "none")):
-            return None
-        text = str(value).strip()
-        text = text.split(".", 1)[1] if text.startswith("ModeKeys.") else text
-        try:
-            return ModeKeys.parse(text).name
-        except ValueError:
-            raise bad("a mode (TRAIN, EVAL, PREDICT, GLOBAL)") from None
-    if isinstance(value, bool):
-        raise bad("a number")
-    try:
-        number = float(value.strip()) if isinstance(value, str) else float(value)
-    except (TypeError, ValueError):
-        raise bad("a number") from None
-    if not math.isfinite(number):
-        raise bad("a finite number")
-    if kind == "percent":
-        if not 0 <= number <= 100:
-            raise bad("a percentage in [0, 100]")
-        return number
-    if kind == "fraction":
-        if not 0 <= number <= 1:
-            raise bad("a number in [0, 1]")
-        return number
-    if kind == "positive":
-        if number <= 0:
-            raise bad("a number > 0")
-        return number
-    if number != int(number):
-        raise bad("an integer")
-    if kind == "count" and number < 0:
-        raise bad("an integer >= 0")
-    if kind == "positive_int" and number < 1:
-        raise bad("an integer >= 1")
-    return int(number)
+_MAX_LISTED = 20  # outliers, pairs, ... listed in a report's statistics
 
 
 @dataclass
 class _Outcome:
+    """What a rule measured: whether its condition holds (`message` says how, with the
+    measured `value` against `threshold`), how many samples it judged, the statistics, and
+    (`reason`) why there was nothing to judge."""
+
     fired: bool
     violations: int
     datapoints: int
     details: dict[str, Any]
+    message: str = ""
+    value: float | None = None
+    threshold: float | None = None
+    reason: str | None = None
+    items: list[dict[str, Any]] = field(default_factory=list)  # one violation each, when listed
 
 
-class ProfilerRule(abc.ABC):
-    """Base of the profiler rules. Subclasses are keyword-only dataclasses whose fields are
-    the rule's parameters (declared with `_param`)."""
+class ProfilerRule(JobRule):
+    """Base of the profiler rules: `_measure(profiler)` returns an _Outcome, which becomes
+    the report (statistics, datapoints, violations) here."""
 
-    rule_name: ClassVar[str]
-
-    def __post_init__(self) -> None:
-        for f in dataclasses.fields(self):  # type: ignore[arg-type]
-            kind = f.metadata.get("kind")
-            if kind:
-                setattr(self, f.name, _coerce(self.rule_name, f.name, getattr(self, f.name), kind))
+    _GPU_ADVICE: ClassVar[tuple[str, ...]] = ()
 
     def parameters(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}  # type: ignore[arg-type]
+        return self.params.to_json()
 
-    def run(self, trial: ProfilerTrial) -> dict[str, Any]:
-        """{"rule", "fired", "violations", "datapoints", "details", "parameters"}; every value
-        plain JSON types."""
-        outcome = self._evaluate(trial)
-        return _plain(
-            {
-                "rule": self.rule_name,
-                "fired": bool(outcome.fired),
-                "violations": int(outcome.violations),
-                "datapoints": int(outcome.datapoints),
-                "details": outcome.details,
-                "parameters": self.parameters(),
-            }
-        )
+    def evaluate(self) -> None:
+        outcome = self._measure(self.profiler)
+        report = self.report
+        report.datapoints = int(outcome.datapoints)
+        report.statistics = dict(outcome.details)
+        report.statistics.setdefault("samples_over_threshold", int(outcome.violations))
+        if outcome.reason is not None:
+            self.no_data(outcome.reason)
+            return
+        if not outcome.fired:
+            return
+        if outcome.items:
+            for item in outcome.items:
+                item = dict(item)
+                self.violation(None, item.pop("message"), **item)
+        else:
+            self.violation(None, outcome.message, value=outcome.value, threshold=outcome.threshold, count=int(outcome.violations))
 
-    @abc.abstractmethod
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome: ...
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
+        raise NotImplementedError
 
 
 # --- the rules --------------------------------------------------------------------------
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class CPUBottleneckParams(RuleParams):
+    threshold: float = ranged(50, "percent")
+    gpu_threshold: float = ranged(10, "percent")
+    cpu_threshold: float = ranged(90, "percent")
+    patience: int = ranged(1000, "count")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class CPUBottleneck(ProfilerRule):
     """GPUs idle while the CPU is saturated, for more than `threshold` % of the samples."""
 
-    rule_name: ClassVar[str] = "CPUBottleneck"
-    threshold: float = _param(50, "percent")
-    gpu_threshold: float = _param(10, "percent")
-    cpu_threshold: float = _param(90, "percent")
-    patience: int = _param(1000, "count")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = CPUBottleneckParams
+    params: CPUBottleneckParams
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
-        return _bottleneck(trial, "CPUUtilization", self.cpu_threshold, self.gpu_threshold, self.threshold, self.patience)
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
+        return _bottleneck(trial, "CPUUtilization", self.params.cpu_threshold, self.params.gpu_threshold, self.params.threshold, self.params.patience)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class IOBottleneckParams(RuleParams):
+    threshold: float = ranged(50, "percent")
+    gpu_threshold: float = ranged(10, "percent")
+    io_threshold: float = ranged(50, "percent")
+    patience: int = ranged(1000, "count")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class IOBottleneck(ProfilerRule):
     """GPUs idle while the CPUs wait on IO, for more than `threshold` % of the samples."""
 
-    rule_name: ClassVar[str] = "IOBottleneck"
-    threshold: float = _param(50, "percent")
-    gpu_threshold: float = _param(10, "percent")
-    io_threshold: float = _param(50, "percent")
-    patience: int = _param(1000, "count")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = IOBottleneckParams
+    params: IOBottleneckParams
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
-        return _bottleneck(trial, "I/OWaitPercentage", self.io_threshold, self.gpu_threshold, self.threshold, self.patience)
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
+        return _bottleneck(trial, "I/OWaitPercentage", self.params.io_threshold, self.params.gpu_threshold, self.params.threshold, self.params.patience)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class LowGPUUtilizationParams(RuleParams):
+    threshold_p95: float = ranged(70, "percent")
+    threshold_p5: float = ranged(10, "percent")
+    window: int = ranged(500, "positive_int")
+    patience: int = ranged(1000, "count")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class LowGPUUtilization(ProfilerRule):
     """Per GPU and window of `window` samples: p95 below `threshold_p95` (under-used), or p95
     above it with p5 below `threshold_p5` (fluctuating)."""
 
-    rule_name: ClassVar[str] = "LowGPUUtilization"
-    threshold_p95: float = _param(70, "percent")
-    threshold_p5: float = _param(10, "percent")
-    window: int = _param(500, "positive_int")
-    patience: int = _param(1000, "count")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = LowGPUUtilizationParams
+    params: LowGPUUtilizationParams
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
-        gpu = _after_patience(_metric(trial, "GPUUtilization"), ["node_id", "name"], self.patience)
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
+        gpu = _after_patience(_metric(trial, "GPUUtilization"), ["node_id", "name"], self.params.patience)
         if gpu.empty:
             return _no_data("no GPU utilization after patience")
         details: dict[str, Any] = {"gpus": {}}
@@ -179,11 +147,11 @@ class LowGPUUtilization(ProfilerRule):
             values = series["value"].to_numpy()
             datapoints += len(values)
             low = fluctuating = 0
-            for chunk in _windows(values, self.window):
+            for chunk in _windows(values, self.params.window):
                 p95, p5 = np.percentile(chunk, 95), np.percentile(chunk, 5)
-                if p95 < self.threshold_p95:
+                if p95 < self.params.threshold_p95:
                     low += 1
-                elif p5 < self.threshold_p5:
+                elif p5 < self.params.threshold_p5:
                     fluctuating += 1
             violations += low + fluctuating
             details["gpus"][f"{node}/{name}"] = {
@@ -192,22 +160,31 @@ class LowGPUUtilization(ProfilerRule):
                 "underutilized_windows": low,
                 "fluctuating_windows": fluctuating,
             }
-        return _Outcome(violations > 0, violations, datapoints, details)
+        worst = min(details["gpus"].items(), key=lambda kv: kv[1]["p95"])
+        message = (
+            f"{violations} window(s) of {self.params.window} samples with GPU utilization under-used (p95 < {self.params.threshold_p95:g}%) "
+            f"or fluctuating (p5 < {self.params.threshold_p5:g}%); lowest p95 {worst[1]['p95']:.0f}% on {worst[0]}"
+        )
+        return _Outcome(violations > 0, violations, datapoints, details, message, worst[1]["p95"], self.params.threshold_p95)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class GPUMemoryIncreaseParams(RuleParams):
+    increase: float = ranged(5, "positive")
+    patience: int = ranged(1000, "count")
+    window: int = ranged(10, "positive_int")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class GPUMemoryIncrease(ProfilerRule):
     """Per GPU, the mean memory footprint of a window of `window` samples exceeds the
     previous window's by more than `increase` percentage points."""
 
-    rule_name: ClassVar[str] = "GPUMemoryIncrease"
-    increase: float = _param(5, "positive")
-    patience: int = _param(1000, "count")
-    window: int = _param(10, "positive_int")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = GPUMemoryIncreaseParams
+    params: GPUMemoryIncreaseParams
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
-        memory = _after_patience(_metric(trial, "GPUMemoryUtilization"), ["node_id", "name"], self.patience)
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
+        memory = _after_patience(_metric(trial, "GPUMemoryUtilization"), ["node_id", "name"], self.params.patience)
         if memory.empty:
             return _no_data("no GPU memory utilization after patience")
         details: dict[str, Any] = {"gpus": {}, "increases": []}
@@ -216,33 +193,39 @@ class GPUMemoryIncrease(ProfilerRule):
             values = series["value"].to_numpy()
             timestamps = series["timestamp"].to_numpy()
             datapoints += len(values)
-            starts = _window_starts(len(values), self.window)
-            means = [float(values[start : start + self.window].mean()) for start in starts]
+            starts = _window_starts(len(values), self.params.window)
+            means = [float(values[start : start + self.params.window].mean()) for start in starts]
             worst = 0.0
             for later, (before, after) in zip(starts[1:], itertools.pairwise(means)):
                 worst = max(worst, after - before)
-                if after - before > self.increase:
+                if after - before > self.params.increase:
                     violations += 1
                     if len(details["increases"]) < _MAX_LISTED:
                         details["increases"].append({"gpu": f"{node}/{name}", "from": before, "to": after, "window_start": float(timestamps[later])})
             details["gpus"][f"{node}/{name}"] = {"largest_increase": worst, "windows": len(means)}
-        return _Outcome(violations > 0, violations, datapoints, details)
+        largest = max((g["largest_increase"] for g in details["gpus"].values()), default=0.0)
+        message = f"GPU memory rose by more than {self.params.increase:g} points between windows {violations} time(s); largest rise {largest:.1f} points"
+        return _Outcome(violations > 0, violations, datapoints, details, message, largest, self.params.increase)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class BatchSizeParams(RuleParams):
+    cpu_threshold_p95: float = ranged(70, "percent")
+    gpu_threshold_p95: float = ranged(70, "percent")
+    gpu_memory_threshold_p95: float = ranged(70, "percent")
+    patience: int = ranged(1000, "count")
+    window: int = ranged(500, "positive_int")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class BatchSize(ProfilerRule):
     """Per GPU and window: CPU, GPU and GPU-memory p95 all below their thresholds, so the
     machine idles and a larger batch (or a smaller instance) would do."""
 
-    rule_name: ClassVar[str] = "BatchSize"
-    cpu_threshold_p95: float = _param(70, "percent")
-    gpu_threshold_p95: float = _param(70, "percent")
-    gpu_memory_threshold_p95: float = _param(70, "percent")
-    patience: int = _param(1000, "count")
-    window: int = _param(500, "positive_int")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = BatchSizeParams
+    params: BatchSizeParams
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
         util = _metric(trial, "GPUUtilization")
         memory = _metric(trial, "GPUMemoryUtilization")
         cpu = _node_total(_metric(trial, "CPUUtilization"))
@@ -251,7 +234,7 @@ class BatchSize(ProfilerRule):
         tolerance = _tolerance(util)
         joined = _join_nearest(util, memory.rename(columns={"value": "memory"}), ["node_id", "name"], tolerance)
         joined = _join_nearest(joined, cpu.rename(columns={"value": "cpu"}), ["node_id"], tolerance)
-        joined = _after_patience(joined.dropna(), ["node_id", "name"], self.patience)
+        joined = _after_patience(joined.dropna(), ["node_id", "name"], self.params.patience)
         if joined.empty:
             return _no_data("no aligned samples after patience")
         details: dict[str, Any] = {"gpus": {}}
@@ -259,9 +242,9 @@ class BatchSize(ProfilerRule):
         for (node, name), series in joined.groupby(["node_id", "name"], sort=True):
             arrays = [series[c].to_numpy() for c in ("cpu", "value", "memory")]
             idle = 0
-            for start in _window_starts(len(series), self.window):
-                cpu_p95, gpu_p95, mem_p95 = (np.percentile(a[start : start + self.window], 95) for a in arrays)
-                if cpu_p95 < self.cpu_threshold_p95 and gpu_p95 < self.gpu_threshold_p95 and mem_p95 < self.gpu_memory_threshold_p95:
+            for start in _window_starts(len(series), self.params.window):
+                cpu_p95, gpu_p95, mem_p95 = (np.percentile(a[start : start + self.params.window], 95) for a in arrays)
+                if cpu_p95 < self.params.cpu_threshold_p95 and gpu_p95 < self.params.gpu_threshold_p95 and mem_p95 < self.params.gpu_memory_threshold_p95:
                     idle += 1
             violations += idle
             details["gpus"][f"{node}/{name}"] = {
@@ -270,25 +253,33 @@ class BatchSize(ProfilerRule):
                 "gpu_memory_p95": float(np.percentile(arrays[2], 95)),
                 "underutilized_windows": idle,
             }
-        return _Outcome(violations > 0, violations, len(joined), details)
+        message = (
+            f"{violations} window(s) where CPU, GPU and GPU memory p95 were all below "
+            f"{self.params.cpu_threshold_p95:g}/{self.params.gpu_threshold_p95:g}/{self.params.gpu_memory_threshold_p95:g}%: the machine idles"
+        )
+        return _Outcome(violations > 0, violations, len(joined), details, message)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class LoadBalancingParams(RuleParams):
+    threshold: float = ranged(0.5, "fraction")
+    patience: int = ranged(1000, "count")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class LoadBalancing(ProfilerRule):
     """Two GPUs of the job whose utilization distributions differ by more than `threshold`,
     measured as the earth mover's distance between them over the 0-100 % range (0: same
     distribution, 1: one always idle while the other is always busy)."""
 
-    rule_name: ClassVar[str] = "LoadBalancing"
-    threshold: float = _param(0.5, "fraction")
-    patience: int = _param(1000, "count")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = LoadBalancingParams
+    params: LoadBalancingParams
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
-        gpu = _after_patience(_metric(trial, "GPUUtilization"), ["node_id", "name"], self.patience)
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
+        gpu = _after_patience(_metric(trial, "GPUUtilization"), ["node_id", "name"], self.params.patience)
         series = {f"{node}/{name}": s["value"].to_numpy() for (node, name), s in gpu.groupby(["node_id", "name"], sort=True)}
         if len(series) < 2:
-            return _Outcome(False, 0, len(gpu), {"reason": "fewer than two GPUs with data after patience"})
+            return _Outcome(False, 0, len(gpu), {}, reason="fewer than two GPUs with data after patience")
         levels = np.linspace(0, 100, 101)
         quantiles = {gpu_id: np.percentile(values, levels) for gpu_id, values in series.items()}
         pairs = []
@@ -296,30 +287,36 @@ class LoadBalancing(ProfilerRule):
             distance = float(np.mean(np.abs(quantiles[a] - quantiles[b])) / 100.0)
             pairs.append({"gpus": [a, b], "distance": distance})
         pairs.sort(key=lambda p: -p["distance"])
-        violations = sum(p["distance"] > self.threshold for p in pairs)
+        violations = sum(p["distance"] > self.params.threshold for p in pairs)
         details = {
             "median_utilization": {gpu_id: float(np.median(v)) for gpu_id, v in series.items()},
             "worst_pairs": pairs[:_MAX_LISTED],
         }
-        return _Outcome(violations > 0, violations, len(gpu), details)
+        worst = pairs[0]
+        message = f"GPUs {worst['gpus'][0]} and {worst['gpus'][1]}: utilization distributions differ by {worst['distance']:.2f} > {self.params.threshold:g}"
+        return _Outcome(violations > 0, violations, len(gpu), details, message, worst["distance"], self.params.threshold)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class StepOutlierParams(RuleParams):
+    stddev: float = ranged(3, "positive")
+    mode: str | None = ranged(None, "mode")
+    n_outliers: int = ranged(10, "count")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class StepOutlier(ProfilerRule):
     """Steps longer than mean + `stddev` standard deviations of their rank and mode; fires
     when there are more than `n_outliers`. The first step of each rank and mode (warm-up,
     compilation) is left out."""
 
-    rule_name: ClassVar[str] = "StepOutlier"
-    stddev: float = _param(3, "positive")
-    mode: str | None = _param(None, "mode")
-    n_outliers: int = _param(10, "count")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = StepOutlierParams
+    params: StepOutlierParams
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
         steps = trial.step_timeline()
         steps = steps[steps["phase"].isin(STEP_PHASES)]
-        modes = [self.mode] if self.mode else ["TRAIN", "EVAL", "GLOBAL"]
+        modes = [self.params.mode] if self.params.mode else ["TRAIN", "EVAL", "GLOBAL"]
         steps = steps[steps["mode"].isin(modes)]
         if steps.empty:
             return _no_data("no step events in the timeline")
@@ -332,55 +329,80 @@ class StepOutlier(ProfilerRule):
             durations = group["duration_ms"].to_numpy()
             datapoints += len(durations)
             mean, std = float(durations.mean()), float(durations.std())
-            limit = mean + self.stddev * std
+            limit = mean + self.params.stddev * std
             outliers = group[durations > limit]
             violations += len(outliers)
             details["groups"][f"{node}/rank{rank}/{mode}"] = {"steps": len(durations), "mean_ms": mean, "std_ms": std, "limit_ms": limit, "outliers": len(outliers)}
             for row in outliers.itertuples():
                 if len(details["outliers"]) < _MAX_LISTED:
                     details["outliers"].append({"node_id": node, "rank": int(rank), "mode": mode, "step": int(row.step), "duration_ms": float(row.duration_ms)})
-        return _Outcome(violations > self.n_outliers, violations, datapoints, details)
+        items = [
+            {
+                "message": f"{o['node_id']}/rank{o['rank']}: step took {o['duration_ms']:.1f} ms, over mean + {self.params.stddev:g} std",
+                "mode": o["mode"], "mode_step": o["step"], "tensor": f"{o['node_id']}/rank{o['rank']}", "value": o["duration_ms"],
+                "threshold": details["groups"][f"{o['node_id']}/rank{o['rank']}/{o['mode']}"]["limit_ms"],
+            }
+            for o in details["outliers"]
+        ]
+        return _Outcome(violations > self.params.n_outliers, violations, datapoints, details, items=items)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class MaxInitializationTimeParams(RuleParams):
+    threshold: float = ranged(20, "positive")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class MaxInitializationTime(ProfilerRule):
     """The first step started more than `threshold` minutes after the job did (or has not
     started that long after)."""
 
-    rule_name: ClassVar[str] = "MaxInitializationTime"
-    threshold: float = _param(20, "positive")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = MaxInitializationTimeParams
+    params: MaxInitializationTimeParams
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
         job_start = trial.job_start()
         if job_start is None:
             return _no_data("no profiler data")
         steps = trial.step_timeline()
         steps = steps[steps["phase"].isin(STEP_PHASES)]
-        limit_s = self.threshold * 60.0
+        limit_s = self.params.threshold * 60.0
         if len(steps):
             first_step = float(steps["start_ns"].min()) / 1e9
             waited = first_step - job_start
             details = {"job_start": job_start, "first_step_start": first_step, "initialization_minutes": waited / 60.0}
-            return _Outcome(waited > limit_s, int(waited > limit_s), 1, details)
+            message = f"the first step started {waited / 60.0:.1f} min after the job > {self.params.threshold:g} min"
+            return _Outcome(waited > limit_s, int(waited > limit_s), 1, details, message, waited / 60.0, self.params.threshold)
         span = trial.time_range()
         last_seen = span[1] if span else job_start
         waited = last_seen - job_start
         details = {"job_start": job_start, "first_step_start": None, "minutes_without_step": waited / 60.0}
-        return _Outcome(waited > limit_s, int(waited > limit_s), 1, details)
+        message = f"no step started in the {waited / 60.0:.1f} min since the job did > {self.params.threshold:g} min"
+        return _Outcome(waited > limit_s, int(waited > limit_s), 1, details, message, waited / 60.0, self.params.threshold)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class DataloaderParams(RuleParams):
+    min_threshold: float = ranged(70, "positive")
+    max_threshold: float = ranged(200, "positive")
+    min_data_wait_percent: float = ranged(0, "percent")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class Dataloader(ProfilerRule):
-    """Data-loading processes (the training process's children) against CPU cores: fewer
-    than `min_threshold` % or more than `max_threshold` % of the cores, on any node."""
+    """Data loading. With `min_data_wait_percent` 0 (SageMaker's rule): fires when the
+    data-loading processes (the training process's children) are fewer than
+    `min_threshold` % or more than `max_threshold` % of the CPU cores, on any node. With
+    `min_data_wait_percent` > 0 (stepscope's default set uses 10): fires only when waiting
+    for data takes at least that share of the step time (the step timeline's data phases),
+    whatever the worker count; the worker count is then evidence, not the verdict."""
 
-    rule_name: ClassVar[str] = "Dataloader"
-    min_threshold: float = _param(70, "positive")
-    max_threshold: float = _param(200, "positive")
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    preset: ClassVar[Mapping[str, Any]] = {"min_data_wait_percent": 10}
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+    Params = DataloaderParams
+    params: DataloaderParams
+
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
         children = _metric(trial, "ChildProcessCount")
         if children.empty:
             return _no_data("no ChildProcessCount samples (legacy job, or monitor not run)")
@@ -392,28 +414,44 @@ class Dataloader(ProfilerRule):
             cores = int(cores_by_node.get(node, 0)) or os.cpu_count() or 1
             workers = int(series["value"].max())
             percent = 100.0 * workers / cores
-            outside = not self.min_threshold <= percent <= self.max_threshold
+            outside = not self.params.min_threshold <= percent <= self.params.max_threshold
             violations += int(outside)
             details["nodes"][node] = {"cores": cores, "dataloader_processes": workers, "percent_of_cores": percent}
         wait = _data_wait_percent(trial.step_timeline())
         if wait is not None:
             details["data_wait_percent_of_step_time"] = wait
-        return _Outcome(violations > 0, violations, len(children), details)
+        gate = self.params.min_data_wait_percent
+        if gate > 0:
+            if wait is None:
+                return _Outcome(False, 0, len(children), details, reason="no data-loading phases in the step timeline to measure the wait")
+            workers = ", ".join(f"{n}: {d['dataloader_processes']} worker process(es) on {d['cores']} cores" for n, d in details["nodes"].items())
+            message = f"waiting for data took {wait:.1f}% of the step time >= {gate:g}% ({workers})"
+            return _Outcome(wait >= gate, int(wait >= gate), len(children), details, message, wait, gate)
+        worst = max(details["nodes"].items(), key=lambda kv: abs(kv[1]["percent_of_cores"] - 100))
+        message = (
+            f"{worst[0]}: {worst[1]['dataloader_processes']} data-loading process(es) on {worst[1]['cores']} cores = "
+            f"{worst[1]['percent_of_cores']:.0f}% of the cores, outside [{self.params.min_threshold:g}, {self.params.max_threshold:g}]%"
+        )
+        return _Outcome(violations > 0, violations, len(children), details, message, worst[1]["percent_of_cores"], self.params.min_threshold)
 
 
-@dataclass(kw_only=True)
+@dataclass(frozen=True)
+class OverallSystemUsageParams(RuleParams):
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
+
+
 class OverallSystemUsage(ProfilerRule):
     """Per node, percentiles of CPU, GPU, memory, IO wait, disk and network; never fires."""
 
-    rule_name: ClassVar[str] = "OverallSystemUsage"
-    scan_interval_us: int = _param(_SCAN_INTERVAL_US, "positive_int")
+    Params = OverallSystemUsageParams
+    params: OverallSystemUsageParams
 
     _DIMENSIONS: ClassVar[tuple[str, ...]] = (
         "CPUUtilization", "I/OWaitPercentage", "GPUUtilization", "GPUMemoryUtilization", "MemoryUsedPercent",
         "DiskReadBytesPerSecond", "DiskWriteBytesPerSecond", "NetworkReceiveBytesPerSecond", "NetworkTransmitBytesPerSecond",
     )
 
-    def _evaluate(self, trial: ProfilerTrial) -> _Outcome:
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
         details: dict[str, Any] = {"nodes": {}}
         datapoints = 0
         for dimension in self._DIMENSIONS:
@@ -431,7 +469,7 @@ class OverallSystemUsage(ProfilerRule):
 
 
 PROFILER_RULES: dict[str, type[ProfilerRule]] = {
-    rule.rule_name: rule
+    rule.__name__: rule
     for rule in (
         CPUBottleneck, IOBottleneck, LowGPUUtilization, GPUMemoryIncrease, BatchSize,
         LoadBalancing, StepOutlier, MaxInitializationTime, Dataloader, OverallSystemUsage,
@@ -473,25 +511,13 @@ def profiler_report_rules(config: Any = None) -> list[ProfilerRule]:
     return [_build(PROFILER_RULES[name], overrides[name]) for name in PROFILER_RULES]
 
 
-def run_profiler_rules(trial: Any, rules: Iterable[Any] | None = None) -> list[dict[str, Any]]:
+def run_profiler_rules(trial: Any, rules: Iterable[Any] | None = None) -> list[RuleReport]:
     """Run `rules` (rule objects, registry names, or rulesconfig objects/dicts; all rules
-    with defaults when None) over `trial` (a ProfilerTrial, an object with `.profiler`, a
-    path or a Store). A rule that crashes gives a report with "error" and fired False."""
+    with SageMaker's defaults when None) over `trial` (a Trial, a ProfilerTrial, a path or a
+    Store), without actions. A rule that crashes gives a report with status "error"."""
     if isinstance(trial, (str, os.PathLike, Store)):
         trial = ProfilerTrial(trial)
-    elif not isinstance(trial, ProfilerTrial) and hasattr(trial, "profiler"):
-        trial = trial.profiler
-    resolved = [_resolve(rule) for rule in (rules if rules is not None else PROFILER_RULES)]
-    reports = []
-    for rule in resolved:
-        try:
-            reports.append(rule.run(trial))
-        except Exception as exc:
-            logger.exception("profiler rule %s failed", rule.rule_name)
-            reports.append(
-                _plain({"rule": rule.rule_name, "fired": False, "violations": 0, "datapoints": 0, "details": {}, "parameters": rule.parameters(), "error": repr(exc)})
-            )
-    return reports
+    return [rule.run(trial) for rule in (_resolve(r) for r in (rules if rules is not None else PROFILER_RULES))]
 
 
 def _resolve(rule: Any) -> ProfilerRule:
@@ -531,12 +557,8 @@ def _name_and_parameters(config: Any) -> tuple[str, dict[str, Any]]:
     return str(invoked or name), parameters
 
 
-def _build(cls: type[ProfilerRule], parameters: Mapping[str, Any]) -> ProfilerRule:
-    known = {f.name for f in dataclasses.fields(cls)}  # type: ignore[arg-type]
-    unknown = sorted(set(parameters) - known)
-    if unknown:
-        raise ConfigError(f"{cls.rule_name}.{unknown[0]}: unknown parameter (known: {', '.join(sorted(known))})")
-    return cls(**parameters)
+def _build(cls: type[ProfilerRule], parameters: Mapping[str, Any], name: str | None = None) -> ProfilerRule:
+    return cls(name=name, **dict(parameters))
 
 
 # --- data helpers -----------------------------------------------------------------------
@@ -630,7 +652,8 @@ def _bottleneck(trial: ProfilerTrial, dimension: str, busy_threshold: float, gpu
         node: {"datapoints": int(len(g)), "bottlenecks": int(hit[g.index].sum())}
         for node, g in joined.groupby("node_id", sort=True)
     }
-    return _Outcome(percent > percent_threshold, violations, datapoints, {"bottleneck_percent": percent, "nodes": per_node})
+    message = f"{percent:.1f}% of the samples had {dimension} > {busy_threshold:g}% while GPUs were below {gpu_threshold:g}% (> {percent_threshold:g}%)"
+    return _Outcome(percent > percent_threshold, violations, datapoints, {"bottleneck_percent": percent, "nodes": per_node}, message, percent, percent_threshold)
 
 
 def _data_wait_percent(timeline: pd.DataFrame) -> float | None:
@@ -640,21 +663,4 @@ def _data_wait_percent(timeline: pd.DataFrame) -> float | None:
 
 
 def _no_data(reason: str) -> _Outcome:
-    return _Outcome(False, 0, 0, {"reason": reason})
-
-
-def _plain(value: Any) -> Any:
-    """numpy scalars and tuples into JSON types, so reports serialise as they are."""
-    if isinstance(value, dict):
-        return {str(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_plain(v) for v in value]
-    if isinstance(value, np.bool_):
-        return bool(value)
-    if isinstance(value, np.integer):
-        return int(value)
-    if isinstance(value, np.floating):
-        return float(value)
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
-    return value
+    return _Outcome(False, 0, 0, {}, reason=reason)

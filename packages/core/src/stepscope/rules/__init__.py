@@ -1,23 +1,32 @@
-"""Rules: checks run over a trial step by step, after training or while it runs, and the
-actions taken when one fires. See docs/rules.md."""
+"""Rules: checks over a training job, and the actions taken when one fires.
+
+One model (see docs/rules.md): `Rule` (step-wise tensor rules) and `JobRule` (whole-job
+rules: profiler data, traces) report `Evidence` into a `RuleReport` with the rule's
+`Explanation`; `run_rules` runs both kinds and triggers their actions; `default_rules`
+is what `stepscope check` runs."""
 
 from .actions import Action, Log, StopTraining, Webhook, parse_actions
 from .activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
-from .base import Rule, RuleEvaluationConditionMet, RuleParams, RuleReport, TensorRequest
+from .base import JobRule, Rule, RuleEvaluationConditionMet
 from .classification import ClassImbalance, Confusion
-from .config import collection_configurations, from_config, load_rules_config
-from .engine import ReadCache, invoke_rule, run_rules
+from .config import collection_configurations, from_config, load_rules_config, rules_from_config
+from .engine import invoke_rule, run_rules
 from .inputs import CheckInputImages, NLPSequenceRatio
 from .losses import LossNotDecreasing, Overfit, Overtraining, StalledTrainingRule
-from .registry import BUILTIN_RULES, DEFAULT_RULES, load_rule_class, profiler_rules
+from .params import RuleParams, ranged, require
+from .reading import ReadCache, TensorReader, TensorRequest
+from .registry import BUILTIN_RULES, DEFAULT_RULES, build_rule, default_rules, describe_rules, load_rule_class, profiler_rules, rule_class
+from .report import Evidence, Explanation, RuleReport, format_table, jsonable, step_label
 from .tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor, VanishingGradient, WeightUpdateRatio
 
 __all__ = [
     "Action", "Log", "StopTraining", "Webhook", "parse_actions",
-    "Rule", "RuleEvaluationConditionMet", "RuleParams", "RuleReport", "TensorRequest",
-    "from_config", "collection_configurations", "load_rules_config",
-    "ReadCache", "invoke_rule", "run_rules",
-    "BUILTIN_RULES", "DEFAULT_RULES", "load_rule_class", "profiler_rules",
+    "Rule", "JobRule", "RuleEvaluationConditionMet", "RuleParams", "ranged", "require",
+    "RuleReport", "Evidence", "Explanation", "format_table", "jsonable", "step_label",
+    "TensorRequest", "TensorReader", "ReadCache",
+    "from_config", "rules_from_config", "collection_configurations", "load_rules_config",
+    "invoke_rule", "run_rules",
+    "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "build_rule", "rule_class", "describe_rules", "load_rule_class", "profiler_rules",
     "VanishingGradient", "ExplodingTensor", "DeadRelu", "SaturatedActivation", "PoorWeightInitialization",
     "WeightUpdateRatio", "AllZero", "UnchangedTensor", "LossNotDecreasing", "Overfit", "Overtraining",
     "SimilarAcrossRuns", "StalledTrainingRule", "TensorVariance", "ClassImbalance", "Confusion",

@@ -26,7 +26,8 @@ UNSUPPORTED = ("email", "sms")
 class Action:
     """Run once, the first time its rule fires."""
 
-    def trigger(self, rule: Rule, step: int) -> None:
+    def trigger(self, rule: Rule, step: int | None) -> None:
+        """`step`: the global step the rule fired at; None for a whole-job rule."""
         raise NotImplementedError
 
 
@@ -39,10 +40,10 @@ class StopTraining(Action):
 
     training_job_prefix: str | None = None
 
-    def trigger(self, rule: Rule, step: int) -> None:
-        reason = rule.report.details[-1]["message"] if rule.report.details else f"fired at step {step}"
-        request_stop(rule.trial.store, rule.name, reason, step=step)
-        logger.warning("stepscope: rule %s asked %s to stop training (step %d)", rule.name, rule.trial.path, step)
+    def trigger(self, rule: Rule, step: int | None) -> None:
+        reason = _last_message(rule) or f"fired at step {step}"
+        request_stop(rule.store, rule.name, reason, step=step)
+        logger.warning("stepscope: rule %s asked %s to stop training (step %s)", rule.name, rule.path, step)
 
 
 @dataclass
@@ -51,9 +52,9 @@ class Log(Action):
 
     level: int = logging.WARNING
 
-    def trigger(self, rule: Rule, step: int) -> None:
-        message = rule.report.details[-1]["message"] if rule.report.details else ""
-        logger.log(self.level, "stepscope: rule %s fired at step %d on %s: %s", rule.name, step, rule.trial.path, message)
+    def trigger(self, rule: Rule, step: int | None) -> None:
+        where = rule.report.evidence[-1].where if rule.report.evidence else f"step {step}"
+        logger.log(self.level, "stepscope: rule %s fired at %s on %s: %s", rule.name, where, rule.path, _last_message(rule))
 
 
 @dataclass
@@ -74,11 +75,11 @@ class Webhook(Action):
         if self.retries < 0:
             raise ConfigError(f"Webhook.retries must be >= 0, got {self.retries!r}")
 
-    def payload(self, rule: Rule, step: int) -> bytes:
-        body = {"rule": rule.name, "step": step, "trial": rule.trial.path, "report": rule.report.to_json()}
+    def payload(self, rule: Rule, step: int | None) -> bytes:
+        body = {"rule": rule.name, "step": step, "trial": rule.path, "report": rule.report.to_json()}
         return json.dumps(body, default=str).encode()
 
-    def trigger(self, rule: Rule, step: int) -> None:
+    def trigger(self, rule: Rule, step: int | None) -> None:
         data = self.payload(rule, step)
         headers = {"Content-Type": "application/json", "User-Agent": "stepscope", **(self.headers or {})}
         last_error: Exception | None = None
@@ -97,6 +98,10 @@ class Webhook(Action):
             except (urllib.error.URLError, OSError) as exc:
                 last_error = exc
         raise RuntimeError(f"webhook {self.url} failed: {last_error}")
+
+
+def _last_message(rule: Rule) -> str:
+    return rule.report.evidence[-1].message if rule.report.evidence else ""
 
 
 def _unsupported(name: str) -> ConfigError:

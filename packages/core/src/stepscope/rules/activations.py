@@ -3,6 +3,7 @@ PoorWeightInitialization. They need raw activation tensors (batch first)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -11,6 +12,36 @@ import numpy as np
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
 from .tensors import GRADIENT_REGEX, TRAINING_MODES
+
+# Module classes (torch, Keras layer classes) of each activation function, lower case.
+ACTIVATION_CLASSES = {
+    "relu": ("relu", "relu6"),
+    "tanh": ("tanh",),
+    "sigmoid": ("sigmoid",),
+}
+_IO = re.compile(r"_(input|output)_\d+$")
+
+
+def activation_kind(module_class: str | None) -> str | None:
+    """"relu", "tanh" or "sigmoid" for a module class name ("ReLU", "Tanh", ...)."""
+    lowered = (module_class or "").lower()
+    for kind, classes in ACTIVATION_CLASSES.items():
+        if lowered in classes:
+            return kind
+    return None
+
+
+def activation_layers(trial: Trial, kind: str, io: str | None = None) -> list[str]:
+    """Tensors saved as the input or output (`io`: "input", "output", None for either) of a
+    module whose recorded class is an activation of `kind` ("relu", "tanh", "sigmoid")."""
+    out = []
+    for name in trial.tensor_names():
+        found = _IO.search(name)
+        if found is None or (io is not None and found.group(1) != io):
+            continue
+        if activation_kind(trial.module_class(name)) == kind:
+            out.append(name)
+    return out
 
 
 def unit_activity(value: np.ndarray, active: np.ndarray) -> np.ndarray:
@@ -26,6 +57,8 @@ def unit_activity(value: np.ndarray, active: np.ndarray) -> np.ndarray:
 class _LayerParams(RuleParams):
     threshold_inactivity: float = 1.0
     threshold_layer: float = 50.0
+    # Also inspect tensors the hook recorded as a ReLU's output / a tanh's or sigmoid's input.
+    by_module_class: bool = False
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold_inactivity", self.threshold_inactivity, 0 <= self.threshold_inactivity <= 100, "a percentage in [0, 100]")
@@ -38,8 +71,20 @@ class _InactiveUnits(Rule):
 
     state: str  # "dead", "saturated": names the finding in messages and details
 
+    # Which activations (ACTIVATION_CLASSES keys) and which side of them this rule reads
+    # when `by_module_class` is on.
+    kinds: tuple[str, ...] = ()
+    side: str = "output"
+
     def _layers(self) -> list[str]:
-        return self.select_tensors((), self.params.tensor_regex, all_when_empty=False)
+        chosen = self.select_tensors((), self.params.tensor_regex, all_when_empty=False)
+        if self.params.by_module_class:
+            by_class = [n for kind in self.kinds for n in activation_layers(self.trial, kind, self.side)]
+            chosen = sorted(set(chosen) | set(by_class))
+        return chosen
+
+    def has_inputs(self) -> bool:
+        return bool(self._layers())
 
     def _active(self, name: str, value: np.ndarray) -> np.ndarray:
         raise NotImplementedError
@@ -76,8 +121,11 @@ class DeadRelu(_InactiveUnits):
 
     Params = DeadReluParams
     params: DeadReluParams
+    preset = {"by_module_class": True}
 
     state = "dead"
+    kinds = ("relu",)
+    side = "output"
 
     def _active(self, name: str, value: np.ndarray) -> np.ndarray:
         return value > 0
@@ -106,14 +154,18 @@ class SaturatedActivation(_InactiveUnits):
 
     Params = SaturatedActivationParams
     params: SaturatedActivationParams
+    preset = {"by_module_class": True}
 
     state = "saturated"
+    kinds = ("tanh", "sigmoid")
+    side = "input"
 
     def _layers(self) -> list[str]:
         return [n for n in super()._layers() if self._bounds(n) is not None]
 
     def _bounds(self, name: str) -> tuple[float, ...] | None:
-        lowered = name.lower()
+        kind = activation_kind(self.trial.module_class(name))
+        lowered = kind or name.lower()
         if "tanh" in lowered:
             return self.params.threshold_tanh
         if "sigmoid" in lowered:

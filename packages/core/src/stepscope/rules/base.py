@@ -1,36 +1,32 @@
-"""The Rule base class, its report, and typed rule parameters (strings accepted, as rule
-configurations carry every value as a string)."""
+"""The one rule model: `Rule`, the base of every check. A tensor rule (kind "tensor") is
+invoked step by step over a trial, smdebug-style; a whole-job rule (`JobRule`, kind "job":
+profiler data, traces) is evaluated once over everything the job recorded. Both report
+violations through `violation(...)` into one `RuleReport`, and the engine (rules.engine)
+runs both and triggers their actions. See docs/rules.md."""
 
 from __future__ import annotations
 
-import dataclasses
-import logging
+import os
 import re
-import types
-import typing
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, ClassVar, Union
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..config import parse_bool
-from ..exceptions import ConfigError, StepNotYetAvailable, StepscopeError, StepUnavailable, TensorUnavailable, TensorUnavailableForStep
+from ..exceptions import StepscopeError
 from ..modes import ModeKeys
-from ..reductions import compute as compute_reduction
-from ..reductions import normalize_reduction, parse_reduction_tensor_name, reduction_tensor_name
+from ..reductions import parse_reduction_tensor_name
+from .params import RuleParams, require
+from .reading import MISSING, TensorReader, TensorRequest
+from .report import Evidence, Explanation, RuleReport, jsonable
 
 if TYPE_CHECKING:
+    from ..profiler.reader import ProfilerTrial
+    from ..store import Store
     from ..trial import Trial
     from .actions import Action
-    from .engine import ReadCache
 
-logger = logging.getLogger("stepscope")
-
-# A report keeps this many violation details; the count keeps going.
-MAX_DETAILS = 100
-
-_MISSING = (TensorUnavailable, TensorUnavailableForStep, StepUnavailable, StepNotYetAvailable)
+_DIRECT = TensorReader()
 
 
 class RuleEvaluationConditionMet(StepscopeError):
@@ -41,190 +37,100 @@ class RuleEvaluationConditionMet(StepscopeError):
         self.rule, self.step, self.report = rule, step, report
 
 
-# --- typed parameters -------------------------------------------------------------------
-
-
-def _split_list(value: Any) -> list[Any]:
-    if isinstance(value, str):
-        text = value.strip()
-        if text.startswith(("(", "[")) and text.endswith((")", "]")):
-            text = text[1:-1]
-        return [part.strip() for part in text.split(",") if part.strip()]
-    if isinstance(value, Iterable):
-        return list(value)
-    return [value]
-
-
-def _convert(owner: str, name: str, kind: Any, value: Any) -> Any:
-    """Convert `value` (maybe a string) to the annotated type `kind`, or raise ConfigError
-    naming the parameter and the value."""
-    origin = typing.get_origin(kind)
-    args = typing.get_args(kind)
-    if origin in (Union, types.UnionType):
-        if value is None or (isinstance(value, str) and value.strip().lower() in ("", "none", "null")):
-            if type(None) in args:
-                return None
-        inner = [a for a in args if a is not type(None)]
-        return _convert(owner, name, inner[0], value)
-    if origin is tuple:
-        item_kind = args[0] if args else str
-        return tuple(_convert(owner, name, item_kind, item) for item in _split_list(value))
-    try:
-        if kind is bool:
-            return parse_bool(f"{owner}.{name}", value)
-        if kind is int:
-            if isinstance(value, bool):
-                raise ValueError
-            number = float(value)
-            if number != int(number):
-                raise ValueError
-            return int(number)
-        if kind is float:
-            if isinstance(value, bool):
-                raise ValueError
-            return float(value)
-        if kind is str:
-            if not isinstance(value, (str, int, float)):
-                raise ValueError
-            return str(value)
-    except ConfigError:
-        raise
-    except (TypeError, ValueError):
-        raise ConfigError(f"{owner}.{name} must be {getattr(kind, '__name__', kind)}, got {value!r}") from None
-    return value
-
-
-@dataclass(frozen=True)
-class RuleParams:
-    """Base of every rule's parameters. Subclasses are frozen dataclasses whose fields carry
-    the defaults; `parse` converts strings and rejects unknown names."""
-
-    @classmethod
-    def parse(cls, owner: str, values: Mapping[str, Any]) -> RuleParams:
-        hints = typing.get_type_hints(cls)
-        fields = {f.name: f for f in dataclasses.fields(cls)}
-        unknown = sorted(set(values) - set(fields))
-        if unknown:
-            raise ConfigError(f"{owner}: unknown parameter(s) {', '.join(map(repr, unknown))}; valid: {', '.join(fields) or '(none)'}")
-        converted = {name: _convert(owner, name, hints[name], value) for name, value in values.items()}
-        params = cls(**converted)
-        params.validate(owner)
-        return params
-
-    def validate(self, owner: str) -> None:
-        """Check values together (ranges, required combinations); raise ConfigError."""
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self).items()}
-
-
-def require(owner: str, name: str, value: float | None, ok: bool, what: str) -> None:
-    if not ok:
-        raise ConfigError(f"{owner}.{name} must be {what}, got {value!r}")
-
-
-# --- the report ---------------------------------------------------------------------------
-
-
-@dataclass
-class RuleReport:
-    """What one rule found: whether it fired, where, and why. JSON-serialisable."""
-
-    rule: str
-    rule_class: str
-    parameters: dict[str, Any]
-    fired: bool = False
-    fired_steps: list[int] = field(default_factory=list)
-    violations: int = 0
-    details: list[dict[str, Any]] = field(default_factory=list)
-    steps_evaluated: int = 0
-    first_step: int | None = None
-    last_step: int | None = None
-    tensors_inspected: int = 0
-    errors: list[str] = field(default_factory=list)
-
-    @property
-    def status(self) -> str:
-        if self.fired:
-            return "fired"
-        if self.errors:
-            return "error"
-        if not self.steps_evaluated or not self.tensors_inspected:
-            return "no data"
-        return "ok"
-
-    def to_json(self) -> dict[str, Any]:
-        body = dataclasses.asdict(self)
-        body["status"] = self.status
-        return body
-
-    def summary(self) -> str:
-        if self.fired:
-            first = self.details[0]["message"] if self.details else ""
-            return f"fired at {len(self.fired_steps)} step(s), first {self.fired_steps[0]}: {first}"
-        if self.errors:
-            return self.errors[0]
-        if not self.steps_evaluated:
-            return "no steps to evaluate"
-        if not self.tensors_inspected:
-            return "no matching tensors were saved"
-        return f"ok over {self.steps_evaluated} step(s)"
-
-
-# --- the rule -----------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class TensorRequest:
-    """A value a rule will read at a step: the raw tensor, or one of its reductions."""
-
-    name: str
-    step: int
-    reduction: str | None = None
-    abs: bool = False
-
-
 class Rule:
-    """A check run over a trial step by step.
+    """A check over one training job.
 
-    Subclasses set `Params` (a RuleParams dataclass) and implement `invoke_at_step(step)`,
-    returning True when the condition holds at that global step; `self.violation(...)`
-    records why. `required_tensors(step)` lists what the step will read so the engine can
-    fetch it for every rule at once. Read through `self.value` / `self.reduction`, which
-    share one cache between the rules of a run and return None for anything not saved."""
+    Subclasses set `Params` (a RuleParams dataclass: parameters with SageMaker's defaults),
+    `explanation` (definition, causes, advice) and, when stepscope's default set should use
+    other values than SageMaker's, `preset`. A tensor rule implements
+    `invoke_at_step(step)` and calls `self.violation(...)` for each problem it finds; the
+    rule fired at a step when it reported a violation there (a custom rule that only returns
+    True gets a generic violation). `required_tensors(step)` lists what the step will read
+    so the engine fetches it for every rule at once. Read through `value` / `reduction`,
+    which return None for anything not saved."""
 
     Params: ClassVar[type[RuleParams]] = RuleParams
     # Name used in configurations and reports; defaults to the class name.
     rule_name: ClassVar[str | None] = None
+    kind: ClassVar[str] = "tensor"
+    # What the rule checks, likely causes, advice; built-in rules take theirs from
+    # rules.advice by class name, a user rule may set its own.
+    explanation: ClassVar[Explanation | None] = None
+    # Parameters stepscope's default set (`default_rules`) gives this rule instead of the
+    # SageMaker defaults in `Params`; rules built by name or from configs use `Params`.
+    preset: ClassVar[Mapping[str, Any]] = {}
 
-    def __init__(self, base_trial: Trial, *, name: str | None = None, actions: Sequence[Action] = (), **params: Any):
+    def __init__(self, base_trial: Any, *, name: str | None = None, actions: Sequence[Action] = (), **params: Any):
         self.base_trial = base_trial
         self.name = name or self.rule_name or type(self).__name__
         self.params = self.Params.parse(self.name, params)
         self.actions: list[Action] = list(actions)
         # Collections a rule configuration asked the hook to save (see rules.config).
         self.collection_configurations: list[Any] = []
-        self.report = RuleReport(self.name, type(self).__name__, self.params.to_json())
-        self._cache: ReadCache | None = None
+        self.reader: TensorReader = _DIRECT
         self._inspected: set[str] = set()
         self._selection: tuple[int, tuple[str, ...], tuple[str, ...], list[str]] | None = None
+        self.report = self._new_report()
+
+    def _new_report(self) -> RuleReport:
+        return RuleReport(self.name, type(self).__name__, self.kind, self.params.to_json(), self.explain())
+
+    @classmethod
+    def explain(cls) -> Explanation:
+        """The rule's explanation: its own, else the built-in one of its class, else the docstring."""
+        from .advice import EXPLANATIONS
+
+        if cls.explanation is not None:
+            return cls.explanation
+        for klass in cls.__mro__:
+            if klass.__name__ in EXPLANATIONS:
+                return EXPLANATIONS[klass.__name__]
+        return Explanation(" ".join((cls.__doc__ or "A user-defined rule.").split()))
 
     @property
     def trial(self) -> Trial:
         return self.base_trial
 
-    # --- what subclasses implement -----------------------------------------------------
+    @property
+    def store(self) -> Store:
+        """Where the job lives (stop requests and reports are written there)."""
+        return self.trial.store
+
+    @property
+    def path(self) -> str:
+        return str(getattr(self.trial, "path", ""))
+
+    def use_reader(self, reader: TensorReader) -> None:
+        """Read through `reader` (the engine's shared cache) from now on."""
+        self.reader = reader
+
+    @classmethod
+    def describe(cls) -> dict[str, Any]:
+        """Name, kind, parameters (SageMaker defaults), preset, docstring and explanation."""
+        return jsonable(
+            {
+                "name": cls.rule_name or cls.__name__, "kind": cls.kind, "parameters": cls.Params.defaults(), "preset": dict(cls.preset),
+                "doc": " ".join((cls.__doc__ or "").split()), "explanation": cls.explain(),
+            }
+        )
+
+    # --- what tensor rules implement ---------------------------------------------------
 
     def required_tensors(self, step: int) -> Iterable[TensorRequest]:
         """What `invoke_at_step(step)` will read; an optimisation, never a restriction."""
         return ()
 
-    def invoke_at_step(self, step: int) -> bool:
+    def invoke_at_step(self, step: int) -> bool | None:
         raise NotImplementedError
+
+    def has_inputs(self) -> bool:
+        """Whether the job saved what this rule reads; the default set leaves out rules
+        without inputs (a rule run by name still runs and says "no data")."""
+        return True
 
     def check_idle(self, idle_s: float, last_step: int | None) -> bool:
         """Called while following a running job that has written nothing new for `idle_s`
-        seconds; True fires the rule (StalledTrainingRule uses it)."""
+        seconds; report a violation to fire (StalledTrainingRule does)."""
         return False
 
     # --- reading ------------------------------------------------------------------------
@@ -250,82 +156,112 @@ class Rule:
     def has_raw(self, name: str, step: int) -> bool:
         return self.trial.has_tensor(name) and self.trial.tensor(name).has_value(step)
 
+    def mark_inspected(self, name: str) -> None:
+        if name not in self._inspected:
+            self._inspected.add(name)
+            self.report.tensors_inspected = len(self._inspected)
+
     def value(self, name: str, step: int, trial: Trial | None = None) -> np.ndarray | None:
         """The raw value of `name` at global `step`, or None when it was not saved."""
         trial = trial or self.trial
-        if self._cache is not None:
-            array = self._cache.value(trial, name, step)
-        else:
-            try:
-                array = trial.tensor(name).value(step)
-            except _MISSING:
-                array = None
+        array = self.reader.value(trial, name, step)
         if array is not None and trial is self.trial:
-            self._inspected.add(name)
+            self.mark_inspected(name)
         return array
 
     def reduction(self, name: str, step: int, reduction: str, abs: bool = False, trial: Trial | None = None) -> float | None:
         """A reduction of `name` at `step`: the saved one, else computed from the raw value;
         None when neither was saved."""
         trial = trial or self.trial
-        if self._cache is not None:
-            result = self._cache.reduction(trial, name, step, reduction, abs)
-        else:
-            result = read_reduction(trial, name, step, reduction, abs, lambda n, s: _plain_value(trial, n, s))
+        result = self.reader.reduction(trial, name, step, reduction, abs)
         if result is not None and trial is self.trial:
-            self._inspected.add(name)
+            self.mark_inspected(name)
         return result
 
     def mode_of(self, step: int) -> tuple[ModeKeys, int]:
         return self.trial.mode_of(step)
 
-    # --- recording ----------------------------------------------------------------------
+    # --- reporting ----------------------------------------------------------------------
 
-    def violation(self, step: int, message: str, **details: Any) -> None:
-        """Record one reason the rule fires at `step` (kept up to MAX_DETAILS per report)."""
-        self.report.violations += 1
-        if len(self.report.details) < MAX_DETAILS:
-            self.report.details.append({"step": step, "message": message, **{k: _jsonable(v) for k, v in details.items()}})
+    def violation(
+        self, step: int | None, message: str, *, tensor: str | None = None, value: Any = None, threshold: Any = None,
+        mode: str | None = None, mode_step: int | None = None, **data: Any,
+    ) -> None:
+        """Record one problem at global `step` (None: the whole job): the message, the tensor
+        or resource, the measured value and the threshold it crossed, and extras."""
+        if step is not None and mode is None:
+            try:
+                found_mode, found_step = self.mode_of(step)
+                mode, mode_step = found_mode.name, found_step
+            except (MISSING + (AttributeError,)):
+                pass
+        self.report.add(Evidence(message, step, mode, mode_step, tensor, _number(value), _number(threshold), jsonable(data)))
+
+    def no_data(self, reason: str) -> None:
+        """Say why the rule could not judge the job (shown as status "no data")."""
+        self.report.no_data_reason = reason
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}(name={self.name!r}, params={self.params})"
 
 
-def _plain_value(trial: Trial, name: str, step: int) -> np.ndarray | None:
-    try:
-        return trial.tensor(name).value(step)
-    except _MISSING:
-        return None
+class JobRule(Rule):
+    """A rule over the whole job at once (system metrics, the step timeline, traces),
+    evaluated after the step-wise rules. `base_trial` is a Trial, a ProfilerTrial, a path /
+    s3:// URL / Store, or None to give the job later (`run(trial)`, or the engine binds the
+    trial of the run). Subclasses implement `evaluate()`: read `self.profiler`, put
+    measurements in `self.report.statistics`, count what was judged in
+    `self.report.datapoints`, and call `violation(...)` / `no_data(...)`."""
+
+    kind: ClassVar[str] = "job"
+
+    def __init__(self, base_trial: Any = None, *, name: str | None = None, actions: Sequence[Action] = (), **params: Any):
+        super().__init__(None, name=name, actions=actions, **params)
+        self._profiler: ProfilerTrial | None = None
+        if base_trial is not None:
+            self.bind(base_trial)
+
+    def bind(self, trial: Any) -> None:
+        """Judge `trial` (Trial, ProfilerTrial, path, s3:// URL or Store)."""
+        from ..profiler.reader import ProfilerTrial
+        from ..store import Store
+
+        if isinstance(trial, (str, os.PathLike, Store)):
+            trial = ProfilerTrial(trial)
+        self.base_trial = trial
+        self._profiler = trial if isinstance(trial, ProfilerTrial) else trial.profiler
+
+    @property
+    def bound(self) -> bool:
+        return self.base_trial is not None
+
+    @property
+    def profiler(self) -> ProfilerTrial:
+        if self._profiler is None:
+            raise StepscopeError(f"rule {self.name} has no job to judge; give it a trial")
+        return self._profiler
+
+    def evaluate(self) -> None:
+        raise NotImplementedError
+
+    def invoke_at_step(self, step: int) -> bool:  # a job rule is not step-wise
+        return False
+
+    def run(self, trial: Any = None) -> RuleReport:
+        """Evaluate over `trial` (or the bound one) now, without actions; a fresh report."""
+        if trial is not None:
+            self.bind(trial)
+        from .engine import evaluate_job_rule
+
+        self.report = self._new_report()
+        evaluate_job_rule(self, run_actions=False)
+        return self.report
 
 
-def read_reduction(trial: Trial, name: str, step: int, reduction: str, abs: bool, raw_value) -> float | None:
-    """A saved reduction tensor (either spelling of the norms) or, failing that, the
-    reduction computed from the raw value read with `raw_value(name, step)`."""
-    base = normalize_reduction(reduction)
-    for spelling in (base, f"{base}_norm") if base in ("l1", "l2") else (base,):
-        saved_name = reduction_tensor_name(name, spelling, abs)
-        if trial.has_tensor(saved_name):
-            saved = raw_value(saved_name, step)
-            if saved is not None:
-                return float(np.asarray(saved).reshape(-1)[0])
-    raw = raw_value(name, step)
-    if raw is None or np.asarray(raw).size == 0:
-        return None
-    return float(compute_reduction(raw, base, abs))
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, np.generic):
+def _number(value: Any) -> Any:
+    if isinstance(value, (np.generic,)):
         return value.item()
-    if isinstance(value, np.ndarray):
-        return value.tolist()
-    if isinstance(value, float) and not np.isfinite(value):
-        return str(value)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
     return value
 
 
-__all__ = ["Rule", "RuleParams", "RuleReport", "TensorRequest", "RuleEvaluationConditionMet", "MAX_DETAILS", "read_reduction", "require"]
+__all__ = ["Rule", "JobRule", "RuleParams", "RuleReport", "TensorRequest", "RuleEvaluationConditionMet", "Evidence", "Explanation", "require"]

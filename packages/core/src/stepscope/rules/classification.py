@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,11 +27,22 @@ def as_classes(labels: np.ndarray, predictions: np.ndarray, argmax: bool = False
     return labels, predictions
 
 
+def find_pair(trial: Trial, labels_regex: str = ".*labels", predictions_regex: str = ".*predictions") -> tuple[str, str] | None:
+    """The first tensors matching `labels_regex` and `predictions_regex`, or None."""
+    names = trial.tensor_names()
+    labels = [n for n in names if re.search(labels_regex, n)]
+    predictions = [n for n in names if re.search(predictions_regex, n)]
+    return (labels[0], predictions[0]) if labels and predictions else None
+
+
 class _PairRule(Rule):
     """Reads one labels tensor and one predictions tensor per step."""
 
     def _pair(self) -> tuple[str, str] | None:
         raise NotImplementedError
+
+    def has_inputs(self) -> bool:
+        return self._pair() is not None
 
     def required_tensors(self, step: int):
         pair = self._pair()

@@ -14,7 +14,7 @@ from ..exceptions import ConfigError
 from ..hook_config import parse_hook_config
 from .actions import parse_actions
 from .base import Rule
-from .registry import build_profiler_rule, rule_kind, tensor_rule_class
+from .registry import build_rule, rule_class, rule_kind
 
 if TYPE_CHECKING:
     from ..trial import Trial
@@ -56,16 +56,16 @@ def from_config(cfg: Any, trial: Trial) -> Any:
       "CollectionConfigurations": [...]}; string values are converted; an "action_json"
       parameter (an ActionList's serialization) or an "Actions" entry gives the actions;
     - SageMaker's flat {"RuleConfigurationName", "RuleParameters"} entry;
-    - a profiler rule object (`rule_name`, `rule_parameters`) or a profiler rule's dict,
-      which stepscope.profiler.rules builds (run those with run_profiler_rules).
+    - a profiler rule object (`rule_name`, `rule_parameters`) or a profiler rule's dict.
 
-    Tensor rules come back as Rule objects whose `collection_configurations` lists the
+    Every rule keeps SageMaker's defaults and semantics (no `preset`). Tensor rules come
+    back as Rule objects whose `collection_configurations` lists the
     collections the configuration asks the hook to save. Unknown rules or parameters raise
     ConfigError naming them and listing the valid ones."""
     if not isinstance(cfg, Mapping):
         if hasattr(cfg, "rule_name") and hasattr(cfg, "rule_parameters"):
             params = {k: v for k, v in dict(cfg.rule_parameters or {}).items() if k != "rule_to_invoke"}
-            return build_profiler_rule(str(cfg.rule_name), params)
+            return build_rule(str(cfg.rule_name), trial, params)
         raise ConfigError(f"a rule configuration must be a dict or a profiler rule object, got {type(cfg).__name__}")
     to_invoke, config_name, params, collections = _rule_entry(cfg)
     kind = rule_kind(to_invoke)
@@ -73,11 +73,12 @@ def from_config(cfg: Any, trial: Trial) -> Any:
     for key in _ACTION_KEYS:
         actions += parse_actions(params.pop(key, None))
     actions += parse_actions(cfg.get("Actions"))
+    cls = rule_class(to_invoke)
     if kind == "profiler":
-        if actions:
-            raise ConfigError(f"{config_name}: actions are supported on tensor rules only")
-        return build_profiler_rule(to_invoke, params)
-    cls = tensor_rule_class(to_invoke)
+        try:
+            return cls(trial, name=config_name if config_name != to_invoke else None, actions=actions, **params)
+        except TypeError as exc:
+            raise ConfigError(f"{config_name}: {exc}") from None
     if "other_trial" in _param_names(cls):
         for key in _OTHER_TRIAL_KEYS:
             if key in params and key != "other_trial":
@@ -109,7 +110,11 @@ def rules_from_config(cfg: Any, trial: Trial) -> list[Any]:
     if _is_profiler_report(cfg):
         from ..profiler.rules import profiler_report_rules
 
-        return list(profiler_report_rules(cfg))
+        rules = list(profiler_report_rules(cfg))
+        for rule in rules:
+            if trial is not None:
+                rule.bind(trial)
+        return rules
     return [from_config(cfg, trial)]
 
 

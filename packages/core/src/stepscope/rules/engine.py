@@ -1,98 +1,25 @@
-"""Runs rules over a trial step by step: after training, or following a running job until
-its end marker. Rules of one run share a read cache, so each tensor is read once per step
-however many rules look at it."""
+"""Runs rules: tensor rules over a trial step by step (after training, or following a
+running job until its end marker), then whole-job rules once over what the job recorded.
+Tensor rules of one run share a read cache, so each tensor is read once per step however
+many rules look at it. A rule fires when it reports a violation; its actions run the first
+time it does."""
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import deque
-from collections.abc import Callable, Iterable, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
 
-import numpy as np
-
-from ..exceptions import CorruptRecord, StepNotYetAvailable, StepUnavailable, StoreError, TensorUnavailable, TensorUnavailableForStep
-from .base import Rule, RuleEvaluationConditionMet, RuleReport, TensorRequest, read_reduction
-
-if TYPE_CHECKING:
-    from ..trial import Trial
+from ..exceptions import CorruptRecord, StoreError
+from .base import JobRule, Rule, RuleEvaluationConditionMet
+from .reading import MISSING, ReadCache, TensorRequest
+from .report import RuleReport
 
 logger = logging.getLogger("stepscope")
 
 ProgressCallback = Callable[[int, "int | None", int], None]  # (steps done, steps known, step)
 
-_MISSING = (TensorUnavailable, TensorUnavailableForStep, StepUnavailable, StepNotYetAvailable)
-MAX_FIRED_STEPS = 1000
-MAX_ERRORS = 20
-
-
-class ReadCache:
-    """Raw values and reductions read at the last `keep_steps` steps, keyed by trial, tensor
-    and global step. Rules that need older values keep them themselves."""
-
-    def __init__(self, keep_steps: int = 2):
-        self.keep_steps = keep_steps
-        self._recent: deque[int] = deque(maxlen=keep_steps)
-        self._values: dict[tuple[int, str, int], np.ndarray | None] = {}
-        self._reductions: dict[tuple[int, str, int, str, bool], float | None] = {}
-        self.reads = 0  # values fetched from the store (directly or by prefetch)
-        self.hits = 0
-
-    def start_step(self, step: int) -> None:
-        if step in self._recent:
-            return
-        self._recent.append(step)
-        keep = set(self._recent)
-        self._values = {k: v for k, v in self._values.items() if k[2] in keep}
-        self._reductions = {k: v for k, v in self._reductions.items() if k[2] in keep}
-
-    def value(self, trial: Trial, name: str, step: int) -> np.ndarray | None:
-        key = (id(trial), name, step)
-        if key in self._values:
-            self.hits += 1
-            return self._values[key]
-        array = None
-        if trial.has_tensor(name):
-            try:
-                array = trial.tensor(name).value(step)
-                self.reads += 1
-            except _MISSING:
-                array = None
-        self._values[key] = array
-        return array
-
-    def reduction(self, trial: Trial, name: str, step: int, reduction: str, abs: bool) -> float | None:
-        key = (id(trial), name, step, reduction, abs)
-        if key not in self._reductions:
-            self._reductions[key] = read_reduction(trial, name, step, reduction, abs, lambda n, s: self.value(trial, n, s))
-        else:
-            self.hits += 1
-        return self._reductions[key]
-
-    def prefetch(self, trial: Trial, requests: Iterable[TensorRequest]) -> None:
-        """Read every value the requests need that is not cached yet, in one batch."""
-        from ..reductions import reduction_tensor_name
-
-        wanted: dict[tuple[str, int], None] = {}
-        for request in requests:
-            names = [request.name]
-            if request.reduction is not None:
-                base = request.reduction[: -len("_norm")] if request.reduction.endswith("_norm") else request.reduction
-                spellings = (base, f"{base}_norm") if base in ("l1", "l2") else (base,)
-                saved = [reduction_tensor_name(request.name, s, request.abs) for s in spellings]
-                saved = [n for n in saved if trial.has_tensor(n)]
-                names = saved[:1] or names
-            for name in names:
-                if (id(trial), name, request.step) not in self._values and trial.has_tensor(name):
-                    wanted[(name, request.step)] = None
-        if not wanted:
-            return
-        keys = list(wanted)
-        arrays = trial.read_many([(name, step, None, None) for name, step in keys])
-        for (name, step), array in zip(keys, arrays):
-            self._values[(id(trial), name, step)] = array
-            self.reads += array is not None
+_MISSING = MISSING
 
 
 def invoke_rule(
@@ -137,13 +64,35 @@ def run_rules(
     `timeout` seconds. A rule's actions run the first time it fires. With `raise_on_fire`,
     the first firing raises RuleEvaluationConditionMet."""
     rules = list(rules)
+    cache = cache or ReadCache()
     by_trial: dict[int, list[Rule]] = {}
     for rule in rules:
-        by_trial.setdefault(id(rule.trial), []).append(rule)
-    cache = cache or ReadCache()
+        if rule.kind == "tensor":
+            by_trial.setdefault(id(rule.trial), []).append(rule)
     for group in by_trial.values():
         _Walk(group, start_step, end_step, cache, raise_on_fire, progress).run(watch, poll_interval, max_poll_interval, timeout)
+    tensor_trials = [group[0].trial for group in by_trial.values()]
+    for rule in rules:
+        if isinstance(rule, JobRule):
+            if not rule.bound and len(tensor_trials) == 1:
+                rule.bind(tensor_trials[0])
+            evaluate_job_rule(rule, raise_on_fire=raise_on_fire)
     return [rule.report for rule in rules]
+
+
+def evaluate_job_rule(rule: JobRule, *, run_actions: bool = True, raise_on_fire: bool = False) -> None:
+    """Evaluate a whole-job rule once; a crash becomes an error in its report."""
+    report = rule.report
+    before = report.violations
+    try:
+        rule.evaluate()
+    except (CorruptRecord, StoreError) as exc:
+        report.error(f"unreadable data: {exc}")
+    except Exception as exc:  # a broken (custom) rule must not stop the others
+        logger.warning("stepscope: rule %s failed", rule.name, exc_info=True)
+        report.error(f"{type(exc).__name__}: {exc}")
+    if report.violations > before and run_actions:
+        _fired(rule, None, raise_on_fire)
 
 
 class _Walk:
@@ -210,59 +159,57 @@ class _Walk:
 
     def _invoke(self, rule: Rule, step: int) -> None:
         report = rule.report
-        rule._cache = self.cache
+        before = report.violations
+        rule.use_reader(self.cache)
         try:
-            fired = bool(rule.invoke_at_step(step))
+            condition = rule.invoke_at_step(step)
         except _MISSING:
-            fired = False
+            condition = False
         except (CorruptRecord, StoreError) as exc:
-            fired = False
-            _error(report, f"step {step}: unreadable data: {exc}")
+            condition = False
+            report.error(f"step {step}: unreadable data: {exc}")
         except Exception as exc:  # a broken (custom) rule must not stop the others
-            fired = False
+            condition = False
             if not report.errors:
                 logger.warning("stepscope: rule %s failed at step %d", rule.name, step, exc_info=True)
-            _error(report, f"step {step}: {type(exc).__name__}: {exc}")
-        finally:
-            rule._cache = None
+            report.error(f"step {step}: {type(exc).__name__}: {exc}")
+        if condition and report.violations == before:
+            # A custom rule written for smdebug returns True without saying why.
+            rule.violation(step, f"{rule.name}: condition met")
         report.steps_evaluated += 1
         report.first_step = step if report.first_step is None else min(report.first_step, step)
         report.last_step = step if report.last_step is None else max(report.last_step, step)
-        report.tensors_inspected = len(rule._inspected)
-        if fired:
-            self._fired(rule, step)
+        if report.violations > before:
+            _fired(rule, step, self.raise_on_fire, first=before == 0)
 
     def _idle(self, idle_s: float) -> None:
         for rule in self.rules:
+            before = rule.report.violations
             try:
-                fired = rule.check_idle(idle_s, self.last_step)
+                condition = rule.check_idle(idle_s, self.last_step)
             except Exception as exc:
-                _error(rule.report, f"idle check: {type(exc).__name__}: {exc}")
+                rule.report.error(f"idle check: {type(exc).__name__}: {exc}")
                 continue
-            if fired:
-                self._fired(rule, self.last_step if self.last_step is not None else -1)
-
-    def _fired(self, rule: Rule, step: int) -> None:
-        report = rule.report
-        first = not report.fired
-        report.fired = True
-        if len(report.fired_steps) < MAX_FIRED_STEPS and step not in report.fired_steps:
-            report.fired_steps.append(step)
-        if first:
-            logger.warning("stepscope: rule %s fired at step %d: %s", rule.name, step, report.details[-1]["message"] if report.details else "")
-            for action in rule.actions:
-                try:
-                    action.trigger(rule, step)
-                except Exception as exc:  # an action failing (a webhook down) must not stop the check
-                    logger.warning("stepscope: action %s of rule %s failed: %s", action, rule.name, exc)
-                    _error(report, f"action {action}: {exc}")
-        if self.raise_on_fire:
-            raise RuleEvaluationConditionMet(rule.name, step, report)
+            if condition and rule.report.violations == before:
+                rule.violation(self.last_step, f"{rule.name}: condition met while idle")
+            if rule.report.violations > before:
+                _fired(rule, self.last_step, self.raise_on_fire, first=before == 0)
 
 
-def _error(report: RuleReport, message: str) -> None:
-    if len(report.errors) < MAX_ERRORS:
-        report.errors.append(message)
+def _fired(rule: Rule, step: int | None, raise_on_fire: bool, first: bool = True) -> None:
+    report = rule.report
+    if first:
+        where = report.evidence[0].where if report.evidence else "the whole job"
+        message = report.evidence[0].message if report.evidence else ""
+        logger.warning("stepscope: rule %s fired at %s: %s", rule.name, where, message)
+        for action in rule.actions:
+            try:
+                action.trigger(rule, step)
+            except Exception as exc:  # an action failing (a webhook down) must not stop the check
+                logger.warning("stepscope: action %s of rule %s failed: %s", action, rule.name, exc)
+                report.error(f"action {action}: {exc}")
+    if raise_on_fire:
+        raise RuleEvaluationConditionMet(rule.name, step if step is not None else -1, report)
 
 
-__all__ = ["ReadCache", "invoke_rule", "run_rules"]
+__all__ = ["ReadCache", "invoke_rule", "run_rules", "evaluate_job_rule"]

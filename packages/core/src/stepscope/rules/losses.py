@@ -30,6 +30,9 @@ class _LossRule(Rule):
     def _names(self) -> list[str]:
         return self._loss_names(regex=tuple(getattr(self.params, "tensor_regex", ())))
 
+    def has_inputs(self) -> bool:
+        return bool(self._names())
+
     def required_tensors(self, step: int):
         return [TensorRequest(n, step, "mean") for n in self._names()]
 
@@ -265,7 +268,7 @@ class StalledTrainingRule(Rule):
             if not names:
                 return None
             self._probe = names[0]
-        self._inspected.add(self._probe)
+        self.mark_inspected(self._probe)
         return trial.tensor(self._probe).wall_time(step)
 
     def invoke_at_step(self, step: int) -> bool:

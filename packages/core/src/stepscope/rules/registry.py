@@ -1,11 +1,12 @@
 """Rules by name: the built-in tensor rules, the profiler rules (stepscope.profiler.rules,
-imported only when asked for), and user rules named `package.module:ClassName`.
+imported only when asked for: they need pandas), and user rules named
+`package.module:ClassName`. Also the default set `stepscope check` runs.
 When a name is both a tensor rule and a profiler rule, the tensor rule wins."""
 
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigError
 from .activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
@@ -14,6 +15,9 @@ from .classification import ClassImbalance, Confusion
 from .inputs import CheckInputImages, NLPSequenceRatio
 from .losses import LossNotDecreasing, Overfit, Overtraining, StalledTrainingRule
 from .tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor, VanishingGradient, WeightUpdateRatio
+
+if TYPE_CHECKING:
+    from ..trial import Trial
 
 BUILTIN_RULES: dict[str, type[Rule]] = {
     cls.__name__: cls
@@ -24,13 +28,30 @@ BUILTIN_RULES: dict[str, type[Rule]] = {
     )
 }
 
-# What `stepscope check` runs when no rule is named: cheap, and silent on a healthy job
-# whatever it saved (each looks only at collections that every hook saves or that it finds).
-DEFAULT_RULES = ("VanishingGradient", "ExplodingTensor", "LossNotDecreasing", "WeightUpdateRatio", "Overfit")
+# The tensor rules of the default set, in report order. A rule whose inputs the job did not
+# save (Rule.has_inputs) is left out rather than run to say "no data"; the profiler rules
+# join when the job has profiler data.
+DEFAULT_RULES = ("ExplodingTensor", "VanishingGradient", "WeightUpdateRatio", "AllZero", "LossNotDecreasing", "Overfit", "DeadRelu", "SaturatedActivation", "ClassImbalance")
 
 
-def profiler_rules() -> dict[str, type]:
-    """stepscope.profiler.rules.PROFILER_RULES, or {} where that module is not there."""
+def has_profiler_data(trial: Trial) -> bool:
+    from ..layout import PROFILER_DIR
+
+    return bool(trial.store.list(PROFILER_DIR + "/"))
+
+
+def default_rules(trial: Trial) -> list[Rule]:
+    """stepscope's default rule set for `trial`: every built-in rule whose inputs the job
+    saved, with its `preset` parameters (trend-based losses, per-kind gradient statistics,
+    ...), plus the profiler rules when the job has profiler data. See docs/rules.md."""
+    rules: list[Rule] = [rule for rule in (BUILTIN_RULES[n](trial, **BUILTIN_RULES[n].preset) for n in DEFAULT_RULES) if rule.has_inputs()]
+    if has_profiler_data(trial):
+        rules += [cls(trial, **cls.preset) for cls in profiler_rules().values()]
+    return rules
+
+
+def profiler_rules() -> dict[str, type[Rule]]:
+    """stepscope.profiler.rules.PROFILER_RULES, or {} where that module cannot load."""
     try:
         module = importlib.import_module("stepscope.profiler.rules")
     except ImportError:
@@ -80,36 +101,45 @@ def load_rule_class(spec: str) -> type[Rule]:
     return cls
 
 
-def tensor_rule_class(name: str) -> type[Rule]:
-    if is_custom(name):
+def rule_class(name: str) -> type[Rule]:
+    """The class of a built-in tensor rule, a profiler rule, or `package.module:ClassName`."""
+    kind = rule_kind(name)
+    if kind == "custom":
         return load_rule_class(name)
-    found = _lookup(BUILTIN_RULES, name)
-    if found is None:
-        raise ConfigError(f"unknown rule {name!r}; valid: {', '.join(valid_rule_names())}")
-    return BUILTIN_RULES[found]
+    if kind == "tensor":
+        return BUILTIN_RULES[_lookup(BUILTIN_RULES, name) or name]
+    registry = profiler_rules()
+    return registry[_lookup(registry, name) or name]
 
 
-def build_profiler_rule(name: str, params: dict[str, Any]) -> Any:
-    """A profiler rule object from its name and (string) parameters, by stepscope.profiler.rules."""
-    from ..profiler.rules import from_rulesconfig
+def tensor_rule_class(name: str) -> type[Rule]:
+    return rule_class(name)
 
-    return from_rulesconfig({"rule_name": _lookup(profiler_rules(), name) or name, "rule_parameters": dict(params)})
+
+def build_rule(name: str, trial: Any, params: dict[str, Any] | None = None, **kwargs: Any) -> Rule:
+    """A rule by name with (string) parameters, SageMaker's defaults for the rest."""
+    cls = rule_class(name)
+    try:
+        return cls(trial, **kwargs, **dict(params or {}))
+    except TypeError as exc:
+        raise ConfigError(f"{name}: {exc}") from None
+
+
+def build_profiler_rule(name: str, params: dict[str, Any]) -> Rule:
+    """A profiler rule object from its name and (string) parameters, not yet bound to a job."""
+    return build_rule(name, None, params)
 
 
 def describe_rules() -> list[dict[str, Any]]:
-    """Name, kind, parameters with defaults and first docstring line of each rule."""
-    import dataclasses
-
-    out = []
-    for name, cls in BUILTIN_RULES.items():
-        params = {f.name: f.default for f in dataclasses.fields(cls.Params)}
-        out.append({"name": name, "kind": "tensor", "parameters": params, "doc": (cls.__doc__ or "").strip().split("\n")[0]})
-    for name, cls in profiler_rules().items():
-        if name in BUILTIN_RULES:
-            continue
-        try:
-            params = {f.name: f.default for f in dataclasses.fields(cls)}
-        except TypeError:
-            params = {}
-        out.append({"name": name, "kind": "profiler", "parameters": params, "doc": (cls.__doc__ or "").strip().split("\n")[0]})
+    """Each rule's `describe()`: name, kind, parameters with defaults, preset, doc, explanation."""
+    out = [cls.describe() for cls in BUILTIN_RULES.values()]
+    out += [cls.describe() for name, cls in profiler_rules().items() if name not in BUILTIN_RULES]
+    for entry in out:
+        entry["default"] = entry["name"] in DEFAULT_RULES or entry["kind"] == "job"
     return out
+
+
+__all__ = [
+    "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "profiler_rules", "rule_kind", "rule_class", "build_rule",
+    "load_rule_class", "describe_rules", "valid_rule_names", "has_profiler_data",
+]

@@ -36,6 +36,9 @@ class _SelectingRule(Rule):
     def tensors(self) -> list[str]:
         return self.select_tensors(self.params.collection_names, self.params.tensor_regex)
 
+    def has_inputs(self) -> bool:
+        return bool(self.tensors())
+
 
 def _is_float(array: np.ndarray) -> bool:
     return array.dtype.kind in "fc"
@@ -62,6 +65,9 @@ class VanishingGradient(Rule):
 
     def _gradients(self) -> list[str]:
         return self.select_tensors(("gradients",), GRADIENT_REGEX)
+
+    def has_inputs(self) -> bool:
+        return bool(self._gradients())
 
     def required_tensors(self, step: int):
         return [TensorRequest(n, step, "mean", True) for n in self._gradients()]
@@ -134,18 +140,28 @@ class ExplodingTensor(_SelectingRule):
 @dataclass(frozen=True)
 class AllZeroParams(SelectionParams):
     threshold: float = 100.0
+    patience: int = 1
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold", self.threshold, 0 < self.threshold <= 100, "a percentage in (0, 100]")
+        require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
 
 
 class AllZero(_SelectingRule):
-    """Fires when at least `threshold` percent (default 100) of a tensor's values are zero.
+    """Fires when at least `threshold` percent (default 100) of a tensor's values are zero
+    at `patience` (1) saved steps in a row.
     Inspects `collection_names` / `tensor_regex`, or every tensor when neither is given.
     Without the raw value, an abs max of 0 counts as all zero."""
 
     Params = AllZeroParams
     params: AllZeroParams
+    # Weights only, and only when they stay zero: a zero-initialised gamma (ResNet's
+    # zero_init_residual) or bias is healthy; weights that never leave zero are not.
+    preset = {"collection_names": ("weights",), "patience": 3}
+
+    def __init__(self, base_trial: Trial, **kwargs: Any):
+        super().__init__(base_trial, **kwargs)
+        self._zero_run: dict[str, int] = {}
 
     def required_tensors(self, step: int):
         return [TensorRequest(n, step) if self.has_raw(n, step) else TensorRequest(n, step, "max", True) for n in self.tensors()]
@@ -163,8 +179,10 @@ class AllZero(_SelectingRule):
                 if abs_max is None:
                     continue
                 percent = 100.0 if abs_max == 0 else 0.0
-            if percent >= self.params.threshold:
-                self.violation(step, f"{name}: {percent:.1f}% zeros >= {self.params.threshold:g}%", tensor=name, percent_zero=percent)
+            run = self._zero_run[name] = self._zero_run.get(name, 0) + 1 if percent >= self.params.threshold else 0
+            if run >= self.params.patience:
+                held = f" for {run} saved steps" if self.params.patience > 1 else ""
+                self.violation(step, f"{name}: {percent:.1f}% zeros >= {self.params.threshold:g}%{held}", tensor=name, value=percent, threshold=self.params.threshold)
                 fired = True
         return fired
 
@@ -296,6 +314,9 @@ class WeightUpdateRatio(Rule):
 
     def _weights(self) -> list[str]:
         return self.select_tensors(("weights",), WEIGHT_REGEX)
+
+    def has_inputs(self) -> bool:
+        return bool(self._weights())
 
     def required_tensors(self, step: int):
         if self.mode_of(step)[0] not in TRAINING_MODES:

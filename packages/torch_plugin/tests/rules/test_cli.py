@@ -33,7 +33,9 @@ def test_healthy_run_exits_0_and_writes_reports(runs, capsys):
     out = capsys.readouterr().out
     assert "VanishingGradient" in out and "LossNotDecreasing" in out and "fired" not in out
     summary = json.loads((path / "rule-output" / "summary.json").read_text())
-    assert {r["rule"] for r in summary["rules"]} == {"VanishingGradient", "ExplodingTensor", "LossNotDecreasing", "WeightUpdateRatio", "Overfit"}
+    # The default set: every rule whose inputs the run saved (ReLU outputs: DeadRelu).
+    assert {r["rule"] for r in summary["rules"]} == {"VanishingGradient", "ExplodingTensor", "LossNotDecreasing", "WeightUpdateRatio", "Overfit", "AllZero", "DeadRelu"}
+    assert all(r["status"] == "ok" for r in summary["rules"]), summary
     report = json.loads((path / "rule-output" / "VanishingGradient.json").read_text())
     assert report["fired"] is False and report["steps_evaluated"] == 48
 
@@ -142,7 +144,8 @@ def test_profiler_rules_by_name(runs, capsys):
     pytest.importorskip("stepscope.profiler.rules")
     code = main(["check", str(runs("healthy")), "--rule", "LowGPUUtilization", "--rule", "VanishingGradient", "--json", "--no-write", "--quiet"])
     reports = json.loads(capsys.readouterr().out)
-    assert {r["kind"] for r in reports} == {"tensor", "profiler"}
+    assert {r["kind"] for r in reports} == {"tensor", "job"}
+    assert {r["rule"]: r["status"] for r in reports}["LowGPUUtilization"] == "no data"
     assert code in (0, 2)  # no system metrics were recorded by these runs
 
 

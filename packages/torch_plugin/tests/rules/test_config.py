@@ -190,7 +190,7 @@ def test_webhook_posts_the_report_once_with_retries(tmp_path, webhook_server, ca
     (posted,) = handler.received
     assert posted["rule"] == "ExplodingTensor" and posted["step"] == 1
     assert posted["report"]["fired"] is True and posted["report"]["details"][0]["tensor"] == "w"
-    assert "rule ExplodingTensor fired at step 1" in caplog.text
+    assert "rule ExplodingTensor fired at TRAIN step 1 (global 1)" in caplog.text
 
 
 def test_a_failing_webhook_is_reported_not_raised(tmp_path):

@@ -117,8 +117,8 @@ def test_defaults_match_the_reference():
     assert defaults["VanishingGradient"]["threshold"] == 1e-7
     assert defaults["ExplodingTensor"]["only_nan"] is False
     assert (defaults["DeadRelu"]["threshold_inactivity"], defaults["DeadRelu"]["threshold_layer"]) == (1.0, 50.0)
-    assert defaults["SaturatedActivation"]["threshold_tanh"] == (-9.4999, 9.4999)
-    assert defaults["SaturatedActivation"]["threshold_sigmoid"] == (-23.0, 16.99999)
+    assert defaults["SaturatedActivation"]["threshold_tanh"] == [-9.4999, 9.4999]
+    assert defaults["SaturatedActivation"]["threshold_sigmoid"] == [-23.0, 16.99999]
     assert {k: defaults["PoorWeightInitialization"][k] for k in ("threshold", "distribution_range", "patience", "steps")} == {
         "threshold": 10.0, "distribution_range": 0.001, "patience": 5, "steps": 10,
     }
@@ -132,7 +132,7 @@ def test_defaults_match_the_reference():
     assert {k: defaults["ClassImbalance"][k] for k in ("threshold_imbalance", "threshold_misprediction", "samples")} == {"threshold_imbalance": 10.0, "threshold_misprediction": 0.7, "samples": 500}
     assert (defaults["Confusion"]["min_diag"], defaults["Confusion"]["max_off_diag"]) == (0.9, 0.1)
     assert (defaults["CheckInputImages"]["threshold_mean"], defaults["CheckInputImages"]["threshold_samples"]) == (0.2, 500)
-    assert defaults["NLPSequenceRatio"]["token_thresholds_percent"] == (50.0, 50.0)
+    assert defaults["NLPSequenceRatio"]["token_thresholds_percent"] == [50.0, 50.0]
 
 
 def test_tensor_variance_needs_a_threshold(trial_of):

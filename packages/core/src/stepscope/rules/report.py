@@ -1,0 +1,217 @@
+"""What a rule run produces: one `RuleReport` per rule (tensor or whole-job), made of
+`Evidence` items (where, what was measured, against which threshold) and the rule's
+`Explanation` (definition, likely causes, advice). Also the one JSON sanitizer and the one
+table formatter every consumer (CLI, report, UI, webhooks) uses."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TextIO
+
+import numpy as np
+
+# A report keeps this many evidence items; the violation count keeps going.
+MAX_EVIDENCE = 100
+MAX_FIRED_STEPS = 1000
+MAX_ERRORS = 20
+
+STATUSES = ("fired", "error", "no data", "ok")
+
+
+def jsonable(value: Any) -> Any:
+    """`value` made of plain JSON types. numpy scalars and arrays become numbers and lists;
+    non-finite floats become the strings "NaN", "Infinity", "-Infinity" (what JavaScript's
+    Number() reads back), so a NaN loss stays visible in a report instead of turning null."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, np.integer):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        number = float(value)
+        if math.isfinite(number):
+            return number
+        return "NaN" if math.isnan(number) else ("Infinity" if number > 0 else "-Infinity")
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [jsonable(v) for v in value]
+    if hasattr(value, "to_json"):
+        return jsonable(value.to_json())
+    if value is None or isinstance(value, (str, int)):
+        return value
+    return str(value)
+
+
+def step_label(step: int | None, mode: str | None = None, mode_step: int | None = None) -> str:
+    """`TRAIN step 250 (global 270)`; `global step 270` when the mode is not known."""
+    if step is None:
+        return f"{mode} step {mode_step}" if mode is not None and mode_step is not None else "the whole job"
+    if mode is None or mode_step is None or mode == "GLOBAL":
+        return f"global step {step}"
+    return f"{mode} step {mode_step} (global {step})"
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """What a rule checks and what to do when it fires: shown by `stepscope check
+    --explain RULE`, in reports and in the web UI."""
+
+    definition: str
+    causes: tuple[str, ...] = ()
+    advice: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {"definition": self.definition, "causes": list(self.causes), "advice": list(self.advice)}
+
+    def render(self) -> str:
+        lines = [self.definition]
+        if self.causes:
+            lines += ["", "Likely causes:"] + [f"  - {c}" for c in self.causes]
+        if self.advice:
+            lines += ["", "What to do:"] + [f"  - {a}" for a in self.advice]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    """One violation: where (global step and its mode step; None for whole-job findings),
+    which tensor or resource, the measured value and the threshold it crossed, a message,
+    and rule-specific extras in `data`."""
+
+    message: str
+    step: int | None = None
+    mode: str | None = None
+    mode_step: int | None = None
+    tensor: str | None = None
+    value: float | None = None
+    threshold: float | None = None
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def where(self) -> str:
+        return step_label(self.step, self.mode, self.mode_step)
+
+    def to_json(self) -> dict[str, Any]:
+        body = {
+            "step": self.step, "mode": self.mode, "mode_step": self.mode_step, "where": self.where,
+            "tensor": self.tensor, "value": self.value, "threshold": self.threshold, "message": self.message,
+        }
+        body.update({k: v for k, v in self.data.items() if k not in body})
+        return jsonable(body)
+
+
+@dataclass
+class RuleReport:
+    """What one rule found. `fired` follows from the violations the rule reported; `status`
+    is "fired", "error" (the rule could not judge some data), "no data" (nothing it needs was
+    saved) or "ok". Tensor rules count `steps_evaluated`; whole-job rules count `datapoints`
+    (samples, steps) and put their measurements in `statistics`."""
+
+    rule: str
+    rule_class: str
+    kind: str  # "tensor" (step by step) or "job" (whole job: profiler data, traces)
+    parameters: dict[str, Any]
+    explanation: Explanation | None = None
+    evidence: list[Evidence] = field(default_factory=list)
+    violations: int = 0
+    fired_steps: list[int] = field(default_factory=list)
+    steps_evaluated: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    datapoints: int = 0
+    tensors_inspected: int = 0
+    statistics: dict[str, Any] = field(default_factory=dict)
+    errors: list[str] = field(default_factory=list)
+    no_data_reason: str | None = None
+
+    @property
+    def fired(self) -> bool:
+        return self.violations > 0
+
+    @property
+    def details(self) -> list[dict[str, Any]]:
+        """The evidence as JSON dicts (extras flattened in)."""
+        return [e.to_json() for e in self.evidence]
+
+    @property
+    def status(self) -> str:
+        if self.fired:
+            return "fired"
+        if self.errors:
+            return "error"
+        if self.no_data_reason is not None:
+            return "no data"
+        if self.kind == "tensor" and (not self.steps_evaluated or not self.tensors_inspected):
+            return "no data"
+        if self.kind == "job" and not self.datapoints:
+            return "no data"
+        return "ok"
+
+    def add(self, evidence: Evidence) -> None:
+        """Record one violation (kept up to MAX_EVIDENCE items; the count keeps going)."""
+        self.violations += 1
+        if len(self.evidence) < MAX_EVIDENCE:
+            self.evidence.append(evidence)
+        if evidence.step is not None and len(self.fired_steps) < MAX_FIRED_STEPS and evidence.step not in self.fired_steps:
+            self.fired_steps.append(evidence.step)
+
+    def error(self, message: str) -> None:
+        if len(self.errors) < MAX_ERRORS:
+            self.errors.append(message)
+
+    def summary(self) -> str:
+        """One line: the first violation with its step, or why there is nothing to say."""
+        status = self.status
+        if status == "fired":
+            first = self.evidence[0] if self.evidence else None
+            where = f"first at {first.where}: {first.message}" if first else ""
+            steps = f" at {len(self.fired_steps)} step(s)" if self.fired_steps else ""
+            return f"{self.violations} violation(s){steps}; {where}".rstrip("; ")
+        if status == "error":
+            return self.errors[0]
+        if status == "no data":
+            if self.no_data_reason:
+                return self.no_data_reason
+            if self.kind == "tensor" and not self.steps_evaluated:
+                return "no steps to evaluate"
+            return "no matching tensors were saved" if self.kind == "tensor" else "no data"
+        if self.kind == "job":
+            return f"ok over {self.datapoints} datapoint(s)"
+        return f"ok over {self.steps_evaluated} step(s)"
+
+    def to_json(self) -> dict[str, Any]:
+        return jsonable(
+            {
+                "rule": self.rule, "rule_class": self.rule_class, "kind": self.kind, "status": self.status,
+                "fired": self.fired, "violations": self.violations, "summary": self.summary(),
+                "fired_steps": self.fired_steps, "details": self.details, "parameters": self.parameters,
+                "steps_evaluated": self.steps_evaluated, "first_step": self.first_step, "last_step": self.last_step,
+                "datapoints": self.datapoints, "tensors_inspected": self.tensors_inspected,
+                "statistics": self.statistics, "errors": self.errors, "no_data_reason": self.no_data_reason,
+                "explanation": self.explanation,
+            }
+        )
+
+    def row(self) -> dict[str, Any]:
+        """The report's one-line form: rule, kind, status, violations, summary."""
+        return {"rule": self.rule, "kind": self.kind, "status": self.status, "fired": self.fired, "violations": self.violations, "summary": self.summary()}
+
+
+def format_table(reports: Iterable[RuleReport], out: TextIO, *, width: int = 110) -> None:
+    """The reports as a table, one row each (the CLI's output)."""
+    rows = [r.row() for r in reports]
+    if not rows:
+        print("no rules were run", file=out)
+        return
+    name_width = max(len(r["rule"]) for r in rows)
+    print(f"{'RULE':<{name_width}}  {'STATUS':<7}  {'VIOLATIONS':>10}  DETAIL", file=out)
+    for row in rows:
+        summary = row["summary"] if len(row["summary"]) <= width else row["summary"][: width - 3] + "..."
+        print(f"{row['rule']:<{name_width}}  {row['status']:<7}  {row['violations']:>10}  {summary}", file=out)
+
+
+__all__ = ["Evidence", "Explanation", "RuleReport", "jsonable", "step_label", "format_table", "MAX_EVIDENCE", "STATUSES"]
