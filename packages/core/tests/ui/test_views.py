@@ -57,7 +57,7 @@ def test_dashboard_numbers_are_the_trials(app, store_root):
     (series,) = data["steps"]
     assert series["steps"] == steps["step"].tolist()
     np.testing.assert_allclose(series["duration_ms"], steps["duration_ms"])
-    limit = StepOutlier().run(profiler)["details"]["groups"]["algo-1/rank0/TRAIN"]["limit_ms"]
+    limit = StepOutlier().run(profiler).statistics["groups"]["algo-1/rank0/TRAIN"]["limit_ms"]
     assert series["limit_ms"] == limit and series["outliers"] == [10, 20]
     counts, edges = np.histogram(steps["duration_ms"], bins=12)
     assert data["step_histogram"]["counts"] == counts.tolist()
@@ -97,7 +97,7 @@ def test_statistics_tables_and_csv(app, store_root):
     backward = [r for r in tables["annotations"]["rows"] if r[0] == "backward"][0]
     values = timeline[timeline["phase"] == "backward"]["duration_ms"].to_numpy()
     np.testing.assert_allclose(backward[2:], [len(values), values.sum(), values.mean(), np.percentile(values, 50), np.percentile(values, 95), values.max()])
-    usage = OverallSystemUsage().run(profiler)["details"]["nodes"]["algo-1"]["GPUUtilization"]
+    usage = OverallSystemUsage().run(profiler).statistics["nodes"]["algo-1"]["GPUUtilization"]
     gpu_row = [r for r in tables["system"]["rows"] if r[1] == "GPUUtilization"][0]
     assert gpu_row[2:] == [usage["min"], usage["p50"], usage["p95"], usage["p99"], usage["max"]]
     resp = client.get("/api/jobs/team-a/run-1/stats/steps.csv")
@@ -116,8 +116,11 @@ def test_rules_status_reads_check_reports_and_runs_profiler_rules(app, store_roo
     client = app.test_client()
     login(client, "alice")
     rules = {r["rule"]: r for r in client.get("/api/jobs/team-a/run-1/rules").get_json()["rules"]}
-    assert rules["StepOutlier"]["fired"] and rules["StepOutlier"]["source"] == "stepscope check"
-    assert [o["step"] for o in rules["StepOutlier"]["evidence"]["outliers"]] == [10, 20]
+    outlier = rules["StepOutlier"]
+    assert outlier["fired"] and outlier["source"] == "stepscope check" and outlier["steps"] == [10, 20]
+    report = create_trial(str(job)).store.read("rule-output/StepOutlier.json").decode()
+    assert outlier["advice"] == json.loads(report)["explanation"]["advice"] and outlier["advice"]
+    assert [e["value"] for e in outlier["evidence"]] == [e["value"] for e in json.loads(report)["details"]]
     assert rules["LowGPUUtilization"]["source"] == "live"
     jobs = {j["id"]: j for j in client.get("/api/jobs").get_json()["jobs"]}
     assert jobs["team-a/run-1"]["rules_fired"] == ["StepOutlier"]

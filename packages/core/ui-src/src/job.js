@@ -81,8 +81,12 @@ export function rulesList(rules) {
   return el('ul', { class: 'rules' }, rules.map((r) => el('li', { class: `rule ${r.fired ? 'fired' : r.status}`, 'data-rule': r.rule },
     el('div', { class: 'rule-head' }, el('strong', {}, r.rule), el('span', { class: `status ${r.fired ? 'failed' : 'finished'}` }, r.status), el('span', { class: 'muted' }, ` ${r.kind}, ${r.source}`)),
     el('div', { class: 'rule-summary' }, r.summary),
-    r.advice ? el('div', { class: 'advice' }, el('strong', {}, 'Advice: '), r.advice) : null,
-    r.evidence ? el('details', {}, el('summary', {}, 'evidence'), el('pre', {}, JSON.stringify(r.evidence, null, 1))) : null,
+    r.fired && r.causes.length ? el('div', { class: 'causes' }, el('strong', {}, 'Likely causes: '), el('ul', {}, r.causes.map((c) => el('li', {}, c)))) : null,
+    r.fired && r.advice.length ? el('div', { class: 'advice' }, el('strong', {}, 'Advice: '), el('ul', {}, r.advice.map((a) => el('li', {}, a)))) : null,
+    r.evidence.length ? el('details', {}, el('summary', {}, `evidence (${r.violations} violation${r.violations === 1 ? '' : 's'})`),
+      el('table', { class: 'grid evidence' }, el('thead', {}, el('tr', {}, ['where', 'tensor', 'value', 'threshold', 'message'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, r.evidence.map((e) => el('tr', {}, el('td', {}, e.where ?? ''), el('td', {}, e.tensor ?? ''), el('td', {}, e.value ?? ''), el('td', {}, e.threshold ?? ''), el('td', {}, e.message ?? '')))))) : null,
+    r.definition ? el('details', {}, el('summary', {}, 'what this rule checks'), el('p', {}, r.definition)) : null,
   )));
 }
 

@@ -500,11 +500,7 @@ def _rule_markers(trial: Any, stamp: int) -> list[dict[str, Any]]:
     for row in rows:
         if not row["fired"]:
             continue
-        evidence = row.get("evidence") or {}
-        fired_steps = list(row.get("steps") or [])
-        if isinstance(evidence, dict):
-            fired_steps += [o.get("step") for o in evidence.get("outliers", []) if isinstance(o, dict)]
-        for step in fired_steps:
+        for step in row.get("steps") or []:
             if step in first_start.index:
                 markers.append({"t_ns": int(first_start[step]), "label": f"{row['rule']} (step {step})"})
     return markers

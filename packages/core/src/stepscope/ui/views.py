@@ -123,7 +123,7 @@ def _step_series(profiler: Any, steps: pd.DataFrame) -> list[dict[str, Any]]:
     steps above it are the outliers the rule counts."""
     from ..profiler.rules import StepOutlier
 
-    limits = StepOutlier().run(profiler).get("details", {}).get("groups", {}) if len(steps) else {}
+    limits = StepOutlier().run(profiler).statistics.get("groups", {}) if len(steps) else {}
     series = []
     for (node, rank, mode), group in steps.groupby(["node_id", "rank", "mode"], sort=True):
         group = group.sort_values("start_ns")
@@ -212,32 +212,39 @@ def rules_status(trial: Any, stamp: Hashable) -> dict[str, Any]:
 
 
 def _rules_status(trial: Any) -> dict[str, Any]:
-    """The reports `stepscope check` published (tensor and profiler rules), and the profiler
-    rules run now on what the job has so far (a running job's findings as they land)."""
+    """The reports `stepscope check` published (tensor and whole-job rules), and the profiler
+    rules run now on what the job has so far (a running job's findings as they land); each
+    with its evidence and the rule's explanation (definition, likely causes, advice)."""
     from ..profiler.rules import run_profiler_rules
 
     rows: dict[str, dict[str, Any]] = {}
     for row in rule_summary(trial.store):
         name = str(row.get("rule"))
-        report = _read_json(trial.store, f"{layout.RULE_OUTPUT_DIR}/{name}.json") if _plain_name(name) else None
-        rows[name] = _rule_row(name, row.get("kind", "tensor"), bool(row.get("fired")), row.get("status"), row.get("summary"), report or {}, "stepscope check")
+        report = (_read_json(trial.store, f"{layout.RULE_OUTPUT_DIR}/{name}.json") if _plain_name(name) else None) or {}
+        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary")}}, "stepscope check")
     if trial.store.list(layout.PROFILER_DIR + "/"):
         for report in run_profiler_rules(trial.profiler):
-            name = str(report.get("rule"))
-            if name in rows or name == "OverallSystemUsage":
-                continue
-            status = "fired" if report.get("fired") else "error" if report.get("error") else "no data" if not report.get("datapoints") else "ok"
-            summary = report.get("error") or (report.get("details") or {}).get("reason") or f"{report.get('violations', 0)} violation(s) over {report.get('datapoints', 0)} datapoint(s)"
-            rows[name] = _rule_row(name, "profiler", bool(report.get("fired")), status, summary, report, "live")
+            if report.rule not in rows and report.rule != "OverallSystemUsage":
+                rows[report.rule] = _rule_row(report.to_json(), "live")
     ordered = sorted(rows.values(), key=lambda r: (not r["fired"], r["rule"]))
     return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]]}
 
 
-def _rule_row(name: str, kind: str, fired: bool, status: Any, summary: Any, report: dict[str, Any], source: str) -> dict[str, Any]:
-    evidence = report.get("evidence") or report.get("details")
-    return {"rule": name, "kind": kind, "fired": fired, "status": str(status or ("fired" if fired else "ok")), "summary": str(summary or ""),
-            "advice": report.get("advice"), "evidence": _trim(evidence), "steps": [int(x) for x in (report.get("fired_steps") or [])[:200]],
-            "source": source}
+def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
+    """A report's JSON (RuleReport.to_json(), as `check` writes it) as one row of the panel."""
+    fired = bool(report.get("fired"))
+    explanation = report.get("explanation") if isinstance(report.get("explanation"), dict) else {}
+    evidence = report.get("details") if isinstance(report.get("details"), list) else []
+    steps = [e.get("step") if e.get("step") is not None else e.get("mode_step") for e in evidence if isinstance(e, dict)]
+    steps = [int(s) for s in [*(report.get("fired_steps") or []), *steps] if isinstance(s, int)]
+    return {
+        "rule": str(report.get("rule")), "kind": str(report.get("kind") or "tensor"), "fired": fired,
+        "status": str(report.get("status") or ("fired" if fired else "ok")), "summary": str(report.get("summary") or ""),
+        "violations": int(report.get("violations") or 0), "definition": explanation.get("definition"),
+        "causes": list(explanation.get("causes") or []), "advice": list(explanation.get("advice") or []),
+        "evidence": _trim(evidence), "statistics": _trim(report.get("statistics") or {}),
+        "steps": sorted(set(steps))[:200], "source": source,
+    }
 
 
 def _plain_name(name: str) -> bool:
@@ -414,7 +421,7 @@ def _statistics(trial: Any) -> dict[str, Any]:
     if len(timeline):
         annotation_rows.sort(key=lambda r: -r[3])
     tables["annotations"] = {"title": "Annotations (steps and phases)", "columns": ["phase", "name", "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "max_ms"], "rows": annotation_rows}
-    usage = OverallSystemUsage().run(profiler).get("details", {}).get("nodes", {})
+    usage = OverallSystemUsage().run(profiler).statistics.get("nodes", {})
     tables["system"] = {
         "title": "System metrics (percentiles)",
         "columns": ["node", "dimension", "min", "p50", "p95", "p99", "max"],
