@@ -21,7 +21,6 @@ QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDO
 
 def _install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *PACKAGES, *extra)
-    _build_ui(session)
 
 
 def _build_ui(session: nox.Session) -> None:
@@ -47,6 +46,7 @@ def _ensure_chromium(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     _install(session)
+    _build_ui(session)
     _ensure_chromium(session)
     args = session.posargs or ["packages/core/tests", "packages/torch_plugin/tests", "packages/tf_plugin/tests", "tests"]
     session.run("pytest", "-q", "-p", "no:cacheprovider", *args, env=QUIET_TF)

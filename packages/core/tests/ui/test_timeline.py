@@ -123,7 +123,10 @@ def test_details_and_perfetto_export():
     trace = json.loads(perfetto_events(index, t0, t1))
     complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
     assert sorted(e["args"]["step"] for e in complete if e["cat"] == "step") == list(range(10, 20))
-    assert all(e["ts"] * 1e3 <= t1 + 1000 and (e["ts"] + e["dur"]) * 1e3 >= t0 - 1000 for e in complete)
+    assert trace["metadata"]["origin_ns"] == t0
+    assert all(e["ts"] * 1e3 + t0 <= t1 + 1000 and (e["ts"] + e["dur"]) * 1e3 + t0 >= t0 - 1000 for e in complete)
+    first = min(complete, key=lambda e: e["ts"])
+    assert round(first["ts"] * 1e3) + t0 == steps["start_ns"].iloc[10]  # exact to the ns
 
 
 def test_timeline_endpoint_and_event_details(app):

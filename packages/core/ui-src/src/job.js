@@ -78,7 +78,7 @@ function summaryLine(h) {
 
 export function rulesList(rules) {
   if (!rules.length) return el('p', { class: 'muted' }, 'no rules ran (run `stepscope check` on the job)');
-  return el('ul', { class: 'rules' }, rules.map((r) => el('li', { class: `rule ${r.fired ? 'fired' : r.status}`, 'data-rule': r.rule },
+  return el('ul', { class: 'rules' }, rules.map((r) => el('li', { class: `rule ${r.fired ? 'fired' : r.status.replace(/ /g, '-')}`, 'data-rule': r.rule },
     el('div', { class: 'rule-head' }, el('strong', {}, r.rule), el('span', { class: `status ${r.fired ? 'failed' : 'finished'}` }, r.status), el('span', { class: 'muted' }, ` ${r.kind}, ${r.source}`)),
     el('div', { class: 'rule-summary' }, r.summary),
     r.fired && r.causes.length ? el('div', { class: 'causes' }, el('strong', {}, 'Likely causes: '), el('ul', {}, r.causes.map((c) => el('li', {}, c)))) : null,

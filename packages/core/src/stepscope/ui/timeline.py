@@ -397,7 +397,8 @@ def _trace_event_details(index: TimelineIndex, row: int) -> dict[str, Any]:
 
 def perfetto_events(index: TimelineIndex, start_ns: int | None, end_ns: int | None) -> bytes:
     """A Chrome trace (Perfetto and chrome://tracing open it) of the range: steps and phases
-    on one track per rank and mode, CPU/GPU utilization as counters."""
+    on one track per rank and mode, GPU activities per stream and host calls with the
+    launch -> activity flow arrows, CPU/GPU utilization as counters."""
     t0 = index.start_ns if start_ns is None else int(start_ns)
     t1 = index.end_ns if end_ns is None else int(end_ns)
     events: list[dict[str, Any]] = []
@@ -414,7 +415,7 @@ def perfetto_events(index: TimelineIndex, start_ns: int | None, end_ns: int | No
             args = {"step": int(row.step), "mode": str(row.mode), "phase": str(row.phase)}
             if isinstance(row.args, dict):
                 args.update(row.args)
-            events.append({"name": str(row.name), "cat": str(row.phase), "ph": "X", "ts": row.start_ns / 1e3, "dur": (row.end_ns - row.start_ns) / 1e3,
+            events.append({"name": str(row.name), "cat": str(row.phase), "ph": "X", "ts": (row.start_ns - t0) / 1e3, "dur": (row.end_ns - row.start_ns) / 1e3,
                            "pid": int(row.rank), "tid": _TRACKS.get(str(row.mode), 9), "args": args})
     if index.traces is not None and len(index.traces):
         from ..traces.schema import KINDS
@@ -425,11 +426,11 @@ def perfetto_events(index: TimelineIndex, start_ns: int | None, end_ns: int | No
             kind = KINDS[int(row.kind)]
             on_gpu = int(row.stream) >= 0
             pid = f"rank {row.rank} GPU" if on_gpu else f"rank {row.rank} host"
-            events.append({"name": str(row.name), "cat": kind, "ph": "X", "ts": row.ts_ns / 1e3, "dur": row.dur_ns / 1e3, "pid": pid,
+            events.append({"name": str(row.name), "cat": kind, "ph": "X", "ts": (row.ts_ns - t0) / 1e3, "dur": row.dur_ns / 1e3, "pid": pid,
                            "tid": f"stream {row.stream}" if on_gpu else int(row.tid), "args": {"correlation": int(row.correlation), "step": int(row.step)}})
             if int(row.correlation) >= 0 and kind in ("runtime", "kernel", "memcpy", "memset"):
                 # flow arrows launch -> activity, as Kineto writes them
-                flow = {"name": "launch", "cat": "ac2g", "id": int(row.correlation), "ts": row.ts_ns / 1e3, "pid": pid,
+                flow = {"name": "launch", "cat": "ac2g", "id": int(row.correlation), "ts": (row.ts_ns - t0) / 1e3, "pid": pid,
                         "tid": f"stream {row.stream}" if on_gpu else int(row.tid)}
                 events.append(flow | ({"ph": "f", "bp": "e"} if on_gpu else {"ph": "s"}))
     for lane in index.lanes:
@@ -438,8 +439,11 @@ def perfetto_events(index: TimelineIndex, start_ns: int | None, end_ns: int | No
         keep = (lane.t >= t0) & (lane.t <= t1)
         pid = f"system {lane.group}"
         for t, v in zip(lane.t[keep].tolist(), lane.value[keep].tolist()):
-            events.append({"name": lane.label, "ph": "C", "ts": t / 1e3, "pid": pid, "args": {"value": v}})
-    return orjson.dumps({"traceEvents": events, "displayTimeUnit": "ms", "metadata": {"source": "stepscope ui", "range_ns": [t0, t1]}})
+            events.append({"name": lane.label, "ph": "C", "ts": (t - t0) / 1e3, "pid": pid, "args": {"value": v}})
+    # Times are µs from the range start (`origin_ns`): epoch µs as doubles would keep only
+    # quarter-µs precision, too coarse for kernels.
+    return orjson.dumps({"traceEvents": events, "displayTimeUnit": "ms",
+                         "metadata": {"source": "stepscope ui", "origin_ns": t0, "range_ns": [t0, t1]}})
 
 
 def _plain(value: Any) -> Any:
