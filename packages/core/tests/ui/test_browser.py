@@ -147,6 +147,11 @@ def test_browser_end_to_end(served):
     driver.execute_script("location.hash = '#stats'")
     table = wait_for(lambda: driver.find_element("id", "stats-steps"), what="steps table")
     assert len(table.find_elements("css selector", "tbody tr")) == len(timeline[timeline["phase"] == "step"])
+    header = [th for th in table.find_elements("css selector", "thead th") if th.text == "duration_ms"][0]
+    header.click()  # sorted on the server, longest first
+    slowest = float(timeline[timeline["phase"] == "step"]["duration_ms"].max())
+    wait_for(lambda: float(driver.find_element("css selector", "#stats-steps tbody tr td:nth-child(6)").get_attribute("data-value")) == slowest,
+             what="sorted steps table")
     screenshot(driver, "04-stats")
 
     # timeline: opens, zooms with W, a click on an interval shows its details

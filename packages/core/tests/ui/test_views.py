@@ -271,3 +271,23 @@ def test_dead_and_saturated_units_by_the_rules_definitions(app, store_root):
     expected_dead = [100 * np.mean((relus[s] > 0).mean(axis=0) * 100 < 1.0) for s in range(4)]
     np.testing.assert_allclose(units["values"][0], expected_dead)
     np.testing.assert_allclose(units["values"][1], [100 * 3 / 8] * 4)
+
+
+def test_statistics_tables_filter_sort_and_page_on_the_server(app, store_root):
+    client = app.test_client()
+    login(client, "alice")
+    timeline = create_trial(str(store_root / "team-a" / "run-1")).profiler.step_timeline()
+    steps = timeline[timeline["phase"] == "step"]
+    page = client.get("/api/jobs/team-a/run-1/stats/steps?sort=duration_ms&desc=1&limit=5").get_json()
+    assert page["total"] == page["matched"] == 40 and len(page["rows"]) == 5
+    np.testing.assert_allclose([r[5] for r in page["rows"]], np.sort(steps["duration_ms"].to_numpy())[::-1][:5])
+    assert {r[3] for r in page["rows"][:2]} == {10, 20}  # the planted slow steps
+    second = client.get("/api/jobs/team-a/run-1/stats/steps?sort=duration_ms&desc=1&limit=5&offset=5").get_json()
+    assert second["rows"][0][5] <= page["rows"][-1][5]
+    found = client.get("/api/jobs/team-a/run-1/stats/annotations?q=backw").get_json()
+    assert found["matched"] == 1 and found["rows"][0][0] == "backward"
+    assert client.get("/api/jobs/team-a/run-1/stats/steps?sort=nope").status_code == 400
+    assert client.get("/api/jobs/team-a/run-1/stats/nope").status_code == 404
+    overview = client.get("/api/jobs/team-a/run-1/stats?limit=3").get_json()["tables"]["steps"]
+    assert overview["total"] == 40 and len(overview["rows"]) == 3
+    assert client.get("/api/jobs/team-a/run-1/stats/steps.csv").headers["Content-Type"].startswith("text/csv")

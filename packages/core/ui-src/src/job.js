@@ -140,19 +140,24 @@ export async function statsView(root, job) {
   const base = `/api/jobs/${jobPath(job)}`;
   const { tables } = await api(`${base}/stats`);
   for (const [name, t] of Object.entries(tables)) {
+    // filtering and sorting run on the server, over every row
     const filter = el('input', { type: 'search', placeholder: 'filter rows', 'data-table': name });
     const holder = el('div', { class: 'table-scroll' });
-    let sortCol = null, desc = true;
-    const draw = () => {
-      const q = filter.value.toLowerCase();
-      let rows = q ? t.rows.filter((r) => r.some((c) => String(c).toLowerCase().includes(q))) : t.rows.slice();
-      if (sortCol !== null) rows.sort((a, b) => (a[sortCol] < b[sortCol] ? -1 : a[sortCol] > b[sortCol] ? 1 : 0) * (desc ? -1 : 1));
-      holder.replaceChildren(simpleTable(t.columns, rows.slice(0, 1000), (i) => { desc = sortCol === i ? !desc : true; sortCol = i; draw(); }, `stats-${name}`));
-      if (rows.length > 1000) holder.append(el('p', { class: 'muted' }, `first 1000 of ${rows.length} rows; the CSV has all`));
+    const state = { sort: null, desc: true, seq: 0 };
+    const draw = async () => {
+      const seq = ++state.seq;
+      const params = new URLSearchParams({ q: filter.value, limit: '1000' });
+      if (state.sort !== null) { params.set('sort', state.sort); params.set('desc', state.desc ? '1' : '0'); }
+      const page = await api(`${base}/stats/${name}?${params}`);
+      if (seq !== state.seq) return;
+      holder.replaceChildren(simpleTable(page.columns, page.rows, (i) => { state.desc = state.sort === page.columns[i] ? !state.desc : true; state.sort = page.columns[i]; draw(); }, `stats-${name}`));
+      holder.dataset.matched = String(page.matched);
+      if (page.matched > page.rows.length) holder.append(el('p', { class: 'muted' }, `first ${page.rows.length} of ${page.matched} rows; the CSV has all ${page.total}`));
     };
     filter.addEventListener('input', draw);
-    root.append(section(t.title, `stats-section-${name}`,
+    root.append(section(`${t.title} (${t.total})`, `stats-section-${name}`,
       el('div', { class: 'toolbar' }, filter, el('a', { href: `${base}/stats/${name}.csv`, download: `${name}.csv`, class: 'button' }, 'CSV')), holder));
+    holder.replaceChildren(simpleTable(t.columns, t.rows, null, `stats-${name}`));
     draw();
   }
 }

@@ -238,11 +238,29 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
     @app.get("/api/jobs/<path:job>/stats")
     def job_stats(job: str) -> Response:
-        from .views import statistics
+        """Every table's title, columns and row count, with its first `limit` rows."""
+        from .views import statistics, table_page
 
-        return jsonify(statistics(*_open(job)))
+        tables = statistics(*_open(job))["tables"]
+        limit = _int_arg("limit", 200, 0, 5000)
+        return jsonify(tables={name: {"title": t["title"], **table_page(t, limit=limit)} for name, t in tables.items()})
 
-    @app.get("/api/jobs/<path:job>/stats/<table>.csv")
+    @app.get("/api/jobs/<path:job>/stats/<table>")
+    def job_stats_table(job: str, table: str) -> Response:
+        """One table filtered (`q`: text in any cell), sorted (`sort`: a column, `desc=1`) and cut
+        to `limit` rows from `offset`, on the server: a 200,000-step table never goes whole to the page."""
+        from .views import statistics, table_page
+
+        tables = statistics(*_open(job))["tables"]
+        if table not in tables:
+            raise _HttpError(404, "no such table")
+        sort = request.args.get("sort")
+        if sort is not None and sort not in tables[table]["columns"]:
+            raise _HttpError(400, "sort must name a column")
+        return jsonify(table_page(tables[table], query=request.args.get("q", ""), sort=sort, descending=request.args.get("desc") == "1",
+                                  offset=_int_arg("offset", 0, 0, 2**31), limit=_int_arg("limit", 1000, 0, 5000)))
+
+    @app.get("/api/jobs/<path:job>/stats/<table>.csv", endpoint="job_stats_csv")
     def job_stats_csv(job: str, table: str) -> Response:
         from .views import statistics
 

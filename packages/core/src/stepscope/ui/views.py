@@ -440,6 +440,21 @@ def _statistics(trial: Any) -> dict[str, Any]:
     return {"tables": tables}
 
 
+def table_page(table: dict[str, Any], *, query: str = "", sort: str | None = None, descending: bool = False, offset: int = 0,
+               limit: int = 1000) -> dict[str, Any]:
+    """Rows of a summary table matching `query` (case-insensitive text in any cell), sorted by
+    the column `sort` (missing values last), from `offset`, at most `limit`."""
+    rows = table["rows"]
+    if query:
+        needle = query.lower()
+        rows = [r for r in rows if any(needle in str(c).lower() for c in r)]
+    if sort is not None:
+        column = table["columns"].index(sort)
+        present = [r for r in rows if r[column] is not None]
+        rows = sorted(present, key=lambda r: r[column], reverse=descending) + [r for r in rows if r[column] is None]
+    return {"columns": table["columns"], "rows": rows[offset:offset + limit], "total": len(table["rows"]), "matched": len(rows), "offset": offset}
+
+
 # --- helpers ----------------------------------------------------------------------------
 
 
