@@ -141,6 +141,13 @@ def test_version_changes_when_the_job_grows(app, store_root):
     assert second["tag"] != first["tag"] and second["timeline_events"] == first["timeline_events"] + 1
     steps = client.get("/api/jobs/team-a/run-2/dashboard").get_json()["steps"][0]["steps"]
     assert steps[-1] == 99
+    # a finding landing (stepscope check writes rule-output/) changes it too, and shows up
+    from stepscope.cli import main
+
+    assert main(["check", str(store_root / "team-a" / "run-2"), "--rule", "LowGPUUtilization:patience=0,threshold_p95=99", "--quiet"]) == 1
+    third = client.get("/api/jobs/team-a/run-2/version").get_json()
+    assert third["tag"] != second["tag"]
+    assert "LowGPUUtilization" in client.get("/api/jobs/team-a/run-2/rules").get_json()["fired"]
 
 
 def test_health_on_a_tensor_job(app, store_root, write_job):
@@ -228,7 +235,7 @@ def test_timeline_has_stream_lanes_and_a_kernel_shows_its_launch(app, store_root
     login(client, "alice")
     answer = client.get("/api/jobs/team-a/gpu/timeline?width=1000").get_json()
     lanes = {lane["id"]: lane for lane in answer["lanes"]}
-    assert {"g0-s7", "g0-s20", "h0-runtime", "h0-ops", "g1-s7"} <= set(lanes)
+    assert {"g0-s7", "g0-s20", "h0-runtime", "h0-t4242", "g1-s7"} <= set(lanes)
     traces = create_trial(str(job)).profiler.traces
     events = traces.events(rank=0, kinds=["kernel", "memcpy", "memset"])
     on_7 = events[events["stream"] == 7]

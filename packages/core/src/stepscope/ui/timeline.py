@@ -171,7 +171,7 @@ def build_index(timeline: pd.DataFrame, metrics: pd.DataFrame, markers: list[dic
 
 def _trace_lanes(traces: pd.DataFrame, names: dict[str, int]) -> list[SliceLane]:
     """Per rank: one lane per GPU stream (kernels, memcpy, memset), one of runtime calls (the
-    launches), one of annotations over CPU operators."""
+    launches), and per host thread one of annotations over CPU operators."""
     from ..traces.schema import KIND_CODE
 
     text = traces["name"].astype(str)
@@ -193,6 +193,7 @@ def _trace_lanes(traces: pd.DataFrame, names: dict[str, int]) -> list[SliceLane]
 
     ranks = traces["rank"].to_numpy()
     streams = traces["stream"].to_numpy()
+    tids = traces["tid"].to_numpy()
     for rank in sorted(set(ranks.tolist())):
         mine = ranks == rank
         for stream in sorted(set(streams[mine & gpu].tolist())):
@@ -201,9 +202,9 @@ def _trace_lanes(traces: pd.DataFrame, names: dict[str, int]) -> list[SliceLane]
         rows = np.flatnonzero(mine & runtime)
         if len(rows):
             lane(f"h{rank}-runtime", f"rank {rank} host", "runtime (launches)", rows, np.zeros(len(rows)))
-        rows = np.flatnonzero(mine & host_ops)
-        if len(rows):
-            lane(f"h{rank}-ops", f"rank {rank} host", "annotations / CPU ops", rows, (kind[rows] == KIND_CODE["cpu_op"]).astype(np.int8))
+        for tid in sorted(set(tids[mine & host_ops].tolist())):
+            rows = np.flatnonzero(mine & host_ops & (tids == tid))
+            lane(f"h{rank}-t{tid}", f"rank {rank} host", f"thread {tid}: annotations / CPU ops", rows, (kind[rows] == KIND_CODE["cpu_op"]).astype(np.int8))
     return lanes
 
 
