@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, redirect, request
+from flask.typing import ResponseReturnValue
 from markupsafe import escape
 
 from ..exceptions import ConfigError, StepscopeError
@@ -53,7 +54,7 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     app.url_map.merge_slashes = False  # `//etc/x` must not be redirected into something that matches
     app.url_map.strict_slashes = False
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
-    app.json.sort_keys = False  # tables and series keep the order the views give them
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # tables and series keep the views' order
     app.extensions["stepscope"] = {"jobs": jobs, "users": users}
 
     def cookie(resp: Response, name: str, value: str, max_age: int | None = None) -> None:
@@ -135,7 +136,7 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         return resp
 
     @app.post("/login")
-    def login() -> Response:
+    def login() -> ResponseReturnValue:
         name = request.form.get("username", "")[:64]
         password = request.form.get("password", "")[:1024]
         token = request.cookies.get(auth.LOGIN_CSRF_COOKIE, "")
@@ -151,13 +152,13 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
             limiter.failed(address, name)
             return Response(_login_page(token, "Wrong user name or password."), status=401, mimetype="text/html")
         session_id, _ = users.open_session(user)
-        resp = redirect("/")
-        cookie(resp, auth.SESSION_COOKIE, session_id)
-        resp.delete_cookie(auth.LOGIN_CSRF_COOKIE, path="/")
-        return resp
+        signed_in = redirect("/")
+        cookie(signed_in, auth.SESSION_COOKIE, session_id)  # type: ignore[arg-type]
+        signed_in.delete_cookie(auth.LOGIN_CSRF_COOKIE, path="/")
+        return signed_in
 
     @app.post("/logout")
-    def logout() -> Response:
+    def logout() -> ResponseReturnValue:
         if g.identity.session_id:
             users.close_session(g.identity.session_id)
         resp = redirect("/login")
@@ -314,7 +315,7 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         return jsonify(users=[u.to_json() for u in users.users()])
 
     @app.post("/api/users")
-    def add_user() -> Response:
+    def add_user() -> ResponseReturnValue:
         admin()
         body = request.get_json(silent=True) or {}
         password = str(body.get("password") or secrets.token_urlsafe(12))

@@ -47,7 +47,7 @@ def csrf_ok(identity: Identity, method: str, sent: str | None) -> bool:
     Token requests carry no ambient credential, so a forged cross-site request cannot use them."""
     if method in SAFE_METHODS or identity.via == "token":
         return True
-    return bool(sent) and identity.csrf is not None and hmac.compare_digest(sent, identity.csrf)
+    return sent is not None and identity.csrf is not None and hmac.compare_digest(sent.encode(), identity.csrf.encode())
 
 
 class LoginLimiter:

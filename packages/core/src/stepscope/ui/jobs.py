@@ -75,7 +75,7 @@ class JobStore:
         self.is_s3 = self.url.startswith("s3://")
         if not self.is_s3 and not os.path.isdir(self.url):
             raise ConfigError(f"store {url!r} is not a folder")
-        self._root_real = None if self.is_s3 else os.path.realpath(self.url)
+        self._root_real = "" if self.is_s3 else os.path.realpath(self.url)
         self._lock = threading.Lock()
         self._trials: dict[str, Any] = {}
         self._summaries: dict[str, tuple[float, JobSummary]] = {}

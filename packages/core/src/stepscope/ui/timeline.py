@@ -377,6 +377,7 @@ def _trace_event_details(index: TimelineIndex, row: int) -> dict[str, Any]:
     lane, time, delay), from the trace engine's `launches()`."""
     from ..traces.schema import KINDS
 
+    assert index.traces is not None  # a "traces" lane exists only with a traces frame
     event = index.traces.iloc[row]
     out: dict[str, Any] = {"kind": KINDS[int(event["kind"])], "name": str(event["name"]), "rank": int(event["rank"]), "step": int(event["step"]),
                            "start_ns": str(int(event["ts_ns"])), "end_ns": str(int(event["ts_ns"]) + int(event["dur_ns"])),

@@ -223,9 +223,9 @@ def _rules_status(trial: Any) -> dict[str, Any]:
         report = (_read_json(trial.store, f"{layout.RULE_OUTPUT_DIR}/{name}.json") if _plain_name(name) else None) or {}
         rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary")}}, "stepscope check")
     if trial.store.list(layout.PROFILER_DIR + "/"):
-        for report in run_profiler_rules(trial.profiler):
-            if report.rule not in rows and report.rule != "OverallSystemUsage":
-                rows[report.rule] = _rule_row(report.to_json(), "live")
+        for live in run_profiler_rules(trial.profiler):
+            if live.rule not in rows and live.rule != "OverallSystemUsage":
+                rows[live.rule] = _rule_row(live.to_json(), "live")
     ordered = sorted(rows.values(), key=lambda r: (not r["fired"], r["rule"]))
     return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]]}
 
@@ -233,10 +233,11 @@ def _rules_status(trial: Any) -> dict[str, Any]:
 def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
     """A report's JSON (RuleReport.to_json(), as `check` writes it) as one row of the panel."""
     fired = bool(report.get("fired"))
-    explanation = report.get("explanation") if isinstance(report.get("explanation"), dict) else {}
-    evidence = report.get("details") if isinstance(report.get("details"), list) else []
-    steps = [e.get("step") if e.get("step") is not None else e.get("mode_step") for e in evidence if isinstance(e, dict)]
-    steps = [int(s) for s in [*(report.get("fired_steps") or []), *steps] if isinstance(s, int)]
+    raw_explanation, raw_evidence = report.get("explanation"), report.get("details")
+    explanation: dict[str, Any] = raw_explanation if isinstance(raw_explanation, dict) else {}
+    evidence: list[Any] = raw_evidence if isinstance(raw_evidence, list) else []
+    named = [e.get("step") if e.get("step") is not None else e.get("mode_step") for e in evidence if isinstance(e, dict)]
+    steps = [int(s) for s in [*(report.get("fired_steps") or []), *named] if isinstance(s, int)]
     return {
         "rule": str(report.get("rule")), "kind": str(report.get("kind") or "tensor"), "fired": fired,
         "status": str(report.get("status") or ("fired" if fired else "ok")), "summary": str(report.get("summary") or ""),
@@ -307,18 +308,24 @@ def _inactive_units(trial: Any) -> dict[str, Any]:
     from ..rules.activations import DeadReluParams, SaturatedActivationParams, unit_activity
 
     dead, saturated = DeadReluParams(), SaturatedActivationParams()
+    def positive(v: np.ndarray) -> np.ndarray:
+        return v > 0
+
+    def inside(low: float, high: float) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda v: (v > low) & (v < high)
+
     layers: list[tuple[str, str, Callable[[np.ndarray], np.ndarray], float]] = []
     for name in trial.tensor_names(regex=list(dead.tensor_regex)):
-        layers.append((name, "dead", lambda v: v > 0, dead.threshold_inactivity))
+        layers.append((name, "dead", positive, dead.threshold_inactivity))
     for name in trial.tensor_names(regex=list(saturated.tensor_regex)):
         low, high = saturated.threshold_tanh if "tanh" in name.lower() else saturated.threshold_sigmoid
-        layers.append((name, "saturated", lambda v, lo=low, hi=high: (v > lo) & (v < hi), saturated.threshold_inactivity))
+        layers.append((name, "saturated", inside(low, high), saturated.threshold_inactivity))
     layers = layers[:MAX_HEATMAP_TENSORS]
     steps = _subsample(sorted({s for name, *_ in layers for s in trial.tensor(name).steps()}), MAX_HEATMAP_STEPS)
-    rows = []
+    rows: list[list[float | None]] = []
     for name, _, active, threshold in layers:
         values = trial.read_many([(name, s, None, None) for s in steps])
-        row = []
+        row: list[float | None] = []
         for value in values:
             if value is None or value.size == 0:
                 row.append(None)
@@ -413,13 +420,13 @@ def _statistics(trial: Any) -> dict[str, Any]:
         "rows": [[str(r.node_id), int(r.rank), str(r.mode), int(r.step), round(r.start_ns / 1e9, 6), float(r.duration_ms)] for r in steps.itertuples()],
     }
     grouped = timeline.groupby(["phase", "name"], sort=True)["duration_ms"]
-    annotation_rows = []
+    annotation_rows: list[list[Any]] = []
     for (phase, name), durations in grouped:
         values = durations.to_numpy()
         p50, p95 = np.percentile(values, [50, 95])
         annotation_rows.append([str(phase), str(name), int(len(values)), float(values.sum()), float(values.mean()), float(p50), float(p95), float(values.max())])
     if len(timeline):
-        annotation_rows.sort(key=lambda r: -r[3])
+        annotation_rows.sort(key=lambda r: -float(r[3]))
     tables["annotations"] = {"title": "Annotations (steps and phases)", "columns": ["phase", "name", "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "max_ms"], "rows": annotation_rows}
     usage = OverallSystemUsage().run(profiler).statistics.get("nodes", {})
     tables["system"] = {
