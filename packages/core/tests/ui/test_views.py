@@ -221,6 +221,12 @@ def test_gpu_views_are_the_trace_engines(app, store_root):
     temporal = traces.temporal_breakdown().set_index("rank")
     assert gpu["pies"]["rank 1"]["time"]["idle"] == pytest.approx(temporal.loc[1, "idle_us"])
     assert gpu["pies"]["rank 0"]["time"]["kernels (compute)"] == pytest.approx(temporal.loc[0, "compute_us"])
+    annotations = traces.events(rank=None, kinds=["annotation"])
+    name = sorted(set(annotations["name"].astype(str)) - {n for n in annotations["name"].astype(str) if n.startswith("ProfilerStep#")})[0]
+    picked = client.get("/api/jobs/team-a/gpu/dashboard", query_string={"phase": f"trace: {name}", "bins": 7}).get_json()["annotation"]
+    assert picked["chosen"] == f"trace: {name}" and f"trace: {name}" in picked["names"]
+    durations = annotations[annotations["name"].astype(str) == name]["dur_ns"].to_numpy() / 1e6
+    assert picked["histogram"]["counts"] == np.histogram(durations, bins=7)[0].tolist()
     memory = traces.memory_ops()
     assert sum(r[4] for r in gpu["tables"]["Memory operations"]["rows"]) == int(memory["bytes"].sum())
     tables = client.get("/api/jobs/team-a/gpu/stats").get_json()["tables"]

@@ -36,5 +36,7 @@ export function jobsView(root) {
     if (!jobs.length) table.append(el('caption', {}, 'no jobs'));
   }
   load();
-  return { refresh: load };
+  // running jobs move on: look again every 10 s while the page is open
+  const timer = setInterval(() => { if (document.visibilityState === 'visible') load().catch(() => {}); }, 10000);
+  return { refresh: load, stop: () => clearInterval(timer) };
 }

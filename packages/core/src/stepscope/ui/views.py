@@ -72,9 +72,14 @@ def _dashboard(trial: Any, phase: str | None, bins: int, k: int) -> dict[str, An
     steps = timeline[timeline["phase"].isin(STEP_PHASES)]
     phases = timeline[~timeline["phase"].isin(STEP_PHASES)]
     annotation_names = sorted(str(p) for p in phases["phase"].unique())
-    if phase is None:
+    traced = _trace_annotations(trial)
+    annotation_names += [TRACE_PREFIX + name for name in sorted(traced)]
+    if phase is None or phase not in annotation_names:
         phase = "backward" if "backward" in annotation_names else (annotation_names[0] if annotation_names else None)
-    chosen = phases[phases["phase"] == phase]["duration_ms"].to_numpy() if phase else np.array([])
+    if phase and phase.startswith(TRACE_PREFIX):
+        chosen = traced[phase[len(TRACE_PREFIX):]]
+    else:
+        chosen = phases[phases["phase"] == phase]["duration_ms"].to_numpy() if phase else np.array([])
     return {
         "system": _system_series(metrics),
         "steps": _step_series(profiler, steps),
@@ -83,6 +88,22 @@ def _dashboard(trial: Any, phase: str | None, bins: int, k: int) -> dict[str, An
         "annotation": {"names": annotation_names, "chosen": phase, "histogram": _histogram(chosen, bins)},
         "gpu": _gpu_views(trial, k),
     }
+
+
+TRACE_PREFIX = "trace: "
+
+
+def _trace_annotations(trial: Any) -> dict[str, np.ndarray]:
+    """Durations (ms) of each user annotation in the job's detailed traces (record_function,
+    stepscope.annotate), by name; empty without traces."""
+    traces = _traces(trial)
+    if traces is None:
+        return {}
+    events = traces.events(kinds=["annotation"])
+    if events.empty:
+        return {}
+    events = events[~events["name"].astype(str).str.startswith("ProfilerStep#")]
+    return {str(name): group["dur_ns"].to_numpy() / 1e6 for name, group in events.groupby("name", observed=True, sort=True)}
 
 
 def _system_series(metrics: pd.DataFrame) -> dict[str, Any]:
