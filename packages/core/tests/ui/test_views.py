@@ -304,3 +304,30 @@ def test_statistics_tables_filter_sort_and_page_on_the_server(app, store_root):
     overview = client.get("/api/jobs/team-a/run-1/stats?limit=3").get_json()["tables"]["steps"]
     assert overview["total"] == 40 and len(overview["rows"]) == 3
     assert client.get("/api/jobs/team-a/run-1/stats/steps.csv").headers["Content-Type"].startswith("text/csv")
+
+
+def test_concurrent_requests_while_the_job_grows(app, store_root, user_db):
+    """The server answers in threads: many pages of one job at once, while it publishes."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from stepscope.modes import ModeKeys
+    from stepscope.profiler import TimelineWriter
+
+    token = user_db.new_token("alice")
+    urls = [f"/api/jobs/team-a/run-1/{what}" for what in ("dashboard", "rules", "stats", "timeline?width=500", "version", "health", "summary")] * 2
+
+    def get(url):
+        return app.test_client().get(url, headers={"Authorization": f"Bearer {token}"}).status_code
+
+    def grow():
+        for i in range(3):
+            writer = TimelineWriter(store_root / "team-a" / "run-1", node_id="algo-1", rank=0, flush_interval_s=3600)
+            writer.add(f"Step {100 + i}", 3 * 10**18 + i * 10**9, 3 * 10**18 + i * 10**9 + 10**6, step=100 + i, mode=ModeKeys.TRAIN)
+            writer.close()
+        return 200
+
+    with ThreadPoolExecutor(8) as pool:
+        futures = [pool.submit(grow)] + [pool.submit(get, url) for url in urls]
+        assert [f.result() for f in futures] == [200] * (len(urls) + 1)
+    steps = app.test_client().get("/api/jobs/team-a/run-1/dashboard", headers={"Authorization": f"Bearer {token}"}).get_json()["steps"][0]["steps"]
+    assert steps[-3:] == [100, 101, 102]

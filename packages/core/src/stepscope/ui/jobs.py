@@ -10,6 +10,7 @@ import json
 import os
 import threading
 import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -23,6 +24,20 @@ _JOB_MARKERS = frozenset({"index", "collections", "events", "profiler-output", "
 MAX_DEPTH = 6
 RUNNING_WINDOW_S = 300.0
 SUMMARY_TTL_S = 10.0
+
+
+_TRIAL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_TRIAL_LOCKS_GUARD = threading.Lock()
+
+
+def trial_lock(trial: Any) -> threading.RLock:
+    """The lock that serialises everything done with one trial: the server answers requests
+    in threads, and a Trial (refresh, lazily parsed frames) is not made for concurrent use."""
+    with _TRIAL_LOCKS_GUARD:
+        lock = _TRIAL_LOCKS.get(trial)
+        if lock is None:
+            lock = _TRIAL_LOCKS[trial] = threading.RLock()
+        return lock
 
 
 class JobNotFound(StepscopeError, KeyError):
@@ -161,9 +176,10 @@ class JobStore:
                 self._seen[job] = seen
                 self._generations[job] = self._generations.get(job, 0) + 1
         elif refresh:
-            rule_files = len(trial.store.list(layout.RULE_OUTPUT_DIR + "/"))
-            new_data = bool(trial.refresh()) | bool(trial.profiler.refresh())
-            changed = new_data or (trial.is_complete(), rule_files) != self._seen.get(job)
+            with trial_lock(trial):
+                rule_files = len(trial.store.list(layout.RULE_OUTPUT_DIR + "/"))
+                new_data = bool(trial.refresh()) | bool(trial.profiler.refresh())
+                changed = new_data or (trial.is_complete(), rule_files) != self._seen.get(job)
             with self._lock:
                 self._seen[job] = (trial.is_complete(), rule_files)
                 if changed:
@@ -183,7 +199,9 @@ class JobStore:
             cached = self._summaries.get(job)
         if cached and now - cached[0] < SUMMARY_TTL_S:
             return cached[1]
-        summary = summarize(job, self.trial(job))
+        trial = self.trial(job)
+        with trial_lock(trial):
+            summary = summarize(job, trial)
         with self._lock:
             self._summaries[job] = (now, summary)
         return summary

@@ -477,13 +477,16 @@ def job_index(jobs: Any, job: str) -> TimelineIndex:
         hit = _indexes.get(trial)
     if hit is not None and hit[0] == stamp:
         return hit[1]
+    from .jobs import trial_lock
     from .views import _traces
 
-    profiler = trial.profiler
-    traces = _traces(trial)
-    events = traces.events(kinds=["kernel", "memcpy", "memset", "runtime", "sync", "annotation", "cpu_op"]) if traces is not None else None
-    launches = traces.launches() if traces is not None else None
-    index = build_index(profiler.step_timeline(), profiler.system_metrics(), _rule_markers(trial, stamp), events, launches)
+    markers = _rule_markers(trial, stamp)
+    with trial_lock(trial):
+        profiler = trial.profiler
+        traces = _traces(trial)
+        events = traces.events(kinds=["kernel", "memcpy", "memset", "runtime", "sync", "annotation", "cpu_op"]) if traces is not None else None
+        launches = traces.launches() if traces is not None else None
+        index = build_index(profiler.step_timeline(), profiler.system_metrics(), markers, events, launches)
     with _lock:
         _indexes[trial] = (stamp, index)
     return index

@@ -20,7 +20,7 @@ import pandas as pd
 from .. import layout
 from ..exceptions import StepscopeError
 from ..modes import ModeKeys
-from .jobs import rule_summary
+from .jobs import rule_summary, trial_lock
 
 MAX_POINTS = 600  # samples per system-metric series sent to a chart
 MAX_CURVE_POINTS = 2000
@@ -39,7 +39,8 @@ def _cached(trial: Any, stamp: Hashable, what: str, compute: Callable[[], Any]) 
         hit = _cache.get(trial, {}).get(what)
     if hit is not None and hit[0] == stamp:
         return hit[1]
-    value = compute()
+    with trial_lock(trial):
+        value = compute()
     with _cache_lock:
         entries = _cache.setdefault(trial, {})
         if len(entries) > 64:  # many histogram or phase choices: start over
