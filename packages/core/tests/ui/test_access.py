@@ -179,3 +179,13 @@ def test_security_headers(app):
     resp = app.test_client().get("/login")
     assert "default-src 'self'" in resp.headers["Content-Security-Policy"]
     assert resp.headers["X-Content-Type-Options"] == "nosniff"
+
+
+def test_malformed_requests_are_4xx_not_500(app):
+    client = app.test_client()
+    csrf = login(client, "root")
+    resp = client.post("/api/users", data=b"\xff\xfe not json", headers={"X-CSRF-Token": csrf, "Content-Type": "application/json"})
+    assert resp.status_code == 400
+    assert client.put("/api/users", headers={"X-CSRF-Token": csrf}).status_code == 405
+    big = client.post("/api/users", data=b"x" * 100_000, headers={"X-CSRF-Token": csrf, "Content-Type": "application/json"})
+    assert big.status_code == 413

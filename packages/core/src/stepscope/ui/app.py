@@ -17,6 +17,7 @@ from typing import Any
 from flask import Flask, Response, g, jsonify, redirect, request
 from flask.typing import ResponseReturnValue
 from markupsafe import escape
+from werkzeug.exceptions import HTTPException
 
 from ..exceptions import ConfigError, StepscopeError
 from . import auth
@@ -108,6 +109,8 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
     @app.errorhandler(Exception)
     def _internal(exc: Exception) -> Response:
+        if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 500:
+            return _json_error(exc.code, (exc.name or "bad request").lower())
         # The message may name files of the store: log it here, send nothing of it.
         logger.exception("stepscope ui: %s %s failed", request.method, request.path)
         if isinstance(exc, (StepscopeError, OSError)):
