@@ -106,7 +106,7 @@ def test_browser_end_to_end(served):
     steps = timeline[(timeline["phase"] == "step") & (timeline["mode"] == "TRAIN")].sort_values("start_ns")
 
     # dashboard: step times and their histogram are the trial's numbers
-    rows[0].find_element("tag name", "a").click()
+    driver.find_element("css selector", '#jobs-table tr[data-job="team-a/mlp-lr0"] a').click()  # the list refreshes itself: look it up afresh
     key = f"{steps['node_id'].iloc[0]}/rank{steps['rank'].iloc[0]}/TRAIN"
     chart = _chart(driver, f"steps:{key}")
     assert chart["x"] == [int(s) for s in steps["step"]]
@@ -145,7 +145,9 @@ def test_browser_end_to_end(served):
 
     # statistics: the steps table, sortable, with a CSV
     driver.execute_script("location.hash = '#stats'")
-    table = wait_for(lambda: driver.find_element("id", "stats-steps"), what="steps table")
+    # the first rows come with the page, then the server's page replaces them
+    wait_for(lambda: driver.find_elements("css selector", "#stats-section-steps .table-scroll[data-matched]"), what="steps table from the server")
+    table = driver.find_element("id", "stats-steps")
     assert len(table.find_elements("css selector", "tbody tr")) == len(timeline[timeline["phase"] == "step"])
     header = [th for th in table.find_elements("css selector", "thead th") if th.text == "duration_ms"][0]
     header.click()  # sorted on the server, longest first
@@ -183,6 +185,8 @@ def test_browser_end_to_end(served):
     href = driver.find_element("id", "open-perfetto").get_attribute("href")
     assert re.search(r"/perfetto\?start=\d+&end=\d+$", href)
     screenshot(driver, "06-timeline-details")
+    severe = [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    assert not severe, severe  # no script errors, no CSP violations
 
 
 def test_live_job_page_updates(served, tmp_path_factory):

@@ -26,6 +26,8 @@ export function el(tag, attrs = {}, ...children) {
     if (value === undefined || value === null || value === false) continue;
     if (key.startsWith('on')) node.addEventListener(key.slice(2), value);
     else if (key === 'class') node.className = value;
+    // through the CSSOM: the page's CSP (no 'unsafe-inline') blocks style attributes
+    else if (key === 'style') node.style.cssText = value;
     else node.setAttribute(key, value === true ? '' : value);
   }
   for (const child of children.flat()) {
