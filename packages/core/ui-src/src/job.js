@@ -131,8 +131,7 @@ export async function healthView(root, job) {
     hist.replaceChildren();
     ridgeline(hist, 'tensor-histogram', data);
   }
-  const firstWeight = h.tensors.find((n) => /weight/.test(n));
-  if (firstWeight) picker.value = firstWeight;
+  if (h.default_tensor) picker.value = h.default_tensor;
   drawHist();
 }
 

@@ -321,7 +321,16 @@ def _training_health(trial: Any) -> dict[str, Any]:
     gradients = [n for n in _collection_names(trial, "gradients") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
     raw = [n for n in trial.tensor_names() if not n.startswith("smdebug/")]
     return {"curves": curves, "gradient_norms": _norm_heatmap(trial, gradients), "update_ratios": _update_ratios(trial),
-            "inactive_units": _inactive_units(trial), "tensors": raw}
+            "inactive_units": _inactive_units(trial), "tensors": raw, "default_tensor": _default_tensor(trial, raw)}
+
+
+def _default_tensor(trial: Any, names: list[str]) -> str | None:
+    """The tensor the histogram view opens on: a weight, else a gradient, else any."""
+    for collection in ("weights", "gradients"):
+        found = [n for n in _collection_names(trial, collection) if n in names]
+        if found:
+            return found[0]
+    return names[0] if names else None
 
 
 def _inactive_units(trial: Any) -> dict[str, Any]:
@@ -375,15 +384,17 @@ def _norm_heatmap(trial: Any, names: list[str]) -> dict[str, Any]:
 
 
 def _update_ratios(trial: Any) -> dict[str, Any]:
-    """|w_t - w_prev| / |w_prev| between consecutive saved steps of each weight, with the
-    WeightUpdateRatio rule's epsilon (the quantity that rule checks)."""
+    """|w_t - w_prev| / |w_prev| between consecutive saved training steps of each weight, with
+    the WeightUpdateRatio rule's epsilon (the quantity that rule checks; EVAL steps do not
+    update weights, so they are left out as the rule leaves them out)."""
     from ..rules.tensors import WeightUpdateRatioParams
 
     epsilon = WeightUpdateRatioParams().epsilon
     names = [n for n in _collection_names(trial, "weights") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
+    training = (ModeKeys.TRAIN, ModeKeys.GLOBAL)
     series = []
     for name in names:
-        steps = _subsample(trial.tensor(name).steps(), MAX_HEATMAP_STEPS + 1)
+        steps = _subsample([s for s in trial.tensor(name).steps() if trial.mode_of(s)[0] in training], MAX_HEATMAP_STEPS + 1)
         values = trial.read_many([(name, s, None, None) for s in steps])
         xs, ys = [], []
         for i in range(1, len(steps)):
