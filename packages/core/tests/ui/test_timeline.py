@@ -187,3 +187,14 @@ def test_grid_path_sends_the_long_intervals(monkeypatch):
     names = [answer["names"][n] for n in lane["slices"]["n"]]
     assert names == ["long"]
     assert len(lane["slices"]["s"]) + sum(lane["agg"]["c"]) == len(frame) + 1
+
+
+def test_export_of_a_huge_range_is_refused(monkeypatch):
+    from stepscope.ui import timeline
+
+    monkeypatch.setattr(timeline, "MAX_EXPORT_EVENTS", 100)
+    index = build_index(_frame(200), _empty_metrics())
+    with pytest.raises(timeline.TooManyEvents, match="zoom in"):
+        perfetto_events(index, None, None)
+    steps = index.lanes[0]
+    assert json.loads(perfetto_events(index, int(steps.start[0]), int(steps.start[10])))["traceEvents"]

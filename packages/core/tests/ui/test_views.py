@@ -13,7 +13,7 @@ import pytest
 from stepscope.profiler.rules import OverallSystemUsage, StepOutlier
 from stepscope.trial import create_trial
 
-from .conftest import login, write_profiler_job
+from .conftest import T0_NS, login, write_profiler_job
 
 
 def test_jobs_list_fields_filter_and_sort(app, store_root):
@@ -332,3 +332,25 @@ def test_concurrent_requests_while_the_job_grows(app, store_root, user_db):
         assert [f.result() for f in futures] == [200] * (len(urls) + 1)
     steps = app.test_client().get("/api/jobs/team-a/run-1/dashboard", headers={"Authorization": f"Bearer {token}"}).get_json()["steps"][0]["steps"]
     assert steps[-3:] == [100, 101, 102]
+
+
+def test_two_ranks_two_nodes(app, store_root):
+    """A job of two nodes (one rank each): workers, per-node system charts, per-rank lanes."""
+    job = store_root / "team-a" / "multi"
+    write_profiler_job(job, steps=6, node="algo-1", close=False)
+    from stepscope.modes import ModeKeys
+    from stepscope.profiler import TimelineWriter
+
+    writer = TimelineWriter(job, node_id="algo-2", rank=1, framework="pytorch", flush_interval_s=3600)
+    for step in range(6):
+        writer.add(f"Step {step}", T0_NS + step * 10**8, T0_NS + step * 10**8 + 5 * 10**7, step=step, mode=ModeKeys.TRAIN)
+    writer.close()
+    (job / "training_job_end.ts").write_text("")
+    client = app.test_client()
+    login(client, "alice")
+    summary = client.get("/api/jobs/team-a/multi/summary").get_json()
+    assert summary["workers"] == 2
+    dashboard = client.get("/api/jobs/team-a/multi/dashboard").get_json()
+    assert [s["key"] for s in dashboard["steps"]] == ["algo-1/rank0/TRAIN", "algo-2/rank1/TRAIN"]
+    lanes = [lane["id"] for lane in client.get("/api/jobs/team-a/multi/timeline").get_json()["lanes"]]
+    assert "r0-TRAIN" in lanes and "r1-TRAIN" in lanes

@@ -276,7 +276,7 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         writer.writerow(tables[table]["columns"])
         writer.writerows(tables[table]["rows"])
         resp = Response(out.getvalue(), mimetype="text/csv")
-        resp.headers["Content-Disposition"] = f'attachment; filename="{table}.csv"'
+        resp.headers["Content-Disposition"] = f'attachment; filename="{_filename(table)}.csv"'
         return resp
 
     @app.get("/api/jobs/<path:job>/timeline")
@@ -298,12 +298,15 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
     @app.get("/api/jobs/<path:job>/perfetto")
     def job_perfetto(job: str) -> Response:
-        from .timeline import perfetto_trace
+        from .timeline import TooManyEvents, perfetto_trace
 
         visible = _visible(job)
-        data = perfetto_trace(jobs, visible, _float_arg("start"), _float_arg("end"))
+        try:
+            data = perfetto_trace(jobs, visible, _float_arg("start"), _float_arg("end"))
+        except TooManyEvents as exc:
+            raise _HttpError(400, str(exc)) from None
         resp = Response(data, mimetype="application/json")
-        resp.headers["Content-Disposition"] = f'attachment; filename="{visible.replace("/", "_")}.trace.json"'
+        resp.headers["Content-Disposition"] = f'attachment; filename="{_filename(visible)}.trace.json"'
         return resp
 
     # --- API: users (admins only) -------------------------------------------------------
@@ -428,6 +431,11 @@ def _filter_sort(rows: list[dict[str, Any]], args: Any) -> list[dict[str, Any]]:
         missing = [r for r in rows if r[key] is None]
         rows = sorted(present, key=lambda r: r[key], reverse=sort.startswith("-")) + missing
     return rows
+
+
+def _filename(text: str) -> str:
+    """A download name: letters, digits, `.`, `_` and `-` only (no quotes in the header)."""
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:120] or "download"
 
 
 def _gzip(resp: Response) -> Response:

@@ -25,9 +25,14 @@ from .views import STEP_PHASES
 MIN_SLICE_PX = 2.0  # narrower intervals are aggregated
 BUCKET_PX = 3  # pixels per aggregation bucket
 MAX_SLICES_PER_LANE = 4000
+MAX_EXPORT_EVENTS = 2_000_000  # a Perfetto download above this would be hundreds of MB
 RAW_LIMIT = 150_000  # a range with more intervals than this is answered from the lane's grid
 GRID_CELLS = 1 << 16
 _TRACKS = {"TRAIN": 1, "EVAL": 2, "PREDICT": 3, "GLOBAL": 4}
+
+
+class TooManyEvents(ValueError):
+    """A range too large to export as one trace file."""
 
 
 @dataclass
@@ -403,6 +408,10 @@ def perfetto_events(index: TimelineIndex, start_ns: int | None, end_ns: int | No
     launch -> activity flow arrows, CPU/GPU utilization as counters."""
     t0 = index.start_ns if start_ns is None else int(start_ns)
     t1 = index.end_ns if end_ns is None else int(end_ns)
+    count = sum(int(np.searchsorted(lane.start, t1, side="right")) - int(np.searchsorted(lane.start, t0 - lane.max_duration))
+                for lane in index.lanes if lane.kind == "slices")
+    if count > MAX_EXPORT_EVENTS:
+        raise TooManyEvents(f"the range holds about {count:,} intervals; zoom in below {MAX_EXPORT_EVENTS:,} to export it")
     events: list[dict[str, Any]] = []
     frame = index.events
     if len(frame):
