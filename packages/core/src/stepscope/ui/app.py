@@ -190,16 +190,22 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
     @app.get("/api/jobs")
     def list_jobs() -> Response:
+        from concurrent.futures import ThreadPoolExecutor
+
         user = g.identity.user
-        rows = []
-        for job in jobs.job_ids():
-            if user.can_see(job):
-                try:
-                    rows.append(jobs.summary(job).to_json())
-                except (StepscopeError, OSError, ValueError):
-                    logger.exception("stepscope ui: cannot summarize a job")
-                    rows.append({"id": job, "status": "unreadable", "start": None, "end": None, "duration": None,
-                                 "framework": None, "workers": 0, "steps": 0, "rules_fired": []})
+
+        def row(job: str) -> dict[str, Any]:
+            try:
+                return jobs.summary(job).to_json()
+            except (StepscopeError, OSError, ValueError):
+                logger.exception("stepscope ui: cannot summarize a job")
+                return {"id": job, "status": "unreadable", "start": None, "end": None, "duration": None,
+                        "framework": None, "workers": 0, "steps": 0, "rules_fired": []}
+
+        visible = [job for job in jobs.job_ids() if user.can_see(job)]
+        # summaries wait on the store (S3 listings): several at once
+        with ThreadPoolExecutor(max_workers=min(8, max(1, len(visible)))) as pool:
+            rows = list(pool.map(row, visible))
         return jsonify(jobs=_filter_sort(rows, request.args))
 
     @app.get("/api/jobs/<path:job>/summary")
