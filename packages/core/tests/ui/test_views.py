@@ -228,6 +228,9 @@ def test_gpu_views_are_the_trace_engines(app, store_root):
     assert picked["chosen"] == f"trace: {name}" and f"trace: {name}" in picked["names"]
     durations = annotations[annotations["name"].astype(str) == name]["dur_ns"].to_numpy() / 1e6
     assert picked["histogram"]["counts"] == np.histogram(durations, bins=7)[0].tolist()
+    precision = traces.kernel_stats(by="precision")
+    mine = precision[precision["rank"] == 1]
+    assert gpu["pies"]["rank 1"]["precision"] == pytest.approx(dict(zip(mine["precision"], mine["total_us"])))
     memory = traces.memory_ops()
     assert sum(r[4] for r in gpu["tables"]["Memory operations"]["rows"]) == int(memory["bytes"].sum())
     tables = client.get("/api/jobs/team-a/gpu/stats").get_json()["tables"]

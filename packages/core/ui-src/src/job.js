@@ -55,10 +55,12 @@ export async function dashboardView(root, job) {
     const k = el('input', { type: 'number', id: 'top-k', min: '1', max: '100', value: String(g.k), onchange: async () => drawGpu((await api(`${base}/dashboard?k=${k.value}`)).gpu) });
     gpu.append(el('label', {}, 'top k ', k));
     for (const [rank, p] of Object.entries(g.pies)) {
-      const a = el('div'), b = el('div');
-      gpu.append(el('h4', {}, rank), el('div', { class: 'pies' }, el('div', {}, el('p', { class: 'muted' }, 'GPU time'), a), el('div', {}, el('p', { class: 'muted' }, 'GPU idle, by cause'), b)));
+      const a = el('div'), b = el('div'), c = el('div');
+      gpu.append(el('h4', {}, rank), el('div', { class: 'pies' }, el('div', {}, el('p', { class: 'muted' }, 'GPU time'), a),
+        el('div', {}, el('p', { class: 'muted' }, 'GPU idle, by cause'), b), el('div', {}, el('p', { class: 'muted' }, 'kernel time by precision'), c)));
       pieChart(a, `gpu-time:${rank}`, p.time);
       pieChart(b, `gpu-idle:${rank}`, p.idle);
+      pieChart(c, `gpu-precision:${rank}`, p.precision);
     }
     for (const [name, t] of Object.entries(g.tables)) {
       window.stepscope.charts[`gpu-table:${name}`] = t;

@@ -195,10 +195,13 @@ def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
         return {"available": False, "reason": "no detailed GPU traces in this job (profile some steps with the plugins' detailed profiling)"}
     temporal = traces.temporal_breakdown()
     idle = traces.idle_breakdown()
+    precision = traces.kernel_stats(by="precision")
     pies = {}
     for row in temporal.itertuples():
         waits = idle[idle["rank"] == row.rank]
+        classes = precision[precision["rank"] == row.rank] if "rank" in precision else precision
         pies[f"rank {row.rank}"] = {
+            "precision": {str(p): float(t) for p, t in zip(classes["precision"], classes["total_us"])},
             "time": {"kernels (compute)": float(row.compute_us), "memcpy / memset / communication": float(row.non_compute_us), "idle": float(row.idle_us)},
             "idle": {"waiting for the host": float(waits["host_wait_us"].sum()), "between kernels": float(waits["kernel_wait_us"].sum()),
                      "other": float(waits["other_us"].sum())},
@@ -210,7 +213,7 @@ def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
         "tables": {
             "Top kernels by time": table(traces.top_kernels(k=k, by="time")),
             "Top kernels by launches": table(traces.top_kernels(k=k, by="launches")),
-            "Kernel precision": table(traces.kernel_stats(by="precision")),
+            "Kernel precision": table(precision),
             "Memory operations": table(traces.memory_ops()),
             "Synchronizations": table(traces.syncs()),
             "Launch delay": table(traces.launch_latency().head(k)),
