@@ -176,5 +176,6 @@ export function timelineView(root, job) {
   });
   window.addEventListener('resize', () => load());
   load();
-  return { refresh: () => load() };
+  // live: a view reaching the job's end follows it as the job grows
+  return { refresh: () => { if (state.t1 !== null && state.t1 >= state.jobEnd) { state.t0 = null; state.t1 = null; } load(); } };
 }
