@@ -29,7 +29,8 @@ export function timelineView(root, job) {
   async function load() {
     const seq = ++state.seq;
     const params = new URLSearchParams({ width: String(plotWidth()) });
-    if (state.t0 !== null) { params.set('start', String(Math.round(state.t0))); params.set('end', String(Math.round(state.t1))); }
+    if (state.t0 !== null) params.set('start', String(Math.round(state.t0)));
+    if (state.t1 !== null) params.set('end', String(Math.round(state.t1)));
     state.loading = true;
     const data = await api(`${base}/timeline?${params}`);
     if (seq !== state.seq) return;
@@ -177,5 +178,6 @@ export function timelineView(root, job) {
   window.addEventListener('resize', () => load());
   load();
   // live: a view reaching the job's end follows it as the job grows
-  return { refresh: () => { if (state.t1 !== null && state.t1 >= state.jobEnd) { state.t0 = null; state.t1 = null; } load(); } };
+  // (the start stays, the end is the job's new end)
+  return { refresh: () => { if (state.t1 !== null && state.t1 >= state.jobEnd) state.t1 = null; load(); } };
 }
