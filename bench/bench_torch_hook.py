@@ -21,7 +21,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from stepscope.config import SaveConfig
+from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
 BLOCK_STEPS = 20  # a multiple of 10: each block of config (b) holds the same number of saved steps
@@ -92,6 +92,59 @@ def measure(make_model, make_hook, blocks: int, out: str) -> dict[str, tuple[flo
     return {name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for name, ts in times.items()}
 
 
+class _Empty(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x
+
+
+def nothing_due_cost(make_hook: Callable[[str], Hook], out: str, rounds: int) -> tuple[float, float]:
+    """(µs the hook adds to a step where nothing is due, µs of two calls of an empty
+    nn.Module), each the median over `rounds` interleaved blocks. The step is as small as a
+    step gets (a forward of one Linear(1, 1) and an optimizer step without gradients), so
+    the difference between the hooked and the plain loop is the hook's own work. Times are
+    the training thread's CPU time, which other load on the machine disturbs least."""
+    x = torch.ones(1, 1)
+
+    def loop(hook: Hook | None) -> Callable[[int], float]:
+        model = nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if hook is not None:
+            hook.register_module(model)
+            hook.register_optimizer(optimizer)
+
+        def run(n: int) -> float:
+            start = time.thread_time_ns()
+            with torch.no_grad():
+                for _ in range(n):
+                    model(x)
+                    optimizer.step()
+            return (time.thread_time_ns() - start) / n / 1e3
+
+        return run
+
+    empty = _Empty()
+
+    def empty_calls(n: int) -> float:
+        start = time.thread_time_ns()
+        for _ in range(n):
+            empty(x)
+            empty(x)
+        return (time.thread_time_ns() - start) / n / 1e3
+
+    hook = make_hook(out)
+    plain, hooked = loop(None), loop(hook)
+    n = 2000
+    for fn in (plain, hooked, empty_calls):
+        fn(n)  # warm up
+    added, two_empty = [], []
+    for _ in range(rounds):
+        p, h, e = plain(n), hooked(n), empty_calls(n)
+        added.append(h - p)
+        two_empty.append(e)
+    hook.close()
+    return statistics.median(added), statistics.median(two_empty)
+
+
 def _steady_malloc() -> None:
     """Keep glibc from returning freed memory to the kernel between steps. Otherwise the
     gradients freed by zero_grad() come back as fresh pages (page faults) every step, in a
@@ -116,7 +169,13 @@ def main() -> None:
     _steady_malloc()
     logging.getLogger("stepscope").setLevel(logging.CRITICAL)  # keep the table readable
 
-    print(f"torch {torch.__version__}, 1 thread, {blocks} blocks x {BLOCK_STEPS} steps per variant, medians per block")
+    print(f"torch {torch.__version__}, 1 thread")
+    print("a step where nothing is due (goal: the hook adds no more than two calls of an empty nn.Module):")
+    with tempfile.TemporaryDirectory() as root:
+        for label, make in (("default", lambda out: Hook(out)), ("no profiler", lambda out: Hook(out, profiler_config=ProfilerConfig.disabled()))):
+            added, two_empty = nothing_due_cost(make, f"{root}/{label.replace(' ', '_')}", 5 if args.quick else 15)
+            print(f"  {label:12} hook adds {added:7.2f} us/step; two empty nn.Module calls {two_empty:6.2f} us; ratio {added / two_empty:5.2f} (goal <= 1)")
+    print(f"{blocks} blocks x {BLOCK_STEPS} steps per variant, medians per block")
     print(f"{'model':5} {'config':12} {'plain ms':>9} {'hooked ms':>10} {'wall ratio':>10} {'cpu ratio':>10}  goal (wall)")
     with tempfile.TemporaryDirectory() as root:
         for model_name, make_model in (("mlp", mlp), ("cnn", cnn)):

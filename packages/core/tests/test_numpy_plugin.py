@@ -55,12 +55,13 @@ def train(hook: NumpyHook, steps: int, seed: int = 0) -> list[dict[str, Any]]:
     rng = np.random.default_rng(seed)
     w, b = rng.normal(size=(3,)).astype(np.float32), np.zeros(1, np.float32)
     hook.register_parameters({"w": w, "b": b})
-    seen = []
+    seen: list[dict[str, Any]] = []
+    first = hook.global_step
     for _ in range(steps):
         x = rng.normal(size=(16, 3)).astype(np.float32)
         y = x @ np.array([1.0, -2.0, 0.5], np.float32) + 0.3
         hook.begin_step(ModeKeys.TRAIN)
-        assert hook.global_step == len(seen)  # inside step k, global_step is k
+        assert hook.global_step == first + len(seen) or not hook.enabled  # inside step k, global_step is k
         record = {"w": w.copy(), "b": b.copy()}
         with hook.phase("forward"):
             err = x @ w + b - y
@@ -187,3 +188,66 @@ def test_stop_request_raises_once_at_the_end_of_a_train_step(tmp_path):
     hook.begin_step("train")
     hook.end_step()  # once only
     hook.close()
+
+
+class BrokenHook(NumpyHook):
+    def _capture(self, plan, value):
+        raise RuntimeError("disk on fire")
+
+
+def test_a_hook_that_switched_itself_off_is_visible(tmp_path, capsys):
+    from stepscope.cli import main
+    from stepscope.trial import Trial
+
+    out = str(tmp_path / "job")
+    hook = BrokenHook(out, SaveConfig(save_interval=1), include_collections="weights", profiler_config=ProfilerConfig.disabled())
+    train(hook, 3)  # training goes on
+    assert not hook.enabled and "disk on fire" in str(hook.failsafe.error)
+    hook.close()
+    [(worker, cause)] = Trial.failed_workers_in(hook.store).items()
+    assert worker == "worker_0" and cause == "numpy hook: RuntimeError: disk on fire"
+    assert Trial.status_in(hook.store)["worker_0"]["state"] == "failed"
+    assert main(["check", out, "--quiet", "--no-write"]) == 2
+    err = capsys.readouterr().err
+    assert "the hook of worker_0 failed" in err and "disk on fire" in err and "no saved data" not in err
+
+
+def test_cli_version_and_whole_rule_descriptions(capsys):
+    import stepscope
+    from stepscope.cli import main
+
+    assert main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"stepscope {stepscope.__version__}"
+    from stepscope.rules.registry import describe_rules
+
+    assert main(["rules"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    for rule in describe_rules():
+        assert " ".join(str(rule["explanation"]["definition"]).split()) in text  # whole, never cut
+
+
+def test_one_timeline_per_worker_however_many_files(tmp_path):
+    """Flushed after every stage into many files, by two workers: the reader gives one
+    stream per worker and `stepscope timeline` one Chrome trace with every step."""
+    import json
+    from decimal import Decimal
+
+    from stepscope.cli import main
+    from stepscope.profiler import create_profiler_trial
+
+    out = str(tmp_path / "job")
+    for rank in (0, 1):
+        hook = NumpyHook(out, include_workers="all", rank=rank, world_size=2, profiler_config=ProfilerConfig(system_monitor=False))
+        for _ in range(3):
+            train(hook, 2, seed=rank)
+            hook.flush()  # a stage ends: one more file
+        hook.close()
+    timeline = create_profiler_trial(out).step_timeline()
+    steps = timeline[timeline["phase"] == "step"]
+    assert {rank: sorted(s["step"]) for rank, s in steps.groupby("rank")} == {0: list(range(6)), 1: list(range(6))}
+    merged = tmp_path / "merged.json"
+    assert main(["timeline", out, "-o", str(merged)]) == 0
+    trace = json.loads(merged.read_text(), parse_float=Decimal)
+    spans = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(spans) == len(timeline)
+    assert sorted((e["pid"], e["args"]["step"]) for e in spans if e["name"] == "step") == [(r, s) for r in (0, 1) for s in range(6)]

@@ -193,7 +193,7 @@ def test_step_tables_open_long_jobs_and_a_bad_one_falls_back(tmp_path, write_job
     assert [s["step"] for s in table["steps"]] == list(range(7)) and table["layouts"] == [["fc.weight", "loss"]]
     tables[0].write_text(tables[0].read_text()[:40])
     fallback = create_trial(str(tmp_path))
-    assert "ignoring unreadable step table" in caplog.text
+    assert "skipping unreadable step table" in caplog.text
     for trial in (reference, fallback):
         assert trial.steps() == list(range(7)) and trial.steps(ModeKeys.EVAL) == [0, 1]
         np.testing.assert_array_equal(trial.tensor("fc.weight").value(4), written[4]["fc.weight"])

@@ -111,6 +111,8 @@ def test_losses_and_metrics_equal_logs(fitted):
 def test_layer_outputs_and_inputs_chosen_by_regex(fitted):
     trial, recorder, x = fitted["trial"], fitted["recorder"], fitted["x"]
     assert [n for n in trial.tensor_names() if n.startswith(("inputs/", "outputs/"))] == ["inputs/head", "outputs/hidden"]
+    # Each layer's class is in the collections metadata (rules find activations by type).
+    assert trial._collections.module_classes["outputs/hidden"] == "Dense"
     for step in (0, 5):
         kernel, bias = recorder.weights["train"][step][:2]
         batch = x[(step % STEPS_PER_EPOCH) * BATCH :][:BATCH]
@@ -308,3 +310,23 @@ def test_from_json_reads_a_sagemaker_hook_config(tmp_path, make_model, data):
     gradients = trial.tensor(trial.tensor_names(collection="gradients")[0])
     assert weights.steps(mode=ModeKeys.TRAIN) == [0, 3, 6]
     assert gradients.steps(mode=ModeKeys.TRAIN) == [0, 2, 4, 6]
+
+
+def test_everything_is_readable_when_fit_returns(tmp_path, make_model, data):
+    """Before close: fit's end publishes tensors, the step timeline and system metrics."""
+    from stepscope.profiler import create_profiler_trial
+
+    x, y = data
+    callback = StepscopeCallback(str(tmp_path), save_config=SaveConfig(save_interval=2), include_collections="weights",
+                                 profiler_config=ProfilerConfig(monitor_interval_ms=100))
+    make_model().fit(x, y, batch_size=4, epochs=1, callbacks=[callback], verbose=0)  # 8 steps
+    assert callback.hook.monitor is not None and callback.hook.monitor.in_own_process
+    trial = stepscope.create_trial(str(tmp_path))
+    assert trial.steps(mode=ModeKeys.TRAIN) == [0, 2, 4, 6]
+    profiler = create_profiler_trial(str(tmp_path))
+    steps = profiler.step_timeline()
+    assert sorted(steps[steps["phase"] == "step"]["step"]) == list(range(8))
+    assert not trial.is_complete()  # the end marker waits for close()
+    callback.close()
+    assert len(create_profiler_trial(str(tmp_path)).system_metrics()) > 0
+    assert stepscope.create_trial(str(tmp_path)).is_complete()

@@ -11,20 +11,24 @@ from .exceptions import (
     TensorUnavailable,
     TensorUnavailableForStep,
 )
+from .hook_options import HookOptions
 from .modes import ModeKeys
-from .trial import Trial, create_trial
 
 __version__ = "0.1.0"
 
 
-def __getattr__(name: str):
-    # The profiler reader needs pandas; import it only when asked for, so the training
-    # side (hooks import stepscope) does not pay for it.
-    if name == "create_profiler_trial":
-        from .profiler import create_profiler_trial
+_LAZY = {"Trial": "trial", "create_trial": "trial", "HookBase": "hook", "StopTrainingRequested": "hook", "create_profiler_trial": "profiler"}
 
-        return create_profiler_trial
-    raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
+
+def __getattr__(name: str):
+    # The read side (trial, profiler reader: pandas) loads on first use, so that the
+    # training side, and the monitor's sampler process, do not pay for it.
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(f".{module}", __name__), name)
 
 
 __all__ = [
@@ -32,6 +36,8 @@ __all__ = [
     "CollectionName",
     "ConfigError",
     "CorruptRecord",
+    "HookBase",
+    "HookOptions",
     "ModeKeys",
     "NoMoreData",
     "ReductionConfig",
@@ -40,6 +46,7 @@ __all__ = [
     "StepNotYetAvailable",
     "StepUnavailable",
     "StepscopeError",
+    "StopTrainingRequested",
     "TensorUnavailable",
     "TensorUnavailableForStep",
     "Trial",

@@ -6,7 +6,10 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import re
+import shutil
 import sys
+import textwrap
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -14,6 +17,7 @@ from typing import Any
 from .exceptions import ConfigError, StepscopeError
 
 EXIT_OK, EXIT_FIRED, EXIT_ERROR = 0, 1, 2
+_INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
 
 
 class UsageError(Exception):
@@ -68,7 +72,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
             "fire on healthy training, plus the profiler rules when the job has profiler data; `stepscope rules` "
             "lists them. A rule named with --rule or from --rules-config keeps SageMaker's parameters and meaning. "
             "Reports are written to PATH/rule-output/. Exit status: 0 no rule fired, 1 some rule fired, "
-            "2 bad usage or unreadable data. `--explain RULE` prints what a rule checks and what to do when it fires."
+            "2 bad usage, unreadable data, or a worker whose hook failed (stepscope-status/). `--explain RULE` prints what a rule checks and what to do when it fires."
         ),
     )
     parser.add_argument("path", nargs="?", help="the job's folder or s3:// URL")
@@ -79,14 +83,25 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--rules-config", metavar="FILE", help="JSON file of rule configurations (smdebug_rulesconfig dicts, SageMaker entries)")
     parser.add_argument("--explain", metavar="RULE", help="print what RULE checks, its parameters, likely causes and advice, and exit")
     parser.add_argument("--watch", action="store_true", help="follow a running job until it ends (training_job_end.ts)")
-    parser.add_argument("--timeout", type=float, default=None, metavar="S", help="with --watch: stop following after S seconds")
-    parser.add_argument("--poll-interval", type=float, default=5.0, metavar="S", help="with --watch: longest wait between looks for new steps")
+    parser.add_argument("--timeout", type=_seconds, default=None, metavar="S", help="with --watch: stop following after S seconds")
+    parser.add_argument("--poll-interval", type=_seconds, default=5.0, metavar="S", help="with --watch: longest wait between looks for new steps (> 0)")
     parser.add_argument("--start-step", type=int, default=0, metavar="N", help="first global step to check")
     parser.add_argument("--end-step", type=int, default=None, metavar="N", help="check steps before N only")
     parser.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
     parser.add_argument("--no-write", action="store_true", help="do not write reports to PATH/rule-output/")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
     parser.set_defaults(run=_run_check)
+
+
+def _seconds(text: str) -> float:
+    """A positive, finite number of seconds (argparse type): 0 would busy-loop."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds, got {text!r}")
+    return value
 
 
 class _Progress:
@@ -127,10 +142,11 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
 
 
 def _write_reports(store: Any, reports: list[Any], path: str) -> None:
-    from .layout import RULE_OUTPUT_DIR
+    from .layout import RULE_OUTPUT_DIR, rule_output_key
 
     for report in reports:
-        store.write(f"{RULE_OUTPUT_DIR}/{report.rule}.json", json.dumps(report.to_json(), indent=1).encode())
+        # Rule names come from configuration files: escaped so that a report stays in the job.
+        store.write(rule_output_key(report.rule), json.dumps(report.to_json(), indent=1).encode())
     summary = {"path": path, "time": time.time(), "rules": [report.row() for report in reports]}
     store.write(f"{RULE_OUTPUT_DIR}/summary.json", json.dumps(summary, indent=1).encode())
 
@@ -161,6 +177,20 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.end_step is not None and args.end_step <= args.start_step:
         raise UsageError(f"--end-step ({args.end_step}) must be greater than --start-step ({args.start_step})")
     store = open_store(args.path)
+    root = getattr(store, "root", None)
+    if root is not None and not root.is_dir():
+        # A job that has not started may not have made its folder yet: --watch waits for it
+        # (within --timeout), creating nothing; without --watch a missing folder is a typo.
+        deadline = None if args.timeout is None else time.monotonic() + args.timeout
+        while args.watch and not root.is_dir() and (deadline is None or time.monotonic() < deadline):
+            time.sleep(min(args.poll_interval, 0.5))
+        if not root.is_dir():
+            raise UsageError(f"no saved data at {store.describe()}: no such folder (a mistyped path?)")
+    failed = _failed_hooks(store)
+    for worker, cause in failed.items():
+        print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
+    if failed and not store.list(_INDEX_PREFIX):
+        return EXIT_ERROR  # not "no data": the job's hook broke before saving anything
     if not args.watch and not store.list(""):
         raise UsageError(f"no saved data at {store.describe()} (wrong path? use --watch for a job that has not written yet)")
     trial = create_trial(store)
@@ -177,9 +207,22 @@ def _run_check(args: argparse.Namespace) -> int:
         print()
     else:
         format_table(reports, sys.stdout)
+    if trial.problems:
+        # Unreadable files are not a rule firing: say which were skipped, and exit 2.
+        print(f"stepscope check: {len(trial.problems)} file(s) could not be read and were skipped:", file=sys.stderr)
+        for problem in trial.problems[:20]:
+            print(f"  {problem}", file=sys.stderr)
+    if failed or trial.problems:
+        return EXIT_ERROR
     if any(report.fired for report in reports):
         return EXIT_FIRED
     return EXIT_ERROR if any(report.status == "error" for report in reports) else EXIT_OK
+
+
+def _failed_hooks(store: Any) -> dict[str, str]:
+    from .trial import Trial
+
+    return Trial.failed_workers_in(store)
 
 
 # --- rules (list) -------------------------------------------------------------------------
@@ -199,10 +242,44 @@ def _run_rules(args: argparse.Namespace) -> int:
         json.dump(described, sys.stdout, indent=1)
         print()
         return EXIT_OK
+    width = max(60, min(shutil.get_terminal_size((100, 24)).columns, 120))
     for rule in described:
         params = ", ".join(f"{k}={v!r}" for k, v in rule["parameters"].items())
         marker = " [default set]" if rule["default"] else ""
-        print(f"{rule['name']} ({rule['kind']}){marker}: {rule['explanation']['definition']}\n    {params or '(no parameters)'}")
+        definition = " ".join(str(rule["explanation"]["definition"]).split())  # whole, wrapped, never cut
+        print(textwrap.fill(f"{rule['name']} ({rule['kind']}){marker}: {definition}", width=width, subsequent_indent="    "))
+        print(textwrap.fill(params or "(no parameters)", width=width, initial_indent="    ", subsequent_indent="      "))
+    return EXIT_OK
+
+
+# --- timeline (merge) ---------------------------------------------------------------------
+
+
+def _add_timeline(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "timeline",
+        help="write a job's step timeline as one Chrome trace (Perfetto, chrome://tracing)",
+        description="Merge every step-timeline file of the job at PATH (all workers, all flushes) into one Chrome-trace JSON file.",
+    )
+    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="where to write it (default timeline.json; - for stdout)")
+    parser.set_defaults(run=_run_timeline)
+
+
+def _run_timeline(args: argparse.Namespace) -> int:
+    from .profiler import create_profiler_trial
+    from .profiler.timeline import merge_timeline
+
+    trial = create_profiler_trial(args.path)
+    if trial.step_timeline().empty:
+        raise UsageError(f"no step timeline at {args.path}")
+    data = merge_timeline(trial)
+    if args.output == "-":
+        sys.stdout.write(data.decode())
+    else:
+        with open(args.output, "wb") as f:
+            f.write(data)
+        print(f"wrote {args.output} ({len(data)} bytes)", file=sys.stderr)
     return EXIT_OK
 
 
@@ -214,12 +291,19 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
     add_ui(sub)
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_ui]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_timeline, _add_ui]
+
+
+def _version() -> str:
+    from . import __version__
+
+    return __version__
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepscope", description="Debugger and profiler for deep-learning training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)
@@ -244,8 +328,18 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (StepscopeError, OSError) as exc:
         print(f"stepscope {args.command}: cannot read the data: {exc}", file=sys.stderr)
         return EXIT_ERROR
+    except re.error as exc:
+        print(f"stepscope {args.command}: bad regular expression {exc.pattern!r}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
     except KeyboardInterrupt:
         return 130
+    except (RecursionError, MemoryError) as exc:
+        print(f"stepscope {args.command}: input too deeply nested or too large: {type(exc).__name__}", file=sys.stderr)
+        return EXIT_ERROR
+    except Exception as exc:  # bad data must never end in a traceback (it is logged with -v)
+        logging.getLogger("stepscope").debug("stepscope %s failed", args.command, exc_info=True)
+        print(f"stepscope {args.command}: failed on unexpected input: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@ which tensors form a collection (Collection). Pure, framework-free, validated at
 
 from __future__ import annotations
 
+import bisect
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -43,7 +44,7 @@ def _int_tuple(owner: str, name: str, value: Any) -> tuple[int, ...]:
         items = list(value)
     except TypeError:
         raise ConfigError(f"{owner}.{name} must be a list of integers, got {value!r}") from None
-    return tuple(sorted({_int_field(owner, name, item) for item in items}))
+    return tuple(sorted({int(_int_field(owner, name, item) or 0) for item in items}))
 
 
 @dataclass(frozen=True)
@@ -75,7 +76,10 @@ class SaveConfigMode:
 
     def next_save_step(self, step: int) -> int | None:
         """The first step >= `step` that is saved, or None when none is left."""
-        candidates = [s for s in self.save_steps if s >= step]
+        # save_steps is sorted (see _int_tuple): one bisection, not a scan of a list that
+        # may hold a million steps, on the training thread at every step.
+        at = bisect.bisect_left(self.save_steps, step)
+        candidates = [self.save_steps[at]] if at < len(self.save_steps) else []
         first = max(step, self.start_step)
         first += (-first) % self.save_interval
         if self.end_step is None or first < self.end_step:
@@ -103,7 +107,8 @@ class SaveConfig:
         end_step: int | None = None,
         mode_save_configs: Mapping[ModeKeys | str, SaveConfigMode | Mapping[str, Any] | None] | None = None,
     ):
-        default = SaveConfigMode(save_interval, save_steps or (), start_step, end_step)
+        steps: Any = save_steps or ()  # SaveConfigMode takes a list or smdebug's "1,2,3"
+        default = SaveConfigMode(save_interval, steps, start_step, end_step)
         self._modes: dict[ModeKeys, SaveConfigMode] = {mode: default for mode in ALL_MODES}
         for key, value in (mode_save_configs or {}).items():
             try:

@@ -229,7 +229,7 @@ def encode_tensor_event(name: str, value: np.ndarray, step: int, mode: ModeKeys,
     if dtype == DT_STRING:
         tensor_tail = b"".join(_bytes_field(8, s) for s in _strings_to_bytes(value))
     elif value.size:
-        content = memoryview(np.ascontiguousarray(value).reshape(-1).view(np.uint8))
+        content = memoryview(np.ascontiguousarray(value).reshape(-1).view(np.uint8).data)
         content_field = _len_field(4, content.nbytes)
     tensor_len = len(tensor_head) + len(content_field) + len(content) + len(tensor_tail)
     value_head = _tag_field(name) + _len_field(8, tensor_len) + tensor_head + content_field
@@ -311,6 +311,12 @@ def _value_array(value: Any) -> np.ndarray:
 def decode_tensor_value(payload: bytes | memoryview) -> np.ndarray:
     """Only the tensor of a record (what a reader that knows the step from the index needs)."""
     return _value_array(_summary_value(Event.FromString(bytes(payload))))
+
+
+def decode_tensor_tag_value(payload: bytes | memoryview) -> tuple[str, np.ndarray]:
+    """The name (tag) and tensor of a record: a reader checks the name against its index."""
+    value = _summary_value(Event.FromString(bytes(payload)))
+    return value.tag, _value_array(value)
 
 
 def decode_tensor_event(payload: bytes | memoryview) -> DecodedTensor:

@@ -11,6 +11,13 @@ class ConfigError(StepscopeError, ValueError):
     """A configuration value is wrong; the message names the field and the value."""
 
 
+class UnknownName(ConfigError, KeyError):
+    """A name the user gave (collection, rule, ...) does not exist; lists the known ones."""
+
+    def __str__(self) -> str:
+        return str(self.args[0]) if self.args else ""
+
+
 class TensorUnavailable(StepscopeError, KeyError):
     """No tensor of this name was saved in this trial."""
 

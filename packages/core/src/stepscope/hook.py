@@ -55,6 +55,7 @@ logger = logging.getLogger("stepscope")
 
 STOP_POLL_ENV = "STEPSCOPE_STOP_POLL_S"
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
+_PUBLISH_EVERY_STEPS = 64  # steps whose spans are turned into wall-clock time together
 
 
 class StopTrainingRequested(StepscopeError, RuntimeError):
@@ -173,6 +174,7 @@ class HookBase:
         self._warned_collections: set[str] = set()
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
+        self._module_classes: dict[str, str] = {}
         self._mode_counts = {mode: 0 for mode in ModeKeys}
         self._next_due: dict[ModeKeys, int | None] = {}
         self._global_step = 0
@@ -189,6 +191,7 @@ class HookBase:
         self._timer: StepTimer | None = None
         self._timed: tuple[int, ModeKeys] | None = None  # the step whose phases are being tracked
         self._last_end: Any = None
+        self._unpublished = 0
         if validate_only:
             open_store(opts.out_dir)  # raises ConfigError when out_dir is a file; writes nothing
             self._closed = True
@@ -356,19 +359,23 @@ class HookBase:
         """A framework event (see `stepscope.phases.EVENTS`) moves the step to the phase
         that `stepscope.phases.TRANSITIONS` gives; on a step where something is due the
         plugin also saves what the event makes available (gradients before the update)."""
+        # The hot path of every step: plain attribute reads, no wrappers on steps where
+        # nothing is due (a phase change is a dict lookup and a list append).
         step = self._step
-        if step is None or not self.enabled:
+        if step is None or not self.failsafe.enabled:
             return
-        if self._timer is not None and self._phases.open:
-            self.profiler_failsafe.call(self._phases.event, event, self._timer.clock.now())
+        timer, tracker = self._timer, self._phases
+        if timer is not None and tracker.phase is not None and self.profiler_failsafe.enabled:
+            tracker.event(event, timer.clock.now())
         if step.due:
             self.failsafe.call(self._on_phase_event, event)
 
     def finish_step_timing(self) -> None:
         """The open step's work is over (e.g. the optimizer stepped): its timeline ends
         now, though values may still be saved into it until `end_step`."""
-        if self._timer is not None and self._phases.open:
-            self.profiler_failsafe.call(self._finish_timing, self._timer.clock.now())
+        timer = self._timer
+        if timer is not None and self._phases.phase is not None:
+            self.profiler_failsafe.call(self._finish_timing, timer.clock.now())
 
     def _enter_phase(self, name: str) -> None:
         if self._timer is not None and self._phases.open and self.enabled:
@@ -387,8 +394,9 @@ class HookBase:
         # collection's schedule (that is the whole cost of a step where nothing is due).
         if next_due is not None and mode_step >= next_due and self.writes_tensors:
             candidates = self._collections_for(mode)
-            due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))
-            upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]
+            # with_defaults gave every included collection a save_config.
+            due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
+            upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
             self._next_due[mode] = min(upcoming) if upcoming else None
         self._step = StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else frozenset())
         self._global_step += 1
@@ -408,8 +416,17 @@ class HookBase:
         step, mode = self._timed
         self._timed = None
         self._last_end = token
-        self._timer.add_step(step, mode, [*spans, (STEP_PHASE[mode], begin, token)])
-        self._publish_timeline(False)
+        spans.append((STEP_PHASE[mode], begin, token))
+        if self._timer.clock.immediate and self.timeline is not None:
+            self.timeline.add_spans(spans, step=step, mode=mode)  # wall-clock ns already
+            return
+        self._timer.add_step(step, mode, spans)
+        # Clock readings become wall-clock spans in batches: per step that would be most
+        # of the timeline's cost. flush() and close() publish the rest.
+        self._unpublished += 1
+        if self._unpublished >= _PUBLISH_EVERY_STEPS:
+            self._unpublished = 0
+            self._publish_timeline(False)
 
     def _end_step(self) -> None:
         step = self._step
@@ -456,7 +473,10 @@ class HookBase:
         self._next_due = {}
 
     def _raise_if_stop_requested(self) -> None:
-        if self.stop_requested and not self._stop_raised and self.failsafe.enabled:
+        poller = self.stop_poller
+        if poller is None or poller.request is None:
+            return
+        if not self._stop_raised and self.failsafe.enabled:
             self._stop_raised = True
             request = self.stop_poller.request if self.stop_poller is not None else None
             raise StopTrainingRequested(f"stepscope: a rule asked to stop training ({request})")
@@ -472,6 +492,11 @@ class HookBase:
         """Names of the model's own tensors: `save_tensor` refuses them (a user value must
         never silently replace a model tensor of the same name)."""
         self._model_names.update(names)
+
+    def note_module_class(self, tensor_name: str, module_class: str) -> None:
+        """The class of the module (layer) whose input/output `tensor_name` is: written in
+        the collections metadata, so that rules recognise activations by type."""
+        self._module_classes[tensor_name] = module_class
 
     def _matching(self, name: str, collections: tuple[str, ...]) -> tuple[Collection, ...]:
         key = (name, collections)
@@ -603,11 +628,14 @@ class HookBase:
     def _start_profiler(self) -> None:
         from .profiler import SystemMonitor, TimelineWriter, default_node_id
 
+        assert self.store is not None
         node = default_node_id()
         config = self.profiler_config
         if config.system_monitor and SystemMonitor.should_run(self.rank, self.local_rank, config.monitor_every_rank):
             node_id = default_node_id(self.rank) if config.monitor_every_rank else node
-            self.monitor = SystemMonitor(self.store, interval_ms=config.monitor_interval_ms, node_id=node_id)
+            # In a sampler process of its own: the training thread's hold on the GIL cannot
+            # delay a sample there.
+            self.monitor = SystemMonitor(self.store, interval_ms=config.monitor_interval_ms, node_id=node_id, process=True)
             self.monitor.start()
         if config.step_timeline:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
@@ -637,6 +665,7 @@ class HookBase:
         if self.writer is None:
             return
         manager = CollectionManager(self.included)
+        manager.module_classes.update(self._module_classes)
         self.writer.write_collections(manager.dumps(self.num_workers))
 
     def flush(self, timeout: float | None = None) -> None:
@@ -653,6 +682,8 @@ class HookBase:
         if self.timeline is not None and self.profiler_failsafe.enabled:
             self.profiler_failsafe.call(self._publish_timeline, True)
             self.profiler_failsafe.call(self.timeline.flush)
+        if self.monitor is not None and self.profiler_failsafe.enabled:
+            self.profiler_failsafe.call(self.monitor.flush)
 
     def close(self) -> None:
         """Publish the rest, write the job's end marker (rank 0), stop the monitor and the
@@ -669,7 +700,7 @@ class HookBase:
                 self.writer.close(end_marker=self.rank == 0)
             for part in (self.timeline, self.monitor, self.stop_poller):
                 if part is not None:
-                    method = getattr(part, "close", None) or part.stop
+                    method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()
                     self.profiler_failsafe.call(method)
         finally:
             self._closed = True

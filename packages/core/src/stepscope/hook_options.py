@@ -5,7 +5,6 @@ as one frozen, validated value. Written once here; hooks, callbacks and smdebug'
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
@@ -87,7 +86,7 @@ class HookOptions:
         set_(self, "collections", collections)
 
     @classmethod
-    def of(cls, out_dir: str | HookOptions | None = None, *args: Any, **kwargs: Any) -> HookOptions:
+    def of(cls, out_dir: str | os.PathLike[str] | HookOptions | None = None, *args: Any, **kwargs: Any) -> HookOptions:
         """Options from a hook's arguments: a HookOptions as is (keywords replace fields),
         else the same positional and keyword arguments as `HookOptions(...)`."""
         if isinstance(out_dir, HookOptions):
@@ -123,7 +122,3 @@ class HookOptions:
     def included_names(self) -> list[str]:
         """Collections the user asked for by name or defined (before built-in additions)."""
         return [*self.include_collections, *(c.name for c in self.collections)]
-
-    @staticmethod
-    def _as_list(value: Iterable[Any] | None) -> list[Any]:
-        return list(value or ())

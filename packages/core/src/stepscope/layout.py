@@ -17,7 +17,8 @@ SYSTEM_METRICS_DIR = f"{PROFILER_DIR}/system/incremental"
 FRAMEWORK_DIR = f"{PROFILER_DIR}/framework"
 RULE_OUTPUT_DIR = "rule-output"
 
-INDEX_KEY_RE = re.compile(r"^index/(\d{9})/(\d{12})_(.+)\.json$")
+INDEX_KEY_RE = re.compile(r"^index/(\d{9})/(\d{12})_([^/]+)\.json$")
+_UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.=+@-]")
 
 
 def event_file_key(step: int, worker: str) -> str:
@@ -35,6 +36,17 @@ def collections_key(worker: str) -> str:
 def step_table_key(worker: str, first_step: int, last_step: int) -> str:
     """A step table: the index entries of many steps of one worker in one file."""
     return f"{STEP_TABLE_DIR}/{worker}/{first_step:012d}_{last_step:012d}.json"
+
+
+def safe_file_name(name: str, max_length: int = 120) -> str:
+    """`name` as one file name inside a folder: characters other than letters, digits and
+    `_.=+@-` become `_`, no leading dot, bounded length (names come from config files)."""
+    safe = _UNSAFE_NAME.sub("_", str(name)).lstrip(".")[:max_length]
+    return safe or "_"
+
+
+def rule_output_key(rule_name: str) -> str:
+    return f"{RULE_OUTPUT_DIR}/{safe_file_name(rule_name)}.json"
 
 
 def status_key(worker: str) -> str:

@@ -51,7 +51,10 @@ Span = tuple[str, Any, Any]
 
 
 class Clock(Protocol):
-    """Reads time as tokens and turns them into wall-clock ns once they are known."""
+    """Reads time as tokens and turns them into wall-clock ns once they are known.
+    `immediate`: tokens are wall-clock ns already (no conversion, nothing to wait for)."""
+
+    immediate: bool
 
     def now(self) -> Any: ...
 
@@ -63,13 +66,16 @@ class Clock(Protocol):
 
 
 class CpuClock:
-    """Tokens are `time.perf_counter_ns()` readings, known at once."""
+    """Tokens are `time.perf_counter_ns()` readings moved onto the wall clock (one addition:
+    the steady counter, anchored once to `time.time_ns()`), known at once."""
+
+    immediate = True
 
     def __init__(self) -> None:
-        self._perf0, self._wall0 = time.perf_counter_ns(), time.time_ns()
+        self._offset = time.time_ns() - time.perf_counter_ns()
 
     def now(self) -> int:
-        return time.perf_counter_ns()
+        return time.perf_counter_ns() + self._offset
 
     def ready(self, token: Any) -> bool:
         return True
@@ -78,7 +84,7 @@ class CpuClock:
         return None
 
     def to_wall_ns(self, token: Any) -> int:
-        return self._wall0 + (int(token) - self._perf0)
+        return int(token)
 
 
 class PhaseTracker:

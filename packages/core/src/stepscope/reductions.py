@@ -7,6 +7,7 @@ the abs_ variants apply to |x|. Empty tensors have no reductions."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -52,7 +53,7 @@ def compute(value: np.ndarray, reduction: str, abs: bool = False) -> np.ndarray:
     elif reduction == "l2":
         result = np.sqrt(np.sum(np.square(array, dtype=np.float64)))
     elif reduction in ("sum", "prod", "mean", "std", "variance"):
-        func = {"sum": np.sum, "prod": np.prod, "mean": np.mean, "std": np.std, "variance": np.var}[reduction]
+        func: Any = {"sum": np.sum, "prod": np.prod, "mean": np.mean, "std": np.std, "variance": np.var}[reduction]
         result = func(array, dtype=np.float64)
     else:
         result = getattr(np, reduction)(array)

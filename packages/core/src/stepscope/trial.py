@@ -3,7 +3,6 @@ or an s3:// prefix, while the job runs or after it ended (smdebug outputs includ
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import threading
@@ -16,26 +15,25 @@ from typing import Any
 
 import numpy as np
 
-from . import layout, records, reductions
+from . import job_files, layout, records, reductions
 from .collection_manager import CollectionManager
 from .config import Collection
-from .events import decode_tensor_event, decode_tensor_value
+from .events import decode_tensor_event, decode_tensor_tag_value
 from .exceptions import (
+    ConfigError,
     CorruptRecord,
     StepNotYetAvailable,
+    StepscopeError,
     StepUnavailable,
     TensorUnavailable,
     TensorUnavailableForStep,
+    UnknownName,
 )
 from .modes import ModeKeys
 from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
 
-try:  # orjson parses index files ~4x faster; it is optional
-    from orjson import loads as _json_loads
-except ImportError:  # pragma: no cover
-    _json_loads = json.loads
 
 
 @dataclass(frozen=True)
@@ -55,12 +53,10 @@ class _Entries:
         self.positions, self.starts, self.lengths = positions, starts, lengths
 
     @classmethod
-    def from_index(cls, entries: list[dict[str, Any]]) -> _Entries:
-        return cls(
-            {e["tensorname"]: i for i, e in enumerate(entries)},
-            [int(e["start_idx"]) for e in entries],
-            [int(e["length"]) for e in entries],
-        )
+    def from_entry(cls, entry: job_files.IndexEntry, positions: dict[str, int] | None = None) -> _Entries:
+        if positions is None:
+            positions = {name: i for i, name in enumerate(entry.names)}
+        return cls(positions, entry.starts, entry.lengths)  # type: ignore[arg-type]
 
     def __contains__(self, name: str) -> bool:
         return name in self.positions
@@ -83,6 +79,7 @@ class _StepInfo:
     event_keys: dict[str, str] = field(default_factory=dict)  # worker -> event file key
     payload: dict[str, _Entries] = field(default_factory=dict)  # worker -> tensor locations
     shapes: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # worker -> name -> shape
+    from_table: set[str] = field(default_factory=set)  # workers whose entry came from a step table
 
     def has(self, name: str) -> bool:
         return any(name in p for p in self.payload.values())
@@ -128,7 +125,10 @@ class Tensor:
         elif worker not in workers:
             raise TensorUnavailableForStep(self.name, step, mode, worker)
         start, length = info.payload[worker].location(self.name)
-        return global_step, worker, _Location(info.event_keys[worker], start, length)
+        if type(start) is not int or type(length) is not int or start < 0 or length < 1:  # a crafted step table
+            job_files.check_location(start, length, self.trial.store.describe(self.trial._index_key(info, global_step, worker)), self.name)
+        event_key = info.event_keys.get(worker) or layout.event_file_key(global_step, worker)
+        return global_step, worker, _Location(event_key, start, length)
 
     def value(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> np.ndarray:
         """The saved value at `step` (a mode step when `mode` is given) as a numpy array.
@@ -195,6 +195,9 @@ class Trial:
 
     def __init__(self, path: str | Store, name: str | None = None, *, cache_size: int = 256):
         self.store = open_store(path)
+        root = getattr(self.store, "root", None)
+        if root is not None and not root.is_dir():
+            raise FileNotFoundError(f"no job folder at {self.store.describe()} (a mistyped path?)")
         self.path = self.store.url
         self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]
         self._steps: dict[int, _StepInfo] = {}
@@ -213,7 +216,21 @@ class Trial:
         self._cache_size = cache_size
         self._lock = threading.RLock()
         self._profiler = None
+        self._problems: dict[str, str] = {}  # file -> why it was skipped
+        self._positions: dict[tuple[str, ...], dict[str, int]] = {}  # shared by steps of one layout
         self.refresh()
+
+    @property
+    def problems(self) -> list[str]:
+        """The files this trial could not read and skipped, each with the reason."""
+        return [f"{where}: {why}" for where, why in self._problems.items()]
+
+    def _skip(self, key: str, exc: BaseException, what: str, then: str = "") -> None:
+        where = self.store.describe(key)
+        reason = exc.reason if isinstance(exc, CorruptRecord) else str(exc)
+        if where not in self._problems:
+            logger.warning("stepscope: skipping unreadable %s %s: %s%s", what, where, reason, f" ({then})" if then else "")
+        self._problems[where] = reason
 
     # --- loading ----------------------------------------------------------------------
 
@@ -237,25 +254,29 @@ class Trial:
         if not fresh:
             return
         manager = self._collections or CollectionManager()
-        for key in fresh:
+
+        def read(key: str) -> job_files.CollectionsFile | BaseException:
             try:
-                data = json.loads(self.store.read(key))
-            except (ValueError, OSError) as exc:
-                logger.warning("stepscope: skipping unreadable collections file %s: %s", self.store.describe(key), exc)
-                self._collection_workers.add(key)
+                return job_files.parse_collections(self.store.read(key, max_size=job_files.MAX_COLLECTIONS_BYTES), self.store.describe(key))
+            except (StepscopeError, OSError) as exc:
+                return exc
+
+        for key, parsed in zip(fresh, self._map(read, fresh)):  # concurrent on S3: one file per worker
+            self._collection_workers.add(key)
+            where = self.store.describe(key)
+            if isinstance(parsed, FileNotFoundError):
                 continue
-            meta = data.get("_meta") or {}
-            self._num_workers = max(self._num_workers, int(meta.get("num_workers", 1)))
-            classes = meta.get("module_classes")
-            if isinstance(classes, dict):
-                manager.module_classes.update({str(k): str(v) for k, v in classes.items()})
-            ours = meta.get("writer", "").split(" ")[0] == "stepscope" and meta.get("payload_crc", "crc32c") == "crc32c"
-            self._legacy = self._legacy and not ours
-            for body in (data.get("collections") or {}).values():
+            if isinstance(parsed, BaseException):
+                self._skip(key, parsed, "collections file")
+                continue
+            self._num_workers = max(self._num_workers, parsed.num_workers)
+            manager.module_classes.update(parsed.module_classes)
+            self._legacy = self._legacy and not parsed.ours
+            for body in parsed.collections:
                 try:
-                    collection = Collection.from_json(body)
+                    collection = self._collection_from_job(body, where)
                 except Exception as exc:  # a bad entry must not hide the others
-                    logger.warning("stepscope: skipping collection in %s: %s", self.store.describe(key), exc)
+                    logger.warning("stepscope: skipping a collection in %s: %s", where, exc)
                     continue
                 if collection.name in self._collection_names:
                     # Each worker lists the tensors it saw; the trial's collection is their union.
@@ -263,45 +284,83 @@ class Trial:
                 else:
                     manager.add(collection)
                     self._collection_names.add(collection.name)
-            self._collection_workers.add(key)
         self._collections = manager
+
+    @staticmethod
+    def _collection_from_job(body: Any, where: str) -> Collection:
+        """A collection from a job file, its regexes matched under a time bound (a crafted
+        pattern must not hang the reader); a pattern that does not compile is dropped."""
+        if not isinstance(body, dict):
+            raise ConfigError(f"a collection must be a JSON object, got {type(body).__name__}")
+        body = dict(body)
+        patterns = body.get("include_regex") or ()
+        if isinstance(patterns, str):
+            patterns = (patterns,)
+        if not isinstance(patterns, (list, tuple)):
+            raise ConfigError(f"include_regex must be a list of strings, got {type(patterns).__name__}")
+        compiled, kept = [], []
+        for pattern in patterns:
+            try:
+                compiled.append(job_files.compile_untrusted_regex(pattern, f"{where}, collection {body.get('name')!r}"))
+                kept.append(pattern)
+            except ConfigError as exc:
+                logger.warning("stepscope: %s; the pattern is ignored", exc)
+        body["include_regex"] = []  # compiled above; Python's engine never sees them
+        collection = Collection.from_json(body)
+        collection.include_regex = tuple(kept)
+        collection._patterns = tuple(compiled)
+        return collection
 
     def _load_step_tables(self) -> list[int]:
         """Load the step tables our writer publishes (see Writer): one read per 1,000 steps
         instead of one per step. Steps they cover are not read from index files again."""
         keys = [k for k in self.store.list(layout.STEP_TABLE_DIR + "/") if k not in self._loaded_tables]
         new_steps: list[int] = []
-        for key, body in zip(keys, self._map(self._read_table, keys)):
+        for key, parsed in zip(keys, self._map(self._read_table, keys)):
             self._loaded_tables.add(key)
-            if body is None:
+            if parsed is None:
                 continue
-            worker = body["worker"]
-            layouts = [{name: i for i, name in enumerate(names)} for names in body["layouts"]]
-            for entry in body["steps"]:
-                step = int(entry["step"])
-                index_key = layout.index_file_key(step, worker)
-                if index_key in self._loaded_index_keys:
-                    continue
-                entries = _Entries(layouts[entry["layout"]], entry["starts"], entry["lengths"])
-                shapes = {n: tuple(s) for n, s in entry.get("shapes", {}).items()}
-                self._add_index(step, worker, index_key, (ModeKeys.parse(entry["mode"]), int(entry["mode_step"]), "", entries, shapes))
-                self._loaded_index_keys.add(index_key)
+            worker, steps = parsed
+            # The hot loop of opening a long job (one pass per step and worker): _add_index
+            # inlined; the index file's key is made only when needed (see _index_key).
+            all_steps, mode_steps, names = self._steps, self._mode_steps, self._tensor_names
+            last_positions = None
+            for step, entry in steps.items():
+                info = all_steps.get(step)
+                if info is None:
+                    info = all_steps[step] = _StepInfo(entry.mode, entry.mode_step)
+                    mode_steps.setdefault(entry.mode, {})[entry.mode_step] = step
+                elif worker in info.index_keys:
+                    continue  # already known (from its index file, the source of truth)
+                positions = self._positions.get(entry.names)
+                if positions is None:
+                    positions = self._positions[entry.names] = {name: i for i, name in enumerate(entry.names)}
+                info.index_keys[worker] = ""
+                info.payload[worker] = _Entries(positions, entry.starts, entry.lengths)  # type: ignore[arg-type]
+                info.from_table.add(worker)
+                if entry.shapes:
+                    info.shapes[worker] = dict(entry.shapes)
+                    names.update(entry.shapes)
+                if positions is not last_positions:
+                    names.update(positions)
+                    last_positions = positions
                 new_steps.append(step)
         return new_steps
 
-    def _read_table(self, key: str) -> dict[str, Any] | None:
+    def _read_table(self, key: str) -> tuple[str, dict[int, job_files.IndexEntry]] | None:
+        folder_worker = key[len(layout.STEP_TABLE_DIR) + 1 :].split("/", 1)[0]
         try:
-            body = _json_loads(self.store.read(key))
-            body["worker"], body["layouts"], body["steps"]
-            return body
-        except (ValueError, KeyError, TypeError, OSError) as exc:
-            # The per-step index files hold the same facts; fall back to them.
-            logger.warning("stepscope: ignoring unreadable step table %s: %s", self.store.describe(key), exc)
+            return job_files.parse_step_table(self.store.read(key, max_size=job_files.MAX_TABLE_BYTES), self.store.describe(key), folder_worker)
+        except FileNotFoundError:
+            return None
+        except (StepscopeError, OSError) as exc:
+            # The per-step index files hold the same facts; the reader falls back to them.
+            self._skip(key, exc, "step table", "the index files are read instead")
             return None
 
     def _load_index_files(self, keys: list[str]) -> list[int]:
         parsed = [(k, layout.parse_index_key(k)) for k in keys]
-        parsed = [(k, p) for k, p in parsed if p is not None]
+        parsed = [(k, p) for k, p in parsed if p is not None and not self._covered_by_table(*p)]
         if not parsed:
             return []
         reads = self._map(lambda kp: self._read_index(kp[0]), parsed)
@@ -310,9 +369,19 @@ class Trial:
             self._loaded_index_keys.add(key)
             if index is None:
                 continue
+            known = self._steps.get(step)
+            if known is not None and known.index_keys.get(worker) == "":
+                continue  # a step table covered it (and loses to it only on a bad read)
             self._add_index(step, worker, key, index)
             new_steps.append(step)
         return new_steps
+
+    def _covered_by_table(self, step: int, worker: str) -> bool:
+        info = self._steps.get(step)
+        return info is not None and info.index_keys.get(worker) == ""
+
+    def _index_key(self, info: _StepInfo, step: int, worker: str) -> str:
+        return info.index_keys.get(worker) or layout.index_file_key(step, worker)
 
     def _map(self, fn, items: list) -> list:
         if self.store.concurrent_reads and len(items) > 1:
@@ -320,38 +389,54 @@ class Trial:
                 return list(pool.map(fn, items))
         return [fn(item) for item in items]
 
-    def _read_index(self, key: str) -> tuple[ModeKeys, int, str, _Entries, dict[str, tuple[int, ...]]] | None:
+    def _read_index(self, key: str) -> job_files.IndexEntry | None:
         """Parse one index file; a malformed one is skipped with a warning naming it."""
         try:
-            data = _json_loads(self.store.read(key))
-            meta = data["meta"]
-            mode = ModeKeys.parse(meta.get("mode", "GLOBAL"))
-            payload = _Entries.from_index(data.get("tensor_payload") or [])
-            shapes = {e["tensorname"]: tuple(int(d) for d in e.get("shape", ())) for e in data.get("shape_payload") or ()}
-            return mode, int(meta.get("mode_step", -1)), meta.get("event_file_name") or "", payload, shapes
+            return job_files.parse_index(self.store.read(key, max_size=job_files.MAX_INDEX_BYTES), self.store.describe(key))
         except FileNotFoundError:
             return None
-        except (ValueError, KeyError, TypeError, AttributeError) as exc:
-            logger.warning("stepscope: skipping malformed index file %s: %s", self.store.describe(key), exc)
+        except (StepscopeError, OSError) as exc:
+            self._skip(key, exc, "index file")
             return None
 
-    def _add_index(self, step: int, worker: str, key: str, parsed) -> None:
-        mode, mode_step, event_key, payload, shapes = parsed
+    def _add_index(self, step: int, worker: str, key: str, entry: job_files.IndexEntry, payload: _Entries | None = None, from_table: bool = False) -> None:
+        mode, mode_step = entry.mode, entry.mode_step
         if mode_step < 0:
             mode_step = step
         info = self._steps.get(step)
         if info is None:
             info = self._steps[step] = _StepInfo(mode, mode_step)
             self._mode_steps.setdefault(mode, {})[mode_step] = step
-        # smdebug wrote full paths into event_file_name on some versions: keep the key part.
-        event_key = event_key.rsplit(layout.EVENTS_DIR + "/", 1)[-1] if event_key else ""
+        payload = payload if payload is not None else _Entries.from_entry(entry)
         info.index_keys[worker] = key
-        info.event_keys[worker] = f"{layout.EVENTS_DIR}/{event_key}" if event_key else layout.event_file_key(step, worker)
+        if entry.event_key:  # else the default name, made when a value is read
+            info.event_keys[worker] = entry.event_key
+        else:
+            info.event_keys.pop(worker, None)
         info.payload[worker] = payload
-        if shapes:
-            info.shapes[worker] = shapes
+        if from_table:
+            info.from_table.add(worker)
+        else:
+            info.from_table.discard(worker)
+        if entry.shapes:
+            info.shapes[worker] = dict(entry.shapes)
         self._tensor_names.update(payload.positions)
-        self._tensor_names.update(shapes)
+        self._tensor_names.update(entry.shapes)
+
+    def _reload_from_index(self, step: int, worker: str) -> bool:
+        """Replace what a step table said about (step, worker) by its index file, the source
+        of truth; True when the index file was read."""
+        info = self._steps.get(step)
+        if info is None or worker not in info.from_table:
+            return False
+        key = self._index_key(info, step, worker)
+        entry = self._read_index(key)
+        if entry is None:
+            return False
+        with self._lock:
+            self._add_index(step, worker, key, entry)
+            self._cache = OrderedDict((k, v) for k, v in self._cache.items() if k[1] != step or k[2] != worker)
+        return True
 
     def _advance_listing_floor(self) -> None:
         """Relist from the first step some worker has not published yet: workers publish
@@ -379,12 +464,15 @@ class Trial:
         except CorruptRecord as exc:  # re-raised with the file's name and the record's offset
             raise CorruptRecord(self.store.describe(location.event_key), location.start, exc.reason) from None
 
-    def _decode(self, record: bytes, location: _Location) -> np.ndarray:
+    def _decode(self, record: bytes, location: _Location, name: str) -> np.ndarray:
         payload = self._payload(record, location)
         try:
-            return decode_tensor_value(payload)
+            tag, array = decode_tensor_tag_value(payload)
         except Exception as exc:
             raise CorruptRecord(self.store.describe(location.event_key), location.start, f"cannot decode the event: {exc}") from None
+        if tag != name and tag:
+            raise CorruptRecord(self.store.describe(location.event_key), location.start, f"the record there holds {tag!r}, not {name!r}")
+        return array
 
     def _read_values(self, wanted: list[tuple[str, int, str, _Location]]) -> list[np.ndarray]:
         results: list[np.ndarray | None] = []
@@ -398,10 +486,22 @@ class Trial:
             try:
                 raw = self.store.read_ranges([(wanted[i][3].event_key, wanted[i][3].start, wanted[i][3].length) for i in missing])
             except FileNotFoundError as exc:
-                raise CorruptRecord(str(exc), None, "event file listed in the index is missing") from None
+                raw = [None] * len(missing)
+                if not any(wanted[i][2] in self._steps[wanted[i][1]].from_table for i in missing if wanted[i][1] in self._steps):
+                    raise CorruptRecord(str(exc), None, "event file listed in the index is missing") from None
             for i, data in zip(missing, raw):
                 name, step, worker, location = wanted[i]
-                array = self._decode(data, location)
+                try:
+                    if data is None:
+                        raise CorruptRecord(self.store.describe(location.event_key), None, "event file listed in the step table is missing")
+                    array = self._decode(data, location, name)
+                except CorruptRecord:
+                    # A step table that disagrees with the event file loses to the index file.
+                    if not self._reload_from_index(step, worker):
+                        raise
+                    array = Tensor(self, name).value(step, worker=worker) if self._steps[step].has(name) else None
+                    if array is None:
+                        raise
                 results[i] = array
                 self._remember((name, step, worker), array)
         return results  # type: ignore[return-value]
@@ -504,8 +604,43 @@ class Trial:
     def collection(self, name: str) -> Collection:
         collections = self.collections()
         if name not in collections:
-            raise KeyError(f"no collection {name!r} in this trial; known: {', '.join(sorted(collections))}")
+            raise UnknownName(f"no collection {name!r} in this trial; known: {', '.join(sorted(collections))}")
         return collections[name]
+
+    def status(self) -> dict[str, dict[str, Any]]:
+        """The health the workers' hooks reported (`stepscope-status/<worker>.json`), by
+        worker: a hook that failed and switched itself off says so here ("state": "failed",
+        "component", "error", "traceback", "time", "host", "pid"). Empty: nothing reported."""
+        return self.status_in(self.store)
+
+    @staticmethod
+    def status_in(store: Store) -> dict[str, dict[str, Any]]:
+        """`status()` of the job in `store`, without opening a trial."""
+        found: dict[str, dict[str, Any]] = {}
+        for key in sorted(store.list(layout.STATUS_DIR + "/")):
+            name = key.rsplit("/", 1)[-1]
+            if not name.endswith(".json"):
+                continue
+            try:
+                body = job_files.load_json(store.read(key, max_size=job_files.MAX_STATUS_BYTES), store.describe(key))
+            except (OSError, StepscopeError) as exc:
+                body = {"state": "unreadable", "error": f"{key}: {exc}"}
+            if not isinstance(body, dict):
+                body = {"state": "unreadable", "error": f"{key}: not a JSON object"}
+            found[name[: -len(".json")]] = body
+        return found
+
+    def failed_workers(self) -> dict[str, str]:
+        """Workers whose hook (or profiler side) failed: worker -> "component: error"."""
+        return self.failed_workers_in(self.store)
+
+    @classmethod
+    def failed_workers_in(cls, store: Store) -> dict[str, str]:
+        return {
+            worker: f"{body.get('component', '?')}: {body.get('error', '?')}"
+            for worker, body in cls.status_in(store).items()
+            if body.get("state") not in ("ok", "degraded")  # degraded: some tensors skipped, the hook runs on
+        }
 
     def tensor_names(self, regex: str | Iterable[str] | None = None, collection: str | Collection | None = None, step: int | None = None, mode: ModeKeys | str | None = None) -> list[str]:
         names = set(self._tensor_names)
@@ -567,5 +702,7 @@ class Trial:
 
 
 def create_trial(path: str | Store, name: str | None = None, **kwargs: Any) -> Trial:
-    """Open the job at a local path or s3:// URL."""
+    """Open the job at a local path or s3:// URL. A local path that does not exist raises
+    FileNotFoundError (a mistyped path is not an empty job); an s3:// prefix may be empty
+    (a job that has not written yet)."""
     return Trial(path, name=name, **kwargs)

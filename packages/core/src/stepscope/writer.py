@@ -1,13 +1,21 @@
 """Background writer of one worker's steps: the training thread only enqueues; a thread
-frames records, writes each step's event file, then its index file (published last)."""
+frames records, writes each step's event file, then its index file (published last).
+
+`close()` and process exit wait a bounded time (`close_timeout_s`, default 60 s, or the
+STEPSCOPE_CLOSE_TIMEOUT_S variable) for a store that stalls; what is still unpublished then
+is logged and named in the worker's status file, and the process goes on."""
 
 from __future__ import annotations
 
+import atexit
+import functools
 import json
 import logging
 import os
 import queue
 import threading
+import time
+import weakref
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -18,7 +26,7 @@ import numpy as np
 from . import events, layout, records
 from .exceptions import ConfigError
 from .modes import ModeKeys
-from .safety import FailSafe, write_status
+from .safety import FailSafe, WarnOnce, write_status
 from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
@@ -27,6 +35,22 @@ logger = logging.getLogger("stepscope")
 # open in smdebug's own reader; the default "crc32c" lets readers detect corruption.
 PAYLOAD_CRC_ENV = "STEPSCOPE_PAYLOAD_CRC"
 DEFAULT_MAX_QUEUE_BYTES = 512 * 1024 * 1024
+CLOSE_TIMEOUT_ENV = "STEPSCOPE_CLOSE_TIMEOUT_S"
+DEFAULT_CLOSE_TIMEOUT_S = 60.0
+_STATUS_WAIT_S = 5.0  # the most of close()'s bound kept for writing the status file
+
+
+def close_timeout_from_env(default: float = DEFAULT_CLOSE_TIMEOUT_S) -> float:
+    raw = os.environ.get(CLOSE_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return default
+    try:
+        value = float(raw)
+    except ValueError:
+        value = -1.0
+    if not value > 0 or value != value or value == float("inf"):
+        raise ConfigError(f"{CLOSE_TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
+    return value
 
 
 class PendingValue(Protocol):
@@ -70,6 +94,14 @@ class _Barrier:
     done: threading.Event
 
 
+@dataclass
+class _FinishJob:
+    """Publishes the last step table and (optionally) the end marker, in order."""
+
+    end_marker: bool
+    nbytes: int = 0
+
+
 def _as_array(value: Any) -> np.ndarray:
     if hasattr(value, "resolve"):
         value = value.resolve()
@@ -89,10 +121,23 @@ class Writer:
     recorded in `stepscope-status/<worker>.json`, and the writer stops accepting work;
     it never raises into the training thread."""
 
-    def __init__(self, out_dir: str | Store, worker: str = "worker_0", *, max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES, payload_crc: str | None = None):
+    def __init__(
+        self,
+        out_dir: str | Store,
+        worker: str = "worker_0",
+        *,
+        max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+        payload_crc: str | None = None,
+        close_timeout_s: float | None = None,
+    ):
         self.store = open_store(out_dir)
         self.worker = worker
         self.max_queue_bytes = int(max_queue_bytes)
+        if close_timeout_s is None:
+            close_timeout_s = close_timeout_from_env()
+        if isinstance(close_timeout_s, bool) or not isinstance(close_timeout_s, (int, float)) or not 0 < close_timeout_s < float("inf"):
+            raise ConfigError(f"Writer.close_timeout_s must be a positive number of seconds, got {close_timeout_s!r}")
+        self.close_timeout_s = float(close_timeout_s)
         self.payload_crc = payload_crc or os.environ.get(PAYLOAD_CRC_ENV, "crc32c")
         if self.payload_crc not in ("crc32c", "smdebug"):
             raise ConfigError(f"payload_crc must be 'crc32c' or 'smdebug', got {self.payload_crc!r} (from {PAYLOAD_CRC_ENV}?)")
@@ -103,6 +148,11 @@ class Writer:
         self._closed = False
         self._published: set[int] = set()
         self._table: list[dict[str, Any]] = []  # index entries of the current block of steps
+        self._unpublished: set[int] = set()  # steps handed over and not yet published
+        self._unpublished_files: set[str] = set()
+        self._abandoned = False  # close() gave up waiting: the threads drop what is left
+        self._warn = WarnOnce()
+        self.dropped_tensors: dict[int, list[str]] = {}  # step -> tensors that could not be encoded
         # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
         # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
         self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
@@ -110,6 +160,28 @@ class Writer:
         self._publisher.start()
         self._thread = threading.Thread(target=self._run, name=f"stepscope-writer-{worker}", daemon=True)
         self._thread.start()
+        # The threads are daemons (a stalled store must not keep the process alive); at
+        # exit, flush what is queued, within the same bound as close().
+        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._atexit)
+        self._clean_stale_temporaries()
+
+    def _clean_stale_temporaries(self) -> None:
+        # A killed run leaves ".NAME.PID.N.tmp" files of its own worker behind: harmless to
+        # readers (never listed), but they hold disk space. Removed in the background.
+        remove = getattr(self.store, "remove_stale_temporaries", None)
+        if remove is None:
+            return
+
+        def run() -> None:
+            try:
+                removed = remove(f"_{self.worker}.")
+                if removed:
+                    logger.info("stepscope: removed %d stale temporary file(s) of %s", removed, self.worker)
+            except Exception as exc:  # best effort
+                logger.debug("stepscope: could not clean stale temporary files: %s", exc)
+
+        threading.Thread(target=run, name=f"stepscope-cleanup-{self.worker}", daemon=True).start()
 
     # --- producer side (training thread) ---------------------------------------------
 
@@ -127,12 +199,18 @@ class Writer:
 
     def write_step(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]] | None = None) -> bool:
         """Enqueue one step; returns False (and drops it) once the writer is closed or failed."""
-        nbytes = sum(int(getattr(v, "nbytes", 0)) for v in tensors.values())
+        nbytes = sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values())
         return self._put(_StepJob(int(step), ModeKeys.parse(mode), int(mode_step), dict(tensors), dict(shapes or {}), nbytes), nbytes)
 
     def write_file(self, key: str, data: bytes) -> bool:
         """Enqueue a whole file (collections JSON, a control or report object)."""
         return self._put(_FileJob(key, data, len(data)), len(data))
+
+    @property
+    def unpublished_steps(self) -> list[int]:
+        """Steps handed over and not published (yet, or ever after an abandoned close)."""
+        with self._cond:
+            return sorted(self._unpublished)
 
     def write_collections(self, collections_json: bytes) -> bool:
         """Publish this worker's collections file, recording how payloads are checksummed
@@ -152,6 +230,10 @@ class Writer:
                 return False
             self._queue.append(job)
             self._queued_bytes += nbytes
+            if isinstance(job, _StepJob):
+                self._unpublished.add(job.step)
+            elif isinstance(job, _FileJob):
+                self._unpublished_files.add(job.key)
             self._cond.notify_all()
         return True
 
@@ -165,26 +247,76 @@ class Writer:
             self._cond.notify_all()
         return barrier.done.wait(timeout)
 
-    def close(self, timeout: float | None = None, *, end_marker: bool = True) -> None:
-        """Flush, write training_job_end.ts (unless told not to), stop the thread."""
+    def close(self, timeout: float | None = None, *, end_marker: bool = True) -> bool:
+        """Flush, publish the last step table and training_job_end.ts (unless told not to),
+        stop the threads. Waits at most `timeout` seconds (default `close_timeout_s`); if
+        the store has not taken everything by then, the rest is reported lost (log and
+        status file) and close returns False. Never raises."""
         if self._closed:
-            return
-        self.flush(timeout)
-        if not self.failed:
-            self._failsafe.call(self._publish_step_table)
-        if end_marker and not self.failed:
-            self._failsafe.call(self.store.write, layout.END_MARKER, b"")
+            return not self._abandoned
+        atexit.unregister(self._atexit)
+        timeout = self.close_timeout_s if timeout is None else max(0.0, float(timeout))
+        deadline = time.monotonic() + timeout
+        # Keep part of the bound for the status file, which goes to the same store.
+        reserve = min(_STATUS_WAIT_S, timeout / 4)
+        barrier = _Barrier(threading.Event())
         with self._cond:
+            if self._thread.is_alive():
+                self._queue.append(_FinishJob(end_marker))
+                self._queue.append(barrier)
+            else:
+                barrier.done.set()
             self._closed = True
             self._cond.notify_all()
-        self._thread.join(timeout)
-        self._publisher.join(timeout)
+        if not barrier.done.wait(max(0.0, deadline - reserve - time.monotonic())):
+            self._abandon(timeout, deadline)
+            return False
+        self._thread.join(max(0.0, deadline - time.monotonic()))
+        self._publisher.join(max(0.0, deadline - time.monotonic()))
+        return True
+
+    def _abandon(self, timeout: float, deadline: float) -> None:
+        with self._cond:
+            self._abandoned = True
+            steps, files = sorted(self._unpublished), sorted(self._unpublished_files)
+            self._queue.clear()
+            self._cond.notify_all()
+        shown = ", ".join(map(str, steps[:20])) + (", ..." if len(steps) > 20 else "")
+        reason = f"the store did not take everything within {timeout:g} s ({CLOSE_TIMEOUT_ENV})"
+        logger.error("stepscope: writer (%s) gave up at close: %s; %d step(s) lost: %s%s", self.worker, reason, len(steps), shown or "none", f"; files lost: {', '.join(files)}" if files else "")
+        status = {
+            "state": "incomplete",
+            "component": f"writer ({self.worker})",
+            "error": f"close timed out: {reason}",
+            "lost_steps": steps,
+            "lost_files": files,
+            "time": time.time(),
+            "pid": os.getpid(),
+        }
+        done = threading.Event()
+
+        def publish() -> None:
+            try:
+                write_status(self.store, self.worker, status)
+            except Exception as exc:
+                logger.error("stepscope: could not record the lost steps in the status file either: %s", exc)
+            finally:
+                done.set()
+
+        threading.Thread(target=publish, name=f"stepscope-status-{self.worker}", daemon=True).start()
+        done.wait(max(0.0, deadline - time.monotonic()))
 
     def __enter__(self) -> Writer:
         return self
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+    def __del__(self) -> None:
+        try:
+            atexit.unregister(self._atexit)
+        except Exception:
+            pass
 
     # --- consumer side (writer thread) ------------------------------------------------
 
@@ -194,12 +326,13 @@ class Writer:
             with self._cond:
                 while not self._queue and not self._closed:
                     self._cond.wait()
-                if not self._queue:
-                    self._framed.put(None)  # tells the publisher to stop
-                    return
-                job = self._queue.popleft()
+                job = self._queue.popleft() if self._queue else None
+            if job is None:
+                # Outside the lock: the publisher takes it to count what it published.
+                self._framed.put(None)  # tells the publisher to stop
+                return
             framed = None
-            if isinstance(job, _StepJob) and self._failsafe.enabled:
+            if isinstance(job, _StepJob) and self._failsafe.enabled and not self._abandoned:
                 framed = self._failsafe.call(self._frame_step, job)
             self._framed.put((job, framed))
 
@@ -213,13 +346,25 @@ class Writer:
             if isinstance(job, _Barrier):
                 job.done.set()
                 continue
-            if self._failsafe.enabled:
+            if self._failsafe.enabled and not self._abandoned:
                 if isinstance(job, _FileJob):
                     self._failsafe.call(self.store.write, job.key, job.data)
+                elif isinstance(job, _FinishJob):
+                    self._failsafe.call(self._publish_step_table)
+                    if self.dropped_tensors:
+                        self._failsafe.call(self._publish_drops)
+                    if job.end_marker and self._failsafe.enabled:
+                        self._failsafe.call(self.store.write, layout.END_MARKER, b"")
                 elif framed is not None:
                     self._failsafe.call(self._publish_step, job, *framed)
             with self._cond:
                 self._queued_bytes -= job.nbytes
+                if self._failsafe.enabled and not self._abandoned:
+                    # Published (or dropped as a duplicate): no longer at risk.
+                    if isinstance(job, _StepJob):
+                        self._unpublished.discard(job.step)
+                    elif isinstance(job, _FileJob):
+                        self._unpublished_files.discard(job.key)
                 self._cond.notify_all()
 
     def _frame_step(self, job: _StepJob) -> tuple[list[Any], dict[str, Any]] | None:
@@ -231,9 +376,17 @@ class Writer:
         parts: list[Any] = records.frame([events.file_version_event()])
         offset = sum(len(p) for p in parts)
         payload_index = []
+        shapes = dict(job.shapes)
         for name, value in job.tensors.items():
-            array = _as_array(value)
-            framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step), placeholder_crc=self.payload_crc == "smdebug")
+            try:
+                array = _as_array(value)
+                framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step), placeholder_crc=self.payload_crc == "smdebug")
+                json.dumps(name, ensure_ascii=False).encode()  # the index must hold the name too
+            except Exception as exc:
+                # One value that cannot be saved costs that tensor, never the step or the run.
+                self._drop_tensor(job.step, name, exc)
+                shapes.pop(name, None)
+                continue
             length = sum(memoryview(p).nbytes for p in framed)
             payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
             parts.extend(framed)
@@ -241,11 +394,42 @@ class Writer:
         index = {
             "meta": {"mode": job.mode.name, "mode_step": job.mode_step, "event_file_name": event_key},
             "tensor_payload": payload_index,
-            "shape_payload": [{"tensorname": n, "originalname": n, "shape": [int(d) for d in s]} for n, s in job.shapes.items()],
+            "shape_payload": self._shape_payload(job.step, shapes),
         }
         return parts, index
 
+    def _shape_payload(self, step: int, shapes: Mapping[str, Sequence[int]]) -> list[dict[str, Any]]:
+        out = []
+        for name, shape in shapes.items():
+            try:
+                json.dumps(name, ensure_ascii=False).encode()
+                out.append({"tensorname": name, "originalname": name, "shape": [int(d) for d in shape]})
+            except Exception as exc:
+                self._drop_tensor(step, name, exc)
+        return out
+
+    def _publish_drops(self) -> None:
+        steps = sorted(self.dropped_tensors)
+        names = sorted({_printable(n) for s in steps for n in self.dropped_tensors[s]})
+        status = {
+            "state": "degraded",
+            "component": f"writer ({self.worker})",
+            "error": f"{len(names)} tensor(s) could not be saved and were skipped (see the training log)",
+            "dropped_tensors": names[:100],
+            "steps_with_drops": steps[:1000],
+            "time": time.time(),
+            "pid": os.getpid(),
+        }
+        write_status(self.store, self.worker, status)
+
+    def _drop_tensor(self, step: int, name: str, exc: BaseException) -> None:
+        self.dropped_tensors.setdefault(step, []).append(name)
+        shown = _printable(name)
+        self._warn(f"drop:{shown}", f"stepscope: tensor {shown!r} of step {step} ({self.worker}) cannot be saved and is skipped: {type(exc).__name__}: {exc}")
+
     def _publish_step(self, job: _StepJob, parts: list[Any], index: dict[str, Any]) -> None:
+        if not index["tensor_payload"] and not index["shape_payload"] and job.tensors:
+            return  # every tensor of the step was dropped: nothing to publish
         self.store.write(index["meta"]["event_file_name"], parts)
         self.store.write(layout.index_file_key(job.step, self.worker), json.dumps(index).encode())
         self._add_to_step_table(job.step, index)
@@ -281,3 +465,14 @@ class Writer:
         body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
         key = layout.step_table_key(self.worker, table[0]["step"], table[-1]["step"])
         self.store.write(key, json.dumps(body, separators=(",", ":")).encode())
+
+
+def _printable(name: Any) -> str:
+    return name.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(name, str) else repr(name)
+
+
+def _close_at_exit(ref: weakref.ReferenceType[Writer]) -> None:
+    writer = ref()
+    if writer is not None and not writer._closed:
+        # No end marker: only the hook knows whether the job ended (and rank 0 writes it).
+        writer.close(end_marker=False)

@@ -213,3 +213,29 @@ def test_a_failing_source_is_dropped_alone(tmp_path, monkeypatch, caplog):
     assert "DiskReadBytesPerSecond" not in set(df["dimension"])
     assert "CPUUtilization" in set(df["dimension"])
     assert sum("disk metrics unavailable" in r.getMessage() for r in caplog.records) == 1
+
+
+def test_sampling_in_a_process_of_its_own(tmp_path):
+    """What the hooks use: samples taken in a sampler process, reporting this process's
+    CPU and memory; flush publishes the open minute at once; stop brings the statistics."""
+    import os
+
+    monitor = SystemMonitor(tmp_path, interval_ms=100, node_id="algo-1", process=True)
+    monitor.start()
+    assert monitor.in_own_process and monitor.running
+    deadline = time.monotonic() + 30
+    rows = 0
+    while rows == 0 and time.monotonic() < deadline:  # the child's start-up, on a loaded machine
+        time.sleep(0.3)
+        monitor.flush()
+        rows = len(ProfilerTrial(tmp_path).system_metrics())
+    assert rows > 0  # published before the minute ended
+    time.sleep(0.3)
+    monitor.stop()
+    assert not monitor.running
+    df = ProfilerTrial(tmp_path).system_metrics()
+    stats = monitor.stats()
+    assert stats.samples == df["timestamp"].nunique() >= 2 and len(stats.jitter_s) == stats.samples - 1
+    rss = df[df["dimension"] == "ProcessMemoryRSSBytes"]["value"]
+    mine = psutil.Process(os.getpid()).memory_info().rss
+    assert len(rss) and abs(float(rss.iloc[-1]) - mine) < 0.5 * mine  # this process, not the sampler's

@@ -28,6 +28,8 @@ def rank_from_tf_config(tf_config: Mapping[str, Any] | str | None = None) -> tup
             tf_config = json.loads(tf_config)
         except ValueError as exc:
             raise ConfigError(f"TF_CONFIG is not valid JSON: {exc}") from None
+    if not isinstance(tf_config, Mapping):
+        raise ConfigError(f"TF_CONFIG must be a JSON object, got {tf_config!r}")
     cluster = tf_config.get("cluster") or {}
     task = tf_config.get("task") or {}
     chiefs = len(cluster.get("chief") or ())

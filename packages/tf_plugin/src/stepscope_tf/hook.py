@@ -5,6 +5,7 @@ schedules, saving, timeline and fail-safe are core's."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -25,6 +26,7 @@ from .reductions import BatchedReader, record_tensor
 
 logger = logging.getLogger("stepscope")
 
+_not_converted = tf.autograph.experimental.do_not_convert
 _IO_COLLECTIONS = {"inputs": (CollectionName.INPUTS,), "outputs": (CollectionName.OUTPUTS,)}
 
 
@@ -194,11 +196,18 @@ class Hook(HookBase):
                 # `inputs`/`outputs` in include_collections mean every layer; regexes pick some.
                 if found:
                     wanted.update(found)
-                    namers[kind] = lambda i, n, kind=kind, path=path: naming.layer_io_name(kind, path, i, n)
+                    namers[kind] = functools.partial(self._layer_io_name, kind, path, type(layer).__name__)
             if namers:
                 self._layer_io.wrap(layer, namers.get("inputs"), namers.get("outputs"))
         self._io_collections = tuple(sorted(wanted))
         return bool(self._io_collections)
+
+    def _layer_io_name(self, kind: str, path: str, layer_class: str, index: int, count: int) -> str:
+        """A layer input/output's name; its layer's class goes to the collections metadata
+        (rules recognise activations by type)."""
+        name = naming.layer_io_name(kind, path, index, count)
+        self.note_module_class(name, layer_class)
+        return name
 
     def _capture_failed(self, exc: BaseException) -> None:
         self.failsafe.fail(exc)
@@ -297,6 +306,26 @@ class Hook(HookBase):
 
     # --- values -------------------------------------------------------------------------
 
+    # Called inside a tf.function, these would be converted by autograph, callees included
+    # (and its cache of converted functions can confuse one of ours with another): they
+    # run as plain Python, where a symbolic value is skipped with a warning.
+    @_not_converted
+    def save_tensor(self, name: str, value: Any, collections: Iterable[str] | str = CollectionName.DEFAULT) -> None:
+        super().save_tensor(name, value, collections)
+
+    @_not_converted
+    def save_scalar(self, name: str, value: Any) -> None:
+        super().save_scalar(name, value)
+
+    @_not_converted
+    def save_loss(self, value: Any, name: str = "loss") -> None:
+        super().save_loss(value, name)
+
+    @_not_converted
+    def save_value(self, name: str, value: Any, collections: Iterable[str] = ()) -> None:
+        super().save_value(name, value, collections)
+
+    @_not_converted
     def save_gradients(self, grads: Sequence[Any], variables: Sequence[Any]) -> None:
         """Save `grads` (eager tensors, e.g. from a GradientTape) of `variables` at this step."""
         if self.enabled and self.due:

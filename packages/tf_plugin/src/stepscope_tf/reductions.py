@@ -95,7 +95,7 @@ class BatchedReader:
         for switch, on in switches:
             switch.on = on
         for (plan, _, _), static_shape, (raw, reduced, shape) in zip(entries, function.static_shapes, outputs):
-            shape = static_shape if static_shape is not None else [int(d) for d in shape.numpy()]
+            shape = static_shape if static_shape is not None else [int(d) for d in shape.numpy()]  # type: ignore[union-attr]
             values = {}
             if reduced and int(np.prod(shape)) > 0:
                 values = {wanted: HostCopy(value) for wanted, value in zip(plan.reductions, reduced)}

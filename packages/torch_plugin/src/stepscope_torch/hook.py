@@ -205,7 +205,7 @@ class Hook(HookBase):
         hook.wrap_loss(F.nll_loss)`, then `loss = loss_fn(output, target)`."""
         if not callable(loss_fn):
             raise ConfigError(f"wrap_loss: expected a callable loss, got {type(loss_fn).__name__}")
-        tensor_name = naming.activation_name(name or getattr(loss_fn, "__name__", "loss"), "output", 0)
+        tensor_name = naming.activation_name(str(name or getattr(loss_fn, "__name__", None) or "loss"), "output", 0)
 
         @functools.wraps(loss_fn)
         def wrapped(*args: Any, **kwargs: Any) -> Any:
@@ -280,7 +280,7 @@ class Hook(HookBase):
     def _on_module_io(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         """Forward hook of loss and activation modules; registered only while a step is due."""
         if self.due and self.failsafe.enabled:
-            self.failsafe.call(self._save_io, name, args, output)
+            self.failsafe.call(self._save_io, name, args, output, type(module).__name__)
 
     def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.failsafe.enabled:
@@ -329,10 +329,12 @@ class Hook(HookBase):
                     if isinstance(value, torch.Tensor):
                         self.save_value(naming.optimizer_state_name(name, key), value, (CollectionName.OPTIMIZER_VARIABLES,))
 
-    def _save_io(self, module_name: str, args: Any, output: Any) -> None:
+    def _save_io(self, module_name: str, args: Any, output: Any, module_class: str) -> None:
         for kind, value in (("input", args), ("output", output)):
             for i, tensor in enumerate(naming.flatten_tensors(value)):
-                self.save_value(naming.activation_name(module_name, kind, i), tensor)
+                name = naming.activation_name(module_name, kind, i)
+                self.note_module_class(name, module_class)
+                self.save_value(name, tensor)
 
     @staticmethod
     def _remove(handles: list[Any]) -> None:

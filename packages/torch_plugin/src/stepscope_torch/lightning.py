@@ -74,7 +74,7 @@ class StepscopeCallback(pl.Callback):
                 self._restored = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self._live:
+        if self.hook is not None and self.hook.enabled:
             for optimizer in trainer.optimizers:
                 self.hook.register_optimizer(optimizer, drive_steps=False)
 

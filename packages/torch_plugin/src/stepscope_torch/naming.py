@@ -34,7 +34,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     wrappers: tuple[type, ...] = (nn.parallel.DistributedDataParallel, nn.DataParallel)
     while True:
         if isinstance(model, wrappers):
-            model = model.module
+            model = model.module  # type: ignore[assignment]  # always a Module in these wrappers
         elif isinstance(getattr(model, _COMPILE_SEGMENT, None), nn.Module):
             model = getattr(model, _COMPILE_SEGMENT)
         else:

@@ -34,7 +34,8 @@ def reduce_on_device(tensor: torch.Tensor, wanted: Sequence[tuple[str, bool]]) -
     absolute: torch.Tensor | None = None
     values = []
     for name, is_abs in wanted:
+        source = x
         if is_abs:
-            absolute = x.abs() if absolute is None else absolute
-        values.append(_REDUCE[normalize_reduction(name)](absolute if is_abs else x))
+            absolute = source = x.abs() if absolute is None else absolute
+        values.append(_REDUCE[normalize_reduction(name)](source))
     return torch.stack(values)

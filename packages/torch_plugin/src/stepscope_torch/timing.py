@@ -18,6 +18,8 @@ from stepscope.phases import Clock, CpuClock
 class CudaClock:
     """Tokens are CUDA events on the device's current stream."""
 
+    immediate = False
+
     def __init__(self, device: torch.device) -> None:
         self.device = device
         # One synchronize, at registration (outside any step), anchors GPU times to wall time.

@@ -8,6 +8,7 @@ pays for one memcpy per tensor."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -97,13 +98,13 @@ class HostTransfer:
         if not wanted:
             return (array if plan.save_raw else None), {}, shape
         # The snapshot's bytes ride on the first reduction so the writer's queue bound sees them.
-        values = {
-            key: Deferred(lambda key=key: reductions.compute(array, *key), nbytes=array.nbytes if i == 0 else 8)
+        values: dict[tuple[str, bool], Any] = {
+            key: Deferred(functools.partial(reductions.compute, array, *key), nbytes=array.nbytes if i == 0 else 8)
             for i, key in enumerate(wanted)
         }
         return (array if plan.save_raw else None), values, shape
 
-    def _capture_cuda(self, plan: TensorPlan, tensor: torch.Tensor, wanted) -> tuple[Any, dict[tuple[str, bool], Any]]:
+    def _capture_cuda(self, plan: TensorPlan, tensor: torch.Tensor, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
         fence = self._fence = self._fence or _StepFence()
         raw = None
         if plan.save_raw:

@@ -1,5 +1,9 @@
-"""The system monitor: host and GPU metrics sampled on a fixed schedule in a daemon thread,
-written as SageMaker-layout JSON lines, one file per node per minute.
+"""The system monitor: host and GPU metrics sampled on a fixed schedule, written as
+SageMaker-layout JSON lines, one file per node per minute.
+
+It samples on a daemon thread, either in the training process or (`process=True`, what
+the hooks use) in a small sampler process of its own, as SageMaker's agent did: there the
+training thread's hold on the GIL cannot delay a sample (see bench/bench_monitor.py).
 
 Layout (docs/profiler.md lists every dimension):
 `profiler-output/system/incremental/<YYYYMMDDHH>/<epoch s of the minute>.<node>.json`."""
@@ -116,9 +120,9 @@ Metric = tuple[str, str, str, float]  # (Type, Name, Dimension, Value)
 class _HostSampler:
     """psutil readings turned into rates and percentages between consecutive samples."""
 
-    def __init__(self, interval_s: float, warn: Callable[[str, str], None]):
+    def __init__(self, interval_s: float, warn: Callable[[str, str], None], pid: int | None = None):
         self._warn = warn
-        self._process = psutil.Process(os.getpid())
+        self._process = psutil.Process(pid or os.getpid())
         self._children_every = max(1, round(_CHILD_COUNT_PERIOD_S / interval_s))
         self._tick = 0
         self._disabled: set[str] = set()
@@ -336,6 +340,12 @@ class _Publisher:
     def submit(self, key: str, data: bytes) -> None:
         self._queue.put((key, data))
 
+    def wait(self, timeout_s: float) -> None:
+        """Until every file submitted so far is written (or `timeout_s` passed)."""
+        deadline = time.monotonic() + timeout_s
+        while self._queue.unfinished_tasks and time.monotonic() < deadline:
+            time.sleep(0.005)
+
     def close(self, timeout_s: float) -> None:
         self._queue.put(None)
         self._thread.join(timeout_s)
@@ -345,8 +355,10 @@ class _Publisher:
         while True:
             item = self._queue.get()
             if item is None:
+                self._queue.task_done()
                 break
             self._publish(*item)
+            self._queue.task_done()
             self._stats.publishing_cpu_s = time.thread_time() - start
 
     def _publish(self, key: str, data: bytes) -> None:
@@ -374,9 +386,25 @@ class SystemMonitor:
 
     VALID_INTERVALS_MS = VALID_INTERVALS_MS
 
-    def __init__(self, out_dir: str | os.PathLike[str] | Store, interval_ms: int = 500, node_id: str | None = None):
+    def __init__(
+        self,
+        out_dir: str | os.PathLike[str] | Store,
+        interval_ms: int = 500,
+        node_id: str | None = None,
+        *,
+        process: bool = False,
+        pid: int | None = None,
+    ):
+        """`process=True` samples in a sampler process of its own (falling back to a thread
+        when it cannot start); `pid` is the process whose CPU and memory are reported
+        (default: this one)."""
         self.config = MonitorConfig(interval_ms=interval_ms, node_id=node_id or default_node_id())
         self._store = open_store(out_dir if isinstance(out_dir, Store) else os.fspath(out_dir))
+        self._pid = pid
+        self._sampler_process: Any = None
+        self._wants_process = bool(process)
+        self._buffer = _MinuteBuffer()
+        self._buffer_lock = threading.Lock()
         self._stats = MonitorStats()
         self._stop_event = threading.Event()
         self._lock = threading.Lock()
@@ -401,7 +429,14 @@ class SystemMonitor:
 
     @property
     def running(self) -> bool:
+        if self._sampler_process is not None:
+            return self._sampler_process.running
         return self._thread is not None and self._thread.is_alive()
+
+    @property
+    def in_own_process(self) -> bool:
+        """Whether samples are taken in a sampler process (not a thread of this one)."""
+        return self._sampler_process is not None
 
     def stats(self) -> MonitorStats:
         return self._stats
@@ -409,8 +444,16 @@ class SystemMonitor:
     def start(self) -> None:
         """Start sampling; a second call, or a call after stop(), does nothing."""
         with self._lock:
-            if self._thread is not None or self._stopped:
+            if self._thread is not None or self._sampler_process is not None or self._stopped:
                 return
+            if self._wants_process:
+                from .sampler_process import SamplerProcess
+
+                try:
+                    self._sampler_process = SamplerProcess.start(self._store, self.config, self._stats)
+                    return
+                except Exception as exc:  # e.g. no way to start a process here: sample in a thread
+                    self._warn_once("process", f"system monitor: sampler process could not start ({exc!r}); sampling in a thread")
             try:
                 self._publisher = _Publisher(self._store, self._stats, self._warn_once)
                 # The schedule is anchored here, not when the thread is ready: a slow start
@@ -430,12 +473,30 @@ class SystemMonitor:
                 self._stopped = True
                 self._stop_event.set()
                 thread, publisher = self._thread, self._publisher
+            if self._sampler_process is not None:
+                self._sampler_process.stop(timeout_s)
             if thread is not None:
                 thread.join(timeout_s)
             if publisher is not None:
                 publisher.close(timeout_s)
         except Exception as exc:  # never into training
             self._warn_once("stop", f"system monitor: error while stopping ({exc!r})")
+
+    def flush(self, timeout_s: float = 10.0) -> None:
+        """Publish the samples of the open minute now (later ones of that minute are added
+        to the same file), and wait for them to be written. Never raises."""
+        try:
+            if self._sampler_process is not None:
+                self._sampler_process.flush(timeout_s)
+                return
+            with self._buffer_lock:
+                done = self._buffer.drain()
+            if done is not None and self._publisher is not None:
+                self._submit(*done)
+            if self._publisher is not None:
+                self._publisher.wait(timeout_s)
+        except Exception as exc:  # never into training
+            self._warn_once("flush", f"system monitor: error while flushing ({exc!r})")
 
     def __enter__(self) -> SystemMonitor:
         self.start()
@@ -447,11 +508,11 @@ class SystemMonitor:
     def _run(self, anchor_monotonic: float, anchor_wall: float) -> None:
         cpu_start = time.thread_time()
         interval_s = self.config.interval_ms / 1000.0
-        buffer = _MinuteBuffer()
+        buffer = self._buffer
         formatter = _LineFormatter(self.config.node_id)
         gpu: NvmlSampler | None = None
         try:
-            host = _HostSampler(interval_s, self._warn_once)
+            host = _HostSampler(interval_s, self._warn_once, self._pid)
             gpu = NvmlSampler.open()
             host.prime()
             # Ticks sit on wall-clock multiples of the interval, so the nodes of a job sample
@@ -469,7 +530,8 @@ class SystemMonitor:
                 metrics = host.sample()
                 if gpu is not None:
                     metrics.extend(("gpu", name, dimension, value) for name, dimension, value in gpu.sample())
-                done = buffer.add(timestamp, formatter.format(timestamp, metrics))
+                with self._buffer_lock:
+                    done = buffer.add(timestamp, formatter.format(timestamp, metrics))
                 if done is not None:
                     self._submit(*done)
                 self._stats.samples += 1
@@ -486,7 +548,8 @@ class SystemMonitor:
         except Exception as exc:
             self._warn_once("run", f"system monitor failed ({exc!r}); it stops, samples so far are kept")
         finally:
-            done = buffer.drain()
+            with self._buffer_lock:
+                done = buffer.drain()
             if done is not None:
                 self._submit(*done)
             if gpu is not None:

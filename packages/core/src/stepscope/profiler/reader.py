@@ -9,7 +9,7 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pandas as pd
@@ -26,7 +26,7 @@ SYSTEM_COLUMNS = ("timestamp", "node_id", "type", "name", "dimension", "value")
 _CATEGORY_COLUMNS = ("node_id", "type", "name", "dimension")
 _HOUR_FORMAT = "%Y%m%d%H"
 
-TimeLike = float | int | _dt.datetime | pd.Timestamp | None
+TimeLike: TypeAlias = "float | int | _dt.datetime | pd.Timestamp | None"
 
 
 @dataclass

@@ -282,7 +282,7 @@ class LoadBalancing(ProfilerRule):
             return _Outcome(False, 0, len(gpu), {}, reason="fewer than two GPUs with data after patience")
         levels = np.linspace(0, 100, 101)
         quantiles = {gpu_id: np.percentile(values, levels) for gpu_id, values in series.items()}
-        pairs = []
+        pairs: list[dict[str, Any]] = []
         for a, b in itertools.combinations(sorted(quantiles), 2):
             distance = float(np.mean(np.abs(quantiles[a] - quantiles[b])) / 100.0)
             pairs.append({"gpus": [a, b], "distance": distance})
@@ -370,7 +370,7 @@ class MaxInitializationTime(ProfilerRule):
         if len(steps):
             first_step = float(steps["start_ns"].min()) / 1e9
             waited = first_step - job_start
-            details = {"job_start": job_start, "first_step_start": first_step, "initialization_minutes": waited / 60.0}
+            details: dict[str, Any] = {"job_start": job_start, "first_step_start": first_step, "initialization_minutes": waited / 60.0}
             message = f"the first step started {waited / 60.0:.1f} min after the job > {self.params.threshold:g} min"
             return _Outcome(waited > limit_s, int(waited > limit_s), 1, details, message, waited / 60.0, self.params.threshold)
         span = trial.time_range()
@@ -424,8 +424,8 @@ class Dataloader(ProfilerRule):
         if gate > 0:
             if wait is None:
                 return _Outcome(False, 0, len(children), details, reason="no data-loading phases in the step timeline to measure the wait")
-            workers = ", ".join(f"{n}: {d['dataloader_processes']} worker process(es) on {d['cores']} cores" for n, d in details["nodes"].items())
-            message = f"waiting for data took {wait:.1f}% of the step time >= {gate:g}% ({workers})"
+            loaders = ", ".join(f"{n}: {d['dataloader_processes']} worker process(es) on {d['cores']} cores" for n, d in details["nodes"].items())
+            message = f"waiting for data took {wait:.1f}% of the step time >= {gate:g}% ({loaders})"
             return _Outcome(wait >= gate, int(wait >= gate), len(children), details, message, wait, gate)
         worst = max(details["nodes"].items(), key=lambda kv: abs(kv[1]["percent_of_cores"] - 100))
         message = (

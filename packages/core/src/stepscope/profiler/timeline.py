@@ -262,6 +262,25 @@ def encode_timeline(
     return f'{{"traceEvents": [\n{body}\n],\n"displayTimeUnit": "ms",\n"metadata": {json.dumps(metadata)}}}\n'.encode()
 
 
+def merge_timeline(profiler_trial: Any) -> bytes:
+    """The whole step timeline of a job as one Chrome trace: every file of every worker
+    (one logical stream per worker, however many flushes wrote it), a process per rank.
+    For Perfetto / chrome://tracing, or `stepscope timeline PATH -o FILE`."""
+    frame = profiler_trial.step_timeline()
+    bodies: list[str] = []
+    for (node_id, rank, framework), rows in frame.groupby(["node_id", "rank", "framework"], sort=True):
+        events = [
+            (str(r.name), int(r.start_ns), int(r.end_ns), int(r.step), str(r.mode), str(r.phase), r.args if isinstance(r.args, dict) else None)
+            for r in rows.itertuples(index=False)
+        ]
+        pid = int(rank) if int(rank) >= 0 else 0
+        text = encode_timeline(events, node_id=str(node_id), rank=pid, framework=str(framework), pid=pid, writer_start_ns=0).decode()
+        start, end = text.index("[\n") + 2, text.rindex("\n],\n")
+        bodies.append(text[start:end])
+    body = ",\n".join(b for b in bodies if b)
+    return f'{{"traceEvents": [\n{body}\n],\n"displayTimeUnit": "ms"}}\n'.encode()
+
+
 def _us_as_ns(value: Any) -> int:
     if isinstance(value, int):
         return value * 1000
@@ -407,7 +426,7 @@ def _parse_legacy(events: Iterable[Any], node_id: str, where: str) -> list[dict[
             ts = event["ts"]
             if ts < _RELATIVE_TS_LIMIT_US:
                 ts += base_us
-            step = int(args.get("step_num", args.get("step")))
+            step = int(args.get("step_num", args.get("step", -1)))
             rows.append(_row(node_id, -1, "unknown", match.group(1), step, "step", str(event["name"]), ts, event.get("dur", 0), None))
         except (KeyError, TypeError, ValueError):
             bad += 1

@@ -3,11 +3,13 @@ webhook. Also reads smdebug-rulesconfig's ActionList (its serialized JSON or the
 
 from __future__ import annotations
 
+import http.client
 import json
 import logging
+import socket
+import threading
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -57,11 +59,18 @@ class Log(Action):
         logger.log(self.level, "stepscope: rule %s fired at %s on %s: %s", rule.name, where, rule.path, _last_message(rule))
 
 
+MAX_WEBHOOK_TIMEOUT_S = 300.0
+MAX_WEBHOOK_RETRIES = 10
+
+
 @dataclass
 class Webhook(Action):
-    """POSTs {"rule", "step", "trial", "report"} as JSON to `url`. Each try waits at most
-    `timeout` seconds; failures (connection errors, 5xx, 429) are retried `retries` times
-    with exponential backoff from `backoff` seconds. Other 4xx answers are not retried."""
+    """POSTs {"rule", "step", "trial", "report"} as JSON to `url`. `timeout` bounds the
+    whole call, retries and backoff included (a server trickling its answer cannot hold a
+    check longer). Failures (connection errors, 5xx, 429) are retried `retries` times with
+    exponential backoff from `backoff` seconds; other 4xx are not. Redirects are not
+    followed (a 3xx is a failure: following one would resend the report elsewhere, or lose
+    its body); a failure raises, and the rule engine records it in the rule's report."""
 
     url: str
     timeout: float = 5.0
@@ -72,32 +81,85 @@ class Webhook(Action):
     def __post_init__(self) -> None:
         if not isinstance(self.url, str) or not self.url.startswith(("http://", "https://")):
             raise ConfigError(f"Webhook.url must be an http:// or https:// URL, got {self.url!r}")
-        if self.retries < 0:
-            raise ConfigError(f"Webhook.retries must be >= 0, got {self.retries!r}")
+        parts = urllib.parse.urlsplit(self.url)
+        if not parts.hostname:
+            raise ConfigError(f"Webhook.url has no host: {self.url!r}")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not 0 < self.timeout <= MAX_WEBHOOK_TIMEOUT_S:
+            raise ConfigError(f"Webhook.timeout must be in (0, {MAX_WEBHOOK_TIMEOUT_S:g}] seconds, got {self.timeout!r}")
+        if isinstance(self.retries, bool) or not isinstance(self.retries, int) or not 0 <= self.retries <= MAX_WEBHOOK_RETRIES:
+            raise ConfigError(f"Webhook.retries must be an integer in [0, {MAX_WEBHOOK_RETRIES}], got {self.retries!r}")
+        if isinstance(self.backoff, bool) or not isinstance(self.backoff, (int, float)) or not 0 <= self.backoff <= self.timeout:
+            raise ConfigError(f"Webhook.backoff must be in [0, timeout] seconds, got {self.backoff!r}")
 
     def payload(self, rule: Rule, step: int | None) -> bytes:
         body = {"rule": rule.name, "step": step, "trial": rule.path, "report": rule.report.to_json()}
         return json.dumps(body, default=str).encode()
 
     def trigger(self, rule: Rule, step: int | None) -> None:
-        data = self.payload(rule, step)
+        self.post(self.payload(rule, step))
+
+    def post(self, data: bytes) -> None:
+        """One delivery, within `timeout` seconds in all; raises RuntimeError on failure."""
         headers = {"Content-Type": "application/json", "User-Agent": "stepscope", **(self.headers or {})}
-        last_error: Exception | None = None
+        deadline = time.monotonic() + self.timeout
+        last_error = "no attempt was made"
         for attempt in range(self.retries + 1):
             if attempt:
-                time.sleep(self.backoff * 2 ** (attempt - 1))
-            request = urllib.request.Request(self.url, data=data, headers=headers, method="POST")
-            try:
-                with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                    response.read()
-                return
-            except urllib.error.HTTPError as exc:
-                last_error = exc
-                if exc.code < 500 and exc.code != 429:
+                pause = self.backoff * 2 ** (attempt - 1)
+                if time.monotonic() + pause >= deadline:
                     break
-            except (urllib.error.URLError, OSError) as exc:
-                last_error = exc
-        raise RuntimeError(f"webhook {self.url} failed: {last_error}")
+                time.sleep(pause)
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            status, reason = _post_once(self.url, data, headers, remaining)
+            if status is not None and 200 <= status < 300:
+                return
+            last_error = reason
+            if status is not None and (300 <= status < 500 and status != 429):
+                break  # a redirect or a client error: trying again changes nothing
+        else:
+            raise RuntimeError(f"webhook {self.url} failed: {last_error}")
+        raise RuntimeError(f"webhook {self.url} failed within its {self.timeout:g} s: {last_error}")
+
+
+def _post_once(url: str, data: bytes, headers: Mapping[str, str], limit: float) -> tuple[int | None, str]:
+    """(status, reason) of one POST, given at most `limit` seconds in all: the request runs
+    on a helper thread and its socket is shut when time is up (a per-read timeout alone
+    lets a server that trickles bytes hold the call forever)."""
+    parts = urllib.parse.urlsplit(url)
+    connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = connection_class(parts.hostname, parts.port, timeout=limit)
+    path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    outcome: list[tuple[int | None, str]] = []
+
+    def run() -> None:
+        try:
+            connection.request("POST", path, body=data, headers=dict(headers))
+            response = connection.getresponse()
+            response.read(64 * 1024)
+            if 300 <= response.status < 400:
+                where = response.getheader("Location", "?")
+                outcome.append((response.status, f"HTTP {response.status}: redirected to {where!r}; webhooks do not follow redirects"))
+            else:
+                outcome.append((response.status, f"HTTP {response.status} {response.reason}"))
+        except Exception as exc:  # any failure of one attempt is reported, not raised
+            outcome.append((None, f"{type(exc).__name__}: {exc}"))
+
+    worker = threading.Thread(target=run, name="stepscope-webhook", daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        sock = connection.sock
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+        connection.close()
+        return None, f"no complete answer within {limit:.3g} s"
+    connection.close()
+    return outcome[0] if outcome else (None, "no answer")
 
 
 def _last_message(rule: Rule) -> str:
@@ -123,7 +185,7 @@ def action_from_json(entry: Mapping[str, Any]) -> Action:
         level = params.get("level", "WARNING")
         return Log(level if isinstance(level, int) else logging.getLevelName(str(level).upper()))
     if name == "webhook":
-        url = params.get("url") or params.get("endpoint")
+        url = str(params.get("url") or params.get("endpoint") or "")
         try:
             return Webhook(
                 url, timeout=float(params.get("timeout", 5.0)), retries=int(params.get("retries", 3)), backoff=float(params.get("backoff", 0.5))

@@ -3,14 +3,27 @@
 from __future__ import annotations
 
 import abc
+import builtins
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+
+from ..exceptions import StoreError
 
 Buffer = "bytes | bytearray | memoryview"
 
 
 def join_key(*parts: str) -> str:
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+def check_key(key: str) -> str:
+    """`key` if it names something inside the job, else StoreError: keys come from job
+    files too (an index's event_file_name), and a crafted one must not leave the job."""
+    if not isinstance(key, str) or not key or "\x00" in key or "\\" in key or key.startswith("/"):
+        raise StoreError(f"invalid key {key!r}: not a relative path inside the job")
+    if any(part in ("", ".", "..") for part in key.rstrip("/").split("/")):
+        raise StoreError(f"invalid key {key!r}: empty, '.' or '..' parts would leave or alias the job's folder")
+    return key
 
 
 class Store(abc.ABC):
@@ -23,8 +36,9 @@ class Store(abc.ABC):
         """Publish a whole object atomically. `data` may be several buffers (not joined)."""
 
     @abc.abstractmethod
-    def read(self, key: str) -> bytes:
-        """The whole object; raises FileNotFoundError when absent."""
+    def read(self, key: str, max_size: int | None = None) -> bytes:
+        """The whole object; raises FileNotFoundError when absent, StoreError when it is
+        not a regular file or (with `max_size`) larger than that."""
 
     @abc.abstractmethod
     def read_range(self, key: str, start: int, length: int) -> bytes:
@@ -41,7 +55,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def delete(self, key: str) -> None: ...
 
-    def read_ranges(self, requests: Iterable[tuple[str, int, int]], max_workers: int = 16) -> list[bytes]:
+    def read_ranges(self, requests: Iterable[tuple[str, int, int]], max_workers: int = 16) -> builtins.list[bytes]:
         """Several ranged reads, concurrently where the backend gains from it."""
         requests = list(requests)
         if len(requests) <= 1 or not self.concurrent_reads:

@@ -2,12 +2,23 @@
 
 Credentials come from boto3's default chain; an endpoint override (MinIO, a local test
 server) from the standard AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 variables or the AWS
-config file. Retries are boto3's adaptive mode."""
+config file.
+
+A background writer must never hang its process: every request has connect and read
+timeouts and a bounded number of attempts (boto3's adaptive retries), and the
+`Expect: 100-continue` handshake is off (botocore spins forever on an endpoint that answers
+`100 Continue` and closes). Reads retry what the request-level retries cannot see: a body
+cut short or a connection dropped while the body streams. Only a complete object whose
+CRC fails is corruption; a short read is a transient fault."""
 
 from __future__ import annotations
 
+import logging
 import os
+import threading
+import time
 from collections.abc import Sequence
+from typing import Any
 
 from ..exceptions import ConfigError, StoreError
 from .base import Store, join_key
@@ -25,12 +36,76 @@ def parse_s3_url(url: str) -> tuple[str, str]:
     return bucket, prefix.strip("/")
 
 
-def _client():
-    import boto3
+logger = logging.getLogger("stepscope")
+
+# Overridable per process; the defaults bound one request to about
+# connect + read timeout per attempt, times the attempts (a few minutes at worst).
+MAX_ATTEMPTS_ENV = "STEPSCOPE_S3_MAX_ATTEMPTS"
+CONNECT_TIMEOUT_ENV = "STEPSCOPE_S3_CONNECT_TIMEOUT_S"
+READ_TIMEOUT_ENV = "STEPSCOPE_S3_READ_TIMEOUT_S"
+DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_CONNECT_TIMEOUT_S = 5.0
+DEFAULT_READ_TIMEOUT_S = 30.0
+READ_RETRIES = 4  # extra tries of a read whose body was cut short
+_READ_BACKOFF_S = 0.05
+
+
+def _positive(env: str, default: float, kind: type = float) -> float:
+    raw = os.environ.get(env)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = kind(raw)
+    except ValueError:
+        raise ConfigError(f"{env} must be a positive number, got {raw!r}") from None
+    if value <= 0:
+        raise ConfigError(f"{env} must be a positive number, got {raw!r}")
+    return value
+
+
+def client_config():
+    """botocore's Config for stepscope's clients: timeouts and retry budget from the env."""
     from botocore.config import Config
 
-    config = Config(retries={"mode": "adaptive", "max_attempts": int(os.environ.get("STEPSCOPE_S3_MAX_ATTEMPTS", "10"))}, max_pool_connections=32)
-    return boto3.session.Session().client("s3", config=config)
+    return Config(
+        retries={"mode": "adaptive", "max_attempts": int(_positive(MAX_ATTEMPTS_ENV, DEFAULT_MAX_ATTEMPTS, int))},
+        connect_timeout=_positive(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S),
+        read_timeout=_positive(READ_TIMEOUT_ENV, DEFAULT_READ_TIMEOUT_S),
+        tcp_keepalive=True,
+        max_pool_connections=32,
+    )
+
+
+_session_lock = threading.Lock()
+_sessions: dict[int, Any] = {}
+
+
+def _client():
+    import boto3
+    from botocore.handlers import add_expect_header
+
+    # One boto3 session per process: a fresh session parses botocore's service models again
+    # (~0.2 s of CPU per client; 64 writer threads or a trial per worker pay it each time).
+    # Creating clients from one session is not thread-safe, hence the lock.
+    with _session_lock:
+        session = _sessions.get(os.getpid())
+        if session is None:
+            session = _sessions[os.getpid()] = boto3.session.Session()
+        client = session.client("s3", config=client_config())
+    client.meta.events.unregister("before-call.s3", add_expect_header)
+    return client
+
+
+def _transient_read_errors() -> tuple[type[BaseException], ...]:
+    from botocore.exceptions import ConnectionError as BotoConnectionError
+    from botocore.exceptions import IncompleteReadError, ReadTimeoutError, ResponseStreamingError
+    from urllib3.exceptions import HTTPError as Urllib3Error
+
+    return (IncompleteReadError, ReadTimeoutError, ResponseStreamingError, BotoConnectionError, Urllib3Error, ConnectionError, TimeoutError)
+
+
+class _ShortRead(Exception):
+    """A body shorter than the server said it would be."""
 
 
 class S3Store(Store):
@@ -92,24 +167,54 @@ class S3Store(Store):
             self._client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
             raise
 
-    def read(self, key: str) -> bytes:
-        try:
-            return self._client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-        except self._client.exceptions.NoSuchKey:
-            raise FileNotFoundError(self.describe(key)) from None
-        except Exception as exc:
-            raise self._error("read", key, exc) from exc
+    def read(self, key: str, max_size: int | None = None) -> bytes:
+        if max_size is None:
+            return self._get(key, {})
+        # One ranged GET asks for one byte more than allowed: more back means too large.
+        data = self._get(key, {"Range": f"bytes=0-{max_size}"})
+        if len(data) > max_size:
+            raise StoreError(f"{self.describe(key)} is larger than the {max_size} bytes a file of its kind may have")
+        return data
 
     def read_range(self, key: str, start: int, length: int) -> bytes:
         if length <= 0:
             return b""
+        if start < 0:
+            raise StoreError(f"cannot read {self.describe(key)} from byte {start}")
+        return self._get(key, {"Range": f"bytes={start}-{start + length - 1}"})
+
+    def _get(self, key: str, extra: dict[str, str]) -> bytes:
+        """One GET, retried when its body arrives short or the connection drops mid-body
+        (botocore's own retries end once the headers are in)."""
+        transient = _transient_read_errors()
+        for attempt in range(READ_RETRIES + 1):
+            try:
+                reply = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)
+                data = reply["Body"].read()
+                expected = reply.get("ContentLength")
+                if expected is not None and len(data) != expected:
+                    raise _ShortRead(f"{len(data)} of {expected} bytes")
+                return data
+            except self._client.exceptions.NoSuchKey:
+                raise FileNotFoundError(self.describe(key)) from None
+            except (_ShortRead, *transient) as exc:
+                if attempt == READ_RETRIES:
+                    raise self._error("read", key, exc) from exc
+                logger.debug("stepscope: retrying read of %s after %s", self.describe(key), exc)
+                time.sleep(_READ_BACKOFF_S * 2**attempt)
+            except Exception as exc:
+                if getattr(exc, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
+                    return b""  # a range past the end: like a local read there, nothing
+                raise self._error("read", key, exc) from exc
+        raise AssertionError("unreachable")
+
+    def size(self, key: str) -> int:
         try:
-            reply = self._client.get_object(Bucket=self.bucket, Key=self._key(key), Range=f"bytes={start}-{start + length - 1}")
-            return reply["Body"].read()
-        except self._client.exceptions.NoSuchKey:
-            raise FileNotFoundError(self.describe(key)) from None
+            return int(self._client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
         except Exception as exc:
-            raise self._error("read", key, exc) from exc
+            if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+                raise FileNotFoundError(self.describe(key)) from None
+            raise self._error("check", key, exc) from exc
 
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         full_prefix = self._key(prefix) if prefix else (self.prefix + "/" if self.prefix else "")
@@ -119,7 +224,7 @@ class S3Store(Store):
         kwargs = {"Bucket": self.bucket, "Prefix": full_prefix}
         if start_after:
             kwargs["StartAfter"] = self._key(start_after)
-        keys = []
+        keys: list[str] = []
         try:
             for page in self._client.get_paginator("list_objects_v2").paginate(**kwargs):
                 keys.extend(item["Key"][strip:] for item in page.get("Contents", ()))

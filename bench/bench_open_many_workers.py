@@ -1,0 +1,69 @@
+"""Opening a 64-worker x 1,000-step job on the S3 protocol: the time `create_trial` takes
+against the goal of < 2 s. The S3 test server (moto) runs in a process of its own, as S3
+would be elsewhere, holding the job (worker 0 written by the real Writer, the other
+workers copies of it; event files left out: opening never reads them). A process's first
+S3 client (botocore loading its models, ~0.5 s) is made before timing.
+--quick: one open instead of the median of 3."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import multiprocessing
+import os
+import statistics
+import time
+
+GOAL_S = 2.0
+
+
+def _serve(ready, workers: int, steps: int) -> None:
+    logging.getLogger("werkzeug").disabled = True
+    os.environ.update({"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"})
+    from moto.backends import get_backend
+    from moto.core import DEFAULT_ACCOUNT_ID
+    from moto.server import ThreadedMotoServer
+
+    from stepscope.testing.large_jobs import load_into_moto, many_worker_job
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    get_backend("s3")[DEFAULT_ACCOUNT_ID]["global"].create_bucket("bench-bucket", "us-east-1")
+    load_into_moto(many_worker_job(workers, steps), "s3://bench-bucket/job", skip=lambda key: key.startswith("events/"))
+    ready.put(f"http://{host}:{port}")
+    time.sleep(3600)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--workers", type=int, default=64)
+    parser.add_argument("--steps", type=int, default=1000)
+    args = parser.parse_args()
+
+    ready: multiprocessing.Queue = multiprocessing.Queue()
+    server = multiprocessing.Process(target=_serve, args=(ready, args.workers, args.steps), daemon=True)
+    server.start()
+    try:
+        endpoint = ready.get(timeout=600)
+        os.environ.update({"AWS_ENDPOINT_URL_S3": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"})
+        from stepscope import create_trial
+        from stepscope.store.s3 import S3Store
+
+        S3Store("s3://warm-up")  # botocore's models, loaded once per process
+        times = []
+        for _ in range(1 if args.quick else 3):
+            started = time.perf_counter()
+            trial = create_trial(S3Store("s3://bench-bucket/job"))
+            times.append(time.perf_counter() - started)
+            assert len(trial.steps()) == args.steps and len(trial.workers()) == args.workers
+    finally:
+        server.terminate()
+    median = statistics.median(times)
+    print(f"open a {args.workers}-worker x {args.steps}-step job on S3 (moto in its own process, loopback):")
+    print(f"  create_trial: {median:.2f} s (runs: {', '.join(f'{t:.2f}' for t in times)}); goal < {GOAL_S:g} s: {'met' if median < GOAL_S else 'NOT met'}")
+
+
+if __name__ == "__main__":
+    main()

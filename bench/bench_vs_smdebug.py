@@ -1,0 +1,135 @@
+"""Weights + gradients every 10 steps, as smdebug users write it (no register_optimizer),
+stepscope against smdebug 1.0.34, side by side in one run: each in its own interpreter
+(smdebug in a virtualenv of its own), each timing its plain loop against its hooked loop
+in interleaved blocks (medians). Prints each one's added time per step, the ratio of the
+two (goal: stepscope adds at most one third of what smdebug adds), and the bytes per
+second each wrote while training.
+
+    python bench/bench_vs_smdebug.py --quick
+    python bench/bench_vs_smdebug.py --smdebug-python ../smdebug-venv/bin/python
+
+The smdebug environment (outside the repository): `python -m venv --system-site-packages
+../smdebug-venv && ../smdebug-venv/bin/pip install smdebug==1.0.34 protobuf==3.20.3`
+(it reuses this environment's torch). Without one, only stepscope's numbers are printed.
+stepscope runs with its profiler side off (smdebug's default has none)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+# Runs in either interpreter: `python -c WORKER impl model steps out_dir`.
+WORKER = r'''
+import json, os, statistics, sys, time
+import torch
+from torch import nn
+
+impl, kind, blocks, out = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4]
+torch.set_num_threads(1)
+BLOCK = 20
+
+def model_and_batch():
+    torch.manual_seed(0)
+    if kind == "mlp":
+        return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)), (64, 256)
+    return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
+                         nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 7 * 7, 10)), (64, 1, 28, 28)
+
+def make_hook():
+    if impl == "stepscope":
+        from stepscope.config import ProfilerConfig, SaveConfig
+        from stepscope_torch import Hook
+        return Hook(out, save_config=SaveConfig(save_interval=10), include_collections=["weights", "gradients"],
+                    profiler_config=ProfilerConfig.disabled())
+    import smdebug.pytorch as smd
+    return smd.Hook(out_dir=out, save_config=smd.SaveConfig(save_interval=10), include_collections=["weights", "gradients"])
+
+class Loop:
+    def __init__(self, hook=None):
+        self.model, shape = model_and_batch()
+        self.loss_fn = nn.CrossEntropyLoss()
+        self.optimizer = torch.optim.SGD(self.model.parameters(), lr=0.01)
+        g = torch.Generator().manual_seed(1)
+        self.batches = [(torch.randn(*shape, generator=g), torch.randint(0, 10, (shape[0],), generator=g)) for _ in range(4)]
+        self.i = 0
+        if hook is not None:
+            hook.register_module(self.model)
+            hook.register_loss(self.loss_fn)
+    def run(self, n):
+        start = time.perf_counter()
+        for _ in range(n):
+            x, y = self.batches[self.i % 4]
+            self.i += 1
+            self.optimizer.zero_grad()
+            self.loss_fn(self.model(x), y).backward()
+            self.optimizer.step()
+        return (time.perf_counter() - start) / n
+
+hook = make_hook()
+loops = {"plain": Loop(), "hooked": Loop(hook)}
+for loop in loops.values():
+    loop.run(2 * BLOCK)
+times = {"plain": [], "hooked": []}
+hooked_s = 0.0
+for b in range(blocks):
+    for name in (("plain", "hooked") if b % 2 == 0 else ("hooked", "plain")):
+        t = loops[name].run(BLOCK)
+        times[name].append(t)
+        if name == "hooked":
+            hooked_s += t * BLOCK
+close = time.perf_counter()
+hook.close() if hasattr(hook, "close") else None
+close = time.perf_counter() - close
+size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
+print(json.dumps({"plain": statistics.median(times["plain"]), "hooked": statistics.median(times["hooked"]),
+                  "bytes": size, "hooked_s": hooked_s, "close_s": close}))
+'''
+
+
+def run_worker(python: str, impl: str, kind: str, blocks: int, root: str) -> dict[str, float]:
+    out = os.path.join(root, f"{impl}-{kind}")
+    env = dict(os.environ)
+    if impl == "stepscope":
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+    reply = subprocess.run([python, "-c", WORKER, impl, kind, str(blocks), out], capture_output=True, text=True, env=env)
+    if reply.returncode != 0:
+        raise RuntimeError(reply.stderr.strip().splitlines()[-1] if reply.stderr.strip() else f"exit {reply.returncode}")
+    return json.loads(reply.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="a short run")
+    parser.add_argument("--blocks", type=int, default=None, help="blocks of 20 steps per variant")
+    parser.add_argument("--smdebug-python", default=os.environ.get("SMDEBUG_PYTHON"), help="python of an environment with smdebug 1.0.34")
+    args = parser.parse_args()
+    blocks = args.blocks or (6 if args.quick else 30)
+    print(f"weights + gradients every 10 steps, SGD, no register_optimizer, 1 thread, {blocks} blocks x 20 steps, medians")
+    if not args.smdebug_python:
+        print("smdebug: not measured (no --smdebug-python / SMDEBUG_PYTHON given; see this script's docstring)")
+    print(f"{'model':5} {'tool':9} {'plain ms':>9} {'hooked ms':>10} {'added %':>8} {'written MB/s':>12}")
+    with tempfile.TemporaryDirectory() as root:
+        for kind in ("mlp", "cnn"):
+            added = {}
+            for impl, python in (("stepscope", sys.executable), ("smdebug", args.smdebug_python)):
+                if python is None:
+                    continue
+                try:
+                    r = run_worker(python, impl, kind, blocks, root)
+                except (RuntimeError, OSError) as exc:
+                    print(f"{kind:5} {impl:9} failed: {exc}")
+                    continue
+                added[impl] = r["hooked"] - r["plain"]
+                rate = r["bytes"] / max(r["hooked_s"], 1e-9) / 1e6
+                print(f"{kind:5} {impl:9} {r['plain'] * 1e3:9.3f} {r['hooked'] * 1e3:10.3f} {100 * added[impl] / r['plain']:8.1f} {rate:12.1f}", flush=True)
+            if len(added) == 2 and added["smdebug"] > 0:
+                ratio = added["stepscope"] / added["smdebug"]
+                print(f"{kind:5} stepscope's added time / smdebug's: {ratio:.2f} (goal <= 0.33: {'met' if ratio <= 1 / 3 else 'MISSED'})")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,305 @@
+"""Parsing of a job's own JSON files (collections, per-step index files, step tables) into
+checked values. A job folder is input like any other: each parser takes the bytes of one
+file and either returns what it means or raises `CorruptRecord` naming the file and what is
+wrong with it, never a bare KeyError/TypeError/MemoryError. Sizes are bounded before a file
+is read (`MAX_*_BYTES`) and regular expressions from a job run under a time bound."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from . import layout
+from .exceptions import ConfigError, CorruptRecord
+from .modes import ModeKeys
+from .store.base import check_key
+
+try:  # orjson parses index files ~4x faster; it is optional
+    from orjson import JSONDecodeError as _OrjsonError
+    from orjson import loads as _json_loads
+
+    _JSON_ERRORS: tuple[type[BaseException], ...] = (ValueError, _OrjsonError, RecursionError)
+except ImportError:  # pragma: no cover
+    _json_loads = json.loads
+    _JSON_ERRORS = (ValueError, RecursionError)
+
+# Far above what a real job writes (an index of 100,000 tensors is ~8 MB), far below what
+# would exhaust a reader's memory.
+MAX_INDEX_BYTES = 64 * 1024 * 1024
+MAX_TABLE_BYTES = 256 * 1024 * 1024
+MAX_COLLECTIONS_BYTES = 64 * 1024 * 1024
+MAX_STATUS_BYTES = 1024 * 1024
+MAX_WORKERS = 1_000_000
+MAX_RECORD_BYTES = 1 << 40  # one tensor record; larger offsets or lengths are corrupt
+MAX_REGEX_LENGTH = 4096
+
+
+@dataclass(frozen=True)
+class IndexEntry:
+    """One step of one worker: where each saved tensor sits in the event file."""
+
+    mode: ModeKeys
+    mode_step: int
+    event_key: str  # "" when the index does not say (the default name applies)
+    names: tuple[str, ...]
+    starts: Sequence[int]
+    lengths: Sequence[int]
+    shapes: Mapping[str, tuple[int, ...]]
+
+
+@dataclass(frozen=True)
+class CollectionsFile:
+    num_workers: int
+    ours: bool  # written by stepscope with real payload CRCs
+    collections: list[Mapping[str, Any]]  # the raw bodies; Collection.from_json checks each
+    module_classes: dict[str, str]  # module name -> class name, where the writer recorded them
+
+
+def load_json(data: bytes, where: str) -> Any:
+    try:
+        return _json_loads(data)
+    except _JSON_ERRORS as exc:
+        raise CorruptRecord(where, None, f"not valid JSON: {exc}") from None
+
+
+def _fail(where: str, reason: str) -> CorruptRecord:
+    return CorruptRecord(where, None, reason)
+
+
+def _int(value: Any, where: str, what: str, minimum: int = 0, maximum: int = MAX_RECORD_BYTES) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, str) and value.strip().lstrip("-").isdigit() and len(value) < 20:
+            value = int(value)
+        else:
+            raise _fail(where, f"{what} must be an integer, got {_short(value)}")
+    if not minimum <= value <= maximum:
+        raise _fail(where, f"{what} must be in [{minimum}, {maximum}], got {value}")
+    return value
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _mode(value: Any, where: str) -> ModeKeys:
+    try:
+        return ModeKeys.parse(value)
+    except (ValueError, TypeError):
+        raise _fail(where, f"unknown mode {_short(value)}; expected one of {', '.join(ModeKeys.__members__)}") from None
+
+
+def _mapping(value: Any, where: str, what: str) -> Mapping[str, Any]:
+    if not isinstance(value, Mapping):
+        raise _fail(where, f"{what} must be a JSON object, got {type(value).__name__}")
+    return value
+
+
+def _list(value: Any, where: str, what: str) -> list[Any]:
+    if not isinstance(value, list):
+        raise _fail(where, f"{what} must be a JSON list, got {type(value).__name__}")
+    return value
+
+
+def _name(value: Any, where: str, what: str) -> str:
+    if not isinstance(value, str) or not value:
+        raise _fail(where, f"{what} must be a non-empty string, got {_short(value)}")
+    return value
+
+
+def _shape(value: Any, where: str, what: str) -> tuple[int, ...]:
+    return tuple(_int(d, where, what, 0, 1 << 62) for d in _list(value, where, what))
+
+
+def event_key_of(name: Any, where: str) -> str:
+    """The event file an index entry points to, as a key inside the job. smdebug wrote
+    full paths on some versions: only the part from `events/` on is kept, and it must stay
+    inside the job's events folder."""
+    if name is None or name == "":
+        return ""
+    if not isinstance(name, str):
+        raise _fail(where, f"event_file_name must be a string, got {_short(name)}")
+    tail = name.rsplit(layout.EVENTS_DIR + "/", 1)[-1] if layout.EVENTS_DIR + "/" in name else name
+    key = f"{layout.EVENTS_DIR}/{tail}"
+    try:
+        check_key(key)
+    except Exception:
+        raise _fail(where, f"event_file_name {_short(name)} points outside the job's events folder") from None
+    return key
+
+
+def parse_index(data: bytes, where: str) -> IndexEntry:
+    """One per-step index file (smdebug's format)."""
+    body = _mapping(load_json(data, where), where, "the index file")
+    meta = _mapping(body.get("meta"), where, "meta")
+    mode = _mode(meta.get("mode", "GLOBAL"), where)
+    mode_step = meta.get("mode_step", -1)
+    mode_step = -1 if mode_step in (-1, None) else _int(mode_step, where, "meta.mode_step", 0, 1 << 62)
+    event_key = event_key_of(meta.get("event_file_name"), where)
+    names, starts, lengths = [], [], []
+    for i, entry in enumerate(_list(body.get("tensor_payload") or [], where, "tensor_payload")):
+        entry = _mapping(entry, where, f"tensor_payload[{i}]")
+        names.append(_name(entry.get("tensorname"), where, f"tensor_payload[{i}].tensorname"))
+        starts.append(_int(entry.get("start_idx"), where, f"tensor_payload[{i}].start_idx"))
+        lengths.append(_int(entry.get("length"), where, f"tensor_payload[{i}].length", 1))
+    shapes = {}
+    for i, entry in enumerate(_list(body.get("shape_payload") or [], where, "shape_payload")):
+        entry = _mapping(entry, where, f"shape_payload[{i}]")
+        shapes[_name(entry.get("tensorname"), where, f"shape_payload[{i}].tensorname")] = _shape(entry.get("shape", ()), where, f"shape_payload[{i}].shape")
+    return IndexEntry(mode, mode_step, event_key, tuple(names), tuple(starts), tuple(lengths), shapes)
+
+
+_MODES_BY_TEXT: dict[Any, ModeKeys] = {m.name: m for m in ModeKeys} | {int(m): m for m in ModeKeys}
+
+
+def _plain_int(value: Any, minimum: int = 0) -> bool:
+    return type(value) is int and minimum <= value <= MAX_RECORD_BYTES
+
+
+def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tuple[str, dict[int, IndexEntry]]:
+    """A step table (see Writer): (worker, {step: entry}). All or nothing: a table with one
+    bad entry is rejected whole, and the reader falls back to the index files. Offsets
+    and lengths are checked here only for type and count (a table holds a million of them);
+    the reader checks each value's range when it reads the value."""
+    body = _mapping(load_json(data, where), where, "the step table")
+    table_worker = _name(body.get("worker"), where, "worker")
+    if worker is not None and table_worker != worker:
+        raise _fail(where, f"names worker {table_worker!r} but lies in the folder of {worker!r}")
+    layouts = []
+    for i, names in enumerate(_list(body.get("layouts"), where, "layouts")):
+        layouts.append(tuple(_name(n, where, f"layouts[{i}][]") for n in _list(names, where, f"layouts[{i}]")))
+    steps: dict[int, IndexEntry] = {}
+    no_shapes: dict[str, tuple[int, ...]] = {}
+    for i, entry in enumerate(_list(body.get("steps"), where, "steps")):
+        # The common case costs a few type checks; anything odd goes to _table_entry_error.
+        try:
+            step, number, starts, lengths = entry["step"], entry["layout"], entry["starts"], entry["lengths"]
+            mode, mode_step = entry["mode"], entry["mode_step"]
+            shapes = entry.get("shapes")
+        except (KeyError, TypeError, AttributeError):
+            raise _table_entry_error(entry, i, where) from None
+        mode = _MODES_BY_TEXT.get(mode) if isinstance(mode, (str, int)) else None
+        if mode is None:
+            mode = _mode(entry["mode"], where)  # other spellings, or CorruptRecord
+        if (
+            not _plain_int(step)
+            or not _plain_int(mode_step)
+            or type(number) is not int
+            or not 0 <= number < len(layouts)
+            or type(starts) is not list
+            or type(lengths) is not list
+            or not len(layouts[number]) == len(starts) == len(lengths)
+        ):
+            raise _table_entry_error(entry, i, where, len(layouts), layouts[number] if type(number) is int and 0 <= number < len(layouts) else None)
+        if shapes:
+            shapes = {_name(n, where, f"steps[{i}].shapes"): _shape(s, where, f"steps[{i}].shapes[{n!r}]") for n, s in _mapping(shapes, where, f"steps[{i}].shapes").items()}
+        steps[step] = IndexEntry(mode, mode_step, "", layouts[number], starts, lengths, shapes or no_shapes)
+    return table_worker, steps
+
+
+def _table_entry_error(entry: Any, i: int, where: str, n_layouts: int = 0, names: tuple[str, ...] | None = None) -> CorruptRecord:
+    what = f"steps[{i}]"
+    if not isinstance(entry, Mapping):
+        return _fail(where, f"{what} must be a JSON object, got {type(entry).__name__}")
+    for key in ("step", "mode", "mode_step", "layout", "starts", "lengths"):
+        if key not in entry:
+            return _fail(where, f"{what} has no {key!r}")
+    for key in ("step", "mode_step"):
+        if not _plain_int(entry[key]):
+            return _fail(where, f"{what}.{key} must be a non-negative integer, got {_short(entry[key])}")
+    if type(entry["layout"]) is not int or not 0 <= entry["layout"] < n_layouts:
+        return _fail(where, f"{what}.layout {_short(entry['layout'])} is out of range ({n_layouts} layouts)")
+    for key in ("starts", "lengths"):
+        if type(entry[key]) is not list:
+            return _fail(where, f"{what}.{key} must be a JSON list, got {type(entry[key]).__name__}")
+    return _fail(where, f"{what}: {len(names or ())} names, {len(entry['starts'])} starts and {len(entry['lengths'])} lengths")
+
+
+def check_location(start: Any, length: Any, where: str, name: str) -> tuple[int, int]:
+    """A tensor's (start, length) from a step table, checked when it is read."""
+    if not _plain_int(start) or not _plain_int(length, 1):
+        raise _fail(where, f"tensor {name!r}: bad offset {_short(start)} or length {_short(length)}")
+    return start, length
+
+
+def parse_collections(data: bytes, where: str) -> CollectionsFile:
+    """A worker's collections file: how many workers the job has, whether stepscope wrote
+    it, and the collection bodies (checked one by one by the caller)."""
+    body = _mapping(load_json(data, where), where, "the collections file")
+    meta = body.get("_meta")
+    meta = {} if meta is None else _mapping(meta, where, "_meta")
+    num_workers = _int(meta.get("num_workers", 1), where, "_meta.num_workers", 1, MAX_WORKERS)
+    writer = meta.get("writer", "")
+    crc = meta.get("payload_crc", "crc32c")
+    ours = isinstance(writer, str) and writer.split(" ")[0] == "stepscope" and crc == "crc32c"
+    collections = body.get("collections") or {}
+    if isinstance(collections, Mapping):
+        bodies = list(collections.values())
+    else:
+        raise _fail(where, f"'collections' must be a JSON object of name -> collection, got {type(collections).__name__}")
+    classes = meta.get("module_classes")
+    module_classes = {str(k): str(v) for k, v in classes.items() if isinstance(v, (str, int, float))} if isinstance(classes, Mapping) else {}
+    return CollectionsFile(num_workers, ours, bodies, module_classes)
+
+
+REGEX_TIMEOUT_S = 0.05  # one match of one tensor name; real patterns take microseconds
+
+
+class UntrustedPattern:
+    """A regular expression read from a job file, matched under a time bound (the `regex`
+    engine's timeout): a crafted pattern such as `^(a+)+$` cannot hang a reader. The
+    first match that runs out of time disables the pattern (it then matches nothing) and
+    logs a warning naming where it came from, so the total cost stays bounded too."""
+
+    def __init__(self, pattern: str, where: str):
+        import regex
+
+        self.pattern = pattern
+        self.where = where
+        try:
+            self._compiled = regex.compile(pattern)
+        except (regex.error, RecursionError, OverflowError) as exc:
+            raise ConfigError(f"{where}: bad regular expression {_short(pattern)}: {exc}") from None
+        self.disabled = False
+
+    def search(self, text: str) -> Any:
+        if self.disabled:
+            return None
+        try:
+            return self._compiled.search(text, timeout=REGEX_TIMEOUT_S)
+        except TimeoutError:
+            self.disabled = True
+            logging.getLogger("stepscope").warning(
+                "stepscope: regular expression %s from %s took over %g s on one name and is now ignored", _short(self.pattern), self.where, REGEX_TIMEOUT_S
+            )
+            return None
+
+    def __repr__(self) -> str:
+        return f"UntrustedPattern({self.pattern!r})"
+
+
+def compile_untrusted_regex(pattern: Any, where: str) -> UntrustedPattern:
+    """A pattern (with `.search`) for a regex read from a job file; see UntrustedPattern."""
+    if not isinstance(pattern, str) or len(pattern) > MAX_REGEX_LENGTH:
+        raise ConfigError(f"{where}: include_regex must be a string of at most {MAX_REGEX_LENGTH} characters, got {_short(pattern)}")
+    return UntrustedPattern(pattern, where)
+
+
+__all__ = [
+    "IndexEntry",
+    "CollectionsFile",
+    "parse_index",
+    "parse_step_table",
+    "parse_collections",
+    "event_key_of",
+    "check_location",
+    "compile_untrusted_regex",
+    "UntrustedPattern",
+    "load_json",
+    "MAX_INDEX_BYTES",
+    "MAX_TABLE_BYTES",
+    "MAX_COLLECTIONS_BYTES",
+]

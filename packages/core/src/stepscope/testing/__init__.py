@@ -1,0 +1,1 @@
+"""Helpers for testing stepscope and code built on it (hostile job folders)."""
