@@ -116,10 +116,15 @@ def test_browser_end_to_end(served):
     assert histogram["counts"] == counts.tolist()
     np.testing.assert_allclose(histogram["edges"], edges)
     system = trial.profiler.system_metrics()
-    cpu = system[(system["dimension"] == "CPUUtilization") & (system["name"] == "total")]
-    sys_chart = _chart(driver, f"system:{cpu['node_id'].iloc[0]}")
-    if len(cpu) <= 600:  # not resampled: the same samples
-        np.testing.assert_allclose(sys_chart["series"]["CPU"], cpu.sort_values("timestamp")["value"].to_numpy())
+    cpu = system[(system["dimension"] == "CPUUtilization") & (system["name"] == "total")].sort_values("timestamp")
+    charts = driver.execute_script("return Object.keys(window.stepscope.charts).filter(k => k.startsWith('system:'))")
+    drawn = system[system["dimension"].isin(["CPUUtilization", "GPUUtilization", "GPUMemoryUtilization", "MemoryUsedPercent"])]
+    assert sorted(charts) == sorted(f"system:{n}" for n in drawn["node_id"].unique())  # the monitor's nodes, whatever it sampled
+    if len(cpu) and len(system["timestamp"].unique()) <= 600:  # not resampled: the same samples (None where a sample has no CPU line)
+        sys_chart = _chart(driver, f"system:{cpu['node_id'].iloc[0]}")
+        shown = [(t, v) for t, v in zip(sys_chart["x"], sys_chart["series"]["CPU"]) if v is not None]
+        np.testing.assert_allclose([t for t, _ in shown], cpu["timestamp"].to_numpy())
+        np.testing.assert_allclose([v for _, v in shown], cpu["value"].to_numpy())
     rule = wait_for(lambda: driver.find_element("css selector", 'li[data-rule="WeightUpdateRatio"]'), what="rule finding")
     assert "fired" in rule.get_attribute("class")
     report = json.loads(trial.store.read("rule-output/WeightUpdateRatio.json"))
@@ -269,7 +274,8 @@ def test_admin_manages_users_from_the_app(served):
     driver.find_element("id", "username").send_keys("root")
     driver.find_element("id", "password").send_keys("not the password")
     driver.find_element("id", "login").click()
-    assert "Wrong user name or password" in driver.find_element("css selector", ".error").text
+    error = wait_for(lambda: driver.find_elements("css selector", ".error"), what="login error")[0]
+    assert "Wrong user name or password" in error.text
     driver.find_element("id", "username").clear()
     driver.find_element("id", "username").send_keys("root")
     driver.find_element("id", "password").send_keys(PASSWORD)
