@@ -40,11 +40,15 @@ def test_running_and_failed_status(app, store_root):
     (store_root / "team-a" / "broken").mkdir()
     write_profiler_job(store_root / "team-a" / "broken", steps=3, close=False)
     (store_root / "team-a" / "broken" / "stepscope-status").mkdir()
-    (store_root / "team-a" / "broken" / "stepscope-status" / "worker_0.json").write_text('{"component": "writer"}')
+    (store_root / "team-a" / "broken" / "stepscope-status" / "worker_0.json").write_text('{"state": "failed", "component": "writer", "error": "disk full"}')
+    write_profiler_job(store_root / "team-a" / "degraded", steps=3, close=False)
+    (store_root / "team-a" / "degraded" / "stepscope-status").mkdir()
+    (store_root / "team-a" / "degraded" / "stepscope-status" / "worker_0.json").write_text('{"state": "degraded", "component": "hook"}')
     client = app.test_client()
     login(client, "alice")
     status = {j["id"]: j["status"] for j in client.get("/api/jobs").get_json()["jobs"]}
     assert status["team-a/live"] == "running" and status["team-a/broken"] == "failed" and status["team-a/run-2"] == "finished"
+    assert status["team-a/degraded"] == "stopped"  # some tensors skipped; the hook ran on
 
 
 def test_dashboard_numbers_are_the_trials(app, store_root):

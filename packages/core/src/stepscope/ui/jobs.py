@@ -63,7 +63,7 @@ class JobSummary:
     """One row of the jobs list."""
 
     id: str
-    status: str  # running | finished | stopped | failed
+    status: str  # running | finished | stopped | failed (a worker's hook failed and switched itself off)
     start: float | None  # epoch seconds
     end: float | None
     framework: str | None
@@ -232,7 +232,7 @@ def summarize(job: str, trial: Any) -> JobSummary:
     frameworks = sorted({str(f) for f in timeline["framework"].dropna().unique() if str(f)}) if len(timeline) else []
     ranks = int(timeline["rank"].nunique()) if len(timeline) else 0
     workers = max(trial.num_workers if trial.workers() else 0, ranks, 1 if (trial.steps() or ranks) else 0)
-    failed = bool(trial.store.list(layout.STATUS_DIR + "/"))
+    failed = bool(trial.failed_workers())  # a hook that switched itself off (not "degraded")
     if trial.is_complete():
         status = "finished"
     elif failed:
