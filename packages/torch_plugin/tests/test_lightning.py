@@ -238,3 +238,15 @@ def test_resuming_from_a_checkpoint_continues_the_step_numbering(out_dir, tmp_pa
     assert trial.steps(mode=ModeKeys.TRAIN) == [0, 1, 2, 3, 4, 5]
     for step in (3, 4, 5):
         np.testing.assert_array_equal(trial.tensor("net.0.weight").value(step, mode=ModeKeys.TRAIN), seen[step].numpy())
+
+
+@pytest.mark.heavy
+def test_profiling_window_in_a_lightning_fit(out_dir):
+    cb = callback(out_dir, profiler_config=ProfilerConfig(system_monitor=False, detailed_windows=[(3, 2)]))
+    trainer([cb], max_epochs=1, num_sanity_val_steps=0, limit_val_batches=0).fit(Classifier(accumulate=1), loader(8, 0))
+    traces = stepscope.create_trial(out_dir).profiler.traces
+    assert len(traces.trace_keys()) == 1
+    steps = traces.step_breakdown(rank=0)
+    assert list(steps.step) == [3, 4]
+    ops = traces.cpu_ops(k=None, rank=0).set_index("name")
+    assert ops.loc["aten::linear", "count"] == 2 * 2  # two Linear layers, two profiled steps

@@ -1,5 +1,6 @@
 """stepscope: debugger and profiler for deep-learning training."""
 
+from .annotation import annotate
 from .config import Collection, CollectionName, ReductionConfig, SaveConfig, SaveConfigMode
 from .exceptions import (
     ConfigError,
@@ -32,6 +33,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "annotate",
     "Collection",
     "CollectionName",
     "ConfigError",

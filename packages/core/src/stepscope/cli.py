@@ -255,35 +255,16 @@ def _run_rules(args: argparse.Namespace) -> int:
 # --- timeline (merge) ---------------------------------------------------------------------
 
 
-def _add_timeline(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "timeline",
-        help="write a job's step timeline as one Chrome trace (Perfetto, chrome://tracing)",
-        description="Merge every step-timeline file of the job at PATH (all workers, all flushes) into one Chrome-trace JSON file.",
-    )
-    parser.add_argument("path", help="the job's folder or s3:// URL")
-    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="where to write it (default timeline.json; - for stdout)")
-    parser.set_defaults(run=_run_timeline)
-
-
-def _run_timeline(args: argparse.Namespace) -> int:
-    from .profiler import create_profiler_trial
-    from .profiler.timeline import merge_timeline
-
-    trial = create_profiler_trial(args.path)
-    if trial.step_timeline().empty:
-        raise UsageError(f"no step timeline at {args.path}")
-    data = merge_timeline(trial)
-    if args.output == "-":
-        sys.stdout.write(data.decode())
-    else:
-        with open(args.output, "wb") as f:
-            f.write(data)
-        print(f"wrote {args.output} ({len(data)} bytes)", file=sys.stderr)
-    return EXIT_OK
-
-
 # --- entry point ------------------------------------------------------------------------
+
+def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
+    # `profile` and `timeline` (the merged Perfetto trace: step timeline, system metrics,
+    # detailed traces, rule firings) live in stepscope/traces/cli.py.
+    from .traces.cli import add_profile, add_timeline
+
+    add_profile(sub)
+    add_timeline(sub)
+
 
 def _add_ui(sub: argparse._SubParsersAction) -> None:
     from .ui.cli import add_ui  # the app's own module; flask loads only when it runs
@@ -291,7 +272,7 @@ def _add_ui(sub: argparse._SubParsersAction) -> None:
     add_ui(sub)
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_timeline, _add_ui]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_ui]
 
 
 def _version() -> str:

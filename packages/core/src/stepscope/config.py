@@ -352,24 +352,172 @@ class Collection:
 _MONITOR_INTERVALS_MS = (100, 200, 500, 1000, 5000, 60000)
 
 
+def _float_field(owner: str, name: str, value: Any, minimum: float | None = None) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ConfigError(f"{owner}.{name} must be a number, got {value!r}")
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"{owner}.{name} must be a number, got {value!r}") from None
+    if number != number or (minimum is not None and number < minimum):
+        raise ConfigError(f"{owner}.{name} must be a number >= {minimum}, got {value!r}")
+    return number
+
+
+@dataclass(frozen=True)
+class ProfilingWindow:
+    """When a detailed profiler runs: `num_steps` steps from `start_step` (global steps), or
+    `duration_s` seconds from `start_time` (Unix time, seconds). Exactly one of the two forms."""
+
+    start_step: int | None = None
+    num_steps: int | None = None
+    start_time: float | None = None
+    duration_s: float | None = None
+
+    def __post_init__(self) -> None:
+        set_ = object.__setattr__
+        set_(self, "start_step", _int_field("ProfilingWindow", "start_step", self.start_step, allow_none=True))
+        set_(self, "num_steps", _int_field("ProfilingWindow", "num_steps", self.num_steps, minimum=1, allow_none=True))
+        set_(self, "start_time", _float_field("ProfilingWindow", "start_time", self.start_time, minimum=0.0))
+        set_(self, "duration_s", _float_field("ProfilingWindow", "duration_s", self.duration_s, minimum=0.0))
+        by_step = self.start_step is not None or self.num_steps is not None
+        by_time = self.start_time is not None or self.duration_s is not None
+        if by_step == by_time:
+            raise ConfigError(f"ProfilingWindow needs either start_step and num_steps or start_time and duration_s, got {self!r}")
+        if by_step and (self.start_step is None or self.num_steps is None):
+            raise ConfigError(f"ProfilingWindow by steps needs both start_step and num_steps, got {self!r}")
+        if by_time and (self.start_time is None or not self.duration_s):
+            raise ConfigError(f"ProfilingWindow by time needs start_time and a duration_s > 0, got {self!r}")
+
+    @property
+    def by_step(self) -> bool:
+        return self.start_step is not None
+
+    def covers(self, step: int, now_s: float) -> bool:
+        """Whether a step starting at `now_s` (Unix seconds) is inside the window."""
+        if self.start_step is not None and self.num_steps is not None:
+            return self.start_step <= step < self.start_step + self.num_steps
+        assert self.start_time is not None and self.duration_s is not None
+        return self.start_time <= now_s < self.start_time + self.duration_s
+
+    def is_over(self, step: int, now_s: float) -> bool:
+        """Whether the window can no longer cover any later step."""
+        if self.start_step is not None and self.num_steps is not None:
+            return step >= self.start_step + self.num_steps
+        assert self.start_time is not None and self.duration_s is not None
+        return now_s >= self.start_time + self.duration_s
+
+    def to_json(self) -> dict[str, Any]:
+        if self.by_step:
+            return {"start_step": self.start_step, "num_steps": self.num_steps}
+        return {"start_time": self.start_time, "duration_s": self.duration_s}
+
+    @classmethod
+    def parse(cls, value: Any, owner: str = "ProfilerConfig") -> ProfilingWindow:
+        """A window from a ProfilingWindow, a mapping of its fields, a (start_step,
+        num_steps) pair, or smdebug's "start_step"/"num_steps"/"start_unix_time"/"duration" keys."""
+        if isinstance(value, ProfilingWindow):
+            return value
+        if isinstance(value, Mapping):
+            keys = {"StartStep": "start_step", "NumSteps": "num_steps", "StartTimeInSecSinceEpoch": "start_time", "start_unix_time": "start_time",
+                    "Duration": "duration_s", "duration": "duration_s", "DurationInSeconds": "duration_s"}
+            fields: dict[str, Any] = {keys.get(str(k), str(k)): v for k, v in value.items()}
+            unknown = set(fields) - {"start_step", "num_steps", "start_time", "duration_s"}
+            if unknown:
+                raise ConfigError(f"{owner}: unknown profiling window field(s) {sorted(unknown)!r}")
+            return cls(**fields)
+        if isinstance(value, (tuple, list)) and len(value) == 2:
+            return cls(start_step=value[0], num_steps=value[1])
+        raise ConfigError(f"{owner}: a profiling window must be a ProfilingWindow, a mapping or (start_step, num_steps), got {value!r}")
+
+
+def active_window(windows: tuple[ProfilingWindow, ...], step: int, now_s: float) -> int | None:
+    """Index of the first window covering `step` at `now_s`, or None: a pure schedule the
+    plugins call at every step start (a few comparisons; nothing when there are no windows)."""
+    for index, window in enumerate(windows):
+        if window.covers(step, now_s):
+            return index
+    return None
+
+
 @dataclass(frozen=True)
 class ProfilerConfig:
     """What the hooks record beside tensors: system metrics (one monitor per node unless
-    `monitor_every_rank`) and the per-step phase timeline."""
+    `monitor_every_rank`), the per-step phase timeline, and, only inside their windows,
+    detailed traces (torch.profiler / tf.profiler: CPU ops, kernels, memcpy, syncs; see
+    docs/traces.md), a Python profile (cProfile) and data-loader timing."""
 
     system_monitor: bool = True
     monitor_interval_ms: int = 500
     monitor_every_rank: bool = False
     step_timeline: bool = True
+    detailed_windows: tuple[ProfilingWindow, ...] = ()
+    python_window: ProfilingWindow | None = None
+    dataloader_window: ProfilingWindow | None = None
+    record_shapes: bool = True
+    profile_memory: bool = True
+    with_stack: bool = False
 
     def __post_init__(self) -> None:
         interval = _int_field("ProfilerConfig", "monitor_interval_ms", self.monitor_interval_ms, minimum=1)
         if interval not in _MONITOR_INTERVALS_MS:
             raise ConfigError(f"ProfilerConfig.monitor_interval_ms must be one of {_MONITOR_INTERVALS_MS}, got {self.monitor_interval_ms!r}")
         object.__setattr__(self, "monitor_interval_ms", interval)
-        for flag in ("system_monitor", "monitor_every_rank", "step_timeline"):
+        for flag in ("system_monitor", "monitor_every_rank", "step_timeline", "record_shapes", "profile_memory", "with_stack"):
             object.__setattr__(self, flag, parse_bool(f"ProfilerConfig.{flag}", getattr(self, flag)))
+        windows: Any = self.detailed_windows
+        if isinstance(windows, (ProfilingWindow, Mapping)) or (isinstance(windows, (tuple, list)) and len(windows) == 2 and all(isinstance(v, int) for v in windows)):
+            windows = (windows,)
+        try:
+            parsed = tuple(ProfilingWindow.parse(w, "ProfilerConfig.detailed_windows") for w in windows)
+        except TypeError:
+            raise ConfigError(f"ProfilerConfig.detailed_windows must be a list of windows, got {windows!r}") from None
+        object.__setattr__(self, "detailed_windows", parsed)
+        for name in ("python_window", "dataloader_window"):
+            value = getattr(self, name)
+            if value is not None:
+                object.__setattr__(self, name, ProfilingWindow.parse(value, f"ProfilerConfig.{name}"))
+
+    @property
+    def detailed(self) -> bool:
+        """Whether anything beyond metrics and the step timeline may ever run."""
+        return bool(self.detailed_windows or self.python_window or self.dataloader_window)
 
     @classmethod
     def disabled(cls) -> ProfilerConfig:
         return cls(system_monitor=False, step_timeline=False)
+
+    @classmethod
+    def from_sagemaker(cls, profiling_parameters: Mapping[str, Any], **overrides: Any) -> ProfilerConfig:
+        """From SageMaker Profiler's `ProfilingParameters` (what its ProfilerConfig put in the
+        job's configuration): ProfilingIntervalInMilliseconds and the Detailed/Python/
+        DataloaderProfilingConfig entries, each a JSON string or mapping with StartStep and
+        NumSteps or StartTimeInSecSinceEpoch and DurationInSeconds (smdebug's own defaults
+        are not guessed: an entry without a window is a ConfigError naming it)."""
+        import json
+
+        fields: dict[str, Any] = {}
+        interval = profiling_parameters.get("ProfilingIntervalInMilliseconds")
+        if interval is not None:
+            fields["monitor_interval_ms"] = interval
+        targets = {"DetailedProfilingConfig": "detailed_windows", "PythonProfilingConfig": "python_window", "DataloaderProfilingConfig": "dataloader_window"}
+        for key, target in targets.items():
+            value = profiling_parameters.get(key)
+            if value in (None, "", "{}"):
+                continue
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except ValueError:
+                    raise ConfigError(f"ProfilingParameters.{key} is not JSON: {value!r}") from None
+            if not isinstance(value, Mapping):
+                raise ConfigError(f"ProfilingParameters.{key} must be a mapping, got {value!r}")
+            window = {k: v for k, v in value.items() if k in ("StartStep", "NumSteps", "StartTimeInSecSinceEpoch", "DurationInSeconds")}
+            if not window:
+                raise ConfigError(f"ProfilingParameters.{key} has no window (StartStep/NumSteps or StartTimeInSecSinceEpoch/DurationInSeconds): {value!r}")
+            parsed = ProfilingWindow.parse(window, f"ProfilingParameters.{key}")
+            fields[target] = (parsed,) if target == "detailed_windows" else parsed
+        fields.update(overrides)
+        return cls(**fields)

@@ -26,12 +26,12 @@ import logging
 import os
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
 
-from . import layout, reductions
+from . import annotation, layout, reductions
 from .collection_manager import CollectionManager
 from .config import (
     ALWAYS_SAVED_COLLECTIONS,
@@ -55,6 +55,7 @@ logger = logging.getLogger("stepscope")
 
 STOP_POLL_ENV = "STEPSCOPE_STOP_POLL_S"
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
+_NOTHING_DUE: frozenset[str] = frozenset()
 _PUBLISH_EVERY_STEPS = 64  # steps whose spans are turned into wall-clock time together
 
 
@@ -96,17 +97,23 @@ class TensorPlan:
     save_shape: bool
 
 
-@dataclass
 class StepState:
-    """The open step: its numbers and the collections due at it, and what was recorded."""
+    """The open step: its numbers and the collections due at it, and what was recorded.
+    (A slotted class: one is made per step, on the training thread.)"""
 
-    global_step: int
-    mode: ModeKeys
-    mode_step: int
-    due: tuple[Collection, ...]
-    due_names: frozenset[str] = frozenset()
-    tensors: dict[str, Any] = field(default_factory=dict)
-    shapes: dict[str, Sequence[int]] = field(default_factory=dict)
+    __slots__ = ("global_step", "mode", "mode_step", "due", "due_names", "tensors", "shapes")
+
+    def __init__(self, global_step: int, mode: ModeKeys, mode_step: int, due: tuple[Collection, ...], due_names: frozenset[str] = frozenset()):
+        self.global_step = global_step
+        self.mode = mode
+        self.mode_step = mode_step
+        self.due = due
+        self.due_names = due_names
+        self.tensors: dict[str, Any] = {}
+        self.shapes: dict[str, Sequence[int]] = {}
+
+    def __repr__(self) -> str:
+        return f"StepState(global_step={self.global_step}, mode={self.mode.name}, mode_step={self.mode_step}, due={sorted(self.due_names)})"
 
 
 def _close_at_exit(ref: weakref.ref[HookBase]) -> None:
@@ -187,6 +194,7 @@ class HookBase:
         self.stop_poller: StopPoller | None = None
         self.monitor: Any = None
         self.timeline: Any = None
+        self.detailed: Any = None  # windowed profilers (stepscope.profiler.detailed), None without windows
         self._phases = PhaseTracker()
         self._timer: StepTimer | None = None
         self._timed: tuple[int, ModeKeys] | None = None  # the step whose phases are being tracked
@@ -233,6 +241,11 @@ class HookBase:
 
     def _on_phase_event(self, event: str) -> None:
         """A phase event on a step where something is due (see `phase_event`)."""
+
+    def _make_detailed_profilers(self) -> Any:
+        """The framework's windowed profilers (stepscope.profiler.detailed.WindowedProfilers)
+        for `profiler_config`'s windows, or None (no windows, or no framework profiler)."""
+        return None
 
     def _make_clock(self) -> Clock:
         return CpuClock()
@@ -322,7 +335,7 @@ class HookBase:
     def begin_step(self, mode: ModeKeys | str | None = None) -> bool:
         """Open the next step in `mode` (default: the current mode), closing the open one.
         Returns True when some collection is due at it."""
-        if not self.enabled:
+        if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
             return False
         parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
         return bool(self.failsafe.call(self._begin_step, parsed))
@@ -398,7 +411,7 @@ class HookBase:
             due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
             upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
             self._next_due[mode] = min(upcoming) if upcoming else None
-        self._step = StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else frozenset())
+        self._step = StepState(self._global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else _NOTHING_DUE)
         self._global_step += 1
         if self._timer is not None:
             # A step's time starts where the previous one's work ended: the wait for data
@@ -406,6 +419,8 @@ class HookBase:
             start = self._last_end if self._last_end is not None else now
             self._phases.begin(mode, start)
             self._timed = (self._step.global_step, mode)
+        if self.detailed is not None:
+            self.profiler_failsafe.call(self.detailed.step_started, self._step.global_step)
         self._on_step_begin(bool(due))
         return bool(due)
 
@@ -433,6 +448,8 @@ class HookBase:
         if step is None:
             return
         self._on_step_end()
+        if self.detailed is not None:
+            self.profiler_failsafe.call(self.detailed.step_ended, step.global_step)
         if self._timer is not None and self._phases.open:
             self.profiler_failsafe.call(self._finish_timing, self._timer.clock.now())
         self._step = None
@@ -640,6 +657,12 @@ class HookBase:
         if config.step_timeline:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
             self._timer = StepTimer(self._make_clock())
+            # stepscope.annotate() outside profiling windows: a span of the open step.
+            annotation.set_sink(self._annotation_span)
+        self.detailed = self._make_detailed_profilers()
+
+    def _annotation_span(self, name: str, start_ns: int, end_ns: int) -> None:
+        self.add_timeline(name, start_ns, end_ns, phase="annotation")
 
     def _publish_timeline(self, wait: bool) -> None:
         if self._timer is None or self.timeline is None:
@@ -698,6 +721,10 @@ class HookBase:
                 self.failsafe.call(self._write_collections)
                 # Only rank 0 marks the job finished; other workers just flush.
                 self.writer.close(end_marker=self.rank == 0)
+            if self.detailed is not None:
+                self.profiler_failsafe.call(self.detailed.close)
+            if annotation._sink == self._annotation_span:
+                annotation.set_sink(None)
             for part in (self.timeline, self.monitor, self.stop_poller):
                 if part is not None:
                     method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()

@@ -23,7 +23,7 @@ try:  # orjson parses index files ~4x faster; it is optional
 
     _JSON_ERRORS: tuple[type[BaseException], ...] = (ValueError, _OrjsonError, RecursionError)
 except ImportError:  # pragma: no cover
-    _json_loads = json.loads
+    _json_loads = json.loads  # type: ignore[assignment]
     _JSON_ERRORS = (ValueError, RecursionError)
 
 # Far above what a real job writes (an index of 100,000 tensors is ~8 MB), far below what

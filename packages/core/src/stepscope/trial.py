@@ -308,7 +308,7 @@ class Trial:
         body["include_regex"] = []  # compiled above; Python's engine never sees them
         collection = Collection.from_json(body)
         collection.include_regex = tuple(kept)
-        collection._patterns = tuple(compiled)
+        collection._patterns = tuple(compiled)  # type: ignore[arg-type]  # match/search/fullmatch as re.Pattern
         return collection
 
     def _load_step_tables(self) -> list[int]:
@@ -336,7 +336,7 @@ class Trial:
                 if positions is None:
                     positions = self._positions[entry.names] = {name: i for i, name in enumerate(entry.names)}
                 info.index_keys[worker] = ""
-                info.payload[worker] = _Entries(positions, entry.starts, entry.lengths)  # type: ignore[arg-type]
+                info.payload[worker] = _Entries(positions, entry.starts, entry.lengths)
                 info.from_table.add(worker)
                 if entry.shapes:
                     info.shapes[worker] = dict(entry.shapes)
@@ -359,8 +359,8 @@ class Trial:
             return None
 
     def _load_index_files(self, keys: list[str]) -> list[int]:
-        parsed = [(k, layout.parse_index_key(k)) for k in keys]
-        parsed = [(k, p) for k, p in parsed if p is not None and not self._covered_by_table(*p)]
+        candidates = [(k, layout.parse_index_key(k)) for k in keys]
+        parsed: list[tuple[str, tuple[int, str]]] = [(k, p) for k, p in candidates if p is not None and not self._covered_by_table(*p)]
         if not parsed:
             return []
         reads = self._map(lambda kp: self._read_index(kp[0]), parsed)
@@ -483,8 +483,9 @@ class Trial:
             if cached is None:
                 missing.append(i)
         if missing:
+            raw: list[bytes | None]
             try:
-                raw = self.store.read_ranges([(wanted[i][3].event_key, wanted[i][3].start, wanted[i][3].length) for i in missing])
+                raw = list(self.store.read_ranges([(wanted[i][3].event_key, wanted[i][3].start, wanted[i][3].length) for i in missing]))
             except FileNotFoundError as exc:
                 raw = [None] * len(missing)
                 if not any(wanted[i][2] in self._steps[wanted[i][1]].from_table for i in missing if wanted[i][1] in self._steps):
@@ -499,9 +500,10 @@ class Trial:
                     # A step table that disagrees with the event file loses to the index file.
                     if not self._reload_from_index(step, worker):
                         raise
-                    array = Tensor(self, name).value(step, worker=worker) if self._steps[step].has(name) else None
-                    if array is None:
+                    recovered = Tensor(self, name).value(step, worker=worker) if self._steps[step].has(name) else None
+                    if recovered is None:
                         raise
+                    array = recovered
                 results[i] = array
                 self._remember((name, step, worker), array)
         return results  # type: ignore[return-value]

@@ -2,13 +2,10 @@
 
 from __future__ import annotations
 
-import pathlib
-
 import pytest
 
 from stepscope.traces.synth import SynthSpec, write_trace
 
-DATA = pathlib.Path(__file__).parent / "data"
 DETAILED = "profiler-output/framework/pytorch/detailed"
 
 

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import pathlib
+
 import pytest
 
 from stepscope.exceptions import ConfigError
 from stepscope.traces import TraceAnalysis
 from stepscope.traces.tables import TABLE_DIR
+
+DATA = pathlib.Path(__file__).parent / "data"
+DETAILED = "profiler-output/framework/pytorch/detailed"
 
 
 def test_kernel_stats_match_truth(synth_job):
@@ -116,3 +121,99 @@ def test_unknown_rank_is_a_clear_error(synth_job):
     job, _ = synth_job(world_size=1)
     with pytest.raises(ConfigError, match="rank 5"):
         TraceAnalysis(job).kernel_stats(rank=5)
+
+
+def test_committed_fixtures_give_their_recorded_truth(tmp_path):
+    """Small generated traces committed with the truth recorded when they were made: the
+    format the engine reads cannot drift from what the generator once wrote."""
+    import json
+    import shutil
+
+    truths = {}
+    for rank in (0, 1):
+        target = tmp_path / DETAILED / f"rank{rank}"
+        target.mkdir(parents=True)
+        shutil.copy(DATA / f"synth_rank{rank}.pt.trace.json.gz", target)
+        truths[rank] = json.loads((DATA / f"synth_rank{rank}.truth.json").read_text())
+    analysis = TraceAnalysis(tmp_path, persist=False)
+    for rank, truth in truths.items():
+        stats = analysis.kernel_stats(rank=rank).set_index("name")
+        assert {n: int(round(v * 1000)) for n, v in stats.total_us.items()} == {n: k["total_ns"] for n, k in truth["kernels"].items()}
+        assert analysis.temporal_breakdown(rank=rank).idle_us.iloc[0] == pytest.approx(truth["gpu_idle_ns"] / 1000)
+    assert not (tmp_path / TABLE_DIR).exists()  # persist=False writes nothing
+
+
+def test_rule_checks_against_truth(synth_job):
+    from stepscope.traces import checks
+
+    job, truths = synth_job()
+    analysis = TraceAnalysis(job)
+    syncs = checks.many_syncs_per_step(analysis, max_syncs=0)
+    assert len(syncs) == 6 and syncs.fired.all() and (syncs.value == 1).all()  # one sync per generated step
+    assert not checks.many_syncs_per_step(analysis, max_syncs=1).fired.any()
+    memcpy = checks.memcpy_bound_steps(analysis, max_share=0.0)
+    events = analysis.events(rank=0, kinds=("memcpy", "memset"))
+    steps = analysis.step_breakdown(rank=0).set_index("step")
+    for row in memcpy[memcpy["rank"] == 0].itertuples():
+        # an independent union: mark every covered microsecond of the step
+        copies = events[events.step == row.step]
+        covered = set()
+        for ts, dur in zip(copies.ts_ns // 1000, (copies.ts_ns + copies.dur_ns) // 1000):
+            covered.update(range(int(ts), int(dur)))
+        assert row.value == pytest.approx(min(1.0, len(covered) / steps.loc[row.step, "step_us"]), rel=0.01)
+    latency = checks.high_launch_latency(analysis, threshold_us=0.0)
+    assert latency.fired.all() and (latency.value > 0).all()
+    assert not checks.high_launch_latency(analysis, threshold_us=1e9).fired.any()
+    small = checks.small_kernels_dominating(analysis, max_kernel_us=1e9, min_share=0.99)
+    assert (small.value == 1.0).all() and small.fired.all()
+
+
+def test_traces_on_s3(s3_url, tmp_path):
+    """A job on S3: the trace is read by ranged GETs in small chunks, its table is PUT next
+    to it, and a second analysis reads only the table."""
+    import gzip
+
+    from stepscope.store import open_store
+    from stepscope.traces.synth import SynthSpec, trace_bytes
+    from stepscope.traces.tables import load_trace
+
+    data, truth = trace_bytes(SynthSpec(steps=2, ops_per_step=20, seed=9))
+    store = open_store(s3_url)
+    key = f"{DETAILED}/rank0/window.pt.trace.json.gz"
+    store.write(key, gzip.compress(data))
+    info, frame = load_trace(store, key, persist=True)
+    assert info.rank == 0 and len(frame) > 0
+    analysis = TraceAnalysis(s3_url)
+    stats = analysis.kernel_stats(rank=0).set_index("name")
+    assert {n: int(round(v * 1000)) for n, v in stats.total_us.items()} == {n: k["total_ns"] for n, k in truth.kernels.items()}
+    assert store.exists(f"{TABLE_DIR}/pytorch/detailed/rank0/window.pt.trace.json.gz.parquet")
+    store.write(key, b"gone")  # the table is what a second analysis reads
+    assert TraceAnalysis(s3_url).kernel_stats(rank=0).equals(analysis.kernel_stats(rank=0))
+
+
+def test_tables_of_all_ranks_read_as_one_dataset(synth_job):
+    """What a user with thousands of ranks does: query every rank's table at once with an
+    engine of their choice (here pyarrow.dataset; DuckDB or Spark read the same files)."""
+    import pyarrow.compute as pc
+    import pyarrow.dataset as ds
+
+    job, truths = synth_job()
+    TraceAnalysis(job).traces()  # parses and persists both ranks
+    dataset = ds.dataset(str(job / TABLE_DIR), format="parquet")
+    kernels = dataset.to_table(filter=pc.field("kind") == 0, columns=["rank", "dur_ns"]).group_by("rank").aggregate([("dur_ns", "sum")])
+    totals = dict(zip(kernels.column("rank").to_pylist(), kernels.column("dur_ns_sum").to_pylist()))
+    assert totals == {rank: sum(k["total_ns"] for k in truth.kernels.values()) for rank, truth in truths.items()}
+
+
+def test_cpu_op_self_time_subtracts_direct_children():
+    import pandas as pd
+
+    from stepscope.traces.analyzers.cpu_ops import cpu_op_stats
+
+    rows = [  # thread 1: outer(0-100) > mid(10-60) > inner(20-30); sibling(70-80); thread 2 overlaps in time
+        ("outer", 1, 0, 100), ("mid", 1, 10, 50), ("inner", 1, 20, 10), ("sibling", 1, 70, 10), ("other", 2, 5, 90),
+    ]
+    frame = pd.DataFrame({"kind": 5, "name": [r[0] for r in rows], "tid": [r[1] for r in rows], "ts_ns": [r[2] * 1000 for r in rows], "dur_ns": [r[3] * 1000 for r in rows]})
+    stats = cpu_op_stats(frame, k=None).set_index("name")
+    assert stats.self_us.to_dict() == {"outer": 40.0, "mid": 40.0, "inner": 10.0, "sibling": 10.0, "other": 90.0}
+    assert stats.total_us.to_dict()["outer"] == 100.0

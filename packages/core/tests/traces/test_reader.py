@@ -50,11 +50,11 @@ def test_odd_layouts_fall_back_to_the_exact_parser():
     ]
     for text in (json.dumps({"traceEvents": events}), json.dumps(events), json.dumps(events)[:-1]):
         raw = read_trace(text.encode(), chunk_bytes=64)
-        frame = raw.table.to_pandas()
-        assert list(frame.name.astype(str)) == [e["name"] for e in events]
-        assert list(frame.ts_ns) == [10500, 9000, 9500]
-        assert list(frame.dur_ns) == [2250, 3000, 500]
-        assert frame.correlation.tolist() == [5, -1, 5]
+        frame = raw.table.to_pandas().sort_values("ts_ns")  # rows come sorted by kind
+        assert list(frame.name.astype(str)) == [events[i]["name"] for i in (1, 2, 0)]
+        assert list(frame.ts_ns) == [9000, 9500, 10500]
+        assert list(frame.dur_ns) == [3000, 500, 2250]
+        assert frame.correlation.tolist() == [-1, 5, 5]
 
 
 def test_string_pids_do_not_break_the_fast_path():
@@ -70,6 +70,10 @@ def test_truncated_and_non_traces_name_the_problem():
         read_trace(data[: len(data) // 2 + 7], chunk_bytes=1 << 20)
     with pytest.raises(CorruptRecord, match="traceEvents"):
         read_trace(b'{"something": 1}')
+    packed = bytearray(gzip.compress(data))
+    packed[len(packed) // 2 : len(packed) // 2 + 64] = b"\x00" * 64
+    with pytest.raises(CorruptRecord, match="gzip"):
+        read_trace(bytes(packed))
 
 
 def test_steps_are_assigned_host_by_time_gpu_by_launch():

@@ -128,6 +128,14 @@ class Hook(HookBase):
     def _on_close(self) -> None:
         self.detach()
 
+    def _make_detailed_profilers(self) -> Any:
+        # tf.profiler and cProfile in ProfilerConfig's windows (docs/traces.md).
+        if not self.profiler_config.detailed or self.store is None:
+            return None
+        from .profiling import create_profiling
+
+        return create_profiling(self.profiler_config, self.store, rank=self.rank)
+
     # --- model --------------------------------------------------------------------------
 
     @property

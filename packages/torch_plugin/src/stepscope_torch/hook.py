@@ -117,9 +117,9 @@ class Hook(HookBase):
         return True
 
     def _on_step_begin(self, due: bool) -> None:
-        step = self.current_step
+        step = self._step
         assert step is not None
-        self._train_active = step.mode == ModeKeys.TRAIN
+        self._train_active = step.mode is ModeKeys.TRAIN
         if not due:
             return
         self._save_parameters()
@@ -134,7 +134,8 @@ class Hook(HookBase):
 
     def _on_step_end(self) -> None:
         self._train_active = False
-        self._remove(self._step_handles)
+        if self._step_handles:
+            self._remove(self._step_handles)
         self._transfer.end_step()
 
     def _on_phase_event(self, event: str) -> None:
@@ -149,6 +150,17 @@ class Hook(HookBase):
     def _on_close(self) -> None:
         self._remove(self._step_handles)
         self._remove(self._handles)
+
+    def _make_detailed_profilers(self) -> Any:
+        # torch.profiler, cProfile and data-loader timing in ProfilerConfig's windows (docs/traces.md).
+        if not self.profiler_config.detailed or self.store is None:
+            return None
+        from .profiling import create_profiling
+
+        return create_profiling(
+            self.profiler_config, self.store, rank=self.rank, world_size=self.world_size,
+            record_span=lambda name, start, end: self.add_timeline(name, start, end, phase=name),
+        )
 
     # --- registration -------------------------------------------------------------------
 
@@ -259,20 +271,20 @@ class Hook(HookBase):
         if not self.failsafe.enabled:
             return
         mode = self._explicit_mode or (ModeKeys.TRAIN if module.training else ModeKeys.EVAL)
-        if mode == ModeKeys.TRAIN and self._train_active and self._drives_optimizer:
+        if mode is ModeKeys.TRAIN and self._train_active and self._drives_optimizer:
             self.phase_event(FORWARD_BEGIN)  # another micro-batch of a step that ends at optimizer.step()
             return
-        step = self.current_step
-        if step is not None and step.mode == ModeKeys.TRAIN and not self._drives_optimizer:
+        step = self._step
+        if step is not None and step.mode is ModeKeys.TRAIN and not self._drives_optimizer:
             self.end_step()  # raises StopTrainingRequested after a stop request
         self.begin_step(mode)
         self.phase_event(FORWARD_BEGIN)
 
     def _on_forward(self, module: nn.Module, args: Any, output: Any) -> None:
-        step = self.current_step
+        step = self._step
         if step is None:
             return
-        if step.mode == ModeKeys.TRAIN:
+        if step.mode is ModeKeys.TRAIN:
             self.phase_event(FORWARD_END)
         else:
             self.finish_step_timing()  # an evaluation step is its forward
@@ -295,8 +307,8 @@ class Hook(HookBase):
         self.finish_step_timing()
         self.phase_event(OPTIMIZER_END)  # saves optimizer state when due
         self._train_active = False
-        step = self.current_step
-        if step is not None and step.mode == ModeKeys.TRAIN:
+        step = self._step
+        if step is not None and step.mode is ModeKeys.TRAIN:
             self._raise_if_stop_requested()
 
     # --- what is saved -------------------------------------------------------------------

@@ -265,7 +265,8 @@ def encode_timeline(
 def merge_timeline(profiler_trial: Any) -> bytes:
     """The whole step timeline of a job as one Chrome trace: every file of every worker
     (one logical stream per worker, however many flushes wrote it), a process per rank.
-    For Perfetto / chrome://tracing, or `stepscope timeline PATH -o FILE`."""
+    For Perfetto / chrome://tracing (`stepscope timeline` writes it merged with the
+    detailed traces, system metrics and rule firings: stepscope.traces.timeline)."""
     frame = profiler_trial.step_timeline()
     bodies: list[str] = []
     for (node_id, rank, framework), rows in frame.groupby(["node_id", "rank", "framework"], sort=True):

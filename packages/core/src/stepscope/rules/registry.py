@@ -46,8 +46,16 @@ def default_rules(trial: Trial) -> list[Rule]:
     ...), plus the profiler rules when the job has profiler data. See docs/rules.md."""
     rules: list[Rule] = [rule for rule in (BUILTIN_RULES[n](trial, **BUILTIN_RULES[n].preset) for n in DEFAULT_RULES) if rule.has_inputs()]
     if has_profiler_data(trial):
-        rules += [cls(trial, **cls.preset) for cls in profiler_rules().values()]
+        traced = has_trace_data(trial)
+        rules += [cls(trial, **cls.preset) for cls in profiler_rules().values() if traced or cls.__module__ != "stepscope.traces.rules"]
     return rules
+
+
+def has_trace_data(trial: Trial) -> bool:
+    """Whether the job holds detailed traces (the trace rules then join the default set)."""
+    from ..layout import FRAMEWORK_DIR
+
+    return any(trial.store.list(f"{FRAMEWORK_DIR}/{framework}/detailed/") for framework in ("pytorch", "tensorflow"))
 
 
 def profiler_rules() -> dict[str, type[Rule]]:
@@ -56,7 +64,12 @@ def profiler_rules() -> dict[str, type[Rule]]:
         module = importlib.import_module("stepscope.profiler.rules")
     except ImportError:
         return {}
-    return dict(getattr(module, "PROFILER_RULES", {}))
+    rules = dict(getattr(module, "PROFILER_RULES", {}))
+    try:  # the trace rules (stepscope.traces.rules) need pyarrow
+        rules.update(importlib.import_module("stepscope.traces.rules").TRACE_RULES)
+    except ImportError:
+        pass
+    return rules
 
 
 def _lookup(registry: dict[str, Any], name: str) -> str | None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import itertools
 import os
@@ -182,13 +183,13 @@ class LocalStore(Store):
         folder = base if base.is_dir() and not base.is_symlink() else base.parent
         if not folder.is_dir() or folder.is_symlink():
             return []
-        keys: list[str] = []
+        keys: builtins.list[str] = []
         rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
         self._walk(str(folder), "" if rel == "." else rel, prefix, start_after, keys)
         keys.sort()
         return keys
 
-    def _walk(self, folder: str, rel_dir: str, prefix: str, start_after: str | None, keys: list[str]) -> None:
+    def _walk(self, folder: str, rel_dir: str, prefix: str, start_after: str | None, keys: builtins.list[str]) -> None:
         # Only regular files and real folders (d_type: no extra system call per entry);
         # symbolic links, FIFOs and sockets are not part of a job.
         try:

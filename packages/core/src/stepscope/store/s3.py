@@ -96,7 +96,7 @@ def _client():
     return client
 
 
-def _transient_read_errors() -> tuple[type[BaseException], ...]:
+def _transient_read_errors() -> tuple[type[Exception], ...]:
     from botocore.exceptions import ConnectionError as BotoConnectionError
     from botocore.exceptions import IncompleteReadError, ReadTimeoutError, ResponseStreamingError
     from urllib3.exceptions import HTTPError as Urllib3Error
@@ -186,7 +186,7 @@ class S3Store(Store):
     def _get(self, key: str, extra: dict[str, str]) -> bytes:
         """One GET, retried when its body arrives short or the connection drops mid-body
         (botocore's own retries end once the headers are in)."""
-        transient = _transient_read_errors()
+        retried: tuple[type[Exception], ...] = (_ShortRead, *_transient_read_errors())
         for attempt in range(READ_RETRIES + 1):
             try:
                 reply = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)
@@ -197,7 +197,7 @@ class S3Store(Store):
                 return data
             except self._client.exceptions.NoSuchKey:
                 raise FileNotFoundError(self.describe(key)) from None
-            except (_ShortRead, *transient) as exc:
+            except retried as exc:
                 if attempt == READ_RETRIES:
                     raise self._error("read", key, exc) from exc
                 logger.debug("stepscope: retrying read of %s after %s", self.describe(key), exc)

@@ -183,6 +183,16 @@ def _catastrophic_regex(job: Path, outside: Path) -> None:
 
 
 # name -> (mutation, unreadable, intact steps)
+def _index_not_json(job: Path, out: Path) -> None:
+    _json(_index(job, 2), "\x00\xff not json")
+    _table(job).unlink()  # so the reader has to parse the index file
+
+
+def _status_file_garbage(job: Path, out: Path) -> None:
+    (job / layout.STATUS_DIR).mkdir()
+    _json(job / layout.status_key("worker_0"), "[" * 50_000)
+
+
 _CASES: dict[str, tuple[Callable[[Path, Path], None], bool, tuple[int, ...]]] = {
     "collections_top_level_list": (lambda job, out: _json(_collections(job), [1, 2]), True, (0, 1, 2)),
     "collections_num_workers_text": (lambda job, out: _json(_collections(job), {"_meta": {"num_workers": "two"}, "collections": {}}), True, (0, 1, 2)),
@@ -203,7 +213,7 @@ _CASES: dict[str, tuple[Callable[[Path, Path], None], bool, tuple[int, ...]]] = 
     "index_meta_is_a_list": (lambda job, out: _edit_index(job, lambda b: b.__setitem__("meta", [])), True, (0, 2)),
     "index_unknown_mode": (lambda job, out: _edit_index(job, lambda b: b["meta"].__setitem__("mode", "NOPE")), True, (0, 2)),
     "index_negative_shape": (lambda job, out: _edit_index(job, lambda b: b.__setitem__("shape_payload", [{"tensorname": "x", "shape": [-1]}])), True, (0, 2)),
-    "index_not_json": (lambda job, out: (_json(_index(job, 2), "\x00\xff not json"), _table(job).unlink()), True, (0, 1)),
+    "index_not_json": (_index_not_json, True, (0, 1)),
     "index_deeply_nested": (_deep_index, True, (0, 1)),
     "index_huge": (_huge_index, True, (0, 1)),
     "index_fifo": (_fifo_index, False, (0, 1, 2)),  # not a regular file: never listed
@@ -217,7 +227,7 @@ _CASES: dict[str, tuple[Callable[[Path, Path], None], bool, tuple[int, ...]]] = 
     "event_file_fifo": (_fifo_event_file, False, (0, 2)),
     "collections_deeply_nested": (_deep_collections, True, (0, 1, 2)),
     "profiler_bad_system_metrics": (_bad_system_metrics, False, (0, 1, 2)),
-    "status_file_garbage": (lambda job, out: (job / layout.STATUS_DIR).mkdir() or _json(job / layout.status_key("worker_0"), "[" * 50_000), False, (0, 1, 2)),
+    "status_file_garbage": (_status_file_garbage, False, (0, 1, 2)),
     "profiler_bad_step_timeline": (_bad_step_timeline, False, (0, 1, 2)),
     "event_file_flipped_byte": (_flipped_byte, False, (0, 2)),
 }

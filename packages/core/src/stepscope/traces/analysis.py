@@ -101,7 +101,7 @@ class TraceAnalysis:
         return self._per_rank(rank, steps, lambda e, r: idle.idle_breakdown(e, kernel_wait_us=kernel_wait_us, per_step=per_step))
 
     def cpu_ops(self, k: int | None = 20, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
-        """Top CPU operators by inclusive time."""
+        """Top CPU operators by inclusive time, with their self time."""
         return self._per_rank(rank, steps, lambda e, r: cpu_ops.cpu_op_stats(e, k=k))
 
     def step_breakdown(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
@@ -163,7 +163,7 @@ class TraceAnalysis:
 
     def _events(self, rank: int, steps: StepRange) -> pd.DataFrame:
         frames = [frame for key in self.trace_keys() for info, frame in [self._load(key)] if info.rank == rank]
-        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True)
+        frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True).sort_values("kind", kind="stable", ignore_index=True)
         if steps is not None:
             first, last = (steps.start, steps.stop - 1) if isinstance(steps, range) else steps
             step = frame["step"].to_numpy()

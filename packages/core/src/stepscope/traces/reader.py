@@ -14,7 +14,9 @@ from __future__ import annotations
 import json
 import logging
 import os
+import queue
 import re
+import threading
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -28,7 +30,7 @@ import pyarrow.json as pj
 
 from ..exceptions import CorruptRecord
 from ..store import Store
-from .schema import CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, KINDS, MISSING, STEP_NAME_RE, SYNC_CALLS
+from .schema import CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, MISSING, STEP_NAME_RE, SYNC_CALLS
 
 logger = logging.getLogger("stepscope.traces")
 
@@ -60,11 +62,12 @@ _RAW_SCHEMA = pa.schema(
         ("args", _ARGS_TYPE),
     ]
 )
-_PARSE_OPTIONS = pj.ParseOptions(explicit_schema=_RAW_SCHEMA, unexpected_field_behavior="ignore", newlines_in_values=True)
+_READ_OPTIONS = pj.ReadOptions(block_size=4 << 20, use_threads=True)
+# After the separators become newlines, newlines inside events must not count as
+# boundaries: JSON strings cannot hold a raw newline, so turning every other newline into a
+# space (done in _separators) lets pyarrow split blocks at newlines, its fast mode.
+_PARSE_OPTIONS = pj.ParseOptions(explicit_schema=_RAW_SCHEMA, unexpected_field_behavior="ignore", newlines_in_values=False)
 _TRACE_EVENTS_RE = re.compile(rb'"traceEvents"\s*:\s*\[')
-# Kineto writes string pids/tids for a few bookkeeping events ("Spans", "Traces"): renamed
-# in place (same length) so that the integer columns keep their type.
-_STRING_ID_KEYS = ((b'"pid": "', b'"pis": "'), (b'"pid":"', b'"pis":"'), (b'"tid": "', b'"tis": "'), (b'"tid":"', b'"tis":"'))
 _WS = np.zeros(256, dtype=bool)
 _WS[[9, 10, 13, 32]] = True
 
@@ -86,18 +89,28 @@ def read_trace(
     *,
     chunk_bytes: int = CHUNK_BYTES,
     progress: Callable[[int, int | None], None] | None = None,
+    size: int | None = None,
 ) -> RawTrace:
     """Parse one trace file: a key in `store`, a local path, or the bytes themselves.
-    `progress(bytes_read, total_or_None)` is called after every chunk."""
-    where = store.describe(os.fspath(source)) if store is not None else (os.fspath(source) if not isinstance(source, bytes) else "<bytes>")
-    chunks = _byte_chunks(source, store, chunk_bytes)
-    return _Parser(where, chunk_bytes, progress).run(chunks)
+    `progress(bytes_read, total_or_None)` is called after every chunk (`size`: the stored
+    size when the caller knows it)."""
+    if isinstance(source, bytes):
+        where = "<bytes>"
+    else:
+        where = store.describe(os.fspath(source)) if store is not None else os.fspath(source)
+    chunks = _prefetched(_byte_chunks(source, store, chunk_bytes, size))
+    try:
+        return _Parser(where, chunk_bytes, progress).run(chunks)
+    except zlib.error as exc:
+        raise CorruptRecord(where, None, f"bad gzip data ({exc})") from None
+    finally:
+        chunks.close()
 
 
 # --- bytes in ---------------------------------------------------------------------------
 
 
-def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int) -> Iterator[tuple[bytes, int, int | None]]:
+def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int | None = None) -> Iterator[tuple[bytes, int, int | None]]:
     """(decompressed bytes, compressed bytes read so far, compressed total or None)."""
     if isinstance(source, bytes):
         raw: Iterator[bytes] = iter([source])
@@ -105,7 +118,7 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int) -> Iterator
     elif store is not None:
         key = os.fspath(source)
         raw = _store_ranges(store, key, chunk_bytes)
-        total = None
+        total = size
     else:
         path = os.fspath(source)
         total = os.path.getsize(path)
@@ -138,6 +151,55 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int) -> Iterator
         tail = decompressor.flush()
         if tail:
             yield tail, done, total
+
+
+class _prefetched:
+    """Reads (and decompresses) the next chunk in a thread while the current one is parsed:
+    file reads, S3 GETs and zlib release the GIL, so I/O and gunzip overlap the parsing.
+    At most two chunks wait, which bounds the memory."""
+
+    _END = object()
+
+    def __init__(self, chunks: Iterator[tuple[bytes, int, int | None]]):
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._fill, args=(chunks,), name="stepscope-trace-read", daemon=True)
+        self._thread.start()
+
+    def _fill(self, chunks: Iterator[tuple[bytes, int, int | None]]) -> None:
+        try:
+            for item in chunks:
+                while not self._stop.is_set():
+                    try:
+                        self._queue.put(item, timeout=0.1)
+                        break
+                    except queue.Full:
+                        continue
+                if self._stop.is_set():
+                    return
+            self._queue.put(self._END)
+        except BaseException as exc:  # handed to the parsing thread, which raises it
+            self._queue.put(exc)
+
+    def __iter__(self) -> _prefetched:
+        return self
+
+    def __next__(self) -> tuple[bytes, int, int | None]:
+        item = self._queue.get()
+        if item is self._END:
+            raise StopIteration
+        if isinstance(item, BaseException):
+            raise item
+        return item
+
+    def close(self) -> None:
+        self._stop.set()
+        while self._thread.is_alive():
+            try:
+                self._queue.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        self._thread.join()
 
 
 def _file_chunks(path: str, chunk_bytes: int) -> Iterator[bytes]:
@@ -182,7 +244,7 @@ class _Parser:
         for data, done, total in chunks:
             buffer += data
             if not in_array:
-                start = self._find_array(buffer, final=False)
+                start = self._find_array(buffer)
                 if start is None:
                     continue
                 self.offset += start
@@ -194,15 +256,17 @@ class _Parser:
                 del buffer[:cut]
             if self.progress is not None:
                 self.progress(done, total)
+        if self.progress is not None:
+            self.progress(done, done)  # the end: the bar completes even when the size was unknown
         if not in_array:
-            start = self._find_array(buffer, final=True)
+            start = self._find_array(buffer)
             if start is None:
                 raise CorruptRecord(self.where, None, "no traceEvents array: not a Chrome/Kineto trace")
             del buffer[:start]
         self._parse_last(buffer)
         return self._finish()
 
-    def _find_array(self, buffer: bytearray, final: bool) -> int | None:
+    def _find_array(self, buffer: bytearray) -> int | None:
         """Where the events start (just after `[`); reads the metadata before them."""
         head = bytes(buffer[:64])
         stripped = head.lstrip()
@@ -210,8 +274,8 @@ class _Parser:
             return len(head) - len(stripped) + 1
         match = _TRACE_EVENTS_RE.search(buffer)
         if match is None:
-            if final or len(buffer) > (64 << 20):
-                return None
+            if len(buffer) > (64 << 20):  # metadata is small: this is not a trace
+                raise CorruptRecord(self.where, None, "no traceEvents array in the first 64 MB: not a Chrome/Kineto trace")
             return None
         prefix = bytes(buffer[: match.start()]).rstrip().rstrip(b",")
         try:
@@ -265,19 +329,30 @@ class _Parser:
         del view
 
     def _fast(self, buffer: bytearray, end: int, view: np.ndarray, separators: np.ndarray) -> None:
-        region = memoryview(buffer)[:end]
-        renamed = _rename_string_ids(buffer, end)
-        try:
-            table = pj.read_json(pa.BufferReader(pa.py_buffer(region)), parse_options=_PARSE_OPTIONS)
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-            logger.debug("%s: fast parse failed near byte %d (%s); reading that chunk exactly", self.where, self.offset, exc)
+        renamed: list[tuple[int, bytes]] = []
+        table = None
+        for attempt in range(2):
+            region = memoryview(buffer)[:end]
+            try:
+                table = pj.read_json(pa.BufferReader(pa.py_buffer(region)), read_options=_READ_OPTIONS, parse_options=_PARSE_OPTIONS)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                logger.debug("%s: fast parse failed near byte %d (%s)", self.where, self.offset, exc)
+                region.release()
+                if attempt == 0 and ("/pid" in str(exc) or "/tid" in str(exc)):
+                    # Kineto's few string pids/tids ("Spans"): rename those keys and retry;
+                    # searching every chunk for them up front would cost a pass over the bytes.
+                    renamed = _rename_string_ids(buffer, end)
+                    if renamed:
+                        continue
+                break
+            region.release()
+            break
+        if table is None:
             view[separators] = ord(",")  # undo the trick, then read this chunk exactly
             for position, original in renamed:
                 buffer[position : position + len(original)] = original
-            region.release()
             self._slow(buffer, final=True, end=end)
             return
-        region.release()
         self._add(table)
 
     def _slow(self, buffer: bytearray, final: bool, end: int | None = None) -> int:
@@ -370,6 +445,14 @@ class _Parser:
         if base_ns:
             arrays["ts_ns"] += base_ns
         _assign_steps(arrays, dictionary, codes)
+        # Rows sorted by kind (stable: file order within a kind), so that selecting a kind
+        # is a slice for the analyses and a row range in Parquet. Column by column, so that
+        # only one column is ever held twice.
+        order = np.argsort(arrays["kind"], kind="stable")
+        for name in list(arrays):
+            arrays[name] = arrays[name][order]
+        codes = codes[order]
+        del order
         table = _to_table(arrays, codes, dictionary)
         return RawTrace(table, self.metadata, base_ns, self.where, self.slow_chunks)
 
@@ -393,18 +476,24 @@ def _separators(view: np.ndarray) -> np.ndarray:
             break
         after = np.minimum(after + white, limit)
     separators = commas[view[after] == 123]  # '{'
+    view[view == 10] = 32
     view[separators] = 10
     return separators
 
 
 def _rename_string_ids(buffer: bytearray, end: int) -> list[tuple[int, bytes]]:
+    """Kineto writes string pids/tids for a few bookkeeping events ("Spans", "Traces"):
+    rename those keys in place (same length) so that the integer columns keep their type."""
     renamed = []
-    for original, replacement in _STRING_ID_KEYS:
-        position = buffer.find(original, 0, end)
+    for pattern in (b'id": "', b'id":"'):  # one pass per spacing covers both keys
+        position = buffer.find(pattern, 0, end)
         while position != -1:
-            buffer[position : position + len(original)] = replacement
-            renamed.append((position, original))
-            position = buffer.find(original, position + len(original), end)
+            key_start = position - 2
+            if key_start >= 0 and buffer[key_start] == 34 and buffer[key_start + 1] in (112, 116):  # '"p' or '"t'
+                original = bytes(buffer[key_start : key_start + 4])
+                buffer[key_start + 3] = 115  # "pid" -> "pis", "tid" -> "tis"
+                renamed.append((key_start, original))
+            position = buffer.find(pattern, position + len(pattern), end)
     return renamed
 
 
@@ -534,6 +623,3 @@ def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
         columns["args"].append({f.name: number(args.get(f.name), int) for f in _ARGS_TYPE})
     return pa.Table.from_pydict(columns, schema=_RAW_SCHEMA)
 
-
-def kind_name(code: int) -> str:
-    return KINDS[code]

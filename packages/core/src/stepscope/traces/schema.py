@@ -46,7 +46,6 @@ CATEGORY_KIND = {
     "Operator": "cpu_op",
     "operator": "cpu_op",
     "user_annotation": "annotation",
-    "Trace": "annotation",
     "gpu_user_annotation": "gpu_annotation",
     "python_function": "python",
     "cpu_instant_event": "memory",  # only the ones named [memory] are kept

@@ -97,7 +97,7 @@ def write_trace(spec: SynthSpec, target: str | os.PathLike[str] | IO[str]) -> Gr
         path = os.fspath(target)
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         opener = gzip.open if path.endswith(".gz") else open
-        with opener(path, "wt", encoding="utf-8", newline="\n") as handle:  # type: ignore[operator]
+        with opener(path, "wt", encoding="utf-8", newline="\n") as handle:
             return _Generator(spec, handle).run()
     return _Generator(spec, target).run()
 
@@ -170,7 +170,7 @@ class _Generator:
                     entry["count"] += 1
                     entry["bytes"] += size
                     entry["total_ns"] += gpu_dur
-                    gpu_args = {"device": 0, "context": 1, "stream": stream, "correlation": correlation, "bytes": size, "memory bandwidth (GB/s)": round(size / gpu_dur, 3)}
+                    gpu_args: dict[str, Any] = {"device": 0, "context": 1, "stream": stream, "correlation": correlation, "bytes": size, "memory bandwidth (GB/s)": round(size / gpu_dur, 3)}
                 elif op_index % spec.memset_every == spec.memset_every - 1:
                     call, gpu_kind, gpu_name = "cudaMemsetAsync", "gpu_memset", "Memset (Device)"
                     size = self.rng.choice((512, 8192))

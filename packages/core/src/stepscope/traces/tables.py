@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -96,6 +97,9 @@ def load_trace(
     raw = _parse(store, key, progress)
     rank = rank_of(raw.metadata, key)
     table = raw.table.append_column("rank", pa.array(np.full(raw.table.num_rows, rank, dtype=np.int32)))
+    kinds = table.column("kind").to_numpy()
+    if kinds.size > 1 and not bool(np.all(kinds[1:] >= kinds[:-1])):  # the Kineto reader sorts already
+        table = table.take(pa.array(np.argsort(kinds, kind="stable")))
     info = _info(key, rank, raw.base_ns, table, raw.metadata)
     if persist:
         try:
@@ -110,7 +114,12 @@ def _parse(store: Store, key: str, progress: Callable[[int, int | None], None] |
         from .xspace import read_xspace
 
         return read_xspace(store.read(key), store.describe(key))
-    return read_trace(key, store, progress=progress)
+    size = None
+    from ..store.local import LocalStore
+
+    if isinstance(store, LocalStore) and progress is not None:
+        size = os.path.getsize(store._os_path(key))
+    return read_trace(key, store, progress=progress, size=size)
 
 
 def _info(key: str, rank: int, base_ns: int, table: pa.Table, metadata: dict[str, Any]) -> TraceInfo:
@@ -126,13 +135,17 @@ def _write_table(store: Store, tkey: str, table: pa.Table, info: TraceInfo) -> N
     meta = {"version": TABLE_VERSION, "kinds": list(KINDS), **info.to_row(), "base_ns": info.base_ns, "metadata": info.metadata}
     table = table.replace_schema_metadata({"stepscope": json.dumps(meta, default=str)})
     sink = io.BytesIO()
-    pq.write_table(table, sink, compression="zstd", row_group_size=1 << 20)
+    pq.write_table(table, sink, compression="lz4", row_group_size=1 << 20)
     store.write(tkey, sink.getvalue())
 
 
 def _read_table(store: Store, tkey: str, key: str) -> tuple[TraceInfo, pd.DataFrame]:
-    data = store.read(tkey)
-    table = pq.read_table(pa.BufferReader(data))
+    from ..store.local import LocalStore
+
+    if isinstance(store, LocalStore):  # memory-mapped: no copy of the file in memory
+        table = pq.read_table(store._os_path(tkey), memory_map=True)
+    else:
+        table = pq.read_table(pa.BufferReader(store.read(tkey)))
     raw_meta = (table.schema.metadata or {}).get(b"stepscope")
     meta = json.loads(raw_meta) if raw_meta else {}
     if meta.get("version") != TABLE_VERSION:

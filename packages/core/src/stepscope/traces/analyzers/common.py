@@ -12,9 +12,16 @@ STAT_COLUMNS = ("count", "total_us", "mean_us", "p50_us", "p95_us", "max_us")
 
 
 def of_kind(events: pd.DataFrame, *kinds: str) -> pd.DataFrame:
-    codes = [KIND_CODE[k] for k in kinds]
-    mask = events["kind"].isin(codes) if len(codes) > 1 else events["kind"] == codes[0]
-    return events[mask.to_numpy()]
+    """The rows of some kinds. Event tables are sorted by kind (tables.py does it once), so
+    this is usually a slice, not a copy; any other frame is filtered."""
+    codes = sorted(KIND_CODE[k] for k in kinds)
+    column = events["kind"].to_numpy()
+    if column.size and (column.size < 2 or bool(np.all(column[1:] >= column[:-1]))):
+        bounds = np.searchsorted(column, [codes[0], codes[-1] + 1])
+        if codes == list(range(codes[0], codes[-1] + 1)):
+            return events.iloc[int(bounds[0]) : int(bounds[1])]
+    mask = np.isin(column, codes) if len(codes) > 1 else column == codes[0]
+    return events[mask]
 
 
 def duration_stats(frame: pd.DataFrame, keys: list[str], value: str = "dur_ns") -> pd.DataFrame:

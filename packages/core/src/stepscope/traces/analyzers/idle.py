@@ -43,6 +43,8 @@ def _breakdown(gpu: pd.DataFrame) -> dict[str, float]:
 def temporal_breakdown(events: pd.DataFrame, per_step: bool = False) -> pd.DataFrame:
     """One row (or one per step): span, busy, idle, compute, non-compute time and shares."""
     gpu = of_kind(events, "kernel", "memcpy", "memset")
+    if gpu.empty:  # a CPU-only trace
+        return pd.DataFrame(columns=["step", *BREAKDOWN_COLUMNS] if per_step else BREAKDOWN_COLUMNS)
     if not per_step:
         return pd.DataFrame([_breakdown(gpu)], columns=BREAKDOWN_COLUMNS)
     rows = []
@@ -56,33 +58,33 @@ def temporal_breakdown(events: pd.DataFrame, per_step: bool = False) -> pd.DataF
 def idle_breakdown(events: pd.DataFrame, kernel_wait_us: float = KERNEL_WAIT_US, per_step: bool = False) -> pd.DataFrame:
     """Idle time per stream (and step) split into host_wait, kernel_wait and other (µs)."""
     gpu = of_kind(events, "kernel", "memcpy", "memset")
-    launch = launch_start_of(events, gpu)
-    # Times relative to the first activity, so that the float columns below stay exact.
-    origin = int(gpu["ts_ns"].min()) if len(gpu) else 0
-    frame = pd.DataFrame(
-        {
-            "stream": gpu["stream"].to_numpy(),
-            "step": gpu["step"].to_numpy(),
-            "ts": gpu["ts_ns"].to_numpy() - origin,
-            "end": gpu["ts_ns"].to_numpy() + gpu["dur_ns"].to_numpy() - origin,
-            "launch": np.where(launch >= 0, launch - origin, np.nan),
-        }
-    ).sort_values(["stream", "ts"], kind="stable", ignore_index=True)
-    same_stream = frame["stream"].eq(frame["stream"].shift(1)).to_numpy()
-    previous_end = frame["end"].shift(1).to_numpy()
-    gap = np.where(same_stream, frame["ts"].to_numpy() - previous_end, np.nan)
-    host_wait = frame["launch"].to_numpy() > previous_end  # NaN launch compares False, as in HTA
-    kernel_wait = ~host_wait & (gap < kernel_wait_us * 1000)
-    category = np.where(host_wait, "host_wait", np.where(kernel_wait, "kernel_wait", "other"))
-    frame["gap"] = gap
-    frame["category"] = category
-    frame = frame[same_stream]
     keys = ["stream", "step"] if per_step else ["stream"]
-    out = frame.pivot_table(index=keys, columns="category", values="gap", aggfunc="sum", fill_value=0.0)
-    for column in ("host_wait", "kernel_wait", "other"):
-        if column not in out.columns:
-            out[column] = 0.0
-    out = (out[["host_wait", "kernel_wait", "other"]] / 1000.0).add_suffix("_us")
-    out["idle_us"] = out.sum(axis=1)
-    out.columns.name = None
-    return out.reset_index()
+    columns = [*keys, "host_wait_us", "kernel_wait_us", "other_us", "idle_us"]
+    if gpu.empty:
+        return pd.DataFrame(columns=columns)
+    launch = launch_start_of(events, gpu)
+    stream = gpu["stream"].to_numpy()
+    start = gpu["ts_ns"].to_numpy()
+    order = np.lexsort((start, stream))
+    stream, start, launch = stream[order], start[order], launch[order]
+    end = start + gpu["dur_ns"].to_numpy()[order]
+    step = gpu["step"].to_numpy()[order]
+    # Gaps between consecutive activities of one stream; each belongs to the later activity.
+    same = np.zeros(stream.size, dtype=bool)
+    same[1:] = stream[1:] == stream[:-1]
+    previous_end = np.empty_like(end)
+    previous_end[0] = 0
+    previous_end[1:] = end[:-1]
+    gap = start - previous_end
+    host_wait = (launch >= 0) & (launch > previous_end)  # unknown launch: not host wait, as in HTA
+    kernel_wait = ~host_wait & (gap < kernel_wait_us * 1000)
+    category = np.where(host_wait, 0, np.where(kernel_wait, 1, 2))[same]
+    gap = gap[same]
+    group_keys = [stream[same]] + ([step[same]] if per_step else [])
+    frame = pd.DataFrame({**dict(zip(keys, group_keys)), "category": category, "gap": gap})
+    sums = frame.groupby([*keys, "category"], sort=True)["gap"].sum().unstack("category", fill_value=0)
+    out = pd.DataFrame(index=sums.index)
+    for code, name in enumerate(("host_wait_us", "kernel_wait_us", "other_us")):
+        out[name] = (sums[code] if code in sums.columns else 0) / 1000.0
+    out["idle_us"] = out[["host_wait_us", "kernel_wait_us", "other_us"]].sum(axis=1)
+    return out.reset_index()[columns]

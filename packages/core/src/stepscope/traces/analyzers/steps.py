@@ -45,6 +45,8 @@ def step_breakdown(events: pd.DataFrame, timeline: pd.DataFrame | None = None, r
         rows.append({"step": int(step), "step_us": dur / 1000, "kernel_us": kernel_us, "gpu_busy_us": busy_us, "memcpy_us": memcpy_us, "sync_us": sync_time.get(step, 0) / 1000})
     out = pd.DataFrame(rows, columns=["step", "step_us", "kernel_us", "gpu_busy_us", "memcpy_us", "sync_us"])
     out["gpu_idle_us"] = (out["step_us"] - out["gpu_busy_us"]).clip(lower=0)
+    if gpu.empty:  # a CPU-only trace: no GPU time to speak of
+        out[["kernel_us", "gpu_busy_us", "memcpy_us", "gpu_idle_us"]] = np.nan
     if timeline is not None and not timeline.empty:
         out = out.merge(_phases(timeline, rank), on="step", how="left")
     return out

@@ -1,0 +1,105 @@
+"""`stepscope profile` (the trace analyses as tables) and `stepscope timeline` (the merged
+Perfetto trace); registered in stepscope/cli.py's `_SUBCOMMANDS`."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any
+
+EXIT_OK, EXIT_ERROR = 0, 2
+
+
+class _ProgressBar:
+    """A one-line progress bar on stderr while a large trace is parsed (only on a terminal
+    or when forced)."""
+
+    def __init__(self, enabled: bool):
+        self.enabled = enabled
+        self.last = 0.0
+
+    def __call__(self, key: str, done: int, total: int | None) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self.last < 0.2 and (total is None or done < total)):
+            return
+        self.last = now
+        name = key.rsplit("/", 1)[-1][-40:]
+        if total:
+            filled = int(30 * done / total)
+            sys.stderr.write(f"\rparsing {name} [{'#' * filled}{'.' * (30 - filled)}] {done / 1e6:.0f}/{total / 1e6:.0f} MB")
+        else:
+            sys.stderr.write(f"\rparsing {name} {done / 1e6:.0f} MB")
+        if total and done >= total:
+            sys.stderr.write("\n")
+        sys.stderr.flush()
+
+
+def add_profile(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("profile", help="kernels, launches, memory copies, syncs and GPU idle time from the job's detailed traces")
+    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser.add_argument("--rank", type=int, default=None, help="one rank only (default: every rank)")
+    parser.add_argument("--steps", default=None, metavar="A:B", help="profiled steps A to B (inclusive)")
+    parser.add_argument("--json", action="store_true", help="print the tables as JSON")
+    parser.add_argument("--progress", action="store_true", help="show the parsing progress bar even when stderr is not a terminal")
+    parser.set_defaults(run=run_profile)
+
+
+def add_timeline(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser("timeline", help="write one Perfetto-loadable trace of the job: metrics, steps, annotations, CPU ops, GPU streams, rule firings")
+    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="trace.json or trace.json.gz (default timeline.json; - for stdout)")
+    parser.add_argument("--steps", default=None, metavar="A:B", help="only the time of steps A to B (inclusive)")
+    parser.add_argument("--no-cpu-ops", action="store_true", help="leave CPU operators out (a smaller file)")
+    parser.set_defaults(run=run_timeline)
+
+
+def _analysis(args: argparse.Namespace) -> Any:
+    from ..exceptions import ConfigError
+    from ..store import open_store
+
+    try:
+        import pyarrow  # noqa: F401
+    except ImportError:
+        raise ConfigError("the trace engine needs pyarrow: pip install 'stepscope[traces]'") from None
+    from .analysis import TraceAnalysis
+
+    progress = _ProgressBar(sys.stderr.isatty() or getattr(args, "progress", False))
+    return TraceAnalysis(open_store(args.path), progress=progress)
+
+
+def run_profile(args: argparse.Namespace) -> int:
+    from ..exceptions import ConfigError
+    from .analysis import parse_steps
+
+    steps = parse_steps(args.steps)
+    analysis = _analysis(args)
+    if not analysis.trace_keys():
+        raise ConfigError(f"no detailed traces under {args.path}/profiler-output/framework/ (see docs/traces.md)")
+    tables = analysis.summary(rank=args.rank, steps=steps)
+    if args.json:
+        json.dump({name: json.loads(frame.to_json(orient="records")) for name, frame in tables.items()}, sys.stdout, indent=1)
+        print()
+        return EXIT_OK
+    import pandas as pd
+
+    with pd.option_context("display.max_columns", 30, "display.width", 200, "display.max_colwidth", 60, "display.float_format", "{:,.1f}".format):
+        for name, frame in tables.items():
+            print(f"== {name.replace('_', ' ')}")
+            print(frame.to_string(index=False) if not frame.empty else "(none)")
+            print()
+    return EXIT_OK
+
+
+def run_timeline(args: argparse.Namespace) -> int:
+    from ..exceptions import ConfigError
+    from .analysis import parse_steps
+    from .timeline import write_timeline
+
+    if args.output != "-" and not args.output.endswith((".json", ".json.gz")):
+        raise ConfigError(f"-o must end in .json or .json.gz (or be -), got {args.output!r}")
+    analysis = _analysis(args)
+    counts = write_timeline(analysis.store, args.output, steps=parse_steps(args.steps), analysis=analysis, include_cpu_ops=not args.no_cpu_ops)
+    print(f"wrote {args.output}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " (open it in https://ui.perfetto.dev)", file=sys.stderr)
+    return EXIT_OK

@@ -1,0 +1,155 @@
+"""TensorFlow's XSpace (`*.xplane.pb`, what tf.profiler.experimental writes) into the same
+event table as Kineto traces. The messages are decoded with the `protobuf` library from
+descriptors built here (no TensorFlow import, no xprof), as events.py does for `Event`.
+
+Mapping (see docs/traces.md): on `/host:CPU`, events of the `python` line are annotations
+(TraceMe: `tf.profiler.experimental.Trace`, `stepscope.annotate`; `ProfilerStep` with a
+`step_num` stat becomes `ProfilerStep#<n>`), events of the other host lines are CPU ops,
+events carrying a `correlation_id` stat on host lines are runtime calls (CUPTI API);
+on `/device:GPU:<n>` planes, each line is a stream and its events are kernels, memcpy
+(`Memcpy*`) or memset (`Memset*`) activities. XSpace holds one process: it is parsed whole,
+one Python object per event, which suits the small traces profiling windows produce."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import numpy as np
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+from ..exceptions import CorruptRecord
+from .reader import RawTrace, _assign_steps, _to_table
+from .schema import EVENT_SCHEMA, KIND_CODE, MISSING, SYNC_CALLS
+
+_F = descriptor_pb2.FieldDescriptorProto
+_PACKAGE = "stepscope.xplane"
+_OPTIONAL, _REPEATED = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
+_MESSAGES: list[tuple[str, list[tuple[str, int, int, int, str]]]] = [
+    ("XStat", [("metadata_id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("double_value", 2, _F.TYPE_DOUBLE, _OPTIONAL, ""), ("uint64_value", 3, _F.TYPE_UINT64, _OPTIONAL, ""),
+               ("int64_value", 4, _F.TYPE_INT64, _OPTIONAL, ""), ("str_value", 5, _F.TYPE_STRING, _OPTIONAL, ""), ("bytes_value", 6, _F.TYPE_BYTES, _OPTIONAL, ""),
+               ("ref_value", 7, _F.TYPE_UINT64, _OPTIONAL, "")]),
+    ("XEvent", [("metadata_id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("offset_ps", 2, _F.TYPE_INT64, _OPTIONAL, ""), ("duration_ps", 3, _F.TYPE_INT64, _OPTIONAL, ""),
+                ("stats", 4, _F.TYPE_MESSAGE, _REPEATED, "XStat"), ("num_occurrences", 5, _F.TYPE_INT64, _OPTIONAL, "")]),
+    ("XLine", [("id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _OPTIONAL, ""), ("timestamp_ns", 3, _F.TYPE_INT64, _OPTIONAL, ""),
+               ("events", 4, _F.TYPE_MESSAGE, _REPEATED, "XEvent"), ("duration_ps", 9, _F.TYPE_INT64, _OPTIONAL, ""), ("display_id", 10, _F.TYPE_INT64, _OPTIONAL, ""),
+               ("display_name", 11, _F.TYPE_STRING, _OPTIONAL, "")]),
+    ("XEventMetadata", [("id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _OPTIONAL, ""), ("metadata", 3, _F.TYPE_BYTES, _OPTIONAL, ""),
+                        ("display_name", 4, _F.TYPE_STRING, _OPTIONAL, ""), ("stats", 5, _F.TYPE_MESSAGE, _REPEATED, "XStat"), ("child_id", 6, _F.TYPE_INT64, _REPEATED, "")]),
+    ("XStatMetadata", [("id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _OPTIONAL, ""), ("description", 3, _F.TYPE_STRING, _OPTIONAL, "")]),
+    # map<int64, ...> fields are, on the wire, repeated entries of (key = 1, value = 2).
+    ("EventMetadataEntry", [("key", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("value", 2, _F.TYPE_MESSAGE, _OPTIONAL, "XEventMetadata")]),
+    ("StatMetadataEntry", [("key", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("value", 2, _F.TYPE_MESSAGE, _OPTIONAL, "XStatMetadata")]),
+    ("XPlane", [("id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _OPTIONAL, ""), ("lines", 3, _F.TYPE_MESSAGE, _REPEATED, "XLine"),
+                ("event_metadata", 4, _F.TYPE_MESSAGE, _REPEATED, "EventMetadataEntry"), ("stat_metadata", 5, _F.TYPE_MESSAGE, _REPEATED, "StatMetadataEntry"),
+                ("stats", 6, _F.TYPE_MESSAGE, _REPEATED, "XStat")]),
+    ("XSpace", [("planes", 1, _F.TYPE_MESSAGE, _REPEATED, "XPlane"), ("errors", 2, _F.TYPE_STRING, _REPEATED, ""), ("warnings", 3, _F.TYPE_STRING, _REPEATED, ""),
+                ("hostnames", 4, _F.TYPE_STRING, _REPEATED, "")]),
+]
+
+
+def _build() -> dict[str, Any]:
+    file = descriptor_pb2.FileDescriptorProto(name="stepscope_xplane.proto", package=_PACKAGE, syntax="proto3")
+    for name, fields in _MESSAGES:
+        message = file.message_type.add(name=name)
+        for field_name, number, kind, label, type_name in fields:
+            field = message.field.add(name=field_name, number=number, type=kind, label=label)
+            if type_name:
+                field.type_name = f".{_PACKAGE}.{type_name}"
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")) for name, _ in _MESSAGES}
+
+
+_CLASSES = _build()
+XSpace = _CLASSES["XSpace"]
+_GPU_PLANE = re.compile(r"^/device:GPU:(\d+)")
+_STREAM = re.compile(r"(\d+)")
+_HOST_PLANE = "/host:CPU"
+
+
+def _stat_value(stat: Any, names: dict[int, str]) -> Any:
+    """The set value of an XStat (the descriptors here declare no oneof: the first non-zero
+    field wins; a ref_value names another stat metadata entry)."""
+    for candidate in ("int64_value", "uint64_value", "double_value", "str_value", "ref_value", "bytes_value"):
+        value = getattr(stat, candidate)
+        if value:
+            return names.get(value, value) if candidate == "ref_value" else value
+    return None
+
+
+def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
+    """The event table of one XSpace file."""
+    space = XSpace()
+    try:
+        space.ParseFromString(data)
+    except Exception as exc:
+        raise CorruptRecord(where, None, f"not an XSpace protobuf ({exc})") from None
+    if not space.planes:
+        raise CorruptRecord(where, None, "an XSpace without planes")
+    rows: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA.names}
+    base_ns = 0
+    for plane in space.planes:
+        stat_names = {entry.key: entry.value.name for entry in plane.stat_metadata}
+        if plane.name == "Task Environment":
+            for stat in plane.stats:
+                if stat_names.get(stat.metadata_id) == "profile_start_time":
+                    base_ns = int(_stat_value(stat, stat_names) or 0)
+    for plane in space.planes:
+        gpu = _GPU_PLANE.match(plane.name)
+        if plane.name != _HOST_PLANE and not gpu:
+            continue
+        event_names = {entry.key: entry.value.name for entry in plane.event_metadata}
+        stat_names = {entry.key: entry.value.name for entry in plane.stat_metadata}
+        for line in plane.lines:
+            stream_match = _STREAM.search(line.name) if gpu else None
+            stream = int(stream_match.group(1)) if stream_match else (MISSING if not gpu else int(line.id))
+            for event in line.events:
+                if event.duration_ps <= 0 and not gpu:
+                    continue  # instants (thread-pool bookkeeping)
+                name = event_names.get(event.metadata_id, "")
+                stats = {stat_names.get(s.metadata_id, ""): _stat_value(s, stat_names) for s in event.stats}
+                correlation = int(stats.get("correlation_id", MISSING) or MISSING)
+                if gpu:
+                    kind = "memcpy" if name.startswith("Memcpy") or "memcpy" in name.lower()[:12] else "memset" if name.startswith("Memset") else "kernel"
+                elif line.name == "python":
+                    kind = "annotation"
+                    if name == "ProfilerStep" and "step_num" in stats:
+                        name = f"ProfilerStep#{int(stats['step_num'])}"
+                elif correlation != MISSING:
+                    kind = "sync" if name in SYNC_CALLS else "runtime"
+                else:
+                    kind = "cpu_op"
+                start_ns = line.timestamp_ns + event.offset_ps // 1000
+                rows["kind"].append(KIND_CODE[kind])
+                rows["name"].append(name)
+                rows["ts_ns"].append(start_ns)
+                rows["dur_ns"].append(event.duration_ps // 1000)
+                rows["pid"].append(int(gpu.group(1)) if gpu else 0)
+                rows["tid"].append(stream if gpu else int(line.id))
+                rows["correlation"].append(correlation)
+                rows["external_id"].append(MISSING)
+                rows["device"].append(int(gpu.group(1)) if gpu else MISSING)
+                rows["stream"].append(stream if gpu else MISSING)
+                size = stats.get("memcpy_details") or stats.get("bytes")
+                rows["bytes"].append(_bytes_of(size))
+                rows["total_allocated"].append(MISSING)
+                rows["step"].append(MISSING)
+    arrays = {name: np.asarray(values, dtype=EVENT_SCHEMA.field(name).type.to_pandas_dtype()) for name, values in rows.items() if name != "name"}
+    # Line timestamps are relative to the profile's start in the TF releases that record it.
+    if base_ns and arrays["ts_ns"].size and arrays["ts_ns"].max() < 10**17:
+        arrays["ts_ns"] = arrays["ts_ns"] + base_ns
+    dictionary, codes = np.unique(np.asarray(rows["name"], dtype=object), return_inverse=True) if rows["name"] else (np.array([], dtype=object), np.array([], dtype=np.int32))
+    codes = codes.astype(np.int32)
+    _assign_steps(arrays, dictionary, codes)
+    metadata = {"hostnames": list(space.hostnames), "source_format": "xspace"}
+    return RawTrace(_to_table(arrays, codes, dictionary), metadata, base_ns, where, 0)
+
+
+def _bytes_of(value: Any) -> int:
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        match = re.search(r"num_bytes:(\d+)", value) or re.search(r"(\d+)", value)
+        return int(match.group(1)) if match else MISSING
+    return MISSING

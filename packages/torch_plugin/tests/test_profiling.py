@@ -1,0 +1,153 @@
+"""Detailed profiling windows with a real torch.profiler on this machine's CPU: the trace is
+published where the engine finds it, with the rank metadata HTA expects, and the engine's
+tables count what the model did; cProfile and data-loader timing run in their windows."""
+
+from __future__ import annotations
+
+import gzip
+import json
+
+import pytest
+import torch
+
+import stepscope
+from stepscope.config import ProfilerConfig
+from stepscope.profiler.detailed import python_stats
+from stepscope.store import open_store
+from stepscope.traces import TraceAnalysis
+from stepscope_torch.profiling import create_profiling
+
+from .conftest import TinyMLP
+
+
+def _train(profiling, steps: int = 6):
+    torch.manual_seed(0)
+    model = TinyMLP()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    loader = iter(torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randn(64, 6)), batch_size=8))
+    for step in range(steps):
+        profiling.step_started(step)
+        (batch,) = next(loader)
+        with stepscope.annotate("model-forward"):
+            loss = model(batch).sum()
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        profiling.step_ended(step)
+    profiling.close()
+
+
+def test_windows_publish_a_kineto_trace_the_engine_reads(tmp_path):
+    spans: list[tuple[str, int, int]] = []
+    config = ProfilerConfig(detailed_windows=[(2, 2)], python_window=(1, 1), dataloader_window=(0, 3))
+    profiling = create_profiling(config, open_store(str(tmp_path)), rank=3, world_size=4, record_span=lambda *s: spans.append(s))
+    _train(profiling)
+    keys = sorted(profiling.published, key=lambda k: "python" in k)
+    assert [k.rsplit("_pid", 1)[0] for k in keys] == [
+        "profiler-output/framework/pytorch/detailed/rank3/000000000002",
+        "profiler-output/framework/python/rank3/000000000001",
+    ]
+    assert keys[0].endswith(".pt.trace.json.gz") and keys[1].endswith(".prof")
+    trace = json.loads(gzip.decompress((tmp_path / keys[0]).read_bytes()))
+    assert trace["distributedInfo"] == {"backend": "gloo", "rank": 3, "world_size": 4}
+    assert '"rank": 3' in gzip.decompress((tmp_path / keys[0]).read_bytes()).decode()  # HTA's regex
+
+    analysis = TraceAnalysis(tmp_path)
+    assert analysis.ranks == [3]
+    steps = analysis.step_breakdown(rank=3)
+    assert list(steps.step) == [2, 3] and (steps.step_us > 0).all()
+    ops = analysis.cpu_ops(k=None, rank=3).set_index("name")
+    assert ops.loc["aten::linear", "count"] == 2 * 2  # two Linear layers, two profiled steps
+    assert ops.loc["aten::relu", "count"] == 2
+    annotations = analysis.events(rank=3, kinds=("annotation",)).name.astype(str)
+    assert (annotations == "model-forward").sum() == 2
+    # CPU ops inside the annotation run within it, and belong to the step around them
+    events = analysis.events(rank=3, kinds=("cpu_op",))
+    assert set(events.step) == {2, 3}
+
+    # data-loader timing: one span per next() in steps 0..2, and none after the window
+    assert [s[0] for s in spans] == ["dataloader"] * 3 and all(end >= start for _, start, end in spans)
+    # cProfile: the window's profile holds the training code that ran in it
+    functions = {row["function"] for row in python_stats((tmp_path / keys[1]).read_bytes(), top=500)}
+    assert "_train" in functions or "forward" in functions
+
+
+def test_no_windows_costs_nothing(tmp_path):
+    assert create_profiling(ProfilerConfig(), open_store(str(tmp_path))) is None
+
+
+def test_time_window(tmp_path):
+    clock = iter([100.0, 100.5, 101.0, 102.5])  # read at each step start
+    config = ProfilerConfig(detailed_windows=[{"start_time": 100.4, "duration_s": 1.0}])
+    profiling = create_profiling(config, open_store(str(tmp_path)))
+    profiling.schedulers[0].clock = lambda: next(clock)
+    model = TinyMLP()
+    for step in range(4):
+        profiling.step_started(step)
+        model(torch.randn(2, 6))
+        profiling.step_ended(step)
+    profiling.close()
+    assert len(profiling.published) == 1
+    steps = TraceAnalysis(tmp_path).step_breakdown(rank=0)
+    assert list(steps.step) == [1, 2]
+
+
+def test_a_failing_backend_turns_off_without_breaking_training(tmp_path, caplog):
+    config = ProfilerConfig(detailed_windows=[(0, 2)])
+    profiling = create_profiling(config, open_store(str(tmp_path)))
+
+    def broken(step):
+        raise RuntimeError("profiler unavailable")
+
+    profiling.schedulers[0].backend.start = broken
+    _train(profiling, steps=3)
+    assert profiling.published == []
+    assert "turned off" in caplog.text
+
+
+@pytest.mark.parametrize("bad", [{"detailed_windows": [(1, 0)]}, {"python_window": {"start_step": 1}}])
+def test_bad_windows_are_config_errors(bad):
+    with pytest.raises(stepscope.ConfigError):
+        ProfilerConfig(**bad)
+
+
+def test_hook_runs_windows_in_a_plain_loop(tmp_path, mlp, batches):
+    """The PyTorch hook drives the windows from its own steps: profiled steps are the
+    hook's global steps, annotations outside windows land on the step timeline."""
+    from torch import nn
+
+    from stepscope_torch import Hook
+
+    out = tmp_path / "job"
+    hook = Hook(str(out), profiler_config=ProfilerConfig(system_monitor=False, detailed_windows=[(1, 2)]))
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(optimizer)
+    for x, y in batches(5):
+        optimizer.zero_grad()
+        with stepscope.annotate("my-loss"):
+            loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+    hook.close()
+    analysis = stepscope.create_trial(str(out)).profiler.traces
+    breakdown = analysis.step_breakdown(rank=0)
+    assert list(breakdown.step) == [1, 2]
+    # joined with the hook's step timeline: its phases of the same steps
+    timeline = stepscope.create_trial(str(out)).profiler.step_timeline()
+    for phase in ("forward", "backward", "optimizer"):
+        expected = timeline[(timeline.phase == phase) & timeline.step.isin([1, 2])].groupby("step").duration_ms.sum() * 1000
+        assert breakdown.set_index("step")[f"{phase}_us"].to_dict() == pytest.approx(expected.to_dict())
+    assert analysis.cpu_ops(k=None, rank=0).set_index("name").loc["aten::linear", "count"] == 2 * 2
+    inside = analysis.events(rank=0, kinds=("annotation",))
+    assert (inside.name.astype(str) == "my-loss").sum() == 2  # steps 1 and 2, in the trace
+    timeline = stepscope.create_trial(str(out)).profiler.step_timeline()
+    spans = timeline[timeline.phase == "annotation"]
+    assert sorted(spans.step) == [0, 1, 2, 3, 4] and set(spans.name) == {"my-loss"}
+
+
+def test_hook_without_windows_builds_no_profiler(make_hook):
+    hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
+    assert hook.detailed is None
