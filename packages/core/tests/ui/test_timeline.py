@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from stepscope.ui.timeline import BUCKET_PX, MIN_SLICE_PX, build_index, event_details, perfetto_events, query
+from stepscope.ui.timeline import BUCKET_PX, MIN_SLICE_PX, build_index, event_details, export_steps, query
 
 T0 = 1_700_000_000 * 10**9
 
@@ -119,14 +119,9 @@ def test_details_and_perfetto_export():
     with pytest.raises(KeyError):
         event_details(index, lane.id, 10**6)
     steps = frame[frame["phase"] == "step"]
-    t0, t1 = int(steps["start_ns"].iloc[10]), int(steps["end_ns"].iloc[19])
-    trace = json.loads(perfetto_events(index, t0, t1))
-    complete = [e for e in trace["traceEvents"] if e["ph"] == "X"]
-    assert sorted(e["args"]["step"] for e in complete if e["cat"] == "step") == list(range(10, 20))
-    assert trace["metadata"]["origin_ns"] == t0
-    assert all(e["ts"] * 1e3 + t0 <= t1 + 1000 and (e["ts"] + e["dur"]) * 1e3 + t0 >= t0 - 1000 for e in complete)
-    first = min(complete, key=lambda e: e["ts"])
-    assert round(first["ts"] * 1e3) + t0 == steps["start_ns"].iloc[10]  # exact to the ns
+    assert export_steps(index, int(steps["start_ns"].iloc[10]), int(steps["end_ns"].iloc[19])) == (10, 19)
+    assert export_steps(index, int(steps["end_ns"].iloc[10]) + 1, int(steps["end_ns"].iloc[10]) + 2) == (10, 11)  # in a gap
+    assert export_steps(index, None, None) == (0, 49)
 
 
 def test_timeline_endpoint_and_event_details(app):
@@ -144,6 +139,9 @@ def test_timeline_endpoint_and_event_details(app):
     resp = client.get("/api/jobs/team-a/run-1/perfetto")
     assert "attachment" in resp.headers["Content-Disposition"]
     assert sum(e["ph"] == "X" for e in json.loads(resp.data)["traceEvents"]) == 200
+    # the first 250 ms: steps 0-2 (about 100 ms each), each with its four phases
+    part = json.loads(client.get(f"/api/jobs/team-a/run-1/perfetto?start={answer['t0']}&end={answer['t0'] + 250_000_000}").data)
+    assert sum(e["ph"] == "X" for e in part["traceEvents"]) == 3 * 5
 
 
 def test_grid_path_for_huge_ranges_agrees_with_the_exact_one(monkeypatch):
@@ -195,6 +193,6 @@ def test_export_of_a_huge_range_is_refused(monkeypatch):
     monkeypatch.setattr(timeline, "MAX_EXPORT_EVENTS", 100)
     index = build_index(_frame(200), _empty_metrics())
     with pytest.raises(timeline.TooManyEvents, match="zoom in"):
-        perfetto_events(index, None, None)
+        export_steps(index, None, None)
     steps = index.lanes[0]
-    assert json.loads(perfetto_events(index, int(steps.start[0]), int(steps.start[10])))["traceEvents"]
+    assert export_steps(index, int(steps.start[0]), int(steps.start[10])) == (0, 5)

@@ -263,7 +263,7 @@ def test_timeline_has_stream_lanes_and_a_kernel_shows_its_launch(app, store_root
     assert detail["launch"]["call"] == launch["launch_call"] and detail["launch"]["delay_us"] == launch["delay_ns"] / 1e3
     assert int(detail["launch"]["start_ns"]) == launch["launch_ts_ns"]
     trace = json.loads(client.get("/api/jobs/team-a/gpu/perfetto").data)
-    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "kernel"]
+    kernels = [e for e in trace["traceEvents"] if e.get("cat") == "gpu" and e["args"].get("kind") == "kernel"]
     assert len(kernels) == len(traces.events(kinds=["kernel"]))
     assert any(e["ph"] == "s" for e in trace["traceEvents"]) and any(e["ph"] == "f" for e in trace["traceEvents"])
 

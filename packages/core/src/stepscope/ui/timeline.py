@@ -10,6 +10,7 @@ smoothly as a small one."""
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from dataclasses import dataclass, field
@@ -402,59 +403,29 @@ def _trace_event_details(index: TimelineIndex, row: int) -> dict[str, Any]:
     return out
 
 
-def perfetto_events(index: TimelineIndex, start_ns: int | None, end_ns: int | None) -> bytes:
-    """A Chrome trace (Perfetto and chrome://tracing open it) of the range: steps and phases
-    on one track per rank and mode, GPU activities per stream and host calls with the
-    launch -> activity flow arrows, CPU/GPU utilization as counters."""
+def export_steps(index: TimelineIndex, start_ns: int | None, end_ns: int | None) -> tuple[int, int] | None:
+    """The steps (first, last) a range covers, for the merged trace's `steps=`; None (the
+    whole job) when the job has no step timeline. TooManyEvents for a range too large."""
     t0 = index.start_ns if start_ns is None else int(start_ns)
     t1 = index.end_ns if end_ns is None else int(end_ns)
     count = sum(int(np.searchsorted(lane.start, t1, side="right")) - int(np.searchsorted(lane.start, t0 - lane.max_duration))
                 for lane in index.lanes if lane.kind == "slices")
     if count > MAX_EXPORT_EVENTS:
         raise TooManyEvents(f"the range holds about {count:,} intervals; zoom in below {MAX_EXPORT_EVENTS:,} to export it")
-    events: list[dict[str, Any]] = []
     frame = index.events
-    if len(frame):
-        frame = frame[(frame["end_ns"] >= t0) & (frame["start_ns"] <= t1)]
-    for rank, group in frame.groupby("rank", sort=True) if len(frame) else []:
-        node = str(group["node_id"].iloc[0])
-        events.append({"name": "process_name", "ph": "M", "pid": int(rank), "args": {"name": f"rank {rank} ({node})"}})
-        for mode, track in _TRACKS.items():
-            if (group["mode"] == mode).any():
-                events.append({"name": "thread_name", "ph": "M", "pid": int(rank), "tid": track, "args": {"name": mode}})
-        for row in group.itertuples():
-            args = {"step": int(row.step), "mode": str(row.mode), "phase": str(row.phase)}
-            if isinstance(row.args, dict):
-                args.update(row.args)
-            events.append({"name": str(row.name), "cat": str(row.phase), "ph": "X", "ts": (row.start_ns - t0) / 1e3, "dur": (row.end_ns - row.start_ns) / 1e3,
-                           "pid": int(row.rank), "tid": _TRACKS.get(str(row.mode), 9), "args": args})
-    if index.traces is not None and len(index.traces):
-        from ..traces.schema import KINDS
-
-        trace = index.traces
-        trace = trace[(trace["ts_ns"] + trace["dur_ns"] >= t0) & (trace["ts_ns"] <= t1)]
-        for row in trace.itertuples():
-            kind = KINDS[int(row.kind)]
-            on_gpu = int(row.stream) >= 0
-            pid = f"rank {row.rank} GPU" if on_gpu else f"rank {row.rank} host"
-            events.append({"name": str(row.name), "cat": kind, "ph": "X", "ts": (row.ts_ns - t0) / 1e3, "dur": row.dur_ns / 1e3, "pid": pid,
-                           "tid": f"stream {row.stream}" if on_gpu else int(row.tid), "args": {"correlation": int(row.correlation), "step": int(row.step)}})
-            if int(row.correlation) >= 0 and kind in ("runtime", "kernel", "memcpy", "memset"):
-                # flow arrows launch -> activity, as Kineto writes them
-                flow = {"name": "launch", "cat": "ac2g", "id": int(row.correlation), "ts": (row.ts_ns - t0) / 1e3, "pid": pid,
-                        "tid": f"stream {row.stream}" if on_gpu else int(row.tid)}
-                events.append(flow | ({"ph": "f", "bp": "e"} if on_gpu else {"ph": "s"}))
-    for lane in index.lanes:
-        if lane.kind != "counter":
-            continue
-        keep = (lane.t >= t0) & (lane.t <= t1)
-        pid = f"system {lane.group}"
-        for t, v in zip(lane.t[keep].tolist(), lane.value[keep].tolist()):
-            events.append({"name": lane.label, "ph": "C", "ts": (t - t0) / 1e3, "pid": pid, "args": {"value": v}})
-    # Times are µs from the range start (`origin_ns`): epoch µs as doubles would keep only
-    # quarter-µs precision, too coarse for kernels.
-    return orjson.dumps({"traceEvents": events, "displayTimeUnit": "ms",
-                         "metadata": {"source": "stepscope ui", "origin_ns": t0, "range_ns": [t0, t1]}})
+    if not len(frame):
+        return None
+    steps = frame[frame["phase"].isin(STEP_PHASES)]
+    if steps.empty:
+        return None
+    inside = steps[(steps["end_ns"] >= t0) & (steps["start_ns"] <= t1)]
+    if inside.empty:  # between two steps: the one before and the one after
+        before = steps[steps["end_ns"] < t0]["step"]
+        after = steps[steps["start_ns"] > t1]["step"]
+        first = int(before.max()) if len(before) else int(after.min())
+        last = int(after.min()) if len(after) else int(before.max())
+        return min(first, last), max(first, last)
+    return int(inside["step"].min()), int(inside["step"].max())
 
 
 def _plain(value: Any) -> Any:
@@ -529,4 +500,19 @@ def timeline_view(jobs: Any, job: str, start_ns: float | None, end_ns: float | N
 
 
 def perfetto_trace(jobs: Any, job: str, start_ns: float | None, end_ns: float | None) -> bytes:
-    return perfetto_events(job_index(jobs, job), None if start_ns is None else int(start_ns), None if end_ns is None else int(end_ns))
+    """The trace engine's merged timeline (stepscope.traces.timeline: metrics, steps and
+    phases, annotations, CPU ops, GPU streams with launch flows, rule firings) of the steps
+    the visible range covers."""
+    import tempfile
+
+    from ..traces.timeline import write_timeline
+    from .jobs import trial_lock
+
+    index = job_index(jobs, job)
+    steps = export_steps(index, None if start_ns is None else int(start_ns), None if end_ns is None else int(end_ns))
+    trial = jobs.trial(job, refresh=False)
+    with tempfile.TemporaryDirectory(prefix="stepscope-ui-") as folder, trial_lock(trial):
+        target = os.path.join(folder, "trace.json")
+        write_timeline(trial.store, target, steps=steps, analysis=trial.profiler.traces)
+        with open(target, "rb") as handle:
+            return handle.read()
