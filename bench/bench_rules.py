@@ -1,6 +1,8 @@
 """The default rule set (`stepscope check` without --rule) over a job of 10,000 saved steps
-of a small model: total time and time per step, with the rules sharing reads (run_rules)
-against the same rules run one by one (invoke_rule each), and the store reads of each.
+of a small model: the cost of today's default set (stepscope.rules.default_rules: more
+rules, trend statistics) against the set it replaced (five SageMaker rules with SageMaker's
+parameters), side by side in one run (target: at most 1.5x); then the rules sharing reads
+(run_rules) against the same rules run one by one (invoke_rule each), with store reads.
 
     python bench/bench_rules.py            # 10,000 steps
     python bench/bench_rules.py --quick    # 1,000 steps
@@ -22,7 +24,8 @@ import numpy as np
 from stepscope import create_trial
 from stepscope.collection_manager import CollectionManager
 from stepscope.modes import ModeKeys
-from stepscope.rules import BUILTIN_RULES, DEFAULT_RULES, invoke_rule, run_rules
+from stepscope.rules import BUILTIN_RULES, invoke_rule, run_rules
+from stepscope.rules import default_rules as current_default_rules
 from stepscope.store.local import LocalStore
 from stepscope.writer import Writer
 
@@ -63,8 +66,23 @@ def generate(out_dir: Path, steps: int) -> float:
     return time.perf_counter() - started
 
 
+PREVIOUS_DEFAULT = ("VanishingGradient", "ExplodingTensor", "LossNotDecreasing", "WeightUpdateRatio", "Overfit")
+
+
+def previous_rules(trial):
+    """The default set before the rule rework: five rules with SageMaker's parameters."""
+    return [BUILTIN_RULES[name](trial) for name in PREVIOUS_DEFAULT]
+
+
 def default_rules(trial):
-    return [BUILTIN_RULES[name](trial) for name in DEFAULT_RULES]
+    return current_default_rules(trial)
+
+
+def _timed(make_rules, root: Path) -> tuple[float, list]:
+    started = time.perf_counter()
+    trial = create_trial(str(root))
+    reports = run_rules(make_rules(trial))
+    return time.perf_counter() - started, reports
 
 
 def main() -> None:
@@ -80,7 +98,19 @@ def main() -> None:
             seconds = generate(root, steps)
             print(f"generated {steps} steps ({len(SHAPES) * 2 + 1} tensors each) in {seconds:.1f} s")
         trial_steps = len(create_trial(str(root)).steps())
-        print(f"default rule set: {', '.join(DEFAULT_RULES)}; {trial_steps} saved steps")
+        names = [r.name for r in default_rules(create_trial(str(root)))]
+        print(f"default rule set: {', '.join(names)}; {trial_steps} saved steps")
+        print(f"previous default set: {', '.join(PREVIOUS_DEFAULT)}")
+        times: dict[str, list[float]] = {"previous": [], "current": []}
+        for round_ in range(3):
+            order = [("previous", previous_rules), ("current", default_rules)]
+            for label, make in order if round_ % 2 == 0 else order[::-1]:
+                seconds, reports = _timed(make, root)
+                times[label].append(seconds)
+                fired = [r.rule for r in reports if r.fired]
+                print(f"  round {round_ + 1} {label:<8s} {seconds:7.2f} s, {1e6 * seconds / trial_steps:7.1f} us/step; fired: {fired or 'none'}")
+        previous, current = min(times["previous"]), min(times["current"])
+        print(f"default set cost: current {current:.2f} s vs previous {previous:.2f} s (best of 3): {current / previous:.2f}x (target <= 1.5x)")
 
         store = CountingStore(root)
         started = time.perf_counter()

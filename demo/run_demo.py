@@ -95,14 +95,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\n== stepscope check {os.path.relpath(job)}")
         stepscope_cli(["check", job, "--quiet"])
         summarize_profile(job)
-    print(f"\n== done in {time.perf_counter() - started:.1f} s; each job's reports are in <job>/rule-output/")
+        stepscope_cli(["report", job, "--no-progress"])  # one HTML file: open it in a browser
+    print(f"\n== done in {time.perf_counter() - started:.1f} s; each job's rule reports are in <job>/rule-output/, its report in <job>/stepscope-report.html")
     return _self_check(jobs)
 
 
 def _self_check(jobs: list[str]) -> int:
-    """The planted problem must be found, and the healthy jobs must not look broken. Other
-    findings (a loss that rose between two noisy mini-batches, no data-loader workers on a
-    2-core machine) are real observations a user would read, not demo failures."""
+    """The planted problem must be found by the rule that names it, and the healthy jobs
+    must get no finding at all: a debugger that cries wolf on healthy runs gets switched off."""
     import json
 
     problems = []
@@ -110,11 +110,13 @@ def _self_check(jobs: list[str]) -> int:
         summary = json.loads((Path(job) / "rule-output" / "summary.json").read_text())
         fired = {r["rule"] for r in summary["rules"] if r.get("fired")}
         print(f"  {os.path.relpath(job)}: {', '.join(sorted(fired)) or 'no rule fired'}")
+        if not (Path(job) / "stepscope-report.html").is_file():
+            problems.append(f"{job}: no stepscope-report.html")
         planted = job.endswith("exploding_job")
         if planted and "ExplodingTensor" not in fired:
             problems.append(f"{job}: ExplodingTensor did not fire on the planted job")
-        if not planted and fired & {"ExplodingTensor", "VanishingGradient"}:
-            problems.append(f"{job}: a healthy job fired {sorted(fired & {'ExplodingTensor', 'VanishingGradient'})}")
+        if not planted and fired:
+            problems.append(f"{job}: a healthy job got findings: {sorted(fired)}")
     for problem in problems:
         print(f"demo self-check failed: {problem}", file=sys.stderr)
     return 1 if problems else 0

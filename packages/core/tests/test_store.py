@@ -104,3 +104,11 @@ def test_gathered_writes_handle_many_parts_and_short_writes(tmp_path, monkeypatc
     monkeypatch.setattr(local.os, "writev", short_writev)
     store.write("short.bin", parts[:50] + parts[-1:])
     assert store.read("short.bin") == b"".join(bytes(p) for p in parts[:50] + parts[-1:])
+
+
+def test_listing_a_missing_root_does_not_walk_its_parent(tmp_path):
+    from stepscope.store import open_store
+
+    (tmp_path / "job_sibling").mkdir()
+    (tmp_path / "job_sibling" / "a.json").write_text("{}")
+    assert open_store(str(tmp_path / "job")).list("") == []

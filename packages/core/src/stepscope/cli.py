@@ -138,6 +138,10 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
     duplicates = sorted({n for n in names if names.count(n) > 1})
     if duplicates:
         raise ConfigError(f"rule name(s) {', '.join(duplicates)} given twice; their reports would overwrite each other")
+    if "ProfilerReport" in names:  # the report shows the other rules of this run
+        from .report.rule import with_companions
+
+        with_companions(rules)
     return rules
 
 
@@ -247,7 +251,7 @@ def _run_rules(args: argparse.Namespace) -> int:
         params = ", ".join(f"{k}={v!r}" for k, v in rule["parameters"].items())
         marker = " [default set]" if rule["default"] else ""
         definition = " ".join(str(rule["explanation"]["definition"]).split())  # whole, wrapped, never cut
-        print(textwrap.fill(f"{rule['name']} ({rule['kind']}){marker}: {definition}", width=width, subsequent_indent="    "))
+        print(textwrap.fill(f"{rule['name']} ({rule['kind']}){marker}: {definition}", width=width, subsequent_indent="    ", break_on_hyphens=False))
         print(textwrap.fill(params or "(no parameters)", width=width, initial_indent="    ", subsequent_indent="      "))
     return EXIT_OK
 
@@ -266,13 +270,25 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     add_timeline(sub)
 
 
+def _add_export(sub: argparse._SubParsersAction) -> None:
+    from .export.cli import add_parser
+
+    add_parser(sub)
+
+
+def _add_report(sub: argparse._SubParsersAction) -> None:
+    from .report.cli import add_parser
+
+    add_parser(sub)
+
+
 def _add_ui(sub: argparse._SubParsersAction) -> None:
     from .ui.cli import add_ui  # the app's own module; flask loads only when it runs
 
     add_ui(sub)
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_ui]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_ui]
 
 
 def _version() -> str:

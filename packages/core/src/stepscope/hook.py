@@ -45,6 +45,7 @@ from .config import (
 from .control import StopPoller
 from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
+from .hook_outputs import HookOutputs, instrument
 from .modes import ModeKeys
 from .phases import OTHER, PHASES, STEP_PHASE, Clock, CpuClock, PhaseTracker, StepTimer
 from .safety import FailSafe, write_status
@@ -191,6 +192,7 @@ class HookBase:
         self._closed = False
         self.store: Store | None = None
         self.writer: Writer | None = None
+        self.outputs: HookOutputs | None = None
         self.stop_poller: StopPoller | None = None
         self.monitor: Any = None
         self.timeline: Any = None
@@ -217,6 +219,10 @@ class HookBase:
         if self.writes_tensors:
             self.writer = Writer(store, self.worker)
             self._write_collections()
+        # Live TensorBoard, the report at close, and stepscope's own cost (hook_outputs).
+        self.outputs = HookOutputs(self.worker, tensorboard_dir=opts.tensorboard_dir, report=opts.report, several_workers=self.num_workers > 1, chief=self.rank == 0)
+        self.failsafe.call(self.outputs.attach, self.writer)
+        instrument(self, self.outputs)
         self.stop_poller = StopPoller(store, control_poll_s or _poll_interval_from_env())
         self.profiler_failsafe.call(self._start_profiler)
 
@@ -729,6 +735,8 @@ class HookBase:
                 if part is not None:
                     method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()
                     self.profiler_failsafe.call(method)
+            if self.outputs is not None:
+                self.outputs.close(self.store, self.writer)  # after the end marker: the report reads the whole job
         finally:
             self._closed = True
             try:

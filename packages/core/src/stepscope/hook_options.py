@@ -30,6 +30,16 @@ def name_tuple(field_name: str, value: Any) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
+def _local_dir(field_name: str, value: Any) -> str | None:
+    if value is None:
+        return None
+    if isinstance(value, os.PathLike):
+        value = os.fspath(value)
+    if not isinstance(value, str) or not value.strip() or "://" in value:
+        raise ConfigError(f"{field_name} must be a local folder, got {value!r}")
+    return value
+
+
 @dataclass(frozen=True)
 class HookOptions:
     """The options of every stepscope hook and callback (smdebug's names and order).
@@ -42,6 +52,9 @@ class HookOptions:
     - include_workers: "one" (rank 0 saves tensors) or "all".
     - profiler_config: system monitor and step timeline.
     - collections: collections defined or reconfigured by the user (included).
+    - tensorboard_dir: also write what is saved as TensorBoard scalars and histograms to
+      this local folder while training (see docs/export.md).
+    - report: write the job's HTML report next to it at close (see docs/report.md).
     """
 
     out_dir: str
@@ -53,6 +66,8 @@ class HookOptions:
     include_workers: str = "one"
     profiler_config: ProfilerConfig | None = None
     collections: tuple[Collection, ...] = ()
+    tensorboard_dir: str | None = None
+    report: bool = False
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -84,6 +99,8 @@ class HookOptions:
             if not isinstance(c, Collection):
                 raise ConfigError(f"collections must hold Collection objects, got {c!r}")
         set_(self, "collections", collections)
+        set_(self, "tensorboard_dir", _local_dir("tensorboard_dir", self.tensorboard_dir))
+        set_(self, "report", parse_bool("report", self.report))
 
     @classmethod
     def of(cls, out_dir: str | os.PathLike[str] | HookOptions | None = None, *args: Any, **kwargs: Any) -> HookOptions:

@@ -1,8 +1,11 @@
 """Reductions of a tensor to one number, and the names they are saved under.
 
 Definitions (the plugins compute the same on the device; tests hold them to these):
-std and variance are population statistics (ddof=0); l1 = sum |x|, l2 = sqrt(sum x^2);
-the abs_ variants apply to |x|. Empty tensors have no reductions."""
+std and variance are population statistics (ddof=0); l1 = sum |x|, l2 = sqrt(sum x^2)
+over all elements (vector norms of the flattened tensor, whatever its shape); the abs_
+variants apply to |x|. Empty tensors have no reductions. A saved reduction is read back as
+it was written, whatever definition its writer used (smdebug reduced numpy arrays with
+np.linalg.norm: matrix norms for 2-D arrays); see docs/reading.md."""
 
 from __future__ import annotations
 

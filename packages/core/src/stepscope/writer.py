@@ -156,6 +156,13 @@ class Writer:
         # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
         # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
         self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
+        # stepscope's own cost, measured here for the report: seconds the two threads spent
+        # working (not waiting) and bytes published.
+        self.busy_s = 0.0
+        self.bytes_written = 0
+        # Called on the writer thread with (step, mode, mode_step, {name: array}) after a step
+        # is framed (the live TensorBoard writer); a failing listener is dropped, not fatal.
+        self.step_listeners: list[Any] = []
         self._publisher = threading.Thread(target=self._publish_loop, name=f"stepscope-publisher-{worker}", daemon=True)
         self._publisher.start()
         self._thread = threading.Thread(target=self._run, name=f"stepscope-writer-{worker}", daemon=True)
@@ -332,8 +339,10 @@ class Writer:
                 self._framed.put(None)  # tells the publisher to stop
                 return
             framed = None
+            started = time.perf_counter()
             if isinstance(job, _StepJob) and self._failsafe.enabled and not self._abandoned:
                 framed = self._failsafe.call(self._frame_step, job)
+            self.busy_s += time.perf_counter() - started
             self._framed.put((job, framed))
 
     def _publish_loop(self) -> None:
@@ -346,9 +355,11 @@ class Writer:
             if isinstance(job, _Barrier):
                 job.done.set()
                 continue
+            started = time.perf_counter()
             if self._failsafe.enabled and not self._abandoned:
                 if isinstance(job, _FileJob):
                     self._failsafe.call(self.store.write, job.key, job.data)
+                    self.bytes_written += len(job.data)
                 elif isinstance(job, _FinishJob):
                     self._failsafe.call(self._publish_step_table)
                     if self.dropped_tensors:
@@ -357,6 +368,7 @@ class Writer:
                         self._failsafe.call(self.store.write, layout.END_MARKER, b"")
                 elif framed is not None:
                     self._failsafe.call(self._publish_step, job, *framed)
+            self.busy_s += time.perf_counter() - started
             with self._cond:
                 self._queued_bytes -= job.nbytes
                 if self._failsafe.enabled and not self._abandoned:
@@ -377,6 +389,7 @@ class Writer:
         offset = sum(len(p) for p in parts)
         payload_index = []
         shapes = dict(job.shapes)
+        arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
         for name, value in job.tensors.items():
             try:
                 array = _as_array(value)
@@ -387,6 +400,8 @@ class Writer:
                 self._drop_tensor(job.step, name, exc)
                 shapes.pop(name, None)
                 continue
+            if arrays is not None:
+                arrays[name] = array
             length = sum(memoryview(p).nbytes for p in framed)
             payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
             parts.extend(framed)
@@ -396,7 +411,17 @@ class Writer:
             "tensor_payload": payload_index,
             "shape_payload": self._shape_payload(job.step, shapes),
         }
+        if arrays is not None:
+            self._notify(job, arrays)
         return parts, index
+
+    def _notify(self, job: _StepJob, arrays: dict[str, np.ndarray]) -> None:
+        for listener in list(self.step_listeners):
+            try:
+                listener(job.step, job.mode, job.mode_step, arrays)
+            except Exception as exc:  # an optional output must not stop the tensors being saved
+                logger.warning("stepscope: %r failed and is turned off: %s", listener, exc)
+                self.step_listeners.remove(listener)
 
     def _shape_payload(self, step: int, shapes: Mapping[str, Sequence[int]]) -> list[dict[str, Any]]:
         out = []
@@ -431,7 +456,9 @@ class Writer:
         if not index["tensor_payload"] and not index["shape_payload"] and job.tensors:
             return  # every tensor of the step was dropped: nothing to publish
         self.store.write(index["meta"]["event_file_name"], parts)
-        self.store.write(layout.index_file_key(job.step, self.worker), json.dumps(index).encode())
+        index_bytes = json.dumps(index).encode()
+        self.store.write(layout.index_file_key(job.step, self.worker), index_bytes)
+        self.bytes_written += sum(memoryview(p).nbytes for p in parts) + len(index_bytes)
         self._add_to_step_table(job.step, index)
 
     # A step table repeats the index entries of up to STEPS_PER_TABLE steps in one file, so

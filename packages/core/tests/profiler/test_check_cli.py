@@ -23,7 +23,8 @@ def test_profiler_report_entry_expands_with_overrides(tmp_path, metrics_job, cap
     config.write_text(json.dumps([report]))
     assert main(["check", str(idle_gpus), "--rules-config", str(config), "--json", "--no-write", "--quiet"]) == 1
     reports = {r["rule"]: r for r in json.loads(capsys.readouterr().out)}
-    assert len(reports) == 10 and reports["LowGPUUtilization"]["fired"] is True
+    # every profiler rule, and the ProfilerReport rule that wrote the report from them
+    assert len(reports) == 11 and reports["LowGPUUtilization"]["fired"] is True and reports["ProfilerReport"]["fired"] is True
     # <rule>_<parameter> overrides reach the rule they name
     report["RuleParameters"]["LowGPUUtilization_threshold_p95"] = "2"
     report["RuleParameters"]["LowGPUUtilization_threshold_p5"] = "0"

@@ -191,9 +191,9 @@ def test_defaults_are_smdebug_rulesconfig_defaults():
     assert GPUMemoryIncrease().parameters() == {"increase": 5, "patience": 1000, "window": 10, "scan_interval_us": 60_000_000}
     assert BatchSize().parameters()["gpu_memory_threshold_p95"] == 70
     assert LoadBalancing().params.threshold == 0.5
-    assert StepOutlier().parameters() == {"stddev": 3, "mode": None, "n_outliers": 10, "scan_interval_us": 60_000_000}
+    assert StepOutlier().parameters() == {"stddev": 3, "mode": None, "n_outliers": 10, "min_ratio": 0, "min_excess_ms": 0, "scan_interval_us": 60_000_000}
     assert MaxInitializationTime().params.threshold == 20
-    assert Dataloader().parameters() == {"min_threshold": 70, "max_threshold": 200, "min_data_wait_percent": 0, "scan_interval_us": 60_000_000}
+    assert Dataloader().parameters() == {"min_threshold": 70, "max_threshold": 200, "min_data_wait_percent": 0, "min_data_wait_ms": 0, "scan_interval_us": 60_000_000}
 
 
 def test_strings_are_accepted():
@@ -256,3 +256,51 @@ def test_a_crashing_rule_gives_an_error_report(tmp_path, monkeypatch):
     monkeypatch.setattr(CPUBottleneck, "_measure", boom)
     (report,) = run_profiler_rules(ProfilerTrial(tmp_path), ["CPUBottleneck"])
     assert report.fired is False and report.status == "error" and "kaput" in report.errors[0]
+
+
+def _data_timeline(root, step_s: float, data_share: float, steps: int = 40) -> None:
+    writer = TimelineWriter(root, node_id="algo-1", rank=0, framework="pytorch", flush_interval_s=3600)
+    t = int(T0 * 1e9)
+    for step in range(steps):
+        end = t + int(step_s * 1e9)
+        loaded = t + int(step_s * data_share * 1e9)
+        writer.add("data", t, loaded, step=step, mode=ModeKeys.TRAIN, phase="data")
+        writer.add("forward", loaded, end, step=step, mode=ModeKeys.TRAIN, phase="forward")
+        writer.add(f"Step {step}", t, end, step=step, mode=ModeKeys.TRAIN)
+        t = end
+    writer.close()
+
+
+def test_dataloader_in_the_default_set_judges_the_data_wait(tmp_path, metrics_job):
+    # No worker processes in any of these jobs.
+    for name, step_s, share in (("slow", 0.2, 0.4), ("tiny", 0.004, 0.4), ("loop", 0.2, 0.15)):
+        metrics_job(tmp_path / name, children=0, cores=4)
+        _data_timeline(tmp_path / name, step_s, share)
+    slow = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / "slow"))  # 80 ms of 200 waiting for data
+    assert slow.fired and slow.evidence[0].value == pytest.approx(40, abs=0.5) and slow.evidence[0].threshold == 25
+    assert slow.statistics["data_wait_ms_per_step"] == pytest.approx(80, rel=0.01)
+    assert "0 worker process(es)" in slow.evidence[0].message
+    for quiet in ("tiny", "loop"):  # 1.6 ms per step: nothing to win back; 15 %: not the bottleneck
+        report = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / quiet))
+        assert not report.fired and report.status == "ok", quiet
+        assert Dataloader().run(ProfilerTrial(tmp_path / quiet)).fired  # SageMaker's rule: the worker count alone
+    no_timeline = Dataloader(**Dataloader.preset).run(ProfilerTrial(metrics_job(tmp_path / "bare", children=0, cores=4)))
+    assert no_timeline.status == "no data"
+
+
+def test_step_outlier_in_the_default_set_ignores_jitter(tmp_path):
+    # 400 steps of 4 ms with twelve 9 ms jitters (over mean + 3 std, 2x the median), and a
+    # job with twelve 400 ms steps instead (checkpointing inside the step).
+    jitter = {s: 0.009 for s in range(5, 400, 33)}
+    for name, slow in (("jitter", jitter), ("checkpoints", {s: 0.4 for s in jitter})):
+        writer = TimelineWriter(tmp_path / name, node_id="algo-1", rank=0, framework="pytorch", flush_interval_s=3600)
+        t = int(T0 * 1e9)
+        for step in range(400):
+            end = t + int(slow.get(step, 0.004) * 1e9)
+            writer.add(f"Step {step}", t, end, step=step, mode=ModeKeys.TRAIN)
+            t = end
+        writer.close()
+    assert StepOutlier().run(ProfilerTrial(tmp_path / "jitter")).fired  # SageMaker's statistic alone
+    assert not StepOutlier(**StepOutlier.preset).run(ProfilerTrial(tmp_path / "jitter")).fired
+    report = StepOutlier(**StepOutlier.preset).run(ProfilerTrial(tmp_path / "checkpoints"))
+    assert report.fired and report.evidence[0].value == pytest.approx(400, rel=0.01)

@@ -193,6 +193,16 @@ class Hook(HookBase):
         self._gradients = GradientCapture(self._optimizer, variables, names, self._strategy, self._capture_failed)
         return True
 
+    @staticmethod
+    def _described(layer: Any, kind: str) -> str:
+        """What a layer's saved input/output is, for the rules: an output is its activation's
+        ("relu" for Dense(activation="relu")), else the layer class; an input is an
+        activation's input only for weightless layers (ReLU, Activation)."""
+        activation = getattr(getattr(layer, "activation", None), "__name__", None)
+        if activation and activation != "linear" and (kind == "outputs" or not getattr(layer, "weights", None)):
+            return activation
+        return type(layer).__name__
+
     def _install_layer_io(self) -> bool:
         self._layer_io = LayerIOCapture(self._strategy, self._capture_failed)
         wanted: set[str] = set()
@@ -204,7 +214,7 @@ class Hook(HookBase):
                 # `inputs`/`outputs` in include_collections mean every layer; regexes pick some.
                 if found:
                     wanted.update(found)
-                    namers[kind] = functools.partial(self._layer_io_name, kind, path, type(layer).__name__)
+                    namers[kind] = functools.partial(self._layer_io_name, kind, path, self._described(layer, kind))
             if namers:
                 self._layer_io.wrap(layer, namers.get("inputs"), namers.get("outputs"))
         self._io_collections = tuple(sorted(wanted))

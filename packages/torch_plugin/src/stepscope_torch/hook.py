@@ -180,6 +180,13 @@ class Hook(HookBase):
         self._modules = naming.named_modules(model)
         self.claim_names(name for name, _ in self._params)
         self.claim_names(naming.gradient_name(name) for name, _ in self._params)
+        # Which module class each parameter (and its gradient) belongs to: rules judge a
+        # tensor against what is normal for its kind (an embedding, a norm layer).
+        for module_name, module in naming.unwrap(model).named_modules():
+            for param_name, _ in module.named_parameters(recurse=False):
+                name = naming.clean_name(f"{module_name}.{param_name}" if module_name else param_name)
+                self.note_module_class(name, type(module).__name__)
+                self.note_module_class(naming.gradient_name(name), type(module).__name__)
         if self._timer is not None:
             device = next((p.device for _, p in self._params), None)
             clock: Clock | None = self.profiler_failsafe.call(device_clock, device)

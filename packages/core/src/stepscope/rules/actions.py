@@ -129,7 +129,7 @@ def _post_once(url: str, data: bytes, headers: Mapping[str, str], limit: float) 
     lets a server that trickles bytes hold the call forever)."""
     parts = urllib.parse.urlsplit(url)
     connection_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-    connection = connection_class(parts.hostname, parts.port, timeout=limit)
+    connection = connection_class(parts.hostname or "", parts.port, timeout=limit)
     path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
     outcome: list[tuple[int | None, str]] = []
 

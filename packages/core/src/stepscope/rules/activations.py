@@ -19,7 +19,18 @@ ACTIVATION_CLASSES = {
     "tanh": ("tanh",),
     "sigmoid": ("sigmoid",),
 }
-_IO = re.compile(r"_(input|output)_\d+$")
+_IO = re.compile(r"_(input|output)_\d+$")  # PyTorch: `<module>_output_0`
+
+
+def io_side(name: str) -> str | None:
+    """"input" or "output" for a layer's saved input/output (PyTorch `net.1_output_0`,
+    Keras `outputs/dense_1`), else None."""
+    found = _IO.search(name)
+    if found is not None:
+        return found.group(1)
+    if name.startswith(("outputs/", "inputs/")):
+        return name.split("/", 1)[0][:-1]
+    return None
 
 
 def activation_kind(module_class: str | None) -> str | None:
@@ -31,13 +42,25 @@ def activation_kind(module_class: str | None) -> str | None:
     return None
 
 
+def _activation_input(kind: str | None, output: np.ndarray) -> np.ndarray:
+    """The input an activation must have had to give `output`."""
+    y = output.astype(np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        if kind == "tanh":
+            return np.arctanh(np.clip(y, -1.0, 1.0))
+        if kind == "sigmoid":
+            y = np.clip(y, 0.0, 1.0)
+            return np.log(y) - np.log1p(-y)
+    return y
+
+
 def activation_layers(trial: Trial, kind: str, io: str | None = None) -> list[str]:
     """Tensors saved as the input or output (`io`: "input", "output", None for either) of a
     module whose recorded class is an activation of `kind` ("relu", "tanh", "sigmoid")."""
     out = []
     for name in trial.tensor_names():
-        found = _IO.search(name)
-        if found is None or (io is not None and found.group(1) != io):
+        side = io_side(name)
+        if side is None or (io is not None and side != io):
             continue
         if activation_kind(trial.module_class(name)) == kind:
             out.append(name)
@@ -55,6 +78,7 @@ def unit_activity(value: np.ndarray, active: np.ndarray) -> np.ndarray:
 
 @dataclass(frozen=True)
 class _LayerParams(RuleParams):
+    tensor_regex: tuple[str, ...] = ()
     threshold_inactivity: float = 1.0
     threshold_layer: float = 50.0
     # Also inspect tensors the hook recorded as a ReLU's output / a tanh's or sigmoid's input.
@@ -70,6 +94,7 @@ class _InactiveUnits(Rule):
     active in less than `threshold_inactivity` % of the batch, against `threshold_layer`."""
 
     state: str  # "dead", "saturated": names the finding in messages and details
+    params: _LayerParams
 
     # Which activations (ACTIVATION_CLASSES keys) and which side of them this rule reads
     # when `by_module_class` is on.
@@ -103,7 +128,8 @@ class _InactiveUnits(Rule):
             inactive = 100.0 * float(np.mean(activity < p.threshold_inactivity))
             if inactive > p.threshold_layer:
                 message = f"{name}: {inactive:.1f}% of units {self.state} > {p.threshold_layer:g}%"
-                self.violation(step, message, tensor=name, **{f"percent_{self.state}": inactive})
+                extra: dict[str, Any] = {f"percent_{self.state}": inactive}
+                self.violation(step, message, tensor=name, value=inactive, threshold=p.threshold_layer, **extra)
                 fired = True
         return fired
 
@@ -154,14 +180,14 @@ class SaturatedActivation(_InactiveUnits):
 
     Params = SaturatedActivationParams
     params: SaturatedActivationParams
-    preset = {"by_module_class": True}
+    # Practical saturation: beyond |x| 4 tanh's slope is under 0.0013, beyond |x| 8
+    # sigmoid's under 0.0004; a unit counts as saturated when it is outside that range for
+    # 90 % of the batch. Healthy tanh/sigmoid MLPs stay at 0 % of units, unscaled inputs at 100 %.
+    preset = {"by_module_class": True, "threshold_tanh": (-4.0, 4.0), "threshold_sigmoid": (-8.0, 8.0), "threshold_inactivity": 10.0}
 
     state = "saturated"
     kinds = ("tanh", "sigmoid")
     side = "input"
-
-    def _layers(self) -> list[str]:
-        return [n for n in super()._layers() if self._bounds(n) is not None]
 
     def _bounds(self, name: str) -> tuple[float, ...] | None:
         kind = activation_kind(self.trial.module_class(name))
@@ -172,8 +198,25 @@ class SaturatedActivation(_InactiveUnits):
             return self.params.threshold_sigmoid
         return None
 
+    def _layers(self) -> list[str]:
+        layers = [n for n in super()._layers() if self._bounds(n) is not None]
+        if self.params.by_module_class:
+            # Jobs that saved layer outputs but not inputs: judge the outputs, mapped back to
+            # the input the activation saw (arctanh / logit; exact ±1 or 0/1 map to ±inf).
+            inputs = set(layers)
+            for kind in self.kinds:
+                for name in activation_layers(self.trial, kind, "output"):
+                    if _IO.sub("_input_0", name) not in inputs and name.replace("outputs/", "inputs/", 1) not in inputs:
+                        layers.append(name)
+        return sorted(set(layers))
+
     def _active(self, name: str, value: np.ndarray) -> np.ndarray:
-        low, high = self._bounds(name)
+        bounds = self._bounds(name)
+        if bounds is None:
+            return np.ones(value.shape, dtype=bool)
+        low, high = bounds
+        if io_side(name) == "output" and activation_kind(self.trial.module_class(name)) is not None:
+            value = _activation_input(activation_kind(self.trial.module_class(name)), value)
         return (value > low) & (value < high)
 
 
@@ -264,8 +307,8 @@ class PoorWeightInitialization(Rule):
         return fired
 
     def _check_loss(self, step: int) -> bool:
-        values = [self.value(n, step) for n in self._losses() if self.has_raw(n, step)]
-        values = [float(np.mean(v)) for v in values if v is not None and v.size]
+        arrays = [self.value(n, step) for n in self._losses() if self.has_raw(n, step)]
+        values = [float(np.mean(v)) for v in arrays if v is not None and v.size]
         if not values:
             return False
         loss = float(np.mean(values))

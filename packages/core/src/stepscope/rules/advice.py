@@ -161,7 +161,7 @@ EXPLANATIONS: dict[str, Explanation] = {
     ),
     "Dataloader": Explanation(
         "Data loading holds training back. In the default set: waiting for data takes a meaningful "
-        "share (>= 10 %) of step time. SageMaker's form judges the worker count against the cores.",
+        "share (>= 25 %, and >= 5 ms) of step time. SageMaker's form judges the worker count against the cores.",
         ("Too few data-loading workers (num_workers=0 loads in the training process)", "Expensive per-sample preprocessing", "Slow storage"),
         ("Raise DataLoader(num_workers=...) towards the number of cores; set pin_memory=True and persistent_workers=True",
          "Pre-process once and cache; use tf.data prefetch/AUTOTUNE in Keras"),

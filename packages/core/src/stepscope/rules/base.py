@@ -154,7 +154,8 @@ class Rule:
         return chosen
 
     def has_raw(self, name: str, step: int) -> bool:
-        return self.trial.has_tensor(name) and self.trial.tensor(name).has_value(step)
+        """Whether the raw value of `name` was saved at global `step`."""
+        return self.reader.has_value(self.trial, name, step)
 
     def mark_inspected(self, name: str) -> None:
         if name not in self._inspected:

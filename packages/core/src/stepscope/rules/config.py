@@ -98,7 +98,7 @@ def _is_profiler_report(cfg: Any) -> bool:
     if isinstance(cfg, Mapping):
         inner = cfg.get("DebugRuleConfiguration", cfg)
         params = inner.get("RuleParameters") or inner.get("rule_parameters") or {} if isinstance(inner, Mapping) else {}
-        names = (inner.get("RuleConfigurationName"), inner.get("rule_name"), params.get("rule_to_invoke") if isinstance(params, Mapping) else None)
+        names: tuple[Any, ...] = (inner.get("RuleConfigurationName"), inner.get("rule_name"), params.get("rule_to_invoke") if isinstance(params, Mapping) else None)
     else:
         names = (getattr(cfg, "rule_name", None),)
     return any(str(n).lower() == "profilerreport" for n in names if n)
@@ -106,15 +106,18 @@ def _is_profiler_report(cfg: Any) -> bool:
 
 def rules_from_config(cfg: Any, trial: Trial) -> list[Any]:
     """Like `from_config`, but a ProfilerReport entry (a bundle of every profiler rule, with
-    `<rule>_<parameter>` overrides) expands to its rules."""
+    `<rule>_<parameter>` overrides) expands to its rules, followed by the ProfilerReport
+    rule that writes the job's report from their results."""
     if _is_profiler_report(cfg):
         from ..profiler.rules import profiler_report_rules
+        from ..report.rule import ProfilerReport
 
         rules = list(profiler_report_rules(cfg))
         for rule in rules:
             if trial is not None:
                 rule.bind(trial)
-        return rules
+        # ...and the report itself, from those rules' results (SageMaker's ProfilerReport output)
+        return [*rules, ProfilerReport(trial, companions=rules)]
     return [from_config(cfg, trial)]
 
 

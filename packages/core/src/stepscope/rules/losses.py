@@ -55,9 +55,17 @@ class LossNotDecreasingParams(RuleParams):
     num_steps: int = 10
     diff_percent: float = 0.0
     mode: str | None = None
+    window: int = 0
+    min_windows: int = 6
+    min_improvement_percent: float = 5.0
+    max_rise_percent: float = 50.0
 
     def validate(self, owner: str) -> None:
         require(owner, "num_steps", self.num_steps, self.num_steps >= 1, ">= 1")
+        require(owner, "window", self.window, self.window == 0 or self.window >= 5, "0 (SageMaker's pairwise test) or >= 5 saved steps")
+        require(owner, "min_windows", self.min_windows, self.min_windows >= 2, ">= 2")
+        require(owner, "min_improvement_percent", self.min_improvement_percent, 0 <= self.min_improvement_percent < 100, "a percentage in [0, 100)")
+        require(owner, "max_rise_percent", self.max_rise_percent, self.max_rise_percent > 0, "> 0")
         require(owner, "diff_percent", self.diff_percent, 0 <= self.diff_percent < 100, "a percentage in [0, 100)")
         if self.mode is not None:
             try:
@@ -69,20 +77,36 @@ class LossNotDecreasingParams(RuleParams):
 
 
 class LossNotDecreasing(_LossRule):
-    """Fires when a loss did not decrease by at least `diff_percent` percent (default 0:
-    any decrease will do) between a step and the last checked step at least `num_steps`
-    (10) steps before it (steps of the loss's mode; checks happen every `num_steps` or at
-    the next saved step after). Inspects the `losses` collection (`use_losses_collection`,
-    True) plus `collection_names` and `tensor_regex`. `mode` (TRAIN, EVAL, GLOBAL) limits
-    it to one mode; by default each mode is checked on its own."""
+    """With `window` 0 (SageMaker's rule): fires when a loss did not decrease by at least
+    `diff_percent` percent (default 0: any decrease will do) between a step and the last
+    checked step at least `num_steps` (10) steps before it (steps of the loss's mode; checks
+    happen every `num_steps` or at the next saved step after).
+
+    With `window` > 0 (the default set uses 25): judges trends, not two noisy points. The
+    saved losses of each mode are cut into consecutive windows of `window` saved steps and
+    each window is summarised by its median. At the end of each window, once there are
+    `min_windows` (6) of them, it fires when no window so far improved on the first one by
+    more than the margin (the larger of
+    `min_improvement_percent` % of the first median and three standard errors of the
+    difference of two medians, the standard error of a median being 1.2533 x 1.4826 x the
+    median absolute deviation / sqrt(window), the typical one over the windows), or when the
+    current window's median (from the third window on) rose above the best earlier one by
+    more than `max_rise_percent` % of it, half of what training had achieved, and three
+    standard errors: a loss that oscillates or diverges.
+
+    Inspects the `losses` collection (`use_losses_collection`, True) plus `collection_names`
+    and `tensor_regex`. `mode` (TRAIN, EVAL, GLOBAL) limits it to one mode; by default each
+    mode is checked on its own."""
 
     Params = LossNotDecreasingParams
     params: LossNotDecreasingParams
+    preset = {"window": 25, "mode": "TRAIN"}
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
         self._last: dict[tuple[ModeKeys, str], tuple[int, float]] = {}
         self._mode = ModeKeys.parse(self.params.mode) if self.params.mode else None
+        self._windows: dict[tuple[ModeKeys, str], _Windows] = {}
 
     def _names(self) -> list[str]:
         p = self.params
@@ -100,6 +124,9 @@ class LossNotDecreasing(_LossRule):
             if loss is None:
                 continue
             key = (mode, name)
+            if p.window:
+                fired = self._trend(step, mode, mode_step, name, loss) or fired
+                continue
             last = self._last.get(key)
             if last is None:
                 self._last[key] = (mode_step, loss)
@@ -111,11 +138,82 @@ class LossNotDecreasing(_LossRule):
             if last[1] - loss <= needed:
                 change = 100.0 * (loss - last[1]) / abs(last[1]) if last[1] else float("inf") if loss > last[1] else 0.0
                 self.violation(
-                    step, f"{name} ({mode.name}): {loss:.4g} at step {mode_step} vs {last[1]:.4g} at step {last[0]} ({change:+.2f}%)",
+                    step, f"{name}: {loss:.4g} at {mode.name} step {mode_step} vs {last[1]:.4g} at {mode.name} step {last[0]} ({change:+.2f}%)",
                     tensor=name, mode=mode.name, loss=loss, previous_loss=last[1], previous_mode_step=last[0],
                 )
                 fired = True
         return fired
+
+    def _trend(self, step: int, mode: ModeKeys, mode_step: int, name: str, loss: float) -> bool:
+        if not np.isfinite(loss):
+            return False  # ExplodingTensor reports NaN/inf losses
+        windows = self._windows.setdefault((mode, name), _Windows(self.params.window))
+        done = windows.add(mode_step, loss)
+        p = self.params
+        if not done or len(windows.medians) < 3:
+            return False
+        first, current = windows.medians[0], windows.medians[-1]
+        earlier = windows.medians[:-1]
+        best = min(earlier, key=lambda w: w.median)
+        where = f"{name} ({mode.name})"
+        # The loss's noise: the typical window's standard error (a window the loss fell
+        # through has a wide spread from the trend, not from noise, so not the first one's).
+        noise = float(np.median([w.stderr for w in windows.medians]))
+        margin = max(p.min_improvement_percent / 100.0 * abs(first.median), 3.0 * np.sqrt(2.0) * noise)
+        if len(windows.medians) >= p.min_windows and min(w.median for w in windows.medians) > first.median - margin:
+            self.violation(
+                step,
+                f"{where}: median {current.median:.4g} over {mode.name} steps {current.start}-{current.end} has not improved on "
+                f"{first.median:.4g} over steps {first.start}-{first.end} by more than {margin:.3g} "
+                f"({len(windows.medians)} windows of {p.window} saved steps)",
+                tensor=name, value=current.median, threshold=first.median - margin, first_median=first.median,
+            )
+            return True
+        # A rise must also be large against what training achieved, so the wobble of a loss
+        # that went to nearly zero is not mistaken for divergence.
+        achieved = max(first.median - best.median, 0.0)
+        rise = max(p.max_rise_percent / 100.0 * abs(best.median), 0.5 * achieved, 3.0 * np.sqrt(2.0) * noise)
+        if current.median > best.median + rise:
+            self.violation(
+                step,
+                f"{where}: median {current.median:.4g} over {mode.name} steps {current.start}-{current.end} rose above its best "
+                f"{best.median:.4g} (steps {best.start}-{best.end}) by more than {rise:.3g}: the loss oscillates or diverges",
+                tensor=name, value=current.median, threshold=best.median + rise, best_median=best.median,
+            )
+            return True
+        return False
+
+
+@dataclass
+class _Window:
+    start: int
+    end: int
+    median: float
+    stderr: float  # standard error of the median, from the median absolute deviation
+
+
+class _Windows:
+    """Consecutive windows of `size` loss values, summarised robustly."""
+
+    def __init__(self, size: int):
+        self.size = size
+        self.values: list[float] = []
+        self.start: int | None = None
+        self.medians: list[_Window] = []
+
+    def add(self, mode_step: int, loss: float) -> bool:
+        """Add one value; True when it completed a window."""
+        if self.start is None:
+            self.start = mode_step
+        self.values.append(loss)
+        if len(self.values) < self.size:
+            return False
+        values = np.asarray(self.values)
+        median = float(np.median(values))
+        sigma = 1.4826 * float(np.median(np.abs(values - median)))
+        self.medians.append(_Window(self.start, mode_step, median, 1.2533 * sigma / np.sqrt(len(values))))
+        self.values, self.start = [], None
+        return True
 
 
 # --- Overfit -------------------------------------------------------------------------------
@@ -127,20 +225,35 @@ class OverfitParams(RuleParams):
     start_step: int = 0
     patience: int = 1
     ratio_threshold: float = 0.1
+    trend_evaluations: int = 0
+    min_rise_percent: float = 10.0
 
     def validate(self, owner: str) -> None:
         require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
+        require(owner, "trend_evaluations", self.trend_evaluations, self.trend_evaluations == 0 or self.trend_evaluations >= 3, "0 (SageMaker's ratio test) or >= 3")
+        require(owner, "min_rise_percent", self.min_rise_percent, self.min_rise_percent >= 0, ">= 0")
         require(owner, "start_step", self.start_step, self.start_step >= 0, ">= 0")
 
 
 class Overfit(_LossRule):
-    """Fires when (mean validation loss - mean training loss) / mean training loss exceeds
-    `ratio_threshold` (0.1) at `patience` (1) evaluation steps in a row, from global step
-    `start_step` (0) on. The validation mean is over the current EVAL phase, the training
-    mean over the TRAIN phase before it. Inspects the `losses` collection plus `tensor_regex`."""
+    """With `trend_evaluations` 0 (SageMaker's rule): fires when (mean validation loss -
+    mean training loss) / mean training loss exceeds `ratio_threshold` (0.1) at `patience`
+    (1) evaluation steps in a row, from global step `start_step` (0) on. The validation mean
+    is over the current EVAL phase, the training mean over the TRAIN phase before it.
+
+    With `trend_evaluations` N > 0 (the default set uses 4): one point per evaluation phase
+    (its mean validation loss, and the mean training loss of the TRAIN phase before it);
+    fires when over the last N evaluations the validation loss trends up while the training
+    loss trends down (Theil-Sen slopes: medians of pairwise slopes, robust to one noisy
+    evaluation), the validation loss's rise over those evaluations exceeds three times its
+    noise (1.4826 x the median absolute deviation from the trend line), the trend ends more
+    than `min_rise_percent` (10) % above the best validation loss so far, and the gap
+    between validation and training loss widened. Inspects the `losses` collection plus
+    `tensor_regex`."""
 
     Params = OverfitParams
     params: OverfitParams
+    preset = {"trend_evaluations": 5}
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
@@ -148,6 +261,9 @@ class Overfit(_LossRule):
         self._eval: list[float] = []
         self._previous_mode: ModeKeys | None = None
         self._over = 0
+        self._points: list[tuple[float, float]] = []  # (train, val) per evaluation phase
+        self._phase_id = 0
+        self._eval_started_at = -1
 
     def invoke_at_step(self, step: int) -> bool:
         mode, _ = self.mode_of(step)
@@ -160,11 +276,14 @@ class Overfit(_LossRule):
                 self._train = []
             else:
                 self._eval = []
+                self._phase_id += 1
             self._previous_mode = mode
         (self._train if mode == ModeKeys.TRAIN else self._eval).append(loss)
         if mode != ModeKeys.EVAL or not self._train or step < self.params.start_step:
             return False
         train, val = float(np.mean(self._train)), float(np.mean(self._eval))
+        if self.params.trend_evaluations:
+            return self._trend(step, train, val)
         if train == 0:
             return False
         ratio = (val - train) / abs(train)
@@ -176,6 +295,43 @@ class Overfit(_LossRule):
             )
             return True
         return False
+
+    def _trend(self, step: int, train: float, val: float) -> bool:
+        points = self._points
+        if self._eval_started_at != self._phase_id:
+            points.append((train, val))
+            self._eval_started_at = self._phase_id
+        else:
+            points[-1] = (train, val)
+        n = self.params.trend_evaluations
+        if len(points) < n or not all(np.isfinite(v) for point in points[-n:] for v in point):
+            return False
+        recent = points[-n:]
+        trains, vals = [t for t, _ in recent], [v for _, v in recent]
+        val_slope, train_slope = theil_sen_slope(vals), theil_sen_slope(trains)
+        # The validation loss's noise: the spread of the recent points around their trend line.
+        fitted = np.median(vals) + val_slope * (np.arange(n) - (n - 1) / 2)
+        noise = 1.4826 * float(np.median(np.abs(np.asarray(vals) - fitted)))
+        best = min(v for _, v in points if np.isfinite(v))
+        rise_needed = best * self.params.min_rise_percent / 100.0
+        widened = (vals[-1] - trains[-1]) > (vals[0] - trains[0])
+        rising = val_slope > 0 and val_slope * (n - 1) > 3.0 * noise and fitted[-1] - best > rise_needed
+        if rising and train_slope < 0 and widened:
+            self.violation(
+                step,
+                f"over the last {n} evaluations the validation loss rose ({vals[0]:.4g} -> {vals[-1]:.4g}, best {best:.4g}) "
+                f"while the training loss fell ({trains[0]:.4g} -> {trains[-1]:.4g})",
+                value=float(fitted[-1]), threshold=best + rise_needed, validation_loss=vals[-1], training_loss=trains[-1],
+                validation_slope=val_slope, training_slope=train_slope, validation_noise=noise,
+            )
+            return True
+        return False
+
+
+def theil_sen_slope(values: list[float]) -> float:
+    """The median of the slopes between every pair of points (x = 0, 1, ...)."""
+    slopes = [(values[j] - values[i]) / (j - i) for i in range(len(values)) for j in range(i + 1, len(values))]
+    return float(np.median(slopes)) if slopes else 0.0
 
 
 # --- Overtraining --------------------------------------------------------------------------

@@ -47,6 +47,10 @@ class TensorReader:
         """The saved reduction, else computed from the raw value; None when neither was saved."""
         return saved_or_computed(lambda n: self.value(trial, n, step), name, reduction, abs)
 
+    def has_value(self, trial: Trial, name: str, step: int) -> bool:
+        """Whether the raw value of `name` was saved at global `step`."""
+        return trial.has_tensor(name) and trial.tensor(name).has_value(step)
+
     def start_step(self, step: int) -> None:
         """Called by the engine before the rules of `step` run."""
 
@@ -64,6 +68,8 @@ class ReadCache(TensorReader):
         self._recent: deque[int] = deque(maxlen=keep_steps)
         self._values: dict[tuple[int, str, int], np.ndarray | None] = {}
         self._reductions: dict[tuple[int, str, int, str, bool], float | None] = {}
+        self._has: dict[tuple[int, str, int], bool] = {}
+        self._saved_names: dict[tuple[int, str, str, bool], list[str]] = {}
         self.reads = 0  # values fetched from the store (directly or by prefetch)
         self.hits = 0
 
@@ -74,6 +80,14 @@ class ReadCache(TensorReader):
         keep = set(self._recent)
         self._values = {k: v for k, v in self._values.items() if k[2] in keep}
         self._reductions = {k: v for k, v in self._reductions.items() if k[2] in keep}
+        self._has = {k: v for k, v in self._has.items() if k[2] in keep}
+
+    def has_value(self, trial: Trial, name: str, step: int) -> bool:
+        key = (id(trial), name, step)
+        found = self._has.get(key)
+        if found is None:
+            found = self._has[key] = super().has_value(trial, name, step)
+        return found
 
     def value(self, trial: Trial, name: str, step: int) -> np.ndarray | None:
         key = (id(trial), name, step)
@@ -99,7 +113,13 @@ class ReadCache(TensorReader):
         for request in requests:
             names = [request.name]
             if request.reduction is not None:
-                saved = [n for n in saved_names(request.name, request.reduction, request.abs) if trial.has_tensor(n)]
+                key = (id(trial), request.name, request.reduction, request.abs)
+                saved = self._saved_names.get(key)
+                if saved is None:
+                    # Tensor names only grow; a name saved once stays known.
+                    saved = [n for n in saved_names(request.name, request.reduction, request.abs) if trial.has_tensor(n)]
+                    if saved:
+                        self._saved_names[key] = saved
                 names = saved[:1] or names
             for name in names:
                 if (id(trial), name, request.step) not in self._values and trial.has_tensor(name):

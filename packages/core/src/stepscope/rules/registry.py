@@ -72,6 +72,17 @@ def profiler_rules() -> dict[str, type[Rule]]:
     return rules
 
 
+def job_rules() -> dict[str, type[Rule]]:
+    """The profiler rules plus the rules that bundle them (ProfilerReport, which writes the
+    job's report): every whole-job rule known by name. Not in the default set."""
+    rules = profiler_rules()
+    try:
+        from ..report.rule import ProfilerReport
+    except ImportError:  # the report's dependencies (matplotlib) are not installed
+        return rules
+    return {**rules, "ProfilerReport": ProfilerReport}
+
+
 def _lookup(registry: dict[str, Any], name: str) -> str | None:
     if name in registry:
         return name
@@ -90,13 +101,13 @@ def rule_kind(name: str) -> str:
         return "custom"
     if _lookup(BUILTIN_RULES, name):
         return "tensor"
-    if _lookup(profiler_rules(), name):
+    if _lookup(job_rules(), name):
         return "profiler"
     raise ConfigError(f"unknown rule {name!r}; valid: {', '.join(valid_rule_names())} (or package.module:ClassName for your own)")
 
 
 def valid_rule_names() -> list[str]:
-    return list(BUILTIN_RULES) + [n for n in profiler_rules() if n not in BUILTIN_RULES]
+    return list(BUILTIN_RULES) + [n for n in job_rules() if n not in BUILTIN_RULES]
 
 
 def load_rule_class(spec: str) -> type[Rule]:
@@ -121,7 +132,7 @@ def rule_class(name: str) -> type[Rule]:
         return load_rule_class(name)
     if kind == "tensor":
         return BUILTIN_RULES[_lookup(BUILTIN_RULES, name) or name]
-    registry = profiler_rules()
+    registry = job_rules()
     return registry[_lookup(registry, name) or name]
 
 
@@ -146,9 +157,10 @@ def build_profiler_rule(name: str, params: dict[str, Any]) -> Rule:
 def describe_rules() -> list[dict[str, Any]]:
     """Each rule's `describe()`: name, kind, parameters with defaults, preset, doc, explanation."""
     out = [cls.describe() for cls in BUILTIN_RULES.values()]
-    out += [cls.describe() for name, cls in profiler_rules().items() if name not in BUILTIN_RULES]
+    out += [cls.describe() for name, cls in job_rules().items() if name not in BUILTIN_RULES]
+    in_default_set = set(DEFAULT_RULES) | set(profiler_rules())
     for entry in out:
-        entry["default"] = entry["name"] in DEFAULT_RULES or entry["kind"] == "job"
+        entry["default"] = entry["name"] in in_default_set
     return out
 
 

@@ -50,18 +50,57 @@ def _is_float(array: np.ndarray) -> bool:
 @dataclass(frozen=True)
 class VanishingGradientParams(RuleParams):
     threshold: float = 1e-7
+    relative_threshold: float = 0.0
+    skip_kinds: tuple[str, ...] = ()
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold", self.threshold, self.threshold >= 0, ">= 0")
+        require(owner, "relative_threshold", self.relative_threshold, 0 <= self.relative_threshold < 1, "in [0, 1)")
+        bad = [k for k in self.skip_kinds if k not in PARAMETER_KINDS]
+        require(owner, "skip_kinds", self.skip_kinds, not bad, f"kinds among {', '.join(PARAMETER_KINDS)}")
+
+
+PARAMETER_KINDS = ("matrix", "vector", "bias", "norm", "embedding")
+
+
+def parameter_kind(name: str, module_class: str | None, ndim: int | None) -> str:
+    """What kind of parameter a weight or gradient belongs to: "embedding" (lookup tables:
+    only the rows used in a batch get a gradient), "norm" (BatchNorm/LayerNorm scales and
+    shifts), "bias", "vector" (other 1-D parameters), "matrix" (dense, convolution and
+    recurrent weights)."""
+    lowered = name.lower()
+    cls = (module_class or "").lower()
+    last = lowered.rsplit(".", 1)[-1].rsplit("/", 1)[-1]
+    if "embedding" in cls or "embed" in lowered:
+        return "embedding"
+    if "norm" in cls or any(part in lowered for part in ("norm", ".bn", "batchnorm")):
+        return "norm"
+    if "bias" in last:
+        return "bias"
+    if ndim is not None and ndim <= 1:
+        return "vector"
+    return "matrix"
 
 
 class VanishingGradient(Rule):
     """Fires when the mean of the absolute values of a gradient drops below `threshold`
-    (default 1e-7). Inspects the `gradients` collection (tensors named `gradient*` in jobs
+    (default 1e-7), or, with `relative_threshold` > 0, below that fraction of the largest
+    mean |gradient| among the judged gradients of the same step (the layer-to-layer decay
+    that defines vanishing gradients, independent of the loss's scale). Gradients of the
+    kinds in `skip_kinds` ("bias", "vector", "norm", "embedding") are not judged: a conv
+    bias before BatchNorm has a zero gradient by design, and an embedding table's unused
+    rows get none. Inspects the `gradients` collection (tensors named `gradient*` in jobs
     without a collections file); uses the saved abs_mean reduction when there is one."""
 
     Params = VanishingGradientParams
     params: VanishingGradientParams
+    # Judge weight matrices only, and against the other layers: deep sigmoid stacks sit at
+    # 1e-8 of their last layer, healthy MLPs, CNNs, RNNs and transformers above 1e-2.
+    preset = {"relative_threshold": 1e-3, "skip_kinds": ("bias", "vector", "norm", "embedding")}
+
+    def __init__(self, base_trial: Trial, **kwargs: Any):
+        super().__init__(base_trial, **kwargs)
+        self._kinds: dict[str, str] = {}
 
     def _gradients(self) -> list[str]:
         return self.select_tensors(("gradients",), GRADIENT_REGEX)
@@ -72,14 +111,43 @@ class VanishingGradient(Rule):
     def required_tensors(self, step: int):
         return [TensorRequest(n, step, "mean", True) for n in self._gradients()]
 
-    def invoke_at_step(self, step: int) -> bool:
-        fired = False
+    def _kind(self, name: str, step: int) -> str:
+        known = self._kinds.get(name)
+        if known is not None:
+            return known
+        ndim = None
+        if self.has_raw(name, step):
+            value = self.value(name, step)
+            ndim = None if value is None else value.ndim
+        param = name.split("/", 1)[1] if name.startswith("gradient") and "/" in name else name
+        kind = parameter_kind(param, self.trial.module_class(name) or self.trial.module_class(param), ndim)
+        if ndim is not None:  # a kind found without the shape may change once a raw value comes
+            self._kinds[name] = kind
+        return kind
+
+    def invoke_at_step(self, step: int) -> bool | None:
+        p = self.params
+        judged: dict[str, float] = {}
         for name in self._gradients():
+            if p.skip_kinds and self._kind(name, step) in p.skip_kinds:
+                continue
             abs_mean = self.reduction(name, step, "mean", abs=True)
-            if abs_mean is not None and abs_mean < self.params.threshold:
-                self.violation(step, f"{name}: mean |gradient| {abs_mean:.3g} < {self.params.threshold:g}", tensor=name, abs_mean=abs_mean)
-                fired = True
-        return fired
+            if abs_mean is not None and np.isfinite(abs_mean):
+                judged[name] = abs_mean
+        if not judged:
+            return False
+        largest_name = max(judged, key=judged.__getitem__)
+        largest = judged[largest_name]
+        for name, abs_mean in judged.items():
+            if abs_mean < p.threshold:
+                self.violation(step, f"{name}: mean |gradient| {abs_mean:.3g} < {p.threshold:g}", tensor=name, value=abs_mean, threshold=p.threshold, abs_mean=abs_mean)
+            elif p.relative_threshold and largest > 0 and abs_mean / largest < p.relative_threshold:
+                ratio = abs_mean / largest
+                self.violation(
+                    step, f"{name}: mean |gradient| {abs_mean:.3g} is {ratio:.2g} of the largest ({largest_name}: {largest:.3g}) < {p.relative_threshold:g}",
+                    tensor=name, value=ratio, threshold=p.relative_threshold, abs_mean=abs_mean, largest=largest_name,
+                )
+        return None  # fired follows from the violations reported
 
 
 # --- ExplodingTensor -----------------------------------------------------------------------
@@ -109,6 +177,8 @@ class ExplodingTensor(_SelectingRule):
         return out
 
     def _bad(self, values: np.ndarray) -> tuple[int, int]:
+        if np.isfinite(values).all():  # the common case: one pass, no counting
+            return 0, 0
         nans = int(np.count_nonzero(np.isnan(values)))
         infs = 0 if self.params.only_nan else int(np.count_nonzero(np.isinf(values)))
         return nans, infs
@@ -173,7 +243,10 @@ class AllZero(_SelectingRule):
                 value = self.value(name, step)
                 if value is None or value.size == 0 or value.dtype.kind not in "fciub":
                     continue
-                percent = 100.0 * (value.size - np.count_nonzero(value)) / value.size
+                if self.params.threshold >= 100 and value.any():
+                    self._zero_run[name] = 0  # not all zero; counting would tell no more
+                    continue
+                percent = float(100.0 * (value.size - np.count_nonzero(value)) / value.size)
             else:
                 abs_max = self.reduction(name, step, "max", abs=True)
                 if abs_max is None:
@@ -290,6 +363,7 @@ class WeightUpdateRatioParams(RuleParams):
     large_threshold: float = 10.0
     small_threshold: float = 1e-8
     epsilon: float = 1e-9
+    skip_frozen: bool = False
 
     def validate(self, owner: str) -> None:
         if self.num_steps is not None:
@@ -303,7 +377,9 @@ class WeightUpdateRatio(Rule):
     (1e-8); epsilon is 1e-9. w_prev is the previous saved training step, or with
     `num_steps` the earliest saved step >= s - num_steps (skipped when there is none).
     Save weights at close steps (save_interval 1) for a meaningful ratio. Inspects the
-    `weights` collection; a weight that was all zero has no meaningful ratio and is skipped."""
+    `weights` collection; a weight that was all zero has no meaningful ratio and is skipped.
+    With `skip_frozen` (the default set), weights whose gradient (`gradient/<name>`) the job
+    never saved while saving others' are frozen on purpose and not judged."""
 
     Params = WeightUpdateRatioParams
     params: WeightUpdateRatioParams
@@ -311,9 +387,23 @@ class WeightUpdateRatio(Rule):
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
         self._history: dict[str, deque[tuple[int, np.ndarray]]] = {}
+        self._trained: tuple[list[str], list[str]] | None = None
+
+    # A weight frozen on purpose (fine-tuning a head on a frozen backbone) has an update
+    # ratio of 0 by design: judge only the weights that get gradients.
+    preset = {"skip_frozen": True}
 
     def _weights(self) -> list[str]:
-        return self.select_tensors(("weights",), WEIGHT_REGEX)
+        weights = self.select_tensors(("weights",), WEIGHT_REGEX)
+        if not self.params.skip_frozen:
+            return weights
+        if self._trained is not None and self._trained[0] is weights:  # same selection as before
+            return self._trained[1]
+        gradients = {n[len("gradient/") :] for n in self.trial.tensor_names() if n.startswith("gradient/")}
+        # The job saved gradients: a weight without one is frozen.
+        trained = [w for w in weights if w in gradients] if gradients else weights
+        self._trained = (weights, trained)
+        return trained
 
     def has_inputs(self) -> bool:
         return bool(self._weights())

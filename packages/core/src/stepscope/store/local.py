@@ -180,8 +180,9 @@ class LocalStore(Store):
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         base = self._path(prefix) if prefix else self.root
         # A prefix may name a folder or the start of file names inside one.
-        folder = base if base.is_dir() and not base.is_symlink() else base.parent
-        if not folder.is_dir() or folder.is_symlink():
+        # A missing job root has no keys: its parent folder is someone else's.
+        folder = base if base.is_dir() and not base.is_symlink() else base.parent if prefix else None
+        if folder is None or not folder.is_dir() or folder.is_symlink():
             return []
         keys: builtins.list[str] = []
         rel = os.path.relpath(folder, self.root).replace(os.sep, "/")

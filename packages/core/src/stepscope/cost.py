@@ -1,0 +1,146 @@
+"""stepscope's own cost, measured by the hooks while the job runs: time spent inside the
+hooks and in the writer per step, against the step time, and bytes written. The hooks
+publish one `stepscope-cost/<worker>.json` at close; the report shows it."""
+
+from __future__ import annotations
+
+import json
+import logging
+import platform
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+logger = logging.getLogger("stepscope")
+
+COST_DIR = "stepscope-cost"
+MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
+
+
+def cost_key(worker: str) -> str:
+    return f"{COST_DIR}/{worker}.json"
+
+
+@dataclass
+class HookCost:
+    """What one worker's hook measured. Times in seconds; `samples` are per-step
+    (step, step seconds, hook seconds) for the steps kept."""
+
+    worker: str
+    steps: int = 0
+    step_s: float = 0.0
+    hook_s: float = 0.0
+    writer_s: float = 0.0
+    bytes_written: int = 0
+    samples: list[tuple[int, float, float]] = field(default_factory=list)
+    versions: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "worker": self.worker, "steps": self.steps, "step_s": self.step_s, "hook_s": self.hook_s,
+            "writer_s": self.writer_s, "bytes_written": self.bytes_written,
+            "samples": [list(s) for s in self.samples], "versions": self.versions,
+        }
+
+    @classmethod
+    def from_json(cls, body: dict[str, Any]) -> HookCost:
+        return cls(
+            worker=str(body["worker"]), steps=int(body.get("steps", 0)), step_s=float(body.get("step_s", 0.0)),
+            hook_s=float(body.get("hook_s", 0.0)), writer_s=float(body.get("writer_s", 0.0)),
+            bytes_written=int(body.get("bytes_written", 0)),
+            samples=[(int(s), float(a), float(b)) for s, a, b in body.get("samples", ())],
+            versions={str(k): str(v) for k, v in (body.get("versions") or {}).items()},
+        )
+
+
+class CostMeter:
+    """Accumulates the hook's own time. `timed(method)` wraps a hook entry point; nested
+    entry points count once (the outer one). `step_begins(step, at)` closes the previous
+    step. A wrapped call costs two perf_counter reads and a few attribute updates: the
+    meter stays on in every job."""
+
+    __slots__ = ("cost", "depth", "hook_s", "step_hook_s", "_step", "_step_started", "_stride", "_entered")
+
+    def __init__(self, worker: str, versions: dict[str, str] | None = None):
+        self.cost = HookCost(worker, versions={"python": platform.python_version(), **(versions or {})})
+        self.depth = 0
+        self.hook_s = 0.0
+        self.step_hook_s = 0.0
+        self._step: int | None = None
+        self._step_started = 0.0
+        self._stride = 1
+        self._entered = 0.0
+
+    def timed(self, method: Callable[..., Any]) -> Callable[..., Any]:
+        meter = self
+        clock = time.perf_counter
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if meter.depth:
+                return method(*args, **kwargs)
+            meter.depth = 1
+            started = clock()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                elapsed = clock() - started
+                meter.depth = 0
+                meter.hook_s += elapsed
+                meter.step_hook_s += elapsed
+
+        timed.__wrapped__ = method  # type: ignore[attr-defined]
+        timed.__doc__ = method.__doc__
+        return timed
+
+    def enter(self) -> None:
+        """For code that cannot be wrapped: `enter()` ... `leave()` (not nested)."""
+        self.depth += 1
+        self._entered = time.perf_counter()
+
+    def leave(self) -> None:
+        elapsed = time.perf_counter() - self._entered
+        self.depth -= 1
+        self.hook_s += elapsed
+        self.step_hook_s += elapsed
+
+    def step_begins(self, step: int, at: float) -> None:
+        """Step time runs from one step's start to the next one's (what a user calls a step)."""
+        if self._step is not None:
+            self.step_done(self._step, at - self._step_started)
+        self._step, self._step_started = step, at
+
+    def step_ends(self, at: float) -> None:
+        """Close the last step (at close, or before a pause such as between fit and test)."""
+        if self._step is not None:
+            self.step_done(self._step, at - self._step_started)
+            self._step = None
+
+    def step_done(self, step: int, step_s: float) -> None:
+        cost = self.cost
+        cost.steps += 1
+        cost.step_s += step_s
+        if self._stride == 1 or step % self._stride == 0:
+            cost.samples.append((step, step_s, self.step_hook_s))
+            if len(cost.samples) >= MAX_SAMPLES:
+                cost.samples = cost.samples[::2]
+                self._stride *= 2
+        self.step_hook_s = 0.0
+
+    def to_bytes(self, writer_s: float, bytes_written: int) -> bytes:
+        cost = self.cost
+        cost.hook_s, cost.writer_s, cost.bytes_written = self.hook_s, writer_s, bytes_written
+        return json.dumps(cost.to_json()).encode()
+
+
+def read_costs(store: Any) -> dict[str, HookCost]:
+    """{worker: HookCost} of every cost file in the job (empty when the hooks wrote none)."""
+    out = {}
+    for key in store.list(COST_DIR + "/"):
+        try:
+            cost = HookCost.from_json(json.loads(store.read(key)))
+        except (ValueError, KeyError, TypeError, OSError) as exc:
+            logger.warning("stepscope: skipping unreadable cost file %s: %s", store.describe(key), exc)
+            continue
+        out[cost.worker] = cost
+    return out

@@ -1,0 +1,29 @@
+"""Exports of a job's saved tensors to other tools: TensorBoard event files (scalars and
+histograms, one run per mode) and one HDF5 file (datasets stacked over steps).
+
+Both read through the public Trial API only, step batch by step batch, so memory stays
+bounded on large jobs. Modules load on first use, so `stepscope --help` stays fast."""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+_LAZY = {
+    "Selection": "selection",
+    "export_tensorboard": "tensorboard",
+    "export_hdf5": "hdf5",
+    "hdf5_key": "hdf5",
+    "TensorBoardWriter": "tb_writer",
+    "histogram_proto": "tb_writer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(importlib.import_module(f".{module}", __name__), name)
+
+
+__all__ = list(_LAZY)

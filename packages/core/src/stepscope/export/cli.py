@@ -1,0 +1,66 @@
+"""`stepscope export PATH (--tensorboard DIR | --hdf5 FILE) [--regex R] [--steps A:B] [--mode M]`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+
+def add_parser(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "export",
+        help="export saved tensors to TensorBoard event files or one HDF5 file",
+        description=(
+            "Export the job at PATH (a folder or s3:// URL). --tensorboard DIR writes losses, metrics and saved "
+            "reductions as scalars and other saved tensors as histograms, one run per mode (tensorboard --logdir DIR). "
+            "--hdf5 FILE writes the chosen tensors stacked over steps with step/mode/mode_step/worker index datasets."
+        ),
+    )
+    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard runs under DIR")
+    parser.add_argument("--hdf5", metavar="FILE", help="write one HDF5 file")
+    parser.add_argument("--regex", action="append", default=[], metavar="R", help="only tensors whose name matches R (repeatable)")
+    parser.add_argument("--steps", metavar="A:B", help="only steps A (included) to B (excluded); mode steps with --mode")
+    parser.add_argument("--mode", metavar="M", help="only this mode: train, eval, predict or global")
+    parser.add_argument("--step-axis", choices=("global", "mode"), default="global", help="TensorBoard x axis: the global step (default) or each mode's step")
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr (default: on a terminal)")
+    parser.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..cli import EXIT_OK, UsageError
+    from ..progress import ProgressBar
+    from ..store import open_store
+    from ..trial import create_trial
+    from .selection import Selection
+
+    if not args.tensorboard and not args.hdf5:
+        raise UsageError("say where to export: --tensorboard DIR and/or --hdf5 FILE")
+    selection = Selection.from_args(args.regex, args.steps, args.mode)
+    store = open_store(args.path)
+    if not store.list(""):
+        raise UsageError(f"no saved data at {store.describe()} (wrong path?)")
+    trial = create_trial(store)
+    if not trial.steps():
+        raise UsageError(f"no saved steps at {store.describe()}")
+    done: list[str] = []
+    if args.tensorboard:
+        from .tensorboard import export_tensorboard
+
+        with ProgressBar("stepscope export --tensorboard", args.progress) as bar:
+            tb = export_tensorboard(trial, args.tensorboard, selection, step_axis=args.step_axis, progress=bar)
+        done.append(f"TensorBoard: {tb.scalars} scalar and {tb.histograms} histogram values over {tb.steps} steps, runs {', '.join(tb.runs) or '(none)'} in {tb.logdir}")
+    if args.hdf5:
+        from .hdf5 import export_hdf5
+
+        with ProgressBar("stepscope export --hdf5", args.progress) as bar:
+            h5 = export_hdf5(trial, args.hdf5, selection, progress=bar)
+        done.append(f"HDF5: {h5.tensors} tensors, {h5.rows} rows in {h5.path}")
+    _print(done, sys.stdout)
+    return EXIT_OK
+
+
+def _print(lines: list[str], out: Any) -> None:
+    for line in lines:
+        print(line, file=out)

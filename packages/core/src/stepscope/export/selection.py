@@ -1,0 +1,125 @@
+"""Which tensors and steps an export takes (`--regex`, `--steps A:B`, `--mode`), and the
+walk over them: batches of steps read with one `Trial.read_many` each, so an export of a
+large job holds one batch in memory, never the job."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..exceptions import ConfigError, StepscopeError
+from ..modes import ModeKeys
+from ..trial import Trial
+
+BATCH_STEPS = 32
+
+
+@dataclass(frozen=True)
+class StepValues:
+    """The selected values of one step of one worker."""
+
+    step: int  # global step
+    mode: ModeKeys
+    mode_step: int
+    worker: str
+    wall_time: float | None
+    values: dict[str, np.ndarray]
+
+
+def parse_steps(text: str | None) -> tuple[int | None, int | None]:
+    """`A:B` -> (A, B), both optional (`:B`, `A:`); A included, B excluded."""
+    if text is None or text.strip() in ("", ":"):
+        return None, None
+    start, sep, stop = text.partition(":")
+    if not sep:
+        raise ConfigError(f"--steps must be A:B (A included, B excluded; either may be empty), got {text!r}")
+    try:
+        return (int(start) if start.strip() else None), (int(stop) if stop.strip() else None)
+    except ValueError:
+        raise ConfigError(f"--steps must be A:B with integers, got {text!r}") from None
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Tensors matching any of `regex` (all when empty) at steps in [start, stop): global
+    steps, or steps of `mode` when a mode is given."""
+
+    regex: tuple[str, ...] = ()
+    start: int | None = None
+    stop: int | None = None
+    mode: ModeKeys | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.regex, str):
+            object.__setattr__(self, "regex", (self.regex,))
+        for pattern in self.regex:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise ConfigError(f"regex {pattern!r} is not a valid regular expression: {exc}") from None
+        if self.mode is not None:
+            try:
+                object.__setattr__(self, "mode", ModeKeys.parse(self.mode))
+            except ValueError as exc:
+                raise ConfigError(f"mode: {exc}") from None
+        if self.start is not None and self.stop is not None and self.stop <= self.start:
+            raise ConfigError(f"steps {self.start}:{self.stop}: the end must be greater than the start")
+
+    @classmethod
+    def from_args(cls, regex: Any = (), steps: str | None = None, mode: str | None = None) -> Selection:
+        start, stop = parse_steps(steps)
+        return cls(tuple(regex or ()), start, stop, mode)  # type: ignore[arg-type]
+
+    def tensor_names(self, trial: Trial) -> list[str]:
+        return trial.tensor_names(regex=list(self.regex)) if self.regex else trial.tensor_names()
+
+    def global_steps(self, trial: Trial) -> list[int]:
+        if self.mode is None:
+            chosen = trial.steps()
+        else:
+            chosen = [trial.global_step(self.mode, s) for s in trial.steps(mode=self.mode)]
+        out = []
+        for step in chosen:
+            position = step if self.mode is None else trial.mode_of(step)[1]
+            if (self.start is None or position >= self.start) and (self.stop is None or position < self.stop):
+                out.append(step)
+        return out
+
+
+def iter_step_values(trial: Trial, selection: Selection, progress: Any = None, batch_steps: int = BATCH_STEPS, wall_time: bool = True) -> Iterator[StepValues]:
+    """Every selected step of every worker with its selected values, in step order; with
+    `wall_time`, when the step was saved (one more small read per step)."""
+    names = selection.tensor_names(trial)
+    steps = selection.global_steps(trial)
+    workers = trial.workers() or ["worker_0"]
+    if progress:
+        progress(0, len(steps))
+    for first in range(0, len(steps), batch_steps):
+        batch = steps[first : first + batch_steps]
+        requests = [(name, step, None, worker) for step in batch for worker in workers for name in names]
+        arrays = iter(trial.read_many(requests) if names else [])
+        for step in batch:
+            mode, mode_step = trial.mode_of(step)
+            for worker in workers:
+                values = {}
+                for name in names:
+                    array = next(arrays)
+                    if array is not None:
+                        values[name] = array
+                if values:
+                    # The wall time is read from the smallest record of the step (one more read).
+                    smallest = min(values, key=lambda n: values[n].nbytes) if wall_time else ""
+                    yield StepValues(step, mode, mode_step, worker, _wall_time(trial, smallest, step, worker) if wall_time else None, values)
+        if progress:
+            progress(min(first + batch_steps, len(steps)), len(steps))
+
+
+def _wall_time(trial: Trial, name: str, step: int, worker: str) -> float | None:
+    try:
+        return trial.tensor(name).wall_time(step, worker=worker)
+    except StepscopeError:
+        return None

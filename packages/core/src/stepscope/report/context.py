@@ -1,0 +1,53 @@
+"""What the section builders share: the trial, its profiler side and the rules' findings,
+each read once through their public APIs."""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+import pandas as pd
+
+from ..trial import Trial
+from .findings import Finding
+
+logger = logging.getLogger("stepscope")
+
+
+@dataclass
+class ReportContext:
+    trial: Trial
+    findings: list[Finding]
+
+    @functools.cached_property
+    def profiler(self) -> Any:
+        return self.trial.profiler
+
+    @functools.cached_property
+    def timeline(self) -> pd.DataFrame:
+        """The step timeline (empty when the job recorded none or it cannot be read)."""
+        try:
+            return self.profiler.step_timeline()
+        except Exception as exc:  # a broken timeline must not lose the rest of the report
+            logger.warning("stepscope report: cannot read the step timeline: %s", exc)
+            return pd.DataFrame(columns=["node_id", "rank", "framework", "mode", "step", "phase", "name", "start_ns", "end_ns", "duration_ms", "args"])
+
+    def system_metrics(self, names: list[str]) -> pd.DataFrame:
+        try:
+            return self.profiler.system_metrics(names=names)
+        except Exception as exc:
+            logger.warning("stepscope report: cannot read system metrics: %s", exc)
+            return pd.DataFrame(columns=["timestamp", "node_id", "type", "name", "dimension", "value"])
+
+    def finding(self, rule: str) -> Finding | None:
+        return next((f for f in self.findings if f.rule == rule), None)
+
+    def fired_marks(self) -> list[tuple[float, str]]:
+        """(global step, rule) for the first steps where tensor rules fired, for the curves."""
+        marks = []
+        for finding in self.findings:
+            if finding.fired and finding.kind == "tensor":
+                marks += [(float(step), f"{finding.rule} fired") for step in finding.fired_steps[:5]]
+        return marks

@@ -1,0 +1,92 @@
+"""GPU work, when detailed traces exist: top kernels by time and by launches, the launch
+latency distribution, memory copies (volume, bandwidth), syncs and the idle breakdown, as
+the trace engine (`trial.profiler.traces`, docs/traces.md) computes them."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from ..context import ReportContext
+from ..figures import histogram
+from ..model import Figure, Section, Table
+
+logger = logging.getLogger("stepscope")
+
+MAX_ROWS = 15
+MAX_NAME = 64  # kernel names run to hundreds of characters of template arguments
+
+# (key, title, call on the TraceAnalysis facade)
+_TABLES = (
+    ("gpu-top-kernels-time", "Top kernels by time", lambda t: t.top_kernels(k=MAX_ROWS, by="time")),
+    ("gpu-top-kernels-launches", "Top kernels by launches", lambda t: t.top_kernels(k=MAX_ROWS, by="launches")),
+    ("gpu-launch-latency", "Kernel launch latency (launch call end to kernel start)", lambda t: t.launch_latency()),
+    ("gpu-memory-ops", "Memory copies and sets: volume and bandwidth", lambda t: t.memory_ops()),
+    ("gpu-syncs", "Synchronisations (host blocked on the GPU)", lambda t: t.syncs()),
+    ("gpu-temporal", "GPU time: busy, idle, compute", lambda t: t.temporal_breakdown()),
+    ("gpu-idle", "GPU idle time by cause, per stream", lambda t: t.idle_breakdown()),
+)
+
+WHAT_TO_SAVE = (
+    "GPU kernel tables need detailed traces: profile a few steps (torch.profiler / tf.profiler traces "
+    "under profiler-output/framework/<framework>/detailed/rank<r>/, see docs/traces.md), then run the report again."
+)
+
+
+def build(ctx: ReportContext) -> Section:
+    section = Section("gpu", "GPU work")
+    traces = _traces(ctx)
+    if traces is None:
+        section.missing.append(WHAT_TO_SAVE)
+        return section
+    for key, title, call in _TABLES:
+        frame = _call(section, title, call, traces)
+        if frame is None or not len(frame):
+            continue
+        head = frame.head(MAX_ROWS)
+        rows = tuple(tuple(_cell(v) for v in row) for row in head.itertuples(index=False))
+        more = f" (first {MAX_ROWS} of {len(frame)})" if len(frame) > MAX_ROWS else ""
+        section.add(Table(tuple(str(c) for c in head.columns), rows, caption=title + more, key=key))
+        if key == "gpu-launch-latency":
+            _latency_histogram(section, traces)
+    if not section.blocks:
+        section.missing.append("The traces hold no GPU activity (a CPU-only run?). " + WHAT_TO_SAVE)
+    return section
+
+
+def _traces(ctx: ReportContext) -> Any | None:
+    """The trace engine's view of the job, or None when the job has no detailed traces."""
+    try:
+        traces = ctx.profiler.traces
+        listed = traces.traces()
+    except Exception as exc:  # no engine (older core), unreadable traces: say so, keep going
+        logger.warning("stepscope report: cannot open the detailed traces: %s", exc)
+        return None
+    return traces if len(listed) else None
+
+
+def _call(section: Section, title: str, call: Any, traces: Any) -> Any:
+    try:
+        return call(traces)
+    except Exception as exc:
+        logger.warning("stepscope report: trace analysis %r failed: %s", title, exc)
+        section.missing.append(f"{title}: the trace engine could not compute it ({type(exc).__name__}: {exc}).")
+        return None
+
+
+def _latency_histogram(section: Section, traces: Any) -> None:
+    try:
+        launches = traces.launches()
+    except Exception:
+        return
+    if len(launches) and "delay_ns" in launches:
+        delays = (launches["delay_ns"][launches["delay_ns"] >= 0] / 1e3).tolist()
+        if delays:
+            section.add(Figure(histogram(delays, xlabel="launch delay (µs)"), caption="Launch latency distribution (every launched GPU activity)", key="gpu-launch-histogram"))
+
+
+def _cell(value: Any) -> Any:
+    value = value.item() if hasattr(value, "item") else value
+    if isinstance(value, str) and len(value) > MAX_NAME:
+        return value[: MAX_NAME - 3] + "..."
+    return value

@@ -1,0 +1,81 @@
+"""HookOutputs, driven as a hook base drives it, around a real Writer: the live TensorBoard
+run (read back by TensorBoard's loader), the cost file, and the report at close."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from stepscope.cost import read_costs
+from stepscope.hook_outputs import HookOutputs, imported_versions
+from stepscope.modes import ModeKeys
+from stepscope.writer import Writer
+
+
+def _drive(out_dir, tensorboard_dir=None, report=False, steps=4):
+    writer = Writer(str(out_dir))
+    outputs = HookOutputs("worker_0", tensorboard_dir=tensorboard_dir, report=report)
+    outputs.attach(writer)
+    saved = {}
+    for step in range(steps):
+        outputs.meter.step_begins(step, time.perf_counter())
+        tensors = {"loss": np.float32(1.0 / (step + 1)), "fc.weight": np.arange(6, dtype=np.float32).reshape(2, 3) * step}
+        outputs.meter.timed(writer.write_step)(step, ModeKeys.TRAIN, step, tensors)
+        saved[step] = tensors
+    writer.close()
+    outputs.close(writer.store, writer)
+    return writer, saved
+
+
+def test_live_tensorboard_run(tmp_path):
+    from tensorboard import context
+    from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
+
+    _drive(tmp_path / "job", tensorboard_dir=str(tmp_path / "tb"))
+    multiplexer = plugin_event_multiplexer.EventMultiplexer()
+    multiplexer.AddRunsFromDirectory(str(tmp_path / "tb"))
+    multiplexer.Reload()
+    provider = data_provider.MultiplexerDataProvider(multiplexer, str(tmp_path / "tb"))
+    scalars = provider.read_scalars(context.RequestContext(), experiment_id="", plugin_name="scalars", downsample=100)
+    points = scalars["train"]["loss"]
+    assert [p.step for p in points] == [0, 1, 2, 3]
+    assert [p.value for p in points] == pytest.approx([1.0, 0.5, 1 / 3, 0.25])
+    histograms = provider.read_tensors(context.RequestContext(), experiment_id="", plugin_name="histograms", downsample=100)
+    assert [d.step for d in histograms["train"]["fc.weight"]] == [0, 1, 2, 3]  # step 0 is all zeros: one bucket
+    assert histograms["train"]["fc.weight"][-1].numpy[:, 2].sum() == 6
+
+
+def test_cost_file_measures_the_hook_and_the_writer(tmp_path):
+    writer, _ = _drive(tmp_path / "job")
+    cost = read_costs(writer.store)["worker_0"]
+    assert cost.steps == 4 and len(cost.samples) == 4
+    assert 0 < cost.hook_s <= cost.step_s
+    assert cost.writer_s == writer.busy_s > 0
+    on_disk = sum(p.stat().st_size for p in (tmp_path / "job").rglob("*") if p.is_file() and ("events" in p.parts or "index" in p.parts))
+    assert writer.bytes_written >= on_disk > 0  # every event and index file, plus the collections-free rest
+    assert imported_versions()["numpy"] == np.__version__ and cost.versions["numpy"] == np.__version__
+
+
+def test_report_at_close(tmp_path):
+    writer, _ = _drive(tmp_path / "job", report=True)
+    html = (tmp_path / "job" / "stepscope-report.html").read_text()
+    assert 'data-section="cost"' in html and 'data-table="cost"' in html
+
+
+def test_a_failing_listener_is_dropped_not_fatal(tmp_path):
+    writer = Writer(str(tmp_path / "job"))
+    calls = []
+
+    def broken(step, mode, mode_step, arrays):
+        calls.append(step)
+        raise RuntimeError("nope")
+
+    writer.step_listeners.append(broken)
+    for step in range(3):
+        writer.write_step(step, ModeKeys.TRAIN, step, {"x": np.ones(2)})
+    writer.close()
+    assert calls == [0] and not writer.failed
+    assert json.loads((tmp_path / "job" / "index" / "000000000" / "000000000002_worker_0.json").read_text())["tensor_payload"]
