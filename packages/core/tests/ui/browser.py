@@ -17,8 +17,8 @@ ARTIFACTS = Path(os.environ.get("STEPSCOPE_TEST_ARTIFACTS") or REPO / "artifacts
 
 
 def chromium_paths() -> tuple[str, str]:
-    browser = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    driver = shutil.which("chromedriver")
+    browser = os.environ.get("STEPSCOPE_CHROMIUM") or shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    driver = os.environ.get("STEPSCOPE_CHROMEDRIVER") or shutil.which("chromedriver")
     if not browser or not driver:
         pytest.skip("no chromium/chromedriver on this machine (Debian: apt-get install chromium chromium-driver; nox -s tests installs them)")
     return browser, driver
