@@ -24,7 +24,7 @@ def profiler_job(tmp_path):
     timeline = TimelineWriter(store, node_id="algo-1", flush_interval_s=3600)
     now = T0 * 10**9
     for step in range(40):
-        duration = int((300 if step == 25 else 100) * 1e6)  # one slow step
+        duration = int((400 if step == 25 else 100) * 1e6)  # one slow step (StepOutlier: > 3x the median and 50 ms more)
         cut = [now + int(duration * f) for f in (0.0, 0.1, 0.5, 0.9, 1.0)]
         timeline.add_spans([("step", cut[0], cut[4]), ("data", cut[0], cut[1]), ("forward", cut[1], cut[2]), ("backward", cut[2], cut[3]), ("optimizer", cut[3], cut[4])], step=step, mode=ModeKeys.TRAIN)
         now += duration
