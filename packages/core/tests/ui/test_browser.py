@@ -240,8 +240,8 @@ def test_gpu_job_dashboard_and_kernel_launch(served):
     expected = traces.top_kernels(k=10, by="time")
     assert [r[1] for r in top["rows"]] == expected["name"].tolist()
     pie = _chart(driver, "gpu-time:rank 0")
-    temporal = traces.temporal_breakdown().iloc[0]
-    assert pie["idle"] == pytest.approx(temporal["idle_us"]) and pie["kernels (compute)"] == pytest.approx(temporal["compute_us"])
+    active = traces.active_time().iloc[0]
+    assert pie["idle"] == pytest.approx(active["idle_us"]) and pie["kernels"] == pytest.approx(active["kernel_us"])
     screenshot(driver, "08-gpu-dashboard")
 
     driver.execute_script("location.hash = '#timeline'")

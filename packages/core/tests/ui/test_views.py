@@ -223,9 +223,12 @@ def test_gpu_views_are_the_trace_engines(app, store_root):
     np.testing.assert_allclose([r[4] for r in gpu["tables"]["Top kernels by time"]["rows"]], top["total_us"])
     by_launches = traces.top_kernels(k=3, by="launches")
     assert [r[3] for r in gpu["tables"]["Top kernels by launches"]["rows"]] == by_launches["count"].tolist()
-    temporal = traces.temporal_breakdown().set_index("rank")
-    assert gpu["pies"]["rank 1"]["time"]["idle"] == pytest.approx(temporal.loc[1, "idle_us"])
-    assert gpu["pies"]["rank 0"]["time"]["kernels (compute)"] == pytest.approx(temporal.loc[0, "compute_us"])
+    active = traces.active_time().set_index("rank")
+    assert gpu["pies"]["rank 1"]["time"]["idle"] == pytest.approx(active.loc[1, "idle_us"])
+    assert gpu["pies"]["rank 0"]["time"]["kernels"] == pytest.approx(active.loc[0, "kernel_us"])
+    assert gpu["pies"]["rank 0"]["time"]["sync"] == pytest.approx(active.loc[0, "sync_us"])
+    # The idle slice is the temporal breakdown's idle time (sync records are idle there too).
+    assert active.loc[1, "idle_us"] + active.loc[1, "sync_us"] == pytest.approx(traces.temporal_breakdown().set_index("rank").loc[1, "idle_us"])
     annotations = traces.events(rank=None, kinds=["annotation"])
     name = sorted(set(annotations["name"].astype(str)) - {n for n in annotations["name"].astype(str) if n.startswith("ProfilerStep#")})[0]
     picked = client.get("/api/jobs/team-a/gpu/dashboard", query_string={"phase": f"trace: {name}", "bins": 7}).get_json()["annotation"]

@@ -187,22 +187,22 @@ def _traces(trial: Any) -> Any | None:
 
 
 def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
-    """The trace engine's answers: GPU time split (compute, memory/communication, idle) and
+    """The trace engine's answers: GPU time split (kernels, memcpy/memset, sync, idle) and
     idle causes per rank, top kernels by time and by launches, kernel precision, memory
     operations, syncs and launch delays."""
     traces = _traces(trial)
     if traces is None:
         return {"available": False, "reason": "no detailed GPU traces in this job (profile some steps with the plugins' detailed profiling)"}
-    temporal = traces.temporal_breakdown()
+    active = traces.active_time()
     idle = traces.idle_breakdown()
     precision = traces.kernel_stats(by="precision")
     pies = {}
-    for row in temporal.itertuples():
+    for row in active.itertuples():
         waits = idle[idle["rank"] == row.rank]
         classes = precision[precision["rank"] == row.rank] if "rank" in precision else precision
         pies[f"rank {row.rank}"] = {
             "precision": {str(p): float(t) for p, t in zip(classes["precision"], classes["total_us"])},
-            "time": {"kernels (compute)": float(row.compute_us), "memcpy / memset / communication": float(row.non_compute_us), "idle": float(row.idle_us)},
+            "time": {"kernels": float(row.kernel_us), "memcpy / memset": float(row.memory_us), "sync": float(row.sync_us), "idle": float(row.idle_us)},
             "idle": {"waiting for the host": float(waits["host_wait_us"].sum()), "between kernels": float(waits["kernel_wait_us"].sum()),
                      "other": float(waits["other_us"].sum())},
         }
