@@ -23,6 +23,14 @@ def _install(session: nox.Session, *extra: str) -> None:
     session.install(*CONSTRAINTS, *PACKAGES, *extra)
 
 
+def _build_ui(session: nox.Session) -> None:
+    """The web app's bundle (npm packages pinned by packages/core/ui-src/package-lock.json)."""
+    if not shutil.which("npm") and os.geteuid() == 0:
+        session.run("apt-get", "update", "-qq", external=True)
+        session.run("apt-get", "install", "-y", "-qq", "npm", external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
+    session.run("python", "scripts/build_ui.py")
+
+
 def _ensure_chromium(session: nox.Session) -> None:
     """The browser tests (report, app) drive Debian's Chromium; bring it on a fresh machine."""
     if shutil.which("chromium") and shutil.which("chromedriver"):
@@ -38,6 +46,7 @@ def _ensure_chromium(session: nox.Session) -> None:
 @nox.session(python=PYTHON)
 def tests(session: nox.Session) -> None:
     _install(session)
+    _build_ui(session)
     _ensure_chromium(session)
     args = session.posargs or ["packages/core/tests", "packages/torch_plugin/tests", "packages/tf_plugin/tests", "tests"]
     session.run("pytest", "-q", "-p", "no:cacheprovider", *args, env=QUIET_TF)

@@ -96,6 +96,11 @@ class TraceAnalysis:
         """GPU span, busy, idle, compute and non-compute time (µs and % of the span)."""
         return self._per_rank(rank, steps, lambda e, r: idle.temporal_breakdown(e, per_step=per_step))
 
+    def active_time(self, rank: int | None = None, steps: StepRange = None, per_step: bool = False) -> pd.DataFrame:
+        """GPU time split into kernel_us, memory_us (memcpy/memset), sync_us (GPU-side sync
+        records) and idle_us over the GPU span; the parts add up to span_us."""
+        return self._per_rank(rank, steps, lambda e, r: idle.active_time(e, per_step=per_step))
+
     def idle_breakdown(self, rank: int | None = None, steps: StepRange = None, per_step: bool = False, kernel_wait_us: float = idle.KERNEL_WAIT_US) -> pd.DataFrame:
         """Per stream (and step): idle time split into host_wait_us, kernel_wait_us, other_us."""
         return self._per_rank(rank, steps, lambda e, r: idle.idle_breakdown(e, kernel_wait_us=kernel_wait_us, per_step=per_step))
@@ -120,6 +125,7 @@ class TraceAnalysis:
         return {
             "traces": self.traces(),
             "temporal_breakdown": self.temporal_breakdown(rank, steps),
+            "active_time": self.active_time(rank, steps),
             "idle_breakdown": self.idle_breakdown(rank, steps),
             "top_kernels": self.top_kernels(10, "time", rank, steps),
             "kernels_by_precision": self.kernel_stats("precision", rank, steps),

@@ -55,6 +55,43 @@ def temporal_breakdown(events: pd.DataFrame, per_step: bool = False) -> pd.DataF
     return pd.DataFrame(rows, columns=["step", *BREAKDOWN_COLUMNS])
 
 
+ACTIVE_COLUMNS = ["span_us", "kernel_us", "memory_us", "sync_us", "idle_us"]
+
+
+def _active(kernels: pd.DataFrame, memory: pd.DataFrame, sync: pd.DataFrame) -> dict[str, float]:
+    # Each instant of the span counts once, for the first of kernel > memcpy/memset > sync
+    # that covers it, so the four parts add up to the span (a pie, as SageMaker's dashboard).
+    def bounds(*frames: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+        start = np.concatenate([f["ts_ns"].to_numpy(np.int64) for f in frames])
+        return start, start + np.concatenate([f["dur_ns"].to_numpy(np.int64) for f in frames])
+
+    k = union_ns(*bounds(kernels))
+    km = union_ns(*bounds(kernels, memory))
+    kms_start, kms_end = bounds(kernels, memory, sync)
+    if kms_start.size == 0:
+        return dict.fromkeys(ACTIVE_COLUMNS, 0.0)
+    kms = union_ns(kms_start, kms_end)
+    span = int(kms_end.max() - kms_start.min())
+    return {"span_us": span / 1000, "kernel_us": k / 1000, "memory_us": (km - k) / 1000, "sync_us": (kms - km) / 1000, "idle_us": (span - kms) / 1000}
+
+
+def active_time(events: pd.DataFrame, per_step: bool = False) -> pd.DataFrame:
+    """GPU time split into kernels, memory operations (memcpy/memset), sync (GPU-side
+    synchronization records: stream waits, event syncs) and idle, over the span from the first
+    GPU activity to the last; the four parts add up to the span."""
+    kernels, memory = of_kind(events, "kernel"), of_kind(events, "memcpy", "memset")
+    sync = of_kind(events, "sync")
+    sync = sync[sync["stream"].to_numpy() >= 0]  # GPU-side records; host sync calls have no stream
+    if not per_step:
+        return pd.DataFrame([_active(kernels, memory, sync)], columns=ACTIVE_COLUMNS)
+    rows = []
+    steps = sorted({int(s) for frame in (kernels, memory, sync) for s in frame["step"].unique() if s >= 0})
+    for step in steps:
+        pick = [frame[frame["step"].to_numpy() == step] for frame in (kernels, memory, sync)]
+        rows.append({"step": step, **_active(*pick)})
+    return pd.DataFrame(rows, columns=["step", *ACTIVE_COLUMNS])
+
+
 def idle_breakdown(events: pd.DataFrame, kernel_wait_us: float = KERNEL_WAIT_US, per_step: bool = False) -> pd.DataFrame:
     """Idle time per stream (and step) split into host_wait, kernel_wait and other (µs)."""
     gpu = of_kind(events, "kernel", "memcpy", "memset")

@@ -1,0 +1,496 @@
+"""The web app: a Flask application over one store of jobs and one user database.
+
+Every request but the login page and the static assets is authenticated (session cookie
+or bearer token); every job id in a URL is checked against the store and the user's
+prefixes before anything is read; a job the user may not see answers exactly as a job
+that does not exist (404), and no error message carries a file path."""
+
+from __future__ import annotations
+
+import csv
+import io
+import logging
+import secrets
+from pathlib import Path
+from typing import Any
+
+from flask import Flask, Response, g, jsonify, redirect, request
+from flask.typing import ResponseReturnValue
+from markupsafe import escape
+from werkzeug.exceptions import HTTPException
+
+from ..exceptions import ConfigError, StepscopeError
+from . import auth
+from .jobs import JobNotFound, JobStore, job_id
+from .users import UserDB
+
+logger = logging.getLogger(__name__)
+STATIC_DIR = Path(__file__).parent / "static"
+_PUBLIC_PATHS = ("/login", "/static/", "/healthz", "/favicon.ico")
+_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "same-origin",
+    "X-Frame-Options": "DENY",
+    "Cache-Control": "no-store",
+}
+
+
+class _HttpError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def assets_built() -> bool:
+    return (STATIC_DIR / "app.js").is_file() and (STATIC_DIR / "app.css").is_file()
+
+
+def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies: bool = False, limiter: auth.LoginLimiter | None = None) -> Flask:
+    """The app for `store` (a folder or s3:// prefix of jobs) and the user database `db`."""
+    jobs = store if isinstance(store, JobStore) else JobStore(store)
+    users = db if isinstance(db, UserDB) else UserDB(db)
+    limiter = limiter or auth.LoginLimiter()
+    app = Flask(__name__, static_folder=str(STATIC_DIR), static_url_path="/static")
+    app.url_map.merge_slashes = False  # `//etc/x` must not be redirected into something that matches
+    app.url_map.strict_slashes = False
+    app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
+    app.json.sort_keys = False  # type: ignore[attr-defined]  # tables and series keep the views' order
+    app.extensions["stepscope"] = {"jobs": jobs, "users": users}
+
+    def cookie(resp: Response, name: str, value: str, max_age: int | None = None) -> None:
+        resp.set_cookie(name, value, max_age=max_age, httponly=True, samesite="Strict", secure=secure_cookies, path="/")
+
+    # --- authentication, on every request ---------------------------------------------
+
+    @app.before_request
+    def _authenticate() -> Any:
+        g.identity = None
+        if request.path.startswith(_PUBLIC_PATHS):
+            return None
+        identity = auth.authenticate(users, request.cookies.get(auth.SESSION_COOKIE), request.headers.get("Authorization"))
+        if identity is None:
+            if request.path.startswith("/api/"):
+                return _json_error(401, "authentication required")
+            return redirect("/login")
+        sent = request.headers.get(auth.CSRF_HEADER) or request.form.get("csrf_token")
+        if not auth.csrf_ok(identity, request.method, sent):
+            return _json_error(403, "missing or wrong CSRF token")
+        g.identity = identity
+        return None
+
+    @app.after_request
+    def _headers(resp: Response) -> Response:
+        for key, value in _HEADERS.items():
+            resp.headers.setdefault(key, value)
+        if request.path.startswith("/static/"):
+            resp.headers["Cache-Control"] = "public, max-age=300"
+        return _gzip(resp)
+
+    @app.errorhandler(_HttpError)
+    def _http_error(exc: _HttpError) -> Response:
+        return _json_error(exc.status, exc.message)
+
+    @app.errorhandler(JobNotFound)
+    def _not_found(exc: JobNotFound) -> Response:
+        return _json_error(404, "no such job")
+
+    @app.errorhandler(404)
+    def _no_route(exc: Exception) -> Response:
+        return _json_error(404, "not found")
+
+    @app.errorhandler(405)
+    def _bad_method(exc: Exception) -> Response:
+        return _json_error(405, "method not allowed")
+
+    @app.errorhandler(413)
+    def _too_large(exc: Exception) -> Response:
+        return _json_error(413, "request too large")
+
+    @app.errorhandler(Exception)
+    def _internal(exc: Exception) -> Response:
+        if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 500:
+            return _json_error(exc.code, (exc.name or "bad request").lower())
+        # The message may name files of the store: log it here, send nothing of it.
+        logger.exception("stepscope ui: %s %s failed", request.method, request.path)
+        if isinstance(exc, (StepscopeError, OSError)):
+            return _json_error(500, "the job's data could not be read")
+        return _json_error(500, "internal error")
+
+    # --- login ------------------------------------------------------------------------
+
+    @app.get("/favicon.ico")
+    def favicon() -> Response:
+        return Response(status=204)
+
+    @app.get("/healthz")
+    def healthz() -> Response:
+        return jsonify(ok=True)
+
+    @app.get("/login")
+    def login_form() -> Response:
+        # Reuse the browser's token: a second /login load (another tab, a redirected
+        # favicon) must not invalidate a form already on screen.
+        token = request.cookies.get(auth.LOGIN_CSRF_COOKIE, "")
+        if not (20 <= len(token) <= 64 and token.replace("-", "").replace("_", "").isalnum()):
+            token = secrets.token_urlsafe(24)
+        resp = Response(_login_page(token, ""), mimetype="text/html")
+        cookie(resp, auth.LOGIN_CSRF_COOKIE, token, max_age=3600)
+        return resp
+
+    @app.post("/login")
+    def login() -> ResponseReturnValue:
+        name = request.form.get("username", "")[:64]
+        password = request.form.get("password", "")[:1024]
+        token = request.cookies.get(auth.LOGIN_CSRF_COOKIE, "")
+        if not token or not secrets.compare_digest(token, request.form.get("csrf_token", "")):
+            return _json_error(403, "missing or wrong CSRF token")
+        address = request.remote_addr or "?"
+        if limiter.blocked(address, name):
+            resp = Response(_login_page(token, "Too many failed attempts; wait a minute."), status=429, mimetype="text/html")
+            resp.headers["Retry-After"] = str(int(limiter.window_s))
+            return resp
+        user = users.verify_password(name, password)
+        if user is None:
+            limiter.failed(address, name)
+            return Response(_login_page(token, "Wrong user name or password."), status=401, mimetype="text/html")
+        session_id, _ = users.open_session(user)
+        signed_in = redirect("/")
+        cookie(signed_in, auth.SESSION_COOKIE, session_id)  # type: ignore[arg-type]
+        signed_in.delete_cookie(auth.LOGIN_CSRF_COOKIE, path="/")
+        return signed_in
+
+    @app.post("/logout")
+    def logout() -> ResponseReturnValue:
+        if g.identity.session_id:
+            users.close_session(g.identity.session_id)
+        resp = redirect("/login")
+        resp.delete_cookie(auth.SESSION_COOKIE, path="/")
+        return resp
+
+    # --- pages (one shell; the script draws the view named by the URL) ------------------
+
+    @app.get("/")
+    @app.get("/admin")
+    def home() -> Response:
+        if request.path == "/admin" and not g.identity.user.is_admin:
+            raise _HttpError(404, "not found")
+        return _shell(g.identity)
+
+    @app.get("/jobs/<path:job>")
+    def job_page(job: str) -> Response:
+        _visible(job)  # the view (dashboard, timeline, ...) is the URL's #fragment
+        return _shell(g.identity)
+
+    # --- API: who, jobs ----------------------------------------------------------------
+
+    @app.get("/api/me")
+    def me() -> Response:
+        return jsonify(user=g.identity.user.to_json(), csrf=g.identity.csrf)
+
+    @app.get("/api/jobs")
+    def list_jobs() -> Response:
+        from concurrent.futures import ThreadPoolExecutor
+
+        user = g.identity.user
+
+        def row(job: str) -> dict[str, Any]:
+            try:
+                return jobs.summary(job).to_json()
+            except (StepscopeError, OSError, ValueError):
+                logger.exception("stepscope ui: cannot summarize a job")
+                return {"id": job, "status": "unreadable", "start": None, "end": None, "duration": None,
+                        "framework": None, "workers": 0, "steps": 0, "rules_fired": []}
+
+        visible = [job for job in jobs.job_ids() if user.can_see(job)]
+        # summaries wait on the store (S3 listings): several at once
+        with ThreadPoolExecutor(max_workers=min(8, max(1, len(visible)))) as pool:
+            rows = list(pool.map(row, visible))
+        return jsonify(jobs=_filter_sort(rows, request.args))
+
+    @app.get("/api/jobs/<path:job>/summary")
+    def job_summary(job: str) -> Response:
+        return jsonify(jobs.summary(_visible(job)).to_json())
+
+    @app.get("/api/jobs/<path:job>/version")
+    def job_version(job: str) -> Response:
+        from .views import version
+
+        visible = _visible(job)
+        trial = jobs.trial(visible)
+        return jsonify(version(trial, jobs.generation(visible)))
+
+    @app.get("/api/jobs/<path:job>/dashboard")
+    def job_dashboard(job: str) -> Response:
+        from .views import dashboard
+
+        trial, stamp = _open(job)
+        return jsonify(dashboard(trial, stamp, phase=request.args.get("phase"), bins=_int_arg("bins", 30, 5, 200), k=_int_arg("k", 10, 1, 100)))
+
+    @app.get("/api/jobs/<path:job>/rules")
+    def job_rules(job: str) -> Response:
+        from .views import rules_status
+
+        return jsonify(rules_status(*_open(job)))
+
+    @app.get("/api/jobs/<path:job>/health")
+    def job_health(job: str) -> Response:
+        from .views import training_health
+
+        return jsonify(training_health(*_open(job)))
+
+    @app.get("/api/jobs/<path:job>/tensor-histograms")
+    def job_tensor_histograms(job: str) -> Response:
+        from .views import tensor_histograms
+
+        name = request.args.get("tensor", "")
+        return jsonify(tensor_histograms(*_open(job), name, bins=_int_arg("bins", 30, 5, 200)))
+
+    @app.get("/api/jobs/<path:job>/stats")
+    def job_stats(job: str) -> Response:
+        """Every table's title, columns and row count, with its first `limit` rows."""
+        from .views import statistics, table_page
+
+        tables = statistics(*_open(job))["tables"]
+        limit = _int_arg("limit", 200, 0, 5000)
+        return jsonify(tables={name: {"title": t["title"], **table_page(t, limit=limit)} for name, t in tables.items()})
+
+    @app.get("/api/jobs/<path:job>/stats/<table>")
+    def job_stats_table(job: str, table: str) -> Response:
+        """One table filtered (`q`: text in any cell), sorted (`sort`: a column, `desc=1`) and cut
+        to `limit` rows from `offset`, on the server: a 200,000-step table never goes whole to the page."""
+        from .views import statistics, table_page
+
+        tables = statistics(*_open(job))["tables"]
+        if table not in tables:
+            raise _HttpError(404, "no such table")
+        sort = request.args.get("sort")
+        if sort is not None and sort not in tables[table]["columns"]:
+            raise _HttpError(400, "sort must name a column")
+        return jsonify(table_page(tables[table], query=request.args.get("q", ""), sort=sort, descending=request.args.get("desc") == "1",
+                                  offset=_int_arg("offset", 0, 0, 2**31), limit=_int_arg("limit", 1000, 0, 5000)))
+
+    @app.get("/api/jobs/<path:job>/stats/<table>.csv", endpoint="job_stats_csv")
+    def job_stats_csv(job: str, table: str) -> Response:
+        from .views import statistics
+
+        tables = statistics(*_open(job))["tables"]
+        if table not in tables:
+            raise _HttpError(404, "no such table")
+        out = io.StringIO()
+        writer = csv.writer(out)
+        writer.writerow(tables[table]["columns"])
+        writer.writerows(tables[table]["rows"])
+        resp = Response(out.getvalue(), mimetype="text/csv")
+        resp.headers["Content-Disposition"] = f'attachment; filename="{_filename(table)}.csv"'
+        return resp
+
+    @app.get("/api/jobs/<path:job>/timeline")
+    def job_timeline(job: str) -> Response:
+        from .timeline import timeline_view
+
+        view = timeline_view(jobs, _visible(job), _float_arg("start"), _float_arg("end"), _int_arg("width", 1200, 100, 4000))
+        return app.response_class(view, mimetype="application/json")
+
+    @app.get("/api/jobs/<path:job>/timeline/event")
+    def job_timeline_event(job: str) -> Response:
+        from .timeline import event_details, job_index
+
+        index = job_index(jobs, _visible(job))
+        try:
+            return jsonify(event_details(index, request.args.get("lane", ""), _int_arg("i", -1, -1, 2**62)))
+        except KeyError:
+            raise _HttpError(404, "no such event") from None
+
+    @app.get("/api/jobs/<path:job>/perfetto")
+    def job_perfetto(job: str) -> Response:
+        from .timeline import TooManyEvents, perfetto_trace
+
+        visible = _visible(job)
+        try:
+            data = perfetto_trace(jobs, visible, _float_arg("start"), _float_arg("end"))
+        except TooManyEvents as exc:
+            raise _HttpError(400, str(exc)) from None
+        resp = Response(data, mimetype="application/json")
+        resp.headers["Content-Disposition"] = f'attachment; filename="{_filename(visible)}.trace.json"'
+        return resp
+
+    # --- API: users (admins only) -------------------------------------------------------
+
+    def admin() -> None:
+        if not g.identity.user.is_admin:
+            raise _HttpError(403, "administrators only")
+
+    @app.get("/api/users")
+    def list_users() -> Response:
+        admin()
+        return jsonify(users=[u.to_json() for u in users.users()])
+
+    @app.post("/api/users")
+    def add_user() -> ResponseReturnValue:
+        admin()
+        body = request.get_json(silent=True) or {}
+        password = str(body.get("password") or secrets.token_urlsafe(12))
+        try:
+            user = users.add_user(str(body.get("name", "")), password, admin=bool(body.get("admin")), prefixes=[str(p) for p in body.get("prefixes", [])])
+        except ConfigError as exc:
+            raise _HttpError(400, str(exc)) from None
+        return jsonify(user=user.to_json(), password=None if body.get("password") else password), 201
+
+    @app.delete("/api/users/<name>")
+    def remove_user(name: str) -> Response:
+        admin()
+        if name == g.identity.user.name:
+            raise _HttpError(400, "you cannot remove yourself")
+        try:
+            users.remove_user(name)
+        except ConfigError as exc:
+            raise _HttpError(404, str(exc)) from None
+        return jsonify(removed=name)
+
+    @app.post("/api/users/<name>/grant")
+    def grant(name: str) -> Response:
+        admin()
+        body = request.get_json(silent=True) or {}
+        try:
+            user = users.grant(name, [str(p) for p in body.get("prefixes", [])])
+            if body.get("revoke"):
+                user = users.revoke(name, [str(p) for p in body["revoke"]])
+        except ConfigError as exc:
+            raise _HttpError(400, str(exc)) from None
+        return jsonify(user=user.to_json())
+
+    @app.post("/api/users/<name>/password")
+    def reset_password(name: str) -> Response:
+        admin()
+        password = secrets.token_urlsafe(12)
+        try:
+            users.set_password(name, password)
+        except ConfigError as exc:
+            raise _HttpError(404, str(exc)) from None
+        return jsonify(password=password)
+
+    @app.post("/api/users/<name>/token")
+    def new_token(name: str) -> Response:
+        admin()
+        try:
+            return jsonify(token=users.new_token(name))
+        except ConfigError as exc:
+            raise _HttpError(404, str(exc)) from None
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _visible(job: str) -> str:
+        job = job_id(job)
+        if not g.identity.user.can_see(job):
+            raise JobNotFound(job)
+        jobs.open(job)  # raises JobNotFound when it is not a job of the store
+        return job
+
+    def _open(job: str) -> tuple[Any, int]:
+        """(trial, generation) of a job this user may see."""
+        visible = _visible(job)
+        trial = jobs.trial(visible)
+        return trial, jobs.generation(visible)
+
+    return app
+
+
+def _int_arg(name: str, default: int, low: int, high: int) -> int:
+    raw = request.args.get(name)
+    if raw is None:
+        return default
+    try:
+        return min(high, max(low, int(raw)))
+    except ValueError:
+        raise _HttpError(400, f"{name} must be an integer") from None
+
+
+def _float_arg(name: str) -> float | None:
+    raw = request.args.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        raise _HttpError(400, f"{name} must be a number") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise _HttpError(400, f"{name} must be finite")
+    return value
+
+
+_SORT_KEYS = ("id", "status", "start", "duration", "framework", "workers", "steps")
+
+
+def _filter_sort(rows: list[dict[str, Any]], args: Any) -> list[dict[str, Any]]:
+    """Filter by `q` (text in the id or framework) and `status`; sort by `sort` (`-` for descending)."""
+    query = (args.get("q") or "").lower()
+    status = args.get("status")
+    if query:
+        rows = [r for r in rows if query in r["id"].lower() or query in (r["framework"] or "").lower()]
+    if status:
+        rows = [r for r in rows if r["status"] == status]
+    sort = args.get("sort") or "-start"
+    key = sort.lstrip("-")
+    if key in _SORT_KEYS:
+        present = [r for r in rows if r[key] is not None]
+        missing = [r for r in rows if r[key] is None]
+        rows = sorted(present, key=lambda r: r[key], reverse=sort.startswith("-")) + missing
+    return rows
+
+
+def _filename(text: str) -> str:
+    """A download name: letters, digits, `.`, `_` and `-` only (no quotes in the header)."""
+    return "".join(c if c.isalnum() or c in "._-" else "_" for c in text)[:120] or "download"
+
+
+def _gzip(resp: Response) -> Response:
+    """Compress JSON, CSV and scripts for clients that accept it (the timeline's payloads are
+    mostly digits and compress ~5x)."""
+    import gzip
+
+    if (resp.direct_passthrough or resp.status_code != 200 or "gzip" not in request.headers.get("Accept-Encoding", "")
+            or resp.mimetype not in ("application/json", "text/csv", "text/javascript", "text/css") or "Content-Encoding" in resp.headers):
+        return resp
+    data = resp.get_data()
+    if len(data) < 1400:
+        return resp
+    resp.set_data(gzip.compress(data, compresslevel=5))
+    resp.headers["Content-Encoding"] = "gzip"
+    resp.headers["Vary"] = "Accept-Encoding"
+    return resp
+
+
+def _json_error(status: int, message: str) -> Response:
+    resp = jsonify(error=message)
+    resp.status_code = status
+    return resp
+
+
+def _shell(identity: auth.Identity) -> Response:
+    if not assets_built():
+        body = ("<!doctype html><title>stepscope</title><p>The app's scripts are not built. Run "
+                "<code>python scripts/build_ui.py</code> (npm) in the source tree, or install a built wheel.</p>")
+        return Response(body, status=503, mimetype="text/html")
+    user = identity.user
+    page = (
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>stepscope</title>"
+        f'<meta name="csrf-token" content="{escape(identity.csrf or "")}">'
+        '<link rel="stylesheet" href="/static/app.css"></head>'
+        f'<body data-user="{escape(user.name)}" data-admin="{int(user.is_admin)}"><div id="app"></div>'
+        '<script src="/static/app.js"></script></body></html>'
+    )
+    return Response(page, mimetype="text/html")
+
+
+def _login_page(token: str, message: str) -> str:
+    note = f'<p class="error" role="alert">{escape(message)}</p>' if message else ""
+    return (
+        "<!doctype html><html lang=en><head><meta charset=utf-8><title>stepscope: sign in</title>"
+        '<link rel="stylesheet" href="/static/app.css"></head><body class="login">'
+        '<form method="post" action="/login" class="login-form"><h1>stepscope</h1>' + note +
+        f'<input type="hidden" name="csrf_token" value="{escape(token)}">'
+        '<label>User <input name="username" id="username" autocomplete="username" required></label>'
+        '<label>Password <input name="password" id="password" type="password" autocomplete="current-password" required></label>'
+        '<button type="submit" id="login">Sign in</button></form></body></html>'
+    )

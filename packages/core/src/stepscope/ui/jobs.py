@@ -1,0 +1,246 @@
+"""The jobs of a store (a local folder or an s3:// prefix holding many jobs): finding them,
+checking that a job path from a URL stays inside the store, and one summary per job.
+
+A job id is the job's path relative to the store root (`team-a/run-3`). Every id that comes
+from a request goes through `job_id()` before it touches a file, so no URL reaches outside."""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import weakref
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .. import layout
+from ..exceptions import ConfigError, StepscopeError
+from ..store import Store, open_store
+
+# A folder holding any of these is a job; the walk does not look inside a job for more jobs.
+_JOB_MARKERS = frozenset({"index", "collections", "events", "profiler-output", "stepscope-index", layout.END_MARKER})
+MAX_DEPTH = 6
+RUNNING_WINDOW_S = 300.0
+SUMMARY_TTL_S = 10.0
+
+
+_TRIAL_LOCKS: weakref.WeakKeyDictionary[Any, threading.RLock] = weakref.WeakKeyDictionary()
+_TRIAL_LOCKS_GUARD = threading.Lock()
+
+
+def trial_lock(trial: Any) -> threading.RLock:
+    """The lock that serialises everything done with one trial: the server answers requests
+    in threads, and a Trial (refresh, lazily parsed frames) is not made for concurrent use."""
+    with _TRIAL_LOCKS_GUARD:
+        lock = _TRIAL_LOCKS.get(trial)
+        if lock is None:
+            lock = _TRIAL_LOCKS[trial] = threading.RLock()
+        return lock
+
+
+class JobNotFound(StepscopeError, KeyError):
+    """No job by that id (or not one this user may see: the app does not tell them apart)."""
+
+    def __str__(self) -> str:
+        return "no such job"
+
+
+def job_id(text: str) -> str:
+    """A clean store-relative job id, or JobNotFound for anything that could leave the store:
+    `..` or `.` parts, empty parts, absolute paths, backslashes, NUL, control characters."""
+    if not text or len(text) > 1024 or text.startswith("/") or any(ord(c) < 32 for c in text):
+        raise JobNotFound(text)
+    parts = text.split("/")
+    if any(p in ("", ".", "..") or "\\" in p or ":" in p for p in parts):
+        raise JobNotFound(text)
+    return text
+
+
+@dataclass(frozen=True)
+class JobSummary:
+    """One row of the jobs list."""
+
+    id: str
+    status: str  # running | finished | stopped | failed (a worker's hook failed and switched itself off)
+    start: float | None  # epoch seconds
+    end: float | None
+    framework: str | None
+    workers: int
+    steps: int
+    rules_fired: tuple[str, ...]
+
+    @property
+    def duration(self) -> float | None:
+        return None if self.start is None or self.end is None else max(0.0, self.end - self.start)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": self.id, "status": self.status, "start": self.start, "end": self.end, "duration": self.duration,
+            "framework": self.framework, "workers": self.workers, "steps": self.steps, "rules_fired": list(self.rules_fired),
+        }
+
+
+class JobStore:
+    """The store root the app serves; hands out one cached Trial per job."""
+
+    def __init__(self, url: str):
+        self.url = url.rstrip("/") if url.startswith("s3://") else os.path.abspath(os.path.expanduser(url))
+        self.is_s3 = self.url.startswith("s3://")
+        if not self.is_s3 and not os.path.isdir(self.url):
+            raise ConfigError(f"store {url!r} is not a folder")
+        self._root_real = "" if self.is_s3 else os.path.realpath(self.url)
+        self._lock = threading.Lock()
+        self._trials: dict[str, Any] = {}
+        self._summaries: dict[str, tuple[float, JobSummary]] = {}
+        self._generations: dict[str, int] = {}
+        self._seen: dict[str, tuple[bool, int]] = {}
+
+    # --- finding jobs ------------------------------------------------------------------
+
+    def job_ids(self) -> list[str]:
+        """Every job under the root, sorted."""
+        return sorted(self._walk_s3() if self.is_s3 else self._walk_local())
+
+    def _walk_local(self) -> Iterator[str]:
+        stack = [("", 0)]
+        while stack:
+            rel, depth = stack.pop()
+            folder = os.path.join(self.url, rel)
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            names = {e.name for e in entries}
+            if rel and names & _JOB_MARKERS:
+                yield rel
+                continue
+            if depth < MAX_DEPTH:
+                # Symlinked folders are not followed: they could lead outside the store.
+                stack += [(f"{rel}/{e.name}" if rel else e.name, depth + 1) for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
+
+    def _walk_s3(self) -> Iterator[str]:
+        from ..store.s3 import S3Store
+
+        root = S3Store(self.url + "/")
+        client, bucket = root._client, root.bucket
+        base = root.prefix + "/" if root.prefix else ""
+        stack = [("", 0)]
+        while stack:
+            rel, depth = stack.pop()
+            prefix = base + (rel + "/" if rel else "")
+            names, folders = set(), []
+            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
+                for common in page.get("CommonPrefixes", []):
+                    name = common["Prefix"][len(prefix) :].rstrip("/")
+                    names.add(name)
+                    folders.append(name)
+                names.update(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
+            if rel and names & _JOB_MARKERS:
+                yield rel
+                continue
+            if depth < MAX_DEPTH:
+                stack += [(f"{rel}/{n}" if rel else n, depth + 1) for n in folders if n and not n.startswith(".")]
+
+    # --- opening one ------------------------------------------------------------------
+
+    def open(self, job: str) -> Store:
+        """The store of one job; JobNotFound when the id is unsafe or names no job."""
+        job = job_id(job)
+        if self.is_s3:
+            store = open_store(f"{self.url}/{job}")
+            if not store.list("", start_after=None)[:1]:
+                raise JobNotFound(job)
+            return store
+        path = os.path.join(self.url, *job.split("/"))
+        real = os.path.realpath(path)
+        if os.path.commonpath([real, self._root_real]) != self._root_real or not os.path.isdir(real):
+            raise JobNotFound(job)
+        if not set(os.listdir(real)) & _JOB_MARKERS:
+            raise JobNotFound(job)
+        return open_store(real)
+
+    def trial(self, job: str, refresh: bool = True) -> Any:
+        """The job's Trial, opened once and refreshed on later calls (a running job grows)."""
+        from ..trial import create_trial
+
+        job = job_id(job)
+        with self._lock:
+            trial = self._trials.get(job)
+        if trial is None:
+            trial = create_trial(self.open(job), name=job)
+            seen = (trial.is_complete(), len(trial.store.list(layout.RULE_OUTPUT_DIR + "/")))
+            with self._lock:
+                self._trials[job] = trial
+                self._seen[job] = seen
+                self._generations[job] = self._generations.get(job, 0) + 1
+        elif refresh:
+            with trial_lock(trial):
+                rule_files = len(trial.store.list(layout.RULE_OUTPUT_DIR + "/"))
+                new_data = bool(trial.refresh()) | bool(trial.profiler.refresh())
+                changed = new_data or (trial.is_complete(), rule_files) != self._seen.get(job)
+            with self._lock:
+                self._seen[job] = (trial.is_complete(), rule_files)
+                if changed:
+                    self._generations[job] = self._generations.get(job, 0) + 1
+        return trial
+
+    def generation(self, job: str) -> int:
+        """A number that grows whenever the job has published something new (new steps,
+        timeline or metric files, rule reports, the end marker): what the pages poll and the
+        computed views are cached by."""
+        with self._lock:
+            return self._generations.get(job, 0)
+
+    def summary(self, job: str) -> JobSummary:
+        now = time.monotonic()
+        with self._lock:
+            cached = self._summaries.get(job)
+        if cached and now - cached[0] < SUMMARY_TTL_S:
+            return cached[1]
+        trial = self.trial(job)
+        with trial_lock(trial):
+            summary = summarize(job, trial)
+        with self._lock:
+            self._summaries[job] = (now, summary)
+        return summary
+
+
+def rule_summary(store: Store) -> list[dict[str, Any]]:
+    """The rows `stepscope check` published in rule-output/summary.json (empty when none)."""
+    try:
+        data = json.loads(store.read(f"{layout.RULE_OUTPUT_DIR}/summary.json"))
+    except (FileNotFoundError, ValueError, StepscopeError):
+        return []
+    rows = data.get("rules") if isinstance(data, dict) else None
+    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+
+
+def summarize(job: str, trial: Any) -> JobSummary:
+    """Status, start, duration, framework, workers and fired rules of one job, from the trial."""
+    profiler = trial.profiler
+    timeline = profiler.step_timeline()
+    start = profiler.job_start()
+    span = profiler.time_range()
+    ends = [span[1]] if span else []
+    if len(timeline):
+        ends.append(float(timeline["end_ns"].max()) / 1e9)
+        first = float(timeline["start_ns"].min()) / 1e9
+        start = first if start is None else min(start, first)
+    end = max(ends) if ends else None
+    frameworks = sorted({str(f) for f in timeline["framework"].dropna().unique() if str(f)}) if len(timeline) else []
+    ranks = int(timeline["rank"].nunique()) if len(timeline) else 0
+    workers = max(trial.num_workers if trial.workers() else 0, ranks, 1 if (trial.steps() or ranks) else 0)
+    failed = bool(trial.failed_workers())  # a hook that switched itself off (not "degraded")
+    if trial.is_complete():
+        status = "finished"
+    elif failed:
+        status = "failed"
+    elif end is not None and time.time() - end < RUNNING_WINDOW_S:
+        status = "running"
+    else:
+        status = "stopped"
+    fired = tuple(str(r.get("rule")) for r in rule_summary(trial.store) if r.get("fired"))
+    steps = len(trial.steps()) or int((timeline["phase"] == "step").sum()) if len(timeline) else len(trial.steps())
+    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired)

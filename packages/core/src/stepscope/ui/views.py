@@ -1,0 +1,513 @@
+"""The data behind each page of a job, as plain JSON: everything is computed here from the
+trial's Python APIs (the step timeline and system metrics of `trial.profiler`, tensors,
+the profiler rules' reports), so the browser only draws what it is given.
+
+Results are cached per trial and per `stamp` (the job store's generation of the job, which
+grows when the job publishes something), so a page that polls a finished job costs one
+cheap listing, and a running job is recomputed only when something new has landed."""
+
+from __future__ import annotations
+
+import json
+import threading
+import weakref
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from .. import layout
+from ..exceptions import StepscopeError
+from ..modes import ModeKeys
+from .jobs import rule_summary, trial_lock
+
+MAX_POINTS = 600  # samples per system-metric series sent to a chart
+MAX_CURVE_POINTS = 2000
+MAX_HEATMAP_STEPS = 120
+MAX_HEATMAP_TENSORS = 60
+MAX_HISTOGRAM_STEPS = 50
+STEP_PHASES = ("step", "eval_step", "predict_step")
+
+# Per trial (weakly: a trial the app drops takes its entries with it): {what: (stamp, value)}.
+_cache: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
+def _cached(trial: Any, stamp: Hashable, what: str, compute: Callable[[], Any]) -> Any:
+    with _cache_lock:
+        hit = _cache.get(trial, {}).get(what)
+    if hit is not None and hit[0] == stamp:
+        return hit[1]
+    with trial_lock(trial):
+        value = compute()
+    with _cache_lock:
+        entries = _cache.setdefault(trial, {})
+        if len(entries) > 64:  # many histogram or phase choices: start over
+            entries.clear()
+        entries[what] = (stamp, value)
+    return value
+
+
+def version(trial: Any, stamp: Hashable) -> dict[str, Any]:
+    """What the job has published so far; a page polls this and reloads when `tag` changes."""
+    def compute() -> dict[str, Any]:
+        span = trial.profiler.time_range()
+        return {"steps": len(trial.steps()), "timeline_events": len(trial.profiler.step_timeline()), "last_sample": span[1] if span else None,
+                "complete": trial.is_complete(), "tag": str(stamp)}
+
+    return _cached(trial, stamp, "version", compute)
+
+
+# --- dashboard -------------------------------------------------------------------------
+
+
+def dashboard(trial: Any, stamp: Hashable, phase: str | None = None, bins: int = 30, k: int = 10) -> dict[str, Any]:
+    return _cached(trial, stamp, f"dashboard:{phase}:{bins}:{k}", lambda: _dashboard(trial, phase, bins, k))
+
+
+def _dashboard(trial: Any, phase: str | None, bins: int, k: int) -> dict[str, Any]:
+    profiler = trial.profiler
+    timeline = profiler.step_timeline()
+    metrics = profiler.system_metrics()
+    steps = timeline[timeline["phase"].isin(STEP_PHASES)]
+    phases = timeline[~timeline["phase"].isin(STEP_PHASES)]
+    annotation_names = sorted(str(p) for p in phases["phase"].unique())
+    traced = _trace_annotations(trial)
+    annotation_names += [TRACE_PREFIX + name for name in sorted(traced)]
+    if phase is None or phase not in annotation_names:
+        phase = "backward" if "backward" in annotation_names else (annotation_names[0] if annotation_names else None)
+    if phase and phase.startswith(TRACE_PREFIX):
+        chosen = traced[phase[len(TRACE_PREFIX):]]
+    else:
+        chosen = phases[phases["phase"] == phase]["duration_ms"].to_numpy() if phase else np.array([])
+    return {
+        "system": _system_series(metrics),
+        "steps": _step_series(profiler, steps),
+        "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins),
+        "cpu_time": _phase_shares(steps, phases),
+        "annotation": {"names": annotation_names, "chosen": phase, "histogram": _histogram(chosen, bins)},
+        "gpu": _gpu_views(trial, k),
+    }
+
+
+TRACE_PREFIX = "trace: "
+
+
+def _trace_annotations(trial: Any) -> dict[str, np.ndarray]:
+    """Durations (ms) of each user annotation in the job's detailed traces (record_function,
+    stepscope.annotate), by name; empty without traces."""
+    traces = _traces(trial)
+    if traces is None:
+        return {}
+    events = traces.events(kinds=["annotation"])
+    if events.empty:
+        return {}
+    events = events[~events["name"].astype(str).str.startswith("ProfilerStep#")]
+    return {str(name): group["dur_ns"].to_numpy() / 1e6 for name, group in events.groupby("name", observed=True, sort=True)}
+
+
+def _system_series(metrics: pd.DataFrame) -> dict[str, Any]:
+    """Per node: CPU (total) and each GPU's utilization and memory, averaged into at most
+    MAX_POINTS buckets of time (what a chart of a few hundred pixels can show)."""
+    out: dict[str, Any] = {}
+    if metrics.empty:
+        return out
+    wanted = metrics[metrics["dimension"].isin(["CPUUtilization", "GPUUtilization", "GPUMemoryUtilization", "MemoryUsedPercent"])]
+    for node, frame in wanted.groupby("node_id", sort=True, observed=True):
+        cpu = frame[frame["dimension"] == "CPUUtilization"]
+        total = cpu[cpu["name"] == "total"]
+        if total.empty:  # legacy jobs: no total line, the mean over cores
+            total = cpu.groupby("timestamp", as_index=False)["value"].mean().assign(name="total")
+        parts = [total.assign(series="CPU")[["timestamp", "series", "value"]]]
+        memory = frame[frame["dimension"] == "MemoryUsedPercent"]
+        parts.append(memory.assign(series="Host memory")[["timestamp", "series", "value"]])
+        gpu = frame[frame["dimension"].isin(["GPUUtilization", "GPUMemoryUtilization"])]
+        if not gpu.empty:
+            label = gpu["name"].astype(str) + np.where(gpu["dimension"] == "GPUUtilization", "", " memory")
+            parts.append(gpu.assign(series=label)[["timestamp", "series", "value"]])
+        merged = pd.concat(parts, ignore_index=True)
+        if merged.empty:
+            continue
+        wide = merged.pivot_table(index="timestamp", columns="series", values="value", aggfunc="mean").sort_index()
+        if len(wide) > MAX_POINTS:
+            buckets = np.arange(len(wide)) * MAX_POINTS // len(wide)
+            wide = wide.groupby(buckets).mean()
+        out[str(node)] = {"t": [float(t) for t in wide.index] if "timestamp" not in wide else wide["timestamp"].tolist(),
+                          "series": {str(c): _floats(wide[c].to_numpy()) for c in wide.columns if c != "timestamp"}}
+        if "timestamp" in wide:
+            out[str(node)]["series"].pop("timestamp", None)
+    return out
+
+
+def _step_series(profiler: Any, steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Step time over steps per node, rank and mode, with the StepOutlier rule's limit: the
+    steps above it are the outliers the rule counts."""
+    from ..profiler.rules import StepOutlier
+
+    limits = StepOutlier().run(profiler).statistics.get("groups", {}) if len(steps) else {}
+    series = []
+    for (node, rank, mode), group in steps.groupby(["node_id", "rank", "mode"], sort=True):
+        group = group.sort_values("start_ns")
+        key = f"{node}/rank{rank}/{mode}"
+        limit = limits.get(key, {}).get("limit_ms")
+        durations = group["duration_ms"].to_numpy()
+        outliers = [] if limit is None else [int(s) for s, d in zip(group["step"].iloc[1:], durations[1:]) if d > limit]
+        series.append({"key": key, "node": str(node), "rank": int(rank), "mode": str(mode), "steps": [int(s) for s in group["step"]],
+                       "duration_ms": _floats(durations), "limit_ms": limit, "outliers": outliers})
+    return series
+
+
+def _histogram(values: np.ndarray, bins: int) -> dict[str, Any]:
+    values = values[np.isfinite(values)] if len(values) else values
+    if not len(values):
+        return {"edges": [], "counts": [], "n": 0}
+    counts, edges = np.histogram(values, bins=bins)
+    return {"edges": _floats(edges), "counts": [int(c) for c in counts], "n": int(len(values)),
+            "mean": float(values.mean()), "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)), "max": float(values.max())}
+
+
+def _phase_shares(steps: pd.DataFrame, phases: pd.DataFrame) -> dict[str, float]:
+    """Where the host's step time went: total ms per phase inside steps, the rest as `other`."""
+    shares = {str(k): float(v) for k, v in phases.groupby("phase")["duration_ms"].sum().items() if v > 0}
+    inside = sum(v for k, v in shares.items() if k != "data")
+    other = float(steps["duration_ms"].sum()) - inside
+    if other > 0:
+        shares["other"] = other
+    return shares
+
+
+def _traces(trial: Any) -> Any | None:
+    """The job's trace analysis (stepscope.traces) when it has detailed traces, else None."""
+    try:
+        traces = trial.profiler.traces
+        return traces if traces.trace_keys() else None
+    except ImportError:  # the `traces` extra (pyarrow) is not installed
+        return None
+
+
+def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
+    """The trace engine's answers: GPU time split (kernels, memcpy/memset, sync, idle) and
+    idle causes per rank, top kernels by time and by launches, kernel precision, memory
+    operations, syncs and launch delays."""
+    traces = _traces(trial)
+    if traces is None:
+        return {"available": False, "reason": "no detailed GPU traces in this job (profile some steps with the plugins' detailed profiling)"}
+    active = traces.active_time()
+    idle = traces.idle_breakdown()
+    precision = traces.kernel_stats(by="precision")
+    pies = {}
+    for row in active.itertuples():
+        waits = idle[idle["rank"] == row.rank]
+        classes = precision[precision["rank"] == row.rank] if "rank" in precision else precision
+        pies[f"rank {row.rank}"] = {
+            "precision": {str(p): float(t) for p, t in zip(classes["precision"], classes["total_us"])},
+            "time": {"kernels": float(row.kernel_us), "memcpy / memset": float(row.memory_us), "sync": float(row.sync_us), "idle": float(row.idle_us)},
+            "idle": {"waiting for the host": float(waits["host_wait_us"].sum()), "between kernels": float(waits["kernel_wait_us"].sum()),
+                     "other": float(waits["other_us"].sum())},
+        }
+    return {
+        "available": True,
+        "k": k,
+        "pies": pies,
+        "tables": {
+            "Top kernels by time": table(traces.top_kernels(k=k, by="time")),
+            "Top kernels by launches": table(traces.top_kernels(k=k, by="launches")),
+            "Kernel precision": table(precision),
+            "Memory operations": table(traces.memory_ops()),
+            "Synchronizations": table(traces.syncs()),
+            "Launch delay": table(traces.launch_latency().head(k)),
+        },
+    }
+
+
+def table(frame: pd.DataFrame) -> dict[str, Any]:
+    """A DataFrame as {columns, rows} of JSON values (NaN as null)."""
+    rows = []
+    for values in frame.itertuples(index=False):
+        rows.append([None if isinstance(v, float) and not np.isfinite(v) else v.item() if isinstance(v, np.generic) else v for v in values])
+    return {"columns": [str(c) for c in frame.columns], "rows": rows}
+
+
+# --- rules -----------------------------------------------------------------------------
+
+
+def rules_status(trial: Any, stamp: Hashable) -> dict[str, Any]:
+    return _cached(trial, stamp, "rules", lambda: _rules_status(trial))
+
+
+def _rules_status(trial: Any) -> dict[str, Any]:
+    """The reports `stepscope check` published (tensor and whole-job rules), and the profiler
+    rules run now on what the job has so far (a running job's findings as they land); each
+    with its evidence and the rule's explanation (definition, likely causes, advice)."""
+    from ..profiler.rules import run_profiler_rules
+
+    rows: dict[str, dict[str, Any]] = {}
+    for row in rule_summary(trial.store):
+        name = str(row.get("rule"))
+        report = (_read_json(trial.store, f"{layout.RULE_OUTPUT_DIR}/{name}.json") if _plain_name(name) else None) or {}
+        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary")}}, "stepscope check")
+    if trial.store.list(layout.PROFILER_DIR + "/"):
+        for live in run_profiler_rules(trial.profiler):
+            if live.rule not in rows and live.rule != "OverallSystemUsage":
+                rows[live.rule] = _rule_row(live.to_json(), "live")
+    ordered = sorted(rows.values(), key=lambda r: (not r["fired"], r["rule"]))
+    return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]]}
+
+
+def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
+    """A report's JSON (RuleReport.to_json(), as `check` writes it) as one row of the panel."""
+    fired = bool(report.get("fired"))
+    raw_explanation, raw_evidence = report.get("explanation"), report.get("details")
+    explanation: dict[str, Any] = raw_explanation if isinstance(raw_explanation, dict) else {}
+    evidence: list[Any] = raw_evidence if isinstance(raw_evidence, list) else []
+    named = [e.get("step") if e.get("step") is not None else e.get("mode_step") for e in evidence if isinstance(e, dict)]
+    steps = [int(s) for s in [*(report.get("fired_steps") or []), *named] if isinstance(s, int)]
+    return {
+        "rule": str(report.get("rule")), "kind": str(report.get("kind") or "tensor"), "fired": fired,
+        "status": str(report.get("status") or ("fired" if fired else "ok")), "summary": str(report.get("summary") or ""),
+        "violations": int(report.get("violations") or 0), "definition": explanation.get("definition"),
+        "causes": list(explanation.get("causes") or []), "advice": list(explanation.get("advice") or []),
+        "evidence": _trim(evidence), "statistics": _trim(report.get("statistics") or {}),
+        "steps": sorted(set(steps))[:200], "source": source,
+    }
+
+
+def _plain_name(name: str) -> bool:
+    return bool(name) and "/" not in name and "\\" not in name and ".." not in name
+
+
+def _read_json(store: Any, key: str) -> dict[str, Any] | None:
+    try:
+        data = json.loads(store.read(key))
+    except (FileNotFoundError, ValueError, StepscopeError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _trim(value: Any, depth: int = 0) -> Any:
+    """Evidence for the page: lists cut to 20 items, nesting to 4 levels."""
+    if depth > 4:
+        return "..."
+    if isinstance(value, dict):
+        return {str(k): _trim(v, depth + 1) for k, v in list(value.items())[:40]}
+    if isinstance(value, (list, tuple)):
+        return [_trim(v, depth + 1) for v in list(value)[:20]]
+    return value
+
+
+# --- training health -----------------------------------------------------------------------
+
+
+def training_health(trial: Any, stamp: Hashable) -> dict[str, Any]:
+    return _cached(trial, stamp, "health", lambda: _training_health(trial))
+
+
+def _collection_names(trial: Any, collection: str) -> list[str]:
+    try:
+        return trial.tensor_names(collection=collection)
+    except KeyError:
+        return []
+
+
+def _training_health(trial: Any) -> dict[str, Any]:
+    scalars = sorted(set(_collection_names(trial, "losses")) | set(_collection_names(trial, "metrics")))
+    curves = []
+    for name in scalars:
+        for mode in trial.modes():
+            steps = trial.tensor(name).steps(mode)
+            steps = _subsample(steps, MAX_CURVE_POINTS)
+            values = trial.read_many([(name, s, mode, None) for s in steps])
+            kept = [(s, float(np.asarray(v).reshape(-1)[0])) for s, v in zip(steps, values) if v is not None and np.asarray(v).size == 1]
+            if kept:
+                curves.append({"tensor": name, "mode": ModeKeys(mode).name, "steps": [s for s, _ in kept], "values": _floats(np.array([v for _, v in kept]))})
+    gradients = [n for n in _collection_names(trial, "gradients") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
+    raw = [n for n in trial.tensor_names() if not n.startswith("smdebug/")]
+    return {"curves": curves, "gradient_norms": _norm_heatmap(trial, gradients), "update_ratios": _update_ratios(trial),
+            "inactive_units": _inactive_units(trial), "tensors": raw, "default_tensor": _default_tensor(trial, raw)}
+
+
+def _default_tensor(trial: Any, names: list[str]) -> str | None:
+    """The tensor the histogram view opens on: a weight, else a gradient, else any."""
+    for collection in ("weights", "gradients"):
+        found = [n for n in _collection_names(trial, collection) if n in names]
+        if found:
+            return found[0]
+    return names[0] if names else None
+
+
+def _inactive_units(trial: Any) -> dict[str, Any]:
+    """Per saved activation and step, the % of units dead (ReLU outputs) or saturated (tanh /
+    sigmoid inputs), by the DeadRelu / SaturatedActivation rules' definitions and defaults."""
+    from ..rules.activations import DeadReluParams, SaturatedActivationParams, unit_activity
+
+    dead, saturated = DeadReluParams(), SaturatedActivationParams()
+    def positive(v: np.ndarray) -> np.ndarray:
+        return v > 0
+
+    def inside(low: float, high: float) -> Callable[[np.ndarray], np.ndarray]:
+        return lambda v: (v > low) & (v < high)
+
+    layers: list[tuple[str, str, Callable[[np.ndarray], np.ndarray], float]] = []
+    for name in trial.tensor_names(regex=list(dead.tensor_regex)):
+        layers.append((name, "dead", positive, dead.threshold_inactivity))
+    for name in trial.tensor_names(regex=list(saturated.tensor_regex)):
+        low, high = saturated.threshold_tanh if "tanh" in name.lower() else saturated.threshold_sigmoid
+        layers.append((name, "saturated", inside(low, high), saturated.threshold_inactivity))
+    layers = layers[:MAX_HEATMAP_TENSORS]
+    steps = _subsample(sorted({s for name, *_ in layers for s in trial.tensor(name).steps()}), MAX_HEATMAP_STEPS)
+    rows: list[list[float | None]] = []
+    for name, _, active, threshold in layers:
+        values = trial.read_many([(name, s, None, None) for s in steps])
+        row: list[float | None] = []
+        for value in values:
+            if value is None or value.size == 0:
+                row.append(None)
+                continue
+            activity = unit_activity(value, active(value))
+            row.append(100.0 * float(np.mean(activity < threshold)))
+        rows.append(row)
+    return {"tensors": [f"{name} ({state})" for name, state, *_ in layers], "steps": steps, "values": rows}
+
+
+def _norm_heatmap(trial: Any, names: list[str]) -> dict[str, Any]:
+    """L2 norm of each gradient at each saved step (the saved l2 reduction where there is one)."""
+    steps = _subsample(sorted({s for n in names for s in trial.tensor(n).steps()}), MAX_HEATMAP_STEPS)
+    rows = []
+    for name in names:
+        tensor = trial.tensor(name)
+        row = []
+        for step in steps:
+            try:
+                row.append(tensor.reduction_value(step, "l2"))
+            except (StepscopeError, KeyError):
+                row.append(None)
+        rows.append(_floats(np.array(row, dtype=float)))
+    return {"tensors": names, "steps": steps, "values": rows}
+
+
+def _update_ratios(trial: Any) -> dict[str, Any]:
+    """|w_t - w_prev| / |w_prev| between consecutive saved training steps of each weight, with
+    the WeightUpdateRatio rule's epsilon (the quantity that rule checks; EVAL steps do not
+    update weights, so they are left out as the rule leaves them out)."""
+    from ..rules.tensors import WeightUpdateRatioParams
+
+    epsilon = WeightUpdateRatioParams().epsilon
+    names = [n for n in _collection_names(trial, "weights") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
+    training = (ModeKeys.TRAIN, ModeKeys.GLOBAL)
+    series = []
+    for name in names:
+        steps = _subsample([s for s in trial.tensor(name).steps() if trial.mode_of(s)[0] in training], MAX_HEATMAP_STEPS + 1)
+        values = trial.read_many([(name, s, None, None) for s in steps])
+        xs, ys = [], []
+        for i in range(1, len(steps)):
+            before, after = values[i - 1], values[i]
+            if before is None or after is None or before.shape != after.shape:
+                continue
+            xs.append(steps[i])
+            ys.append(float(np.linalg.norm((after - before).ravel())) / (float(np.linalg.norm(before.ravel())) + epsilon))
+        if xs:
+            series.append({"tensor": name, "steps": xs, "values": _floats(np.array(ys))})
+    return {"series": series}
+
+
+def tensor_histograms(trial: Any, stamp: Hashable, name: str, bins: int = 30) -> dict[str, Any]:
+    """Histograms of one tensor at its saved steps, on common bin edges (TensorBoard's
+    histogram view): counts[step index][bin]."""
+    if not trial.has_tensor(name):
+        return {"tensor": name, "steps": [], "edges": [], "counts": [], "error": "no such tensor"}
+    return _cached(trial, stamp, f"hist:{name}:{bins}", lambda: _tensor_histograms(trial, name, bins))
+
+
+def _tensor_histograms(trial: Any, name: str, bins: int) -> dict[str, Any]:
+    steps = _subsample(trial.tensor(name).steps(), MAX_HISTOGRAM_STEPS)
+    values = trial.read_many([(name, s, None, None) for s in steps])
+    kept = [(s, np.asarray(v, dtype=float).ravel()) for s, v in zip(steps, values) if v is not None]
+    kept = [(s, v[np.isfinite(v)]) for s, v in kept]
+    kept = [(s, v) for s, v in kept if len(v)]
+    if not kept:
+        return {"tensor": name, "steps": [], "edges": [], "counts": []}
+    low = min(float(v.min()) for _, v in kept)
+    high = max(float(v.max()) for _, v in kept)
+    if high <= low:
+        high = low + 1.0
+    edges = np.linspace(low, high, bins + 1)
+    counts = [[int(c) for c in np.histogram(v, bins=edges)[0]] for _, v in kept]
+    return {"tensor": name, "steps": [s for s, _ in kept], "edges": _floats(edges), "counts": counts}
+
+
+# --- statistical summary ----------------------------------------------------------------
+
+
+def statistics(trial: Any, stamp: Hashable) -> dict[str, Any]:
+    return _cached(trial, stamp, "stats", lambda: _statistics(trial))
+
+
+def _statistics(trial: Any) -> dict[str, Any]:
+    from ..profiler.rules import OverallSystemUsage
+
+    profiler = trial.profiler
+    timeline = profiler.step_timeline()
+    tables: dict[str, dict[str, Any]] = {}
+    steps = timeline[timeline["phase"].isin(STEP_PHASES)].sort_values("start_ns")
+    tables["steps"] = {
+        "title": "Steps",
+        "columns": ["node", "rank", "mode", "step", "start_s", "duration_ms"],
+        "rows": [[str(r.node_id), int(r.rank), str(r.mode), int(r.step), round(r.start_ns / 1e9, 6), float(r.duration_ms)] for r in steps.itertuples()],
+    }
+    grouped = timeline.groupby(["phase", "name"], sort=True)["duration_ms"]
+    annotation_rows: list[list[Any]] = []
+    for (phase, name), durations in grouped:
+        values = durations.to_numpy()
+        p50, p95 = np.percentile(values, [50, 95])
+        annotation_rows.append([str(phase), str(name), int(len(values)), float(values.sum()), float(values.mean()), float(p50), float(p95), float(values.max())])
+    if len(timeline):
+        annotation_rows.sort(key=lambda r: -float(r[3]))
+    tables["annotations"] = {"title": "Annotations (steps and phases)", "columns": ["phase", "name", "count", "total_ms", "mean_ms", "p50_ms", "p95_ms", "max_ms"], "rows": annotation_rows}
+    usage = OverallSystemUsage().run(profiler).statistics.get("nodes", {})
+    tables["system"] = {
+        "title": "System metrics (percentiles)",
+        "columns": ["node", "dimension", "min", "p50", "p95", "p99", "max"],
+        "rows": [[node, dim, s["min"], s["p50"], s["p95"], s["p99"], s["max"]] for node, dims in sorted(usage.items()) for dim, s in dims.items()],
+    }
+    traces = _traces(trial)
+    if traces is not None:
+        for name, title, frame in (
+            ("kernels", "GPU kernels", traces.kernel_stats()),
+            ("cpu_ops", "CPU operators (inclusive time)", traces.cpu_ops(k=None)),
+            ("memory_ops", "Memory operations", traces.memory_ops()),
+            ("syncs", "Synchronizations", traces.syncs()),
+            ("launch_latency", "Kernel launch delay", traces.launch_latency()),
+        ):
+            tables[name] = {"title": title, **table(frame)}
+    return {"tables": tables}
+
+
+def table_page(table: dict[str, Any], *, query: str = "", sort: str | None = None, descending: bool = False, offset: int = 0,
+               limit: int = 1000) -> dict[str, Any]:
+    """Rows of a summary table matching `query` (case-insensitive text in any cell), sorted by
+    the column `sort` (missing values last), from `offset`, at most `limit`."""
+    rows = table["rows"]
+    if query:
+        needle = query.lower()
+        rows = [r for r in rows if any(needle in str(c).lower() for c in r)]
+    if sort is not None:
+        column = table["columns"].index(sort)
+        present = [r for r in rows if r[column] is not None]
+        rows = sorted(present, key=lambda r: r[column], reverse=descending) + [r for r in rows if r[column] is None]
+    return {"columns": table["columns"], "rows": rows[offset:offset + limit], "total": len(table["rows"]), "matched": len(rows), "offset": offset}
+
+
+# --- helpers ----------------------------------------------------------------------------
+
+
+def _subsample(items: list[int], limit: int) -> list[int]:
+    if len(items) <= limit:
+        return list(items)
+    picks = np.linspace(0, len(items) - 1, limit).round().astype(int)
+    return [items[i] for i in sorted(set(picks.tolist()))]
+
+
+def _floats(values: np.ndarray) -> list[float | None]:
+    """JSON has no NaN: missing values become null."""
+    return [None if not np.isfinite(v) else float(v) for v in np.asarray(values, dtype=float)]

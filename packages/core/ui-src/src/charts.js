@@ -1,0 +1,146 @@
+// Drawing only: every number arrives computed from the server.
+import uPlot from 'uplot';
+import { el, exposeChart } from './api.js';
+
+const PALETTE = ['#2563eb', '#dc2626', '#16a34a', '#9333ea', '#ea580c', '#0891b2', '#ca8a04', '#db2777', '#4b5563', '#65a30d'];
+export const color = (i) => PALETTE[i % PALETTE.length];
+
+function width(container) { return Math.max(320, (container.clientWidth || 640) - 8); }
+
+// Cards reflow as more are added to the grid: follow the container's width.
+function follow(container, chart, height) {
+  let last = width(container);
+  new ResizeObserver(() => {
+    const next = width(container);
+    if (Math.abs(next - last) > 2) { last = next; chart.setSize({ width: next, height }); }
+  }).observe(container);
+  return chart;
+}
+
+export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', xTime = false, points = null, logY = false, height = 220 }) {
+  const names = Object.keys(series);
+  exposeChart(id, { x, series, points });
+  const data = [x, ...names.map((n) => series[n])];
+  const opts = {
+    width: width(container), height,
+    scales: { x: { time: xTime }, y: logY ? { distr: 3 } : {} },
+    axes: [{ label: xLabel }, { label: yLabel }],
+    series: [{ label: xLabel || 'x' }, ...names.map((n, i) => ({ label: n, stroke: color(i), width: 1.5, spanGaps: true, points: { show: x.length < 60 } }))],
+  };
+  if (points) {
+    data.push(points.y);
+    opts.series.push({ label: points.label, stroke: '#dc2626', fill: '#dc2626', width: 0, paths: () => null, points: { show: true, size: 8, fill: '#dc2626' } });
+  }
+  return follow(container, new uPlot(opts, data, container), height);
+}
+
+export function barChart(container, id, { edges, counts, xLabel = '', height = 200 }) {
+  exposeChart(id, { edges, counts });
+  if (!counts.length) { container.append(el('p', { class: 'muted' }, 'no data')); return null; }
+  const centers = counts.map((_, i) => (edges[i] + edges[i + 1]) / 2);
+  const opts = {
+    width: width(container), height,
+    scales: { x: { time: false, range: [edges[0], edges[edges.length - 1]] } },
+    axes: [{ label: xLabel }, { label: 'count' }],
+    series: [{ label: xLabel }, { label: 'count', fill: 'rgba(37,99,235,0.5)', stroke: '#2563eb', paths: uPlot.paths.bars({ size: [0.9, Infinity] }), points: { show: false } }],
+  };
+  return follow(container, new uPlot(opts, [centers, counts], container), height);
+}
+
+export function pieChart(container, id, shares, { title = '' } = {}) {
+  const entries = Object.entries(shares).filter(([, v]) => v > 0);
+  exposeChart(id, shares);
+  const total = entries.reduce((a, [, v]) => a + v, 0);
+  if (!total) { container.append(el('p', { class: 'muted' }, 'no data')); return; }
+  const ns = 'http://www.w3.org/2000/svg';
+  const svg = document.createElementNS(ns, 'svg');
+  svg.setAttribute('viewBox', '-1.1 -1.1 2.2 2.2');
+  svg.setAttribute('class', 'pie');
+  let angle = -Math.PI / 2;
+  const legend = el('ul', { class: 'legend' });
+  entries.forEach(([name, value], i) => {
+    const frac = value / total;
+    const next = angle + frac * 2 * Math.PI;
+    const path = document.createElementNS(ns, frac >= 0.9999 ? 'circle' : 'path');
+    if (frac >= 0.9999) { path.setAttribute('r', '1'); }
+    else {
+      const large = frac > 0.5 ? 1 : 0;
+      path.setAttribute('d', `M0 0 L${Math.cos(angle)} ${Math.sin(angle)} A1 1 0 ${large} 1 ${Math.cos(next)} ${Math.sin(next)} Z`);
+    }
+    path.setAttribute('fill', color(i));
+    const tip = document.createElementNS(ns, 'title');
+    tip.textContent = `${name}: ${(100 * frac).toFixed(1)} %`;
+    path.append(tip);
+    svg.append(path);
+    legend.append(el('li', { 'data-name': name, 'data-value': value }, el('span', { class: 'swatch', style: `background:${color(i)}` }), `${name} ${(100 * frac).toFixed(1)} %`));
+    angle = next;
+  });
+  container.append(el('div', { class: 'pie-wrap', title }, svg, legend));
+}
+
+// A heatmap on a canvas: rows x columns of values, colour on a log scale when asked.
+export function heatmap(container, id, { rows, columns, values, log = true }) {
+  exposeChart(id, { rows, columns, values });
+  if (!rows.length || !columns.length) { container.append(el('p', { class: 'muted' }, 'no data')); return; }
+  const flat = values.flat().filter((v) => v !== null && (log ? v > 0 : true));
+  const tr = (v) => (log ? Math.log10(v) : v);
+  const lo = Math.min(...flat.map(tr)), hi = Math.max(...flat.map(tr));
+  const labelW = 180, cellH = Math.max(8, Math.min(18, 360 / rows.length));
+  const canvas = el('canvas', { class: 'heatmap' });
+  const w = width(container), h = rows.length * cellH + 24;
+  canvas.width = w; canvas.height = h;
+  const ctx = canvas.getContext('2d');
+  const cellW = (w - labelW) / columns.length;
+  ctx.font = '11px sans-serif';
+  rows.forEach((name, r) => {
+    ctx.fillStyle = '#111';
+    ctx.fillText(name.length > 28 ? '…' + name.slice(-27) : name, 2, r * cellH + cellH * 0.75);
+    values[r].forEach((v, c) => {
+      if (v === null || (log && !(v > 0))) { ctx.fillStyle = '#eee'; }
+      else {
+        const t = hi > lo ? (tr(v) - lo) / (hi - lo) : 0.5;
+        ctx.fillStyle = `hsl(${240 - 240 * t}, 80%, ${35 + 20 * t}%)`;
+      }
+      ctx.fillRect(labelW + c * cellW, r * cellH, Math.ceil(cellW), cellH - 1);
+    });
+  });
+  ctx.fillStyle = '#333';
+  ctx.fillText(`step ${columns[0]}`, labelW, h - 6);
+  ctx.fillText(`step ${columns[columns.length - 1]}`, w - 70, h - 6);
+  canvas.addEventListener('mousemove', (ev) => {
+    const c = Math.floor((ev.offsetX - labelW) / cellW), r = Math.floor(ev.offsetY / cellH);
+    canvas.title = c >= 0 && r >= 0 && r < rows.length && c < columns.length ? `${rows[r]} @ step ${columns[c]}: ${values[r][c]}` : '';
+  });
+  const shown = (v) => Number(log ? 10 ** v : v).toPrecision(3);
+  container.append(canvas, el('p', { class: 'muted' }, `colour: ${log ? 'log scale' : 'linear'}, blue ${shown(lo)} … red ${shown(hi)}`));
+}
+
+// TensorBoard-style histograms over steps: one outline per step, later steps lower and darker.
+export function ridgeline(container, id, { steps, edges, counts }) {
+  exposeChart(id, { steps, edges, counts });
+  if (!steps.length) { container.append(el('p', { class: 'muted' }, 'no values')); return; }
+  const w = width(container), rowH = 14, peakH = 48;
+  const h = steps.length * rowH + peakH + 24;
+  const canvas = el('canvas', { class: 'ridgeline' });
+  canvas.width = w; canvas.height = h;
+  const ctx = canvas.getContext('2d');
+  const lo = edges[0], hi = edges[edges.length - 1];
+  const xOf = (v) => 60 + ((v - lo) / (hi - lo)) * (w - 80);
+  const peak = Math.max(1, ...counts.flat());
+  steps.forEach((step, r) => {
+    const base = peakH + r * rowH;
+    ctx.beginPath();
+    ctx.moveTo(xOf(lo), base);
+    counts[r].forEach((c, b) => ctx.lineTo(xOf((edges[b] + edges[b + 1]) / 2), base - (c / peak) * peakH));
+    ctx.lineTo(xOf(hi), base);
+    const t = steps.length > 1 ? r / (steps.length - 1) : 1;
+    ctx.fillStyle = `hsla(20, 85%, ${75 - 35 * t}%, 0.85)`;
+    ctx.strokeStyle = '#fff';
+    ctx.fill(); ctx.stroke();
+    if (r % Math.ceil(steps.length / 10) === 0) { ctx.fillStyle = '#333'; ctx.font = '10px sans-serif'; ctx.fillText(String(step), 2, base); }
+  });
+  ctx.fillStyle = '#333';
+  ctx.fillText(lo.toPrecision(3), 60, h - 4);
+  ctx.fillText(hi.toPrecision(3), w - 60, h - 4);
+  container.append(canvas);
+}

@@ -1,0 +1,170 @@
+// One job's pages: dashboard, training health, statistics (the timeline has its own module).
+import { api, el, fmt, jobPath } from './api.js';
+import { barChart, heatmap, lineChart, pieChart, ridgeline } from './charts.js';
+
+const section = (title, id, ...body) => el('section', { class: 'card', id }, el('h3', {}, title), ...body);
+
+export async function dashboardView(root, job) {
+  const base = `/api/jobs/${jobPath(job)}`;
+  const d = await api(`${base}/dashboard`);
+  const wrap = el('div', { class: 'cards' });
+  root.append(wrap);
+
+  // System utilization per node
+  for (const [node, sys] of Object.entries(d.system)) {
+    const box = el('div', { class: 'chart' });
+    wrap.append(section(`Utilization over time: ${node}`, `system-${node}`, box));
+    lineChart(box, `system:${node}`, { x: sys.t, series: sys.series, xTime: true, yLabel: '%' });
+  }
+  if (!Object.keys(d.system).length) wrap.append(section('Utilization over time', 'system-none', el('p', { class: 'muted' }, 'no system metrics')));
+
+  // Step time over steps, outliers marked (StepOutlier's limit)
+  for (const s of d.steps) {
+    const box = el('div', { class: 'chart' });
+    const outlierSet = new Set(s.outliers);
+    const points = { label: 'outliers', y: s.steps.map((step, i) => (outlierSet.has(step) ? s.duration_ms[i] : null)) };
+    wrap.append(section(`Step time: ${s.key}`, `steps-${s.key}`, box,
+      el('p', { class: 'muted', 'data-outliers': s.outliers.join(',') },
+        `${s.steps.length} steps; outliers (> ${s.limit_ms === null ? '-' : fmt.ms(s.limit_ms)}, StepOutlier): ${s.outliers.length ? s.outliers.join(', ') : 'none'}`)));
+    lineChart(box, `steps:${s.key}`, { x: s.steps, series: { 'step time (ms)': s.duration_ms }, xLabel: 'step', yLabel: 'ms', points });
+  }
+
+  const hist = el('div', { class: 'chart' });
+  wrap.append(section('Step-time histogram', 'step-histogram', hist, summaryLine(d.step_histogram)));
+  barChart(hist, 'step-histogram', { ...d.step_histogram, xLabel: 'step time (ms)' });
+
+  const pie = el('div');
+  wrap.append(section('Host time by phase', 'cpu-time', pie));
+  pieChart(pie, 'cpu-time', d.cpu_time);
+
+  // Any annotation's durations
+  const annot = el('div', { class: 'chart' });
+  const picker = el('select', { id: 'annotation-picker', onchange: async () => {
+    const next = await api(`${base}/dashboard?phase=${encodeURIComponent(picker.value)}`);
+    annot.replaceChildren();
+    barChart(annot, 'annotation-histogram', { ...next.annotation.histogram, xLabel: `${picker.value} (ms)` });
+  } }, d.annotation.names.map((n) => el('option', { value: n, selected: n === d.annotation.chosen }, n)));
+  wrap.append(section('Annotation durations', 'annotation', el('label', {}, 'annotation ', picker), annot));
+  if (d.annotation.chosen) barChart(annot, 'annotation-histogram', { ...d.annotation.histogram, xLabel: `${d.annotation.chosen} (ms)` });
+
+  const gpu = el('div');
+  wrap.append(section('GPU: active time, kernels, memory operations, precision', 'gpu', gpu));
+  const drawGpu = (g) => {
+    gpu.replaceChildren();
+    if (!g.available) { gpu.append(el('p', { class: 'muted' }, g.reason)); return; }
+    const k = el('input', { type: 'number', id: 'top-k', min: '1', max: '100', value: String(g.k), onchange: async () => drawGpu((await api(`${base}/dashboard?k=${k.value}`)).gpu) });
+    gpu.append(el('label', {}, 'top k ', k));
+    for (const [rank, p] of Object.entries(g.pies)) {
+      const a = el('div'), b = el('div'), c = el('div');
+      gpu.append(el('h4', {}, rank), el('div', { class: 'pies' }, el('div', {}, el('p', { class: 'muted' }, 'GPU time'), a),
+        el('div', {}, el('p', { class: 'muted' }, 'GPU idle, by cause'), b), el('div', {}, el('p', { class: 'muted' }, 'kernel time by precision'), c)));
+      pieChart(a, `gpu-time:${rank}`, p.time);
+      pieChart(b, `gpu-idle:${rank}`, p.idle);
+      pieChart(c, `gpu-precision:${rank}`, p.precision);
+    }
+    for (const [name, t] of Object.entries(g.tables)) {
+      window.stepscope.charts[`gpu-table:${name}`] = t;
+      gpu.append(el('h4', {}, name), el('div', { class: 'table-scroll' }, simpleTable(t.columns, t.rows)));
+    }
+  };
+  drawGpu(d.gpu);
+
+  const rules = el('div', { id: 'rules-list' }, el('p', { class: 'muted' }, 'running rules…'));
+  wrap.append(section('Rules', 'rules', rules));
+  api(`${base}/rules`).then((r) => rules.replaceChildren(rulesList(r.rules)), (e) => rules.replaceChildren(el('p', { class: 'error' }, e.message)));
+}
+
+function summaryLine(h) {
+  return el('p', { class: 'muted', id: 'step-histogram-summary' }, h.n ? `n=${h.n}, mean ${fmt.ms(h.mean)}, p50 ${fmt.ms(h.p50)}, p95 ${fmt.ms(h.p95)}, max ${fmt.ms(h.max)}` : 'no steps');
+}
+
+export function rulesList(rules) {
+  if (!rules.length) return el('p', { class: 'muted' }, 'no rules ran (run `stepscope check` on the job)');
+  return el('ul', { class: 'rules' }, rules.map((r) => el('li', { class: `rule ${r.fired ? 'fired' : r.status.replace(/ /g, '-')}`, 'data-rule': r.rule },
+    el('div', { class: 'rule-head' }, el('strong', {}, r.rule), el('span', { class: `status ${r.fired ? 'failed' : 'finished'}` }, r.status), el('span', { class: 'muted' }, ` ${r.kind}, ${r.source}`)),
+    el('div', { class: 'rule-summary' }, r.summary),
+    r.fired && r.causes.length ? el('div', { class: 'causes' }, el('strong', {}, 'Likely causes: '), el('ul', {}, r.causes.map((c) => el('li', {}, c)))) : null,
+    r.fired && r.advice.length ? el('div', { class: 'advice' }, el('strong', {}, 'Advice: '), el('ul', {}, r.advice.map((a) => el('li', {}, a)))) : null,
+    r.evidence.length ? el('details', {}, el('summary', {}, `evidence (${r.violations} violation${r.violations === 1 ? '' : 's'})`),
+      el('table', { class: 'grid evidence' }, el('thead', {}, el('tr', {}, ['where', 'tensor', 'value', 'threshold', 'message'].map((h) => el('th', {}, h)))),
+        el('tbody', {}, r.evidence.map((e) => el('tr', {}, el('td', {}, e.where ?? ''), el('td', {}, e.tensor ?? ''), el('td', {}, e.value ?? ''), el('td', {}, e.threshold ?? ''), el('td', {}, e.message ?? '')))))) : null,
+    r.definition ? el('details', {}, el('summary', {}, 'what this rule checks'), el('p', {}, r.definition)) : null,
+  )));
+}
+
+export async function healthView(root, job) {
+  const base = `/api/jobs/${jobPath(job)}`;
+  const h = await api(`${base}/health`);
+  const wrap = el('div', { class: 'cards' });
+  root.append(wrap);
+  const byTensor = {};
+  for (const c of h.curves) (byTensor[c.tensor] = byTensor[c.tensor] || []).push(c);
+  for (const [tensor, curves] of Object.entries(byTensor)) {
+    for (const c of curves) {
+      const box = el('div', { class: 'chart' });
+      wrap.append(section(`${tensor} (${c.mode})`, `curve-${tensor}-${c.mode}`, box));
+      lineChart(box, `curve:${tensor}:${c.mode}`, { x: c.steps, series: { [tensor]: c.values }, xLabel: `${c.mode} step` });
+    }
+  }
+  if (!h.curves.length) wrap.append(section('Loss and metrics', 'curves', el('p', { class: 'muted' }, 'no losses or metrics saved')));
+  const hm = el('div');
+  wrap.append(section('Gradient norm per layer (L2)', 'gradient-norms', hm));
+  heatmap(hm, 'gradient-norms', { rows: h.gradient_norms.tensors, columns: h.gradient_norms.steps, values: h.gradient_norms.values });
+  const ur = el('div', { class: 'chart' });
+  wrap.append(section('Weight update ratio |Δw| / |w|', 'update-ratios', ur));
+  if (h.update_ratios.series.length) {
+    const steps = [...new Set(h.update_ratios.series.flatMap((s) => s.steps))].sort((a, b) => a - b);
+    const series = {};
+    for (const s of h.update_ratios.series) { const m = new Map(s.steps.map((st, i) => [st, s.values[i]])); series[s.tensor] = steps.map((st) => m.get(st) ?? null); }
+    const positive = Object.values(series).flat().every((v) => v === null || v > 0);
+    lineChart(ur, 'update-ratios', { x: steps, series, xLabel: 'step', logY: positive });
+    if (!positive) ur.append(el('p', { class: 'muted' }, 'some ratios are 0 (weights that did not move): linear scale'));
+  } else ur.append(el('p', { class: 'muted' }, 'needs weights saved at two or more steps'));
+  const iu = el('div');
+  wrap.append(section('Dead / saturated units (% of each layer)', 'inactive-units', iu));
+  if (h.inactive_units.tensors.length) heatmap(iu, 'inactive-units', { rows: h.inactive_units.tensors, columns: h.inactive_units.steps, values: h.inactive_units.values, log: false });
+  else iu.append(el('p', { class: 'muted' }, 'no activations saved (save ReLU outputs as *relu_output, tanh/sigmoid inputs as *tanh_input / *sigmoid_input)'));
+  const hist = el('div');
+  const picker = el('select', { id: 'tensor-picker', onchange: () => drawHist() }, h.tensors.map((n) => el('option', { value: n }, n)));
+  wrap.append(section('Tensor histograms over steps', 'tensor-histograms', el('label', {}, 'tensor ', picker), hist));
+  async function drawHist() {
+    if (!picker.value) return;
+    const data = await api(`${base}/tensor-histograms?tensor=${encodeURIComponent(picker.value)}`);
+    hist.replaceChildren();
+    ridgeline(hist, 'tensor-histogram', data);
+  }
+  if (h.default_tensor) picker.value = h.default_tensor;
+  drawHist();
+}
+
+export async function statsView(root, job) {
+  const base = `/api/jobs/${jobPath(job)}`;
+  const { tables } = await api(`${base}/stats`);
+  for (const [name, t] of Object.entries(tables)) {
+    // filtering and sorting run on the server, over every row
+    const filter = el('input', { type: 'search', placeholder: 'filter rows', 'data-table': name });
+    const holder = el('div', { class: 'table-scroll' });
+    const state = { sort: null, desc: true, seq: 0 };
+    const draw = async () => {
+      const seq = ++state.seq;
+      const params = new URLSearchParams({ q: filter.value, limit: '1000' });
+      if (state.sort !== null) { params.set('sort', state.sort); params.set('desc', state.desc ? '1' : '0'); }
+      const page = await api(`${base}/stats/${name}?${params}`);
+      if (seq !== state.seq) return;
+      holder.replaceChildren(simpleTable(page.columns, page.rows, (i) => { state.desc = state.sort === page.columns[i] ? !state.desc : true; state.sort = page.columns[i]; draw(); }, `stats-${name}`));
+      holder.dataset.matched = String(page.matched);
+      if (page.matched > page.rows.length) holder.append(el('p', { class: 'muted' }, `first ${page.rows.length} of ${page.matched} rows; the CSV has all ${page.total}`));
+    };
+    filter.addEventListener('input', draw);
+    root.append(section(`${t.title} (${t.total})`, `stats-section-${name}`,
+      el('div', { class: 'toolbar' }, filter, el('a', { href: `${base}/stats/${name}.csv`, download: `${name}.csv`, class: 'button' }, 'CSV')), holder));
+    holder.replaceChildren(simpleTable(t.columns, t.rows, null, `stats-${name}`));
+    draw();
+  }
+}
+
+export function simpleTable(columns, rows, onSort, id) {
+  return el('table', { class: 'grid', id },
+    el('thead', {}, el('tr', {}, columns.map((c, i) => el('th', { class: onSort ? 'sortable' : '', onclick: onSort ? () => onSort(i) : undefined }, c)))),
+    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((v) => el('td', { 'data-value': v, title: typeof v === 'string' && v.length > 40 ? v : undefined }, typeof v === 'number' ? fmt.num(v, 3) : v))))));
+}

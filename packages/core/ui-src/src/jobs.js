@@ -1,0 +1,42 @@
+// The jobs list: filter and sort happen on the server (`q`, `status`, `sort`).
+import { api, el, fmt, jobPath } from './api.js';
+
+const COLUMNS = [
+  ['id', 'Job'], ['status', 'Status'], ['start', 'Start'], ['duration', 'Duration'],
+  ['framework', 'Framework'], ['workers', 'Workers'], ['steps', 'Steps'], [null, 'Rules fired'],
+];
+
+export function jobsView(root) {
+  const state = { q: '', status: '', sort: '-start' };
+  const table = el('table', { class: 'grid', id: 'jobs-table' });
+  const search = el('input', { type: 'search', id: 'jobs-filter', placeholder: 'filter by name or framework', oninput: () => { state.q = search.value; load(); } });
+  const status = el('select', { id: 'jobs-status', onchange: () => { state.status = status.value; load(); } },
+    ...['', 'running', 'finished', 'stopped', 'failed'].map((s) => el('option', { value: s }, s || 'any status')));
+  root.append(el('h2', {}, 'Jobs'), el('div', { class: 'toolbar' }, search, status), table);
+
+  async function load() {
+    const params = new URLSearchParams({ q: state.q, status: state.status, sort: state.sort });
+    const { jobs } = await api(`/api/jobs?${params}`);
+    table.replaceChildren(
+      el('thead', {}, el('tr', {}, COLUMNS.map(([key, label]) => el('th', {
+        class: key ? 'sortable' : '', 'data-key': key,
+        onclick: key ? () => { state.sort = state.sort === `-${key}` ? key : `-${key}`; load(); } : undefined,
+      }, label, state.sort.replace('-', '') === key ? (state.sort.startsWith('-') ? ' ▼' : ' ▲') : '')))),
+      el('tbody', {}, jobs.map((job) => el('tr', { 'data-job': job.id },
+        el('td', {}, el('a', { href: `/jobs/${jobPath(job.id)}#dashboard` }, job.id)),
+        el('td', {}, el('span', { class: `status ${job.status}` }, job.status)),
+        el('td', {}, fmt.time(job.start)),
+        el('td', {}, fmt.duration(job.duration)),
+        el('td', {}, job.framework || '-'),
+        el('td', {}, job.workers),
+        el('td', {}, job.steps),
+        el('td', {}, job.rules_fired.length ? job.rules_fired.join(', ') : '-'),
+      ))),
+    );
+    if (!jobs.length) table.append(el('caption', {}, 'no jobs'));
+  }
+  load();
+  // running jobs move on: look again every 10 s while the page is open
+  const timer = setInterval(() => { if (document.visibilityState === 'visible') load().catch(() => {}); }, 10000);
+  return { refresh: load, stop: () => clearInterval(timer) };
+}
