@@ -89,7 +89,9 @@ def test_real_sampling_on_this_host(tmp_path):
     df = ProfilerTrial(tmp_path).system_metrics()
     timestamps = np.sort(df["timestamp"].unique())
     expected = (ended - began) / interval_s
-    assert abs(len(timestamps) - expected) <= 1, (len(timestamps), expected)
+    # One slot may be lost at each end: the first sample waits for the next grid slot after
+    # start-up, and stop() may land just before the last one.
+    assert abs(len(timestamps) - expected) <= 2, (len(timestamps), expected)
     assert monitor.stats().samples == len(timestamps)
     assert (np.diff(timestamps) > 0).all()
     # Deadline-based: each sample sits in its own slot of the wall-clock grid of multiples of
