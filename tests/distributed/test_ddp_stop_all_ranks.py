@@ -71,3 +71,17 @@ def test_a_stop_request_stops_every_ddp_rank_at_the_same_step(tmp_path):
     last_saved = {w: max(s for s in values.steps(show_incomplete=True) if w in values.workers(s)) for w in ("worker_0", "worker_1")}
     assert last_saved["worker_0"] == last_saved["worker_1"] == stopped[0], last_saved
     assert trial.steps() == list(range(stopped[0] + 1))
+
+
+@pytest.mark.timeout(300)
+def test_lightning_ddp_ranks_stop_at_the_same_step(tmp_path):
+    pytest.importorskip("lightning")
+    env = {k: v for k, v in os.environ.items() if k not in ("STEPSCOPE_STOP_AGREE_STEPS", "STEPSCOPE_DISABLE")}
+    env["STEPSCOPE_STOP_POLL_S"] = "1000"  # only rank 0 sees the request (the script makes it look)
+    script = str(Path(__file__).parent / "lightning_ddp_stop.py")
+    done = subprocess.run([sys.executable, script, str(tmp_path / "job"), str(tmp_path / "stopped")], env=env,
+                          capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    stopped = [int((tmp_path / f"stopped.{rank}").read_text()) for rank in range(2)]
+    # 50 batches per rank without a stop; the agreement step after rank 0 saw it (batch 3): 8.
+    assert stopped == [AGREE_EVERY, AGREE_EVERY], stopped
