@@ -7,11 +7,11 @@ from __future__ import annotations
 import sys
 import warnings
 
+import lightning.pytorch as pl
 import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-import lightning.pytorch as pl
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.control import request_stop
 from stepscope_torch.lightning import StepscopeCallback
