@@ -494,8 +494,11 @@ class HookBase:
         mode = self._step.mode if self._step is not None else None
         if self.enabled:
             self.failsafe.call(self._end_step)
-        if raise_on_stop and mode is _TRAIN and self.train_step_ended():
-            self._raise_stop()
+        if raise_on_stop and mode is _TRAIN:
+            n = self._train_ends + 1  # train_step_ended(), inlined: this runs every step
+            self._train_ends = n
+            if n >= self._stop_check_at and self._decide_stop(n):
+                self._raise_stop()
 
     @contextlib.contextmanager
     def step(self, mode: ModeKeys | str = ModeKeys.TRAIN) -> Iterator[HookBase]:

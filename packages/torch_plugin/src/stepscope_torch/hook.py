@@ -329,7 +329,10 @@ class Hook(HookBase):
     def _on_optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # Counted before the fail-safe check: a rank whose hook turned off still takes part
         # in the ranks' stop agreement (its peers would wait for it in the all-reduce).
-        stop = self.train_step_ended()  # (an optimizer step always ends a TRAIN step)
+        # (An optimizer step always ends a TRAIN step; `train_step_ended` inlined: every step.)
+        n = self._train_ends + 1
+        self._train_ends = n
+        stop = n >= self._stop_check_at and self._decide_stop(n)
         if not self.failsafe.enabled:
             return
         self.finish_step_timing()
