@@ -101,3 +101,30 @@ def test_a_bad_agreement_interval_is_a_clear_error(tmp_path, monkeypatch, raw):
     monkeypatch.setenv("STEPSCOPE_STOP_AGREE_STEPS", raw)
     with pytest.raises(ConfigError, match="STEPSCOPE_STOP_AGREE_STEPS"):
         _hook(tmp_path)
+
+
+def test_a_rank_whose_hook_turned_off_still_takes_part(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_STOP_AGREE_STEPS", "4")
+    hook = _hook(tmp_path)
+    for _ in range(2):
+        _train_step(hook)
+    hook.failsafe.fail(RuntimeError("planted failure inside the hook"))  # as an internal error would
+    assert not hook.enabled
+    for _ in range(3):
+        hook.begin_step(ModeKeys.EVAL)  # not counted, also while off
+        hook.end_step()
+        _train_step(hook)
+    assert hook._train_ends == 5 and hook.calls == [(1, False), (4, False)]
+    hook.close()
+
+
+def test_an_early_wake_up_by_the_poller_does_not_add_a_collective(tmp_path, monkeypatch):
+    monkeypatch.setenv("STEPSCOPE_STOP_AGREE_STEPS", "4")
+    hook = _hook(tmp_path)
+    _train_step(hook)
+    hook._stop_check_at = 0  # the poller's wake-up, racing the first decision
+    _train_step(hook)
+    _train_step(hook)
+    _train_step(hook)
+    assert hook.calls == [(1, False), (4, False)]
+    hook.close()

@@ -217,6 +217,8 @@ class HookBase:
         self._stop_check_at = 1
         self._stop_agree: bool | None = None
         self._stop_agreed = False
+        self._stop_agree_next = 1  # the next agreement step (only the training thread sets it)
+        self._off_mode: ModeKeys | None = None  # the mode of a step begun while the hook was off
         self._stop_agree_steps = 1 if validate_only else _agree_steps_from_env()
         self._closed = False
         self.store: Store | None = None
@@ -405,8 +407,12 @@ class HookBase:
             if self.stop_poller.request is None:
                 return False
         elif not self._stop_agreed:
+            if n < self._stop_agree_next:  # woken early by the poller (it raced the first decision)
+                self._stop_check_at = self._stop_agree_next
+                return False
             every = self._stop_agree_steps
-            self._stop_check_at = (n // every + 1) * every  # the next multiple: the same on every rank
+            # The next multiple of `every`: the same TRAIN step on every rank.
+            self._stop_agree_next = self._stop_check_at = (n // every + 1) * every
             # Every rank runs this collective at the same step; a failure here (a peer gone)
             # is the job's failure and is not hidden.
             self._stop_agreed = bool(self._agree_on_stop(self.stop_poller.request is not None))
@@ -430,6 +436,9 @@ class HookBase:
         `event`: a phase event that happens right away (as `phase_event(event)` would,
         one call less on every step). Returns True when some collection is due at it."""
         if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
+            if not self._closed and self.stop_poller is not None:
+                # Off after a failure: end_step still counts TRAIN steps for the ranks' agreement.
+                self._off_mode = ModeKeys.parse(mode) if mode is not None else self._mode
             return False
         parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
         if event is not None and event not in _EVENT_NAMES:
@@ -491,7 +500,9 @@ class HookBase:
         """Close the open step: its timeline ends now and what it saved goes to the writer.
         After a rule asked to stop, raises StopTrainingRequested once at the end of a TRAIN
         step (unless `raise_on_stop` is False: callbacks stop through their framework)."""
-        mode = self._step.mode if self._step is not None else None
+        step = self._step
+        mode = self._off_mode or (step.mode if step is not None else None)
+        self._off_mode = None
         if self.enabled:
             self.failsafe.call(self._end_step)
         if raise_on_stop and mode is _TRAIN:
