@@ -115,6 +115,12 @@ def test_a_rank_whose_hook_turned_off_still_takes_part(tmp_path, monkeypatch):
         hook.end_step()
         _train_step(hook)
     assert hook._train_ends == 5 and hook.calls == [(1, False), (4, False)]
+    hook.peer_saw = True
+    _train_step(hook)
+    _train_step(hook)
+    with pytest.raises(StopTrainingRequested, match="another rank"):
+        _train_step(hook)  # stops with its peers at the agreed step, though off
+    assert hook._train_ends == 8
     hook.close()
 
 

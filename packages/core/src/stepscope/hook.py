@@ -608,9 +608,13 @@ class HookBase:
 
     def _raise_stop(self) -> None:
         """Raise StopTrainingRequested (once): `train_step_ended()` said to stop."""
-        if not self._stop_raised and self.failsafe.enabled:
+        # A rank whose hook turned off stops too once the ranks agreed: alone, it would wait
+        # for its stopped peers in the next all-reduce.
+        if not self._stop_raised and (self.failsafe.enabled or self._stop_agree):
             self._stop_raised = True
             request = self.stop_poller.request if self.stop_poller is not None else None
+            if request is None and self._stop_agree:
+                request = {"action": "StopTraining", "reason": "another rank saw the request; all ranks agreed"}
             raise StopTrainingRequested(f"stepscope: a rule asked to stop training ({request})")
 
     def _collections_for(self, mode: ModeKeys) -> tuple[Collection, ...]:

@@ -334,6 +334,8 @@ class Hook(HookBase):
         self._train_ends = n
         stop = n >= self._stop_check_at and self._decide_stop(n)
         if not self.failsafe.enabled:
+            if stop:
+                self._raise_stop()
             return
         self.finish_step_timing()
         step = self._step
