@@ -3,8 +3,6 @@ the engine finds it and read, without TensorFlow, into the same tables as Kineto
 
 from __future__ import annotations
 
-import warnings
-
 import keras
 import numpy as np
 import pytest
@@ -34,31 +32,21 @@ class _Windows(keras.callbacks.Callback):
         self.profiling.close()
 
 
-# Once in a full CI run (never alone, nor in 12 runs in a row) the XSpace of a window held
-# no ProfilerStep markers; a second fit is the tie-breaker, and the test says how often it
-# took one.
-ATTEMPTS = 2
-
-
 def test_keras_fit_under_tf_profiler(tmp_path, data):
     x, y = data
-    for attempt in range(ATTEMPTS):
-        folder = tmp_path / f"attempt{attempt}"
-        profiling = create_profiling(ProfilerConfig(detailed_windows=[(1, 2)]), open_store(str(folder)), rank=2)
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
-        model.compile("sgd", "mse")
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[_Windows(profiling)])
-        keys = profiling.published
-        assert len(keys) == 1 and keys[0].startswith("profiler-output/framework/tensorflow/detailed/rank2/000000000001_pid") and keys[0].endswith(".xplane.pb")
-        analysis = TraceAnalysis(folder)
-        steps = analysis.step_breakdown(rank=2)
-        if list(steps.step) == [1, 2]:
-            break
-        warnings.warn(f"attempt {attempt}: no ProfilerStep markers in the window's XSpace", stacklevel=1)
+    config = ProfilerConfig(detailed_windows=[(1, 2)])
+    profiling = create_profiling(config, open_store(str(tmp_path)), rank=2)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[_Windows(profiling)])
+    keys = profiling.published
+    assert len(keys) == 1 and keys[0].startswith("profiler-output/framework/tensorflow/detailed/rank2/000000000001_pid") and keys[0].endswith(".xplane.pb")
     with stepscope.annotate("outside-any-window"):  # no backend: only a span, no error
         tf.constant(1.0)
 
+    analysis = TraceAnalysis(tmp_path)
     assert analysis.ranks == [2]
+    steps = analysis.step_breakdown(rank=2)
     assert list(steps.step) == [1, 2] and (steps.step_us > 0).all()
     ops = analysis.cpu_ops(k=None, rank=2)
     assert len(ops) > 0 and (ops["count"] > 0).all()
@@ -70,16 +58,12 @@ def test_keras_callback_runs_windows(tmp_path, data):
     from stepscope_tf import StepscopeCallback
 
     x, y = data
-    for attempt in range(ATTEMPTS):
-        out = tmp_path / f"job{attempt}"
-        callback = StepscopeCallback(str(out), profiler_config=ProfilerConfig(system_monitor=False, detailed_windows=[(2, 1)]))
-        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
-        model.compile("sgd", "mse")
-        model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
-        callback.hook.close()
-        analysis = stepscope.create_trial(str(out)).profiler.traces
-        assert [k.rsplit("/", 2)[-2] for k in analysis.trace_keys()] == ["rank0"]
-        if list(analysis.step_breakdown(rank=0).step) == [2]:
-            break
-        warnings.warn(f"attempt {attempt}: no ProfilerStep markers in the window's XSpace", stacklevel=1)
+    out = tmp_path / "job"
+    callback = StepscopeCallback(str(out), profiler_config=ProfilerConfig(system_monitor=False, detailed_windows=[(2, 1)]))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    model.compile("sgd", "mse")
+    model.fit(x, y, batch_size=8, epochs=1, verbose=0, callbacks=[callback])
+    callback.hook.close()
+    analysis = stepscope.create_trial(str(out)).profiler.traces
+    assert [k.rsplit("/", 2)[-2] for k in analysis.trace_keys()] == ["rank0"]
     assert list(analysis.step_breakdown(rank=0).step) == [2]

@@ -2,7 +2,8 @@
 event table as Kineto traces. The messages are decoded with the `protobuf` library from
 descriptors built here (no TensorFlow import, no xprof), as events.py does for `Event`.
 
-Mapping (see docs/traces.md): on `/host:CPU`, events of the `python` line are annotations
+Mapping (see docs/traces.md): on `/host:CPU`, events of the thread that marks the steps
+(the line with `ProfilerStep` events, else the `python` line) are annotations
 (TraceMe: `tf.profiler.experimental.Trace`, `stepscope.annotate`; `ProfilerStep` with a
 `step_num` stat becomes `ProfilerStep#<n>`), events of the other host lines are CPU ops,
 events carrying a `correlation_id` stat on host lines are runtime calls (CUPTI API);
@@ -101,6 +102,11 @@ def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
             continue
         event_names = {entry.key: entry.value.name for entry in plane.event_metadata}
         stat_names = {entry.key: entry.value.name for entry in plane.stat_metadata}
+        # The thread that marks steps carries the Python TraceMe annotations. Its line is named
+        # after the thread, which is the process name ("python", but "pytest" or a console
+        # script's name too), so it is found by its ProfilerStep markers, else by that name.
+        step_ids = {key for key, name in event_names.items() if name == "ProfilerStep"}
+        annotation_lines = {line.id for line in plane.lines if line.name == "python" or any(e.metadata_id in step_ids for e in line.events)}
         for line in plane.lines:
             stream_match = _STREAM.search(line.name) if gpu else None
             stream = int(stream_match.group(1)) if stream_match else (MISSING if not gpu else int(line.id))
@@ -112,7 +118,7 @@ def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
                 correlation = int(stats.get("correlation_id", MISSING) or MISSING)
                 if gpu:
                     kind = "memcpy" if name.startswith("Memcpy") or "memcpy" in name.lower()[:12] else "memset" if name.startswith("Memset") else "kernel"
-                elif line.name == "python":
+                elif line.id in annotation_lines:
                     kind = "annotation"
                     if name == "ProfilerStep" and "step_num" in stats:
                         name = f"ProfilerStep#{int(stats['step_num'])}"
