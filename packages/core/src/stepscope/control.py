@@ -7,6 +7,7 @@ import json
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from .layout import CONTROL_DIR
@@ -35,9 +36,11 @@ class StopPoller:
     """Checks for a stop request every `interval_s` on a daemon thread, so a training
     step only reads a flag. The check costs one stat (local) or HEAD (S3) per interval."""
 
-    def __init__(self, store: Store, interval_s: float = 2.0):
+    def __init__(self, store: Store, interval_s: float = 2.0, on_request: Callable[[], None] | None = None):
+        """`on_request` runs (on the poller's thread) once `request` is set."""
         self.store = store
         self.interval_s = interval_s
+        self.on_request = on_request
         self.request: dict[str, Any] | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="stepscope-stop-poller", daemon=True)
@@ -51,6 +54,8 @@ class StopPoller:
         if self.request is None and self.store.exists(STOP_KEY):
             self.request = read_stop(self.store) or {"action": "StopTraining"}
             logger.warning("stepscope: stop requested by rule %s: %s", self.request.get("rule"), self.request.get("reason"))
+            if self.on_request is not None:
+                self.on_request()
         return self.request is not None
 
     def _run(self) -> None:

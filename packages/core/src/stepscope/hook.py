@@ -14,6 +14,8 @@ timeline. A plugin subclasses it and fills in only what needs its framework:
 - `_on_step_begin(due)` / `_on_step_end()`: arm and read its captures around a step;
 - `_make_clock()`: a clock for the step timeline (a GPU plugin reads device events);
 - `_on_close()`: remove what it installed in the framework;
+- `_can_agree_on_stop()` / `_agree_on_stop(local)`: for multi-rank jobs with collectives,
+  make every rank stop at the same TRAIN step (default: each rank decides alone);
 and calls the driver (`begin_step`, `phase_event`, `finish_step_timing`, `end_step`)
 from its framework's events. Tensors the plugin discovers go through `plan` + `record`.
 """
@@ -56,6 +58,8 @@ from .writer import Writer
 logger = logging.getLogger("stepscope")
 
 STOP_POLL_ENV = "STEPSCOPE_STOP_POLL_S"
+STOP_AGREE_ENV = "STEPSCOPE_STOP_AGREE_STEPS"
+_NEVER = 1 << 62  # a TRAIN step count never reached
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
 _NOTHING_DUE: frozenset[str] = frozenset()
 _EVENT_NAMES = frozenset(EVENTS)
@@ -80,6 +84,19 @@ def _poll_interval_from_env() -> float:
         raise ConfigError(f"{STOP_POLL_ENV} must be a number of seconds, got {raw!r}") from None
     if not value > 0:
         raise ConfigError(f"{STOP_POLL_ENV} must be > 0, got {raw!r}")
+    return value
+
+
+def _agree_steps_from_env() -> int:
+    """Every how many TRAIN steps the ranks of a multi-rank job agree on stopping:
+    $STEPSCOPE_STOP_AGREE_STEPS, default 8 (one one-integer all-reduce per interval)."""
+    raw = os.environ.get(STOP_AGREE_ENV, "8")
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ConfigError(f"{STOP_AGREE_ENV} must be a whole number of TRAIN steps, got {raw!r}") from None
+    if value < 1:
+        raise ConfigError(f"{STOP_AGREE_ENV} must be >= 1, got {raw!r}")
     return value
 
 
@@ -193,6 +210,16 @@ class HookBase:
         self._step: StepState | None = None
         self._mode = ModeKeys.TRAIN
         self._stop_raised = False
+        # Stop decisions: `_train_ends` counts ended TRAIN steps; at `_stop_check_at` the
+        # hook decides (`_decide_stop`): alone, or with the other ranks every
+        # `_stop_agree_steps` (`_stop_agree` is None until the first decision says which).
+        self._train_ends = 0
+        self._stop_check_at = 1
+        self._stop_agree: bool | None = None
+        self._stop_agreed = False
+        self._stop_agree_next = 1  # the next agreement step (only the training thread sets it)
+        self._off_mode: ModeKeys | None = None  # the mode of a step begun while the hook was off
+        self._stop_agree_steps = 1 if validate_only else _agree_steps_from_env()
         self._closed = False
         self.store: Store | None = None
         self.writer: Writer | None = None
@@ -231,7 +258,7 @@ class HookBase:
         self.outputs = HookOutputs(self.worker, tensorboard_dir=opts.tensorboard_dir, report=opts.report, several_workers=self.num_workers > 1, chief=self.rank == 0)
         self.failsafe.call(self.outputs.attach, self.writer)
         instrument(self, self.outputs)
-        self.stop_poller = StopPoller(store, control_poll_s or _poll_interval_from_env())
+        self.stop_poller = StopPoller(store, control_poll_s or _poll_interval_from_env(), on_request=self._on_stop_request)
         self.profiler_failsafe.call(self._start_profiler)
 
     # --- what a plugin supplies -------------------------------------------------------
@@ -266,6 +293,17 @@ class HookBase:
 
     def _on_close(self) -> None:
         """Remove what the plugin installed in the framework."""
+
+    def _can_agree_on_stop(self) -> bool:
+        """Whether this rank's peers can agree on stopping through a collective (asked once,
+        at the end of the first TRAIN step; the answer must be the same on every rank)."""
+        return False
+
+    def _agree_on_stop(self, local: bool) -> bool:
+        """Whether the job stops now, given this rank's own view `local`: True on every rank
+        when any rank saw a stop request. Runs on every rank at the same TRAIN steps (every
+        `$STEPSCOPE_STOP_AGREE_STEPS`), only when `_can_agree_on_stop()`."""
+        return local
 
     # --- options ------------------------------------------------------------------------
 
@@ -333,8 +371,55 @@ class HookBase:
 
     @property
     def stop_requested(self) -> bool:
-        """True once a rule asked the job to stop (polled off the training thread)."""
+        """True once a rule asked the job to stop (polled off the training thread). In a
+        multi-rank job whose ranks agree on stopping, True from the TRAIN step at which all
+        ranks agreed: the same step on every rank."""
+        if self._stop_agree:
+            return self._stop_agreed
         return self.stop_poller is not None and self.stop_poller.stop_requested
+
+    def _on_stop_request(self) -> None:
+        # The poller's thread: a rank deciding alone decides at the next TRAIN step end.
+        if not self._stop_agree:
+            self._stop_check_at = 0
+
+    def train_step_ended(self) -> bool:
+        """Count one ended TRAIN step and say whether training stops now. Plugins call it
+        at every TRAIN step end on every rank, also when the hook is disabled (the ranks'
+        counts must stay equal). Costs an integer comparison except at decision steps."""
+        n = self._train_ends + 1
+        self._train_ends = n
+        return n >= self._stop_check_at and self._decide_stop(n)
+
+    def _decide_stop(self, n: int) -> bool:
+        if self._closed or self.stop_poller is None:
+            self._stop_check_at = _NEVER
+            return False
+        if self._stop_agree is None:
+            try:
+                self._stop_agree = bool(self._can_agree_on_stop())
+            except Exception as exc:  # a broken detection: decide alone, as before
+                logger.warning("stepscope: cannot agree on stopping with other ranks: %r", exc)
+                self._stop_agree = False
+        if not self._stop_agree:
+            # Park first, then read: a request the poller sets in between lowers it again.
+            self._stop_check_at = _NEVER
+            if self.stop_poller.request is None:
+                return False
+        elif not self._stop_agreed:
+            if n < self._stop_agree_next:  # woken early by the poller (it raced the first decision)
+                self._stop_check_at = self._stop_agree_next
+                return False
+            every = self._stop_agree_steps
+            # The next multiple of `every`: the same TRAIN step on every rank.
+            self._stop_agree_next = self._stop_check_at = (n // every + 1) * every
+            # Every rank runs this collective at the same step; a failure here (a peer gone)
+            # is the job's failure and is not hidden.
+            self._stop_agreed = bool(self._agree_on_stop(self.stop_poller.request is not None))
+            if not self._stop_agreed:
+                return False
+        self._stop_check_at = n + 1  # stopping: so at every following TRAIN step end too
+        return True
 
     @property
     def due(self) -> bool:
@@ -351,6 +436,9 @@ class HookBase:
         `event`: a phase event that happens right away (as `phase_event(event)` would,
         one call less on every step). Returns True when some collection is due at it."""
         if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
+            if not self._closed and self.stop_poller is not None:
+                # Off after a failure: end_step still counts TRAIN steps for the ranks' agreement.
+                self._off_mode = ModeKeys.parse(mode) if mode is not None else self._mode
             return False
         parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
         if event is not None and event not in _EVENT_NAMES:
@@ -412,11 +500,16 @@ class HookBase:
         """Close the open step: its timeline ends now and what it saved goes to the writer.
         After a rule asked to stop, raises StopTrainingRequested once at the end of a TRAIN
         step (unless `raise_on_stop` is False: callbacks stop through their framework)."""
-        mode = self._step.mode if self._step is not None else None
+        step = self._step
+        mode = self._off_mode or (step.mode if step is not None else None)
+        self._off_mode = None
         if self.enabled:
             self.failsafe.call(self._end_step)
         if raise_on_stop and mode is _TRAIN:
-            self._raise_if_stop_requested()
+            n = self._train_ends + 1  # train_step_ended(), inlined: this runs every step
+            self._train_ends = n
+            if n >= self._stop_check_at and self._decide_stop(n):
+                self._raise_stop()
 
     @contextlib.contextmanager
     def step(self, mode: ModeKeys | str = ModeKeys.TRAIN) -> Iterator[HookBase]:
@@ -513,13 +606,15 @@ class HookBase:
         self._mode_counts.update(mode_steps)
         self._next_due = {}
 
-    def _raise_if_stop_requested(self) -> None:
-        poller = self.stop_poller
-        if poller is None or poller.request is None:
-            return
-        if not self._stop_raised and self.failsafe.enabled:
+    def _raise_stop(self) -> None:
+        """Raise StopTrainingRequested (once): `train_step_ended()` said to stop."""
+        # A rank whose hook turned off stops too once the ranks agreed: alone, it would wait
+        # for its stopped peers in the next all-reduce.
+        if not self._stop_raised and (self.failsafe.enabled or self._stop_agree):
             self._stop_raised = True
             request = self.stop_poller.request if self.stop_poller is not None else None
+            if request is None and self._stop_agree:
+                request = {"action": "StopTraining", "reason": "another rank saw the request; all ranks agreed"}
             raise StopTrainingRequested(f"stepscope: a rule asked to stop training ({request})")
 
     def _collections_for(self, mode: ModeKeys) -> tuple[Collection, ...]:

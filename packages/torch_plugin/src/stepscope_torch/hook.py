@@ -75,7 +75,9 @@ class Hook(HookBase):
 
     Options: those of `stepscope.HookOptions`. After a rule asked to stop training, the
     hook raises `StopTrainingRequested` at the end of the TRAIN step (out of
-    `optimizer.step()`); `hook.stop_requested` tells the same without an exception. With
+    `optimizer.step()`); `hook.stop_requested` tells the same without an exception. Under
+    torch.distributed (world size > 1) the ranks agree on the step to stop at with a
+    one-integer all-reduce every $STEPSCOPE_STOP_AGREE_STEPS (8) TRAIN steps. With
     STEPSCOPE_DISABLE=1 every method is a no-op and no torch hook is registered."""
 
     framework = "pytorch"
@@ -106,6 +108,19 @@ class Hook(HookBase):
 
     def _detect_rank(self) -> tuple[int, int, int]:
         return distributed_rank()
+
+    def _can_agree_on_stop(self) -> bool:
+        dist = torch.distributed
+        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+    def _agree_on_stop(self, local: bool) -> bool:
+        # One integer, MAX over the default group: 1 on every rank once any rank saw the
+        # request. NCCL reduces device tensors only; gloo (and "cpu:gloo,cuda:nccl") CPU ones.
+        dist = torch.distributed
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
+        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())
 
     def _is_framework_value(self, value: Any) -> bool:
         return isinstance(value, torch.Tensor)
@@ -312,17 +327,23 @@ class Hook(HookBase):
         self.phase_event(OPTIMIZER_BEGIN)
 
     def _on_optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        # Counted before the fail-safe check: a rank whose hook turned off still takes part
+        # in the ranks' stop agreement (its peers would wait for it in the all-reduce).
+        # (An optimizer step always ends a TRAIN step; `train_step_ended` inlined: every step.)
+        n = self._train_ends + 1
+        self._train_ends = n
+        stop = n >= self._stop_check_at and self._decide_stop(n)
         if not self.failsafe.enabled:
+            if stop:
+                self._raise_stop()
             return
         self.finish_step_timing()
         step = self._step
         if step is not None and step.due:
             self.phase_event(OPTIMIZER_END)  # saves optimizer state
         self._train_active = False
-        if step is not None and step.mode is _TRAIN:
-            poller = self.stop_poller
-            if poller is not None and poller.request is not None:
-                self._raise_if_stop_requested()
+        if stop:
+            self._raise_stop()
 
     # --- what is saved -------------------------------------------------------------------
 

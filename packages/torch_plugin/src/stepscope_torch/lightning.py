@@ -53,6 +53,7 @@ class StepscopeCallback(pl.Callback):
         self.hook: Hook | None = None
         self._restored: dict[str, Any] | None = None
         self._train_step = -1  # trainer.global_step when the open TRAIN step began
+        self._batch_start_step = -1  # trainer.global_step when the current batch began
         self._metrics_before: dict[str, Any] = {}
         self._eval_metrics: set[str] = set()
 
@@ -112,6 +113,7 @@ class StepscopeCallback(pl.Callback):
     # --- training ---------------------------------------------------------------------------
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
+        self._batch_start_step = trainer.global_step
         hook = self.hook
         if hook is None or not hook.enabled:
             return
@@ -130,7 +132,14 @@ class StepscopeCallback(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         hook = self.hook
-        if hook is None or not hook.enabled or trainer.global_step == self._train_step:
+        if hook is None:
+            return
+        # The optimizer stepped in this batch: a TRAIN step ended. Counted on every rank,
+        # even with the hook off, so that DDP ranks agree on the step to stop at
+        # (Lightning 2.6 does not reduce `should_stop` across ranks itself).
+        if trainer.global_step != self._batch_start_step and hook.train_step_ended():
+            trainer.should_stop = True
+        if not hook.enabled or trainer.global_step == self._train_step:
             return  # an accumulation batch: the step goes on
         hook.finish_step_timing()
         hook.phase_event(OPTIMIZER_END)  # saves optimizer state when due
@@ -138,8 +147,6 @@ class StepscopeCallback(pl.Callback):
             hook.failsafe.call(self._save_loss, outputs)
             hook.failsafe.call(self._save_metrics, trainer, self._eval_metrics)
         hook.end_step(raise_on_stop=False)
-        if hook.stop_requested:
-            trainer.should_stop = True
 
     # --- evaluation and prediction -----------------------------------------------------------
 
