@@ -1,5 +1,6 @@
 """stepscope: debugger and profiler for deep-learning training."""
 
+from ._lazy import lazy_getattr
 from .annotation import annotate
 from .config import Collection, CollectionName, ReductionConfig, SaveConfig, SaveConfigMode
 from .exceptions import (
@@ -21,15 +22,7 @@ __version__ = "0.1.0"
 _LAZY = {"Trial": "trial", "create_trial": "trial", "HookBase": "hook", "StopTrainingRequested": "hook", "create_profiler_trial": "profiler"}
 
 
-def __getattr__(name: str):
-    # The read side (trial, profiler reader: pandas) loads on first use, so that the
-    # training side, and the monitor's sampler process, do not pay for it.
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'stepscope' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(f".{module}", __name__), name)
+__getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = [
