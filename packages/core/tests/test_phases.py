@@ -134,6 +134,21 @@ def test_the_phase_log_replays_through_the_table():
     assert log.drain() == [(7, ModeKeys.TRAIN, [("data", 0, 2), ("compute", 2, 5), ("step", 0, 5)])]
 
 
+def test_a_begin_record_with_its_first_event_replays_as_the_two_records():
+    # HookBase.begin_step(mode, event) logs one record for both (one append a step less).
+    separate, combined = PhaseLog(), PhaseLog()
+    separate.begin(3, ModeKeys.TRAIN, 10)
+    separate.event("forward_begin", 14)
+    combined.append((0, 3, ModeKeys.TRAIN, 10, "forward_begin", 14))
+    for log in (separate, combined):
+        log.event("forward_end", 20)
+        log.event("optimizer_begin", 31)
+        log.end(40)
+    expected = separate.drain()
+    assert expected and combined.drain() == expected
+    assert expected[0][2][0] == ("data", 10, 14)
+
+
 def test_the_phase_log_drained_while_a_thread_logs_loses_nothing():
     steps = [(i, ModeKeys.TRAIN, STEPS[0][2]) for i in range(20000)]
     log, got = PhaseLog(), []

@@ -16,6 +16,9 @@ logger = logging.getLogger("stepscope")
 
 COST_DIR = "stepscope-cost"
 MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
+# Steps where nothing is due are accounted in blocks of this many (their mean is the
+# sample): a step where nothing is due then costs the meter two clock readings.
+BLOCK_STEPS = 16
 
 
 def cost_key(worker: str) -> str:
@@ -105,23 +108,35 @@ class CostMeter:
         self.step_hook_s += elapsed
 
     def step_begins(self, step: int, at: float) -> None:
-        """Step time runs from one step's start to the next one's (what a user calls a step)."""
+        """Step `step` begins at `at`: the steps since the last call (one, or a block of
+        several: the hook calls this every BLOCK_STEPS steps where nothing is due, and at
+        every step where something is) end. Step time runs from one step's start to the
+        next one's (what a user calls a step)."""
         if self._step is not None:
-            self.step_done(self._step, at - self._step_started)
+            self._steps_done(max(1, step - self._step), at - self._step_started)
         self._step, self._step_started = step, at
 
-    def step_ends(self, at: float) -> None:
-        """Close the last step (at close, or before a pause such as between fit and test)."""
+    def step_ends(self, at: float, next_step: int | None = None) -> None:
+        """Close the last steps (at close: `next_step` is the number of the step that
+        would come next, so a block of several steps is counted whole)."""
         if self._step is not None:
-            self.step_done(self._step, at - self._step_started)
+            self._steps_done(1 if next_step is None else max(1, next_step - self._step), at - self._step_started)
             self._step = None
 
     def step_done(self, step: int, step_s: float) -> None:
+        """One step `step` took `step_s` (and the hook time since the last call)."""
+        self._step = step
+        self._steps_done(1, step_s)
+        self._step = None
+
+    def _steps_done(self, n: int, elapsed: float) -> None:
+        # The sample of a block is its first step, with the block's means.
         cost = self.cost
-        cost.steps += 1
-        cost.step_s += step_s
-        if self._stride == 1 or step % self._stride == 0:
-            cost.samples.append((step, step_s, self.step_hook_s))
+        cost.steps += n
+        cost.step_s += elapsed
+        first = self._step if self._step is not None else 0
+        if self._stride == 1 or first % self._stride == 0:
+            cost.samples.append((first, elapsed / n, self.step_hook_s / n))
             if len(cost.samples) >= MAX_SAMPLES:
                 cost.samples = cost.samples[::2]
                 self._stride *= 2

@@ -11,7 +11,8 @@ timeline. A plugin subclasses it and fills in only what needs its framework:
 - `_detect_rank()`: (rank, world size, local rank);
 - `_capture(plan, value)`: copy one framework tensor (or its reductions) to host and
   `record` it; return False for values that are not its framework's (core saves those);
-- `_on_step_begin(due)` / `_on_step_end()`: arm and read its captures around a step;
+- `_on_step_begin(due)` / `_on_step_end()`: arm and read its captures around a step
+  (with `notify_every_step = False`, only around steps where something is due);
 - `_make_clock()`: a clock for the step timeline (a GPU plugin reads device events);
 - `_on_close()`: remove what it installed in the framework;
 - `_can_agree_on_stop()` / `_agree_on_stop(local)`: for multi-rank jobs with collectives,
@@ -27,6 +28,8 @@ import contextlib
 import logging
 import os
 import threading
+import time
+import types
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,11 +49,12 @@ from .config import (
     SaveConfig,
 )
 from .control import StopPoller
+from .cost import BLOCK_STEPS
 from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
 from .modes import ModeKeys
-from .phases import EVENTS, OTHER, PHASES, Clock, CpuClock, PhaseLog, StepTimer
+from .phases import EVENTS, OTHER, PHASE_ENTER_RECORD, PHASES, STEP_BEGIN_RECORD, STEP_END_RECORD, Clock, CpuClock, PhaseLog, StepTimer
 from .safety import FailSafe, write_status
 from .store import Store, open_store
 from .writer import Writer
@@ -62,10 +66,12 @@ STOP_AGREE_ENV = "STEPSCOPE_STOP_AGREE_STEPS"
 _NEVER = 1 << 62  # a TRAIN step count never reached
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
 _NOTHING_DUE: frozenset[str] = frozenset()
+_NOTHING_RECORDED: Mapping[str, Any] = types.MappingProxyType({})  # what a step with nothing due holds
+_perf_counter = time.perf_counter
 _EVENT_NAMES = frozenset(EVENTS)
 _TRAIN = ModeKeys.TRAIN
 # PhaseLog record kinds (appended directly: the log's methods would cost a call each).
-_BEGIN, _ENTER, _END = 0, 1, 2
+_BEGIN, _ENTER, _END = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD
 
 
 class StopTrainingRequested(StepscopeError, RuntimeError):
@@ -121,18 +127,19 @@ class TensorPlan:
 
 class StepState:
     """The open step: its numbers and the collections due at it, and what was recorded.
-    (A slotted class: one is made per step, on the training thread.)"""
+    (A slotted class: one is made per step, on the training thread. A step where nothing
+    is due shares empty read-only tables; `make_due` gives it its own.)"""
 
     __slots__ = ("global_step", "mode", "mode_step", "due", "due_names", "tensors", "shapes")
 
-    def __init__(self, global_step: int, mode: ModeKeys, mode_step: int, due: tuple[Collection, ...], due_names: frozenset[str] = frozenset()):
+    def __init__(self, global_step: int, mode: ModeKeys, mode_step: int, due: tuple[Collection, ...] = (), due_names: frozenset[str] = _NOTHING_DUE):
         self.global_step = global_step
         self.mode = mode
         self.mode_step = mode_step
         self.due = due
         self.due_names = due_names
-        self.tensors: dict[str, Any] = {}
-        self.shapes: dict[str, Sequence[int]] = {}
+        self.tensors: dict[str, Any] = {} if due else _NOTHING_RECORDED  # type: ignore[assignment]
+        self.shapes: dict[str, Sequence[int]] = {} if due else _NOTHING_RECORDED  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"StepState(global_step={self.global_step}, mode={self.mode.name}, mode_step={self.mode_step}, due={sorted(self.due_names)})"
@@ -165,6 +172,9 @@ class HookBase:
 
     framework: ClassVar[str] = "generic"
     builtin_regexes: ClassVar[Mapping[str, Sequence[str]]] = {}
+    # Whether begin_step calls `_on_step_begin(False)` / `_on_step_end()` at steps where
+    # nothing is due; a plugin with nothing to do there sets False (two calls less a step).
+    notify_every_step: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -208,6 +218,7 @@ class HookBase:
         self._next_due: dict[ModeKeys, int | None] = {}
         self._global_step = 0
         self._step: StepState | None = None
+        self._idle_step = StepState(0, ModeKeys.TRAIN, 0)  # the open step when nothing is due at it
         self._mode = ModeKeys.TRAIN
         self._stop_raised = False
         # Stop decisions: `_train_ends` counts ended TRAIN steps; at `_stop_check_at` the
@@ -237,6 +248,8 @@ class HookBase:
         self._timing = False  # the open step's timing runs
         self._last_end: Any = None
         self._drain_lock = threading.Lock()
+        self._meter: Any = None  # the cost meter begin_step feeds (hook_outputs.instrument)
+        self._meter_at = 0  # the global step at which it next accounts the steps so far
         if validate_only:
             open_store(opts.out_dir)  # raises ConfigError when out_dir is a file; writes nothing
             self._closed = True
@@ -367,6 +380,8 @@ class HookBase:
 
     @property
     def current_step(self) -> StepState | None:
+        """The open step (None between steps). Steps where nothing is due share one state
+        object, renumbered at each of them: read it, do not keep it."""
         return self._step
 
     @property
@@ -435,66 +450,104 @@ class HookBase:
         """Open the next step in `mode` (default: the current mode), closing the open one;
         `event`: a phase event that happens right away (as `phase_event(event)` would,
         one call less on every step). Returns True when some collection is due at it."""
+        # This runs every step: on a step where nothing is due it is the step's whole cost
+        # in core (bench/bench_torch_hook.py), so it is one frame of plain attribute reads.
+        if mode is None:
+            mode = self._mode
+        elif mode.__class__ is not ModeKeys:
+            mode = ModeKeys.parse(mode)
+        if event is not None and event not in _EVENT_NAMES:
+            raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
         if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
             if not self._closed and self.stop_poller is not None:
                 # Off after a failure: end_step still counts TRAIN steps for the ranks' agreement.
-                self._off_mode = ModeKeys.parse(mode) if mode is not None else self._mode
+                self._off_mode = mode
             return False
-        parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
-        if event is not None and event not in _EVENT_NAMES:
-            raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-        # One frame for the whole of it (this runs every step); the try is what FailSafe.call
-        # does: nothing escapes into training.
-        mode = parsed
-        try:
+        meter = self._meter
+        started = _perf_counter() if meter is not None else 0.0
+        slow = False  # a step that saved something ends or begins here: the meter accounts it alone
+        due: tuple[Collection, ...] = ()
+        try:  # what FailSafe.call does, without its frame: nothing escapes into training
             clock_now = self._now
             now = clock_now() if clock_now is not None else None
             previous = self._step
             if previous is not None:
                 if previous.due or previous.tensors or previous.shapes:
+                    slow = True
+                    if meter is not None:
+                        meter.depth = 1
                     self._end_step()
                 else:  # what _end_step does for a step that saved nothing, without its frame
-                    self._on_step_end()
+                    if self.notify_every_step:
+                        self._on_step_end()
                     if self._timing:
                         self.finish_step_timing()
                     self._step = None
             self._mode = mode
-            mode_step = self._mode_counts[mode]
-            self._mode_counts[mode] = mode_step + 1
-            due: tuple[Collection, ...] = ()
+            counts = self._mode_counts
+            mode_step = counts[mode]
+            counts[mode] = mode_step + 1
+            global_step = self._global_step
+            self._global_step = global_step + 1
             next_due = self._next_due.get(mode, 0)
             # Most steps save nothing: compare with the next due step instead of asking every
-            # collection's schedule (that is the whole cost of a step where nothing is due).
+            # collection's schedule.
             if next_due is not None and mode_step >= next_due and self.writes_tensors:
-                candidates = self._collections_for(mode)
-                # with_defaults gave every included collection a save_config.
-                due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
-                upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
-                self._next_due[mode] = min(upcoming) if upcoming else None
-            global_step = self._global_step
-            self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else _NOTHING_DUE)
-            self._global_step = global_step + 1
+                due = self._due_at(mode, mode_step)
+            if due:
+                slow = True
+                self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due))
+            else:
+                # Steps where nothing is due share one state object, renumbered (making an
+                # object costs a quarter of such a step); `current_step` says so.
+                idle = self._idle_step
+                idle.global_step, idle.mode, idle.mode_step = global_step, mode, mode_step
+                self._step = idle
             if now is not None and self.profiler_failsafe.enabled:
                 # A step's time starts where the previous one's work ended: the wait for data
                 # in between is this step's "data" phase.
                 last_end = self._last_end
-                append = self._log_append
-                append((_BEGIN, global_step, mode, now if last_end is None else last_end))
+                begin = now if last_end is None else last_end
+                if event is None:
+                    self._log_append((_BEGIN, global_step, mode, begin))
+                else:  # one record for both
+                    self._log_append((_BEGIN, global_step, mode, begin, event, now))
                 self._timing = True
-                if event is not None:
-                    append((event, clock_now()))
             if self.detailed is not None:
                 self.profiler_failsafe.call(self.detailed.step_started, global_step)
             if due:
+                if meter is not None:
+                    meter.depth = 1
                 self._on_step_begin(True)
                 if event is not None and self._step is not None:
                     self.failsafe.call(self._on_phase_event, event)
-                return True
-            self._on_step_begin(False)
-            return False
+            elif self.notify_every_step:
+                self._on_step_begin(False)
         except Exception as exc:
             self.failsafe.fail(exc)
             return False
+        finally:
+            if meter is not None:
+                # The meter's own bookkeeping: two clock readings on a step where nothing is
+                # due; every BLOCK_STEPS steps, and around steps that save, the steps so far
+                # are accounted (cost.py).
+                meter.depth = 0
+                elapsed = _perf_counter() - started
+                if slow or self._global_step >= self._meter_at:
+                    self._meter_at = self._global_step + BLOCK_STEPS
+                    meter.step_begins(self._global_step - 1, started)
+                meter.hook_s += elapsed
+                meter.step_hook_s += elapsed
+        return bool(due)
+
+    def _due_at(self, mode: ModeKeys, mode_step: int) -> tuple[Collection, ...]:
+        """The collections due at `mode_step` of `mode`; sets when the next one is due."""
+        candidates = self._collections_for(mode)
+        # with_defaults gave every included collection a save_config.
+        due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
+        upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
+        self._next_due[mode] = min(upcoming) if upcoming else None
+        return due
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
         """Close the open step: its timeline ends now and what it saved goes to the writer.
@@ -583,6 +636,10 @@ class HookBase:
             return
         extra = tuple(c for c in self.included if c.name in collections and c.name not in step.due_names)
         if extra:
+            if step is self._idle_step:  # the shared state of steps where nothing is due
+                step = self._step = StepState(step.global_step, step.mode, step.mode_step)
+            if not step.due:
+                step.tensors, step.shapes = {}, {}
             step.due = step.due + extra
             step.due_names = step.due_names | {c.name for c in extra}
 
@@ -872,7 +929,7 @@ class HookBase:
                     method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()
                     self.profiler_failsafe.call(method)
             if self.outputs is not None:
-                self.outputs.close(self.store, self.writer)  # after the end marker: the report reads the whole job
+                self.outputs.close(self.store, self.writer, self._global_step)  # after the end marker: the report reads the whole job
         finally:
             self._closed = True
             try:

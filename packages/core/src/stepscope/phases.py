@@ -168,8 +168,10 @@ class StepTimer:
             yield timed.step, timed.mode, [(phase, clock.to_wall_ns(s), clock.to_wall_ns(e)) for phase, s, e in timed.spans]
 
 
-# Records of a PhaseLog (besides events, which are recorded by their name).
-_BEGIN, _ENTER, _END = 0, 1, 2
+# Records of a PhaseLog (besides events, which are recorded by their name). Public for the
+# hot paths that append to the log directly (HookBase, the torch plugin).
+STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD = 0, 1, 2
+_BEGIN, _ENTER, _END = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD
 _MAX_LOGGED_RECORDS = 1 << 20  # bounds memory when nothing drains the log (then the oldest go)
 
 
@@ -179,7 +181,8 @@ class PhaseLog:
     `drain()`, which replays what was logged through a `PhaseTracker` (the table) into
     steps' spans, off the training thread when the clock's tokens are known at once.
 
-    Records: `(0, step, mode, token)` opens a step, `(event, token)` is a phase event,
+    Records: `(0, step, mode, token)` opens a step (`(0, step, mode, token, event,
+    event_token)`: and an event happens at once), `(event, token)` is a phase event,
     `(1, phase, token)` enters a phase, `(2, token)` ends the step's timing."""
 
     def __init__(self, maxlen: int = _MAX_LOGGED_RECORDS) -> None:
@@ -215,10 +218,12 @@ class PhaseLog:
                 except IndexError:
                     return out
                 kind = record[0]
-                if kind == _BEGIN:
-                    _, step, mode, token = record
+                if kind == _BEGIN:  # (0, step, mode, token[, event, its token])
+                    step, mode, token = record[1], record[2], record[3]
                     self._open = (step, mode)
                     tracker.begin(mode, token)
+                    if len(record) > 4:
+                        tracker.event(record[4], record[5])
                 elif kind == _END:
                     begin, spans = tracker.end(record[1])
                     if self._open is not None and spans:
