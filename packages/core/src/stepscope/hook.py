@@ -54,7 +54,21 @@ from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
 from .modes import ModeKeys
-from .phases import EVENTS, OTHER, PHASE_ENTER_RECORD, PHASES, STEP_BEGIN_RECORD, STEP_END_RECORD, Clock, CpuClock, PhaseLog, StepTimer
+from .phases import (
+    EVENT_CODES,
+    EVENTS,
+    OTHER,
+    PHASE_CODES,
+    PHASE_ENTER_RECORD,
+    PHASES,
+    STEP_BEGIN_EVENT_RECORD,
+    STEP_BEGIN_RECORD,
+    STEP_END_RECORD,
+    Clock,
+    CpuClock,
+    PhaseLog,
+    StepTimer,
+)
 from .safety import FailSafe, write_status
 from .store import Store, open_store
 from .writer import Writer
@@ -68,10 +82,9 @@ _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
 _NOTHING_DUE: frozenset[str] = frozenset()
 _NOTHING_RECORDED: Mapping[str, Any] = types.MappingProxyType({})  # what a step with nothing due holds
 _perf_counter = time.perf_counter
-_EVENT_NAMES = frozenset(EVENTS)
 _TRAIN = ModeKeys.TRAIN
 # PhaseLog record kinds (appended directly: the log's methods would cost a call each).
-_BEGIN, _ENTER, _END = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD
+_BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
 
 
 class StopTrainingRequested(StepscopeError, RuntimeError):
@@ -456,7 +469,8 @@ class HookBase:
             mode = self._mode
         elif mode.__class__ is not ModeKeys:
             mode = ModeKeys.parse(mode)
-        if event is not None and event not in _EVENT_NAMES:
+        code = None if event is None else EVENT_CODES.get(event)
+        if code is None and event is not None:
             raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
         if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
             if not self._closed and self.stop_poller is not None:
@@ -508,10 +522,10 @@ class HookBase:
                 # in between is this step's "data" phase.
                 last_end = self._last_end
                 begin = now if last_end is None else last_end
-                if event is None:
+                if code is None:
                     self._log_append((_BEGIN, global_step, mode, begin))
                 else:  # one record for both
-                    self._log_append((_BEGIN, global_step, mode, begin, event, now))
+                    self._log_append((_BEGIN_EVENT, global_step, mode, begin, code, now))
                 self._timing = True
             if self.detailed is not None:
                 self.profiler_failsafe.call(self.detailed.step_started, global_step)
@@ -536,6 +550,8 @@ class HookBase:
                 if slow or self._global_step >= self._meter_at:
                     self._meter_at = self._global_step + BLOCK_STEPS
                     meter.step_begins(self._global_step - 1, started)
+                    if self._log is not None:
+                        self._log.bound()
                 meter.hook_s += elapsed
                 meter.step_hook_s += elapsed
         return bool(due)
@@ -593,9 +609,10 @@ class HookBase:
         if step is None or not self.failsafe.enabled:
             return
         if self._timing:
-            if event not in _EVENT_NAMES:
+            code = EVENT_CODES.get(event)
+            if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-            self._log_append((event, self._now()))
+            self._log_append((code, self._now()))
         if step.due:
             self.failsafe.call(self._on_phase_event, event)
 
@@ -610,7 +627,7 @@ class HookBase:
 
     def _enter_phase(self, name: str) -> None:
         if self._timing and self.enabled:
-            self._log_append((_ENTER, name, self._now()))
+            self._log_append((_ENTER, PHASE_CODES[name], self._now()))
 
 
     def _end_step(self) -> None:
@@ -833,7 +850,7 @@ class HookBase:
         if config.step_timeline:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
             self._timer = StepTimer(self._make_clock())
-            self._log = PhaseLog()
+            self._log = PhaseLog(flat=getattr(self._timer.clock, "int_tokens", False))
             self._log_append = self._log.append
             self._now = self._timer.clock.now
             self.timeline.add_source(self._drain_timeline)
@@ -848,6 +865,11 @@ class HookBase:
         """Use `clock` for the step timeline from now on (before the first step: a plugin
         that learns the model's device)."""
         if self._timer is not None:
+            flat = getattr(clock, "int_tokens", False)
+            if self._log is not None and self._log.flat != flat:
+                self._publish_timeline(True)  # (empty before the first step)
+                self._log = PhaseLog(flat=flat)
+                self._log_append = self._log.append
             self._timer.clock = clock
             self._now = clock.now
 

@@ -31,8 +31,7 @@ from stepscope.config import CollectionName
 from stepscope.exceptions import ConfigError
 from stepscope.hook import HookBase, StopTrainingRequested, TensorPlan
 from stepscope.modes import ModeKeys
-from stepscope.phases import FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, Clock
-from stepscope.phases import STEP_END_RECORD as _STEP_END
+from stepscope.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, STEP_END_RECORD, Clock
 
 from . import naming
 from .driver import drive_forward
@@ -41,6 +40,8 @@ from .transfer import HostTransfer
 
 logger = logging.getLogger("stepscope")
 _TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
+# Phase-log records the hot paths append themselves (stepscope.phases.PhaseLog).
+_FORWARD_BEGIN, _FORWARD_END, _OPTIMIZER_BEGIN = EVENT_CODES[FORWARD_BEGIN], EVENT_CODES[FORWARD_END], EVENT_CODES[OPTIMIZER_BEGIN]
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Collections filled by other means than module forward hooks; when only these are due, a
@@ -322,9 +323,9 @@ class Hook(HookBase):
             if step is not None and step.global_step == self._train_at:
                 # Another micro-batch of a step that ends at optimizer.step().
                 if self._timing and self.failsafe.enabled:
-                    self._log_append((FORWARD_BEGIN, self._now()))
+                    self._log_append((_FORWARD_BEGIN, self._now()))
                 if step.due:
-                    self.phase_event(FORWARD_BEGIN)
+                    self.failsafe.call(self._on_phase_event, FORWARD_BEGIN)
                 return
         elif not self._drives_optimizer:
             step = self._step
@@ -342,9 +343,9 @@ class Hook(HookBase):
             self._on_module_io(self._driven_name, module, args, output)
         if step.mode is _TRAIN:
             if self._timing:
-                self._log_append((FORWARD_END, self._now()))
+                self._log_append((_FORWARD_END, self._now()))
             if step.due:
-                self.phase_event(FORWARD_END)
+                self.failsafe.call(self._on_phase_event, FORWARD_END)
         else:
             self.finish_step_timing()  # an evaluation step is its forward
 
@@ -366,7 +367,7 @@ class Hook(HookBase):
         if not self.failsafe.enabled:
             return
         if self._timing:
-            self._log_append((OPTIMIZER_BEGIN, self._now()))
+            self._log_append((_OPTIMIZER_BEGIN, self._now()))
         if step.due:
             self.failsafe.call(self._on_phase_event, OPTIMIZER_BEGIN)  # saves the gradients
 
@@ -382,7 +383,7 @@ class Hook(HookBase):
         if step is not None and self.failsafe.enabled:
             if self._timing:  # finish_step_timing(), inlined
                 token = self._now()
-                self._log_append((_STEP_END, token))
+                self._log_append((STEP_END_RECORD, token))
                 self._last_end = token
                 self._timing = False
             if step.due:
