@@ -113,3 +113,5 @@ def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path):
     assert meter._stride == reference._stride > 1
     assert 0 < sum(h for _, _, h in meter.cost.samples) <= meter.hook_s
     assert meter.cost.step_s > 0 and meter.hook_s < meter.cost.step_s
+    # Untimed steps are counted at the last measured idle begin time: every step has some.
+    assert meter.idle_begin_s > 0

@@ -17,7 +17,9 @@ logger = logging.getLogger("stepscope")
 COST_DIR = "stepscope-cost"
 MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
 # Steps where nothing is due are accounted in blocks of this many (their mean is the
-# sample): a step where nothing is due then costs the meter two clock readings.
+# sample): the hook times the first step of a block (and every step that saves), and
+# counts the others' time in it as the last such step's where nothing was due. A step
+# where nothing is due then costs the meter one integer comparison.
 BLOCK_STEPS = 16
 
 
@@ -63,13 +65,14 @@ class CostMeter:
     step. A wrapped call costs two perf_counter reads and a few attribute updates: the
     meter stays on in every job."""
 
-    __slots__ = ("cost", "depth", "hook_s", "step_hook_s", "_step", "_step_started", "_stride", "_entered")
+    __slots__ = ("cost", "depth", "hook_s", "step_hook_s", "idle_begin_s", "_step", "_step_started", "_stride", "_entered")
 
     def __init__(self, worker: str, versions: dict[str, str] | None = None):
         self.cost = HookCost(worker, versions={"python": platform.python_version(), **(versions or {})})
         self.depth = 0
         self.hook_s = 0.0
         self.step_hook_s = 0.0
+        self.idle_begin_s = 0.0  # the hook's time in a step's begin where nothing is due, last measured
         self._step: int | None = None
         self._step_started = 0.0
         self._stride = 1
@@ -106,6 +109,20 @@ class CostMeter:
         self.depth -= 1
         self.hook_s += elapsed
         self.step_hook_s += elapsed
+
+    def steps_begin(self, step: int, at: float, begin_s: float, idle: bool) -> None:
+        """The hook began `step` at `at`, which took it `begin_s` (`idle`: nothing was due
+        and nothing ended). The untimed steps since the last call (one per step after the
+        first) are counted with the last idle begin time measured."""
+        if self._step is not None and step - self._step > 1:
+            estimate = (step - self._step - 1) * self.idle_begin_s
+            self.hook_s += estimate
+            self.step_hook_s += estimate
+        self.step_begins(step, at)
+        self.hook_s += begin_s
+        self.step_hook_s += begin_s
+        if idle:
+            self.idle_begin_s = begin_s
 
     def step_begins(self, step: int, at: float) -> None:
         """Step `step` begins at `at`: the steps since the last call (one, or a block of

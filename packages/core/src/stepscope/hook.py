@@ -477,8 +477,12 @@ class HookBase:
                 # Off after a failure: end_step still counts TRAIN steps for the ranks' agreement.
                 self._off_mode = mode
             return False
+        # The cost meter times only the steps that close a block of steps (every
+        # BLOCK_STEPS steps, and those around a step that saves): the others it counts at
+        # the block's end with the cost measured here (cost.py).
         meter = self._meter
-        started = _perf_counter() if meter is not None else 0.0
+        timed = meter is not None and self._global_step + 1 >= self._meter_at
+        started = _perf_counter() if timed else 0.0
         slow = False  # a step that saved something ends or begins here: the meter accounts it alone
         due: tuple[Collection, ...] = ()
         try:  # what FailSafe.call does, without its frame: nothing escapes into training
@@ -489,6 +493,8 @@ class HookBase:
                 if previous.due or previous.tensors or previous.shapes:
                     slow = True
                     if meter is not None:
+                        if not timed:
+                            started, timed = _perf_counter(), True
                         meter.depth = 1
                     self._end_step()
                 else:  # what _end_step does for a step that saved nothing, without its frame
@@ -522,15 +528,18 @@ class HookBase:
                 # in between is this step's "data" phase.
                 last_end = self._last_end
                 begin = now if last_end is None else last_end
+                append = self._log_append
                 if code is None:
-                    self._log_append((_BEGIN, global_step, mode, begin))
+                    append((_BEGIN, global_step, mode, begin))
                 else:  # one record for both
-                    self._log_append((_BEGIN_EVENT, global_step, mode, begin, code, now))
+                    append((_BEGIN_EVENT, global_step, mode, begin, code, now))
                 self._timing = True
             if self.detailed is not None:
                 self.profiler_failsafe.call(self.detailed.step_started, global_step)
             if due:
                 if meter is not None:
+                    if not timed:
+                        started, timed = _perf_counter(), True
                     meter.depth = 1
                 self._on_step_begin(True)
                 if event is not None and self._step is not None:
@@ -541,19 +550,13 @@ class HookBase:
             self.failsafe.fail(exc)
             return False
         finally:
-            if meter is not None:
-                # The meter's own bookkeeping: two clock readings on a step where nothing is
-                # due; every BLOCK_STEPS steps, and around steps that save, the steps so far
-                # are accounted (cost.py).
+            if timed:
                 meter.depth = 0
                 elapsed = _perf_counter() - started
-                if slow or self._global_step >= self._meter_at:
-                    self._meter_at = self._global_step + BLOCK_STEPS
-                    meter.step_begins(self._global_step - 1, started)
-                    if self._log is not None:
-                        self._log.bound()
-                meter.hook_s += elapsed
-                meter.step_hook_s += elapsed
+                self._meter_at = self._global_step + BLOCK_STEPS
+                meter.steps_begin(self._global_step - 1, started, elapsed, not slow)
+                if self._log is not None:
+                    self._log.bound()
         return bool(due)
 
     def _due_at(self, mode: ModeKeys, mode_step: int) -> tuple[Collection, ...]:
@@ -603,8 +606,10 @@ class HookBase:
         that `stepscope.phases.TRANSITIONS` gives; on a step where something is due the
         plugin also saves what the event makes available (gradients before the update)."""
         # The hot path of every step: plain attribute reads, no wrappers on steps where
-        # nothing is due (a phase event is a clock reading and a deque append; the table
-        # is applied when the log is drained, off the training thread).
+        # nothing is due (a phase event is a clock reading and a list extend; the table
+        # is applied when the log is drained, off the training thread). The log's
+        # callables are read into locals first: CPython 3.11 does not specialize a call
+        # written `self._now()` when `_now` is an instance attribute.
         step = self._step
         if step is None or not self.failsafe.enabled:
             return
@@ -612,7 +617,8 @@ class HookBase:
             code = EVENT_CODES.get(event)
             if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-            self._log_append((code, self._now()))
+            append, now = self._log_append, self._now
+            append((code, now()))
         if step.due:
             self.failsafe.call(self._on_phase_event, event)
 
@@ -620,14 +626,16 @@ class HookBase:
         """The open step's work is over (e.g. the optimizer stepped): its timeline ends
         now, though values may still be saved into it until `end_step`."""
         if self._timing:
-            token = self._now()
-            self._log_append((_END, token))
+            append, now = self._log_append, self._now
+            token = now()
+            append((_END, token))
             self._last_end = token
             self._timing = False
 
     def _enter_phase(self, name: str) -> None:
         if self._timing and self.enabled:
-            self._log_append((_ENTER, PHASE_CODES[name], self._now()))
+            append, now = self._log_append, self._now
+            append((_ENTER, PHASE_CODES[name], now()))
 
 
     def _end_step(self) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from array import array
 from collections import deque
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -74,7 +73,7 @@ class CpuClock:
     once to `time.time_ns()`)."""
 
     immediate = True
-    int_tokens = True  # a PhaseLog can keep them as int64 words
+    int_tokens = True  # a PhaseLog can keep them as plain ints (no object per record)
 
     def __init__(self) -> None:
         self._offset = time.time_ns() - time.perf_counter_ns()
@@ -171,10 +170,12 @@ class StepTimer:
 
 
 # Records of a PhaseLog. All integers (events and phases by their codes), so that with a
-# clock whose tokens are integers (`CpuClock`) the log is one flat array of int64: the
-# tuple the training thread appends is freed at once, and no object per record lives until
-# the drain (no work for the garbage collector, a third of the memory). Public for the hot
-# paths that append to the log directly (HookBase, the torch plugin).
+# clock whose tokens are integers (`CpuClock`) the log is one flat list of ints: the tuple
+# the training thread appends is freed at once, and what lives until the drain are ints,
+# which the garbage collector does not track (a deque of tuples gave it ~4 tracked objects
+# a step). A list rather than an `array("q")`: array.extend parses each item with
+# PyArg_Parse, several times dearer. Public for the hot paths that append to the log
+# directly (HookBase, the torch plugin).
 STEP_BEGIN_RECORD = 0  # (0, step, mode, token)
 PHASE_ENTER_RECORD = 1  # (1, phase code, token)
 STEP_END_RECORD = 2  # (2, token)
@@ -185,7 +186,7 @@ _BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP
 _EVENT_OF_CODE = {code: name for name, code in EVENT_CODES.items()}
 _RECORD_WORDS = {_BEGIN: 4, _ENTER: 3, _END: 2, _BEGIN_EVENT: 6, **{code: 2 for code in _EVENT_OF_CODE}}
 _MODES = {int(mode): mode for mode in ModeKeys}
-_MAX_LOGGED_WORDS = 1 << 22  # bounds memory when nothing drains the log (then the oldest go)
+_MAX_LOGGED_WORDS = 1 << 21  # bounds memory when nothing drains the log (then the oldest go)
 
 
 class PhaseLog:
@@ -194,16 +195,15 @@ class PhaseLog:
     `drain()`, which replays what was logged through a `PhaseTracker` (the table) into
     steps' spans, off the training thread when the clock's tokens are known at once.
 
-    `flat` (a clock with integer tokens): the records are words of one `array("q")` and
-    `append` is its `extend`; otherwise (GPU events as tokens) each record is a tuple in a
-    deque. Either way `append(record)` takes the record as a tuple (see the *_RECORD
+    `flat` (a clock with integer tokens): the records are words of one list and `append`
+    is its `extend`; otherwise (GPU events as tokens) each record is a tuple in a deque. Either way `append(record)` takes the record as a tuple (see the *_RECORD
     constants). `bound()` drops the oldest records beyond `maxlen` words (flat) or
     records (a deque bounds itself)."""
 
     def __init__(self, maxlen: int = _MAX_LOGGED_WORDS, flat: bool = True) -> None:
         self.flat = flat
         self.maxlen = maxlen
-        self.records: Any = array("q") if flat else deque(maxlen=maxlen)
+        self.records: Any = [] if flat else deque(maxlen=maxlen)
         self.append: Any = self.records.extend if flat else self.records.append
         self._tracker = PhaseTracker()
         self._open: tuple[int, ModeKeys] | None = None
@@ -250,10 +250,10 @@ class PhaseLog:
                     except IndexError:
                         return out
             # Copy what is there, replay it, then delete just that: the training thread
-            # only ever extends the array at its end, a whole record at a time.
+            # only ever extends the list at its end, a whole record at a time (one C call).
             words = self.records
             n = len(words)
-            values = words[:n].tolist()
+            values = words[:n]
             i = 0
             while i < n:
                 size = _RECORD_WORDS[values[i]]
