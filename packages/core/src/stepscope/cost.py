@@ -20,7 +20,7 @@ MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
 # sample): the hook times the first step of a block (and every step that saves), and
 # counts the others' time in it as the last such step's where nothing was due. A step
 # where nothing is due then costs the meter one integer comparison.
-BLOCK_STEPS = 16
+BLOCK_STEPS = 32
 
 
 def cost_key(worker: str) -> str:

@@ -82,6 +82,7 @@ _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
 _NOTHING_DUE: frozenset[str] = frozenset()
 _NOTHING_RECORDED: Mapping[str, Any] = types.MappingProxyType({})  # what a step with nothing due holds
 _perf_counter = time.perf_counter
+_event_code = EVENT_CODES.get  # one call, where `EVENT_CODES.get(...)` is a lookup and a call
 _TRAIN = ModeKeys.TRAIN
 # PhaseLog record kinds (appended directly: the log's methods would cost a call each).
 _BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
@@ -227,8 +228,9 @@ class HookBase:
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
         self._module_classes: dict[str, str] = {}
-        self._mode_counts = {mode: 0 for mode in ModeKeys}
-        self._next_due: dict[ModeKeys, int | None] = {}
+        # Per mode, [steps begun, the mode step at which a collection is next due (None:
+        # never)]: one lookup a step for both.
+        self._modes: dict[ModeKeys, list[Any]] = {mode: [0, 0] for mode in ModeKeys}
         self._global_step = 0
         self._step: StepState | None = None
         self._idle_step = StepState(0, ModeKeys.TRAIN, 0)  # the open step when nothing is due at it
@@ -389,7 +391,7 @@ class HookBase:
 
     def mode_step(self, mode: ModeKeys | str) -> int:
         """How many steps of `mode` were opened so far."""
-        return self._mode_counts[ModeKeys.parse(mode)]
+        return int(self._modes[ModeKeys.parse(mode)][0])
 
     @property
     def current_step(self) -> StepState | None:
@@ -463,38 +465,37 @@ class HookBase:
         """Open the next step in `mode` (default: the current mode), closing the open one;
         `event`: a phase event that happens right away (as `phase_event(event)` would,
         one call less on every step). Returns True when some collection is due at it."""
-        # This runs every step: on a step where nothing is due it is the step's whole cost
-        # in core (bench/bench_torch_hook.py), so it is one frame of plain attribute reads.
+        # This runs every step: on a step where nothing is due it is most of the step's
+        # cost in core (bench/bench_torch_hook.py), so it is one frame of plain attribute
+        # reads, and what only steps that save need stays off its path.
         if mode is None:
             mode = self._mode
         elif mode.__class__ is not ModeKeys:
             mode = ModeKeys.parse(mode)
-        code = None if event is None else EVENT_CODES.get(event)
-        if code is None and event is not None:
-            raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
+        code = None
+        if event is not None:
+            code = _event_code(event)
+            if code is None:
+                raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
         if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
             if not self._closed and self.stop_poller is not None:
                 # Off after a failure: end_step still counts TRAIN steps for the ranks' agreement.
                 self._off_mode = mode
             return False
-        # The cost meter times only the steps that close a block of steps (every
-        # BLOCK_STEPS steps, and those around a step that saves): the others it counts at
-        # the block's end with the cost measured here (cost.py).
+        # The cost meter times only the steps that begin a block of steps (every
+        # BLOCK_STEPS steps, and the steps around one that saves): it counts the others
+        # at the block's end with the cost measured at its first (cost.py).
         meter = self._meter
-        timed = meter is not None and self._global_step + 1 >= self._meter_at
-        started = _perf_counter() if timed else 0.0
-        slow = False  # a step that saved something ends or begins here: the meter accounts it alone
-        due: tuple[Collection, ...] = ()
+        timed = slow = False  # (`started` is set where `timed` is)
         try:  # what FailSafe.call does, without its frame: nothing escapes into training
             clock_now = self._now
             now = clock_now() if clock_now is not None else None
             previous = self._step
             if previous is not None:
-                if previous.due or previous.tensors or previous.shapes:
+                if previous is not self._idle_step and (previous.due or previous.tensors or previous.shapes):
                     slow = True
                     if meter is not None:
-                        if not timed:
-                            started, timed = _perf_counter(), True
+                        started, timed = _perf_counter(), True
                         meter.depth = 1
                     self._end_step()
                 else:  # what _end_step does for a step that saved nothing, without its frame
@@ -502,27 +503,29 @@ class HookBase:
                         self._on_step_end()
                     if self._timing:
                         self.finish_step_timing()
-                    self._step = None
             self._mode = mode
-            counts = self._mode_counts
-            mode_step = counts[mode]
-            counts[mode] = mode_step + 1
+            counts = self._modes[mode]
+            mode_step = counts[0]
+            counts[0] = mode_step + 1
             global_step = self._global_step
             self._global_step = global_step + 1
-            next_due = self._next_due.get(mode, 0)
+            if not timed and meter is not None and global_step >= self._meter_at:
+                started, timed = _perf_counter(), True
+            next_due = counts[1]
             # Most steps save nothing: compare with the next due step instead of asking every
             # collection's schedule.
-            if next_due is not None and mode_step >= next_due and self.writes_tensors:
-                due = self._due_at(mode, mode_step)
-            if due:
+            if next_due is not None and mode_step >= next_due and self.writes_tensors and (due := self._due_at(mode, mode_step)):
                 slow = True
-                self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due))
+                if meter is not None and not timed:
+                    started, timed = _perf_counter(), True
+                step = self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due))
             else:
+                due = ()
                 # Steps where nothing is due share one state object, renumbered (making an
                 # object costs a quarter of such a step); `current_step` says so.
-                idle = self._idle_step
-                idle.global_step, idle.mode, idle.mode_step = global_step, mode, mode_step
-                self._step = idle
+                step = self._idle_step
+                step.global_step, step.mode, step.mode_step = global_step, mode, mode_step
+                self._step = step
             if now is not None and self.profiler_failsafe.enabled:
                 # A step's time starts where the previous one's work ended: the wait for data
                 # in between is this step's "data" phase.
@@ -536,16 +539,16 @@ class HookBase:
                 self._timing = True
             if self.detailed is not None:
                 self.profiler_failsafe.call(self.detailed.step_started, global_step)
-            if due:
-                if meter is not None:
-                    if not timed:
-                        started, timed = _perf_counter(), True
-                    meter.depth = 1
-                self._on_step_begin(True)
-                if event is not None and self._step is not None:
-                    self.failsafe.call(self._on_phase_event, event)
-            elif self.notify_every_step:
-                self._on_step_begin(False)
+            if not due:
+                if self.notify_every_step:
+                    self._on_step_begin(False)
+                return False
+            if meter is not None:
+                meter.depth = 1
+            self._on_step_begin(True)
+            if event is not None and self._step is step:
+                self.failsafe.call(self._on_phase_event, event)
+            return True
         except Exception as exc:
             self.failsafe.fail(exc)
             return False
@@ -553,11 +556,11 @@ class HookBase:
             if timed:
                 meter.depth = 0
                 elapsed = _perf_counter() - started
-                self._meter_at = self._global_step + BLOCK_STEPS
-                meter.steps_begin(self._global_step - 1, started, elapsed, not slow)
+                step_no = self._global_step - 1
+                self._meter_at = step_no + BLOCK_STEPS
+                meter.steps_begin(step_no, started, elapsed, not slow)
                 if self._log is not None:
                     self._log.bound()
-        return bool(due)
 
     def _due_at(self, mode: ModeKeys, mode_step: int) -> tuple[Collection, ...]:
         """The collections due at `mode_step` of `mode`; sets when the next one is due."""
@@ -565,7 +568,7 @@ class HookBase:
         # with_defaults gave every included collection a save_config.
         due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
         upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
-        self._next_due[mode] = min(upcoming) if upcoming else None
+        self._modes[mode][1] = min(upcoming) if upcoming else None
         return due
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
@@ -671,7 +674,7 @@ class HookBase:
     def state_dict(self) -> dict[str, Any]:
         """The step counters, for a framework checkpoint: a run resumed from it continues
         the numbering instead of writing over the earlier run's steps."""
-        return {"global_step": self._global_step, "mode_steps": {m.name: n for m, n in self._mode_counts.items()}}
+        return {"global_step": self._global_step, "mode_steps": {m.name: counts[0] for m, counts in self._modes.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the step numbering saved by `state_dict` (between steps)."""
@@ -685,8 +688,9 @@ class HookBase:
         if self._step is not None:
             self._end_step()
         self._global_step = global_step
-        self._mode_counts.update(mode_steps)
-        self._next_due = {}
+        for mode, counts in self._modes.items():
+            counts[0] = mode_steps.get(mode, counts[0])
+            counts[1] = 0  # (asked again at the next step)
 
     def _raise_stop(self) -> None:
         """Raise StopTrainingRequested (once): `train_step_ended()` said to stop."""

@@ -14,6 +14,11 @@ original class: `torch.save(model)` loads without stepscope, and a `copy.deepcop
 (an EMA model) is not watched. Only the registered instance drives steps (DataParallel's
 replicas share its class but not its identity).
 
+Under `torch.compile`, TorchDynamo is told to skip stepscope's code (`keep_dynamo_out`):
+tracing into the hook would guard on its counters and recompile at every step. The compiled
+model then breaks its graph at the driven forward, the hook runs eagerly and the model's
+own forward is compiled as a frame of its own.
+
 Where the swap cannot be made (a TorchScript module, a `forward` set on the instance, a
 class that refuses `__class__` assignment) `drive_forward` returns None and the hook falls
 back to torch's forward hooks."""
@@ -22,7 +27,12 @@ from __future__ import annotations
 
 import copyreg
 import functools
-from collections.abc import Callable
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
 from typing import Any
 
 import torch
@@ -38,13 +48,11 @@ class ForwardDriver:
         self.model = model
         self.base = base
         self.driven = driven
-        self.active = True  # read by the driven forward: False passes straight through
 
     def remove(self) -> None:
         """Give the model its own class back (when it still has ours: a later swap by
-        someone else, e.g. `fully_shard`, is left in place, and our forward then only
-        passes through)."""
-        self.active = False
+        someone else, e.g. `fully_shard`, is left in place, and our forward goes on calling
+        the callbacks, which a closed hook ignores)."""
         if type(self.model) is self.driven:
             self.model.__class__ = self.base
 
@@ -75,6 +83,54 @@ def _reduce_as(base: type, driven: type) -> Callable[..., Any]:
     return __reduce_ex__
 
 
+_SKIPPED_PACKAGES = ("stepscope", "stepscope_torch")
+_TRACE_RULES = "torch._dynamo.trace_rules"
+
+
+def _skip_stepscope(trace_rules: ModuleType) -> None:
+    for package in _SKIPPED_PACKAGES:
+        trace_rules.add(package)
+
+
+class _WhenDynamoLoads(importlib.abc.MetaPathFinder):
+    """Finds nothing itself: when TorchDynamo's trace rules are imported (by the first
+    `torch.compile`), makes their loader also skip stepscope's packages, then leaves."""
+
+    def find_spec(self, fullname: str, path: Sequence[str] | None, target: ModuleType | None = None) -> importlib.machinery.ModuleSpec | None:
+        if fullname != _TRACE_RULES:
+            return None
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(fullname)
+        loader = spec.loader if spec is not None else None
+        exec_module = getattr(loader, "exec_module", None)
+        if exec_module is None:
+            return spec
+
+        def exec_and_skip(module: ModuleType) -> None:
+            exec_module(module)
+            try:
+                _skip_stepscope(module)
+            except Exception:  # noqa: BLE001 - a torch without this rule API: compile as before
+                pass
+
+        loader.exec_module = exec_and_skip  # type: ignore[union-attr]
+        return spec
+
+
+def keep_dynamo_out() -> None:
+    """Have TorchDynamo skip stepscope's packages (`torch._dynamo.trace_rules.add`, which
+    is what `torch.compiler.disable` amounts to for whole files, with no wrapper to call in
+    eager mode): now if it is loaded, else when it is. Idempotent."""
+    trace_rules = sys.modules.get(_TRACE_RULES)
+    if trace_rules is not None:
+        try:
+            _skip_stepscope(trace_rules)
+        except Exception:  # noqa: BLE001 - a torch without this rule API: compile as before
+            pass
+    elif not any(isinstance(finder, _WhenDynamoLoads) for finder in sys.meta_path):
+        sys.meta_path.insert(0, _WhenDynamoLoads())
+
+
 def drive_forward(
     model: nn.Module,
     before: Callable[[nn.Module], None],
@@ -86,16 +142,18 @@ def drive_forward(
     when the model's class cannot be swapped."""
     if not _can_swap(model):
         return None
+    keep_dynamo_out()
     base = type(model)
     original = base.forward
 
     # Built per registration: the closure holds this model's callbacks, so the hot path
     # reads no attribute of the model and no table.
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
-        if self is not model or not driver.active:
+        if self is not model:
             return original(self, *args, **kwargs)
         before(self)
-        result = original(self, *args, **kwargs)
+        # (Without keywords, the call skips merging an empty dict: this runs every step.)
+        result = original(self, *args, **kwargs) if kwargs else original(self, *args)
         after(self, args, result)
         return result
 
