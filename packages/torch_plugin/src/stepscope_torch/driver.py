@@ -113,7 +113,7 @@ class _WhenDynamoLoads(importlib.abc.MetaPathFinder):
             except Exception:  # noqa: BLE001 - a torch without this rule API: compile as before
                 pass
 
-        loader.exec_module = exec_and_skip  # type: ignore[union-attr]
+        loader.exec_module = exec_and_skip  # type: ignore[union-attr,method-assign]
         return spec
 
 
