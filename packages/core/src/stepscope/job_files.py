@@ -50,6 +50,29 @@ class IndexEntry:
     shapes: Mapping[str, tuple[int, ...]]
 
 
+# One step of a step table: (mode, mode_step, layout number, starts, lengths, shapes).
+# A plain tuple: a table holds up to 1,000 steps and a 64-worker job 64 tables per 1,000
+# steps, so a row costs one tuple, not an object.
+TableRow = tuple[ModeKeys, int, int, Sequence[int], Sequence[int], Mapping[str, tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """One worker's step table: the index entries of many steps, row by row. Rows share
+    the table's layouts (tuples of tensor names); the reader turns a row into a step's
+    tensor locations only when that step is read."""
+
+    worker: str
+    layouts: tuple[tuple[str, ...], ...]
+    rows: Mapping[int, TableRow]  # step -> row (a step listed twice: its last row)
+    shape_names: frozenset[str]  # every name with a saved shape, in any row
+
+    def entry(self, step: int) -> IndexEntry:
+        """The row of `step` as an index entry (the event file's default name applies)."""
+        mode, mode_step, number, starts, lengths, shapes = self.rows[step]
+        return IndexEntry(mode, mode_step, "", self.layouts[number], starts, lengths, shapes)
+
+
 @dataclass(frozen=True)
 class CollectionsFile:
     num_workers: int
@@ -159,11 +182,11 @@ def _plain_int(value: Any, minimum: int = 0) -> bool:
     return type(value) is int and minimum <= value <= MAX_RECORD_BYTES
 
 
-def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tuple[str, dict[int, IndexEntry]]:
-    """A step table (see Writer): (worker, {step: entry}). All or nothing: a table with one
-    bad entry is rejected whole, and the reader falls back to the index files. Offsets
-    and lengths are checked here only for type and count (a table holds a million of them);
-    the reader checks each value's range when it reads the value."""
+def parse_step_table(data: bytes, where: str, worker: str | None = None) -> StepTable:
+    """A step table (see Writer). All or nothing: a table with one bad entry is rejected
+    whole, and the reader falls back to the index files. Offsets and lengths are checked
+    here only for type and count (a table holds a million of them); the reader checks each
+    value's range when it reads the value."""
     body = _mapping(load_json(data, where), where, "the step table")
     table_worker = _name(body.get("worker"), where, "worker")
     if worker is not None and table_worker != worker:
@@ -171,8 +194,9 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tupl
     layouts = []
     for i, names in enumerate(_list(body.get("layouts"), where, "layouts")):
         layouts.append(tuple(_name(n, where, f"layouts[{i}][]") for n in _list(names, where, f"layouts[{i}]")))
-    steps: dict[int, IndexEntry] = {}
+    rows: dict[int, TableRow] = {}
     no_shapes: dict[str, tuple[int, ...]] = {}
+    shape_names: set[str] = set()
     for i, entry in enumerate(_list(body.get("steps"), where, "steps")):
         # The common case costs a few type checks; anything odd goes to _table_entry_error.
         try:
@@ -196,8 +220,9 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tupl
             raise _table_entry_error(entry, i, where, len(layouts), layouts[number] if type(number) is int and 0 <= number < len(layouts) else None)
         if shapes:
             shapes = {_name(n, where, f"steps[{i}].shapes"): _shape(s, where, f"steps[{i}].shapes[{n!r}]") for n, s in _mapping(shapes, where, f"steps[{i}].shapes").items()}
-        steps[step] = IndexEntry(mode, mode_step, "", layouts[number], starts, lengths, shapes or no_shapes)
-    return table_worker, steps
+            shape_names.update(shapes)
+        rows[step] = (mode, mode_step, number, starts, lengths, shapes or no_shapes)
+    return StepTable(table_worker, tuple(layouts), rows, frozenset(shape_names))
 
 
 def _table_entry_error(entry: Any, i: int, where: str, n_layouts: int = 0, names: tuple[str, ...] | None = None) -> CorruptRecord:
@@ -290,6 +315,8 @@ def compile_untrusted_regex(pattern: Any, where: str) -> UntrustedPattern:
 
 __all__ = [
     "IndexEntry",
+    "StepTable",
+    "TableRow",
     "CollectionsFile",
     "parse_index",
     "parse_step_table",

@@ -8,7 +8,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,14 +49,12 @@ class _Entries:
 
     __slots__ = ("positions", "starts", "lengths")
 
-    def __init__(self, positions: dict[str, int], starts: list[int], lengths: list[int]):
+    def __init__(self, positions: dict[str, int], starts: Sequence[int], lengths: Sequence[int]):
         self.positions, self.starts, self.lengths = positions, starts, lengths
 
     @classmethod
-    def from_entry(cls, entry: job_files.IndexEntry, positions: dict[str, int] | None = None) -> _Entries:
-        if positions is None:
-            positions = {name: i for i, name in enumerate(entry.names)}
-        return cls(positions, entry.starts, entry.lengths)  # type: ignore[arg-type]
+    def from_entry(cls, entry: job_files.IndexEntry) -> _Entries:
+        return cls({name: i for i, name in enumerate(entry.names)}, entry.starts, entry.lengths)
 
     def __contains__(self, name: str) -> bool:
         return name in self.positions
@@ -69,23 +67,76 @@ class _Entries:
         return self.starts[i], self.lengths[i]
 
 
+class _TableSteps:
+    """The steps one worker's step table describes, as the trial holds them: the parsed
+    table and the name -> position maps of its layouts. A step's tensor locations are made
+    from its row when the step is read, so opening a long job costs one dict entry per
+    step and worker, not one object."""
+
+    __slots__ = ("table", "positions")
+
+    def __init__(self, table: job_files.StepTable, positions: list[dict[str, int]]):
+        self.table, self.positions = table, positions
+
+    def entries(self, step: int) -> _Entries:
+        _, _, number, starts, lengths, _ = self.table.rows[step]
+        return _Entries(self.positions[number], starts, lengths)
+
+    def has(self, step: int, name: str) -> bool:
+        return name in self.positions[self.table.rows[step][2]]
+
+    def shapes(self, step: int) -> Mapping[str, tuple[int, ...]]:
+        return self.table.rows[step][5]
+
+
 @dataclass
 class _StepInfo:
-    """One global step as the index files of its workers describe it."""
+    """One global step as its workers published it. A worker is known either from its
+    index file (`index_keys`, `payload`, `shapes`, `event_keys`) or, until that file is
+    read, from its step table (`tables`); never from both."""
 
+    step: int
     mode: ModeKeys
     mode_step: int
     index_keys: dict[str, str] = field(default_factory=dict)  # worker -> index key
     event_keys: dict[str, str] = field(default_factory=dict)  # worker -> event file key
     payload: dict[str, _Entries] = field(default_factory=dict)  # worker -> tensor locations
     shapes: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # worker -> name -> shape
-    from_table: set[str] = field(default_factory=set)  # workers whose entry came from a step table
+    tables: dict[str, _TableSteps] = field(default_factory=dict)  # worker -> its step table
+
+    def worker_count(self) -> int:
+        return len(self.index_keys) + len(self.tables)
+
+    def workers(self) -> list[str]:
+        return [*self.index_keys, *self.tables]
+
+    def entries(self, worker: str) -> _Entries | None:
+        """Where `worker`'s tensors of this step sit; None when it did not publish it."""
+        found = self.payload.get(worker)
+        if found is None and worker in self.tables:
+            found = self.tables[worker].entries(self.step)
+        return found
+
+    def workers_with(self, name: str) -> list[str]:
+        step = self.step
+        return [w for w, p in self.payload.items() if name in p] + [w for w, t in self.tables.items() if t.has(step, name)]
 
     def has(self, name: str) -> bool:
-        return any(name in p for p in self.payload.values())
+        step = self.step
+        return any(name in p for p in self.payload.values()) or any(t.has(step, name) for t in self.tables.values())
+
+    def shapes_of(self, name: str) -> dict[str, tuple[int, ...]]:
+        """{worker: shape} of `name` where a shape was saved."""
+        found = {w: s[name] for w, s in self.shapes.items() if name in s}
+        for worker, table in self.tables.items():
+            shapes = table.shapes(self.step)
+            if name in shapes:
+                found[worker] = shapes[name]
+        return found
 
     def has_shape(self, name: str) -> bool:
-        return any(name in s for s in self.shapes.values())
+        step = self.step
+        return any(name in s for s in self.shapes.values()) or any(name in t.shapes(step) for t in self.tables.values())
 
 
 class Tensor:
@@ -105,7 +156,7 @@ class Tensor:
 
     def workers(self, step: int, mode: ModeKeys | str | None = None) -> list[str]:
         info = self.trial._steps[self.trial._global_step(step, mode)]
-        return sorted(w for w, p in info.payload.items() if self.name in p)
+        return sorted(info.workers_with(self.name))
 
     def has_value(self, step: int, mode: ModeKeys | str | None = None) -> bool:
         try:
@@ -116,7 +167,7 @@ class Tensor:
     def _location(self, step: int, mode, worker: str | None) -> tuple[int, str, _Location]:
         global_step = self.trial._global_step(step, mode)
         info = self.trial._steps[global_step]
-        workers = [w for w, p in info.payload.items() if self.name in p]
+        workers = info.workers_with(self.name)
         if not workers:
             reason = "only its shape was saved" if info.has_shape(self.name) else ""
             raise TensorUnavailableForStep(self.name, step, mode, worker, reason)
@@ -124,7 +175,7 @@ class Tensor:
             worker = min(workers)
         elif worker not in workers:
             raise TensorUnavailableForStep(self.name, step, mode, worker)
-        start, length = info.payload[worker].location(self.name)
+        start, length = info.entries(worker).location(self.name)  # type: ignore[union-attr]  # worker is in workers_with
         if type(start) is not int or type(length) is not int or start < 0 or length < 1:  # a crafted step table
             job_files.check_location(start, length, self.trial.store.describe(self.trial._index_key(info, global_step, worker)), self.name)
         event_key = info.event_keys.get(worker) or layout.event_file_key(global_step, worker)
@@ -155,7 +206,7 @@ class Tensor:
 
     def shape(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[int, ...]:
         info = self.trial._steps[self.trial._global_step(step, mode)]
-        shapes = {w: s[self.name] for w, s in info.shapes.items() if self.name in s}
+        shapes = info.shapes_of(self.name)
         if shapes:
             return shapes[worker] if worker in shapes else shapes[min(shapes)]
         return tuple(self.value(step, mode, worker).shape)
@@ -318,36 +369,39 @@ class Trial:
         new_steps: list[int] = []
         for key, parsed in zip(keys, self._map(self._read_table, keys)):
             self._loaded_tables.add(key)
-            if parsed is None:
-                continue
-            worker, steps = parsed
-            # The hot loop of opening a long job (one pass per step and worker): _add_index
-            # inlined; the index file's key is made only when needed (see _index_key).
-            all_steps, mode_steps, names = self._steps, self._mode_steps, self._tensor_names
-            last_positions = None
-            for step, entry in steps.items():
-                info = all_steps.get(step)
-                if info is None:
-                    info = all_steps[step] = _StepInfo(entry.mode, entry.mode_step)
-                    mode_steps.setdefault(entry.mode, {})[entry.mode_step] = step
-                elif worker in info.index_keys:
-                    continue  # already known (from its index file, the source of truth)
-                positions = self._positions.get(entry.names)
-                if positions is None:
-                    positions = self._positions[entry.names] = {name: i for i, name in enumerate(entry.names)}
-                info.index_keys[worker] = ""
-                info.payload[worker] = _Entries(positions, entry.starts, entry.lengths)
-                info.from_table.add(worker)
-                if entry.shapes:
-                    info.shapes[worker] = dict(entry.shapes)
-                    names.update(entry.shapes)
-                if positions is not last_positions:
-                    names.update(positions)
-                    last_positions = positions
-                new_steps.append(step)
+            if parsed is not None:
+                new_steps += self._add_table(parsed)
         return new_steps
 
-    def _read_table(self, key: str) -> tuple[str, dict[int, job_files.IndexEntry]] | None:
+    def _add_table(self, table: job_files.StepTable) -> list[int]:
+        """Register the steps of one worker's table; the steps that are new to that worker."""
+        # The hot loop of opening a long job (one pass per step and worker), so it only
+        # links each step to the table; a step's tensor locations are made when it is read.
+        loaded = _TableSteps(table, [self._positions_of(names) for names in table.layouts])
+        worker, all_steps, mode_steps = table.worker, self._steps, self._mode_steps
+        new_steps = []
+        for step, row in table.rows.items():
+            info = all_steps.get(step)
+            if info is None:
+                info = all_steps[step] = _StepInfo(step, row[0], row[1])
+                mode_steps.setdefault(row[0], {})[row[1]] = step
+            elif worker in info.tables or worker in info.index_keys:
+                continue  # already known: from its index file (the source of truth) or an earlier table
+            info.tables[worker] = loaded
+            new_steps.append(step)
+        if new_steps:
+            self._tensor_names.update(*loaded.positions)
+            self._tensor_names.update(table.shape_names)
+        return new_steps
+
+    def _positions_of(self, names: tuple[str, ...]) -> dict[str, int]:
+        """name -> position in a layout, one map shared by every table with that layout."""
+        positions = self._positions.get(names)
+        if positions is None:
+            positions = self._positions[names] = {name: i for i, name in enumerate(names)}
+        return positions
+
+    def _read_table(self, key: str) -> job_files.StepTable | None:
         folder_worker = key[len(layout.STEP_TABLE_DIR) + 1 :].split("/", 1)[0]
         try:
             return job_files.parse_step_table(self.store.read(key, max_size=job_files.MAX_TABLE_BYTES), self.store.describe(key), folder_worker)
@@ -369,8 +423,7 @@ class Trial:
             self._loaded_index_keys.add(key)
             if index is None:
                 continue
-            known = self._steps.get(step)
-            if known is not None and known.index_keys.get(worker) == "":
+            if self._covered_by_table(step, worker):
                 continue  # a step table covered it (and loses to it only on a bad read)
             self._add_index(step, worker, key, index)
             new_steps.append(step)
@@ -378,7 +431,7 @@ class Trial:
 
     def _covered_by_table(self, step: int, worker: str) -> bool:
         info = self._steps.get(step)
-        return info is not None and info.index_keys.get(worker) == ""
+        return info is not None and worker in info.tables
 
     def _index_key(self, info: _StepInfo, step: int, worker: str) -> str:
         return info.index_keys.get(worker) or layout.index_file_key(step, worker)
@@ -399,27 +452,26 @@ class Trial:
             self._skip(key, exc, "index file")
             return None
 
-    def _add_index(self, step: int, worker: str, key: str, entry: job_files.IndexEntry, payload: _Entries | None = None, from_table: bool = False) -> None:
+    def _add_index(self, step: int, worker: str, key: str, entry: job_files.IndexEntry) -> None:
         mode, mode_step = entry.mode, entry.mode_step
         if mode_step < 0:
             mode_step = step
         info = self._steps.get(step)
         if info is None:
-            info = self._steps[step] = _StepInfo(mode, mode_step)
+            info = self._steps[step] = _StepInfo(step, mode, mode_step)
             self._mode_steps.setdefault(mode, {})[mode_step] = step
-        payload = payload if payload is not None else _Entries.from_entry(entry)
+        payload = _Entries.from_entry(entry)
+        info.tables.pop(worker, None)  # the index file replaces what a step table said
         info.index_keys[worker] = key
         if entry.event_key:  # else the default name, made when a value is read
             info.event_keys[worker] = entry.event_key
         else:
             info.event_keys.pop(worker, None)
         info.payload[worker] = payload
-        if from_table:
-            info.from_table.add(worker)
-        else:
-            info.from_table.discard(worker)
         if entry.shapes:
             info.shapes[worker] = dict(entry.shapes)
+        else:
+            info.shapes.pop(worker, None)
         self._tensor_names.update(payload.positions)
         self._tensor_names.update(entry.shapes)
 
@@ -427,7 +479,7 @@ class Trial:
         """Replace what a step table said about (step, worker) by its index file, the source
         of truth; True when the index file was read."""
         info = self._steps.get(step)
-        if info is None or worker not in info.from_table:
+        if info is None or worker not in info.tables:
             return False
         key = self._index_key(info, step, worker)
         entry = self._read_index(key)
@@ -444,7 +496,7 @@ class Trial:
         expected = self._expected_workers()
         floor = None
         for step in sorted(self._steps):
-            if len(self._steps[step].index_keys) < expected:
+            if self._steps[step].worker_count() < expected:
                 break
             floor = step
         if floor is not None:
@@ -488,7 +540,7 @@ class Trial:
                 raw = list(self.store.read_ranges([(wanted[i][3].event_key, wanted[i][3].start, wanted[i][3].length) for i in missing]))
             except FileNotFoundError as exc:
                 raw = [None] * len(missing)
-                if not any(wanted[i][2] in self._steps[wanted[i][1]].from_table for i in missing if wanted[i][1] in self._steps):
+                if not any(wanted[i][2] in self._steps[wanted[i][1]].tables for i in missing if wanted[i][1] in self._steps):
                     raise CorruptRecord(str(exc), None, "event file listed in the index is missing") from None
             for i, data in zip(missing, raw):
                 name, step, worker, location = wanted[i]
@@ -559,7 +611,7 @@ class Trial:
             info = self._steps.get(step)
             if info is None:
                 continue
-            if not show_incomplete and len(info.index_keys) < expected and not self._complete:
+            if not show_incomplete and info.worker_count() < expected and not self._complete:
                 continue
             if mode is None:
                 out.append(step)
@@ -589,7 +641,11 @@ class Trial:
         raise StepNotYetAvailable(step)
 
     def workers(self) -> list[str]:
-        return sorted({w for info in self._steps.values() for w in info.index_keys})
+        found: set[str] = set()
+        for info in self._steps.values():
+            found.update(info.index_keys)
+            found.update(info.tables)
+        return sorted(found)
 
     @property
     def num_workers(self) -> int:
