@@ -257,7 +257,10 @@ class Trial:
         self._loaded_index_keys: set[str] = set()
         self._loaded_tables: set[str] = set()
         self._collections: CollectionManager | None = None
-        self._collection_workers: set[str] = set()
+        self._collection_keys: set[str] = set()  # collections files listed
+        self._pending_collections: list[str] = []  # listed, not read yet (see _load_collections)
+        self._seen_workers: set[str] = set()  # workers that published a step
+        self._listed_tables = False
         self._collection_names: set[str] = set()
         self._num_workers = 1
         self._legacy = True
@@ -274,6 +277,7 @@ class Trial:
     @property
     def problems(self) -> list[str]:
         """The files this trial could not read and skipped, each with the reason."""
+        self._read_collections()  # nothing listed stays unchecked
         return [f"{where}: {why}" for where, why in self._problems.items()]
 
     def _skip(self, key: str, exc: BaseException, what: str, then: str = "") -> None:
@@ -286,56 +290,89 @@ class Trial:
     # --- loading ----------------------------------------------------------------------
 
     def refresh(self) -> list[int]:
-        """Load what was published since the last call; return the new global steps."""
+        """Load what was published since the last call; return the new global steps.
+
+        Opening lists the collections, the step tables and the index files after the last
+        step the tables cover. A refresh lists the index files after the first step some
+        worker has not published yet; the collections only while a worker's file is missing
+        (see `_load_collections`); the step tables only when a worker has more than one new
+        step (a reader that fell behind), reading just the tables that cover new steps. So
+        following a job costs in proportion to what is new."""
         with self._lock:
             # The end marker is checked before listing: it is written after the last index
             # file, so once it is seen, the listing below is final.
-            self._complete = self.store.exists(layout.END_MARKER)
+            was_complete, self._complete = self._complete, self.store.exists(layout.END_MARKER)
+            workers_before = len(self._seen_workers)
             self._load_collections()
-            new_steps = self._load_step_tables()
+            opening = not self._listed_tables
+            new_steps = self._load_step_tables() if opening else []
             self._advance_listing_floor()
             keys = [k for k in self.store.list(layout.INDEX_DIR + "/", start_after=self._listing_floor) if k not in self._loaded_index_keys]
+            if not opening:
+                wanted = self._uncovered_steps(keys)
+                if any(len(steps) > 1 for steps in wanted.values()) or (wanted and self._complete and not was_complete):
+                    new_steps += self._load_step_tables(wanted)
             new_steps += self._load_index_files(keys)
+            if len(self._seen_workers) > workers_before:
+                self._load_collections()  # a worker seen first now: its file says how many there are
             self._advance_listing_floor()
             return sorted(set(new_steps))
 
     def _load_collections(self) -> None:
-        keys = self.store.list(layout.COLLECTIONS_DIR + "/")
-        fresh = [k for k in keys if k not in self._collection_workers]
-        if not fresh:
-            return
-        manager = self._collections or CollectionManager()
+        """List the workers' collections files, while some may be missing: fewer known than
+        the workers the job has, or a worker publishing steps without one. Opening reads one
+        of them (it says how many workers the job has); the others are read when
+        collections are asked for (`collections()`, `collection()`, `module_class()`,
+        `problems`): 64 workers write 64 nearly identical files. All are read at once when
+        the first does not settle the job: not written by stepscope (smdebug's), unreadable,
+        or fewer workers than files."""
+        known = self._collection_keys
+        if len(known) < self._expected_workers() or any(layout.collections_key(w) not in known for w in self._seen_workers) or not known:
+            fresh = [k for k in self.store.list(layout.COLLECTIONS_DIR + "/") if k not in known]
+            known.update(fresh)
+            self._pending_collections += fresh
+        if self._pending_collections and self._collections is None:
+            self._read_collections(self._pending_collections[:1])
+        if self._pending_collections and (self._collections is None or self._legacy or len(known) > self._num_workers):
+            self._read_collections()
 
-        def read(key: str) -> job_files.CollectionsFile | BaseException:
-            try:
-                return job_files.parse_collections(self.store.read(key, max_size=job_files.MAX_COLLECTIONS_BYTES), self.store.describe(key))
-            except (StepscopeError, OSError) as exc:
-                return exc
+    def _read_collections(self, keys: list[str] | None = None) -> None:
+        """Read `keys` (default: every collections file not read yet) into the collections."""
+        with self._lock:
+            keys = list(self._pending_collections) if keys is None else keys
+            if not keys:
+                return
+            self._pending_collections = [k for k in self._pending_collections if k not in keys]
 
-        for key, parsed in zip(fresh, self._map(read, fresh)):  # concurrent on S3: one file per worker
-            self._collection_workers.add(key)
-            where = self.store.describe(key)
-            if isinstance(parsed, FileNotFoundError):
-                continue
-            if isinstance(parsed, BaseException):
-                self._skip(key, parsed, "collections file")
-                continue
-            self._num_workers = max(self._num_workers, parsed.num_workers)
-            manager.module_classes.update(parsed.module_classes)
-            self._legacy = self._legacy and not parsed.ours
-            for body in parsed.collections:
+            def read(key: str) -> job_files.CollectionsFile | BaseException:
                 try:
-                    collection = self._collection_from_job(body, where)
-                except Exception as exc:  # a bad entry must not hide the others
-                    logger.warning("stepscope: skipping a collection in %s: %s", where, exc)
+                    return job_files.parse_collections(self.store.read(key, max_size=job_files.MAX_COLLECTIONS_BYTES), self.store.describe(key))
+                except (StepscopeError, OSError) as exc:
+                    return exc
+
+            for key, parsed in zip(keys, self._map(read, keys)):  # concurrent on S3: one file per worker
+                where = self.store.describe(key)
+                if isinstance(parsed, FileNotFoundError):
                     continue
-                if collection.name in self._collection_names:
-                    # Each worker lists the tensors it saw; the trial's collection is their union.
-                    manager.get(collection.name).tensor_names |= collection.tensor_names
-                else:
-                    manager.add(collection)
-                    self._collection_names.add(collection.name)
-        self._collections = manager
+                if isinstance(parsed, BaseException):
+                    self._skip(key, parsed, "collections file")
+                    continue
+                manager = self._collections = self._collections or CollectionManager()
+                self._num_workers = max(self._num_workers, parsed.num_workers)
+                manager.module_classes.update(parsed.module_classes)
+                self._legacy = self._legacy and not parsed.ours
+                for body in parsed.collections:
+                    try:
+                        collection = self._collection_from_job(body, where)
+                    except Exception as exc:  # a bad entry must not hide the others
+                        logger.warning("stepscope: skipping a collection in %s: %s", where, exc)
+                        continue
+                    if collection.name in self._collection_names:
+                        # Each worker lists the tensors it saw; the trial's collection is their union.
+                        manager.get(collection.name).tensor_names |= collection.tensor_names
+                    else:
+                        manager.add(collection)
+                        self._collection_names.add(collection.name)
 
     @staticmethod
     def _collection_from_job(body: Any, where: str) -> Collection:
@@ -362,10 +399,15 @@ class Trial:
         collection._patterns = tuple(compiled)  # type: ignore[arg-type]  # match/search/fullmatch as re.Pattern
         return collection
 
-    def _load_step_tables(self) -> list[int]:
+    def _load_step_tables(self, wanted: Mapping[str, list[int]] | None = None) -> list[int]:
         """Load the step tables our writer publishes (see Writer): one read per 1,000 steps
-        instead of one per step. Steps they cover are not read from index files again."""
+        instead of one per step. Steps they cover are not read from index files again.
+        With `wanted` (a refresh's new index files: worker -> steps), only the tables that
+        cover one of those steps are read; the others hold nothing new."""
+        self._listed_tables = True
         keys = [k for k in self.store.list(layout.STEP_TABLE_DIR + "/") if k not in self._loaded_tables]
+        if wanted is not None:
+            keys = [k for k in keys if _table_covers(k, wanted)]
         new_steps: list[int] = []
         for key, parsed in zip(keys, self._map(self._read_table, keys)):
             self._loaded_tables.add(key)
@@ -373,12 +415,22 @@ class Trial:
                 new_steps += self._add_table(parsed)
         return new_steps
 
+    def _uncovered_steps(self, index_keys: list[str]) -> dict[str, list[int]]:
+        """worker -> steps of the index files in `index_keys` that no step table covers."""
+        found: dict[str, list[int]] = {}
+        for key in index_keys:
+            parsed = layout.parse_index_key(key)
+            if parsed is not None and not self._covered_by_table(*parsed):
+                found.setdefault(parsed[1], []).append(parsed[0])
+        return found
+
     def _add_table(self, table: job_files.StepTable) -> list[int]:
         """Register the steps of one worker's table; the steps that are new to that worker."""
         # The hot loop of opening a long job (one pass per step and worker), so it only
         # links each step to the table; a step's tensor locations are made when it is read.
         loaded = _TableSteps(table, [self._positions_of(names) for names in table.layouts])
         worker, all_steps, mode_steps = table.worker, self._steps, self._mode_steps
+        self._seen_workers.add(worker)
         new_steps = []
         for step, row in table.rows.items():
             info = all_steps.get(step)
@@ -461,6 +513,7 @@ class Trial:
             info = self._steps[step] = _StepInfo(step, mode, mode_step)
             self._mode_steps.setdefault(mode, {})[mode_step] = step
         payload = _Entries.from_entry(entry)
+        self._seen_workers.add(worker)
         info.tables.pop(worker, None)  # the index file replaces what a step table said
         info.index_keys[worker] = key
         if entry.event_key:  # else the default name, made when a value is read
@@ -493,14 +546,18 @@ class Trial:
     def _advance_listing_floor(self) -> None:
         """Relist from the first step some worker has not published yet: workers publish
         independently, so a key can appear below the last one seen."""
+        floor = self._floor_step()
+        self._listing_floor = None if floor is None else f"{layout.INDEX_DIR}/{floor // 1000:09d}/{floor:012d}_~"
+
+    def _floor_step(self) -> int | None:
+        """The last step of the run of steps, from the first, that every worker published."""
         expected = self._expected_workers()
         floor = None
         for step in sorted(self._steps):
             if self._steps[step].worker_count() < expected:
                 break
             floor = step
-        if floor is not None:
-            self._listing_floor = f"{layout.INDEX_DIR}/{floor // 1000:09d}/{floor:012d}_~"
+        return floor
 
     def _expected_workers(self) -> int:
         return max(self._num_workers, 1)
@@ -652,11 +709,13 @@ class Trial:
         return self._expected_workers()
 
     def collections(self) -> dict[str, Collection]:
+        self._read_collections()
         return {c.name: c for c in self._collections} if self._collections else {}
 
     def module_class(self, tensor_name: str) -> str | None:
         """The class of the module (layer) `tensor_name` is an input or output of, as the
         hook recorded it (e.g. "ReLU"); None when not recorded (older jobs, custom tensors)."""
+        self._read_collections()
         return self._collections.module_classes.get(tensor_name) if self._collections else None
 
     def collection(self, name: str) -> Collection:
@@ -757,6 +816,17 @@ class Trial:
 
     def __repr__(self) -> str:
         return f"Trial({self.path!r}, steps={len(self._steps)}, tensors={len(self._tensor_names)}, complete={self._complete})"
+
+
+def _table_covers(key: str, wanted: Mapping[str, list[int]]) -> bool:
+    """Whether the step table at `key` (`<dir>/<worker>/<first>_<last>.json`) may hold one of
+    the `wanted` steps of its worker; a key of another shape is read to find out."""
+    parts = key.split("/")
+    first_last = parts[-1].removesuffix(".json").split("_")
+    if len(parts) != 3 or len(first_last) != 2 or not all(p.isdigit() for p in first_last):
+        return True
+    first, last = int(first_last[0]), int(first_last[1])
+    return any(first <= step <= last for step in wanted.get(parts[1], ()))
 
 
 def create_trial(path: str | Store, name: str | None = None, **kwargs: Any) -> Trial:

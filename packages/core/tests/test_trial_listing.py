@@ -1,0 +1,186 @@
+"""What opening and refreshing a trial lists and reads: one listing per folder to open,
+one collections file read until collections are asked for, step tables read only where they
+replace index reads, and a refresh that lists only what can be new."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from stepscope import ModeKeys, create_trial
+from stepscope.collection_manager import CollectionManager
+from stepscope.store.local import LocalStore
+from stepscope.writer import Writer
+
+
+class RecordingStore(LocalStore):
+    """A local store that records each listing, whole read and existence check, as
+    ("list" | "read" | "exists", the job's top-level folder or file)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.calls: list[tuple[str, str]] = []
+
+    def list(self, prefix="", start_after=None):
+        self.calls.append(("list", prefix.split("/")[0]))
+        return super().list(prefix, start_after)
+
+    def read(self, key, max_size=None):
+        self.calls.append(("read", key.split("/")[0]))
+        return super().read(key, max_size)
+
+    def exists(self, key):
+        self.calls.append(("exists", key))
+        return super().exists(key)
+
+    def take(self) -> list[tuple[str, str]]:
+        calls, self.calls = self.calls, []
+        return calls
+
+
+def _value(worker: int, step: int) -> np.ndarray:
+    return np.array([worker, step], dtype=np.int64)
+
+
+def _write(writer: Writer, worker: int, steps) -> None:
+    for step in steps:
+        writer.write_step(step, ModeKeys.TRAIN, step, {"x": _value(worker, step)})
+
+
+def _job(tmp_path, workers: int, steps: int, num_workers: int | None = None) -> None:
+    for worker in range(workers):
+        writer = Writer(str(tmp_path), f"worker_{worker}")
+        writer.write_collections(CollectionManager().dumps(num_workers or workers))
+        _write(writer, worker, range(steps))
+        assert writer.close()
+
+
+def test_opening_reads_one_collections_file_and_the_others_when_asked(tmp_path):
+    _job(tmp_path, workers=3, steps=4)
+    late = tmp_path / "collections/000000000/worker_2_collections.json"
+    body = json.loads(late.read_text())
+    body["collections"]["losses"]["tensor_names"] = ["loss_only_on_worker_2"]
+    late.write_text(json.dumps(body))
+
+    store = RecordingStore(tmp_path)
+    trial = create_trial(store)
+    opening = store.take()
+    assert trial.num_workers == 3 and trial.steps() == [0, 1, 2, 3]
+    assert opening.count(("read", "collections")) == 1
+    assert opening.count(("read", "stepscope-index")) == 3 and ("read", "index") not in opening
+    assert sorted(c for c in opening if c[0] != "read") == [("exists", "training_job_end.ts"), ("list", "collections"), ("list", "index"), ("list", "stepscope-index")]
+
+    # The tensor names each worker recorded, united, once collections are asked for.
+    assert "loss_only_on_worker_2" in trial.collection("losses").tensor_names
+    assert store.take().count(("read", "collections")) == 2
+    trial.collections()
+    assert store.take() == []  # read once
+    np.testing.assert_array_equal(trial.tensor("x").value(3, worker="worker_1"), _value(1, 3))
+
+
+def test_a_bad_collections_file_read_later_is_still_reported(tmp_path, caplog):
+    _job(tmp_path, workers=2, steps=2)
+    (tmp_path / "collections/000000000/worker_1_collections.json").write_text("[1, 2]")
+    trial = create_trial(str(tmp_path))
+    assert trial.steps() == [0, 1]
+    assert any("worker_1_collections.json" in p and "JSON object" in p for p in trial.problems), trial.problems
+
+
+@pytest.mark.parametrize("edit", ["more_files_than_workers", "not_ours", "first_unreadable"])
+def test_collections_files_are_all_read_at_opening_when_the_first_does_not_settle_the_job(tmp_path, edit):
+    _job(tmp_path, workers=2, steps=3, num_workers=2)
+    first = tmp_path / "collections/000000000/worker_0_collections.json"
+    body = json.loads(first.read_text())
+    if edit == "more_files_than_workers":
+        body["_meta"]["num_workers"] = 1  # the other file says 2: the job has 2
+    elif edit == "not_ours":
+        body["_meta"].pop("writer", None)  # smdebug's: whether any file is ours decides the CRC check
+    first.write_text("{" if edit == "first_unreadable" else json.dumps(body))
+    store = RecordingStore(tmp_path)
+    trial = create_trial(store)
+    assert store.take().count(("read", "collections")) == 2
+    assert trial.num_workers == 2 and trial.steps() == [0, 1, 2]
+    np.testing.assert_array_equal(trial.tensor("x").value(2, worker="worker_1"), _value(1, 2))
+
+
+def test_a_refresh_lists_only_what_can_be_new(tmp_path):
+    writer = Writer(str(tmp_path), "worker_0")
+    writer.write_collections(CollectionManager().dumps(1))
+    _write(writer, 0, range(3))
+    assert writer.flush()
+    store = RecordingStore(tmp_path)
+    trial = create_trial(store)
+    assert trial.steps() == [0, 1, 2] and store.take().count(("read", "index")) == 3  # no table yet
+
+    # Nothing new: the end marker and the index files after the last step, nothing else.
+    assert trial.refresh() == []
+    assert store.take() == [("exists", "training_job_end.ts"), ("list", "index")]
+
+    # One new step: its index file (a table could not save a read).
+    _write(writer, 0, [3])
+    assert writer.flush()
+    assert trial.refresh() == [3]
+    assert store.take() == [("exists", "training_job_end.ts"), ("list", "index"), ("read", "index")]
+
+    # Three new steps and the writer closed (its table covers steps 0-6): the table is read
+    # instead of three index files.
+    _write(writer, 0, range(4, 7))
+    assert writer.close()
+    assert trial.refresh() == [4, 5, 6] and trial.is_complete()
+    assert store.take() == [("exists", "training_job_end.ts"), ("list", "index"), ("list", "stepscope-index"), ("read", "stepscope-index")]
+    assert [int(trial.tensor("x").value(s)[1]) for s in range(7)] == list(range(7))
+
+    # Complete and nothing new: the table is not listed again.
+    assert trial.refresh() == []
+    assert store.take() == [("exists", "training_job_end.ts"), ("list", "index")]
+
+
+def test_the_last_table_is_read_when_the_job_completes(tmp_path):
+    writer = Writer(str(tmp_path), "worker_0")
+    writer.write_collections(CollectionManager().dumps(1))
+    _write(writer, 0, range(3))
+    assert writer.flush()
+    store = RecordingStore(tmp_path)
+    trial = create_trial(store)
+    _write(writer, 0, range(3, 5))
+    assert writer.flush()
+    assert trial.refresh() == [3, 4]  # listed the tables: none yet, so two index files
+    store.take()
+    # The block's table is published at close, covering steps 0-5, and step 5 is new: the
+    # table is read for it (steps 0-4 stay as their index files said).
+    _write(writer, 0, [5])
+    assert writer.close()
+    assert trial.refresh() == [5]
+    calls = store.take()
+    assert ("read", "stepscope-index") in calls and ("read", "index") not in calls
+    assert trial.steps() == list(range(6))
+    np.testing.assert_array_equal(trial.tensor("x").value(5), _value(0, 5))
+
+
+def test_a_worker_beyond_what_the_job_said_makes_the_collections_read(tmp_path):
+    writer_0 = Writer(str(tmp_path), "worker_0")
+    writer_0.write_collections(CollectionManager().dumps(1))
+    _write(writer_0, 0, range(2))
+    assert writer_0.flush()
+    store = RecordingStore(tmp_path)
+    trial = create_trial(store)
+    assert trial.steps() == [0, 1] and trial.num_workers == 1
+    store.take()
+    assert trial.refresh() == [] and ("list", "collections") not in store.take()  # every worker's file is known
+
+    # A second worker (its file says 2) publishes steps 0-3; 2 and 3 lie past what was
+    # listed, and the trial looks for the new worker's collections file.
+    writer_1 = Writer(str(tmp_path), "worker_1")
+    writer_1.write_collections(CollectionManager().dumps(2))
+    _write(writer_1, 1, range(4))
+    assert writer_1.flush()
+    trial.refresh()
+    calls = store.take()
+    assert ("list", "collections") in calls and ("read", "collections") in calls
+    assert trial.num_workers == 2 and trial.steps() == []
+    # No step is complete for two workers now: the next refresh lists from the start.
+    trial.refresh()
+    assert trial.steps() == [0, 1] and trial.workers() == ["worker_0", "worker_1"]
+    np.testing.assert_array_equal(trial.tensor("x").value(1, worker="worker_1"), _value(1, 1))
