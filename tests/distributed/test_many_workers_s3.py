@@ -1,5 +1,5 @@
-"""64 workers on the S3 test server: a 64-worker x 1,000-step job opens with one listing per
-folder and one read per worker (counted by kind at a proxy in front of the server), a
+"""64 workers on the S3 test server: a 64-worker x 1,000-step job opens with two listings
+and one read per worker (counted by kind at a proxy in front of the server), a
 refresh costs requests in proportion to what is new, and 64 writer threads publishing at
 once leave every step complete and exact. (Its opening time is measured by bench/bench_open_many_workers.py: goal < 2 s.)"""
 
@@ -57,9 +57,10 @@ def test_a_64_worker_job_opens_with_reads_per_worker_and_refresh_costs_what_is_n
     opening = via_proxy.requests[before:]
     assert trial.num_workers == WORKERS and len(trial.workers()) == WORKERS
     assert trial.steps() == list(range(STEPS))
-    # One listing per folder; a step table per worker; one collections file (the job's
-    # size), the other workers' are read when collections are asked for.
-    assert _by_kind(opening) == {"HEAD": 1, "LIST collections": 1, "LIST stepscope-index": 1, "LIST index": 1, "GET collections": 1, "GET stepscope-index": WORKERS}, _by_kind(opening)
+    # The end marker, the step tables (a read per worker), one collections file (named after
+    # a worker with tables: no listing; it says how many workers there are; the others are
+    # read when collections are asked for), and the index files after what the tables cover.
+    assert _by_kind(opening) == {"HEAD": 1, "LIST stepscope-index": 1, "LIST index": 1, "GET collections": 1, "GET stepscope-index": WORKERS}, _by_kind(opening)
     for worker, step in [(0, 0), (17, 555), (63, 999)]:
         np.testing.assert_array_equal(trial.tensor("ids").value(step, worker=f"worker_{worker}"), step_value(0, step))
 

@@ -70,7 +70,8 @@ def test_opening_reads_one_collections_file_and_the_others_when_asked(tmp_path):
     assert trial.num_workers == 3 and trial.steps() == [0, 1, 2, 3]
     assert opening.count(("read", "collections")) == 1
     assert opening.count(("read", "stepscope-index")) == 3 and ("read", "index") not in opening
-    assert sorted(c for c in opening if c[0] != "read") == [("exists", "training_job_end.ts"), ("list", "collections"), ("list", "index"), ("list", "stepscope-index")]
+    # The tables name the workers, so their collections files are known without a listing.
+    assert sorted(c for c in opening if c[0] != "read") == [("exists", "training_job_end.ts"), ("list", "index"), ("list", "stepscope-index")]
 
     # The tensor names each worker recorded, united, once collections are asked for.
     assert "loss_only_on_worker_2" in trial.collection("losses").tensor_names
@@ -88,7 +89,7 @@ def test_a_bad_collections_file_read_later_is_still_reported(tmp_path, caplog):
     assert any("worker_1_collections.json" in p and "JSON object" in p for p in trial.problems), trial.problems
 
 
-@pytest.mark.parametrize("edit", ["more_files_than_workers", "not_ours", "first_unreadable"])
+@pytest.mark.parametrize("edit", ["more_files_than_workers", "not_ours", "first_unreadable", "first_missing"])
 def test_collections_files_are_all_read_at_opening_when_the_first_does_not_settle_the_job(tmp_path, edit):
     _job(tmp_path, workers=2, steps=3, num_workers=2)
     first = tmp_path / "collections/000000000/worker_0_collections.json"
@@ -97,10 +98,15 @@ def test_collections_files_are_all_read_at_opening_when_the_first_does_not_settl
         body["_meta"]["num_workers"] = 1  # the other file says 2: the job has 2
     elif edit == "not_ours":
         body["_meta"].pop("writer", None)  # smdebug's: whether any file is ours decides the CRC check
-    first.write_text("{" if edit == "first_unreadable" else json.dumps(body))
+    if edit == "first_missing":
+        first.unlink()
+    else:
+        first.write_text("{" if edit == "first_unreadable" else json.dumps(body))
     store = RecordingStore(tmp_path)
     trial = create_trial(store)
-    assert store.take().count(("read", "collections")) == 2
+    calls = store.take()
+    assert calls.count(("read", "collections")) == 2
+    assert calls.count(("list", "collections")) == (1 if edit in ("first_missing", "first_unreadable") else 0)
     assert trial.num_workers == 2 and trial.steps() == [0, 1, 2]
     np.testing.assert_array_equal(trial.tensor("x").value(2, worker="worker_1"), _value(1, 2))
 
@@ -184,3 +190,34 @@ def test_a_worker_beyond_what_the_job_said_makes_the_collections_read(tmp_path):
     trial.refresh()
     assert trial.steps() == [0, 1] and trial.workers() == ["worker_0", "worker_1"]
     np.testing.assert_array_equal(trial.tensor("x").value(1, worker="worker_1"), _value(1, 1))
+
+
+@pytest.mark.parametrize("gap", ["step_missing_from_a_table", "a_worker_without_tables"])
+def test_opening_lists_again_when_the_tables_end_earlier_than_their_names_say(tmp_path, gap):
+    # Opening lists the index files after the last step the tables' names reach, while the
+    # tables are read; when the steps every worker published end earlier, it lists again.
+    _job(tmp_path, workers=2, steps=7)
+    if gap == "step_missing_from_a_table":
+        table = tmp_path / "stepscope-index/worker_1/000000000000_000000000006.json"
+        body = json.loads(table.read_text())
+        body["steps"] = [row for row in body["steps"] if row["step"] != 4]
+        table.write_text(json.dumps(body))
+    else:
+        (tmp_path / "stepscope-index/worker_1/000000000000_000000000006.json").unlink()
+    store = RecordingStore(tmp_path)
+    trial = create_trial(store)
+    calls = store.take()
+    assert calls.count(("list", "index")) == 2
+    assert calls.count(("read", "index")) == (1 if gap == "step_missing_from_a_table" else 7)
+    assert trial.steps() == list(range(7)) and not trial.problems
+    for step in (3, 4, 6):
+        np.testing.assert_array_equal(trial.tensor("x").value(step, worker="worker_1"), _value(1, step))
+
+
+def test_opening_lists_the_index_files_once_when_the_tables_hold_what_their_names_say(tmp_path):
+    _job(tmp_path, workers=2, steps=7)
+    store = RecordingStore(tmp_path)
+    trial = create_trial(store)
+    calls = store.take()
+    assert calls.count(("list", "index")) == 1 and ("read", "index") not in calls
+    assert trial.steps() == list(range(7))

@@ -292,8 +292,9 @@ class Trial:
     def refresh(self) -> list[int]:
         """Load what was published since the last call; return the new global steps.
 
-        Opening lists the collections, the step tables and the index files after the last
-        step the tables cover. A refresh lists the index files after the first step some
+        Opening lists the step tables, reads one collections file (named after a worker
+        with tables; without tables, the collections are listed) and lists the index files
+        after the last step the tables cover. A refresh lists the index files after the first step some
         worker has not published yet; the collections only while a worker's file is missing
         (see `_load_collections`); the step tables only when a worker has more than one new
         step (a reader that fell behind), reading just the tables that cover new steps. So
@@ -303,11 +304,16 @@ class Trial:
             # file, so once it is seen, the listing below is final.
             was_complete, self._complete = self._complete, self.store.exists(layout.END_MARKER)
             workers_before = len(self._seen_workers)
-            self._load_collections()
             opening = not self._listed_tables
-            new_steps = self._load_step_tables() if opening else []
+            if opening:
+                new_steps, listed = self._open_step_tables()
+            else:
+                self._load_collections()
+                new_steps, listed = [], None
             self._advance_listing_floor()
-            keys = [k for k in self.store.list(layout.INDEX_DIR + "/", start_after=self._listing_floor) if k not in self._loaded_index_keys]
+            if listed is None:
+                listed = self.store.list(layout.INDEX_DIR + "/", start_after=self._listing_floor)
+            keys = [k for k in listed if k not in self._loaded_index_keys]
             if not opening:
                 wanted = self._uncovered_steps(keys)
                 if any(len(steps) > 1 for steps in wanted.values()) or (wanted and self._complete and not was_complete):
@@ -318,22 +324,35 @@ class Trial:
             self._advance_listing_floor()
             return sorted(set(new_steps))
 
-    def _load_collections(self) -> None:
-        """List the workers' collections files, while some may be missing: fewer known than
-        the workers the job has, or a worker publishing steps without one. Opening reads one
-        of them (it says how many workers the job has); the others are read when
-        collections are asked for (`collections()`, `collection()`, `module_class()`,
-        `problems`): 64 workers write 64 nearly identical files. All are read at once when
-        the first does not settle the job: not written by stepscope (smdebug's), unreadable,
-        or fewer workers than files."""
+    def _load_collections(self, table_workers: Iterable[str] = ()) -> None:
+        """Find the workers' collections files and read what opening needs: one of them (it
+        says how many workers the job has). The others are read when collections are asked
+        for (`collections()`, `collection()`, `module_class()`, `problems`): 64 workers write
+        64 nearly identical files. All are read at once when the first does not settle the
+        job: missing or unreadable, not written by stepscope (smdebug's), or saying fewer
+        workers than there are files.
+
+        Opening a job with step tables (`table_workers`: the workers they name) takes the
+        files' names from those workers, without a listing; otherwise, and later while
+        some may be missing (fewer known than the job's workers, or a worker publishing
+        steps without one), the collections folder is listed."""
         known = self._collection_keys
-        if len(known) < self._expected_workers() or any(layout.collections_key(w) not in known for w in self._seen_workers) or not known:
+        named = not known and bool(table_workers)
+        if named:
+            fresh = [layout.collections_key(w) for w in sorted(table_workers)]
+        elif len(known) < self._expected_workers() or any(layout.collections_key(w) not in known for w in self._seen_workers) or not known:
             fresh = [k for k in self.store.list(layout.COLLECTIONS_DIR + "/") if k not in known]
-            known.update(fresh)
-            self._pending_collections += fresh
+        else:
+            fresh = []
+        known.update(fresh)
+        self._pending_collections += fresh
         if self._pending_collections and self._collections is None:
             self._read_collections(self._pending_collections[:1])
         if self._pending_collections and (self._collections is None or self._legacy or len(known) > self._num_workers):
+            if named and self._collections is None:  # the named file is not there: look
+                fresh = [k for k in self.store.list(layout.COLLECTIONS_DIR + "/") if k not in known]
+                known.update(fresh)
+                self._pending_collections += fresh
             self._read_collections()
 
     def _read_collections(self, keys: list[str] | None = None) -> None:
@@ -399,13 +418,36 @@ class Trial:
         collection._patterns = tuple(compiled)  # type: ignore[arg-type]  # match/search/fullmatch as re.Pattern
         return collection
 
-    def _load_step_tables(self, wanted: Mapping[str, list[int]] | None = None) -> list[int]:
+    def _open_step_tables(self) -> tuple[list[int], list[str] | None]:
+        """Opening: load the step tables and, while they are read, list the index files
+        after the last step that every worker's tables reach (a guess from the tables' names:
+        `<worker>/<first>_<last>.json`). The guess is checked once the tables are read: when
+        the steps that every worker published end earlier (a table missing or unreadable,
+        a step missing from one), the listing is not used and the caller lists again from
+        there. Returns the new steps and the index keys listed (None: not usable)."""
+        table_keys = self.store.list(layout.STEP_TABLE_DIR + "/")
+        self._load_collections(span[0] for span in map(_table_span, table_keys) if span is not None)
+        guess = _tables_floor(table_keys)
+        if guess is None:
+            return self._load_step_tables(listed=table_keys), None
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            listing = pool.submit(self.store.list, layout.INDEX_DIR + "/", _index_floor_key(guess))
+            new_steps = self._load_step_tables(listed=table_keys)
+            floor = self._floor_step()
+            if floor is None or floor < guess:
+                return new_steps, None  # listed from too late; the pool waits it out
+            return new_steps, listing.result()
+
+    def _load_step_tables(self, wanted: Mapping[str, list[int]] | None = None, listed: list[str] | None = None) -> list[int]:
         """Load the step tables our writer publishes (see Writer): one read per 1,000 steps
         instead of one per step. Steps they cover are not read from index files again.
         With `wanted` (a refresh's new index files: worker -> steps), only the tables that
-        cover one of those steps are read; the others hold nothing new."""
+        cover one of those steps are read; the others hold nothing new. `listed`: the
+        tables' keys, when already listed."""
         self._listed_tables = True
-        keys = [k for k in self.store.list(layout.STEP_TABLE_DIR + "/") if k not in self._loaded_tables]
+        if listed is None:
+            listed = self.store.list(layout.STEP_TABLE_DIR + "/")
+        keys = [k for k in listed if k not in self._loaded_tables]
         if wanted is not None:
             keys = [k for k in keys if _table_covers(k, wanted)]
         new_steps: list[int] = []
@@ -547,7 +589,7 @@ class Trial:
         """Relist from the first step some worker has not published yet: workers publish
         independently, so a key can appear below the last one seen."""
         floor = self._floor_step()
-        self._listing_floor = None if floor is None else f"{layout.INDEX_DIR}/{floor // 1000:09d}/{floor:012d}_~"
+        self._listing_floor = None if floor is None else _index_floor_key(floor)
 
     def _floor_step(self) -> int | None:
         """The last step of the run of steps, from the first, that every worker published."""
@@ -818,15 +860,36 @@ class Trial:
         return f"Trial({self.path!r}, steps={len(self._steps)}, tensors={len(self._tensor_names)}, complete={self._complete})"
 
 
-def _table_covers(key: str, wanted: Mapping[str, list[int]]) -> bool:
-    """Whether the step table at `key` (`<dir>/<worker>/<first>_<last>.json`) may hold one of
-    the `wanted` steps of its worker; a key of another shape is read to find out."""
+def _table_span(key: str) -> tuple[str, int, int] | None:
+    """(worker, first step, last step) a step table's key names
+    (`<dir>/<worker>/<first>_<last>.json`); None for a key of another shape."""
     parts = key.split("/")
     first_last = parts[-1].removesuffix(".json").split("_")
     if len(parts) != 3 or len(first_last) != 2 or not all(p.isdigit() for p in first_last):
-        return True
-    first, last = int(first_last[0]), int(first_last[1])
-    return any(first <= step <= last for step in wanted.get(parts[1], ()))
+        return None
+    return parts[1], int(first_last[0]), int(first_last[1])
+
+
+def _table_covers(key: str, wanted: Mapping[str, list[int]]) -> bool:
+    """Whether the step table at `key` may hold one of the `wanted` steps of its worker; a
+    key of another shape is read to find out."""
+    span = _table_span(key)
+    return span is None or any(span[1] <= step <= span[2] for step in wanted.get(span[0], ()))
+
+
+def _tables_floor(table_keys: list[str]) -> int | None:
+    """The last step that the tables of every worker with tables reach, by their names."""
+    last: dict[str, int] = {}
+    for key in table_keys:
+        span = _table_span(key)
+        if span is not None:
+            last[span[0]] = max(last.get(span[0], -1), span[2])
+    return min(last.values()) if last else None
+
+
+def _index_floor_key(step: int) -> str:
+    """A key that sorts after every index key of `step` and below those of later steps."""
+    return f"{layout.INDEX_DIR}/{step // 1000:09d}/{step:012d}_~"
 
 
 def create_trial(path: str | Store, name: str | None = None, **kwargs: Any) -> Trial:
