@@ -221,3 +221,33 @@ def test_opening_lists_the_index_files_once_when_the_tables_hold_what_their_name
     calls = store.take()
     assert calls.count(("list", "index")) == 1 and ("read", "index") not in calls
     assert trial.steps() == list(range(7))
+
+
+def test_a_refresh_pauses_the_garbage_collector_and_leaves_it_as_it_was(tmp_path, monkeypatch):
+    import gc
+
+    from stepscope import trial as trial_module
+
+    _job(tmp_path, workers=1, steps=2)
+    seen = []
+    original = trial_module.Trial._load_index_files
+
+    def spy(self, keys):
+        seen.append(gc.isenabled())
+        return original(self, keys)
+
+    monkeypatch.setattr(trial_module.Trial, "_load_index_files", spy)
+    assert gc.isenabled()
+    trial = create_trial(str(tmp_path))
+    assert seen == [False] and gc.isenabled()
+    gc.disable()
+    try:
+        trial.refresh()
+        assert not gc.isenabled()  # the user's choice stands
+    finally:
+        gc.enable()
+    # Nested pauses (a refresh inside another's pause, as concurrent trials do) end once.
+    with trial_module._gc_paused():
+        trial.refresh()
+        assert not gc.isenabled()
+    assert gc.isenabled()

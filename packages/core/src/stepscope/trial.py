@@ -3,6 +3,8 @@ or an s3:// prefix, while the job runs or after it ended (smdebug outputs includ
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import logging
 import re
 import threading
@@ -33,6 +35,34 @@ from .modes import ModeKeys
 from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def _gc_paused():
+    """Python's cyclic garbage collector off while a refresh parses job files. Parsing
+    builds many short-lived JSON containers (a 64-worker x 1,000-step job: 64 step tables of
+    ~10,000 each), and each collection they trigger walks every object of the process
+    (botocore's models alone are ~10^5): opening such a job spent more than half its CPU
+    there. What is parsed holds no cycles, so reference counting frees it all the same.
+    Nested and concurrent pauses (trials refreshed in several threads) count; the last
+    one out turns the collector back on if it was on before the first."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 
@@ -299,7 +329,7 @@ class Trial:
         (see `_load_collections`); the step tables only when a worker has more than one new
         step (a reader that fell behind), reading just the tables that cover new steps. So
         following a job costs in proportion to what is new."""
-        with self._lock:
+        with self._lock, _gc_paused():
             # The end marker is checked before listing: it is written after the last index
             # file, so once it is seen, the listing below is final.
             was_complete, self._complete = self._complete, self.store.exists(layout.END_MARKER)
