@@ -65,7 +65,6 @@ def _gc_paused():
                 gc.enable()
 
 
-
 @dataclass(frozen=True)
 class _Location:
     event_key: str
@@ -324,11 +323,11 @@ class Trial:
 
         Opening lists the step tables, reads one collections file (named after a worker
         with tables; without tables, the collections are listed) and lists the index files
-        after the last step the tables cover. A refresh lists the index files after the first step some
-        worker has not published yet; the collections only while a worker's file is missing
-        (see `_load_collections`); the step tables only when a worker has more than one new
-        step (a reader that fell behind), reading just the tables that cover new steps. So
-        following a job costs in proportion to what is new."""
+        after the last step the tables cover. A refresh lists the index files after the
+        first step some worker has not published yet; the collections only while a worker's
+        file is missing (see `_load_collections`); the step tables only when a worker has
+        more than one new step (a reader that fell behind), reading just the tables that
+        cover new steps. So following a job costs in proportion to what is new."""
         with self._lock, _gc_paused():
             # The end marker is checked before listing: it is written after the last index
             # file, so once it is seen, the listing below is final.
