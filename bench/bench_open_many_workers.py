@@ -3,8 +3,9 @@ against the goal of < 2 s. The S3 test server (moto) runs in a process of its ow
 would be elsewhere, holding the job (worker 0 written by the real Writer, the other
 workers copies of it; event files left out: opening never reads them). A process's first
 S3 client (botocore loading its models, ~0.5 s) is made before timing. It prints the
-median's ratio to the goal and the S3 requests one open makes, by operation and folder
-(counted on the client).
+median's ratio to the goal, the CPU time reader and server spend, and the S3 requests one
+open and one refresh with nothing new make, by operation and folder (counted on the
+client).
 --quick: one open instead of the median of 3."""
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def main() -> None:
             reader_cpu.append(time.process_time() - cpu_started)
             server_cpu.append(sum(server_process.cpu_times()[:2]) - server_started)
             assert len(trial.steps()) == args.steps and len(trial.workers()) == args.workers
+        opening = Counter(requests)
+        requests.clear()
+        assert trial.refresh() == []
+        refreshing = Counter(requests)
     finally:
         server.terminate()
     median = statistics.median(times)
@@ -77,7 +82,8 @@ def main() -> None:
     # Wall time depends on what else runs (the reader and the server share the CPUs); the
     # CPU seconds each side spends do much less.
     print(f"  CPU per open (median): reader {statistics.median(reader_cpu):.2f} s, S3 server {statistics.median(server_cpu):.2f} s; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs")
-    print(f"  S3 requests per open: {sum(requests.values())} ({', '.join(f'{kind} {n}' for kind, n in sorted(requests.items()))})")
+    for what, counts in (("open", opening), ("refresh with nothing new", refreshing)):
+        print(f"  S3 requests per {what}: {sum(counts.values())} ({', '.join(f'{kind} {n}' for kind, n in sorted(counts.items()))})")
 
 
 def _count_requests(store) -> Counter:
