@@ -9,7 +9,7 @@ import json
 import numpy as np
 import pytest
 
-from stepscope import ModeKeys, create_trial
+from stepscope import ModeKeys, create_trial, job_files
 from stepscope.collection_manager import CollectionManager
 from stepscope.store.local import LocalStore
 from stepscope.writer import Writer
@@ -247,7 +247,7 @@ def test_a_refresh_pauses_the_garbage_collector_and_leaves_it_as_it_was(tmp_path
     finally:
         gc.enable()
     # Nested pauses (a refresh inside another's pause, as concurrent trials do) end once.
-    with trial_module._gc_paused():
+    with job_files.parsing_in_bulk():
         trial.refresh()
         assert not gc.isenabled()
     assert gc.isenabled()

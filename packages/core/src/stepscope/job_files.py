@@ -2,12 +2,16 @@
 checked values. A job folder is input like any other: each parser takes the bytes of one
 file and either returns what it means or raises `CorruptRecord` naming the file and what is
 wrong with it, never a bare KeyError/TypeError/MemoryError. Sizes are bounded before a file
-is read (`MAX_*_BYTES`) and regular expressions from a job run under a time bound."""
+is read (`MAX_*_BYTES`) and regular expressions from a job run under a time bound.
+`parsing_in_bulk()` keeps the garbage collector out of the way while many are parsed."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -79,6 +83,35 @@ class CollectionsFile:
     ours: bool  # written by stepscope with real payload CRCs
     collections: list[Mapping[str, Any]]  # the raw bodies; Collection.from_json checks each
     module_classes: dict[str, str]  # module name -> class name, where the writer recorded them
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # parsing_in_bulk() calls under way, in any thread
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def parsing_in_bulk():
+    """Python's cyclic garbage collector off while many job files are parsed. Parsing
+    builds many short-lived JSON containers (a 64-worker x 1,000-step job: 64 step tables of
+    ~10,000 each), and each collection they trigger walks every object of the process
+    (botocore's models alone are ~10^5): opening such a job spent more than half its CPU
+    there. What is parsed holds no cycles, so reference counting frees it all the same.
+    Nested and concurrent pauses (trials refreshed in several threads) count; the last
+    one out turns the collector back on if it was on before the first."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def load_json(data: bytes, where: str) -> Any:
@@ -319,6 +352,7 @@ __all__ = [
     "TableRow",
     "CollectionsFile",
     "parse_index",
+    "parsing_in_bulk",
     "parse_step_table",
     "parse_collections",
     "event_key_of",

@@ -3,21 +3,19 @@ or an s3:// prefix, while the job runs or after it ended (smdebug outputs includ
 
 from __future__ import annotations
 
-import contextlib
-import gc
 import logging
 import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import job_files, layout, records, reductions
+from . import job_files, layout, records, reductions, step_index
 from .collection_manager import CollectionManager
 from .config import Collection
 from .events import decode_tensor_event, decode_tensor_tag_value
@@ -36,136 +34,12 @@ from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
 
-_gc_lock = threading.Lock()
-_gc_pauses = 0
-_gc_was_enabled = False
-
-
-@contextlib.contextmanager
-def _gc_paused():
-    """Python's cyclic garbage collector off while a refresh parses job files. Parsing
-    builds many short-lived JSON containers (a 64-worker x 1,000-step job: 64 step tables of
-    ~10,000 each), and each collection they trigger walks every object of the process
-    (botocore's models alone are ~10^5): opening such a job spent more than half its CPU
-    there. What is parsed holds no cycles, so reference counting frees it all the same.
-    Nested and concurrent pauses (trials refreshed in several threads) count; the last
-    one out turns the collector back on if it was on before the first."""
-    global _gc_pauses, _gc_was_enabled
-    with _gc_lock:
-        if _gc_pauses == 0:
-            _gc_was_enabled = gc.isenabled()
-            gc.disable()
-        _gc_pauses += 1
-    try:
-        yield
-    finally:
-        with _gc_lock:
-            _gc_pauses -= 1
-            if _gc_pauses == 0 and _gc_was_enabled:
-                gc.enable()
-
 
 @dataclass(frozen=True)
 class _Location:
     event_key: str
     start: int
     length: int
-
-
-class _Entries:
-    """Where each tensor of one step of one worker sits: name -> (start, length). Built from
-    an index file, or from a step table where steps share one name -> position map."""
-
-    __slots__ = ("positions", "starts", "lengths")
-
-    def __init__(self, positions: dict[str, int], starts: Sequence[int], lengths: Sequence[int]):
-        self.positions, self.starts, self.lengths = positions, starts, lengths
-
-    @classmethod
-    def from_entry(cls, entry: job_files.IndexEntry) -> _Entries:
-        return cls({name: i for i, name in enumerate(entry.names)}, entry.starts, entry.lengths)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.positions
-
-    def __iter__(self):
-        return iter(self.positions)
-
-    def location(self, name: str) -> tuple[int, int]:
-        i = self.positions[name]
-        return self.starts[i], self.lengths[i]
-
-
-class _TableSteps:
-    """The steps one worker's step table describes, as the trial holds them: the parsed
-    table and the name -> position maps of its layouts. A step's tensor locations are made
-    from its row when the step is read, so opening a long job costs one dict entry per
-    step and worker, not one object."""
-
-    __slots__ = ("table", "positions")
-
-    def __init__(self, table: job_files.StepTable, positions: list[dict[str, int]]):
-        self.table, self.positions = table, positions
-
-    def entries(self, step: int) -> _Entries:
-        _, _, number, starts, lengths, _ = self.table.rows[step]
-        return _Entries(self.positions[number], starts, lengths)
-
-    def has(self, step: int, name: str) -> bool:
-        return name in self.positions[self.table.rows[step][2]]
-
-    def shapes(self, step: int) -> Mapping[str, tuple[int, ...]]:
-        return self.table.rows[step][5]
-
-
-@dataclass
-class _StepInfo:
-    """One global step as its workers published it. A worker is known either from its
-    index file (`index_keys`, `payload`, `shapes`, `event_keys`) or, until that file is
-    read, from its step table (`tables`); never from both."""
-
-    step: int
-    mode: ModeKeys
-    mode_step: int
-    index_keys: dict[str, str] = field(default_factory=dict)  # worker -> index key
-    event_keys: dict[str, str] = field(default_factory=dict)  # worker -> event file key
-    payload: dict[str, _Entries] = field(default_factory=dict)  # worker -> tensor locations
-    shapes: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # worker -> name -> shape
-    tables: dict[str, _TableSteps] = field(default_factory=dict)  # worker -> its step table
-
-    def worker_count(self) -> int:
-        return len(self.index_keys) + len(self.tables)
-
-    def workers(self) -> list[str]:
-        return [*self.index_keys, *self.tables]
-
-    def entries(self, worker: str) -> _Entries | None:
-        """Where `worker`'s tensors of this step sit; None when it did not publish it."""
-        found = self.payload.get(worker)
-        if found is None and worker in self.tables:
-            found = self.tables[worker].entries(self.step)
-        return found
-
-    def workers_with(self, name: str) -> list[str]:
-        step = self.step
-        return [w for w, p in self.payload.items() if name in p] + [w for w, t in self.tables.items() if t.has(step, name)]
-
-    def has(self, name: str) -> bool:
-        step = self.step
-        return any(name in p for p in self.payload.values()) or any(t.has(step, name) for t in self.tables.values())
-
-    def shapes_of(self, name: str) -> dict[str, tuple[int, ...]]:
-        """{worker: shape} of `name` where a shape was saved."""
-        found = {w: s[name] for w, s in self.shapes.items() if name in s}
-        for worker, table in self.tables.items():
-            shapes = table.shapes(self.step)
-            if name in shapes:
-                found[worker] = shapes[name]
-        return found
-
-    def has_shape(self, name: str) -> bool:
-        step = self.step
-        return any(name in s for s in self.shapes.values()) or any(name in t.shapes(step) for t in self.tables.values())
 
 
 class Tensor:
@@ -280,7 +154,7 @@ class Trial:
             raise FileNotFoundError(f"no job folder at {self.store.describe()} (a mistyped path?)")
         self.path = self.store.url
         self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]
-        self._steps: dict[int, _StepInfo] = {}
+        self._steps: dict[int, step_index.StepInfo] = {}
         self._mode_steps: dict[ModeKeys, dict[int, int]] = {}
         self._tensor_names: set[str] = set()
         self._loaded_index_keys: set[str] = set()
@@ -328,7 +202,7 @@ class Trial:
         file is missing (see `_load_collections`); the step tables only when a worker has
         more than one new step (a reader that fell behind), reading just the tables that
         cover new steps. So following a job costs in proportion to what is new."""
-        with self._lock, _gc_paused():
+        with self._lock, job_files.parsing_in_bulk():
             # The end marker is checked before listing: it is written after the last index
             # file, so once it is seen, the listing below is final.
             was_complete, self._complete = self._complete, self.store.exists(layout.END_MARKER)
@@ -455,12 +329,12 @@ class Trial:
         a step missing from one), the listing is not used and the caller lists again from
         there. Returns the new steps and the index keys listed (None: not usable)."""
         table_keys = self.store.list(layout.STEP_TABLE_DIR + "/")
-        self._load_collections(span[0] for span in map(_table_span, table_keys) if span is not None)
-        guess = _tables_floor(table_keys)
+        self._load_collections(span[0] for span in map(step_index.table_span, table_keys) if span is not None)
+        guess = step_index.tables_floor(table_keys)
         if guess is None:
             return self._load_step_tables(listed=table_keys), None
         with ThreadPoolExecutor(max_workers=1) as pool:
-            listing = pool.submit(self.store.list, layout.INDEX_DIR + "/", _index_floor_key(guess))
+            listing = pool.submit(self.store.list, layout.INDEX_DIR + "/", step_index.index_floor_key(guess))
             new_steps = self._load_step_tables(listed=table_keys)
             floor = self._floor_step()
             if floor is None or floor < guess:
@@ -478,7 +352,7 @@ class Trial:
             listed = self.store.list(layout.STEP_TABLE_DIR + "/")
         keys = [k for k in listed if k not in self._loaded_tables]
         if wanted is not None:
-            keys = [k for k in keys if _table_covers(k, wanted)]
+            keys = [k for k in keys if step_index.table_covers(k, wanted)]
         new_steps: list[int] = []
         for key, parsed in zip(keys, self._map(self._read_table, keys)):
             self._loaded_tables.add(key)
@@ -499,14 +373,14 @@ class Trial:
         """Register the steps of one worker's table; the steps that are new to that worker."""
         # The hot loop of opening a long job (one pass per step and worker), so it only
         # links each step to the table; a step's tensor locations are made when it is read.
-        loaded = _TableSteps(table, [self._positions_of(names) for names in table.layouts])
+        loaded = step_index.TableSteps(table, [self._positions_of(names) for names in table.layouts])
         worker, all_steps, mode_steps = table.worker, self._steps, self._mode_steps
         self._seen_workers.add(worker)
         new_steps = []
         for step, row in table.rows.items():
             info = all_steps.get(step)
             if info is None:
-                info = all_steps[step] = _StepInfo(step, row[0], row[1])
+                info = all_steps[step] = step_index.StepInfo(step, row[0], row[1])
                 mode_steps.setdefault(row[0], {})[row[1]] = step
             elif worker in info.tables or worker in info.index_keys:
                 continue  # already known: from its index file (the source of truth) or an earlier table
@@ -556,7 +430,7 @@ class Trial:
         info = self._steps.get(step)
         return info is not None and worker in info.tables
 
-    def _index_key(self, info: _StepInfo, step: int, worker: str) -> str:
+    def _index_key(self, info: step_index.StepInfo, step: int, worker: str) -> str:
         return info.index_keys.get(worker) or layout.index_file_key(step, worker)
 
     def _map(self, fn, items: list) -> list:
@@ -581,9 +455,9 @@ class Trial:
             mode_step = step
         info = self._steps.get(step)
         if info is None:
-            info = self._steps[step] = _StepInfo(step, mode, mode_step)
+            info = self._steps[step] = step_index.StepInfo(step, mode, mode_step)
             self._mode_steps.setdefault(mode, {})[mode_step] = step
-        payload = _Entries.from_entry(entry)
+        payload = step_index.Entries.from_entry(entry)
         self._seen_workers.add(worker)
         info.tables.pop(worker, None)  # the index file replaces what a step table said
         info.index_keys[worker] = key
@@ -618,7 +492,7 @@ class Trial:
         """Relist from the first step some worker has not published yet: workers publish
         independently, so a key can appear below the last one seen."""
         floor = self._floor_step()
-        self._listing_floor = None if floor is None else _index_floor_key(floor)
+        self._listing_floor = None if floor is None else step_index.index_floor_key(floor)
 
     def _floor_step(self) -> int | None:
         """The last step of the run of steps, from the first, that every worker published."""
@@ -887,38 +761,6 @@ class Trial:
 
     def __repr__(self) -> str:
         return f"Trial({self.path!r}, steps={len(self._steps)}, tensors={len(self._tensor_names)}, complete={self._complete})"
-
-
-def _table_span(key: str) -> tuple[str, int, int] | None:
-    """(worker, first step, last step) a step table's key names
-    (`<dir>/<worker>/<first>_<last>.json`); None for a key of another shape."""
-    parts = key.split("/")
-    first_last = parts[-1].removesuffix(".json").split("_")
-    if len(parts) != 3 or len(first_last) != 2 or not all(p.isdigit() for p in first_last):
-        return None
-    return parts[1], int(first_last[0]), int(first_last[1])
-
-
-def _table_covers(key: str, wanted: Mapping[str, list[int]]) -> bool:
-    """Whether the step table at `key` may hold one of the `wanted` steps of its worker; a
-    key of another shape is read to find out."""
-    span = _table_span(key)
-    return span is None or any(span[1] <= step <= span[2] for step in wanted.get(span[0], ()))
-
-
-def _tables_floor(table_keys: list[str]) -> int | None:
-    """The last step that the tables of every worker with tables reach, by their names."""
-    last: dict[str, int] = {}
-    for key in table_keys:
-        span = _table_span(key)
-        if span is not None:
-            last[span[0]] = max(last.get(span[0], -1), span[2])
-    return min(last.values()) if last else None
-
-
-def _index_floor_key(step: int) -> str:
-    """A key that sorts after every index key of `step` and below those of later steps."""
-    return f"{layout.INDEX_DIR}/{step // 1000:09d}/{step:012d}_~"
 
 
 def create_trial(path: str | Store, name: str | None = None, **kwargs: Any) -> Trial:
