@@ -509,7 +509,7 @@ class HookBase:
             counts[0] = mode_step + 1
             global_step = self._global_step
             self._global_step = global_step + 1
-            if not timed and meter is not None and global_step >= self._meter_at:
+            if global_step >= self._meter_at and meter is not None and not timed:
                 started, timed = _perf_counter(), True
             next_due = counts[1]
             # Most steps save nothing: compare with the next due step instead of asking every
