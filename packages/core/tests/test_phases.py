@@ -173,6 +173,35 @@ def test_the_flat_log_and_the_object_log_replay_alike():
     assert len(flat.records) == 0 and len(objects.records) == 0
 
 
+def test_the_one_pass_wall_clock_drain_gives_what_the_tracker_and_clock_give():
+    # drain_wall (the flush thread's path for a CPU clock) against drain() + to_wall_ns,
+    # drained at every record boundary so that steps are cut between drains anywhere.
+    clock = CpuClock()
+    reference, fast = PhaseLog(), PhaseLog()
+    _log_steps(reference, STEPS)
+    _log_steps(fast, STEPS)
+    fast.enter("compute", 10_000)  # an explicit phase outside any step: ignored by both
+    reference.enter("compute", 10_000)
+    expected = [(step, mode, [(p, clock.to_wall_ns(a), clock.to_wall_ns(b)) for p, a, b in spans]) for step, mode, spans in reference.drain()]
+    records = list(fast.records)
+    fast.records.clear()
+    got = []
+    i = 0
+    while i < len(records):
+        size = {0: 4, 1: 3, 2: 2, 3: 6}.get(records[i], 2)
+        fast.records.extend(records[i:i + size])
+        got += fast.drain_wall(clock.offset)
+        i += size
+    assert got == expected and len(got) == len(STEPS)
+    # a step with its first event in the begin record, and explicit phases
+    log = PhaseLog()
+    log.append((STEP_BEGIN_EVENT_RECORD, 9, ModeKeys.TRAIN, 100, EVENT_CODES["forward_begin"], 110))
+    log.enter("compute", 120)
+    log.event("optimizer_begin", 130)
+    log.end(150)
+    assert log.drain_wall(5) == [(9, ModeKeys.TRAIN, [("data", 105, 115), ("forward", 115, 125), ("compute", 125, 135), ("optimizer", 135, 155), ("step", 105, 155)])]
+
+
 def test_a_flat_log_nobody_drains_stays_bounded_and_recovers():
     log = PhaseLog(maxlen=1000)
     for step in range(2000):
