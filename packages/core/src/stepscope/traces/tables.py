@@ -10,7 +10,6 @@ table that exists is current."""
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import os
@@ -131,12 +130,18 @@ def _info(key: str, rank: int, base_ns: int, table: pa.Table, metadata: dict[str
     return TraceInfo(key, rank, base_ns, table.num_rows, start, end, small)
 
 
+_DICTIONARY_COLUMNS = ["kind", "name", "pid", "tid", "device", "stream", "step", "rank"]
+
+
 def _write_table(store: Store, tkey: str, table: pa.Table, info: TraceInfo) -> None:
     meta = {"version": TABLE_VERSION, "kinds": list(KINDS), **info.to_row(), "base_ns": info.base_ns, "metadata": info.metadata}
     table = table.replace_schema_metadata({"stepscope": json.dumps(meta, default=str)})
-    sink = io.BytesIO()
-    pq.write_table(table, sink, compression="lz4", row_group_size=1 << 20)
-    store.write(tkey, sink.getvalue())
+    sink = pa.BufferOutputStream()
+    # LZ4: about as fast to read as no compression, a third of the size. Dictionary pages
+    # only for the columns with few distinct values: trying them on timestamps and ids
+    # (which fall back to plain anyway) was half the write time.
+    pq.write_table(table, sink, compression="lz4", row_group_size=1 << 20, use_dictionary=_DICTIONARY_COLUMNS)
+    store.write(tkey, [memoryview(sink.getvalue())])  # the buffer as it is, not a copy
 
 
 def _read_table(store: Store, tkey: str, key: str) -> tuple[TraceInfo, pd.DataFrame]:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..schema import KIND_CODE
-from .common import launch_start_of, of_kind, union_ns
+from .common import launch_start_of, of_kind, sort_order, union_ns
 
 KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay (HTA's docs say ns; it compares µs)
 BREAKDOWN_COLUMNS = ["span_us", "busy_us", "idle_us", "compute_us", "non_compute_us", "idle_pct", "compute_pct", "non_compute_pct"]
@@ -102,7 +102,7 @@ def idle_breakdown(events: pd.DataFrame, kernel_wait_us: float = KERNEL_WAIT_US,
     launch = launch_start_of(events, gpu)
     stream = gpu["stream"].to_numpy()
     start = gpu["ts_ns"].to_numpy()
-    order = np.lexsort((start, stream))
+    order = sort_order(stream, start)
     stream, start, launch = stream[order], start[order], launch[order]
     end = start + gpu["dur_ns"].to_numpy()[order]
     step = gpu["step"].to_numpy()[order]
