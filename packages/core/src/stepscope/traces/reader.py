@@ -728,41 +728,47 @@ def _base_ns(metadata: dict[str, Any]) -> int:
 
 def _assign_steps(arrays: dict[str, np.ndarray], dictionary: np.ndarray, codes: np.ndarray) -> None:
     """Each event's step: host events by the ProfilerStep#N interval holding their start,
-    GPU events by the step of the runtime call that launched them (HTA does the same)."""
+    GPU events by the step of the runtime call that launched them (HTA does the same), else
+    by the interval holding their start. Lookups run on the rows that need them only."""
     step_numbers = np.full(len(dictionary), MISSING, dtype=np.int64)
     for code, name in enumerate(dictionary):
         match = STEP_NAME_RE.match(name)
         if match:
             step_numbers[code] = int(match.group(1))
     kind, ts, dur = arrays["kind"], arrays["ts_ns"], arrays["dur_ns"]
-    host_kinds = np.isin(kind, [KIND_CODE[k] for k in ("annotation", "cpu_op")])
-    is_step = host_kinds & (step_numbers[codes] != MISSING) if codes.size else np.zeros(0, dtype=bool)
-    if not is_step.any():
+    markers = np.flatnonzero(((kind == KIND_CODE["annotation"]) | (kind == KIND_CODE["cpu_op"])) & (step_numbers[codes] != MISSING)) if codes.size else codes
+    if markers.size == 0:
         return
-    starts, ends, numbers = ts[is_step], ts[is_step] + dur[is_step], step_numbers[codes[is_step]]
-    order = np.argsort(starts, kind="stable")
-    starts, ends, numbers = starts[order], ends[order], numbers[order]
-    gpu = np.isin(kind, [KIND_CODE[k] for k in ("kernel", "memcpy", "memset", "gpu_annotation")]) | (
-        (kind == KIND_CODE["sync"]) & (arrays["stream"] != MISSING)
-    )
-    slot = np.searchsorted(starts, ts, side="right") - 1
-    inside = (slot >= 0) & (ts < ends[np.maximum(slot, 0)])
-    step = np.where(inside & ~gpu, numbers[np.maximum(slot, 0)], MISSING)
-    # GPU side: the launching runtime call's step, else the interval holding the start.
+    order = np.argsort(ts[markers], kind="stable")
+    markers = markers[order]
+    starts, ends, numbers = ts[markers], ts[markers] + dur[markers], step_numbers[codes[markers]].astype(np.int32)
+
+    def interval_step(times: np.ndarray) -> np.ndarray:
+        slot = np.maximum(np.searchsorted(starts, times, side="right") - 1, 0)
+        inside = (times >= starts[0]) & (times < ends[slot])
+        return np.where(inside, numbers[slot], np.int32(MISSING))
+
+    gpu = np.isin(kind, [KIND_CODE[k] for k in ("kernel", "memcpy", "memset", "gpu_annotation")]) | ((kind == KIND_CODE["sync"]) & (arrays["stream"] != MISSING))
+    step = np.full(kind.size, MISSING, dtype=np.int32)
+    host_rows = np.flatnonzero(~gpu)
+    step[host_rows] = interval_step(ts[host_rows])
+    del host_rows
+    gpu_rows = np.flatnonzero(gpu)
+    del gpu
+    gpu_step = interval_step(ts[gpu_rows])
     correlation = arrays["correlation"]
-    launches = (kind == KIND_CODE["runtime"]) & (correlation != MISSING)
-    if launches.any():
-        launch_corr = correlation[launches]
-        launch_step = step[launches]
-        order = np.argsort(launch_corr, kind="stable")
-        launch_corr, launch_step = launch_corr[order], launch_step[order]
-        position = np.searchsorted(launch_corr, correlation)
-        position = np.minimum(position, launch_corr.size - 1)
-        found = gpu & (correlation != MISSING) & (launch_corr[position] == correlation)
-        step = np.where(found, launch_step[position], np.where(gpu & inside, numbers[np.maximum(slot, 0)], step))
-    else:
-        step = np.where(gpu & inside, numbers[np.maximum(slot, 0)], step)
-    arrays["step"] = step.astype(np.int32)
+    launches = np.flatnonzero((kind == KIND_CODE["runtime"]) & (correlation != MISSING))
+    if launches.size and gpu_rows.size:
+        launch_corr, launch_step = correlation[launches], step[launches]
+        if launch_corr.size > 1 and not bool(np.all(launch_corr[1:] >= launch_corr[:-1])):  # Kineto's are in order already
+            by_corr = np.argsort(launch_corr, kind="stable")
+            launch_corr, launch_step = launch_corr[by_corr], launch_step[by_corr]
+        wanted = correlation[gpu_rows]
+        position = np.minimum(np.searchsorted(launch_corr, wanted), launch_corr.size - 1)
+        found = (wanted != MISSING) & (launch_corr[position] == wanted)
+        gpu_step = np.where(found, launch_step[position], gpu_step)
+    step[gpu_rows] = gpu_step
+    arrays["step"] = step
 
 
 def _to_table(arrays: dict[str, np.ndarray], codes: np.ndarray, dictionary: np.ndarray) -> pa.Table:
