@@ -102,22 +102,22 @@ def launch_start_of(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
     return np.where(position >= 0, starts[np.maximum(position, 0)] if starts.size else -1, -1)
 
 
-def union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    """Length of the union of [start, end) intervals."""
+def union_ns(starts: np.ndarray, ends: np.ndarray, presorted: bool = False) -> int:
+    """Length of the union of [start, end) intervals (`presorted`: already by start)."""
     if starts.size == 0:
         return 0
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
+    if not presorted:
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
     running_end = np.maximum.accumulate(ends)
-    # A new merged interval starts wherever a start is past every earlier end.
+    # A merged interval starts wherever a start is past every earlier end, and ends at the
+    # running end just before the next one starts.
     new = np.empty(starts.size, dtype=bool)
     new[0] = True
-    new[1:] = starts[1:] > running_end[:-1]
-    group = np.cumsum(new) - 1
-    group_start = starts[new]
-    group_end = np.zeros(group_start.size, dtype=np.int64)
-    np.maximum.at(group_end, group, ends)
-    return int((group_end - group_start).sum())
+    np.greater(starts[1:], running_end[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, starts.size - 1)
+    return int((running_end[last] - starts[first]).sum())
 
 
 def user_annotations(events: pd.DataFrame) -> pd.DataFrame:

@@ -31,9 +31,11 @@ def _breakdown(gpu: pd.DataFrame) -> dict[str, float]:
     if start.size == 0:
         return dict.fromkeys(BREAKDOWN_COLUMNS, 0.0)
     span = int(end.max() - start.min())
-    busy = union_ns(start, end)
-    compute_mask = _is_compute(gpu)
-    compute = union_ns(start[compute_mask], end[compute_mask])
+    order = np.argsort(start, kind="stable")  # one sort serves both unions
+    compute_mask = _is_compute(gpu)[order]
+    start, end = start[order], end[order]
+    busy = union_ns(start, end, presorted=True)
+    compute = union_ns(start[compute_mask], end[compute_mask], presorted=True)
     row = {"span_us": span / 1000, "busy_us": busy / 1000, "idle_us": (span - busy) / 1000, "compute_us": compute / 1000, "non_compute_us": (busy - compute) / 1000}
     for name in ("idle", "compute", "non_compute"):
         row[f"{name}_pct"] = 100.0 * row[f"{name}_us"] / row["span_us"] if span else 0.0
@@ -118,10 +120,13 @@ def idle_breakdown(events: pd.DataFrame, kernel_wait_us: float = KERNEL_WAIT_US,
     category = np.where(host_wait, 0, np.where(kernel_wait, 1, 2))[same]
     gap = gap[same]
     group_keys = [stream[same]] + ([step[same]] if per_step else [])
-    frame = pd.DataFrame({**dict(zip(keys, group_keys)), "category": category, "gap": gap})
-    sums = frame.groupby([*keys, "category"], sort=True)["gap"].sum().unstack("category", fill_value=0)
-    out = pd.DataFrame(index=sums.index)
+    # One group code per (stream[, step]), then a weighted bincount per category.
+    group_frame = pd.DataFrame(dict(zip(keys, group_keys)))
+    group = group_frame.groupby(keys, sort=True).ngroup().to_numpy()
+    out = group_frame.drop_duplicates().sort_values(keys, ignore_index=True)
+    groups = len(out)
     for code, name in enumerate(("host_wait_us", "kernel_wait_us", "other_us")):
-        out[name] = (sums[code] if code in sums.columns else 0) / 1000.0
-    out["idle_us"] = out[["host_wait_us", "kernel_wait_us", "other_us"]].sum(axis=1)
-    return out.reset_index()[columns]
+        pick = category == code
+        out[name] = np.bincount(group[pick], weights=gap[pick], minlength=groups) / 1000.0
+    out["idle_us"] = out["host_wait_us"] + out["kernel_wait_us"] + out["other_us"]
+    return out[columns]

@@ -34,15 +34,20 @@ def _take(column: pd.Series, rows: np.ndarray) -> pd.Series:
 
 def launch_latency(events: pd.DataFrame, outlier_us: float = OUTLIER_US) -> pd.DataFrame:
     """Per kernel: launches, delay mean/p50/p95/max (µs) and how many exceeded `outlier_us`."""
-    rows = launches(events)
-    rows = rows[rows["kind"].to_numpy() == 0]
-    out = duration_stats(rows, ["name"], value="delay_ns").rename(
+    kernels = of_kind(events, "kernel")
+    calls, position = launch_lookup(events, kernels["correlation"].to_numpy())
+    rows = np.flatnonzero(position >= 0)
+    call = position[rows]
+    launch_end = calls["ts_ns"].to_numpy()[call] + calls["dur_ns"].to_numpy()[call]
+    delays = pd.DataFrame({"name": _take(kernels["name"], rows), "delay_ns": np.maximum(kernels["ts_ns"].to_numpy()[rows] - launch_end, 0)})
+    out = duration_stats(delays, ["name"], value="delay_ns").rename(
         columns={"total_us": "total_delay_us", "mean_us": "mean_delay_us", "p50_us": "p50_delay_us", "p95_us": "p95_delay_us", "max_us": "max_delay_us", "count": "launches"}
     )
-    if rows.empty:
+    if delays.empty:
         out["outliers"] = pd.Series(dtype=np.int64)
         return out
-    outliers = rows[rows["delay_ns"].to_numpy() > outlier_us * 1000].groupby("name", observed=True).size()
+    late = delays["delay_ns"].to_numpy() > outlier_us * 1000
+    outliers = delays["name"][late].value_counts()
     out["outliers"] = out["name"].map(outliers).fillna(0).astype(np.int64)
     out["name"] = out["name"].astype(str)
     return out.sort_values("total_delay_us", ascending=False, ignore_index=True)
