@@ -263,7 +263,7 @@ class _Parser:
         self.slow_chunks = 0
         self.offset = 0  # position in the decompressed text of the carried-over bytes
         self._pool: ThreadPoolExecutor | None = None
-        self._pending: deque[Future[_Chunk]] = deque()
+        self._pending: deque[Future[list[_Chunk]]] = deque()
 
     def run(self, chunks: Iterator[tuple[bytearray, int, int | None]]) -> RawTrace:
         self._pool = ThreadPoolExecutor(max_workers=PARSE_WORKERS, thread_name_prefix="stepscope-trace-parse")
@@ -298,8 +298,7 @@ class _Parser:
                 raise CorruptRecord(self.where, None, "no traceEvents array: not a Chrome/Kineto trace")
             del carry[:start]
         self._submit_last(carry)
-        while self._pending:
-            self._merge(self._pending.popleft().result())
+        self._wait_all()
         if self.progress is not None:
             self.progress(done, done)  # the end: the bar completes even when the size was unknown
         return self._finish()
@@ -334,8 +333,7 @@ class _Parser:
             carry += piece
             if len(carry) > 4 * self.chunk_bytes:
                 # Not a layout the fast path knows: parse exactly, one event at a time.
-                while self._pending:
-                    self._merge(self._pending.popleft().result())
+                self._wait_all()
                 chunk, used = _slow(carry, 0, len(carry), self.where, self.offset, final=False)
                 self._merge(chunk)
                 self.offset += used
@@ -345,10 +343,10 @@ class _Parser:
         last = first if last is None or last < first else last
         tail = bytearray(memoryview(piece)[last + 1 :])
         carry += memoryview(piece)[:first]
-        if carry.strip():
-            self._submit(carry, 0, len(carry), self.offset)
+        regions = [(carry, 0, len(carry), self.offset)] if carry.strip() else []
         if last > first:
-            self._submit(piece, first + 1, last, piece_offset + first + 1)
+            regions.append((piece, first + 1, last, piece_offset + first + 1))
+        self._submit(regions)  # one task: the straddling event must not take a worker's turn
         self.offset = piece_offset + last + 1
         return tail
 
@@ -376,13 +374,24 @@ class _Parser:
             raise CorruptRecord(self.where, self.offset + end, "expected ']' after the last event")
         # else: an unterminated array (a job killed mid-write); Chrome accepts it too.
         if end > 0:
-            self._submit(buffer, 0, end, self.offset)
+            self._submit([(buffer, 0, end, self.offset)])
 
-    def _submit(self, text: bytearray, start: int, end: int, offset: int) -> None:
+    def _submit(self, regions: list[tuple[bytearray, int, int, int]]) -> None:
+        """Parse (text, start, end, offset) regions, in order, in one worker task."""
+        if not regions:
+            return
         while len(self._pending) >= PARSE_WORKERS:
-            self._merge(self._pending.popleft().result())
+            self._merge_many(self._pending.popleft().result())
         assert self._pool is not None
-        self._pending.append(self._pool.submit(_parse_chunk, text, start, end, self.where, offset))
+        self._pending.append(self._pool.submit(_parse_regions, regions, self.where))
+
+    def _wait_all(self) -> None:
+        while self._pending:
+            self._merge_many(self._pending.popleft().result())
+
+    def _merge_many(self, chunks: list[_Chunk]) -> None:
+        for chunk in chunks:
+            self._merge(chunk)
 
     def _merge(self, chunk: _Chunk) -> None:
         """Keep a chunk's columns, its names recoded into the trace's one dictionary."""
@@ -426,6 +435,10 @@ class _Parser:
 PARSE_WORKERS = 2
 # Columns a chunk yields (name codes apart); `step` is computed over the whole trace.
 _CHUNK_COLUMNS = tuple(name for name in EVENT_SCHEMA.names if name not in ("name", "step"))
+
+
+def _parse_regions(regions: list[tuple[bytearray, int, int, int]], where: str) -> list[_Chunk]:
+    return [_parse_chunk(text, start, end, where, offset) for text, start, end, offset in regions]
 
 
 def _parse_chunk(text: bytearray, start: int, end: int, where: str, offset: int) -> _Chunk:
@@ -627,7 +640,8 @@ def _find_separators(view: np.ndarray) -> np.ndarray:
     if view.size < 3:
         return np.zeros(0, dtype=np.int64)
     limit = view.size - 1
-    commas = _skip_spaces(view, np.flatnonzero(view[:-2] == 125) + 1, limit)  # after each '}'
+    closes = np.concatenate([np.flatnonzero(view[at : min(at + _BLOCK, limit - 1)] == 125) + at for at in range(0, limit - 1, _BLOCK)])  # '}'
+    commas = _skip_spaces(view, closes + 1, limit)
     commas = commas[view[commas] == 44]  # ','
     braces = _skip_spaces(view, commas + 1, limit)
     commas, braces = commas[view[braces] == 123], braces[view[braces] == 123]  # '{'
@@ -649,9 +663,14 @@ def _separators(view: np.ndarray) -> np.ndarray:
     every other newline with a space: JSON strings cannot hold a raw newline, so this
     lets pyarrow split blocks at newlines, its fast mode)."""
     separators = _find_separators(view)
-    np.copyto(view, np.uint8(32), where=view == 10)
+    for at in range(0, view.size, _BLOCK):
+        block = view[at : at + _BLOCK]
+        np.copyto(block, np.uint8(32), where=block == 10)
     view[separators] = 10
     return separators
+
+
+_BLOCK = 1 << 20  # bytes compared at a time: the masks stay small next to the chunk
 
 
 def _rename_string_ids(buffer: bytearray, start: int, end: int) -> list[tuple[int, bytes]]:
