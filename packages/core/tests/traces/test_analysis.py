@@ -108,7 +108,9 @@ def test_cpu_ops_match_truth(synth_job):
 
 def test_tables_are_persisted_and_reused(synth_job):
     job, truths = synth_job()
-    first = TraceAnalysis(job).kernel_stats()
+    analysis = TraceAnalysis(job)
+    first = analysis.kernel_stats()
+    analysis.wait_persisted()  # written in the background
     tables = sorted(p.relative_to(job).as_posix() for p in (job / TABLE_DIR).rglob("*.parquet"))
     assert tables == [f"{TABLE_DIR}/pytorch/detailed/rank{r}/window_000000.pt.trace.json.gz.parquet" for r in (0, 1)]
     for trace in job.rglob("*.pt.trace.json.gz"):
@@ -198,7 +200,9 @@ def test_tables_of_all_ranks_read_as_one_dataset(synth_job):
     import pyarrow.dataset as ds
 
     job, truths = synth_job()
-    TraceAnalysis(job).traces()  # parses and persists both ranks
+    analysis = TraceAnalysis(job)
+    analysis.traces()  # parses and persists both ranks
+    analysis.wait_persisted()
     dataset = ds.dataset(str(job / TABLE_DIR), format="parquet")
     kernels = dataset.to_table(filter=pc.field("kind") == 0, columns=["rank", "dur_ns"]).group_by("rank").aggregate([("dur_ns", "sum")])
     totals = dict(zip(kernels.column("rank").to_pylist(), kernels.column("dur_ns_sum").to_pylist()))
