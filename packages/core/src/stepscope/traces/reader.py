@@ -1,13 +1,15 @@
 """Streaming reader of Kineto / Chrome-trace JSON (plain or gzip, local or any Store) into
 one columnar event table (see schema.py), in bounded memory.
 
-How it stays fast without a Python object per event: the bytes are read in chunks; in
-each chunk numpy finds the commas that separate top-level events (`}` `,` whitespace `{`)
-and overwrites them with newlines in place, which turns the array into newline-delimited
-JSON that pyarrow's C++ parser reads straight into columns. Anything this trick gets
-wrong (a separator inside a string, nested arrays of objects, an odd value type) makes
-pyarrow raise, and that chunk alone is parsed again by a slow, exact event-by-event path,
-so the result never depends on the trick being right."""
+How it stays fast without a Python object per event: a reader thread reads the text in
+chunks; the main thread cuts each chunk at event boundaries and hands it to one of two
+worker threads, which overwrite the commas between top-level events with newlines in
+place (numpy finds them), turning the chunk into newline-delimited JSON that pyarrow's
+C++ parser reads straight into columns. Both release the GIL, so two chunks parse at
+once. Anything this trick gets wrong (a separator inside a string, nested arrays of
+objects, an odd value type) makes pyarrow raise, and that chunk alone is parsed again by
+a slow, exact event-by-event path, so the result never depends on the trick being right.
+docs/traces.md ("How traces are read") has the whole design."""
 
 from __future__ import annotations
 
