@@ -119,6 +119,21 @@ def test_tables_are_persisted_and_reused(synth_job):
     assert second.equals(first)
 
 
+def test_a_table_that_cannot_be_written_costs_a_warning_not_the_analysis(synth_job, caplog):
+    """Tables are written in the background: a failure there (here a file where the
+    tables' folder should be) is logged, and neither the analysis nor the wait raises."""
+    import logging
+
+    job, truths = synth_job(world_size=1)
+    (job / TABLE_DIR).write_text("not a folder")
+    analysis = TraceAnalysis(job)
+    with caplog.at_level(logging.WARNING, logger="stepscope.traces"):
+        stats = analysis.kernel_stats(rank=0).set_index("name")
+        analysis.wait_persisted()
+    assert "could not persist the trace table" in caplog.text
+    assert {n: int(round(v * 1000)) for n, v in stats.total_us.items()} == {n: k["total_ns"] for n, k in truths[0].kernels.items()}
+
+
 def test_unknown_rank_is_a_clear_error(synth_job):
     job, _ = synth_job(world_size=1)
     with pytest.raises(ConfigError, match="rank 5"):
