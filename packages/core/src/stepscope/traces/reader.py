@@ -68,7 +68,8 @@ _RAW_SCHEMA = pa.schema(
 )
 # The two parse workers keep two cores busy; with more cores pyarrow also splits each
 # chunk into blocks on its own thread pool.
-_READ_OPTIONS = pj.ReadOptions(block_size=4 << 20, use_threads=(os.cpu_count() or 1) > 2)
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_READ_OPTIONS = pj.ReadOptions(block_size=4 << 20, use_threads=_CORES > 2)
 # After the separators become newlines, newlines inside events must not count as
 # boundaries: JSON strings cannot hold a raw newline, so turning every other newline into a
 # space (done in _separators) lets pyarrow split blocks at newlines, its fast mode.
