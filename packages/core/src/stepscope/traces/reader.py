@@ -443,6 +443,7 @@ _CHUNK_COLUMNS = tuple(name for name in EVENT_SCHEMA.names if name not in ("name
 
 
 def _parse_regions(regions: list[tuple[bytearray, int, int, int]], where: str) -> list[_Chunk]:
+    """One worker task: (text, start, end, offset) regions, parsed in order."""
     return [_parse_chunk(text, start, end, where, offset) for text, start, end, offset in regions]
 
 

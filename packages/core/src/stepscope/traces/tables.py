@@ -118,14 +118,20 @@ class TableWriter:
 
     def __init__(self) -> None:
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # analyses may run on several threads (the web UI)
 
     def submit(self, store: Store, tkey: str, table: pa.Table, info: TraceInfo) -> None:
-        self.wait()  # one table held for writing at a time, however many traces are parsed
-        self._thread = threading.Thread(target=_write_logged, args=(store, tkey, table, info), name="stepscope-trace-persist")
-        self._thread.start()
+        with self._lock:
+            self._join()  # one table held for writing at a time, however many traces are parsed
+            self._thread = threading.Thread(target=_write_logged, args=(store, tkey, table, info), name="stepscope-trace-persist")
+            self._thread.start()
 
     def wait(self) -> None:
         """Block until every submitted table is written (or its failure logged)."""
+        with self._lock:
+            self._join()
+
+    def _join(self) -> None:
         if self._thread is not None:
             self._thread.join()
             self._thread = None
