@@ -13,11 +13,13 @@ docs/traces.md ("How traces are read") has the whole design."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import queue
 import re
+import sys
 import threading
 import zlib
 from collections import deque
@@ -423,6 +425,7 @@ class _Parser:
             arrays[name] = np.concatenate([part.columns[name][lo:hi] for part, lo, hi in slices]).astype(dtype, copy=False) if slices else np.zeros(0, dtype=dtype)
             for part in self.parts:
                 del part.columns[name]
+            _return_free_memory()
         codes = np.concatenate([part.codes[lo:hi] for part, lo, hi in slices]) if slices else np.zeros(0, dtype=np.int32)
         self.parts.clear()
         del slices
@@ -433,6 +436,27 @@ class _Parser:
         _assign_steps(arrays, dictionary, codes)
         table = _to_table(arrays, codes, dictionary)
         return RawTrace(table, self.metadata, base_ns, self.where, self.slow_chunks)
+
+
+def _return_free_memory() -> None:
+    """Hand the memory just freed back to the OS. glibc keeps freed blocks in the arena of
+    the thread that allocated them: the chunks' columns were made by the workers, so the
+    main thread's concatenated columns could not reuse that memory and the process would
+    hold the table twice at the end of a parse. No-op where there is no malloc_trim."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; musl has none
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
 
 
 # --- one chunk, in a worker thread ------------------------------------------------------
