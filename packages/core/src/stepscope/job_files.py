@@ -2,12 +2,16 @@
 checked values. A job folder is input like any other: each parser takes the bytes of one
 file and either returns what it means or raises `CorruptRecord` naming the file and what is
 wrong with it, never a bare KeyError/TypeError/MemoryError. Sizes are bounded before a file
-is read (`MAX_*_BYTES`) and regular expressions from a job run under a time bound."""
+is read (`MAX_*_BYTES`) and regular expressions from a job run under a time bound.
+`parsing_in_bulk()` keeps the garbage collector out of the way while many are parsed."""
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import json
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -50,12 +54,64 @@ class IndexEntry:
     shapes: Mapping[str, tuple[int, ...]]
 
 
+# One step of a step table: (mode, mode_step, layout number, starts, lengths, shapes).
+# A plain tuple: a table holds up to 1,000 steps and a 64-worker job 64 tables per 1,000
+# steps, so a row costs one tuple, not an object.
+TableRow = tuple[ModeKeys, int, int, Sequence[int], Sequence[int], Mapping[str, tuple[int, ...]]]
+
+
+@dataclass(frozen=True)
+class StepTable:
+    """One worker's step table: the index entries of many steps, row by row. Rows share
+    the table's layouts (tuples of tensor names); the reader turns a row into a step's
+    tensor locations only when that step is read."""
+
+    worker: str
+    layouts: tuple[tuple[str, ...], ...]
+    rows: Mapping[int, TableRow]  # step -> row (a step listed twice: its last row)
+    shape_names: frozenset[str]  # every name with a saved shape, in any row
+
+    def entry(self, step: int) -> IndexEntry:
+        """The row of `step` as an index entry (the event file's default name applies)."""
+        mode, mode_step, number, starts, lengths, shapes = self.rows[step]
+        return IndexEntry(mode, mode_step, "", self.layouts[number], starts, lengths, shapes)
+
+
 @dataclass(frozen=True)
 class CollectionsFile:
     num_workers: int
     ours: bool  # written by stepscope with real payload CRCs
     collections: list[Mapping[str, Any]]  # the raw bodies; Collection.from_json checks each
     module_classes: dict[str, str]  # module name -> class name, where the writer recorded them
+
+
+_gc_lock = threading.Lock()
+_gc_pauses = 0  # parsing_in_bulk() calls under way, in any thread
+_gc_was_enabled = False
+
+
+@contextlib.contextmanager
+def parsing_in_bulk():
+    """Python's cyclic garbage collector off while many job files are parsed. Parsing
+    builds many short-lived JSON containers (a 64-worker x 1,000-step job: 64 step tables of
+    ~10,000 each), and each collection they trigger walks every object of the process
+    (botocore's models alone are ~10^5): opening such a job spent more than half its CPU
+    there. What is parsed holds no cycles, so reference counting frees it all the same.
+    Nested and concurrent pauses (trials refreshed in several threads) count; the last
+    one out turns the collector back on if it was on before the first."""
+    global _gc_pauses, _gc_was_enabled
+    with _gc_lock:
+        if _gc_pauses == 0:
+            _gc_was_enabled = gc.isenabled()
+            gc.disable()
+        _gc_pauses += 1
+    try:
+        yield
+    finally:
+        with _gc_lock:
+            _gc_pauses -= 1
+            if _gc_pauses == 0 and _gc_was_enabled:
+                gc.enable()
 
 
 def load_json(data: bytes, where: str) -> Any:
@@ -159,11 +215,11 @@ def _plain_int(value: Any, minimum: int = 0) -> bool:
     return type(value) is int and minimum <= value <= MAX_RECORD_BYTES
 
 
-def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tuple[str, dict[int, IndexEntry]]:
-    """A step table (see Writer): (worker, {step: entry}). All or nothing: a table with one
-    bad entry is rejected whole, and the reader falls back to the index files. Offsets
-    and lengths are checked here only for type and count (a table holds a million of them);
-    the reader checks each value's range when it reads the value."""
+def parse_step_table(data: bytes, where: str, worker: str | None = None) -> StepTable:
+    """A step table (see Writer). All or nothing: a table with one bad entry is rejected
+    whole, and the reader falls back to the index files. Offsets and lengths are checked
+    here only for type and count (a table holds a million of them); the reader checks each
+    value's range when it reads the value."""
     body = _mapping(load_json(data, where), where, "the step table")
     table_worker = _name(body.get("worker"), where, "worker")
     if worker is not None and table_worker != worker:
@@ -171,8 +227,9 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tupl
     layouts = []
     for i, names in enumerate(_list(body.get("layouts"), where, "layouts")):
         layouts.append(tuple(_name(n, where, f"layouts[{i}][]") for n in _list(names, where, f"layouts[{i}]")))
-    steps: dict[int, IndexEntry] = {}
+    rows: dict[int, TableRow] = {}
     no_shapes: dict[str, tuple[int, ...]] = {}
+    shape_names: set[str] = set()
     for i, entry in enumerate(_list(body.get("steps"), where, "steps")):
         # The common case costs a few type checks; anything odd goes to _table_entry_error.
         try:
@@ -196,8 +253,9 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> tupl
             raise _table_entry_error(entry, i, where, len(layouts), layouts[number] if type(number) is int and 0 <= number < len(layouts) else None)
         if shapes:
             shapes = {_name(n, where, f"steps[{i}].shapes"): _shape(s, where, f"steps[{i}].shapes[{n!r}]") for n, s in _mapping(shapes, where, f"steps[{i}].shapes").items()}
-        steps[step] = IndexEntry(mode, mode_step, "", layouts[number], starts, lengths, shapes or no_shapes)
-    return table_worker, steps
+            shape_names.update(shapes)
+        rows[step] = (mode, mode_step, number, starts, lengths, shapes or no_shapes)
+    return StepTable(table_worker, tuple(layouts), rows, frozenset(shape_names))
 
 
 def _table_entry_error(entry: Any, i: int, where: str, n_layouts: int = 0, names: tuple[str, ...] | None = None) -> CorruptRecord:
@@ -290,8 +348,11 @@ def compile_untrusted_regex(pattern: Any, where: str) -> UntrustedPattern:
 
 __all__ = [
     "IndexEntry",
+    "StepTable",
+    "TableRow",
     "CollectionsFile",
     "parse_index",
+    "parsing_in_bulk",
     "parse_step_table",
     "parse_collections",
     "event_key_of",

@@ -8,14 +8,14 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-from . import job_files, layout, records, reductions
+from . import job_files, layout, records, reductions, step_index
 from .collection_manager import CollectionManager
 from .config import Collection
 from .events import decode_tensor_event, decode_tensor_tag_value
@@ -35,57 +35,11 @@ from .store import Store, open_store
 logger = logging.getLogger("stepscope")
 
 
-
 @dataclass(frozen=True)
 class _Location:
     event_key: str
     start: int
     length: int
-
-
-class _Entries:
-    """Where each tensor of one step of one worker sits: name -> (start, length). Built from
-    an index file, or from a step table where steps share one name -> position map."""
-
-    __slots__ = ("positions", "starts", "lengths")
-
-    def __init__(self, positions: dict[str, int], starts: list[int], lengths: list[int]):
-        self.positions, self.starts, self.lengths = positions, starts, lengths
-
-    @classmethod
-    def from_entry(cls, entry: job_files.IndexEntry, positions: dict[str, int] | None = None) -> _Entries:
-        if positions is None:
-            positions = {name: i for i, name in enumerate(entry.names)}
-        return cls(positions, entry.starts, entry.lengths)  # type: ignore[arg-type]
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.positions
-
-    def __iter__(self):
-        return iter(self.positions)
-
-    def location(self, name: str) -> tuple[int, int]:
-        i = self.positions[name]
-        return self.starts[i], self.lengths[i]
-
-
-@dataclass
-class _StepInfo:
-    """One global step as the index files of its workers describe it."""
-
-    mode: ModeKeys
-    mode_step: int
-    index_keys: dict[str, str] = field(default_factory=dict)  # worker -> index key
-    event_keys: dict[str, str] = field(default_factory=dict)  # worker -> event file key
-    payload: dict[str, _Entries] = field(default_factory=dict)  # worker -> tensor locations
-    shapes: dict[str, dict[str, tuple[int, ...]]] = field(default_factory=dict)  # worker -> name -> shape
-    from_table: set[str] = field(default_factory=set)  # workers whose entry came from a step table
-
-    def has(self, name: str) -> bool:
-        return any(name in p for p in self.payload.values())
-
-    def has_shape(self, name: str) -> bool:
-        return any(name in s for s in self.shapes.values())
 
 
 class Tensor:
@@ -105,7 +59,7 @@ class Tensor:
 
     def workers(self, step: int, mode: ModeKeys | str | None = None) -> list[str]:
         info = self.trial._steps[self.trial._global_step(step, mode)]
-        return sorted(w for w, p in info.payload.items() if self.name in p)
+        return sorted(info.workers_with(self.name))
 
     def has_value(self, step: int, mode: ModeKeys | str | None = None) -> bool:
         try:
@@ -116,7 +70,7 @@ class Tensor:
     def _location(self, step: int, mode, worker: str | None) -> tuple[int, str, _Location]:
         global_step = self.trial._global_step(step, mode)
         info = self.trial._steps[global_step]
-        workers = [w for w, p in info.payload.items() if self.name in p]
+        workers = info.workers_with(self.name)
         if not workers:
             reason = "only its shape was saved" if info.has_shape(self.name) else ""
             raise TensorUnavailableForStep(self.name, step, mode, worker, reason)
@@ -124,7 +78,7 @@ class Tensor:
             worker = min(workers)
         elif worker not in workers:
             raise TensorUnavailableForStep(self.name, step, mode, worker)
-        start, length = info.payload[worker].location(self.name)
+        start, length = info.entries(worker).location(self.name)  # type: ignore[union-attr]  # worker is in workers_with
         if type(start) is not int or type(length) is not int or start < 0 or length < 1:  # a crafted step table
             job_files.check_location(start, length, self.trial.store.describe(self.trial._index_key(info, global_step, worker)), self.name)
         event_key = info.event_keys.get(worker) or layout.event_file_key(global_step, worker)
@@ -155,7 +109,7 @@ class Tensor:
 
     def shape(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> tuple[int, ...]:
         info = self.trial._steps[self.trial._global_step(step, mode)]
-        shapes = {w: s[self.name] for w, s in info.shapes.items() if self.name in s}
+        shapes = info.shapes_of(self.name)
         if shapes:
             return shapes[worker] if worker in shapes else shapes[min(shapes)]
         return tuple(self.value(step, mode, worker).shape)
@@ -200,13 +154,16 @@ class Trial:
             raise FileNotFoundError(f"no job folder at {self.store.describe()} (a mistyped path?)")
         self.path = self.store.url
         self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]
-        self._steps: dict[int, _StepInfo] = {}
+        self._steps: dict[int, step_index.StepInfo] = {}
         self._mode_steps: dict[ModeKeys, dict[int, int]] = {}
         self._tensor_names: set[str] = set()
         self._loaded_index_keys: set[str] = set()
         self._loaded_tables: set[str] = set()
         self._collections: CollectionManager | None = None
-        self._collection_workers: set[str] = set()
+        self._collection_keys: set[str] = set()  # collections files listed
+        self._pending_collections: list[str] = []  # listed, not read yet (see _load_collections)
+        self._seen_workers: set[str] = set()  # workers that published a step
+        self._listed_tables = False
         self._collection_names: set[str] = set()
         self._num_workers = 1
         self._legacy = True
@@ -223,6 +180,7 @@ class Trial:
     @property
     def problems(self) -> list[str]:
         """The files this trial could not read and skipped, each with the reason."""
+        self._read_collections()  # nothing listed stays unchecked
         return [f"{where}: {why}" for where, why in self._problems.items()]
 
     def _skip(self, key: str, exc: BaseException, what: str, then: str = "") -> None:
@@ -235,56 +193,108 @@ class Trial:
     # --- loading ----------------------------------------------------------------------
 
     def refresh(self) -> list[int]:
-        """Load what was published since the last call; return the new global steps."""
-        with self._lock:
+        """Load what was published since the last call; return the new global steps.
+
+        Opening lists the step tables, reads one collections file (named after a worker
+        with tables; without tables, the collections are listed) and lists the index files
+        after the last step the tables cover. A refresh lists the index files after the
+        first step some worker has not published yet; the collections only while a worker's
+        file is missing (see `_load_collections`); the step tables only when a worker has
+        more than one new step (a reader that fell behind), reading just the tables that
+        cover new steps. So following a job costs in proportion to what is new."""
+        with self._lock, job_files.parsing_in_bulk():
             # The end marker is checked before listing: it is written after the last index
             # file, so once it is seen, the listing below is final.
-            self._complete = self.store.exists(layout.END_MARKER)
-            self._load_collections()
-            new_steps = self._load_step_tables()
+            was_complete, self._complete = self._complete, self.store.exists(layout.END_MARKER)
+            workers_before = len(self._seen_workers)
+            opening = not self._listed_tables
+            if opening:
+                new_steps, listed = self._open_step_tables()
+            else:
+                self._load_collections()
+                new_steps, listed = [], None
             self._advance_listing_floor()
-            keys = [k for k in self.store.list(layout.INDEX_DIR + "/", start_after=self._listing_floor) if k not in self._loaded_index_keys]
+            if listed is None:
+                listed = self.store.list(layout.INDEX_DIR + "/", start_after=self._listing_floor)
+            keys = [k for k in listed if k not in self._loaded_index_keys]
+            if not opening:
+                wanted = self._uncovered_steps(keys)
+                if any(len(steps) > 1 for steps in wanted.values()) or (wanted and self._complete and not was_complete):
+                    new_steps += self._load_step_tables(wanted)
             new_steps += self._load_index_files(keys)
+            if len(self._seen_workers) > workers_before:
+                self._load_collections()  # a worker seen first now: its file says how many there are
             self._advance_listing_floor()
             return sorted(set(new_steps))
 
-    def _load_collections(self) -> None:
-        keys = self.store.list(layout.COLLECTIONS_DIR + "/")
-        fresh = [k for k in keys if k not in self._collection_workers]
-        if not fresh:
-            return
-        manager = self._collections or CollectionManager()
+    def _load_collections(self, table_workers: Iterable[str] = ()) -> None:
+        """Find the workers' collections files and read what opening needs: one of them (it
+        says how many workers the job has). The others are read when collections are asked
+        for (`collections()`, `collection()`, `module_class()`, `problems`): 64 workers write
+        64 nearly identical files. All are read at once when the first does not settle the
+        job: missing or unreadable, not written by stepscope (smdebug's), or saying fewer
+        workers than there are files.
 
-        def read(key: str) -> job_files.CollectionsFile | BaseException:
-            try:
-                return job_files.parse_collections(self.store.read(key, max_size=job_files.MAX_COLLECTIONS_BYTES), self.store.describe(key))
-            except (StepscopeError, OSError) as exc:
-                return exc
+        Opening a job with step tables (`table_workers`: the workers they name) takes the
+        files' names from those workers, without a listing; otherwise, and later while
+        some may be missing (fewer known than the job's workers, or a worker publishing
+        steps without one), the collections folder is listed."""
+        known = self._collection_keys
+        named = not known and bool(table_workers)
+        if named:
+            fresh = [layout.collections_key(w) for w in sorted(table_workers)]
+        elif len(known) < self._expected_workers() or any(layout.collections_key(w) not in known for w in self._seen_workers) or not known:
+            fresh = [k for k in self.store.list(layout.COLLECTIONS_DIR + "/") if k not in known]
+        else:
+            fresh = []
+        known.update(fresh)
+        self._pending_collections += fresh
+        if self._pending_collections and self._collections is None:
+            self._read_collections(self._pending_collections[:1])
+        if self._pending_collections and (self._collections is None or self._legacy or len(known) > self._num_workers):
+            if named and self._collections is None:  # the named file is not there: look
+                fresh = [k for k in self.store.list(layout.COLLECTIONS_DIR + "/") if k not in known]
+                known.update(fresh)
+                self._pending_collections += fresh
+            self._read_collections()
 
-        for key, parsed in zip(fresh, self._map(read, fresh)):  # concurrent on S3: one file per worker
-            self._collection_workers.add(key)
-            where = self.store.describe(key)
-            if isinstance(parsed, FileNotFoundError):
-                continue
-            if isinstance(parsed, BaseException):
-                self._skip(key, parsed, "collections file")
-                continue
-            self._num_workers = max(self._num_workers, parsed.num_workers)
-            manager.module_classes.update(parsed.module_classes)
-            self._legacy = self._legacy and not parsed.ours
-            for body in parsed.collections:
+    def _read_collections(self, keys: list[str] | None = None) -> None:
+        """Read `keys` (default: every collections file not read yet) into the collections."""
+        with self._lock:
+            keys = list(self._pending_collections) if keys is None else keys
+            if not keys:
+                return
+            self._pending_collections = [k for k in self._pending_collections if k not in keys]
+
+            def read(key: str) -> job_files.CollectionsFile | BaseException:
                 try:
-                    collection = self._collection_from_job(body, where)
-                except Exception as exc:  # a bad entry must not hide the others
-                    logger.warning("stepscope: skipping a collection in %s: %s", where, exc)
+                    return job_files.parse_collections(self.store.read(key, max_size=job_files.MAX_COLLECTIONS_BYTES), self.store.describe(key))
+                except (StepscopeError, OSError) as exc:
+                    return exc
+
+            for key, parsed in zip(keys, self._map(read, keys)):  # concurrent on S3: one file per worker
+                where = self.store.describe(key)
+                if isinstance(parsed, FileNotFoundError):
                     continue
-                if collection.name in self._collection_names:
-                    # Each worker lists the tensors it saw; the trial's collection is their union.
-                    manager.get(collection.name).tensor_names |= collection.tensor_names
-                else:
-                    manager.add(collection)
-                    self._collection_names.add(collection.name)
-        self._collections = manager
+                if isinstance(parsed, BaseException):
+                    self._skip(key, parsed, "collections file")
+                    continue
+                manager = self._collections = self._collections or CollectionManager()
+                self._num_workers = max(self._num_workers, parsed.num_workers)
+                manager.module_classes.update(parsed.module_classes)
+                self._legacy = self._legacy and not parsed.ours
+                for body in parsed.collections:
+                    try:
+                        collection = self._collection_from_job(body, where)
+                    except Exception as exc:  # a bad entry must not hide the others
+                        logger.warning("stepscope: skipping a collection in %s: %s", where, exc)
+                        continue
+                    if collection.name in self._collection_names:
+                        # Each worker lists the tensors it saw; the trial's collection is their union.
+                        manager.get(collection.name).tensor_names |= collection.tensor_names
+                    else:
+                        manager.add(collection)
+                        self._collection_names.add(collection.name)
 
     @staticmethod
     def _collection_from_job(body: Any, where: str) -> Collection:
@@ -311,43 +321,84 @@ class Trial:
         collection._patterns = tuple(compiled)  # type: ignore[arg-type]  # match/search/fullmatch as re.Pattern
         return collection
 
-    def _load_step_tables(self) -> list[int]:
+    def _open_step_tables(self) -> tuple[list[int], list[str] | None]:
+        """Opening: load the step tables and, while they are read, list the index files
+        after the last step that every worker's tables reach (a guess from the tables' names:
+        `<worker>/<first>_<last>.json`). The guess is checked once the tables are read: when
+        the steps that every worker published end earlier (a table missing or unreadable,
+        a step missing from one), the listing is not used and the caller lists again from
+        there. Returns the new steps and the index keys listed (None: not usable)."""
+        table_keys = self.store.list(layout.STEP_TABLE_DIR + "/")
+        self._load_collections(span[0] for span in map(step_index.table_span, table_keys) if span is not None)
+        guess = step_index.tables_floor(table_keys)
+        if guess is None:
+            return self._load_step_tables(listed=table_keys), None
+        with ThreadPoolExecutor(max_workers=1) as pool:
+            listing = pool.submit(self.store.list, layout.INDEX_DIR + "/", step_index.index_floor_key(guess))
+            new_steps = self._load_step_tables(listed=table_keys)
+            floor = self._floor_step()
+            if floor is None or floor < guess:
+                return new_steps, None  # listed from too late; the pool waits it out
+            return new_steps, listing.result()
+
+    def _load_step_tables(self, wanted: Mapping[str, list[int]] | None = None, listed: list[str] | None = None) -> list[int]:
         """Load the step tables our writer publishes (see Writer): one read per 1,000 steps
-        instead of one per step. Steps they cover are not read from index files again."""
-        keys = [k for k in self.store.list(layout.STEP_TABLE_DIR + "/") if k not in self._loaded_tables]
+        instead of one per step. Steps they cover are not read from index files again.
+        With `wanted` (a refresh's new index files: worker -> steps), only the tables that
+        cover one of those steps are read; the others hold nothing new. `listed`: the
+        tables' keys, when already listed."""
+        self._listed_tables = True
+        if listed is None:
+            listed = self.store.list(layout.STEP_TABLE_DIR + "/")
+        keys = [k for k in listed if k not in self._loaded_tables]
+        if wanted is not None:
+            keys = [k for k in keys if step_index.table_covers(k, wanted)]
         new_steps: list[int] = []
         for key, parsed in zip(keys, self._map(self._read_table, keys)):
             self._loaded_tables.add(key)
-            if parsed is None:
-                continue
-            worker, steps = parsed
-            # The hot loop of opening a long job (one pass per step and worker): _add_index
-            # inlined; the index file's key is made only when needed (see _index_key).
-            all_steps, mode_steps, names = self._steps, self._mode_steps, self._tensor_names
-            last_positions = None
-            for step, entry in steps.items():
-                info = all_steps.get(step)
-                if info is None:
-                    info = all_steps[step] = _StepInfo(entry.mode, entry.mode_step)
-                    mode_steps.setdefault(entry.mode, {})[entry.mode_step] = step
-                elif worker in info.index_keys:
-                    continue  # already known (from its index file, the source of truth)
-                positions = self._positions.get(entry.names)
-                if positions is None:
-                    positions = self._positions[entry.names] = {name: i for i, name in enumerate(entry.names)}
-                info.index_keys[worker] = ""
-                info.payload[worker] = _Entries(positions, entry.starts, entry.lengths)
-                info.from_table.add(worker)
-                if entry.shapes:
-                    info.shapes[worker] = dict(entry.shapes)
-                    names.update(entry.shapes)
-                if positions is not last_positions:
-                    names.update(positions)
-                    last_positions = positions
-                new_steps.append(step)
+            if parsed is not None:
+                new_steps += self._add_table(parsed)
         return new_steps
 
-    def _read_table(self, key: str) -> tuple[str, dict[int, job_files.IndexEntry]] | None:
+    def _uncovered_steps(self, index_keys: list[str]) -> dict[str, list[int]]:
+        """worker -> steps of the index files in `index_keys` that no step table covers."""
+        found: dict[str, list[int]] = {}
+        for key in index_keys:
+            parsed = layout.parse_index_key(key)
+            if parsed is not None and not self._covered_by_table(*parsed):
+                found.setdefault(parsed[1], []).append(parsed[0])
+        return found
+
+    def _add_table(self, table: job_files.StepTable) -> list[int]:
+        """Register the steps of one worker's table; the steps that are new to that worker."""
+        # The hot loop of opening a long job (one pass per step and worker), so it only
+        # links each step to the table; a step's tensor locations are made when it is read.
+        loaded = step_index.TableSteps(table, [self._positions_of(names) for names in table.layouts])
+        worker, all_steps, mode_steps = table.worker, self._steps, self._mode_steps
+        self._seen_workers.add(worker)
+        new_steps = []
+        for step, row in table.rows.items():
+            info = all_steps.get(step)
+            if info is None:
+                info = all_steps[step] = step_index.StepInfo(step, row[0], row[1])
+                mode_steps.setdefault(row[0], {})[row[1]] = step
+            elif worker in info.tables or worker in info.index_keys:
+                continue  # already known: from its index file (the source of truth) or an earlier table
+            info.tables[worker] = loaded
+            new_steps.append(step)
+        if new_steps:
+            self._tensor_names.update(*loaded.positions)
+            self._tensor_names.update(table.shape_names)
+        return new_steps
+
+    def _positions_of(self, names: tuple[str, ...]) -> dict[str, int]:
+        """name -> position in a layout, one map shared by every table with that layout."""
+        positions = self._positions.get(names)
+        if positions is None:
+            positions = self._positions[names] = {name: i for i, name in enumerate(names)}
+        return positions
+
+    def _read_table(self, key: str) -> job_files.StepTable | None:
         folder_worker = key[len(layout.STEP_TABLE_DIR) + 1 :].split("/", 1)[0]
         try:
             return job_files.parse_step_table(self.store.read(key, max_size=job_files.MAX_TABLE_BYTES), self.store.describe(key), folder_worker)
@@ -369,8 +420,7 @@ class Trial:
             self._loaded_index_keys.add(key)
             if index is None:
                 continue
-            known = self._steps.get(step)
-            if known is not None and known.index_keys.get(worker) == "":
+            if self._covered_by_table(step, worker):
                 continue  # a step table covered it (and loses to it only on a bad read)
             self._add_index(step, worker, key, index)
             new_steps.append(step)
@@ -378,9 +428,9 @@ class Trial:
 
     def _covered_by_table(self, step: int, worker: str) -> bool:
         info = self._steps.get(step)
-        return info is not None and info.index_keys.get(worker) == ""
+        return info is not None and worker in info.tables
 
-    def _index_key(self, info: _StepInfo, step: int, worker: str) -> str:
+    def _index_key(self, info: step_index.StepInfo, step: int, worker: str) -> str:
         return info.index_keys.get(worker) or layout.index_file_key(step, worker)
 
     def _map(self, fn, items: list) -> list:
@@ -399,27 +449,27 @@ class Trial:
             self._skip(key, exc, "index file")
             return None
 
-    def _add_index(self, step: int, worker: str, key: str, entry: job_files.IndexEntry, payload: _Entries | None = None, from_table: bool = False) -> None:
+    def _add_index(self, step: int, worker: str, key: str, entry: job_files.IndexEntry) -> None:
         mode, mode_step = entry.mode, entry.mode_step
         if mode_step < 0:
             mode_step = step
         info = self._steps.get(step)
         if info is None:
-            info = self._steps[step] = _StepInfo(mode, mode_step)
+            info = self._steps[step] = step_index.StepInfo(step, mode, mode_step)
             self._mode_steps.setdefault(mode, {})[mode_step] = step
-        payload = payload if payload is not None else _Entries.from_entry(entry)
+        payload = step_index.Entries.from_entry(entry)
+        self._seen_workers.add(worker)
+        info.tables.pop(worker, None)  # the index file replaces what a step table said
         info.index_keys[worker] = key
         if entry.event_key:  # else the default name, made when a value is read
             info.event_keys[worker] = entry.event_key
         else:
             info.event_keys.pop(worker, None)
         info.payload[worker] = payload
-        if from_table:
-            info.from_table.add(worker)
-        else:
-            info.from_table.discard(worker)
         if entry.shapes:
             info.shapes[worker] = dict(entry.shapes)
+        else:
+            info.shapes.pop(worker, None)
         self._tensor_names.update(payload.positions)
         self._tensor_names.update(entry.shapes)
 
@@ -427,7 +477,7 @@ class Trial:
         """Replace what a step table said about (step, worker) by its index file, the source
         of truth; True when the index file was read."""
         info = self._steps.get(step)
-        if info is None or worker not in info.from_table:
+        if info is None or worker not in info.tables:
             return False
         key = self._index_key(info, step, worker)
         entry = self._read_index(key)
@@ -441,14 +491,18 @@ class Trial:
     def _advance_listing_floor(self) -> None:
         """Relist from the first step some worker has not published yet: workers publish
         independently, so a key can appear below the last one seen."""
+        floor = self._floor_step()
+        self._listing_floor = None if floor is None else step_index.index_floor_key(floor)
+
+    def _floor_step(self) -> int | None:
+        """The last step of the run of steps, from the first, that every worker published."""
         expected = self._expected_workers()
         floor = None
         for step in sorted(self._steps):
-            if len(self._steps[step].index_keys) < expected:
+            if self._steps[step].worker_count() < expected:
                 break
             floor = step
-        if floor is not None:
-            self._listing_floor = f"{layout.INDEX_DIR}/{floor // 1000:09d}/{floor:012d}_~"
+        return floor
 
     def _expected_workers(self) -> int:
         return max(self._num_workers, 1)
@@ -488,7 +542,7 @@ class Trial:
                 raw = list(self.store.read_ranges([(wanted[i][3].event_key, wanted[i][3].start, wanted[i][3].length) for i in missing]))
             except FileNotFoundError as exc:
                 raw = [None] * len(missing)
-                if not any(wanted[i][2] in self._steps[wanted[i][1]].from_table for i in missing if wanted[i][1] in self._steps):
+                if not any(wanted[i][2] in self._steps[wanted[i][1]].tables for i in missing if wanted[i][1] in self._steps):
                     raise CorruptRecord(str(exc), None, "event file listed in the index is missing") from None
             for i, data in zip(missing, raw):
                 name, step, worker, location = wanted[i]
@@ -559,7 +613,7 @@ class Trial:
             info = self._steps.get(step)
             if info is None:
                 continue
-            if not show_incomplete and len(info.index_keys) < expected and not self._complete:
+            if not show_incomplete and info.worker_count() < expected and not self._complete:
                 continue
             if mode is None:
                 out.append(step)
@@ -589,18 +643,24 @@ class Trial:
         raise StepNotYetAvailable(step)
 
     def workers(self) -> list[str]:
-        return sorted({w for info in self._steps.values() for w in info.index_keys})
+        found: set[str] = set()
+        for info in self._steps.values():
+            found.update(info.index_keys)
+            found.update(info.tables)
+        return sorted(found)
 
     @property
     def num_workers(self) -> int:
         return self._expected_workers()
 
     def collections(self) -> dict[str, Collection]:
+        self._read_collections()
         return {c.name: c for c in self._collections} if self._collections else {}
 
     def module_class(self, tensor_name: str) -> str | None:
         """The class of the module (layer) `tensor_name` is an input or output of, as the
         hook recorded it (e.g. "ReLU"); None when not recorded (older jobs, custom tensors)."""
+        self._read_collections()
         return self._collections.module_classes.get(tensor_name) if self._collections else None
 
     def collection(self, name: str) -> Collection:
