@@ -539,10 +539,10 @@ def _columns(table: pa.Table) -> _Chunk:
     kind_index = pc.index_in(table.column("cat"), value_set=_CATEGORY_VALUES)
     keep = pc.and_(pc.fill_null(keep, False), pc.is_valid(kind_index))
     if not pc.all(keep).as_py():  # Kineto's own files: nearly always all kept, no copy then
-        table = table.filter(keep)
+        table, kind_index = table.filter(keep), kind_index.filter(keep)
     if table.num_rows == 0:
         return empty
-    kind = _CATEGORY_CODES[pc.index_in(table.column("cat"), value_set=_CATEGORY_VALUES).to_numpy(zero_copy_only=False)]
+    kind = _CATEGORY_CODES[kind_index.to_numpy(zero_copy_only=False)]
     encoded = pc.dictionary_encode(pc.fill_null(table.column("name").combine_chunks(), ""))
     names: list[str] = encoded.dictionary.to_pylist()
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
@@ -749,8 +749,10 @@ def _object_end(buffer: bytearray, start: int) -> int | None:
 
 
 def _micros_to_ns(column: pa.ChunkedArray) -> np.ndarray:
-    values = column.to_numpy()
-    out = np.rint(np.nan_to_num(values.astype(np.float64), nan=0.0) * 1000.0)
+    # JSON has no NaN or infinity: a missing value (a null) is the only hole to fill.
+    values = pc.fill_null(column, 0.0).to_numpy().astype(np.float64, copy=False)
+    out = np.multiply(values, 1000.0)
+    np.rint(out, out=out)
     return out.astype(np.int64)
 
 
