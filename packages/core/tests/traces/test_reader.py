@@ -83,6 +83,26 @@ def test_chunk_cuts_never_split_an_event(tmp_path, indent):
             assert frame.correlation.tolist() == list(range(60))
 
 
+@pytest.mark.parametrize("cores", [2, 16])
+def test_kinetos_indented_layout_takes_the_fast_path(tmp_path, monkeypatch, cores):
+    """Kineto writes one key per line: on two cores each chunk is one pyarrow block (the
+    newlines inside events stay), on more pyarrow splits chunks at newlines (they become
+    spaces first). Both must read every chunk fast and give what the compact layout gives."""
+    from stepscope.traces import reader
+
+    monkeypatch.setattr(reader, "_CORES", cores)
+    data, truth = trace_bytes(SynthSpec(steps=3, ops_per_step=40, seed=5))
+    document = json.loads(data)
+    events = ",\n".join("  " + json.dumps(e, indent=2).replace("\n", "\n  ") for e in document.pop("traceEvents"))
+    head = json.dumps(document)[:-1]
+    (tmp_path / "t.json").write_bytes(f'{head}, "traceEvents": [\n{events}\n]}}'.encode())
+    compact = read_trace(data, chunk_bytes=1 << 20).table
+    for size in (4096, 65536, 1 << 20):
+        raw = read_trace(tmp_path / "t.json", chunk_bytes=size)
+        assert raw.slow_chunks == 0, size
+        assert raw.table.equals(compact), size
+
+
 def test_string_pids_do_not_break_the_fast_path():
     text = '{"traceEvents": [\n{"ph": "X", "cat": "cpu_op", "name": "a", "pid": "Spans", "tid": "x", "ts": 1, "dur": 1},\n{"ph": "X", "cat": "cpu_op", "name": "b", "pid": 3, "tid": 4, "ts": 2, "dur": 1}\n]}'
     raw = read_trace(text.encode())

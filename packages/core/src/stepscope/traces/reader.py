@@ -69,9 +69,9 @@ _RAW_SCHEMA = pa.schema(
     ]
 )
 # The two parse workers keep two cores busy; with more cores pyarrow also splits each
-# chunk into blocks on its own thread pool.
+# chunk into blocks on its own thread pool (see _read_options).
 _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-_READ_OPTIONS = pj.ReadOptions(block_size=4 << 20, use_threads=_CORES > 2)
+_THREADED_READ = pj.ReadOptions(block_size=4 << 20, use_threads=True)
 # After the separators become newlines, newlines inside events must not count as
 # boundaries: JSON strings cannot hold a raw newline, so turning every other newline into a
 # space (done in _separators) lets pyarrow split blocks at newlines, its fast mode.
@@ -476,12 +476,13 @@ def _parse_chunk(text: bytearray, start: int, end: int, where: str, offset: int)
     fast path: separators become newlines, pyarrow parses the newline-delimited JSON.
     Anything it cannot read sends the chunk to the exact, slow parser."""
     view = np.frombuffer(text, dtype=np.uint8)[start:end]
-    separators = _separators(view)
+    read_options, in_blocks = _read_options(end - start)
+    separators = _separators(view, in_blocks)
     renamed: list[tuple[int, bytes]] = []
     table = None
     for attempt in range(2):
         try:
-            table = pj.read_json(pa.BufferReader(pa.py_buffer(memoryview(text)[start:end])), read_options=_READ_OPTIONS, parse_options=_PARSE_OPTIONS)
+            table = pj.read_json(pa.BufferReader(pa.py_buffer(memoryview(text)[start:end])), read_options=read_options, parse_options=_PARSE_OPTIONS)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
             logger.debug("%s: fast parse failed near byte %d (%s)", where, offset, exc)
             if attempt == 0 and ("/pid" in str(exc) or "/tid" in str(exc)):
@@ -688,14 +689,26 @@ def _skip_spaces(view: np.ndarray, positions: np.ndarray, limit: int) -> np.ndar
     return positions
 
 
-def _separators(view: np.ndarray) -> np.ndarray:
-    """Positions of the commas between top-level events, overwritten with newlines (and
-    every other newline with a space: JSON strings cannot hold a raw newline, so this
-    lets pyarrow split blocks at newlines, its fast mode)."""
+def _read_options(size: int) -> tuple[pj.ReadOptions, bool]:
+    """pyarrow's options for a chunk of `size` bytes, and whether pyarrow will split it
+    into blocks. Split (on more than two cores: its threads then share the chunk), a block
+    may end at any newline, so the ones inside events (Kineto writes one key per line) must
+    become spaces first; whole (one block, one thread), they are whitespace like any other
+    and that pass over the bytes is saved."""
+    if _CORES > PARSE_WORKERS:
+        return _THREADED_READ, True
+    return pj.ReadOptions(block_size=max(size + 1, 1 << 16), use_threads=False), False
+
+
+def _separators(view: np.ndarray, in_blocks: bool = True) -> np.ndarray:
+    """Positions of the commas between top-level events, overwritten with newlines. With
+    `in_blocks`, every other newline becomes a space (JSON strings cannot hold a raw
+    newline, so that changes no value) so that pyarrow can split blocks at newlines."""
     separators = _find_separators(view)
-    for at in range(0, view.size, _BLOCK):
-        block = view[at : at + _BLOCK]
-        np.copyto(block, np.uint8(32), where=block == 10)
+    if in_blocks:
+        for at in range(0, view.size, _BLOCK):
+            block = view[at : at + _BLOCK]
+            np.copyto(block, np.uint8(32), where=block == 10)
     view[separators] = 10
     return separators
 
