@@ -81,24 +81,37 @@ def test_a_failing_listener_is_dropped_not_fatal(tmp_path):
     assert json.loads((tmp_path / "job" / "index" / "000000000" / "000000000002_worker_0.json").read_text())["tensor_payload"]
 
 
-def test_the_instrumented_begin_step_samples_steps_as_the_meter_does(tmp_path):
-    # begin_step's wrapper does the meter's per-step bookkeeping inline (it runs every
-    # step): the same steps, the same thinning of the samples, as CostMeter.step_begins.
-    from stepscope.config import ProfilerConfig
-    from stepscope.cost import MAX_SAMPLES, CostMeter
+def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path):
+    # begin_step feeds the meter itself (it runs every step): every BLOCK_STEPS steps where
+    # nothing is due, and around each step where something is; the totals count every step.
+    from stepscope.config import ProfilerConfig, SaveConfig
+    from stepscope.cost import BLOCK_STEPS, MAX_SAMPLES, CostMeter
     from stepscope.hook import HookBase
 
-    hook = HookBase(str(tmp_path / "job"), profiler_config=ProfilerConfig.disabled())
-    steps = 2 * MAX_SAMPLES + 101
-    for _ in range(steps):
-        hook.begin_step("train")
-    reference = CostMeter("worker_0")
+    due_every = 50
+    hook = HookBase(str(tmp_path / "job"), profiler_config=ProfilerConfig.disabled(), save_config=SaveConfig(save_interval=due_every), include_collections=["metrics"])
+    steps = BLOCK_STEPS * (2 * MAX_SAMPLES) + 101
     for step in range(steps):
-        reference.step_begins(step, float(step))
+        hook.begin_step("train")
+        if step % due_every == 0:
+            hook.save_scalar("m", float(step))
     meter = hook.outputs.meter
-    assert meter.cost.steps == reference.cost.steps == steps - 1
+    reference = CostMeter("worker_0")
+    expected_starts = []
+    last = None
+    for step in range(steps):
+        due, after_due = step % due_every == 0, step > 0 and (step - 1) % due_every == 0
+        if last is None or due or after_due or step >= last + BLOCK_STEPS:
+            expected_starts.append(step)
+            last = step
+    for step in expected_starts:
+        reference.step_begins(step, float(step))
+    hook.close()
+    reference.step_ends(float(steps), steps)
+    assert meter.cost.steps == reference.cost.steps == steps
     assert [s[0] for s in meter.cost.samples] == [s[0] for s in reference.cost.samples]
     assert meter._stride == reference._stride > 1
     assert 0 < sum(h for _, _, h in meter.cost.samples) <= meter.hook_s
-    assert meter.cost.step_s >= sum(s for _, s, _ in meter.cost.samples) > 0  # every step counted, some sampled
-    hook.close()
+    assert meter.cost.step_s > 0 and meter.hook_s < meter.cost.step_s
+    # Untimed steps are counted at the last measured idle begin time: every step has some.
+    assert meter.idle_begin_s > 0

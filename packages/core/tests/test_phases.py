@@ -8,7 +8,7 @@ import pytest
 
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
-from stepscope.phases import EVENTS, PHASES, TRANSITIONS, CpuClock, PhaseLog, PhaseTracker, StepTimer
+from stepscope.phases import EVENT_CODES, EVENTS, PHASES, STEP_BEGIN_EVENT_RECORD, TRANSITIONS, CpuClock, PhaseLog, PhaseTracker, StepTimer
 
 
 def test_the_table_covers_every_event_in_both_kinds_of_step():
@@ -101,15 +101,15 @@ def _replayed_by_tracker(steps):
     return out
 
 
-def _log_steps(log, steps):
-    token = 0
+def _log_steps(log, steps, token=int):
+    t = 0
     for step, mode, events in steps:
-        log.begin(step, mode, token)
+        log.begin(step, mode, token(t))
         for event in events:
-            token += 1
-            log.event(event, token)
-        token += 1
-        log.end(token)
+            t += 1
+            log.event(event, token(t))
+        t += 1
+        log.end(token(t))
 
 
 STEPS = [
@@ -132,6 +132,58 @@ def test_the_phase_log_replays_through_the_table():
     assert log.drain() == []
     log.end(5)
     assert log.drain() == [(7, ModeKeys.TRAIN, [("data", 0, 2), ("compute", 2, 5), ("step", 0, 5)])]
+
+
+def test_a_begin_record_with_its_first_event_replays_as_the_two_records():
+    # HookBase.begin_step(mode, event) logs one record for both (one append a step less).
+    separate, combined = PhaseLog(), PhaseLog()
+    separate.begin(3, ModeKeys.TRAIN, 10)
+    separate.event("forward_begin", 14)
+    combined.append((STEP_BEGIN_EVENT_RECORD, 3, ModeKeys.TRAIN, 10, EVENT_CODES["forward_begin"], 14))
+    for log in (separate, combined):
+        log.event("forward_end", 20)
+        log.event("optimizer_begin", 31)
+        log.end(40)
+    expected = separate.drain()
+    assert expected and combined.drain() == expected
+    assert expected[0][2][0] == ("data", 10, 14)
+
+
+class _Token:
+    """A token that is not an integer (as a GPU clock's events are)."""
+
+    def __init__(self, t: int) -> None:
+        self.t = t
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Token) and other.t == self.t
+
+    def __hash__(self) -> int:
+        return self.t
+
+
+def test_the_flat_log_and_the_object_log_replay_alike():
+    flat, objects = PhaseLog(), PhaseLog(flat=False)
+    assert isinstance(flat.records, list) and not isinstance(objects.records, list)
+    _log_steps(flat, STEPS)
+    _log_steps(objects, STEPS, token=_Token)
+    expected = _replayed_by_tracker(STEPS)
+    assert flat.drain() == expected
+    assert [(step, mode, [(p, s.t, e.t) for p, s, e in spans]) for step, mode, spans in objects.drain()] == expected
+    assert len(flat.records) == 0 and len(objects.records) == 0
+
+
+def test_a_flat_log_nobody_drains_stays_bounded_and_recovers():
+    log = PhaseLog(maxlen=1000)
+    for step in range(2000):
+        log.begin(step, ModeKeys.TRAIN, 10 * step)
+        log.event("forward_begin", 10 * step + 1)
+        log.end(10 * step + 5)
+        log.bound()
+        assert len(log.records) <= 1000 + 8
+    steps = log.drain()
+    assert steps and [s for s, _, _ in steps] == list(range(steps[0][0], 2000))  # the newest whole steps
+    assert steps[-1][2] == [("data", 19990, 19991), ("forward", 19991, 19995), ("step", 19990, 19995)]
 
 
 def test_the_phase_log_drained_while_a_thread_logs_loses_nothing():

@@ -16,6 +16,11 @@ logger = logging.getLogger("stepscope")
 
 COST_DIR = "stepscope-cost"
 MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
+# Steps where nothing is due are accounted in blocks of this many (their mean is the
+# sample): the hook times the first step of a block (and every step that saves), and
+# counts the others' time in it as the last such step's where nothing was due. A step
+# where nothing is due then costs the meter one integer comparison.
+BLOCK_STEPS = 32
 
 
 def cost_key(worker: str) -> str:
@@ -60,13 +65,14 @@ class CostMeter:
     step. A wrapped call costs two perf_counter reads and a few attribute updates: the
     meter stays on in every job."""
 
-    __slots__ = ("cost", "depth", "hook_s", "step_hook_s", "_step", "_step_started", "_stride", "_entered")
+    __slots__ = ("cost", "depth", "hook_s", "step_hook_s", "idle_begin_s", "_step", "_step_started", "_stride", "_entered")
 
     def __init__(self, worker: str, versions: dict[str, str] | None = None):
         self.cost = HookCost(worker, versions={"python": platform.python_version(), **(versions or {})})
         self.depth = 0
         self.hook_s = 0.0
         self.step_hook_s = 0.0
+        self.idle_begin_s = 0.0  # the hook's time in a step's begin where nothing is due, last measured
         self._step: int | None = None
         self._step_started = 0.0
         self._stride = 1
@@ -104,24 +110,50 @@ class CostMeter:
         self.hook_s += elapsed
         self.step_hook_s += elapsed
 
+    def steps_begin(self, step: int, at: float, begin_s: float, idle: bool) -> None:
+        """The hook began `step` at `at`, which took it `begin_s` (`idle`: nothing was due
+        and nothing ended). The untimed steps since the last call (one per step after the
+        first) are counted with the last idle begin time measured."""
+        if self._step is not None and step - self._step > 1:
+            estimate = (step - self._step - 1) * self.idle_begin_s
+            self.hook_s += estimate
+            self.step_hook_s += estimate
+        self.step_begins(step, at)
+        self.hook_s += begin_s
+        self.step_hook_s += begin_s
+        if idle:
+            self.idle_begin_s = begin_s
+
     def step_begins(self, step: int, at: float) -> None:
-        """Step time runs from one step's start to the next one's (what a user calls a step)."""
+        """Step `step` begins at `at`: the steps since the last call (one, or a block of
+        several: the hook calls this every BLOCK_STEPS steps where nothing is due, and at
+        every step where something is) end. Step time runs from one step's start to the
+        next one's (what a user calls a step)."""
         if self._step is not None:
-            self.step_done(self._step, at - self._step_started)
+            self._steps_done(max(1, step - self._step), at - self._step_started)
         self._step, self._step_started = step, at
 
-    def step_ends(self, at: float) -> None:
-        """Close the last step (at close, or before a pause such as between fit and test)."""
+    def step_ends(self, at: float, next_step: int | None = None) -> None:
+        """Close the last steps (at close: `next_step` is the number of the step that
+        would come next, so a block of several steps is counted whole)."""
         if self._step is not None:
-            self.step_done(self._step, at - self._step_started)
+            self._steps_done(1 if next_step is None else max(1, next_step - self._step), at - self._step_started)
             self._step = None
 
     def step_done(self, step: int, step_s: float) -> None:
+        """One step `step` took `step_s` (and the hook time since the last call)."""
+        self._step = step
+        self._steps_done(1, step_s)
+        self._step = None
+
+    def _steps_done(self, n: int, elapsed: float) -> None:
+        # The sample of a block is its first step, with the block's means.
         cost = self.cost
-        cost.steps += 1
-        cost.step_s += step_s
-        if self._stride == 1 or step % self._stride == 0:
-            cost.samples.append((step, step_s, self.step_hook_s))
+        cost.steps += n
+        cost.step_s += elapsed
+        first = self._step if self._step is not None else 0
+        if self._stride == 1 or first % self._stride == 0:
+            cost.samples.append((first, elapsed / n, self.step_hook_s / n))
             if len(cost.samples) >= MAX_SAMPLES:
                 cost.samples = cost.samples[::2]
                 self._stride *= 2

@@ -11,7 +11,8 @@ timeline. A plugin subclasses it and fills in only what needs its framework:
 - `_detect_rank()`: (rank, world size, local rank);
 - `_capture(plan, value)`: copy one framework tensor (or its reductions) to host and
   `record` it; return False for values that are not its framework's (core saves those);
-- `_on_step_begin(due)` / `_on_step_end()`: arm and read its captures around a step;
+- `_on_step_begin(due)` / `_on_step_end()`: arm and read its captures around a step
+  (with `notify_every_step = False`, only around steps where something is due);
 - `_make_clock()`: a clock for the step timeline (a GPU plugin reads device events);
 - `_on_close()`: remove what it installed in the framework;
 - `_can_agree_on_stop()` / `_agree_on_stop(local)`: for multi-rank jobs with collectives,
@@ -27,6 +28,8 @@ import contextlib
 import logging
 import os
 import threading
+import time
+import types
 import weakref
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,11 +49,26 @@ from .config import (
     SaveConfig,
 )
 from .control import StopPoller
+from .cost import BLOCK_STEPS
 from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
 from .modes import ModeKeys
-from .phases import EVENTS, OTHER, PHASES, Clock, CpuClock, PhaseLog, StepTimer
+from .phases import (
+    EVENT_CODES,
+    EVENTS,
+    OTHER,
+    PHASE_CODES,
+    PHASE_ENTER_RECORD,
+    PHASES,
+    STEP_BEGIN_EVENT_RECORD,
+    STEP_BEGIN_RECORD,
+    STEP_END_RECORD,
+    Clock,
+    CpuClock,
+    PhaseLog,
+    StepTimer,
+)
 from .safety import FailSafe, write_status
 from .store import Store, open_store
 from .writer import Writer
@@ -62,10 +80,12 @@ STOP_AGREE_ENV = "STEPSCOPE_STOP_AGREE_STEPS"
 _NEVER = 1 << 62  # a TRAIN step count never reached
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
 _NOTHING_DUE: frozenset[str] = frozenset()
-_EVENT_NAMES = frozenset(EVENTS)
+_NOTHING_RECORDED: Mapping[str, Any] = types.MappingProxyType({})  # what a step with nothing due holds
+_perf_counter = time.perf_counter
+_event_code = EVENT_CODES.get  # one call, where `EVENT_CODES.get(...)` is a lookup and a call
 _TRAIN = ModeKeys.TRAIN
 # PhaseLog record kinds (appended directly: the log's methods would cost a call each).
-_BEGIN, _ENTER, _END = 0, 1, 2
+_BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
 
 
 class StopTrainingRequested(StepscopeError, RuntimeError):
@@ -121,18 +141,19 @@ class TensorPlan:
 
 class StepState:
     """The open step: its numbers and the collections due at it, and what was recorded.
-    (A slotted class: one is made per step, on the training thread.)"""
+    (A slotted class: one is made per step, on the training thread. A step where nothing
+    is due shares empty read-only tables; `make_due` gives it its own.)"""
 
     __slots__ = ("global_step", "mode", "mode_step", "due", "due_names", "tensors", "shapes")
 
-    def __init__(self, global_step: int, mode: ModeKeys, mode_step: int, due: tuple[Collection, ...], due_names: frozenset[str] = frozenset()):
+    def __init__(self, global_step: int, mode: ModeKeys, mode_step: int, due: tuple[Collection, ...] = (), due_names: frozenset[str] = _NOTHING_DUE):
         self.global_step = global_step
         self.mode = mode
         self.mode_step = mode_step
         self.due = due
         self.due_names = due_names
-        self.tensors: dict[str, Any] = {}
-        self.shapes: dict[str, Sequence[int]] = {}
+        self.tensors: dict[str, Any] = {} if due else _NOTHING_RECORDED  # type: ignore[assignment]
+        self.shapes: dict[str, Sequence[int]] = {} if due else _NOTHING_RECORDED  # type: ignore[assignment]
 
     def __repr__(self) -> str:
         return f"StepState(global_step={self.global_step}, mode={self.mode.name}, mode_step={self.mode_step}, due={sorted(self.due_names)})"
@@ -165,6 +186,9 @@ class HookBase:
 
     framework: ClassVar[str] = "generic"
     builtin_regexes: ClassVar[Mapping[str, Sequence[str]]] = {}
+    # Whether begin_step calls `_on_step_begin(False)` / `_on_step_end()` at steps where
+    # nothing is due; a plugin with nothing to do there sets False (two calls less a step).
+    notify_every_step: ClassVar[bool] = True
 
     def __init__(
         self,
@@ -204,10 +228,12 @@ class HookBase:
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
         self._module_classes: dict[str, str] = {}
-        self._mode_counts = {mode: 0 for mode in ModeKeys}
-        self._next_due: dict[ModeKeys, int | None] = {}
+        # Per mode, [steps begun, the mode step at which a collection is next due (None:
+        # never)]: one lookup a step for both.
+        self._modes: dict[ModeKeys, list[Any]] = {mode: [0, 0] for mode in ModeKeys}
         self._global_step = 0
         self._step: StepState | None = None
+        self._idle_step = StepState(0, ModeKeys.TRAIN, 0)  # the open step when nothing is due at it
         self._mode = ModeKeys.TRAIN
         self._stop_raised = False
         # Stop decisions: `_train_ends` counts ended TRAIN steps; at `_stop_check_at` the
@@ -237,6 +263,8 @@ class HookBase:
         self._timing = False  # the open step's timing runs
         self._last_end: Any = None
         self._drain_lock = threading.Lock()
+        self._meter: Any = None  # the cost meter begin_step feeds (hook_outputs.instrument)
+        self._meter_at = 0  # the global step at which it next accounts the steps so far
         if validate_only:
             open_store(opts.out_dir)  # raises ConfigError when out_dir is a file; writes nothing
             self._closed = True
@@ -363,10 +391,12 @@ class HookBase:
 
     def mode_step(self, mode: ModeKeys | str) -> int:
         """How many steps of `mode` were opened so far."""
-        return self._mode_counts[ModeKeys.parse(mode)]
+        return int(self._modes[ModeKeys.parse(mode)][0])
 
     @property
     def current_step(self) -> StepState | None:
+        """The open step (None between steps). Steps where nothing is due share one state
+        object, renumbered at each of them: read it, do not keep it."""
         return self._step
 
     @property
@@ -435,66 +465,111 @@ class HookBase:
         """Open the next step in `mode` (default: the current mode), closing the open one;
         `event`: a phase event that happens right away (as `phase_event(event)` would,
         one call less on every step). Returns True when some collection is due at it."""
+        # This runs every step: on a step where nothing is due it is most of the step's
+        # cost in core (bench/bench_torch_hook.py), so it is one frame of plain attribute
+        # reads, and what only steps that save need stays off its path.
+        if mode is None:
+            mode = self._mode
+        elif mode.__class__ is not ModeKeys:
+            mode = ModeKeys.parse(mode)
+        code = None
+        if event is not None:
+            code = _event_code(event)
+            if code is None:
+                raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
         if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
             if not self._closed and self.stop_poller is not None:
                 # Off after a failure: end_step still counts TRAIN steps for the ranks' agreement.
-                self._off_mode = ModeKeys.parse(mode) if mode is not None else self._mode
+                self._off_mode = mode
             return False
-        parsed = self._mode if mode is None else mode if mode.__class__ is ModeKeys else ModeKeys.parse(mode)
-        if event is not None and event not in _EVENT_NAMES:
-            raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-        # One frame for the whole of it (this runs every step); the try is what FailSafe.call
-        # does: nothing escapes into training.
-        mode = parsed
-        try:
+        # The cost meter times only the steps that begin a block of steps (every
+        # BLOCK_STEPS steps, and the steps around one that saves): it counts the others
+        # at the block's end with the cost measured at its first (cost.py).
+        meter = self._meter
+        timed = slow = False  # (`started` is set where `timed` is)
+        try:  # what FailSafe.call does, without its frame: nothing escapes into training
             clock_now = self._now
             now = clock_now() if clock_now is not None else None
             previous = self._step
             if previous is not None:
-                if previous.due or previous.tensors or previous.shapes:
+                if previous is not self._idle_step and (previous.due or previous.tensors or previous.shapes):
+                    slow = True
+                    if meter is not None:
+                        started, timed = _perf_counter(), True
+                        meter.depth = 1
                     self._end_step()
                 else:  # what _end_step does for a step that saved nothing, without its frame
-                    self._on_step_end()
+                    if self.notify_every_step:
+                        self._on_step_end()
                     if self._timing:
                         self.finish_step_timing()
-                    self._step = None
             self._mode = mode
-            mode_step = self._mode_counts[mode]
-            self._mode_counts[mode] = mode_step + 1
-            due: tuple[Collection, ...] = ()
-            next_due = self._next_due.get(mode, 0)
-            # Most steps save nothing: compare with the next due step instead of asking every
-            # collection's schedule (that is the whole cost of a step where nothing is due).
-            if next_due is not None and mode_step >= next_due and self.writes_tensors:
-                candidates = self._collections_for(mode)
-                # with_defaults gave every included collection a save_config.
-                due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
-                upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
-                self._next_due[mode] = min(upcoming) if upcoming else None
+            counts = self._modes[mode]
+            mode_step = counts[0]
+            counts[0] = mode_step + 1
             global_step = self._global_step
-            self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due) if due else _NOTHING_DUE)
             self._global_step = global_step + 1
+            if global_step >= self._meter_at and meter is not None and not timed:
+                started, timed = _perf_counter(), True
+            next_due = counts[1]
+            # Most steps save nothing: compare with the next due step instead of asking every
+            # collection's schedule.
+            if next_due is not None and mode_step >= next_due and self.writes_tensors and (due := self._due_at(mode, mode_step)):
+                slow = True
+                if meter is not None and not timed:
+                    started, timed = _perf_counter(), True
+                step = self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due))
+            else:
+                due = ()
+                # Steps where nothing is due share one state object, renumbered (making an
+                # object costs a quarter of such a step); `current_step` says so.
+                step = self._idle_step
+                step.global_step, step.mode, step.mode_step = global_step, mode, mode_step
+                self._step = step
             if now is not None and self.profiler_failsafe.enabled:
                 # A step's time starts where the previous one's work ended: the wait for data
                 # in between is this step's "data" phase.
                 last_end = self._last_end
+                begin = now if last_end is None else last_end
                 append = self._log_append
-                append((_BEGIN, global_step, mode, now if last_end is None else last_end))
+                if code is None:
+                    append((_BEGIN, global_step, mode, begin))
+                else:  # one record for both
+                    append((_BEGIN_EVENT, global_step, mode, begin, code, now))
                 self._timing = True
-                if event is not None:
-                    append((event, clock_now()))
             if self.detailed is not None:
                 self.profiler_failsafe.call(self.detailed.step_started, global_step)
-            if due:
-                self._on_step_begin(True)
-                if event is not None and self._step is not None:
-                    self.failsafe.call(self._on_phase_event, event)
-                return True
-            self._on_step_begin(False)
-            return False
+            if not due:
+                if self.notify_every_step:
+                    self._on_step_begin(False)
+                return False
+            if meter is not None:
+                meter.depth = 1
+            self._on_step_begin(True)
+            if event is not None and self._step is step:
+                self.failsafe.call(self._on_phase_event, event)
+            return True
         except Exception as exc:
             self.failsafe.fail(exc)
             return False
+        finally:
+            if timed:
+                meter.depth = 0
+                elapsed = _perf_counter() - started
+                step_no = self._global_step - 1
+                self._meter_at = step_no + BLOCK_STEPS
+                meter.steps_begin(step_no, started, elapsed, not slow)
+                if self._log is not None:
+                    self._log.bound()
+
+    def _due_at(self, mode: ModeKeys, mode_step: int) -> tuple[Collection, ...]:
+        """The collections due at `mode_step` of `mode`; sets when the next one is due."""
+        candidates = self._collections_for(mode)
+        # with_defaults gave every included collection a save_config.
+        due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
+        upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
+        self._modes[mode][1] = min(upcoming) if upcoming else None
+        return due
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
         """Close the open step: its timeline ends now and what it saved goes to the writer.
@@ -534,15 +609,19 @@ class HookBase:
         that `stepscope.phases.TRANSITIONS` gives; on a step where something is due the
         plugin also saves what the event makes available (gradients before the update)."""
         # The hot path of every step: plain attribute reads, no wrappers on steps where
-        # nothing is due (a phase event is a clock reading and a deque append; the table
-        # is applied when the log is drained, off the training thread).
+        # nothing is due (a phase event is a clock reading and a list extend; the table
+        # is applied when the log is drained, off the training thread). The log's
+        # callables are read into locals first: CPython 3.11 does not specialize a call
+        # written `self._now()` when `_now` is an instance attribute.
         step = self._step
         if step is None or not self.failsafe.enabled:
             return
         if self._timing:
-            if event not in _EVENT_NAMES:
+            code = EVENT_CODES.get(event)
+            if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-            self._log_append((event, self._now()))
+            append, now = self._log_append, self._now
+            append((code, now()))
         if step.due:
             self.failsafe.call(self._on_phase_event, event)
 
@@ -550,14 +629,16 @@ class HookBase:
         """The open step's work is over (e.g. the optimizer stepped): its timeline ends
         now, though values may still be saved into it until `end_step`."""
         if self._timing:
-            token = self._now()
-            self._log_append((_END, token))
+            append, now = self._log_append, self._now
+            token = now()
+            append((_END, token))
             self._last_end = token
             self._timing = False
 
     def _enter_phase(self, name: str) -> None:
         if self._timing and self.enabled:
-            self._log_append((_ENTER, name, self._now()))
+            append, now = self._log_append, self._now
+            append((_ENTER, PHASE_CODES[name], now()))
 
 
     def _end_step(self) -> None:
@@ -583,13 +664,17 @@ class HookBase:
             return
         extra = tuple(c for c in self.included if c.name in collections and c.name not in step.due_names)
         if extra:
+            if step is self._idle_step:  # the shared state of steps where nothing is due
+                step = self._step = StepState(step.global_step, step.mode, step.mode_step)
+            if not step.due:
+                step.tensors, step.shapes = {}, {}
             step.due = step.due + extra
             step.due_names = step.due_names | {c.name for c in extra}
 
     def state_dict(self) -> dict[str, Any]:
         """The step counters, for a framework checkpoint: a run resumed from it continues
         the numbering instead of writing over the earlier run's steps."""
-        return {"global_step": self._global_step, "mode_steps": {m.name: n for m, n in self._mode_counts.items()}}
+        return {"global_step": self._global_step, "mode_steps": {m.name: counts[0] for m, counts in self._modes.items()}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the step numbering saved by `state_dict` (between steps)."""
@@ -603,8 +688,9 @@ class HookBase:
         if self._step is not None:
             self._end_step()
         self._global_step = global_step
-        self._mode_counts.update(mode_steps)
-        self._next_due = {}
+        for mode, counts in self._modes.items():
+            counts[0] = mode_steps.get(mode, counts[0])
+            counts[1] = 0  # (asked again at the next step)
 
     def _raise_stop(self) -> None:
         """Raise StopTrainingRequested (once): `train_step_ended()` said to stop."""
@@ -776,7 +862,7 @@ class HookBase:
         if config.step_timeline:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
             self._timer = StepTimer(self._make_clock())
-            self._log = PhaseLog()
+            self._log = PhaseLog(flat=getattr(self._timer.clock, "int_tokens", False))
             self._log_append = self._log.append
             self._now = self._timer.clock.now
             self.timeline.add_source(self._drain_timeline)
@@ -791,6 +877,11 @@ class HookBase:
         """Use `clock` for the step timeline from now on (before the first step: a plugin
         that learns the model's device)."""
         if self._timer is not None:
+            flat = getattr(clock, "int_tokens", False)
+            if self._log is not None and self._log.flat != flat:
+                self._publish_timeline(True)  # (empty before the first step)
+                self._log = PhaseLog(flat=flat)
+                self._log_append = self._log.append
             self._timer.clock = clock
             self._now = clock.now
 
@@ -872,7 +963,7 @@ class HookBase:
                     method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()
                     self.profiler_failsafe.call(method)
             if self.outputs is not None:
-                self.outputs.close(self.store, self.writer)  # after the end marker: the report reads the whole job
+                self.outputs.close(self.store, self.writer, self._global_step)  # after the end marker: the report reads the whole job
         finally:
             self._closed = True
             try:

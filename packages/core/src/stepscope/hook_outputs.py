@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .cost import MAX_SAMPLES, CostMeter, cost_key
+from .cost import CostMeter, cost_key
 from .modes import ModeKeys
 
 logger = logging.getLogger("stepscope")
@@ -73,13 +73,11 @@ class HookOutputs:
             self._live = _LiveTensorBoard(self.tensorboard_dir, self.worker, self.several_workers)
             writer.step_listeners.append(self._live)
 
-    def step_ends(self) -> None:
-        self.meter.step_ends(time.perf_counter())
-
-    def close(self, store: Any, writer: Any) -> None:
+    def close(self, store: Any, writer: Any, next_step: int | None = None) -> None:
         """Publish the cost file, close the live TensorBoard files, and write the report
-        (chief worker only, after the writer published everything). Never raises."""
-        self.step_ends()
+        (chief worker only, after the writer published everything). `next_step`: the
+        hook's next global step (the meter counts steps in blocks). Never raises."""
+        self.meter.step_ends(time.perf_counter(), next_step)
         if self._live is not None:
             _quietly("close the TensorBoard files", self._live.close)
         if store is None:
@@ -109,49 +107,14 @@ _TIMED_METHODS = ("end_step", "_on_phase_event", "save_tensor", "save_scalar", "
 
 def instrument(hook: Any, outputs: HookOutputs) -> None:
     """Time `hook`'s entry points into `outputs.meter`: each is replaced, on this instance
-    only, by a timed wrapper; begin_step also starts the step's clock."""
+    only, by a timed wrapper. (begin_step times itself and clocks the steps: it runs on
+    every step, where a wrapper's frame would cost more than the rest of it.)"""
     meter = outputs.meter
     for name in _TIMED_METHODS:
         method = getattr(hook, name, None)
         if method is not None:
             setattr(hook, name, meter.timed(method))
-    begin = hook.begin_step
-    clock = time.perf_counter
-
-    cost = meter.cost
-
-    def begin_step(mode: Any = None, event: Any = None) -> Any:
-        # One wrapper for both the time inside begin_step and the step clock: this runs
-        # on every step, saved or not, so CostMeter.step_begins / step_done are inlined
-        # for the common case (a frame each would be most of its cost).
-        started = clock()
-        meter.depth = 1
-        try:
-            return begin(mode, event)
-        finally:
-            meter.depth = 0
-            elapsed = clock() - started
-            meter.hook_s += elapsed
-            step = hook._step  # the step just opened (None when the hook is off)
-            if step is not None:
-                previous = meter._step
-                if previous is None or len(cost.samples) >= MAX_SAMPLES - 1:  # (then the samples are thinned)
-                    meter.step_hook_s += elapsed
-                    meter.step_begins(step.global_step, started)
-                else:
-                    step_s = started - meter._step_started
-                    cost.steps += 1
-                    cost.step_s += step_s
-                    stride = meter._stride
-                    if stride == 1 or previous % stride == 0:
-                        cost.samples.append((previous, step_s, meter.step_hook_s + elapsed))
-                    meter.step_hook_s = 0.0
-                    meter._step, meter._step_started = step.global_step, started
-            else:
-                meter.step_hook_s += elapsed
-
-    begin_step.__doc__ = begin.__doc__
-    hook.begin_step = begin_step
+    hook._meter = meter
 
 
 def _quietly(what: str, call: Any) -> None:

@@ -73,6 +73,7 @@ class CpuClock:
     once to `time.time_ns()`)."""
 
     immediate = True
+    int_tokens = True  # a PhaseLog can keep them as plain ints (no object per record)
 
     def __init__(self) -> None:
         self._offset = time.time_ns() - time.perf_counter_ns()
@@ -168,23 +169,42 @@ class StepTimer:
             yield timed.step, timed.mode, [(phase, clock.to_wall_ns(s), clock.to_wall_ns(e)) for phase, s, e in timed.spans]
 
 
-# Records of a PhaseLog (besides events, which are recorded by their name).
-_BEGIN, _ENTER, _END = 0, 1, 2
-_MAX_LOGGED_RECORDS = 1 << 20  # bounds memory when nothing drains the log (then the oldest go)
+# Records of a PhaseLog. All integers (events and phases by their codes), so that with a
+# clock whose tokens are integers (`CpuClock`) the log is one flat list of ints: the tuple
+# the training thread appends is freed at once, and what lives until the drain are ints,
+# which the garbage collector does not track (a deque of tuples gave it ~4 tracked objects
+# a step). A list rather than an `array("q")`: array.extend parses each item with
+# PyArg_Parse, several times dearer. Public for the hot paths that append to the log
+# directly (HookBase, the torch plugin).
+STEP_BEGIN_RECORD = 0  # (0, step, mode, token)
+PHASE_ENTER_RECORD = 1  # (1, phase code, token)
+STEP_END_RECORD = 2  # (2, token)
+STEP_BEGIN_EVENT_RECORD = 3  # (3, step, mode, token, event code, event token): a step and its first event
+EVENT_CODES: Mapping[str, int] = {name: 10 + i for i, name in enumerate(EVENTS)}  # (event code, token)
+PHASE_CODES: Mapping[str, int] = {name: i for i, name in enumerate(PHASES)}
+_BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
+_EVENT_OF_CODE = {code: name for name, code in EVENT_CODES.items()}
+_RECORD_WORDS = {_BEGIN: 4, _ENTER: 3, _END: 2, _BEGIN_EVENT: 6, **{code: 2 for code in _EVENT_OF_CODE}}
+_MODES = {int(mode): mode for mode in ModeKeys}
+_MAX_LOGGED_WORDS = 1 << 21  # bounds memory when nothing drains the log (then the oldest go)
 
 
 class PhaseLog:
-    """The training thread's side of the step timeline: one tuple appended per step
-    boundary or phase event (a deque append: atomic, no lock, no call into stepscope), and
+    """The training thread's side of the step timeline: one record appended per step
+    boundary or phase event (one C call: atomic, no lock, no call into stepscope), and
     `drain()`, which replays what was logged through a `PhaseTracker` (the table) into
     steps' spans, off the training thread when the clock's tokens are known at once.
 
-    Records: `(0, step, mode, token)` opens a step, `(event, token)` is a phase event,
-    `(1, phase, token)` enters a phase, `(2, token)` ends the step's timing."""
+    `flat` (a clock with integer tokens): the records are words of one list and `append`
+    is its `extend`; otherwise (GPU events as tokens) each record is a tuple in a deque. Either way `append(record)` takes the record as a tuple (see the *_RECORD
+    constants). `bound()` drops the oldest records beyond `maxlen` words (flat) or
+    records (a deque bounds itself)."""
 
-    def __init__(self, maxlen: int = _MAX_LOGGED_RECORDS) -> None:
-        self.records: deque[tuple[Any, ...]] = deque(maxlen=maxlen)
-        self.append = self.records.append
+    def __init__(self, maxlen: int = _MAX_LOGGED_WORDS, flat: bool = True) -> None:
+        self.flat = flat
+        self.maxlen = maxlen
+        self.records: Any = [] if flat else deque(maxlen=maxlen)
+        self.append: Any = self.records.extend if flat else self.records.append
         self._tracker = PhaseTracker()
         self._open: tuple[int, ModeKeys] | None = None
         self._lock = threading.Lock()  # drains come from the flush thread and from close()
@@ -193,43 +213,72 @@ class PhaseLog:
         self.append((_BEGIN, step, mode, token))
 
     def event(self, name: str, token: Any) -> None:
-        if name not in _EVENT_NAMES:
+        code = EVENT_CODES.get(name)
+        if code is None:
             raise ConfigError(f"unknown phase event {name!r}; events: {', '.join(EVENTS)}")
-        self.append((name, token))
+        self.append((code, token))
 
     def enter(self, phase: str, token: Any) -> None:
-        self.append((_ENTER, phase, token))
+        self.append((_ENTER, PHASE_CODES[phase], token))
 
     def end(self, token: Any) -> None:
         self.append((_END, token))
+
+    def bound(self) -> None:
+        """Drop the oldest whole records while the flat log holds more than `maxlen` words
+        (nothing drained it: a stalled timeline must not grow without end)."""
+        if not self.flat or len(self.records) <= self.maxlen:
+            return
+        with self._lock:
+            words, i = self.records, 0
+            while len(words) - i > self.maxlen // 2:
+                i += _RECORD_WORDS[words[i]]
+            del words[:i]
+            self._open = None  # the open step's begin may be gone
+            self._tracker = PhaseTracker()
 
     def drain(self) -> list[tuple[int, ModeKeys, list[Span]]]:
         """The steps whose timing ended since the last drain: (step, mode, spans in clock
         tokens), the phases tiling the step followed by the whole step's span."""
         out: list[tuple[int, ModeKeys, list[Span]]] = []
         with self._lock:
-            pop, tracker = self.records.popleft, self._tracker
-            while True:
-                try:
-                    record = pop()
-                except IndexError:
-                    return out
-                kind = record[0]
-                if kind == _BEGIN:
-                    _, step, mode, token = record
-                    self._open = (step, mode)
-                    tracker.begin(mode, token)
-                elif kind == _END:
-                    begin, spans = tracker.end(record[1])
-                    if self._open is not None and spans:
-                        step, mode = self._open
-                        spans.append((STEP_PHASE[mode], begin, record[1]))
-                        out.append((step, mode, spans))
-                    self._open = None
-                elif kind == _ENTER:
-                    tracker.enter(record[1], record[2])
-                elif tracker.open:
-                    tracker.event(kind, record[1])
+            if not self.flat:
+                pop = self.records.popleft
+                while True:
+                    try:
+                        self._replay(pop(), out)
+                    except IndexError:
+                        return out
+            # Copy what is there, replay it, then delete just that: the training thread
+            # only ever extends the list at its end, a whole record at a time (one C call).
+            words = self.records
+            n = len(words)
+            values = words[:n]
+            i = 0
+            while i < n:
+                size = _RECORD_WORDS[values[i]]
+                self._replay(values[i:i + size], out)
+                i += size
+            del words[:n]
+            return out
 
+    def _replay(self, record: Any, out: list[tuple[int, ModeKeys, list[Span]]]) -> None:
+        kind, tracker = record[0], self._tracker
+        if kind == _BEGIN or kind == _BEGIN_EVENT:
+            step, mode = record[1], _MODES[record[2]]
+            self._open = (step, mode)
+            tracker.begin(mode, record[3])
+            if kind == _BEGIN_EVENT:
+                tracker.event(_EVENT_OF_CODE[record[4]], record[5])
+        elif kind == _END:
+            begin, spans = tracker.end(record[1])
+            if self._open is not None and spans:
+                step, mode = self._open
+                spans.append((STEP_PHASE[mode], begin, record[1]))
+                out.append((step, mode, spans))
+            self._open = None
+        elif kind == _ENTER:
+            tracker.enter(PHASES[record[1]], record[2])
+        elif tracker.open:
+            tracker.event(_EVENT_OF_CODE[kind], record[1])
 
-_EVENT_NAMES = frozenset(EVENTS)

@@ -31,14 +31,17 @@ from stepscope.config import CollectionName
 from stepscope.exceptions import ConfigError
 from stepscope.hook import HookBase, StopTrainingRequested, TensorPlan
 from stepscope.modes import ModeKeys
-from stepscope.phases import FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, Clock
+from stepscope.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, STEP_END_RECORD, Clock
 
 from . import naming
+from .driver import drive_forward
 from .timing import device_clock
 from .transfer import HostTransfer
 
 logger = logging.getLogger("stepscope")
 _TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
+# Phase-log records the hot paths append themselves (stepscope.phases.PhaseLog).
+_FORWARD_BEGIN, _FORWARD_END, _OPTIMIZER_BEGIN = EVENT_CODES[FORWARD_BEGIN], EVENT_CODES[FORWARD_END], EVENT_CODES[OPTIMIZER_BEGIN]
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Collections filled by other means than module forward hooks; when only these are due, a
@@ -82,6 +85,7 @@ class Hook(HookBase):
 
     framework = "pytorch"
     builtin_regexes = naming.BUILTIN_REGEXES
+    notify_every_step = False  # steps where nothing is due need nothing of the plugin
 
     def __init__(self, out_dir: Any = None, *args: Any, **kwargs: Any):
         self._model: nn.Module | None = None
@@ -92,11 +96,15 @@ class Hook(HookBase):
         self._optimizers: list[torch.optim.Optimizer] = []
         self._drives_optimizer = False
         self._handles: list[Any] = []
+        self._driven: nn.Module | None = None  # the model whose forward drives the steps (driver.py)
+        self._driven_name: str | None = None  # its activation name, when it is one of the watched modules
         self._step_handles: list[Any] = []
         self._explicit_mode: ModeKeys | None = None
         self._transfer = HostTransfer()
-        # Whether the open TRAIN step still takes forwards (its optimizer has not stepped).
-        self._train_active = False
+        # The global step of the open TRAIN step while it still takes forwards (its optimizer
+        # has not stepped): compared with the open step, so a step ended any other way
+        # (end_step, set_mode, load_state_dict) is no longer taken for it, with no callback.
+        self._train_at = -1
         super().__init__(out_dir, *args, **kwargs)
         # Collections that need module forward hooks ("default" only when include_regex
         # gave it regexes: otherwise it holds the user's own tensors).
@@ -134,14 +142,12 @@ class Hook(HookBase):
 
     def _on_step_begin(self, due: bool) -> None:
         step = self._step
-        assert step is not None
-        self._train_active = step.mode is _TRAIN
-        if not due:
-            return
+        assert step is not None and due
         self._save_parameters()
         watched = list(self._losses)
         if not self._io_collections.isdisjoint(step.due_names):
-            watched += self._modules
+            # (Not the driven model: its forward is under way; _forward_ends saves its IO.)
+            watched += [(n, m) for n, m in self._modules if m is not self._driven]
         self._step_handles += [m.register_forward_hook(functools.partial(self._on_module_io, n)) for n, m in watched]
         if step.mode == ModeKeys.TRAIN and not self._optimizers:
             self._step_handles += [
@@ -149,7 +155,6 @@ class Hook(HookBase):
             ]
 
     def _on_step_end(self) -> None:
-        self._train_active = False
         if self._step_handles:
             self._remove(self._step_handles)
         step = self._step
@@ -190,6 +195,11 @@ class Hook(HookBase):
             raise ConfigError(f"register_module: expected a torch.nn.Module, got {type(model).__name__}")
         if self._model is not None and self._model is not model:
             raise ConfigError("register_module: a model is already registered with this hook (use one hook per model)")
+        if drive_steps and isinstance(model, torch.jit.ScriptModule):  # takes no forward hook, no class swap
+            raise ConfigError(
+                f"register_module: the steps of a TorchScript module ({type(model).__name__}) cannot be followed from its "
+                "forward; register the eager module, or pass drive_steps=False and mark steps with hook.step() / begin_step()"
+            )
         if not self.enabled or self._model is not None:
             return
         self._model = model
@@ -211,11 +221,17 @@ class Hook(HookBase):
             if clock is not None:
                 self._set_clock(clock)
         if drive_steps:
-            # Every torch hook on a module costs each call of it; the end-of-forward hook is
-            # there only for the timeline.
-            self._handles.append(model.register_forward_pre_hook(self._on_forward_pre))
-            if self._timer is not None:
-                self._handles.append(model.register_forward_hook(self._on_forward))
+            # The model's own forward tells where steps begin (driver.py: no torch hook, whose
+            # dispatch would cost more than the rest of a step where nothing is due); its end
+            # is needed only for the timeline.
+            driver = drive_forward(model, self._forward_begins, self._forward_ends)
+            if driver is not None:
+                self._handles.append(driver)
+                self._driven = model
+                self._driven_name = next((n for n, m in self._modules if m is model), None)
+            else:  # a model whose class cannot be swapped: torch's forward hooks
+                self._handles.append(model.register_forward_pre_hook(lambda module, args: self._forward_begins(module)))
+                self._handles.append(model.register_forward_hook(self._forward_ends))
 
     def register_loss(self, loss_module: nn.Module) -> nn.Module:
         """Save the output of a loss module as `<LossClass>_output_0` (losses collection).
@@ -288,29 +304,52 @@ class Hook(HookBase):
     def train_step_open(self) -> bool:
         """A TRAIN step is open and its optimizer has not stepped yet (more micro-batches
         of it may come)."""
-        return self._train_active
+        step = self._step
+        if step is None or step.mode is not _TRAIN:
+            return False
+        # A framework callback ends the step itself (end_step) once its optimizer stepped.
+        return not self._drives_optimizer or step.global_step == self._train_at
 
     # --- torch hooks (training thread; each returns at once when nothing is due) ---------
 
-    def _on_forward_pre(self, module: nn.Module, args: Any) -> None:
-        if not self.failsafe.enabled:
-            return
+    # The hot path: on a step where nothing is due each of these is a few attribute reads
+    # and, with the timeline, a clock reading appended to the phase log (core's
+    # `phase_event` / `finish_step_timing`, inlined: a call each would cost more than that).
+    # The log's callables are read into locals first: CPython 3.11 does not specialize a
+    # call written `self._now()` when `_now` is an instance attribute (several times dearer).
+
+    def _forward_begins(self, module: nn.Module) -> None:
         mode = self._explicit_mode or (_TRAIN if module.training else _EVAL)
-        if mode is _TRAIN and self._train_active and self._drives_optimizer:
-            self.phase_event(FORWARD_BEGIN)  # another micro-batch of a step that ends at optimizer.step()
-            return
-        if not self._drives_optimizer:
+        if mode is _TRAIN and self._drives_optimizer:
+            step = self._step
+            if step is not None and step.global_step == self._train_at:
+                # Another micro-batch of a step that ends at optimizer.step().
+                if self._timing and self.failsafe.enabled:
+                    append, now = self._log_append, self._now
+                    append((_FORWARD_BEGIN, now()))
+                if step.due:
+                    self.failsafe.call(self._on_phase_event, FORWARD_BEGIN)
+                return
+        elif not self._drives_optimizer:
             step = self._step
             if step is not None and step.mode is _TRAIN:
                 self.end_step()  # raises StopTrainingRequested after a stop request
         self.begin_step(mode, FORWARD_BEGIN)
+        if mode is _TRAIN:
+            self._train_at = self._global_step - 1
 
-    def _on_forward(self, module: nn.Module, args: Any, output: Any) -> None:
+    def _forward_ends(self, module: nn.Module, args: Any, output: Any) -> None:
         step = self._step
         if step is None:
             return
+        if step.due and self._driven_name is not None and module is self._driven and not step.due_names.isdisjoint(self._io_collections):
+            self._on_module_io(self._driven_name, module, args, output)
         if step.mode is _TRAIN:
-            self.phase_event(FORWARD_END)
+            if self._timing:
+                append, now = self._log_append, self._now
+                append((_FORWARD_END, now()))
+            if step.due:
+                self.failsafe.call(self._on_phase_event, FORWARD_END)
         else:
             self.finish_step_timing()  # an evaluation step is its forward
 
@@ -320,11 +359,22 @@ class Hook(HookBase):
             self.failsafe.call(self._save_io, name, args, output, type(module).__name__)
 
     def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        step = self._step
+        if step is None or step.global_step != self._train_at:
+            if not self.failsafe.enabled:
+                return
+            self.begin_step(ModeKeys.TRAIN)  # optimizer.step() without a forward in this step
+            step = self._step
+            if step is None:
+                return
+            self._train_at = step.global_step
         if not self.failsafe.enabled:
             return
-        if not self._train_active:
-            self.begin_step(ModeKeys.TRAIN)  # optimizer.step() without a forward in this step
-        self.phase_event(OPTIMIZER_BEGIN)
+        if self._timing:
+            append, now = self._log_append, self._now
+            append((_OPTIMIZER_BEGIN, now()))
+        if step.due:
+            self.failsafe.call(self._on_phase_event, OPTIMIZER_BEGIN)  # saves the gradients
 
     def _on_optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         # Counted before the fail-safe check: a rank whose hook turned off still takes part
@@ -333,15 +383,17 @@ class Hook(HookBase):
         n = self._train_ends + 1
         self._train_ends = n
         stop = n >= self._stop_check_at and self._decide_stop(n)
-        if not self.failsafe.enabled:
-            if stop:
-                self._raise_stop()
-            return
-        self.finish_step_timing()
         step = self._step
-        if step is not None and step.due:
-            self.phase_event(OPTIMIZER_END)  # saves optimizer state
-        self._train_active = False
+        self._train_at = -1
+        if step is not None and self.failsafe.enabled:
+            if self._timing:  # finish_step_timing(), inlined
+                append, now = self._log_append, self._now
+                token = now()
+                append((STEP_END_RECORD, token))
+                self._last_end = token
+                self._timing = False
+            if step.due:
+                self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
         if stop:
             self._raise_stop()
 

@@ -1,0 +1,162 @@
+"""Instructions a step where nothing is due costs the training thread, counted by valgrind's
+callgrind: the same comparison as `bench_torch_hook.py --nothing-due-only` (the hook's
+added cost against two calls of an empty nn.Module), in a unit other load on the machine
+cannot change. Time on a shared machine moves with what else runs (caches, the other
+hyperthread); instruction counts do not, so this is the figure to compare across commits.
+Instructions are not time (a cache miss costs more than an add), so the time ratio of
+bench_torch_hook.py on a quiet machine stays the goal's measure.
+
+Needs valgrind, a C compiler and valgrind's headers (`apt-get install valgrind gcc`): a
+tiny library built on the fly lets the measured process switch counting on and off around
+each variant, so that importing torch (billions of instructions) is not counted. Takes
+about a minute. Not run by `nox -s bench` (which runs the bench_*.py scripts)."""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+_CONTROL_C = """
+#include <valgrind/callgrind.h>
+void measure_start(void) { CALLGRIND_ZERO_STATS; CALLGRIND_START_INSTRUMENTATION; }
+void measure_dump(const char *name) { CALLGRIND_DUMP_STATS_AT(name); }
+void measure_stop(void) { CALLGRIND_STOP_INSTRUMENTATION; }
+"""
+VARIANTS = ("plain", "mechanism", "default", "no profiler", "empty")
+
+
+def _child(control: str, steps: int) -> None:
+    """Run in the measured process: each variant's steps between two dumps."""
+    import logging
+
+    import torch
+    from torch import nn
+
+    from stepscope.config import ProfilerConfig
+    from stepscope_torch import Hook
+    from stepscope_torch.driver import drive_forward
+
+    lib = ctypes.CDLL(control)
+    logging.getLogger("stepscope").setLevel(logging.CRITICAL)
+    torch.set_num_threads(1)
+    x = torch.ones(1, 1)
+    out = tempfile.mkdtemp()
+
+    def loop(hook: Hook | None = None, mechanism: bool = False):
+        model = nn.Linear(1, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        if hook is not None:
+            hook.register_module(model)
+            hook.register_optimizer(optimizer)
+        if mechanism:  # the hook's mechanism, each part doing nothing
+
+            def nothing(*args: object) -> None:
+                return None
+
+            drive_forward(model, nothing, nothing)
+            optimizer.register_step_pre_hook(nothing)
+            optimizer.register_step_post_hook(nothing)
+
+        def run(n: int) -> None:
+            with torch.no_grad():
+                for _ in range(n):
+                    model(x)
+                    optimizer.step()
+
+        return run
+
+    class Empty(nn.Module):
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return x
+
+    empty = Empty()
+
+    def empty_calls(n: int) -> None:
+        for _ in range(n):
+            empty(x)
+            empty(x)
+
+    runs = {
+        "plain": loop(),
+        "mechanism": loop(mechanism=True),
+        "default": loop(Hook(f"{out}/default")),
+        "no profiler": loop(Hook(f"{out}/noprof", profiler_config=ProfilerConfig.disabled())),
+        "empty": empty_calls,
+    }
+    for run in runs.values():
+        run(300)  # warm up: specialized bytecode, caches, the first block of the meter
+    lib.measure_start()
+    for name, run in runs.items():
+        lib.measure_dump(f"before {name}".encode())
+        run(steps)
+        lib.measure_dump(f"after {name}".encode())
+    lib.measure_stop()
+    os._exit(0)  # no teardown to count or wait for
+
+
+def _build_control(where: Path) -> str | None:
+    compiler = shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        return None
+    source, library = where / "control.c", where / "libcontrol.so"
+    source.write_text(_CONTROL_C)
+    built = subprocess.run([compiler, "-O2", "-shared", "-fPIC", "-o", str(library), str(source)], capture_output=True, text=True)
+    return str(library) if built.returncode == 0 else None
+
+
+def _main_thread_totals(where: Path) -> dict[str, int]:
+    """{dump name: instructions} of the main thread's dumps (files out.<dump>-01)."""
+    totals = {}
+    for path in where.glob("out.*-01"):
+        text = path.read_text(errors="replace")
+        trigger = re.search(r"^desc: Trigger: Client Request: (.*)$", text, re.M)
+        total = re.search(r"^(?:summary|totals): (\d+)", text, re.M)
+        if trigger and total:
+            totals[trigger.group(1)] = int(total.group(1))
+    return totals
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--steps", type=int, default=1000, help="steps counted per variant")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        _child(args.child, args.steps)
+        return
+    if shutil.which("valgrind") is None:
+        print("skipped: valgrind is not installed (apt-get install valgrind)")
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        where = Path(tmp)
+        control = _build_control(where)
+        if control is None:
+            print("skipped: cannot build the callgrind control library (a C compiler and valgrind/callgrind.h are needed)")
+            return
+        command = [
+            "valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
+            f"--callgrind-out-file={where}/out", sys.executable, __file__, "--child", control, "--steps", str(args.steps),
+        ]
+        done = subprocess.run(command, capture_output=True, text=True)
+        totals = _main_thread_totals(where)
+        if any(f"after {v}" not in totals for v in VARIANTS):
+            print(f"no counts (valgrind exit {done.returncode}):\n{done.stderr[-2000:]}")
+            sys.exit(1)
+    per_step = {v: totals[f"after {v}"] / args.steps for v in VARIANTS}
+    empty = per_step["empty"]
+    print(f"instructions per step (training thread, callgrind, {args.steps} steps each); two empty nn.Module calls: {empty:,.0f}")
+    for variant in ("mechanism", "no profiler", "default"):
+        added = per_step[variant] - per_step["plain"]
+        goal = "" if variant == "mechanism" else f" (goal <= 1: {'met' if added <= empty else 'MISSED'})"
+        print(f"  {variant:12} adds {added:8,.0f}; ratio to two empty calls {added / empty:5.2f}{goal}")
+
+
+if __name__ == "__main__":
+    main()
