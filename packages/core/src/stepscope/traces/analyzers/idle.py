@@ -119,11 +119,18 @@ def idle_breakdown(events: pd.DataFrame, kernel_wait_us: float = KERNEL_WAIT_US,
     kernel_wait = ~host_wait & (gap < kernel_wait_us * 1000)
     category = np.where(host_wait, 0, np.where(kernel_wait, 1, 2))[same]
     gap = gap[same]
-    group_keys = [stream[same]] + ([step[same]] if per_step else [])
-    # One group code per (stream[, step]), then a weighted bincount per category.
-    group_frame = pd.DataFrame(dict(zip(keys, group_keys)))
-    group = group_frame.groupby(keys, sort=True).ngroup().to_numpy()
-    out = group_frame.drop_duplicates().sort_values(keys, ignore_index=True)
+    # One group code per (stream[, step]) from one 64-bit key (both are int32), then a
+    # weighted bincount per category.
+    stream = stream[same].astype(np.int64)
+    key = (stream << 32) | (step[same].astype(np.int64) & 0xFFFFFFFF) if per_step else stream
+    if per_step:
+        unique, group = np.unique(key, return_inverse=True)
+    else:  # sorted by stream already: groups start where the stream changes
+        new_group = np.concatenate(([True], key[1:] != key[:-1])) if key.size else np.zeros(0, dtype=bool)
+        unique, group = key[new_group], np.cumsum(new_group) - 1
+    out = pd.DataFrame({"stream": (unique >> 32 if per_step else unique).astype(np.int32)})
+    if per_step:
+        out["step"] = (unique & 0xFFFFFFFF).astype(np.uint32).astype(np.int32)
     groups = len(out)
     for code, name in enumerate(("host_wait_us", "kernel_wait_us", "other_us")):
         pick = category == code
