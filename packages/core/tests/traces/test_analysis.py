@@ -108,13 +108,30 @@ def test_cpu_ops_match_truth(synth_job):
 
 def test_tables_are_persisted_and_reused(synth_job):
     job, truths = synth_job()
-    first = TraceAnalysis(job).kernel_stats()
+    analysis = TraceAnalysis(job)
+    first = analysis.kernel_stats()
+    analysis.wait_persisted()  # written in the background
     tables = sorted(p.relative_to(job).as_posix() for p in (job / TABLE_DIR).rglob("*.parquet"))
     assert tables == [f"{TABLE_DIR}/pytorch/detailed/rank{r}/window_000000.pt.trace.json.gz.parquet" for r in (0, 1)]
     for trace in job.rglob("*.pt.trace.json.gz"):
         trace.write_bytes(b"not a trace any more")  # a second analysis must not parse JSON
     second = TraceAnalysis(job).kernel_stats()
     assert second.equals(first)
+
+
+def test_a_table_that_cannot_be_written_costs_a_warning_not_the_analysis(synth_job, caplog):
+    """Tables are written in the background: a failure there (here a file where the
+    tables' folder should be) is logged, and neither the analysis nor the wait raises."""
+    import logging
+
+    job, truths = synth_job(world_size=1)
+    (job / TABLE_DIR).write_text("not a folder")
+    analysis = TraceAnalysis(job)
+    with caplog.at_level(logging.WARNING, logger="stepscope.traces"):
+        stats = analysis.kernel_stats(rank=0).set_index("name")
+        analysis.wait_persisted()
+    assert "could not persist the trace table" in caplog.text
+    assert {n: int(round(v * 1000)) for n, v in stats.total_us.items()} == {n: k["total_ns"] for n, k in truths[0].kernels.items()}
 
 
 def test_unknown_rank_is_a_clear_error(synth_job):
@@ -198,7 +215,9 @@ def test_tables_of_all_ranks_read_as_one_dataset(synth_job):
     import pyarrow.dataset as ds
 
     job, truths = synth_job()
-    TraceAnalysis(job).traces()  # parses and persists both ranks
+    analysis = TraceAnalysis(job)
+    analysis.traces()  # parses and persists both ranks
+    analysis.wait_persisted()
     dataset = ds.dataset(str(job / TABLE_DIR), format="parquet")
     kernels = dataset.to_table(filter=pc.field("kind") == 0, columns=["rank", "dur_ns"]).group_by("rank").aggregate([("dur_ns", "sum")])
     totals = dict(zip(kernels.column("rank").to_pylist(), kernels.column("dur_ns_sum").to_pylist()))

@@ -57,6 +57,52 @@ def test_odd_layouts_fall_back_to_the_exact_parser():
         assert frame.correlation.tolist() == [-1, 5, 5]
 
 
+@pytest.mark.parametrize("indent", [None, 2])
+def test_chunk_cuts_never_split_an_event(tmp_path, indent):
+    """Files read in chunks of every size: the cut between chunks must fall between two
+    top-level events even where a `},{` sits in a string or in a nested array of objects
+    right at a chunk boundary; Kineto's own layout (one key per line, indented) too."""
+    events = []
+    for i in range(60):
+        args = {"correlation": i, "stream": 7}
+        if i % 7 == 3:
+            args["list"] = [{"a": i}, {"b": {"c": [1, {"d": 2}]}}, {"ph": "X"}]
+        name = f'k{i}<{{lambda()#1}},{{"lambda"()#2}}, {{\n}}>' if i % 5 == 2 else f"kernel_{i}"
+        events.append({"ph": "X", "cat": "kernel", "name": name, "pid": 0, "tid": 7, "ts": 100 + i * 3.5, "dur": 1.25 + i, "args": args})
+    text = json.dumps({"schemaVersion": 1, "traceEvents": events, "deviceProperties": []}, indent=indent).encode()
+    (tmp_path / "t.json").write_bytes(text)
+    (tmp_path / "t.json.gz").write_bytes(gzip.compress(text))
+    expected_names = [e["name"] for e in events]
+    for size in (48, 97, 256, 1000, 4093, 1 << 20):
+        for path in (tmp_path / "t.json", tmp_path / "t.json.gz"):
+            raw = read_trace(path, chunk_bytes=size)
+            frame = raw.table.to_pandas()
+            assert list(frame.name.astype(str)) == expected_names, (size, path.name)
+            assert frame.ts_ns.tolist() == [int(round(e["ts"] * 1000)) for e in events]
+            assert frame.dur_ns.tolist() == [int(round(e["dur"] * 1000)) for e in events]
+            assert frame.correlation.tolist() == list(range(60))
+
+
+@pytest.mark.parametrize("cores", [2, 16])
+def test_kinetos_indented_layout_takes_the_fast_path(tmp_path, monkeypatch, cores):
+    """Kineto writes one key per line: on two cores each chunk is one pyarrow block (the
+    newlines inside events stay), on more pyarrow splits chunks at newlines (they become
+    spaces first). Both must read every chunk fast and give what the compact layout gives."""
+    from stepscope.traces import reader
+
+    monkeypatch.setattr(reader, "_CORES", cores)
+    data, truth = trace_bytes(SynthSpec(steps=3, ops_per_step=40, seed=5))
+    document = json.loads(data)
+    events = ",\n".join("  " + json.dumps(e, indent=2).replace("\n", "\n  ") for e in document.pop("traceEvents"))
+    head = json.dumps(document)[:-1]
+    (tmp_path / "t.json").write_bytes(f'{head}, "traceEvents": [\n{events}\n]}}'.encode())
+    compact = read_trace(data, chunk_bytes=1 << 20).table
+    for size in (4096, 65536, 1 << 20):
+        raw = read_trace(tmp_path / "t.json", chunk_bytes=size)
+        assert raw.slow_chunks == 0, size
+        assert raw.table.equals(compact), size
+
+
 def test_string_pids_do_not_break_the_fast_path():
     text = '{"traceEvents": [\n{"ph": "X", "cat": "cpu_op", "name": "a", "pid": "Spans", "tid": "x", "ts": 1, "dur": 1},\n{"ph": "X", "cat": "cpu_op", "name": "b", "pid": 3, "tid": 4, "ts": 2, "dur": 1}\n]}'
     raw = read_trace(text.encode())

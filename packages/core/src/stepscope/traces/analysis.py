@@ -14,7 +14,7 @@ import pandas as pd
 
 from ..store import Store, open_store
 from .analyzers import cpu_ops, idle, kernels, launches, memory, steps, syncs
-from .tables import TraceInfo, list_trace_keys, load_trace
+from .tables import TableWriter, TraceInfo, list_trace_keys, load_trace
 
 StepRange = tuple[int, int] | range | None
 Progress = Callable[[str, int, int | None], None]
@@ -23,7 +23,8 @@ Progress = Callable[[str, int, int | None], None]
 class TraceAnalysis:
     """A job's Kineto / XSpace traces as tables per rank, and the analyses over them.
     Traces are parsed on first use (and their tables persisted under `stepscope-traces/`
-    when `persist`); later analyses read the Parquet tables."""
+    when `persist`, in the background: `wait_persisted()` waits for them, and a process
+    does not exit before they are written); later analyses read the Parquet tables."""
 
     def __init__(self, path: str | os.PathLike[str] | Store, *, persist: bool = True, progress: Progress | None = None, keys: Iterable[str] | None = None):
         self.store = path if isinstance(path, Store) else open_store(os.fspath(path))
@@ -32,11 +33,16 @@ class TraceAnalysis:
         self._keys = sorted(keys) if keys is not None else None
         self._loaded: dict[str, tuple[TraceInfo, pd.DataFrame]] = {}
         self._timeline: pd.DataFrame | None = None
+        self._writer = TableWriter()
 
     def __repr__(self) -> str:
         return f"TraceAnalysis({self.store.url!r})"
 
     # --- the traces ---------------------------------------------------------------------
+
+    def wait_persisted(self) -> None:
+        """Block until the tables of the traces parsed so far are written."""
+        self._writer.wait()
 
     def trace_keys(self) -> list[str]:
         if self._keys is None:
@@ -154,7 +160,7 @@ class TraceAnalysis:
         loaded = self._loaded.get(key)
         if loaded is None:
             progress = (lambda done, total: self.progress(key, done, total)) if self.progress else None  # type: ignore[misc]
-            loaded = self._loaded[key] = load_trace(self.store, key, persist=self.persist, progress=progress)
+            loaded = self._loaded[key] = load_trace(self.store, key, persist=self.persist, progress=progress, writer=self._writer)
         return loaded
 
     def _ranks(self, rank: int | None) -> list[int]:

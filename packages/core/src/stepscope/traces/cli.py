@@ -77,7 +77,10 @@ def run_profile(args: argparse.Namespace) -> int:
     analysis = _analysis(args)
     if not analysis.trace_keys():
         raise ConfigError(f"no detailed traces under {args.path}/profiler-output/framework/ (see docs/traces.md)")
-    tables = analysis.summary(rank=args.rank, steps=steps)
+    try:
+        tables = analysis.summary(rank=args.rank, steps=steps)
+    finally:
+        analysis.wait_persisted()  # the command is done when the tables are on disk
     if args.json:
         json.dump({name: json.loads(frame.to_json(orient="records")) for name, frame in tables.items()}, sys.stdout, indent=1)
         print()
@@ -100,6 +103,9 @@ def run_timeline(args: argparse.Namespace) -> int:
     if args.output != "-" and not args.output.endswith((".json", ".json.gz")):
         raise ConfigError(f"-o must end in .json or .json.gz (or be -), got {args.output!r}")
     analysis = _analysis(args)
-    counts = write_timeline(analysis.store, args.output, steps=parse_steps(args.steps), analysis=analysis, include_cpu_ops=not args.no_cpu_ops)
+    try:
+        counts = write_timeline(analysis.store, args.output, steps=parse_steps(args.steps), analysis=analysis, include_cpu_ops=not args.no_cpu_ops)
+    finally:
+        analysis.wait_persisted()
     print(f"wrote {args.output}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " (open it in https://ui.perfetto.dev)", file=sys.stderr)
     return EXIT_OK

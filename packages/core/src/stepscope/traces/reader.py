@@ -1,24 +1,30 @@
 """Streaming reader of Kineto / Chrome-trace JSON (plain or gzip, local or any Store) into
 one columnar event table (see schema.py), in bounded memory.
 
-How it stays fast without a Python object per event: the bytes are read in chunks; in
-each chunk numpy finds the commas that separate top-level events (`}` `,` whitespace `{`)
-and overwrites them with newlines in place, which turns the array into newline-delimited
-JSON that pyarrow's C++ parser reads straight into columns. Anything this trick gets
-wrong (a separator inside a string, nested arrays of objects, an odd value type) makes
-pyarrow raise, and that chunk alone is parsed again by a slow, exact event-by-event path,
-so the result never depends on the trick being right."""
+How it stays fast without a Python object per event: a reader thread reads the text in
+chunks; the main thread cuts each chunk at event boundaries and hands it to one of two
+worker threads, which overwrite the commas between top-level events with newlines in
+place (numpy finds them), turning the chunk into newline-delimited JSON that pyarrow's
+C++ parser reads straight into columns. Both release the GIL, so two chunks parse at
+once. Anything this trick gets wrong (a separator inside a string, nested arrays of
+objects, an odd value type) makes pyarrow raise, and that chunk alone is parsed again by
+a slow, exact event-by-event path, so the result never depends on the trick being right.
+docs/traces.md ("How traces are read") has the whole design."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import logging
 import os
 import queue
 import re
+import sys
 import threading
 import zlib
+from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,11 +36,11 @@ import pyarrow.json as pj
 
 from ..exceptions import CorruptRecord
 from ..store import Store
-from .schema import CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, MISSING, STEP_NAME_RE, SYNC_CALLS
+from .schema import CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, KINDS, MISSING, STEP_NAME_RE, SYNC_CALLS
 
 logger = logging.getLogger("stepscope.traces")
 
-CHUNK_BYTES = 32 << 20
+CHUNK_BYTES = 16 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 
 _ARGS_TYPE = pa.struct(
@@ -62,7 +68,10 @@ _RAW_SCHEMA = pa.schema(
         ("args", _ARGS_TYPE),
     ]
 )
-_READ_OPTIONS = pj.ReadOptions(block_size=4 << 20, use_threads=True)
+# The two parse workers keep two cores busy; with more cores pyarrow also splits each
+# chunk into blocks on its own thread pool (see _read_options).
+_CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+_THREADED_READ = pj.ReadOptions(block_size=4 << 20, use_threads=True)
 # After the separators become newlines, newlines inside events must not count as
 # boundaries: JSON strings cannot hold a raw newline, so turning every other newline into a
 # space (done in _separators) lets pyarrow split blocks at newlines, its fast mode.
@@ -110,10 +119,12 @@ def read_trace(
 # --- bytes in ---------------------------------------------------------------------------
 
 
-def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int | None = None) -> Iterator[tuple[bytes, int, int | None]]:
-    """(decompressed bytes, compressed bytes read so far, compressed total or None)."""
+def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int | None = None) -> Iterator[tuple[bytearray, int, int | None]]:
+    """(decompressed text, compressed bytes read so far, compressed total or None). The text
+    comes as a bytearray of its own, which the parser overwrites in place (no copy)."""
     if isinstance(source, bytes):
-        raw: Iterator[bytes] = iter([source])
+        view = memoryview(source)
+        raw: Iterator[bytes | bytearray | memoryview] = (view[at : at + chunk_bytes] for at in range(0, len(source), chunk_bytes))
         total: int | None = len(source)
     elif store is not None:
         key = os.fspath(source)
@@ -130,15 +141,15 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
         done += len(piece)
         if first:
             first = False
-            if piece[:2] == _GZIP_MAGIC:
+            if bytes(piece[:2]) == _GZIP_MAGIC:
                 decompressor = zlib.decompressobj(wbits=31)
         if decompressor is None:
-            yield piece, done, total
+            yield (piece if isinstance(piece, bytearray) else bytearray(piece)), done, total
             continue
         # Decompress in bounded pieces so that a highly compressed chunk cannot blow up memory.
         data = decompressor.decompress(piece, chunk_bytes)
         while True:
-            yield data, done, total
+            yield bytearray(data), done, total
             if not decompressor.unconsumed_tail:
                 break
             data = decompressor.decompress(decompressor.unconsumed_tail, chunk_bytes)
@@ -146,27 +157,27 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
             # A second gzip member (concatenated files are valid gzip).
             rest = decompressor.unused_data
             decompressor = zlib.decompressobj(wbits=31)
-            yield decompressor.decompress(rest), done, total
+            yield bytearray(decompressor.decompress(rest)), done, total
     if decompressor is not None:
         tail = decompressor.flush()
         if tail:
-            yield tail, done, total
+            yield bytearray(tail), done, total
 
 
 class _prefetched:
     """Reads (and decompresses) the next chunk in a thread while the current one is parsed:
     file reads, S3 GETs and zlib release the GIL, so I/O and gunzip overlap the parsing.
-    At most two chunks wait, which bounds the memory."""
+    One chunk waits (and one is being read), which bounds the memory."""
 
     _END = object()
 
-    def __init__(self, chunks: Iterator[tuple[bytes, int, int | None]]):
-        self._queue: queue.Queue[Any] = queue.Queue(maxsize=2)
+    def __init__(self, chunks: Iterator[tuple[bytearray, int, int | None]]):
+        self._queue: queue.Queue[Any] = queue.Queue(maxsize=1)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._fill, args=(chunks,), name="stepscope-trace-read", daemon=True)
         self._thread.start()
 
-    def _fill(self, chunks: Iterator[tuple[bytes, int, int | None]]) -> None:
+    def _fill(self, chunks: Iterator[tuple[bytearray, int, int | None]]) -> None:
         try:
             for item in chunks:
                 while not self._stop.is_set():
@@ -175,6 +186,7 @@ class _prefetched:
                         break
                     except queue.Full:
                         continue
+                del item  # the parser owns it now
                 if self._stop.is_set():
                     return
             self._queue.put(self._END)
@@ -184,7 +196,7 @@ class _prefetched:
     def __iter__(self) -> _prefetched:
         return self
 
-    def __next__(self) -> tuple[bytes, int, int | None]:
+    def __next__(self) -> tuple[bytearray, int, int | None]:
         item = self._queue.get()
         if item is self._END:
             raise StopIteration
@@ -202,12 +214,15 @@ class _prefetched:
         self._thread.join()
 
 
-def _file_chunks(path: str, chunk_bytes: int) -> Iterator[bytes]:
-    with open(path, "rb") as handle:
+def _file_chunks(path: str, chunk_bytes: int) -> Iterator[bytearray]:
+    with open(path, "rb", buffering=0) as handle:
         while True:
-            piece = handle.read(chunk_bytes)
-            if not piece:
+            piece = bytearray(chunk_bytes)
+            got = handle.readinto(piece)
+            if not got:
                 return
+            if got < chunk_bytes:
+                del piece[got:]
             yield piece
 
 
@@ -225,45 +240,74 @@ def _store_ranges(store: Store, key: str, chunk_bytes: int) -> Iterator[bytes]:
 # --- parsing ----------------------------------------------------------------------------
 
 
+@dataclass
+class _Chunk:
+    """One chunk's events as numpy columns, sorted by kind (`bounds[k]:bounds[k + 1]` are
+    the rows of kind k), names coded against the chunk's own list."""
+
+    columns: dict[str, np.ndarray]
+    codes: np.ndarray
+    names: list[str]
+    bounds: np.ndarray
+    slow: int = 0
+
+
 class _Parser:
+    """Cuts the text at event boundaries (a few `rfind`s per chunk, no copy of the chunk)
+    and hands each chunk to one of two worker threads, which do all the per-byte work
+    (marking separators, pyarrow's parse, the columns). numpy and pyarrow's C++ release
+    the GIL for nearly all of it, so two chunks parse at once on two cores; the results
+    are merged in file order. Two chunks in flight bound the memory: each holds its bytes
+    and its table until merged."""
+
     def __init__(self, where: str, chunk_bytes: int, progress: Callable[[int, int | None], None] | None):
         self.where = where
         self.chunk_bytes = chunk_bytes
         self.progress = progress
         self.metadata: dict[str, Any] = {}
-        self.columns: dict[str, list[np.ndarray]] = {name: [] for name in EVENT_SCHEMA.names if name != "name"}
-        self.name_codes: list[np.ndarray] = []
+        self.parts: list[_Chunk] = []
         self.names: dict[str, int] = {}
         self.slow_chunks = 0
-        self.offset = 0  # bytes of decompressed text consumed before the buffer
+        self.offset = 0  # position in the decompressed text of the carried-over bytes
+        self._pool: ThreadPoolExecutor | None = None
+        self._pending: deque[Future[list[_Chunk]]] = deque()
 
-    def run(self, chunks: Iterator[tuple[bytes, int, int | None]]) -> RawTrace:
-        buffer = bytearray()
+    def run(self, chunks: Iterator[tuple[bytearray, int, int | None]]) -> RawTrace:
+        self._pool = ThreadPoolExecutor(max_workers=PARSE_WORKERS, thread_name_prefix="stepscope-trace-parse")
+        try:
+            return self._run(chunks)
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pending.clear()
+
+    def _run(self, chunks: Iterator[tuple[bytearray, int, int | None]]) -> RawTrace:
+        carry = bytearray()  # the start of an event whose end is in the next chunk
         in_array = False
         done, total = 0, None
-        for data, done, total in chunks:
-            buffer += data
+        for piece, done, total in chunks:
             if not in_array:
-                start = self._find_array(buffer)
+                carry += piece
+                del piece
+                start = self._find_array(carry)
                 if start is None:
                     continue
                 self.offset += start
-                del buffer[:start]
+                del carry[:start]
                 in_array = True
-            if len(buffer) >= self.chunk_bytes:
-                cut = self._parse_complete_events(buffer)
-                self.offset += cut
-                del buffer[:cut]
+                piece, carry = carry, bytearray()
+            carry = self._take(carry, piece)
+            del piece
             if self.progress is not None:
                 self.progress(done, total)
-        if self.progress is not None:
-            self.progress(done, done)  # the end: the bar completes even when the size was unknown
         if not in_array:
-            start = self._find_array(buffer)
+            start = self._find_array(carry)
             if start is None:
                 raise CorruptRecord(self.where, None, "no traceEvents array: not a Chrome/Kineto trace")
-            del buffer[:start]
-        self._parse_last(buffer)
+            del carry[:start]
+        self._submit_last(carry)
+        self._wait_all()
+        if self.progress is not None:
+            self.progress(done, done)  # the end: the bar completes even when the size was unknown
         return self._finish()
 
     def _find_array(self, buffer: bytearray) -> int | None:
@@ -286,24 +330,36 @@ class _Parser:
             logger.warning("%s: the metadata before traceEvents is not JSON; ignored", self.where)
         return match.end()
 
-    def _parse_complete_events(self, buffer: bytearray) -> int:
-        """Parse the events of `buffer` up to its last separator; returns how many bytes were used."""
-        view = np.frombuffer(buffer, dtype=np.uint8)
-        separators = _separators(view)
-        if separators.size == 0:
-            if len(buffer) > 4 * self.chunk_bytes:
+    def _take(self, carry: bytearray, piece: bytearray) -> bytearray:
+        """Send the whole events of carry + piece to the workers; returns the new carry.
+        The bulk of the piece goes as it is; only the event that straddles the previous
+        cut (the carry and the piece's head) is copied."""
+        piece_offset = self.offset + len(carry)
+        first = _first_separator(piece)
+        if first is None:  # no boundary in this piece: an event larger than a chunk
+            carry += piece
+            if len(carry) > 4 * self.chunk_bytes:
                 # Not a layout the fast path knows: parse exactly, one event at a time.
-                return self._slow(buffer, final=False)
-            return 0
-        cut = int(separators[-1])
-        self._fast(buffer, cut, view, separators[:-1])
-        del view
-        return cut + 1
+                self._wait_all()
+                chunk, used = _slow(carry, 0, len(carry), self.where, self.offset, final=False)
+                self._merge(chunk)
+                self.offset += used
+                del carry[:used]
+            return carry
+        last = _last_separator(piece)
+        last = first if last is None or last < first else last
+        tail = bytearray(memoryview(piece)[last + 1 :])
+        carry += memoryview(piece)[:first]
+        regions = [(carry, 0, len(carry), self.offset)] if carry.strip() else []
+        if last > first:
+            regions.append((piece, first + 1, last, piece_offset + first + 1))
+        self._submit(regions)  # one task: the straddling event must not take a worker's turn
+        self.offset = piece_offset + last + 1
+        return tail
 
-    def _parse_last(self, buffer: bytearray) -> None:
-        view = np.frombuffer(buffer, dtype=np.uint8)
-        separators = _separators(view)
-        last_start = int(separators[-1]) + 1 if separators.size else 0
+    def _submit_last(self, buffer: bytearray) -> None:
+        cut = _last_separator(buffer, starts_at_event=True)
+        last_start = cut + 1 if cut is not None else 0
         end = _object_end(buffer, last_start)
         if end is None:
             rest = bytes(buffer[last_start:]).strip()
@@ -325,171 +381,350 @@ class _Parser:
             raise CorruptRecord(self.where, self.offset + end, "expected ']' after the last event")
         # else: an unterminated array (a job killed mid-write); Chrome accepts it too.
         if end > 0:
-            self._fast(buffer, end, view, separators)
-        del view
+            self._submit([(buffer, 0, end, self.offset)])
 
-    def _fast(self, buffer: bytearray, end: int, view: np.ndarray, separators: np.ndarray) -> None:
-        renamed: list[tuple[int, bytes]] = []
-        table = None
-        for attempt in range(2):
-            region = memoryview(buffer)[:end]
-            try:
-                table = pj.read_json(pa.BufferReader(pa.py_buffer(region)), read_options=_READ_OPTIONS, parse_options=_PARSE_OPTIONS)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                logger.debug("%s: fast parse failed near byte %d (%s)", self.where, self.offset, exc)
-                region.release()
-                if attempt == 0 and ("/pid" in str(exc) or "/tid" in str(exc)):
-                    # Kineto's few string pids/tids ("Spans"): rename those keys and retry;
-                    # searching every chunk for them up front would cost a pass over the bytes.
-                    renamed = _rename_string_ids(buffer, end)
-                    if renamed:
-                        continue
-                break
-            region.release()
-            break
-        if table is None:
-            view[separators] = ord(",")  # undo the trick, then read this chunk exactly
-            for position, original in renamed:
-                buffer[position : position + len(original)] = original
-            self._slow(buffer, final=True, end=end)
+    def _submit(self, regions: list[tuple[bytearray, int, int, int]]) -> None:
+        """Parse (text, start, end, offset) regions, in order, in one worker task."""
+        if not regions:
             return
-        self._add(table)
+        while len(self._pending) >= PARSE_WORKERS:
+            self._merge_many(self._pending.popleft().result())
+        assert self._pool is not None
+        self._pending.append(self._pool.submit(_parse_regions, regions, self.where))
 
-    def _slow(self, buffer: bytearray, final: bool, end: int | None = None) -> int:
-        """Exact parse, one event at a time (json.raw_decode); returns bytes used."""
-        self.slow_chunks += 1
-        text = bytes(buffer[: end if end is not None else len(buffer)]).decode("utf-8", errors="replace")
-        decoder = json.JSONDecoder(strict=False)
-        rows: list[dict[str, Any]] = []
-        position, used = 0, 0
-        length = len(text)
-        while True:
-            while position < length and text[position] in " \t\r\n,":
-                position += 1
-            if position >= length:
-                used = len(text.encode())
-                break
-            try:
-                event, next_position = decoder.raw_decode(text, position)
-            except json.JSONDecodeError as exc:
-                if not final:
-                    used = len(text[:position].encode())
-                    break
-                raise CorruptRecord(self.where, self.offset + exc.pos, f"not a JSON trace event ({exc.msg})") from None
-            if isinstance(event, dict):
-                rows.append(event)
-            position = next_position
-        self._add(_rows_to_table(rows))
-        return used
+    def _wait_all(self) -> None:
+        while self._pending:
+            self._merge_many(self._pending.popleft().result())
 
-    def _add(self, table: pa.Table) -> None:
-        if table.num_rows == 0:
+    def _merge_many(self, chunks: list[_Chunk]) -> None:
+        for chunk in chunks:
+            self._merge(chunk)
+
+    def _merge(self, chunk: _Chunk) -> None:
+        """Keep a chunk's columns, its names recoded into the trace's one dictionary."""
+        self.slow_chunks += chunk.slow
+        if chunk.codes.size == 0:
             return
-        ph = table.column("ph")
-        keep = pc.is_in(ph, value_set=pa.array(["X", "i", "I"]))
-        cat = table.column("cat")
-        kind_index = pc.index_in(cat, value_set=_CATEGORY_VALUES)
-        keep = pc.and_(pc.fill_null(keep, False), pc.is_valid(kind_index))
-        table = table.filter(keep)
-        if table.num_rows == 0:
-            return
-        kind = _CATEGORY_CODES[pc.index_in(table.column("cat"), value_set=_CATEGORY_VALUES).to_numpy(zero_copy_only=False)]
-        names = table.column("name").combine_chunks()
-        encoded = pc.dictionary_encode(pc.fill_null(names, ""))
-        chunk_names = encoded.dictionary.to_pylist()
-        remap = np.fromiter((self.names.setdefault(n, len(self.names)) for n in chunk_names), dtype=np.int32, count=len(chunk_names))
-        codes = remap[encoded.indices.to_numpy(zero_copy_only=False)]
-        # Instant events are only kept when they are allocator records.
-        is_memory = kind == KIND_CODE["memory"]
-        if is_memory.any():
-            memory_code = self.names.get("[memory]", -2)
-            kind_keep = ~is_memory | (codes == memory_code)
-            if not kind_keep.all():
-                table = table.filter(pa.array(kind_keep))
-                kind, codes = kind[kind_keep], codes[kind_keep]
-        if table.num_rows == 0:
-            return
-        sync_codes = np.array([self.names[n] for n in SYNC_CALLS if n in self.names], dtype=np.int32)
-        if sync_codes.size:
-            kind = np.where((kind == KIND_CODE["runtime"]) & np.isin(codes, sync_codes), np.int8(KIND_CODE["sync"]), kind)
-        args = table.column("args").combine_chunks()
-        columns = self.columns
-        columns["kind"].append(kind.astype(np.int8))
-        self.name_codes.append(codes)
-        columns["ts_ns"].append(_micros_to_ns(table.column("ts")))
-        columns["dur_ns"].append(np.maximum(_micros_to_ns(table.column("dur")), 0))
-        columns["pid"].append(_ints(table.column("pid")))
-        columns["tid"].append(_ints(table.column("tid")))
-        columns["correlation"].append(_ints(_field(args, "correlation")))
-        columns["external_id"].append(_ints(_field(args, "External id")))
-        device = _ints(_field(args, "device"))
-        device_id = _ints(_field(args, "Device Id"))
-        columns["device"].append(np.where(device == MISSING, device_id, device).astype(np.int32))
-        columns["stream"].append(_ints(_field(args, "stream")).astype(np.int32))
-        transfer = _ints(_field(args, "bytes"))
-        allocator = _ints(_field(args, "Bytes"))
-        columns["bytes"].append(np.where(transfer == MISSING, allocator, transfer))
-        columns["total_allocated"].append(_ints(_field(args, "Total Allocated")))
-        columns["step"].append(np.full(len(kind), MISSING, dtype=np.int32))
+        names = self.names
+        remap = np.fromiter((names.setdefault(n, len(names)) for n in chunk.names), dtype=np.int32, count=len(chunk.names))
+        chunk.codes = remap[chunk.codes]
+        chunk.names = []
+        self.parts.append(chunk)
 
     def _finish(self) -> RawTrace:
         base_ns = _base_ns(self.metadata)
+        # Rows sorted by kind (stable: file order within a kind), so that selecting a kind
+        # is a slice for the analyses and a row range in Parquet. Each chunk came sorted, so
+        # this is one concatenation of slices per column; parts are dropped column by column
+        # so that only one column is ever held twice.
+        slices = [(part, int(part.bounds[k]), int(part.bounds[k + 1])) for k in range(len(KINDS)) for part in self.parts]
+        slices = [s for s in slices if s[2] > s[1]]
         arrays: dict[str, np.ndarray] = {}
-        for name, parts in self.columns.items():
+        for name in _CHUNK_COLUMNS:
             dtype = EVENT_SCHEMA.field(name).type.to_pandas_dtype()
-            arrays[name] = np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype=dtype)
-            parts.clear()
-        codes = np.concatenate(self.name_codes) if self.name_codes else np.zeros(0, dtype=np.int32)
-        self.name_codes.clear()
+            arrays[name] = np.concatenate([part.columns[name][lo:hi] for part, lo, hi in slices]).astype(dtype, copy=False) if slices else np.zeros(0, dtype=dtype)
+            for part in self.parts:
+                del part.columns[name]
+            _return_free_memory()
+        codes = np.concatenate([part.codes[lo:hi] for part, lo, hi in slices]) if slices else np.zeros(0, dtype=np.int32)
+        self.parts.clear()
+        del slices
+        arrays["step"] = np.full(codes.size, MISSING, dtype=np.int32)
         dictionary = np.array(list(self.names), dtype=object)
         if base_ns:
             arrays["ts_ns"] += base_ns
         _assign_steps(arrays, dictionary, codes)
-        # Rows sorted by kind (stable: file order within a kind), so that selecting a kind
-        # is a slice for the analyses and a row range in Parquet. Column by column, so that
-        # only one column is ever held twice.
-        order = np.argsort(arrays["kind"], kind="stable")
-        for name in list(arrays):
-            arrays[name] = arrays[name][order]
-        codes = codes[order]
-        del order
         table = _to_table(arrays, codes, dictionary)
         return RawTrace(table, self.metadata, base_ns, self.where, self.slow_chunks)
 
 
+def _return_free_memory() -> None:
+    """Hand the memory just freed back to the OS. glibc keeps freed blocks in the arena of
+    the thread that allocated them: the chunks' columns were made by the workers, so the
+    main thread's concatenated columns could not reuse that memory and the process would
+    hold the table twice at the end of a parse. No-op where there is no malloc_trim."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def _malloc_trim() -> Any:
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None).malloc_trim  # glibc; musl has none
+    except (OSError, AttributeError):
+        return None
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+# --- one chunk, in a worker thread ------------------------------------------------------
+
+PARSE_WORKERS = 2
+# Columns a chunk yields (name codes apart); `step` is computed over the whole trace.
+_CHUNK_COLUMNS = tuple(name for name in EVENT_SCHEMA.names if name not in ("name", "step"))
+
+
+def _parse_regions(regions: list[tuple[bytearray, int, int, int]], where: str) -> list[_Chunk]:
+    """One worker task: (text, start, end, offset) regions, parsed in order."""
+    return [_parse_chunk(text, start, end, where, offset) for text, start, end, offset in regions]
+
+
+def _parse_chunk(text: bytearray, start: int, end: int, where: str, offset: int) -> _Chunk:
+    """The events of `text[start:end]` (whole events, separated by commas) as columns. The
+    fast path: separators become newlines, pyarrow parses the newline-delimited JSON.
+    Anything it cannot read sends the chunk to the exact, slow parser."""
+    view = np.frombuffer(text, dtype=np.uint8)[start:end]
+    read_options, in_blocks = _read_options(end - start)
+    separators = _separators(view, in_blocks)
+    renamed: list[tuple[int, bytes]] = []
+    table = None
+    for attempt in range(2):
+        try:
+            table = pj.read_json(pa.BufferReader(pa.py_buffer(memoryview(text)[start:end])), read_options=read_options, parse_options=_PARSE_OPTIONS)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+            logger.debug("%s: fast parse failed near byte %d (%s)", where, offset, exc)
+            if attempt == 0 and ("/pid" in str(exc) or "/tid" in str(exc)):
+                # Kineto's few string pids/tids ("Spans"): rename those keys and retry;
+                # searching every chunk for them up front would cost a pass over the bytes.
+                renamed = _rename_string_ids(text, start, end)
+                if renamed:
+                    continue
+        break
+    if table is None:
+        view[separators] = ord(",")  # undo the trick, then read this chunk exactly
+        for position, original in renamed:
+            text[position : position + len(original)] = original
+        chunk, _ = _slow(text, start, end, where, offset, final=True)
+        return chunk
+    return _columns(table)
+
+
+def _slow(text: bytearray, start: int, end: int, where: str, offset: int, final: bool) -> tuple[_Chunk, int]:
+    """Exact parse of `text[start:end]`, one event at a time (json.raw_decode); returns the
+    columns and the bytes used (all of them when `final`, else up to the last whole event)."""
+    decoded = bytes(text[start:end]).decode("utf-8", errors="replace")
+    decoder = json.JSONDecoder(strict=False)
+    rows: list[dict[str, Any]] = []
+    position, used = 0, 0
+    length = len(decoded)
+    while True:
+        while position < length and decoded[position] in " \t\r\n,":
+            position += 1
+        if position >= length:
+            used = len(decoded.encode())
+            break
+        try:
+            event, next_position = decoder.raw_decode(decoded, position)
+        except json.JSONDecodeError as exc:
+            if not final:
+                used = len(decoded[:position].encode())
+                break
+            raise CorruptRecord(where, offset + exc.pos, f"not a JSON trace event ({exc.msg})") from None
+        if isinstance(event, dict):
+            rows.append(event)
+        position = next_position
+    chunk = _columns(_rows_to_table(rows))
+    chunk.slow = 1
+    return chunk, used
+
+
+def _columns(table: pa.Table) -> _Chunk:
+    """The kept events of a raw table (durations, instants, allocator records of a known
+    category) as numpy columns sorted by kind, names coded against the chunk's own list."""
+    empty = _Chunk({}, np.zeros(0, dtype=np.int32), [], np.zeros(len(KINDS) + 1, dtype=np.int64))
+    if table.num_rows == 0:
+        return empty
+    keep = pc.is_in(table.column("ph"), value_set=_KEPT_PHASES)
+    kind_index = pc.index_in(table.column("cat"), value_set=_CATEGORY_VALUES)
+    keep = pc.and_(pc.fill_null(keep, False), pc.is_valid(kind_index))
+    if not pc.all(keep).as_py():  # Kineto's own files: nearly always all kept, no copy then
+        table, kind_index = table.filter(keep), kind_index.filter(keep)
+    if table.num_rows == 0:
+        return empty
+    kind = _CATEGORY_CODES[kind_index.to_numpy(zero_copy_only=False)]
+    encoded = pc.dictionary_encode(pc.fill_null(table.column("name").combine_chunks(), ""))
+    names: list[str] = encoded.dictionary.to_pylist()
+    codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    # Instant events are only kept when they are allocator records.
+    is_memory = kind == KIND_CODE["memory"]
+    if is_memory.any():
+        memory_code = names.index("[memory]") if "[memory]" in names else -2
+        kind_keep = ~is_memory | (codes == memory_code)
+        if not kind_keep.all():
+            table = table.filter(pa.array(kind_keep))
+            kind, codes = kind[kind_keep], codes[kind_keep]
+    if table.num_rows == 0:
+        return empty
+    sync_codes = np.array([code for code, name in enumerate(names) if name in _SYNC_SET], dtype=np.int32)
+    if sync_codes.size:
+        kind = np.where((kind == KIND_CODE["runtime"]) & np.isin(codes, sync_codes), np.int8(KIND_CODE["sync"]), kind)
+    args = table.column("args").combine_chunks()
+    device = _ints(_field(args, "device"))
+    device_id = _ints(_field(args, "Device Id"))
+    transfer = _ints(_field(args, "bytes"))
+    allocator = _ints(_field(args, "Bytes"))
+    columns = {
+        "kind": kind.astype(np.int8),
+        "ts_ns": _micros_to_ns(table.column("ts")),
+        "dur_ns": np.maximum(_micros_to_ns(table.column("dur")), 0),
+        "pid": _ints(table.column("pid")),
+        "tid": _ints(table.column("tid")),
+        "correlation": _ints(_field(args, "correlation")),
+        "external_id": _ints(_field(args, "External id")),
+        "device": np.where(device == MISSING, device_id, device).astype(np.int32),
+        "stream": _ints(_field(args, "stream")).astype(np.int32),
+        "bytes": np.where(transfer == MISSING, allocator, transfer),
+        "total_allocated": _ints(_field(args, "Total Allocated")),
+    }
+    order = np.argsort(kind, kind="stable")
+    bounds = np.searchsorted(kind[order], np.arange(len(KINDS) + 1), side="left")
+    return _Chunk({name: values[order] for name, values in columns.items()}, codes[order], names, bounds)
+
+
+_KEPT_PHASES = pa.array(["X", "i", "I"])
+_SYNC_SET = frozenset(SYNC_CALLS)
 _CATEGORY_VALUES = pa.array(list(CATEGORY_KIND))
 _CATEGORY_CODES = np.array([KIND_CODE[CATEGORY_KIND[c]] for c in CATEGORY_KIND], dtype=np.int8)
 
 
-def _separators(view: np.ndarray) -> np.ndarray:
-    """Positions of the commas between top-level events, overwritten with newlines."""
+def _last_separator(buffer: bytearray, starts_at_event: bool = False) -> int | None:
+    """Position of the last comma between two top-level events, or None. A candidate
+    (see _is_separator) counts when the text between it and its neighbour candidate is
+    one whole event (a JSON object with "ph"): that rejects a `}, {"` inside a nested
+    array of objects. Looks back from the end a few `}` at a time, so cutting a chunk
+    costs a few small parses next to pyarrow's of the chunk. `starts_at_event`: the
+    buffer's start is an event boundary (else it may be mid-event)."""
+    candidates = _candidates(buffer, backward=True)
+    if starts_at_event and len(candidates) < _CUT_TRIES:
+        candidates.append(-1)  # the start works as the boundary before the first event
+    for index in range(len(candidates) - 1):
+        if _is_event(buffer, candidates[index + 1] + 1, candidates[index]):
+            return candidates[index]
+    return None
+
+
+def _first_separator(buffer: bytearray) -> int | None:
+    """Position of the first comma between two top-level events, or None; the same rule
+    as _last_separator, checked forward."""
+    candidates = _candidates(buffer, backward=False)
+    for index in range(len(candidates) - 1):
+        if _is_event(buffer, candidates[index] + 1, candidates[index + 1]):
+            return candidates[index]
+    return None
+
+
+_CUT_TRIES = 64
+
+
+def _candidates(buffer: bytearray, backward: bool) -> list[int]:
+    """Up to _CUT_TRIES separator candidates from one end of the buffer, nearest first."""
+    found: list[int] = []
+    position = len(buffer) if backward else 0
+    for _ in range(8 * _CUT_TRIES):
+        close = buffer.rfind(b"}", 0, position) if backward else buffer.find(b"}", position)
+        if close < 0:
+            break
+        if _is_separator(buffer, close):
+            found.append(_skip_space(buffer, close + 1))
+            if len(found) == _CUT_TRIES:
+                break
+        position = close if backward else close + 1
+    return found
+
+
+def _is_event(buffer: bytearray, start: int, end: int) -> bool:
+    try:
+        event = orjson.loads(memoryview(buffer)[start:end])
+    except orjson.JSONDecodeError:
+        return False
+    return isinstance(event, dict) and "ph" in event
+
+
+def _is_separator(buffer: bytearray, close: int) -> bool:
+    """Whether the `}` at `close` ends an event: `}` `,` `{` `"`, whitespace allowed between.
+    The `{"` keeps a `},{` inside a string (C++ lambdas in kernel names) from counting:
+    a string cannot hold an unescaped `"`."""
+    comma = _skip_space(buffer, close + 1)
+    if comma >= len(buffer) or buffer[comma] != 44:  # ','
+        return False
+    brace = _skip_space(buffer, comma + 1)
+    if brace >= len(buffer) or buffer[brace] != 123:  # '{'
+        return False
+    quote = _skip_space(buffer, brace + 1)
+    return quote < len(buffer) and buffer[quote] == 34  # '"'
+
+
+def _skip_space(buffer: bytearray, position: int) -> int:
+    limit = min(len(buffer), position + _MAX_SPACE)
+    while position < limit and buffer[position] in b" \t\r\n":
+        position += 1
+    return position
+
+
+_MAX_SPACE = 32  # whitespace between events that is skipped (Kineto indents with 2)
+
+
+def _find_separators(view: np.ndarray) -> np.ndarray:
+    """Positions of the commas between top-level events."""
     if view.size < 3:
         return np.zeros(0, dtype=np.int64)
-    closes = np.flatnonzero(view[:-2] == 125)  # '}'
-    commas = closes + 1
-    commas = commas[view[commas] == 44]  # ','
-    after = commas + 1
     limit = view.size - 1
-    for _ in range(32):  # skip up to 32 whitespace bytes (Kineto indents with 2)
-        white = _WS[view[after]]
+    closes = np.concatenate([np.flatnonzero(view[at : min(at + _BLOCK, limit - 1)] == 125) + at for at in range(0, limit - 1, _BLOCK)])  # '}'
+    commas = _skip_spaces(view, closes + 1, limit)
+    commas = commas[view[commas] == 44]  # ','
+    braces = _skip_spaces(view, commas + 1, limit)
+    commas, braces = commas[view[braces] == 123], braces[view[braces] == 123]  # '{'
+    quotes = _skip_spaces(view, np.minimum(braces + 1, limit), limit)
+    return commas[view[quotes] == 34]  # '"': see _is_separator
+
+
+def _skip_spaces(view: np.ndarray, positions: np.ndarray, limit: int) -> np.ndarray:
+    for _ in range(_MAX_SPACE):
+        white = _WS[view[positions]]
         if not white.any():
             break
-        after = np.minimum(after + white, limit)
-    separators = commas[view[after] == 123]  # '{'
-    view[view == 10] = 32
+        positions = np.minimum(positions + white, limit)
+    return positions
+
+
+def _read_options(size: int) -> tuple[pj.ReadOptions, bool]:
+    """pyarrow's options for a chunk of `size` bytes, and whether pyarrow will split it
+    into blocks. Split (on more than two cores: its threads then share the chunk), a block
+    may end at any newline, so the ones inside events (Kineto writes one key per line) must
+    become spaces first; whole (one block, one thread), they are whitespace like any other
+    and that pass over the bytes is saved."""
+    if _CORES > PARSE_WORKERS:
+        return _THREADED_READ, True
+    return pj.ReadOptions(block_size=max(size + 1, 1 << 16), use_threads=False), False
+
+
+def _separators(view: np.ndarray, in_blocks: bool = True) -> np.ndarray:
+    """Positions of the commas between top-level events, overwritten with newlines. With
+    `in_blocks`, every other newline becomes a space (JSON strings cannot hold a raw
+    newline, so that changes no value) so that pyarrow can split blocks at newlines."""
+    separators = _find_separators(view)
+    if in_blocks:
+        for at in range(0, view.size, _BLOCK):
+            block = view[at : at + _BLOCK]
+            np.copyto(block, np.uint8(32), where=block == 10)
     view[separators] = 10
     return separators
 
 
-def _rename_string_ids(buffer: bytearray, end: int) -> list[tuple[int, bytes]]:
+_BLOCK = 1 << 20  # bytes compared at a time: the masks stay small next to the chunk
+
+
+def _rename_string_ids(buffer: bytearray, start: int, end: int) -> list[tuple[int, bytes]]:
     """Kineto writes string pids/tids for a few bookkeeping events ("Spans", "Traces"):
     rename those keys in place (same length) so that the integer columns keep their type."""
     renamed = []
     for pattern in (b'id": "', b'id":"'):  # one pass per spacing covers both keys
-        position = buffer.find(pattern, 0, end)
+        position = buffer.find(pattern, start, end)
         while position != -1:
             key_start = position - 2
-            if key_start >= 0 and buffer[key_start] == 34 and buffer[key_start + 1] in (112, 116):  # '"p' or '"t'
+            if key_start >= start and buffer[key_start] == 34 and buffer[key_start + 1] in (112, 116):  # '"p' or '"t'
                 original = bytes(buffer[key_start : key_start + 4])
                 buffer[key_start + 3] = 115  # "pid" -> "pis", "tid" -> "tis"
                 renamed.append((key_start, original))
@@ -527,8 +762,10 @@ def _object_end(buffer: bytearray, start: int) -> int | None:
 
 
 def _micros_to_ns(column: pa.ChunkedArray) -> np.ndarray:
-    values = column.to_numpy()
-    out = np.rint(np.nan_to_num(values.astype(np.float64), nan=0.0) * 1000.0)
+    # JSON has no NaN or infinity: a missing value (a null) is the only hole to fill.
+    values = pc.fill_null(column, 0.0).to_numpy().astype(np.float64, copy=False)
+    out = np.multiply(values, 1000.0)
+    np.rint(out, out=out)
     return out.astype(np.int64)
 
 
@@ -555,41 +792,47 @@ def _base_ns(metadata: dict[str, Any]) -> int:
 
 def _assign_steps(arrays: dict[str, np.ndarray], dictionary: np.ndarray, codes: np.ndarray) -> None:
     """Each event's step: host events by the ProfilerStep#N interval holding their start,
-    GPU events by the step of the runtime call that launched them (HTA does the same)."""
+    GPU events by the step of the runtime call that launched them (HTA does the same), else
+    by the interval holding their start. Lookups run on the rows that need them only."""
     step_numbers = np.full(len(dictionary), MISSING, dtype=np.int64)
     for code, name in enumerate(dictionary):
         match = STEP_NAME_RE.match(name)
         if match:
             step_numbers[code] = int(match.group(1))
     kind, ts, dur = arrays["kind"], arrays["ts_ns"], arrays["dur_ns"]
-    host_kinds = np.isin(kind, [KIND_CODE[k] for k in ("annotation", "cpu_op")])
-    is_step = host_kinds & (step_numbers[codes] != MISSING) if codes.size else np.zeros(0, dtype=bool)
-    if not is_step.any():
+    markers = np.flatnonzero(((kind == KIND_CODE["annotation"]) | (kind == KIND_CODE["cpu_op"])) & (step_numbers[codes] != MISSING)) if codes.size else codes
+    if markers.size == 0:
         return
-    starts, ends, numbers = ts[is_step], ts[is_step] + dur[is_step], step_numbers[codes[is_step]]
-    order = np.argsort(starts, kind="stable")
-    starts, ends, numbers = starts[order], ends[order], numbers[order]
-    gpu = np.isin(kind, [KIND_CODE[k] for k in ("kernel", "memcpy", "memset", "gpu_annotation")]) | (
-        (kind == KIND_CODE["sync"]) & (arrays["stream"] != MISSING)
-    )
-    slot = np.searchsorted(starts, ts, side="right") - 1
-    inside = (slot >= 0) & (ts < ends[np.maximum(slot, 0)])
-    step = np.where(inside & ~gpu, numbers[np.maximum(slot, 0)], MISSING)
-    # GPU side: the launching runtime call's step, else the interval holding the start.
+    order = np.argsort(ts[markers], kind="stable")
+    markers = markers[order]
+    starts, ends, numbers = ts[markers], ts[markers] + dur[markers], step_numbers[codes[markers]].astype(np.int32)
+
+    def interval_step(times: np.ndarray) -> np.ndarray:
+        slot = np.maximum(np.searchsorted(starts, times, side="right") - 1, 0)
+        inside = (times >= starts[0]) & (times < ends[slot])
+        return np.where(inside, numbers[slot], np.int32(MISSING))
+
+    gpu = np.isin(kind, [KIND_CODE[k] for k in ("kernel", "memcpy", "memset", "gpu_annotation")]) | ((kind == KIND_CODE["sync"]) & (arrays["stream"] != MISSING))
+    step = np.full(kind.size, MISSING, dtype=np.int32)
+    host_rows = np.flatnonzero(~gpu)
+    step[host_rows] = interval_step(ts[host_rows])
+    del host_rows
+    gpu_rows = np.flatnonzero(gpu)
+    del gpu
+    gpu_step = interval_step(ts[gpu_rows])
     correlation = arrays["correlation"]
-    launches = (kind == KIND_CODE["runtime"]) & (correlation != MISSING)
-    if launches.any():
-        launch_corr = correlation[launches]
-        launch_step = step[launches]
-        order = np.argsort(launch_corr, kind="stable")
-        launch_corr, launch_step = launch_corr[order], launch_step[order]
-        position = np.searchsorted(launch_corr, correlation)
-        position = np.minimum(position, launch_corr.size - 1)
-        found = gpu & (correlation != MISSING) & (launch_corr[position] == correlation)
-        step = np.where(found, launch_step[position], np.where(gpu & inside, numbers[np.maximum(slot, 0)], step))
-    else:
-        step = np.where(gpu & inside, numbers[np.maximum(slot, 0)], step)
-    arrays["step"] = step.astype(np.int32)
+    launches = np.flatnonzero((kind == KIND_CODE["runtime"]) & (correlation != MISSING))
+    if launches.size and gpu_rows.size:
+        launch_corr, launch_step = correlation[launches], step[launches]
+        if launch_corr.size > 1 and not bool(np.all(launch_corr[1:] >= launch_corr[:-1])):  # Kineto's are in order already
+            by_corr = np.argsort(launch_corr, kind="stable")
+            launch_corr, launch_step = launch_corr[by_corr], launch_step[by_corr]
+        wanted = correlation[gpu_rows]
+        position = np.minimum(np.searchsorted(launch_corr, wanted), launch_corr.size - 1)
+        found = (wanted != MISSING) & (launch_corr[position] == wanted)
+        gpu_step = np.where(found, launch_step[position], gpu_step)
+    step[gpu_rows] = gpu_step
+    arrays["step"] = step
 
 
 def _to_table(arrays: dict[str, np.ndarray], codes: np.ndarray, dictionary: np.ndarray) -> pa.Table:

@@ -25,47 +25,99 @@ def of_kind(events: pd.DataFrame, *kinds: str) -> pd.DataFrame:
 
 
 def duration_stats(frame: pd.DataFrame, keys: list[str], value: str = "dur_ns") -> pd.DataFrame:
-    """count, total, mean, p50, p95, max of `value` (ns) per group, in microseconds."""
+    """count, total, mean, p50, p95, max of `value` (ns) per group, in microseconds; groups
+    in order of first appearance. One sort of (group, value) gives every statistic
+    (quantiles interpolated linearly, as pandas and numpy do), which is several times
+    faster than pandas' groupby quantile on a million rows."""
     if frame.empty:
         return pd.DataFrame(columns=[*keys, *STAT_COLUMNS])
-    grouped = frame.groupby(keys, observed=True, sort=False)[value]
-    out = grouped.agg(["count", "sum", "mean", "max"])
-    out.columns = ["count", "total_us", "mean_us", "max_us"]
-    quantiles = grouped.quantile([0.5, 0.95]).unstack()
-    out["p50_us"] = quantiles[0.5]
-    out["p95_us"] = quantiles[0.95]
-    for column in ("total_us", "mean_us", "max_us", "p50_us", "p95_us"):
-        out[column] = out[column].astype(np.float64) / 1000.0
-    out["count"] = out["count"].astype(np.int64)
-    return out.reset_index()[[*keys, *STAT_COLUMNS]]
+    codes = _group_codes(frame, keys)
+    values = frame[value].to_numpy()
+    order = sort_order(codes, values, stable=False)  # equal (group, value) pairs are interchangeable
+    codes, values = codes[order], values[order]
+    starts = np.flatnonzero(np.concatenate(([True], codes[1:] != codes[:-1])))
+    counts = np.diff(np.append(starts, codes.size))
+    first_row = np.minimum.reduceat(order, starts)
+    last = starts + counts - 1
+
+    def quantile(q: float) -> np.ndarray:
+        position = (counts - 1) * q
+        below = np.floor(position).astype(np.int64)
+        low, high = values[starts + below], values[np.minimum(starts + below + 1, last)]
+        return low + (high - low) * (position - below)
+
+    out = frame[keys].iloc[first_row].reset_index(drop=True)
+    out["count"] = counts.astype(np.int64)
+    total = np.add.reduceat(values, starts)
+    out["total_us"] = total / 1000.0
+    out["mean_us"] = total / counts / 1000.0
+    out["p50_us"] = quantile(0.5) / 1000.0
+    out["p95_us"] = quantile(0.95) / 1000.0
+    out["max_us"] = values[last] / 1000.0
+    return out.iloc[np.argsort(first_row, kind="stable")].reset_index(drop=True)[[*keys, *STAT_COLUMNS]]
+
+
+def sort_order(primary: np.ndarray, secondary: np.ndarray, stable: bool = True) -> np.ndarray:
+    """The order sorting rows by `primary`, then `secondary` (both integer). One argsort of a
+    combined 64-bit key when both ranges fit (np.lexsort is several times slower);
+    `stable=False` when the order of equal pairs does not matter (faster still)."""
+    if primary.size == 0:
+        return np.zeros(0, dtype=np.int64)
+    primary, secondary = primary.astype(np.int64, copy=False), secondary.astype(np.int64, copy=False)
+    low, high = int(secondary.min()), int(secondary.max())
+    span_bits = max(high - low, 1).bit_length()
+    groups_bits = max(int(primary.max()) - int(primary.min()), 1).bit_length()
+    if span_bits + groups_bits > 62:
+        return np.lexsort((secondary, primary))
+    key = ((primary - primary.min()) << span_bits) | (secondary - low)
+    return np.argsort(key, kind="stable" if stable else "quicksort")
+
+
+def _group_codes(frame: pd.DataFrame, keys: list[str]) -> np.ndarray:
+    if len(keys) == 1 and isinstance(frame[keys[0]].dtype, pd.CategoricalDtype):
+        return frame[keys[0]].cat.codes.to_numpy().astype(np.int64)
+    return frame.groupby(keys, observed=True, sort=False, dropna=False).ngroup().to_numpy().astype(np.int64)
+
+
+def launch_lookup(events: pd.DataFrame, correlation: np.ndarray) -> tuple[pd.DataFrame, np.ndarray]:
+    """The host runtime calls (runtime and sync rows) and, for each correlation id given,
+    the position among them of the first call with that id, or -1. A sorted search, not
+    a join: nothing is copied but the ids."""
+    calls = of_kind(events, "runtime", "sync")
+    ids = calls["correlation"].to_numpy()
+    if ids.size == 0 or correlation.size == 0:
+        return calls, np.full(correlation.size, -1, dtype=np.int64)
+    order = np.argsort(ids, kind="stable")  # stable: among equal ids the first call wins
+    sorted_ids = ids[order]
+    position = np.minimum(np.searchsorted(sorted_ids, correlation), ids.size - 1)
+    found = (sorted_ids[position] == correlation) & (correlation >= 0)
+    return calls, np.where(found, order[position], -1)
 
 
 def launch_start_of(events: pd.DataFrame, gpu: pd.DataFrame) -> np.ndarray:
     """Start (ns) of the runtime call that launched each GPU row, or -1 when unknown.
     Integer lookups only: epoch nanoseconds do not survive a trip through float64."""
-    runtime = events[events["kind"].isin([KIND_CODE["runtime"], KIND_CODE["sync"]]).to_numpy()]
-    runtime = runtime[runtime["correlation"].to_numpy() >= 0].drop_duplicates("correlation")
-    position = pd.Index(runtime["correlation"].to_numpy()).get_indexer(gpu["correlation"].to_numpy())
-    starts = runtime["ts_ns"].to_numpy()
+    calls, position = launch_lookup(events, gpu["correlation"].to_numpy())
+    starts = calls["ts_ns"].to_numpy()
     return np.where(position >= 0, starts[np.maximum(position, 0)] if starts.size else -1, -1)
 
 
-def union_ns(starts: np.ndarray, ends: np.ndarray) -> int:
-    """Length of the union of [start, end) intervals."""
+def union_ns(starts: np.ndarray, ends: np.ndarray, presorted: bool = False) -> int:
+    """Length of the union of [start, end) intervals (`presorted`: already by start)."""
     if starts.size == 0:
         return 0
-    order = np.argsort(starts, kind="stable")
-    starts, ends = starts[order], ends[order]
+    if not presorted:
+        order = np.argsort(starts, kind="stable")
+        starts, ends = starts[order], ends[order]
     running_end = np.maximum.accumulate(ends)
-    # A new merged interval starts wherever a start is past every earlier end.
+    # A merged interval starts wherever a start is past every earlier end, and ends at the
+    # running end just before the next one starts.
     new = np.empty(starts.size, dtype=bool)
     new[0] = True
-    new[1:] = starts[1:] > running_end[:-1]
-    group = np.cumsum(new) - 1
-    group_start = starts[new]
-    group_end = np.zeros(group_start.size, dtype=np.int64)
-    np.maximum.at(group_end, group, ends)
-    return int((group_end - group_start).sum())
+    np.greater(starts[1:], running_end[:-1], out=new[1:])
+    first = np.flatnonzero(new)
+    last = np.append(first[1:] - 1, starts.size - 1)
+    return int((running_end[last] - starts[first]).sum())
 
 
 def user_annotations(events: pd.DataFrame) -> pd.DataFrame:

@@ -12,7 +12,7 @@ import numpy as np
 import pandas as pd
 
 from ..schema import KIND_CODE
-from .common import launch_start_of, of_kind, union_ns
+from .common import launch_start_of, of_kind, sort_order, union_ns
 
 KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay (HTA's docs say ns; it compares µs)
 BREAKDOWN_COLUMNS = ["span_us", "busy_us", "idle_us", "compute_us", "non_compute_us", "idle_pct", "compute_pct", "non_compute_pct"]
@@ -31,9 +31,11 @@ def _breakdown(gpu: pd.DataFrame) -> dict[str, float]:
     if start.size == 0:
         return dict.fromkeys(BREAKDOWN_COLUMNS, 0.0)
     span = int(end.max() - start.min())
-    busy = union_ns(start, end)
-    compute_mask = _is_compute(gpu)
-    compute = union_ns(start[compute_mask], end[compute_mask])
+    order = np.argsort(start, kind="stable")  # one sort serves both unions
+    compute_mask = _is_compute(gpu)[order]
+    start, end = start[order], end[order]
+    busy = union_ns(start, end, presorted=True)
+    compute = union_ns(start[compute_mask], end[compute_mask], presorted=True)
     row = {"span_us": span / 1000, "busy_us": busy / 1000, "idle_us": (span - busy) / 1000, "compute_us": compute / 1000, "non_compute_us": (busy - compute) / 1000}
     for name in ("idle", "compute", "non_compute"):
         row[f"{name}_pct"] = 100.0 * row[f"{name}_us"] / row["span_us"] if span else 0.0
@@ -102,7 +104,7 @@ def idle_breakdown(events: pd.DataFrame, kernel_wait_us: float = KERNEL_WAIT_US,
     launch = launch_start_of(events, gpu)
     stream = gpu["stream"].to_numpy()
     start = gpu["ts_ns"].to_numpy()
-    order = np.lexsort((start, stream))
+    order = sort_order(stream, start)
     stream, start, launch = stream[order], start[order], launch[order]
     end = start + gpu["dur_ns"].to_numpy()[order]
     step = gpu["step"].to_numpy()[order]
@@ -117,11 +119,21 @@ def idle_breakdown(events: pd.DataFrame, kernel_wait_us: float = KERNEL_WAIT_US,
     kernel_wait = ~host_wait & (gap < kernel_wait_us * 1000)
     category = np.where(host_wait, 0, np.where(kernel_wait, 1, 2))[same]
     gap = gap[same]
-    group_keys = [stream[same]] + ([step[same]] if per_step else [])
-    frame = pd.DataFrame({**dict(zip(keys, group_keys)), "category": category, "gap": gap})
-    sums = frame.groupby([*keys, "category"], sort=True)["gap"].sum().unstack("category", fill_value=0)
-    out = pd.DataFrame(index=sums.index)
+    # One group code per (stream[, step]) from one 64-bit key (both are int32), then a
+    # weighted bincount per category.
+    stream = stream[same].astype(np.int64)
+    key = (stream << 32) | (step[same].astype(np.int64) & 0xFFFFFFFF) if per_step else stream
+    if per_step:
+        unique, group = np.unique(key, return_inverse=True)
+    else:  # sorted by stream already: groups start where the stream changes
+        new_group = np.concatenate(([True], key[1:] != key[:-1])) if key.size else np.zeros(0, dtype=bool)
+        unique, group = key[new_group], np.cumsum(new_group) - 1
+    out = pd.DataFrame({"stream": (unique >> 32 if per_step else unique).astype(np.int32)})
+    if per_step:
+        out["step"] = (unique & 0xFFFFFFFF).astype(np.uint32).astype(np.int32)
+    groups = len(out)
     for code, name in enumerate(("host_wait_us", "kernel_wait_us", "other_us")):
-        out[name] = (sums[code] if code in sums.columns else 0) / 1000.0
-    out["idle_us"] = out[["host_wait_us", "kernel_wait_us", "other_us"]].sum(axis=1)
-    return out.reset_index()[columns]
+        pick = category == code
+        out[name] = np.bincount(group[pick], weights=gap[pick], minlength=groups) / 1000.0
+    out["idle_us"] = out["host_wait_us"] + out["kernel_wait_us"] + out["other_us"]
+    return out[columns]
