@@ -49,12 +49,18 @@ def _write(writer: Writer, worker: int, steps) -> None:
         writer.write_step(step, ModeKeys.TRAIN, step, {"x": _value(worker, step)})
 
 
+def _writer(tmp_path, worker: int, steps, num_workers: int = 1) -> Writer:
+    """A worker's writer that published its collections file and `steps` (flushed, open)."""
+    writer = Writer(str(tmp_path), f"worker_{worker}")
+    writer.write_collections(CollectionManager().dumps(num_workers))
+    _write(writer, worker, steps)
+    assert writer.flush()
+    return writer
+
+
 def _job(tmp_path, workers: int, steps: int, num_workers: int | None = None) -> None:
     for worker in range(workers):
-        writer = Writer(str(tmp_path), f"worker_{worker}")
-        writer.write_collections(CollectionManager().dumps(num_workers or workers))
-        _write(writer, worker, range(steps))
-        assert writer.close()
+        assert _writer(tmp_path, worker, range(steps), num_workers or workers).close()
 
 
 def test_opening_reads_one_collections_file_and_the_others_when_asked(tmp_path):
@@ -112,10 +118,7 @@ def test_collections_files_are_all_read_at_opening_when_the_first_does_not_settl
 
 
 def test_a_refresh_lists_only_what_can_be_new(tmp_path):
-    writer = Writer(str(tmp_path), "worker_0")
-    writer.write_collections(CollectionManager().dumps(1))
-    _write(writer, 0, range(3))
-    assert writer.flush()
+    writer = _writer(tmp_path, 0, range(3))
     store = RecordingStore(tmp_path)
     trial = create_trial(store)
     assert trial.steps() == [0, 1, 2] and store.take().count(("read", "index")) == 3  # no table yet
@@ -144,10 +147,7 @@ def test_a_refresh_lists_only_what_can_be_new(tmp_path):
 
 
 def test_the_last_table_is_read_when_the_job_completes(tmp_path):
-    writer = Writer(str(tmp_path), "worker_0")
-    writer.write_collections(CollectionManager().dumps(1))
-    _write(writer, 0, range(3))
-    assert writer.flush()
+    writer = _writer(tmp_path, 0, range(3))
     store = RecordingStore(tmp_path)
     trial = create_trial(store)
     _write(writer, 0, range(3, 5))
@@ -166,10 +166,7 @@ def test_the_last_table_is_read_when_the_job_completes(tmp_path):
 
 
 def test_a_worker_beyond_what_the_job_said_makes_the_collections_read(tmp_path):
-    writer_0 = Writer(str(tmp_path), "worker_0")
-    writer_0.write_collections(CollectionManager().dumps(1))
-    _write(writer_0, 0, range(2))
-    assert writer_0.flush()
+    _open_writer = _writer(tmp_path, 0, range(2))  # (left open, as a running job is)
     store = RecordingStore(tmp_path)
     trial = create_trial(store)
     assert trial.steps() == [0, 1] and trial.num_workers == 1

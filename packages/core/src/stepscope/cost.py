@@ -130,28 +130,26 @@ class CostMeter:
         every step where something is) end. Step time runs from one step's start to the
         next one's (what a user calls a step)."""
         if self._step is not None:
-            self._steps_done(max(1, step - self._step), at - self._step_started)
+            self._steps_done(self._step, max(1, step - self._step), at - self._step_started)
         self._step, self._step_started = step, at
 
     def step_ends(self, at: float, next_step: int | None = None) -> None:
         """Close the last steps (at close: `next_step` is the number of the step that
         would come next, so a block of several steps is counted whole)."""
         if self._step is not None:
-            self._steps_done(1 if next_step is None else max(1, next_step - self._step), at - self._step_started)
+            self._steps_done(self._step, 1 if next_step is None else max(1, next_step - self._step), at - self._step_started)
             self._step = None
 
     def step_done(self, step: int, step_s: float) -> None:
         """One step `step` took `step_s` (and the hook time since the last call)."""
-        self._step = step
-        self._steps_done(1, step_s)
-        self._step = None
+        self._steps_done(step, 1, step_s)
 
-    def _steps_done(self, n: int, elapsed: float) -> None:
-        # The sample of a block is its first step, with the block's means.
+    def _steps_done(self, first: int, n: int, elapsed: float) -> None:
+        """Steps `first` .. `first + n - 1` took `elapsed`: a block's sample is its first
+        step, with the block's means."""
         cost = self.cost
         cost.steps += n
         cost.step_s += elapsed
-        first = self._step if self._step is not None else 0
         if self._stride == 1 or first % self._stride == 0:
             cost.samples.append((first, elapsed / n, self.step_hook_s / n))
             if len(cost.samples) >= MAX_SAMPLES:

@@ -617,7 +617,7 @@ class HookBase:
         if step is None or not self.failsafe.enabled:
             return
         if self._timing:
-            code = EVENT_CODES.get(event)
+            code = _event_code(event)
             if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
             append, now = self._log_append, self._now

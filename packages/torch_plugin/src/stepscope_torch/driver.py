@@ -38,8 +38,6 @@ from typing import Any
 import torch
 from torch import nn
 
-_DRIVEN_MARK = "_stepscope_driven_base"
-
 
 class ForwardDriver:
     """Undoes one `drive_forward` swap (`remove()`), like a torch hook handle."""
@@ -163,7 +161,6 @@ def drive_forward(
         "__module__": base.__module__,
         "__qualname__": base.__qualname__,
         "__doc__": base.__doc__,
-        _DRIVEN_MARK: base,
     }
     driven = type(base.__name__, (base,), namespace)
     driven.__reduce_ex__ = _reduce_as(base, driven)  # type: ignore[method-assign]

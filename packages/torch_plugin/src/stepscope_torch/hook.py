@@ -221,9 +221,9 @@ class Hook(HookBase):
             if clock is not None:
                 self._set_clock(clock)
         if drive_steps:
-            # The model's own forward tells where steps begin (driver.py: no torch hook, whose
-            # dispatch would cost more than the rest of a step where nothing is due); its end
-            # is needed only for the timeline.
+            # The model's own forward tells where steps begin and its forward ends (driver.py:
+            # no torch hook, whose dispatch would cost more than the rest of a step where
+            # nothing is due).
             driver = drive_forward(model, self._forward_begins, self._forward_ends)
             if driver is not None:
                 self._handles.append(driver)
@@ -359,17 +359,15 @@ class Hook(HookBase):
             self.failsafe.call(self._save_io, name, args, output, type(module).__name__)
 
     def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        if not self.failsafe.enabled:
+            return
         step = self._step
         if step is None or step.global_step != self._train_at:
-            if not self.failsafe.enabled:
-                return
             self.begin_step(ModeKeys.TRAIN)  # optimizer.step() without a forward in this step
             step = self._step
             if step is None:
                 return
             self._train_at = step.global_step
-        if not self.failsafe.enabled:
-            return
         if self._timing:
             append, now = self._log_append, self._now
             append((_OPTIMIZER_BEGIN, now()))
