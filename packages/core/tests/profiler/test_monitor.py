@@ -90,8 +90,11 @@ def test_real_sampling_on_this_host(tmp_path):
     timestamps = np.sort(df["timestamp"].unique())
     expected = (ended - began) / interval_s
     # One slot may be lost at each end: the first sample waits for the next grid slot after
-    # start-up, and stop() may land just before the last one.
-    assert abs(len(timestamps) - expected) <= 2, (len(timestamps), expected)
+    # start-up, and stop() may land just before the last one. A stall longer than a slot (a
+    # loaded CI machine) skips ticks, and the monitor counts them: every slot is accounted for.
+    missed = monitor.stats().missed_ticks
+    assert abs(len(timestamps) + missed - expected) <= 2, (len(timestamps), missed, expected)
+    assert missed <= expected / 4, (missed, expected)
     assert monitor.stats().samples == len(timestamps)
     assert (np.diff(timestamps) > 0).all()
     # Deadline-based: each sample sits in its own slot of the wall-clock grid of multiples of
