@@ -29,9 +29,29 @@ class Net(nn.Module):
 
 def _driven(model: nn.Module) -> tuple[list[str], object]:
     calls: list[str] = []
-    driver = drive_forward(model, lambda m: calls.append("before"), lambda m, args, out: calls.append(f"after {tuple(out.shape)}"))
+    def before(m: nn.Module) -> bool:
+        calls.append("before")
+        return True  # `after` wanted
+
+    driver = drive_forward(model, before, lambda m, args, out: calls.append(f"after {tuple(out.shape)}"))
     assert driver is not None
     return calls, driver
+
+
+def test_after_is_called_only_when_before_asks_for_it():
+    model = Net()
+    x = torch.randn(4, 3)
+    calls: list[str] = []
+    wanted = iter([False, True, False])
+
+    def before(m: nn.Module) -> bool:
+        calls.append("before")
+        return next(wanted)
+
+    drive_forward(model, before, lambda m, args, out: calls.append("after"))
+    outputs = [model(x) for _ in range(2)] + [model(x, scale=3.0)]
+    assert calls == ["before", "before", "after", "before"]
+    assert torch.equal(outputs[2], outputs[0] * 3.0)
 
 
 def test_forward_is_wrapped_and_the_model_keeps_its_face():

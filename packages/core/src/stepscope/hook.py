@@ -56,6 +56,7 @@ from .hook_outputs import HookOutputs, instrument
 from .modes import ModeKeys
 from .phases import (
     EVENT_CODES,
+    EVENT_OF_CODE,
     EVENTS,
     OTHER,
     PHASE_CODES,
@@ -234,6 +235,9 @@ class HookBase:
         self._global_step = 0
         self._step: StepState | None = None
         self._idle_step = StepState(0, ModeKeys.TRAIN, 0)  # the open step when nothing is due at it
+        # An instance attribute: CPython 3.11 reads a class attribute through an instance
+        # on its slow, unspecialized path, and begin_step reads this at every step.
+        self._notify_every_step = self.notify_every_step
         self._mode = ModeKeys.TRAIN
         self._stop_raised = False
         # Stop decisions: `_train_ends` counts ended TRAIN steps; at `_stop_check_at` the
@@ -465,9 +469,6 @@ class HookBase:
         """Open the next step in `mode` (default: the current mode), closing the open one;
         `event`: a phase event that happens right away (as `phase_event(event)` would,
         one call less on every step). Returns True when some collection is due at it."""
-        # This runs every step: on a step where nothing is due it is most of the step's
-        # cost in core (bench/bench_torch_hook.py), so it is one frame of plain attribute
-        # reads, and what only steps that save need stays off its path.
         if mode is None:
             mode = self._mode
         elif mode.__class__ is not ModeKeys:
@@ -477,6 +478,14 @@ class HookBase:
             code = _event_code(event)
             if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
+        return self._open_step(mode, code)
+
+    def _open_step(self, mode: ModeKeys, code: int | None) -> bool:
+        """begin_step with its arguments checked: `code` is the event's (events.py) or None.
+        A plugin that drives steps calls it directly."""
+        # This runs every step: on a step where nothing is due it is most of the step's
+        # cost in core (bench/bench_torch_hook.py), so it is one frame of plain attribute
+        # reads, and what only steps that save need stays off its path.
         if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
             if not self._closed and self.stop_poller is not None:
                 # Off after a failure: end_step still counts TRAIN steps for the ranks' agreement.
@@ -499,7 +508,7 @@ class HookBase:
                         meter.depth = 1
                     self._end_step()
                 else:  # what _end_step does for a step that saved nothing, without its frame
-                    if self.notify_every_step:
+                    if self._notify_every_step:
                         self._on_step_end()
                     if self._timing:
                         self.finish_step_timing()
@@ -540,14 +549,14 @@ class HookBase:
             if self.detailed is not None:
                 self.profiler_failsafe.call(self.detailed.step_started, global_step)
             if not due:
-                if self.notify_every_step:
+                if self._notify_every_step:
                     self._on_step_begin(False)
                 return False
             if meter is not None:
                 meter.depth = 1
             self._on_step_begin(True)
-            if event is not None and self._step is step:
-                self.failsafe.call(self._on_phase_event, event)
+            if code is not None and self._step is step:
+                self.failsafe.call(self._on_phase_event, EVENT_OF_CODE[code])
             return True
         except Exception as exc:
             self.failsafe.fail(exc)

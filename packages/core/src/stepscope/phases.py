@@ -183,11 +183,11 @@ STEP_BEGIN_EVENT_RECORD = 3  # (3, step, mode, token, event code, event token): 
 EVENT_CODES: Mapping[str, int] = {name: 10 + i for i, name in enumerate(EVENTS)}  # (event code, token)
 PHASE_CODES: Mapping[str, int] = {name: i for i, name in enumerate(PHASES)}
 _BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
-_EVENT_OF_CODE = {code: name for name, code in EVENT_CODES.items()}
-_FIRST_EVENT_CODE = min(_EVENT_OF_CODE)
-_TRAIN_PHASE_AFTER = {code: TRANSITIONS[(True, name)] for code, name in _EVENT_OF_CODE.items()}
-_EVAL_PHASE_AFTER = {code: TRANSITIONS[(False, name)] for code, name in _EVENT_OF_CODE.items()}
-_RECORD_WORDS = {_BEGIN: 4, _ENTER: 3, _END: 2, _BEGIN_EVENT: 6, **{code: 2 for code in _EVENT_OF_CODE}}
+EVENT_OF_CODE: Mapping[int, str] = {code: name for name, code in EVENT_CODES.items()}
+_FIRST_EVENT_CODE = min(EVENT_OF_CODE)
+_TRAIN_PHASE_AFTER = {code: TRANSITIONS[(True, name)] for code, name in EVENT_OF_CODE.items()}
+_EVAL_PHASE_AFTER = {code: TRANSITIONS[(False, name)] for code, name in EVENT_OF_CODE.items()}
+_RECORD_WORDS = {_BEGIN: 4, _ENTER: 3, _END: 2, _BEGIN_EVENT: 6, **{code: 2 for code in EVENT_OF_CODE}}
 _MODES = {int(mode): mode for mode in ModeKeys}
 _MAX_LOGGED_WORDS = 1 << 21  # bounds memory when nothing drains the log (then the oldest go)
 
@@ -330,7 +330,7 @@ class PhaseLog:
             self._open = (step, mode)
             tracker.begin(mode, record[3])
             if kind == _BEGIN_EVENT:
-                tracker.event(_EVENT_OF_CODE[record[4]], record[5])
+                tracker.event(EVENT_OF_CODE[record[4]], record[5])
         elif kind == _END:
             begin, spans = tracker.end(record[1])
             if self._open is not None and spans:
@@ -341,5 +341,5 @@ class PhaseLog:
         elif kind == _ENTER:
             tracker.enter(PHASES[record[1]], record[2])
         elif tracker.open:
-            tracker.event(_EVENT_OF_CODE[kind], record[1])
+            tracker.event(EVENT_OF_CODE[kind], record[1])
 

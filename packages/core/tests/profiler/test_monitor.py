@@ -119,8 +119,11 @@ def test_real_sampling_on_this_host(tmp_path):
         assert ((values(percent) >= 0) & (values(percent) <= 100)).all(), percent
     assert values("CPUUtilization", "total").max() > 0
     # Integrated over the samples, the process's CPU % accounts for the burn (to within
-    # the kernel's 10 ms accounting tick).
-    process_cpu_s = values("ProcessCPUUtilization").sum() / 100 * interval_s
+    # the kernel's 10 ms accounting tick). Each sample's % is over the time since the one
+    # before it, which is longer than the interval after skipped ticks.
+    process = df[df["dimension"] == "ProcessCPUUtilization"].sort_values("timestamp")
+    since_previous = np.diff(process["timestamp"].to_numpy(), prepend=process["timestamp"].iloc[0] - interval_s)
+    process_cpu_s = float((process["value"].to_numpy() / 100 * since_previous).sum())
     assert process_cpu_s >= 0.8 * burned - 0.02, (process_cpu_s, burned)
     assert (values("ProcessCPUUtilization") <= 100 * psutil.cpu_count() + 1).all()
     assert (values("MemoryUsedBytes") <= values("MemoryTotalBytes")).all()

@@ -230,7 +230,7 @@ class Hook(HookBase):
                 self._driven = model
                 self._driven_name = next((n for n, m in self._modules if m is model), None)
             else:  # a model whose class cannot be swapped: torch's forward hooks
-                self._handles.append(model.register_forward_pre_hook(lambda module, args: self._forward_begins(module)))
+                self._handles.append(model.register_forward_pre_hook(self._forward_pre_hook))
                 self._handles.append(model.register_forward_hook(self._forward_ends))
 
     def register_loss(self, loss_module: nn.Module) -> nn.Module:
@@ -318,7 +318,9 @@ class Hook(HookBase):
     # The log's callables are read into locals first: CPython 3.11 does not specialize a
     # call written `self._now()` when `_now` is an instance attribute (several times dearer).
 
-    def _forward_begins(self, module: nn.Module) -> None:
+    def _forward_begins(self, module: nn.Module) -> bool:
+        """At the start of the driven model's forward; True when `_forward_ends` has
+        something to do at its end (a step that saves, or the timeline)."""
         mode = self._explicit_mode or (_TRAIN if module.training else _EVAL)
         if mode is _TRAIN and self._drives_optimizer:
             step = self._step
@@ -329,14 +331,21 @@ class Hook(HookBase):
                     append((_FORWARD_BEGIN, now()))
                 if step.due:
                     self.failsafe.call(self._on_phase_event, FORWARD_BEGIN)
-                return
+                    return True
+                return self._timing
         elif not self._drives_optimizer:
             step = self._step
             if step is not None and step.mode is _TRAIN:
                 self.end_step()  # raises StopTrainingRequested after a stop request
-        self.begin_step(mode, FORWARD_BEGIN)
+        due = self._open_step(mode, _FORWARD_BEGIN)
         if mode is _TRAIN:
             self._train_at = self._global_step - 1
+        return due or self._timing
+
+    def _forward_pre_hook(self, module: nn.Module, args: Any) -> None:
+        # The driver's fallback (a class that cannot be swapped): a forward pre-hook must
+        # return None to leave the arguments as they are.
+        self._forward_begins(module)
 
     def _forward_ends(self, module: nn.Module, args: Any, output: Any) -> None:
         step = self._step

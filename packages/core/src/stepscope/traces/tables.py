@@ -17,7 +17,7 @@ import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -27,8 +27,10 @@ import pyarrow.parquet as pq
 
 from ..layout import FRAMEWORK_DIR
 from ..store import Store
-from .reader import RawTrace, read_trace
 from .schema import KINDS
+
+if TYPE_CHECKING:
+    from .reader import RawTrace
 
 logger = logging.getLogger("stepscope.traces")
 
@@ -151,6 +153,7 @@ def _parse(store: Store, key: str, progress: Callable[[int, int | None], None] |
         return read_xspace(store.read(key), store.describe(key))
     size = None
     from ..store.local import LocalStore
+    from .reader import read_trace  # (imported here: a second analysis reads Parquet only)
 
     if isinstance(store, LocalStore) and progress is not None:
         size = os.path.getsize(store._os_path(key))
