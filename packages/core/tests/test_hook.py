@@ -117,3 +117,32 @@ def test_stop_request_is_seen_by_the_poller(tmp_path, monkeypatch):
         time.sleep(0.01)
     assert core.stop_requested and core.stop_poller.request["rule"] == "ExplodingTensor"
     core.close()
+
+
+def test_a_hook_left_open_is_closed_at_interpreter_exit(tmp_path):
+    # The job ends with the process: what was saved is published and the end marker is
+    # written, as close() would (the writer's own exit handler must not close it first).
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        from stepscope.config import ProfilerConfig, SaveConfig
+        from stepscope.hook import HookBase
+
+        class BareHook(HookBase):
+            framework = "test"
+
+        hook = BareHook({str(tmp_path / "job")!r}, save_config=SaveConfig(save_interval=1), profiler_config=ProfilerConfig.disabled())
+        for step in range(3):
+            hook.begin_step()
+            hook.save_scalar("accuracy", 0.5 + step / 10)
+            hook.end_step()
+        """
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=120)
+    assert (tmp_path / "job" / "training_job_end.ts").exists()
+    trial = create_trial(str(tmp_path / "job"))
+    assert trial.is_complete()
+    assert [float(trial.tensor("accuracy").value(s)) for s in trial.steps()] == pytest.approx([0.5, 0.6, 0.7])

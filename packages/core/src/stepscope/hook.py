@@ -286,6 +286,11 @@ class HookBase:
         self.profiler_failsafe._on_failure = lambda status: write_status(store, f"{self.worker}_profiler", status)
         if self.writes_tensors:
             self.writer = Writer(store, self.worker)
+            # atexit runs the last registered first: the hook's close (which writes the end
+            # marker through the writer) must come before the writer's own exit handler,
+            # which closes the writer without one.
+            atexit.unregister(self._at_exit)
+            atexit.register(self._at_exit)
             self._write_collections()
         # Live TensorBoard, the report at close, and stepscope's own cost (hook_outputs).
         self.outputs = HookOutputs(self.worker, tensorboard_dir=opts.tensorboard_dir, report=opts.report, several_workers=self.num_workers > 1, chief=self.rank == 0)
