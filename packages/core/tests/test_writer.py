@@ -120,7 +120,7 @@ def test_close_is_bounded_and_reports_what_is_lost(tmp_path, caplog):
         writer.write_step(step, ModeKeys.TRAIN, step, {"w": np.ones(2)})
     started = time.monotonic()
     assert writer.close() is False
-    assert time.monotonic() - started < 1.5
+    assert time.monotonic() - started < 2.5  # (unbounded, it would wait forever: the store never lets go)
     status = json.loads((tmp_path / "stepscope-status/worker_0.json").read_text())
     assert status["state"] == "incomplete" and status["lost_steps"] == [1, 2, 3]
     assert "1 s" in status["error"] and "3 step(s) lost: 1, 2, 3" in caplog.text

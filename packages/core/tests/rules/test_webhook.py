@@ -42,7 +42,7 @@ def test_a_server_trickling_headers_cannot_hold_the_call():
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="within its 1 s"):
             Webhook(url + "/hook", timeout=1.0, retries=3, backoff=0.05).post(b"{}")
-        assert time.monotonic() - started < 1.6
+        assert time.monotonic() - started < 3.0  # (per read, the 100 lines would take 20 s)
     finally:
         server.shutdown()
 
@@ -85,7 +85,7 @@ def test_a_silent_server_is_bounded_too():
         started = time.monotonic()
         with pytest.raises(RuntimeError, match="webhook"):
             Webhook(f"http://127.0.0.1:{listener.getsockname()[1]}/", timeout=0.5, retries=5, backoff=0.01).post(b"{}")
-        assert time.monotonic() - started < 1.0
+        assert time.monotonic() - started < 2.0  # (bounded per attempt only, the retries would take 2.5 s or more)
     finally:
         listener.close()
 
