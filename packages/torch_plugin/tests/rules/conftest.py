@@ -1,5 +1,5 @@
 """Real training runs for the rule tests: small torch models trained on CPU, saved through
-the core HookCore (the same path the framework plugins use), each planting the condition
+core's HookBase (the same path the framework plugins use), each planting the condition
 one rule looks for, plus healthy controls. Runs are made once per session."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from stepscope.config import Collection, ProfilerConfig, SaveConfig
-from stepscope.hook_core import HookCore
+from stepscope.hook import HookBase
 from stepscope.modes import ModeKeys
 
 torch = pytest.importorskip("torch")
@@ -27,13 +27,21 @@ BUILTIN_REGEXES = {
 LOSS_NAME = "MSELoss_output_0"
 
 
+class HandDrivenHook(HookBase):
+    """A hook over host values, its steps driven by hand: what the torch plugin does,
+    without its torch hooks."""
+
+    framework = "pytorch"
+    builtin_regexes = BUILTIN_REGEXES
+
+
 class Recorder:
     """Saves what a torch hook saves (parameters, gradients, loss, activations, data) through
-    HookCore, for loops that drive the steps themselves."""
+    HookBase, for loops that drive the steps themselves."""
 
     def __init__(self, out_dir: Path, save_interval: int = 1, control_poll_s: float = 2.0, reduction_config=None):
-        self.core = HookCore(
-            str(out_dir), framework="pytorch", builtin_regexes=BUILTIN_REGEXES,
+        self.core = HandDrivenHook(
+            str(out_dir),
             save_config=SaveConfig(save_interval=save_interval), reduction_config=reduction_config,
             include_collections=["weights", "biases", "gradients"],
             collections=[Collection("activations"), Collection("data")],
@@ -45,23 +53,23 @@ class Recorder:
 
     def parameters(self, model: nn.Module) -> None:
         for name, param in model.named_parameters():
-            self.core.save_numpy(name, param.detach().numpy().copy(), ("weights" if name.endswith("weight") else "biases",))
+            self.core.save_value(name, param.detach().numpy().copy(), ("weights" if name.endswith("weight") else "biases",))
 
     def gradients(self, model: nn.Module) -> None:
         for name, param in model.named_parameters():
             if param.grad is not None:
-                self.core.save_numpy(f"gradient/{name}", param.grad.detach().numpy().copy(), ("gradients",))
+                self.core.save_value(f"gradient/{name}", param.grad.detach().numpy().copy(), ("gradients",))
 
     def loss(self, value: torch.Tensor, name: str = LOSS_NAME) -> None:
-        self.core.save_numpy(name, np.float32(value.item()), ("losses",))
+        self.core.save_value(name, np.float32(value.item()), ("losses",))
 
     def tensor(self, name: str, value, collection: str = "activations") -> None:
         if isinstance(value, torch.Tensor):
             value = value.detach().numpy().copy()
-        self.core.save_numpy(name, value, (collection,))
+        self.core.save_value(name, value, (collection,))
 
     def end(self) -> None:
-        self.core.end_step()
+        self.core.end_step(raise_on_stop=False)  # the loop reads stop_requested
 
     def close(self) -> None:
         self.core.close()
@@ -324,4 +332,4 @@ def training():
     keeps conftest modules out of `import`)."""
     import types
 
-    return types.SimpleNamespace(MLP=MLP, Recorder=Recorder, regression_data=regression_data, torch=torch, train_regression=train_regression)
+    return types.SimpleNamespace(MLP=MLP, Recorder=Recorder, HandDrivenHook=HandDrivenHook, regression_data=regression_data, torch=torch, train_regression=train_regression)

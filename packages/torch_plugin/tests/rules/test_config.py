@@ -13,7 +13,6 @@ import pytest
 
 from stepscope.config import SaveConfig
 from stepscope.exceptions import ConfigError
-from stepscope.hook_core import HookCore
 from stepscope.rules import Log, StopTraining, VanishingGradient, Webhook, collection_configurations, from_config, parse_actions, run_rules
 
 # Written out literally as smdebug_rulesconfig 1.0.1 returns them (see REFERENCE.md), with
@@ -105,9 +104,9 @@ def test_sagemaker_flat_entry_and_profiler_objects(tmp_path):
     assert type(built).__name__ == "LowGPUUtilization"
 
 
-def test_collection_configurations_reach_the_hook(tmp_path):
+def test_collection_configurations_reach_the_hook(tmp_path, training):
     collections = collection_configurations(VANISHING_GRADIENT["CollectionConfigurations"] + DEAD_RELU["CollectionConfigurations"])
-    core = HookCore(str(tmp_path), framework="pytorch", builtin_regexes={"gradients": ["^gradient"]}, collections=collections, profiler_config=_no_profiler())
+    core = training.HandDrivenHook(str(tmp_path), collections=collections, profiler_config=_no_profiler())
     try:
         included = {c.name: c for c in core.included}
         assert included["gradients"].save_config == SaveConfig(save_interval=500)
