@@ -23,56 +23,44 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _mlp_job import write_mlp_job
 
 from stepscope.cli import main as stepscope_cli
-from stepscope.collection_manager import CollectionManager
 from stepscope.cost import CostMeter, cost_key
 from stepscope.modes import ModeKeys
 from stepscope.profiler import TimelineWriter
 from stepscope.profiler.monitor import system_metrics_key
 from stepscope.store import open_store
-from stepscope.writer import Writer
 
-SHAPES = {"layers.0.weight": (32, 16), "layers.0.bias": (32,), "layers.1.weight": (32, 32), "layers.1.bias": (32,), "layers.2.weight": (1, 32), "layers.2.bias": (1,)}
-BUILTIN_REGEXES = {"weights": [r"^(?!gradient).*weight"], "biases": [r"^(?!gradient).*bias"], "gradients": [r"^gradient"], "losses": [r"[Ll]oss_(?!input).*output"]}
 STEP_MS = 100.0
 TARGET_S = 10.0
 
 
 def generate(out_dir: Path, steps: int) -> float:
+    """The MLP job with profiler data: each TRAIN step a timeline of about STEP_MS (a slow
+    step every 997), its cost in the hooks' cost file, then system metrics over the span."""
     rng = np.random.default_rng(0)
-    weights = {name: rng.standard_normal(shape).astype(np.float32) * 0.1 for name, shape in SHAPES.items()}
     started = time.perf_counter()
     t0_ns = 1_700_000_000 * 10**9
     store = open_store(str(out_dir))
     timeline = TimelineWriter(store, node_id="algo-1", flush_interval_s=3600)
     meter = CostMeter("worker_0", {"torch": "synthetic"})
-    with Writer(str(out_dir)) as writer:
-        writer.write_collections(CollectionManager(builtin_regexes=BUILTIN_REGEXES).dumps())
-        global_step, eval_step, now = 0, 0, t0_ns
-        for step in range(steps):
-            tensors = {}
-            for name, value in weights.items():
-                gradient = rng.standard_normal(value.shape).astype(np.float32) * 0.01
-                tensors[name] = value.copy()
-                tensors[f"gradient/{name}"] = gradient
-                value -= 0.1 * gradient
-            tensors["MSELoss_output_0"] = np.float32(10.0 / (1 + step))
-            writer.write_step(global_step, ModeKeys.TRAIN, step, tensors)
-            duration = int(STEP_MS * 1e6 * (3.0 if step % 997 == 500 else rng.uniform(0.9, 1.1)))
-            cut = [now + int(duration * f) for f in (0.0, 0.2, 0.5, 0.85, 1.0)]
-            timeline.add_spans([("step", cut[0], cut[4]), ("data", cut[0], cut[1]), ("forward", cut[1], cut[2]), ("backward", cut[2], cut[3]), ("optimizer", cut[3], cut[4])], step=global_step, mode=ModeKeys.TRAIN)
-            meter.step_done(global_step, duration / 1e9)
-            now += duration
-            global_step += 1
-            if (step + 1) % 100 == 0:
-                writer.write_step(global_step, ModeKeys.EVAL, eval_step, {"MSELoss_output_0": np.float32(10.5 / (1 + step))})
-                global_step, eval_step = global_step + 1, eval_step + 1
-            if step % 5000 == 4999:
-                timeline.flush()
-        store.write(cost_key("worker_0"), meter.to_bytes(writer_s=1.0, bytes_written=0))
+    clock = {"now": t0_ns}
+
+    def profile(global_step: int, step: int) -> None:
+        now = clock["now"]
+        duration = int(STEP_MS * 1e6 * (3.0 if step % 997 == 500 else rng.uniform(0.9, 1.1)))
+        cut = [now + int(duration * f) for f in (0.0, 0.2, 0.5, 0.85, 1.0)]
+        timeline.add_spans([("step", cut[0], cut[4]), ("data", cut[0], cut[1]), ("forward", cut[1], cut[2]), ("backward", cut[2], cut[3]), ("optimizer", cut[3], cut[4])], step=global_step, mode=ModeKeys.TRAIN)
+        meter.step_done(global_step, duration / 1e9)
+        clock["now"] = now + duration
+        if step % 5000 == 4999:
+            timeline.flush()
+
+    write_mlp_job(out_dir, steps, rng, after_train_step=profile)
+    store.write(cost_key("worker_0"), meter.to_bytes(writer_s=1.0, bytes_written=0))
     timeline.close()
-    _system_metrics(store, t0_ns / 1e9, now / 1e9, rng)
+    _system_metrics(store, t0_ns / 1e9, clock["now"] / 1e9, rng)
     return time.perf_counter() - started
 
 

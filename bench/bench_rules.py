@@ -20,17 +20,12 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _mlp_job import SHAPES, write_mlp_job
 
 from stepscope import create_trial
-from stepscope.collection_manager import CollectionManager
-from stepscope.modes import ModeKeys
 from stepscope.rules import BUILTIN_RULES, invoke_rule, run_rules
 from stepscope.rules import default_rules as current_default_rules
 from stepscope.store.local import LocalStore
-from stepscope.writer import Writer
-
-SHAPES = {"layers.0.weight": (32, 16), "layers.0.bias": (32,), "layers.1.weight": (32, 32), "layers.1.bias": (32,), "layers.2.weight": (1, 32), "layers.2.bias": (1,)}
-BUILTIN_REGEXES = {"weights": [r"^(?!gradient).*weight"], "biases": [r"^(?!gradient).*bias"], "gradients": [r"^gradient"], "losses": [r"[Ll]oss_(?!input).*output"]}
 
 
 class CountingStore(LocalStore):
@@ -44,25 +39,8 @@ class CountingStore(LocalStore):
 
 
 def generate(out_dir: Path, steps: int) -> float:
-    rng = np.random.default_rng(0)
-    weights = {name: rng.standard_normal(shape).astype(np.float32) * 0.1 for name, shape in SHAPES.items()}
     started = time.perf_counter()
-    with Writer(str(out_dir)) as writer:
-        writer.write_collections(CollectionManager(builtin_regexes=BUILTIN_REGEXES).dumps())
-        global_step, eval_step = 0, 0
-        for step in range(steps):
-            tensors = {}
-            for name, value in weights.items():
-                gradient = rng.standard_normal(value.shape).astype(np.float32) * 0.01
-                tensors[name] = value.copy()
-                tensors[f"gradient/{name}"] = gradient
-                value -= 0.1 * gradient
-            tensors["MSELoss_output_0"] = np.float32(10.0 / (1 + step))
-            writer.write_step(global_step, ModeKeys.TRAIN, step, tensors)
-            global_step += 1
-            if (step + 1) % 100 == 0:
-                writer.write_step(global_step, ModeKeys.EVAL, eval_step, {"MSELoss_output_0": np.float32(10.5 / (1 + step))})
-                global_step, eval_step = global_step + 1, eval_step + 1
+    write_mlp_job(out_dir, steps, np.random.default_rng(0))
     return time.perf_counter() - started
 
 
