@@ -146,3 +146,29 @@ def test_a_hook_left_open_is_closed_at_interpreter_exit(tmp_path):
     trial = create_trial(str(tmp_path / "job"))
     assert trial.is_complete()
     assert [float(trial.tensor("accuracy").value(s)) for s in trial.steps()] == pytest.approx([0.5, 0.6, 0.7])
+
+
+def test_a_hand_driven_step_is_data_until_begin_step_then_other(tmp_path):
+    # The wait for the batch comes before begin_step; the step's own work after it is not
+    # "data" (a custom loop that marks no phases once showed 100 % data: a false data-loader
+    # bottleneck).
+    from stepscope.profiler import create_profiler_trial
+
+    hook = make_core(tmp_path / "job", profiler_config=ProfilerConfig(system_monitor=False))
+    for _ in range(4):
+        time.sleep(0.02)  # fetching the batch
+        with hook.step("train"):
+            time.sleep(0.05)  # the step's work, no phase marked
+    hook.begin_step("eval", phase="compute")  # a plugin that knows the work is compute
+    time.sleep(0.03)
+    hook.end_step()
+    hook.close()
+    timeline = create_profiler_trial(str(tmp_path / "job")).step_timeline()
+    train = timeline[(timeline["mode"] == "TRAIN") & (timeline["step"] > 0)]  # (step 0 waited for nothing)
+    per_phase = train.groupby("phase")["duration_ms"].median()
+    assert set(per_phase.index) == {"data", "other", "step"}
+    assert 15 <= per_phase["data"] < 45 and 45 <= per_phase["other"] < 90, per_phase
+    evaluation = timeline[timeline["mode"] == "EVAL"].set_index("phase")["duration_ms"]
+    assert evaluation["compute"] >= 25 and "other" not in evaluation.index
+    with pytest.raises(ConfigError, match="unknown phase 'fetch'"):
+        hook.begin_step("train", phase="fetch")

@@ -88,6 +88,7 @@ _event_code = EVENT_CODES.get  # one call, where `EVENT_CODES.get(...)` is a loo
 _TRAIN = ModeKeys.TRAIN
 # PhaseLog record kinds (appended directly: the log's methods would cost a call each).
 _BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
+_OTHER_CODE = PHASE_CODES[OTHER]
 
 
 class StopTrainingRequested(StepscopeError, RuntimeError):
@@ -471,10 +472,13 @@ class HookBase:
 
     # --- the step driver ----------------------------------------------------------------
 
-    def begin_step(self, mode: ModeKeys | str | None = None, event: str | None = None) -> bool:
-        """Open the next step in `mode` (default: the current mode), closing the open one;
-        `event`: a phase event that happens right away (as `phase_event(event)` would,
-        one call less on every step). Returns True when some collection is due at it."""
+    def begin_step(self, mode: ModeKeys | str | None = None, event: str | None = None, *, phase: str = OTHER) -> bool:
+        """Open the next step in `mode` (default: the current mode), closing the open one.
+        On the timeline the wait since the previous step ended is this step's "data"
+        phase, and its own work starts now: with `event`, in the phase that event starts
+        (as `phase_event(event)` would, one call less on every step), else in `phase`
+        ("other" unless said; `hook.phase(...)` moves it on). Returns True when some
+        collection is due at it."""
         if mode is None:
             mode = self._mode
         elif mode.__class__ is not ModeKeys:
@@ -484,12 +488,16 @@ class HookBase:
             code = _event_code(event)
             if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-        return self._open_step(mode, code)
+        phase_code = PHASE_CODES.get(phase)
+        if phase_code is None:
+            raise ConfigError(f"begin_step: unknown phase {phase!r}; phases: {', '.join(PHASES)}")
+        return self._open_step(mode, code, phase_code)
 
-    def _open_step(self, mode: ModeKeys, code: int | None) -> bool:
+    def _open_step(self, mode: ModeKeys, code: int | None, phase_code: int = _OTHER_CODE) -> bool:
         """begin_step with its arguments checked: `code` is the event's code in
-        `phases.EVENT_CODES`, or None. A plugin whose hot path opens steps calls this
-        directly (one check and one lookup less a step)."""
+        `phases.EVENT_CODES`, or None (then the step's work starts in the phase of
+        `phase_code`). A plugin whose hot path opens steps calls this directly (one check
+        and one lookup less a step)."""
         # This runs every step: on a step where nothing is due it is most of the step's
         # cost in core (bench/bench_torch_hook.py), so it is one frame of plain attribute
         # reads, and what only steps that save need stays off its path.
@@ -550,6 +558,7 @@ class HookBase:
                 append = self._log_append
                 if code is None:
                     append((_BEGIN, global_step, mode, begin))
+                    append((_ENTER, phase_code, now))  # the batch is here: "data" ends
                 else:  # one record for both
                     append((_BEGIN_EVENT, global_step, mode, begin, code, now))
                 self._timing = True

@@ -91,9 +91,7 @@ class StepscopeCallback(keras.callbacks.Callback):
     # --- steps --------------------------------------------------------------------------
 
     def _batch_begin(self, mode: ModeKeys) -> None:
-        hook = self.hook
-        hook.begin_step(mode)
-        hook.phase(COMPUTE)
+        self.hook.begin_step(mode, phase=COMPUTE)  # the batch is here: data ends, compute begins
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch_begin(ModeKeys.TRAIN)

@@ -372,11 +372,13 @@ class Hook(HookBase):
             return
         step = self._step
         if step is None or step.global_step != self._train_at:
-            self.begin_step(ModeKeys.TRAIN)  # optimizer.step() without a forward in this step
+            # optimizer.step() without a forward in this step opens one; the event is
+            # recorded, and the gradients saved when due, as below.
+            self._open_step(_TRAIN, _OPTIMIZER_BEGIN)
             step = self._step
-            if step is None:
-                return
-            self._train_at = step.global_step
+            if step is not None:
+                self._train_at = step.global_step
+            return
         if self._timing:
             append, now = self._log_append, self._now
             append((_OPTIMIZER_BEGIN, now()))

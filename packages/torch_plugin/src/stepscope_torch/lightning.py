@@ -117,10 +117,11 @@ class StepscopeCallback(pl.Callback):
         hook = self.hook
         if hook is None or not hook.enabled:
             return
-        if not hook.train_step_open:  # else another batch of an accumulated step
+        if hook.train_step_open:  # another batch of an accumulated step
+            hook.phase_event(FORWARD_BEGIN)
+        else:
             self._train_step = trainer.global_step
-            hook.begin_step(ModeKeys.TRAIN)
-        hook.phase_event(FORWARD_BEGIN)
+            hook.begin_step(ModeKeys.TRAIN, FORWARD_BEGIN)
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         if self.hook is not None:
@@ -157,8 +158,7 @@ class StepscopeCallback(pl.Callback):
     def _eval_batch_start(self, trainer: pl.Trainer, mode: ModeKeys) -> None:
         if self._live and not trainer.sanity_checking:
             assert self.hook is not None
-            self.hook.begin_step(mode)
-            self.hook.phase_event(FORWARD_BEGIN)
+            self.hook.begin_step(mode, FORWARD_BEGIN)
 
     def _eval_batch_end(self, trainer: pl.Trainer, outputs: Any) -> None:
         # The step stays open: the loop's reduced metrics arrive in its last step.
