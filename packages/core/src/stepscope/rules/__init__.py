@@ -15,7 +15,7 @@ from .inputs import CheckInputImages, NLPSequenceRatio
 from .losses import LossNotDecreasing, Overfit, Overtraining, StalledTrainingRule
 from .params import RuleParams, ranged, require
 from .reading import ReadCache, TensorReader, TensorRequest
-from .registry import BUILTIN_RULES, DEFAULT_RULES, build_rule, default_rules, describe_rules, load_rule_class, profiler_rules, rule_class
+from .registry import BUILTIN_RULES, DEFAULT_RULES, build_rule, default_profiler_rules, default_rules, describe_rules, load_rule_class, profiler_rules, rule_class
 from .report import Evidence, Explanation, RuleReport, format_table, jsonable, step_label
 from .tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor, VanishingGradient, WeightUpdateRatio
 
@@ -26,7 +26,7 @@ __all__ = [
     "TensorRequest", "TensorReader", "ReadCache",
     "from_config", "rules_from_config", "collection_configurations", "load_rules_config",
     "invoke_rule", "run_rules",
-    "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "build_rule", "rule_class", "describe_rules", "load_rule_class", "profiler_rules",
+    "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "default_profiler_rules", "build_rule", "rule_class", "describe_rules", "load_rule_class", "profiler_rules",
     "VanishingGradient", "ExplodingTensor", "DeadRelu", "SaturatedActivation", "PoorWeightInitialization",
     "WeightUpdateRatio", "AllZero", "UnchangedTensor", "LossNotDecreasing", "Overfit", "Overtraining",
     "SimilarAcrossRuns", "StalledTrainingRule", "TensorVariance", "ClassImbalance", "Confusion",

@@ -45,10 +45,17 @@ def default_rules(trial: Trial) -> list[Rule]:
     saved, with its `preset` parameters (trend-based losses, per-kind gradient statistics,
     ...), plus the profiler rules when the job has profiler data. See docs/rules.md."""
     rules: list[Rule] = [rule for rule in (BUILTIN_RULES[n](trial, **BUILTIN_RULES[n].preset) for n in DEFAULT_RULES) if rule.has_inputs()]
-    if has_profiler_data(trial):
-        traced = has_trace_data(trial)
-        rules += [cls(trial, **cls.preset) for cls in profiler_rules().values() if traced or cls.__module__ != "stepscope.traces.rules"]
-    return rules
+    return rules + default_profiler_rules(trial)
+
+
+def default_profiler_rules(trial: Trial) -> list[Rule]:
+    """The whole-job part of `default_rules`: the profiler rules with their `preset`
+    parameters when the job has profiler data, the trace rules when it has traces (what
+    the web app runs live on a job)."""
+    if not has_profiler_data(trial):
+        return []
+    traced = has_trace_data(trial)
+    return [cls(trial, **cls.preset) for cls in profiler_rules().values() if traced or cls.__module__ != "stepscope.traces.rules"]
 
 
 def has_trace_data(trial: Trial) -> bool:

@@ -168,12 +168,13 @@ def _histogram(values: np.ndarray, bins: int) -> dict[str, Any]:
 
 
 def _phase_shares(steps: pd.DataFrame, phases: pd.DataFrame) -> dict[str, float]:
-    """Where the host's step time went: total ms per phase inside steps, the rest as `other`."""
+    """Where the host's step time went: total ms per phase, and step time no phase covers
+    added to `other`. (The phases of a step tile it, "data" included: a step starts where
+    the previous one's work ended.)"""
     shares = {str(k): float(v) for k, v in phases.groupby("phase")["duration_ms"].sum().items() if v > 0}
-    inside = sum(v for k, v in shares.items() if k != "data")
-    other = float(steps["duration_ms"].sum()) - inside
-    if other > 0:
-        shares["other"] = other
+    uncovered = float(steps["duration_ms"].sum()) - sum(shares.values())
+    if uncovered > 0:
+        shares["other"] = shares.get("other", 0.0) + uncovered
     return shares
 
 
@@ -237,20 +238,20 @@ def rules_status(trial: Any, stamp: Hashable) -> dict[str, Any]:
 
 
 def _rules_status(trial: Any) -> dict[str, Any]:
-    """The reports `stepscope check` published (tensor and whole-job rules), and the profiler
-    rules run now on what the job has so far (a running job's findings as they land); each
-    with its evidence and the rule's explanation (definition, likely causes, advice)."""
-    from ..profiler.rules import run_profiler_rules
+    """The reports `stepscope check` published (tensor and whole-job rules), and the
+    whole-job rules of its default set run now on what the job has so far (a running job's
+    findings as they land), with the same parameters as `stepscope check`; each with its
+    evidence and the rule's explanation (definition, likely causes, advice)."""
+    from ..rules import default_profiler_rules, run_rules
 
     rows: dict[str, dict[str, Any]] = {}
     for row in rule_summary(trial.store):
         name = str(row.get("rule"))
         report = (_read_json(trial.store, f"{layout.RULE_OUTPUT_DIR}/{name}.json") if _plain_name(name) else None) or {}
         rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary")}}, "stepscope check")
-    if trial.store.list(layout.PROFILER_DIR + "/"):
-        for live in run_profiler_rules(trial.profiler):
-            if live.rule not in rows and live.rule != "OverallSystemUsage":
-                rows[live.rule] = _rule_row(live.to_json(), "live")
+    live_rules = [rule for rule in default_profiler_rules(trial) if rule.name not in rows and rule.name != "OverallSystemUsage"]
+    for live in run_rules(live_rules) if live_rules else []:
+        rows[live.rule] = _rule_row(live.to_json(), "live")
     ordered = sorted(rows.values(), key=lambda r: (not r["fired"], r["rule"]))
     return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]]}
 
