@@ -15,7 +15,17 @@ from .inputs import CheckInputImages, NLPSequenceRatio
 from .losses import LossNotDecreasing, Overfit, Overtraining, StalledTrainingRule
 from .params import RuleParams, ranged, require
 from .reading import ReadCache, TensorReader, TensorRequest
-from .registry import BUILTIN_RULES, DEFAULT_RULES, build_rule, default_profiler_rules, default_rules, describe_rules, load_rule_class, profiler_rules, rule_class
+from .registry import (
+    BUILTIN_RULES,
+    DEFAULT_RULES,
+    build_rule,
+    default_profiler_rules,
+    default_rules,
+    describe_rules,
+    load_rule_class,
+    profiler_rules,
+    rule_class,
+)
 from .report import Evidence, Explanation, RuleReport, format_table, jsonable, step_label
 from .tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor, VanishingGradient, WeightUpdateRatio
 
