@@ -93,9 +93,31 @@ def measure(make_model, make_hook, blocks: int, out: str) -> dict[str, tuple[flo
     return {name: (statistics.median(t[0] for t in ts), statistics.median(t[1] for t in ts)) for name, ts in times.items()}
 
 
-class _Empty(nn.Module):
+class Empty(nn.Module):
+    """The yardstick: two calls of it are what a step where nothing is due may cost."""
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x
+
+
+def nothing_due_model(hook: Hook | None = None, mechanism: bool = False) -> tuple[nn.Module, torch.optim.Optimizer]:
+    """The smallest step there is (a Linear(1, 1) and its SGD), watched by `hook`, or with
+    `mechanism` driven by the hook's mechanism with each part doing nothing (the model's
+    class swapped, no-op optimizer step hooks). callgrind_torch_hook.py uses it too."""
+    model = nn.Linear(1, 1)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if hook is not None:
+        hook.register_module(model)
+        hook.register_optimizer(optimizer)
+    if mechanism:
+
+        def nothing(*args: object) -> None:
+            return None
+
+        drive_forward(model, nothing, nothing)
+        optimizer.register_step_pre_hook(nothing)
+        optimizer.register_step_post_hook(nothing)
+    return model, optimizer
 
 
 def nothing_due_cost(make_hook: Callable[[str], Hook], out: str, rounds: int) -> dict[str, tuple[float, float]]:
@@ -111,18 +133,7 @@ def nothing_due_cost(make_hook: Callable[[str], Hook], out: str, rounds: int) ->
     x = torch.ones(1, 1)
 
     def loop(hook: Hook | None, noop: bool = False) -> Callable[[int], float]:
-        model = nn.Linear(1, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        if hook is not None:
-            hook.register_module(model)
-            hook.register_optimizer(optimizer)
-        if noop:  # the mechanism the hook uses, each part doing nothing
-            def nothing(*args: object) -> None:
-                return None
-
-            drive_forward(model, nothing, nothing)
-            optimizer.register_step_pre_hook(nothing)
-            optimizer.register_step_post_hook(nothing)
+        model, optimizer = nothing_due_model(hook, mechanism=noop)
 
         def run(n: int) -> float:
             start = time.thread_time_ns()
@@ -134,7 +145,7 @@ def nothing_due_cost(make_hook: Callable[[str], Hook], out: str, rounds: int) ->
 
         return run
 
-    empty = _Empty()
+    empty = Empty()
 
     def empty_calls(n: int) -> float:
         start = time.thread_time_ns()

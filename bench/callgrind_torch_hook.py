@@ -37,11 +37,10 @@ def _child(control: str, steps: int) -> None:
     import logging
 
     import torch
-    from torch import nn
+    from bench_torch_hook import Empty, nothing_due_model  # (this folder is the script's)
 
     from stepscope.config import ProfilerConfig
     from stepscope_torch import Hook
-    from stepscope_torch.driver import drive_forward
 
     lib = ctypes.CDLL(control)
     logging.getLogger("stepscope").setLevel(logging.CRITICAL)
@@ -50,19 +49,7 @@ def _child(control: str, steps: int) -> None:
     out = tempfile.mkdtemp()
 
     def loop(hook: Hook | None = None, mechanism: bool = False):
-        model = nn.Linear(1, 1)
-        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-        if hook is not None:
-            hook.register_module(model)
-            hook.register_optimizer(optimizer)
-        if mechanism:  # the hook's mechanism, each part doing nothing
-
-            def nothing(*args: object) -> None:
-                return None
-
-            drive_forward(model, nothing, nothing)
-            optimizer.register_step_pre_hook(nothing)
-            optimizer.register_step_post_hook(nothing)
+        model, optimizer = nothing_due_model(hook, mechanism)
 
         def run(n: int) -> None:
             with torch.no_grad():
@@ -71,10 +58,6 @@ def _child(control: str, steps: int) -> None:
                     optimizer.step()
 
         return run
-
-    class Empty(nn.Module):
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            return x
 
     empty = Empty()
 

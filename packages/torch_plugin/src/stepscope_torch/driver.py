@@ -151,11 +151,11 @@ def drive_forward(
     def forward(self: nn.Module, *args: Any, **kwargs: Any) -> Any:
         if self is not model:
             return original(self, *args, **kwargs)
+        wanted = before(self)
         # (Without keywords, the call skips merging an empty dict: this runs every step.)
-        if not before(self):
-            return original(self, *args, **kwargs) if kwargs else original(self, *args)
         result = original(self, *args, **kwargs) if kwargs else original(self, *args)
-        after(self, args, result)
+        if wanted:
+            after(self, args, result)
         return result
 
     functools.update_wrapper(forward, original)  # name, docstring, __wrapped__ (signature)
