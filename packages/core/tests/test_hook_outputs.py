@@ -90,6 +90,7 @@ def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path):
 
     due_every = 50
     hook = HookBase(str(tmp_path / "job"), profiler_config=ProfilerConfig.disabled(), save_config=SaveConfig(save_interval=due_every), include_collections=["metrics"])
+    hook.outputs.meter.min_block_s = 0  # blocks of BLOCK_STEPS however short (they grow on fast steps: below)
     steps = BLOCK_STEPS * (2 * MAX_SAMPLES) + 101
     for step in range(steps):
         hook.begin_step("train")
@@ -115,3 +116,32 @@ def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path):
     assert meter.cost.step_s > 0 and meter.hook_s < meter.cost.step_s
     # Untimed steps are counted at the last measured idle begin time: every step has some.
     assert meter.idle_begin_s > 0
+
+
+def test_blocks_grow_while_steps_are_short_and_shrink_back():
+    # The timed step costs a call into Python: on microsecond steps a block of BLOCK_STEPS
+    # would make that a visible share of the loop, so blocks double until one lasts
+    # min_block_s, and halve again (not below BLOCK_STEPS) once one lasts over 4x that.
+    from stepscope.cost import BLOCK_STEPS, MAX_BLOCK_STEPS, CostMeter
+
+    meter = CostMeter("worker_0", min_block_s=0.005)
+    step, at, lengths = 0, 0.0, []
+
+    def run_blocks(n: int, step_s: float) -> None:
+        nonlocal step, at
+        for _ in range(n):
+            length = meter.steps_begin(step, at, 1e-6, True)
+            lengths.append(length)
+            step += length
+            at += length * step_s
+
+    run_blocks(12, 10e-6)  # 10 us steps: a block needs 500 steps to last 5 ms
+    assert lengths[:6] == [BLOCK_STEPS, 2 * BLOCK_STEPS, 4 * BLOCK_STEPS, 8 * BLOCK_STEPS, 16 * BLOCK_STEPS, 16 * BLOCK_STEPS]
+    assert set(lengths[5:]) == {512}  # 5.12 ms: long enough, and not over 20 ms
+    run_blocks(6, 1e-3)  # 1 ms steps: 512 steps last 0.5 s
+    assert lengths[-6:] == [512, 256, 128, 64, 32, 32]
+    run_blocks(20, 1e-9)
+    assert max(lengths) == MAX_BLOCK_STEPS
+    # Every step is counted whatever the blocks were.
+    meter.step_ends(at, step)
+    assert meter.cost.steps == step

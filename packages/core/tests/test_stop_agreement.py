@@ -25,7 +25,7 @@ class AgreeingHook(HookBase):
         return True
 
     def _agree_on_stop(self, local: bool) -> bool:
-        self.calls.append((self._train_ends, local))
+        self.calls.append((self._counters.train_ends, local))
         return local or self.peer_saw
 
 
@@ -46,7 +46,7 @@ def test_the_collective_runs_only_at_agreement_steps(tmp_path, monkeypatch):
         _train_step(hook)
         hook.begin_step(ModeKeys.EVAL)  # evaluation steps are not counted
         hook.end_step()
-        assert hook._train_ends == step + 1
+        assert hook._counters.train_ends == step + 1
     assert hook.calls == [(1, False), (8, False), (16, False)]
     assert not hook.stop_requested
     hook.close()
@@ -63,7 +63,7 @@ def test_a_rank_stops_at_the_agreed_step_though_it_never_saw_the_request(tmp_pat
     assert not hook.stop_requested
     with pytest.raises(StopTrainingRequested):
         _train_step(hook)  # the 8th TRAIN step: the agreement step
-    assert hook._train_ends == 8 and hook.stop_requested and hook.stop_poller.request is None
+    assert hook._counters.train_ends == 8 and hook.stop_requested and hook.stop_poller.request is None
     assert hook.calls == [(1, False), (4, False), (8, False)]
     _train_step(hook)  # raised once; no collective once all ranks agreed
     assert hook.calls[-1] == (8, False) and hook.train_step_ended()
@@ -87,7 +87,7 @@ def test_a_rank_deciding_alone_stops_at_the_next_train_step_end(tmp_path):
     hook = _hook(tmp_path, HookBase)  # the default seam: no collective
     for _ in range(3):
         _train_step(hook)
-    assert hook._stop_check_at > 10**9  # parked: the steps cost one comparison
+    assert hook._counters.stop_check_at > 10**9  # parked: the steps cost one comparison
     request_stop(hook.store, "ExplodingTensor", "NaN")
     hook.stop_poller.check_now()
     assert hook.stop_requested
@@ -114,13 +114,13 @@ def test_a_rank_whose_hook_turned_off_still_takes_part(tmp_path, monkeypatch):
         hook.begin_step(ModeKeys.EVAL)  # not counted, also while off
         hook.end_step()
         _train_step(hook)
-    assert hook._train_ends == 5 and hook.calls == [(1, False), (4, False)]
+    assert hook._counters.train_ends == 5 and hook.calls == [(1, False), (4, False)]
     hook.peer_saw = True
     _train_step(hook)
     _train_step(hook)
     with pytest.raises(StopTrainingRequested, match="another rank"):
         _train_step(hook)  # stops with its peers at the agreed step, though off
-    assert hook._train_ends == 8
+    assert hook._counters.train_ends == 8
     hook.close()
 
 
@@ -128,7 +128,7 @@ def test_an_early_wake_up_by_the_poller_does_not_add_a_collective(tmp_path, monk
     monkeypatch.setenv("STEPSCOPE_STOP_AGREE_STEPS", "4")
     hook = _hook(tmp_path)
     _train_step(hook)
-    hook._stop_check_at = 0  # the poller's wake-up, racing the first decision
+    hook._counters.stop_check_at = 0  # the poller's wake-up, racing the first decision
     _train_step(hook)
     _train_step(hook)
     _train_step(hook)

@@ -16,11 +16,15 @@ logger = logging.getLogger("stepscope")
 
 COST_DIR = "stepscope-cost"
 MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
-# Steps where nothing is due are accounted in blocks of this many (their mean is the
-# sample): the hook times the first step of a block (and every step that saves), and
-# counts the others' time in it as the last such step's where nothing was due. A step
-# where nothing is due then costs the meter one integer comparison.
+# Steps where nothing is due are accounted in blocks (their mean is the sample): the hook
+# times the first step of a block (and every step that saves), and counts the others' time
+# in it as the last such step's where nothing was due. A step where nothing is due then
+# costs the meter one integer comparison. A block has BLOCK_STEPS steps, or more where
+# steps are so short that it would last under MIN_BLOCK_S: the timed step is a call into
+# Python, which must stay a small share of a loop of microsecond steps.
 BLOCK_STEPS = 32
+MIN_BLOCK_S = 0.005
+MAX_BLOCK_STEPS = 1 << 14
 
 
 def cost_key(worker: str) -> str:
@@ -65,14 +69,19 @@ class CostMeter:
     step. A wrapped call costs two perf_counter reads and a few attribute updates: the
     meter stays on in every job."""
 
-    __slots__ = ("cost", "depth", "hook_s", "step_hook_s", "idle_begin_s", "_step", "_step_started", "_stride", "_entered")
+    __slots__ = (
+        "cost", "depth", "hook_s", "step_hook_s", "idle_begin_s", "block_steps", "min_block_s",
+        "_step", "_step_started", "_stride", "_entered",
+    )
 
-    def __init__(self, worker: str, versions: dict[str, str] | None = None):
+    def __init__(self, worker: str, versions: dict[str, str] | None = None, min_block_s: float = MIN_BLOCK_S):
         self.cost = HookCost(worker, versions={"python": platform.python_version(), **(versions or {})})
         self.depth = 0
         self.hook_s = 0.0
         self.step_hook_s = 0.0
         self.idle_begin_s = 0.0  # the hook's time in a step's begin where nothing is due, last measured
+        self.block_steps = BLOCK_STEPS  # the steps of the next block
+        self.min_block_s = min_block_s
         self._step: int | None = None
         self._step_started = 0.0
         self._stride = 1
@@ -110,19 +119,29 @@ class CostMeter:
         self.hook_s += elapsed
         self.step_hook_s += elapsed
 
-    def steps_begin(self, step: int, at: float, begin_s: float, idle: bool) -> None:
+    def steps_begin(self, step: int, at: float, begin_s: float, idle: bool) -> int:
         """The hook began `step` at `at`, which took it `begin_s` (`idle`: nothing was due
         and nothing ended). The untimed steps since the last call (one per step after the
-        first) are counted with the last idle begin time measured."""
-        if self._step is not None and step - self._step > 1:
-            estimate = (step - self._step - 1) * self.idle_begin_s
+        first) are counted with the last idle begin time measured. Returns the length of
+        the block that begins here: BLOCK_STEPS, doubled while a whole block lasts under
+        `min_block_s`, halved again while one lasts over four times that."""
+        previous = self._step
+        if previous is not None and step - previous > 1:
+            estimate = (step - previous - 1) * self.idle_begin_s
             self.hook_s += estimate
             self.step_hook_s += estimate
+        if previous is not None and step - previous >= self.block_steps:  # a whole block ended
+            lasted = at - self._step_started
+            if lasted < self.min_block_s:
+                self.block_steps = min(2 * self.block_steps, MAX_BLOCK_STEPS)
+            elif lasted > 4 * self.min_block_s:
+                self.block_steps = max(self.block_steps // 2, BLOCK_STEPS)
         self.step_begins(step, at)
         self.hook_s += begin_s
         self.step_hook_s += begin_s
         if idle:
             self.idle_begin_s = begin_s
+        return self.block_steps
 
     def step_begins(self, step: int, at: float) -> None:
         """Step `step` begins at `at`: the steps since the last call (one, or a block of

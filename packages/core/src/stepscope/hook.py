@@ -50,7 +50,6 @@ from .config import (
     SaveConfig,
 )
 from .control import StopPoller
-from .cost import BLOCK_STEPS
 from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
@@ -72,6 +71,7 @@ from .phases import (
     StepTimer,
 )
 from .safety import FailSafe, write_status
+from .step_counters import NEVER, StepCounters
 from .store import Store, open_store
 from .writer import Writer
 
@@ -79,7 +79,6 @@ logger = logging.getLogger("stepscope")
 
 STOP_POLL_ENV = "STEPSCOPE_STOP_POLL_S"
 STOP_AGREE_ENV = "STEPSCOPE_STOP_AGREE_STEPS"
-_NEVER = 1 << 62  # a TRAIN step count never reached
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
 _NOTHING_DUE: frozenset[str] = frozenset()
 _NOTHING_RECORDED: Mapping[str, Any] = types.MappingProxyType({})  # what a step with nothing due holds
@@ -162,6 +161,32 @@ class StepState:
         return f"StepState(global_step={self.global_step}, mode={self.mode.name}, mode_step={self.mode_step}, due={sorted(self.due_names)})"
 
 
+class IdleStep(StepState):
+    """The open step when nothing is due at it: one object shared by all such steps, whose
+    numbers are read from the counters (the open step is the last one begun), so that a
+    step where nothing is due makes no object and writes no number into one."""
+
+    __slots__ = ("_counters",)
+
+    def __init__(self, counters: StepCounters) -> None:
+        self._counters = counters
+        self.due, self.due_names = (), _NOTHING_DUE
+        self.tensors = self.shapes = _NOTHING_RECORDED  # type: ignore[assignment]
+
+    @property
+    def global_step(self) -> int:  # type: ignore[override]
+        return int(self._counters.global_step) - 1
+
+    @property
+    def mode(self) -> ModeKeys:  # type: ignore[override]
+        return self._counters.mode
+
+    @property
+    def mode_step(self) -> int:  # type: ignore[override]
+        counters = self._counters
+        return int(counters.begun[counters.mode]) - 1
+
+
 def _close_at_exit(ref: weakref.ref[HookBase]) -> None:
     hook = ref()
     if hook is not None:
@@ -192,6 +217,8 @@ class HookBase:
     # Whether begin_step calls `_on_step_begin(False)` / `_on_step_end()` at steps where
     # nothing is due; a plugin with nothing to do there sets False (two calls less a step).
     notify_every_step: ClassVar[bool] = True
+    # (Read every step, so a slot: CPython reads one faster than a __dict__ entry.)
+    __slots__ = ("__dict__", "__weakref__", "_counters")
 
     def __init__(
         self,
@@ -231,49 +258,38 @@ class HookBase:
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
         self._module_classes: dict[str, str] = {}
-        # Per mode, [steps begun, the mode step at which a collection is next due (None:
-        # never)]: one lookup a step for both.
-        self._modes: dict[ModeKeys, list[Any]] = {mode: [0, 0] for mode in ModeKeys}
-        self._global_step = 0
-        self._step: StepState | None = None
-        self._idle_step = StepState(0, ModeKeys.TRAIN, 0)  # the open step when nothing is due at it
-        # An instance attribute: CPython 3.11 reads a class attribute through an instance
-        # on its slow, unspecialized path, and begin_step reads this at every step.
-        self._notify_every_step = self.notify_every_step
-        self._mode = ModeKeys.TRAIN
+        # What every step reads and changes: the open step, the step numbers, the timeline's
+        # clock and log, the stop counters (step_counters.py; a plugin may compile it).
+        counters = self._counters = self._make_counters()
+        counters.idle = IdleStep(counters)
         self._stop_raised = False
-        # Stop decisions: `_train_ends` counts ended TRAIN steps; at `_stop_check_at` the
+        # Stop decisions: `train_ends` counts ended TRAIN steps; at `stop_check_at` the
         # hook decides (`_decide_stop`): alone, or with the other ranks every
         # `_stop_agree_steps` (`_stop_agree` is None until the first decision says which).
-        self._train_ends = 0
-        self._stop_check_at = 1
         self._stop_agree: bool | None = None
         self._stop_agreed = False
         self._stop_agree_next = 1  # the next agreement step (only the training thread sets it)
         self._off_mode: ModeKeys | None = None  # the mode of a step begun while the hook was off
         self._stop_agree_steps = 1 if validate_only else _agree_steps_from_env()
-        self._closed = False
+        if not self.writes_tensors:  # nothing is ever due
+            for mode in ModeKeys:
+                counters.next_due[mode] = None
         self.store: Store | None = None
         self.writer: Writer | None = None
         self.outputs: HookOutputs | None = None
         self.stop_poller: StopPoller | None = None
         self.monitor: Any = None
         self.timeline: Any = None
-        self.detailed: Any = None  # windowed profilers (stepscope.profiler.detailed), None without windows
-        # The step timeline on the training thread: a clock reading and a deque append per
-        # boundary (`_log`); the flush thread turns the log into spans (`_drain_timeline`).
+        # The step timeline on the training thread: a clock reading and a list extend per
+        # boundary (`_log`, through counters.now / log_append); the flush thread turns the
+        # log into spans (`_drain_timeline`).
         self._timer: StepTimer | None = None
         self._log: PhaseLog | None = None
-        self._log_append: Any = None
-        self._now: Any = None  # the clock's now(), None without a timeline
-        self._timing = False  # the open step's timing runs
-        self._last_end: Any = None
         self._drain_lock = threading.Lock()
-        self._meter: Any = None  # the cost meter begin_step feeds (hook_outputs.instrument)
-        self._meter_at = 0  # the global step at which it next accounts the steps so far
+        self._meter: Any = None  # the cost meter begin_step feeds (hook_outputs.instrument; counters.meter_at)
         if validate_only:
             open_store(opts.out_dir)  # raises ConfigError when out_dir is a file; writes nothing
-            self._closed = True
+            counters.closed = True
             return
         # Close at interpreter exit if the user did not; the weak reference keeps atexit
         # from holding the hook (and the model it watches) alive.
@@ -329,6 +345,11 @@ class HookBase:
 
     def _make_clock(self) -> Clock:
         return CpuClock()
+
+    def _make_counters(self) -> StepCounters:
+        """The object that holds the per-step state (step_counters.py): a plugin with a
+        compiled hot path returns its compiled counters, of the same fields."""
+        return StepCounters(self.failsafe, self.profiler_failsafe, self.notify_every_step)
 
     def _on_close(self) -> None:
         """Remove what the plugin installed in the framework."""
@@ -386,29 +407,35 @@ class HookBase:
     def enabled(self) -> bool:
         """False once stepscope is off for this hook: STEPSCOPE_DISABLE, a failure inside
         it (see the worker's file in stepscope-status/), or `close()`."""
-        return self.failsafe.enabled and not self._closed and not (self.writer is not None and self.writer.failed)
+        return self.failsafe.enabled and not self._counters.closed and not (self.writer is not None and self.writer.failed)
 
     @property
     def global_step(self) -> int:
         """The global step (all modes counted together) of the open step; between steps,
         the number the next step will get. The first step is 0."""
-        step = self._step
-        return step.global_step if step is not None else self._global_step
+        counters = self._counters
+        step = counters.step
+        return int(step.global_step if step is not None else counters.global_step)
 
     @property
     def mode(self) -> ModeKeys:
         """The mode of the open step, else of the last one."""
-        return self._mode
+        return self._counters.mode
 
     def mode_step(self, mode: ModeKeys | str) -> int:
         """How many steps of `mode` were opened so far."""
-        return int(self._modes[ModeKeys.parse(mode)][0])
+        return int(self._counters.begun[ModeKeys.parse(mode)])
 
     @property
     def current_step(self) -> StepState | None:
         """The open step (None between steps). Steps where nothing is due share one state
         object, renumbered at each of them: read it, do not keep it."""
-        return self._step
+        return self._counters.step
+
+    @property
+    def detailed(self) -> Any:
+        """The windowed profilers (stepscope.profiler.detailed), None without windows."""
+        return self._counters.detailed
 
     @property
     def stop_requested(self) -> bool:
@@ -422,19 +449,21 @@ class HookBase:
     def _on_stop_request(self) -> None:
         # The poller's thread: a rank deciding alone decides at the next TRAIN step end.
         if not self._stop_agree:
-            self._stop_check_at = 0
+            self._counters.stop_check_at = 0
 
     def train_step_ended(self) -> bool:
         """Count one ended TRAIN step and say whether training stops now. Plugins call it
         at every TRAIN step end on every rank, also when the hook is disabled (the ranks'
         counts must stay equal). Costs an integer comparison except at decision steps."""
-        n = self._train_ends + 1
-        self._train_ends = n
-        return n >= self._stop_check_at and self._decide_stop(n)
+        counters = self._counters
+        n = counters.train_ends + 1
+        counters.train_ends = n
+        return n >= counters.stop_check_at and self._decide_stop(n)
 
     def _decide_stop(self, n: int) -> bool:
-        if self._closed or self.stop_poller is None:
-            self._stop_check_at = _NEVER
+        counters = self._counters
+        if counters.closed or self.stop_poller is None:
+            counters.stop_check_at = NEVER
             return False
         if self._stop_agree is None:
             try:
@@ -444,31 +473,33 @@ class HookBase:
                 self._stop_agree = False
         if not self._stop_agree:
             # Park first, then read: a request the poller sets in between lowers it again.
-            self._stop_check_at = _NEVER
+            counters.stop_check_at = NEVER
             if self.stop_poller.request is None:
                 return False
         elif not self._stop_agreed:
             if n < self._stop_agree_next:  # woken early by the poller (it raced the first decision)
-                self._stop_check_at = self._stop_agree_next
+                counters.stop_check_at = self._stop_agree_next
                 return False
             every = self._stop_agree_steps
             # The next multiple of `every`: the same TRAIN step on every rank.
-            self._stop_agree_next = self._stop_check_at = (n // every + 1) * every
+            self._stop_agree_next = counters.stop_check_at = (n // every + 1) * every
             # Every rank runs this collective at the same step; a failure here (a peer gone)
             # is the job's failure and is not hidden.
             self._stop_agreed = bool(self._agree_on_stop(self.stop_poller.request is not None))
             if not self._stop_agreed:
                 return False
-        self._stop_check_at = n + 1  # stopping: so at every following TRAIN step end too
+        counters.stop_check_at = n + 1  # stopping: so at every following TRAIN step end too
         return True
 
     @property
     def due(self) -> bool:
         """Whether some collection is due at the open step."""
-        return self._step is not None and bool(self._step.due)
+        step = self._counters.step
+        return step is not None and bool(step.due)
 
     def is_due(self, collection: str) -> bool:
-        return self._step is not None and collection in self._step.due_names
+        step = self._counters.step
+        return step is not None and collection in step.due_names
 
     # --- the step driver ----------------------------------------------------------------
 
@@ -480,7 +511,7 @@ class HookBase:
         ("other" unless said; `hook.phase(...)` moves it on). Returns True when some
         collection is due at it."""
         if mode is None:
-            mode = self._mode
+            mode = self._counters.mode
         elif mode.__class__ is not ModeKeys:
             mode = ModeKeys.parse(mode)
         code = None
@@ -501,8 +532,9 @@ class HookBase:
         # This runs every step: on a step where nothing is due it is most of the step's
         # cost in core (bench/bench_torch_hook.py), so it is one frame of plain attribute
         # reads, and what only steps that save need stays off its path.
-        if self._closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
-            if not self._closed and self.stop_poller is not None:
+        c = self._counters
+        if c.closed or not self.failsafe.enabled:  # (a writer failure turns the fail-safe off)
+            if not c.closed and self.stop_poller is not None:
                 # Off after a failure: end_step still counts TRAIN steps for the ranks' agreement.
                 self._off_mode = mode
             return False
@@ -512,66 +544,64 @@ class HookBase:
         meter = self._meter
         timed = slow = False  # (`started` is set where `timed` is)
         try:  # what FailSafe.call does, without its frame: nothing escapes into training
-            clock_now = self._now
+            clock_now = c.now
             now = clock_now() if clock_now is not None else None
-            previous = self._step
+            previous = c.step
             if previous is not None:
-                if previous is not self._idle_step and (previous.due or previous.tensors or previous.shapes):
+                if previous is not c.idle and (previous.due or previous.tensors or previous.shapes):
                     slow = True
                     if meter is not None:
                         started, timed = _perf_counter(), True
                         meter.depth = 1
                     self._end_step()
                 else:  # what _end_step does for a step that saved nothing, without its frame
-                    if self._notify_every_step:
+                    if c.notify:
                         self._on_step_end()
-                    if self._timing:
+                    if c.timing:
                         self.finish_step_timing()
-            self._mode = mode
-            counts = self._modes[mode]
-            mode_step = counts[0]
-            counts[0] = mode_step + 1
-            global_step = self._global_step
-            self._global_step = global_step + 1
-            if global_step >= self._meter_at and meter is not None and not timed:
+            c.mode = mode
+            begun = c.begun
+            mode_step = begun[mode]
+            begun[mode] = mode_step + 1
+            global_step = c.global_step
+            c.global_step = global_step + 1
+            if global_step >= c.meter_at and meter is not None and not timed:
                 started, timed = _perf_counter(), True
-            next_due = counts[1]
+            next_due = c.next_due[mode]
             # Most steps save nothing: compare with the next due step instead of asking every
             # collection's schedule.
             if next_due is not None and mode_step >= next_due and self.writes_tensors and (due := self._due_at(mode, mode_step)):
                 slow = True
                 if meter is not None and not timed:
                     started, timed = _perf_counter(), True
-                step = self._step = StepState(global_step, mode, mode_step, due, frozenset(c.name for c in due))
+                step = c.step = StepState(global_step, mode, mode_step, due, frozenset(collection.name for collection in due))
             else:
                 due = ()
-                # Steps where nothing is due share one state object, renumbered (making an
-                # object costs a quarter of such a step); `current_step` says so.
-                step = self._idle_step
-                step.global_step, step.mode, step.mode_step = global_step, mode, mode_step
-                self._step = step
+                # Steps where nothing is due share one state object, numbered by the
+                # counters (making an object costs a quarter of such a step).
+                step = c.step = c.idle
             if now is not None and self.profiler_failsafe.enabled:
                 # A step's time starts where the previous one's work ended: the wait for data
                 # in between is this step's "data" phase.
-                last_end = self._last_end
+                last_end = c.last_end
                 begin = now if last_end is None else last_end
-                append = self._log_append
+                append = c.log_append
                 if code is None:
                     append((_BEGIN, global_step, mode, begin))
                     append((_ENTER, phase_code, now))  # the batch is here: "data" ends
                 else:  # one record for both
                     append((_BEGIN_EVENT, global_step, mode, begin, code, now))
-                self._timing = True
-            if self.detailed is not None:
-                self.profiler_failsafe.call(self.detailed.step_started, global_step)
+                c.timing = True
+            if c.detailed is not None:
+                self.profiler_failsafe.call(c.detailed.step_started, global_step)
             if not due:
-                if self._notify_every_step:
+                if c.notify:
                     self._on_step_begin(False)
                 return False
             if meter is not None:
                 meter.depth = 1
             self._on_step_begin(True)
-            if code is not None and self._step is step:
+            if code is not None and c.step is step:
                 self.failsafe.call(self._on_phase_event, EVENT_OF_CODE[code])
             return True
         except Exception as exc:
@@ -580,12 +610,15 @@ class HookBase:
         finally:
             if timed:
                 meter.depth = 0
-                elapsed = _perf_counter() - started
-                step_no = self._global_step - 1
-                self._meter_at = step_no + BLOCK_STEPS
-                meter.steps_begin(step_no, started, elapsed, not slow)
-                if self._log is not None:
-                    self._log.bound()
+                self._meter_block(c.global_step - 1, started, _perf_counter() - started, not slow)
+
+    def _meter_block(self, step: int, started: float, elapsed: float, idle: bool) -> None:
+        """The cost meter's account at a step it timed (`started`, `elapsed`: perf_counter
+        seconds of its begin; `idle`: nothing was due and nothing ended), and when it times
+        the next one. (A compiled plugin calls this at the steps it times itself.)"""
+        self._counters.meter_at = step + self._meter.steps_begin(step, started, elapsed, idle)
+        if self._log is not None:
+            self._log.bound()  # (a log nothing drains must not grow without end)
 
     def _due_at(self, mode: ModeKeys, mode_step: int) -> tuple[Collection, ...]:
         """The collections due at `mode_step` of `mode`; sets when the next one is due."""
@@ -593,22 +626,23 @@ class HookBase:
         # with_defaults gave every included collection a save_config.
         due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
         upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
-        self._modes[mode][1] = min(upcoming) if upcoming else None
+        self._counters.next_due[mode] = min(upcoming) if upcoming else None
         return due
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
         """Close the open step: its timeline ends now and what it saved goes to the writer.
         After a rule asked to stop, raises StopTrainingRequested once at the end of a TRAIN
         step (unless `raise_on_stop` is False: callbacks stop through their framework)."""
-        step = self._step
+        counters = self._counters
+        step = counters.step
         mode = self._off_mode or (step.mode if step is not None else None)
         self._off_mode = None
         if self.enabled:
             self.failsafe.call(self._end_step)
         if raise_on_stop and mode is _TRAIN:
-            n = self._train_ends + 1  # train_step_ended(), inlined: this runs every step
-            self._train_ends = n
-            if n >= self._stop_check_at and self._decide_stop(n):
+            n = counters.train_ends + 1  # train_step_ended(), inlined: this runs every step
+            counters.train_ends = n
+            if n >= counters.stop_check_at and self._decide_stop(n):
                 self._raise_stop()
 
     @contextlib.contextmanager
@@ -637,15 +671,16 @@ class HookBase:
         # nothing is due (a phase event is a clock reading and a list extend; the table
         # is applied when the log is drained, off the training thread). The log's
         # callables are read into locals first: CPython 3.11 does not specialize a call
-        # written `self._now()` when `_now` is an instance attribute.
-        step = self._step
+        # written `c.now()` when `now` is an attribute (several times dearer).
+        c = self._counters
+        step = c.step
         if step is None or not self.failsafe.enabled:
             return
-        if self._timing:
+        if c.timing:
             code = _event_code(event)
             if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-            append, now = self._log_append, self._now
+            append, now = c.log_append, c.now
             append((code, now()))
         if step.due:
             self.failsafe.call(self._on_phase_event, event)
@@ -653,29 +688,31 @@ class HookBase:
     def finish_step_timing(self) -> None:
         """The open step's work is over (e.g. the optimizer stepped): its timeline ends
         now, though values may still be saved into it until `end_step`."""
-        if self._timing:
-            append, now = self._log_append, self._now
+        c = self._counters
+        if c.timing:
+            append, now = c.log_append, c.now
             token = now()
             append((_END, token))
-            self._last_end = token
-            self._timing = False
+            c.last_end = token
+            c.timing = False
 
     def _enter_phase(self, name: str) -> None:
-        if self._timing and self.enabled:
-            append, now = self._log_append, self._now
+        c = self._counters
+        if c.timing and self.enabled:
+            append, now = c.log_append, c.now
             append((_ENTER, PHASE_CODES[name], now()))
 
-
     def _end_step(self) -> None:
-        step = self._step
+        c = self._counters
+        step = c.step
         if step is None:
             return
         self._on_step_end()
-        if self.detailed is not None:
-            self.profiler_failsafe.call(self.detailed.step_ended, step.global_step)
-        if self._timing:
+        if c.detailed is not None:
+            self.profiler_failsafe.call(c.detailed.step_ended, step.global_step)
+        if c.timing:
             self.finish_step_timing()
-        self._step = None
+        c.step = None
         if (step.tensors or step.shapes) and self.writer is not None:
             self.writer.write_step(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes)
             if self.writer.failed:
@@ -684,13 +721,14 @@ class HookBase:
     def make_due(self, *collections: str) -> None:
         """Make `collections` due at the open step whatever their schedule (e.g. metrics a
         framework reduces at the end of an evaluation loop, saved in its last step)."""
-        step = self._step
+        counters = self._counters
+        step = counters.step
         if step is None:
             return
         extra = tuple(c for c in self.included if c.name in collections and c.name not in step.due_names)
         if extra:
-            if step is self._idle_step:  # the shared state of steps where nothing is due
-                step = self._step = StepState(step.global_step, step.mode, step.mode_step)
+            if step is counters.idle:  # the shared state of steps where nothing is due
+                step = counters.step = StepState(step.global_step, step.mode, step.mode_step)
             if not step.due:
                 step.tensors, step.shapes = {}, {}
             step.due = step.due + extra
@@ -699,7 +737,8 @@ class HookBase:
     def state_dict(self) -> dict[str, Any]:
         """The step counters, for a framework checkpoint: a run resumed from it continues
         the numbering instead of writing over the earlier run's steps."""
-        return {"global_step": self._global_step, "mode_steps": {m.name: counts[0] for m, counts in self._modes.items()}}
+        counters = self._counters
+        return {"global_step": int(counters.global_step), "mode_steps": {m.name: int(counters.begun[m]) for m in ModeKeys}}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue the step numbering saved by `state_dict` (between steps)."""
@@ -710,12 +749,13 @@ class HookBase:
             raise ConfigError(f"load_state_dict: not a stepscope hook state ({exc!r}): {state!r}") from None
         if global_step < 0 or any(n < 0 for n in mode_steps.values()):
             raise ConfigError(f"load_state_dict: step counters must be >= 0, got {state!r}")
-        if self._step is not None:
+        counters = self._counters
+        if counters.step is not None:
             self._end_step()
-        self._global_step = global_step
-        for mode, counts in self._modes.items():
-            counts[0] = mode_steps.get(mode, counts[0])
-            counts[1] = 0  # (asked again at the next step)
+        counters.global_step = global_step
+        for mode in ModeKeys:
+            counters.begun[mode] = mode_steps.get(mode, counters.begun[mode])
+            counters.next_due[mode] = 0 if self.writes_tensors else None  # (asked again at the next step)
 
     def _raise_stop(self) -> None:
         """Raise StopTrainingRequested (once): `train_step_ended()` said to stop."""
@@ -758,7 +798,7 @@ class HookBase:
     def plan(self, name: str, collections: Iterable[str] = ()) -> TensorPlan | None:
         """What to save of tensor `name` (member of `collections` by the plugin's knowledge,
         plus any included collection whose regex matches) at the open step; None: nothing."""
-        step = self._step
+        step = self._counters.step
         if step is None or not step.due:
             return None
         due = step.due_names
@@ -782,7 +822,7 @@ class HookBase:
         shape: Sequence[int] | None = None,
     ) -> None:
         """Buffer what the plugin computed for `plan` in the open step."""
-        step = self._step
+        step = self._counters.step
         if step is None:
             return
         if plan.save_raw and raw is not None:
@@ -887,13 +927,14 @@ class HookBase:
         if config.step_timeline:
             self.timeline = TimelineWriter(self.store, node_id=node, rank=self.rank, framework=self.framework)
             self._timer = StepTimer(self._make_clock())
-            self._log = PhaseLog(flat=getattr(self._timer.clock, "int_tokens", False))
-            self._log_append = self._log.append
-            self._now = self._timer.clock.now
+            flat = getattr(self._timer.clock, "int_tokens", False)
+            self._log = PhaseLog(flat=flat, words=self._counters.log_words() if flat else None)
+            self._counters.log_append = self._log.append
+            self._counters.now = self._timer.clock.now
             self.timeline.add_source(self._drain_timeline)
             # stepscope.annotate() outside profiling windows: a span of the open step.
             annotation.set_sink(self._annotation_span)
-        self.detailed = self._make_detailed_profilers()
+        self._counters.detailed = self._make_detailed_profilers()
 
     def _annotation_span(self, name: str, start_ns: int, end_ns: int) -> None:
         self.add_timeline(name, start_ns, end_ns, phase="annotation")
@@ -905,10 +946,10 @@ class HookBase:
             flat = getattr(clock, "int_tokens", False)
             if self._log is not None and self._log.flat != flat:
                 self._publish_timeline(True)  # (empty before the first step)
-                self._log = PhaseLog(flat=flat)
-                self._log_append = self._log.append
+                self._log = PhaseLog(flat=flat, words=self._counters.log_words() if flat else None)
+                self._counters.log_append = self._log.append
             self._timer.clock = clock
-            self._now = clock.now
+            self._counters.now = clock.now
 
     def _drain_timeline(self, wait: bool = False) -> list[tuple[int, ModeKeys, list[tuple[str, int, int]]]]:
         """The steps logged since the last drain whose times the clock knows (all of them
@@ -938,9 +979,10 @@ class HookBase:
         if self.timeline is None or not self.profiler_failsafe.enabled:
             return
         if step is None:
-            if self._step is None:
+            open_step = self._counters.step
+            if open_step is None:
                 return
-            step, mode = self._step.global_step, self._step.mode
+            step, mode = open_step.global_step, open_step.mode
         self.profiler_failsafe.call(self.timeline.add, name, start_ns, end_ns, step=step, mode=mode, phase=phase, args=args)
 
     # --- end --------------------------------------------------------------------------
@@ -956,9 +998,9 @@ class HookBase:
         """Publish everything recorded so far (the open step included, which it closes):
         tensors, the collections file and the step timeline, without closing. Callbacks
         call it at the end of every fit / validate / test / predict."""
-        if self._closed:
+        if self._counters.closed:
             return
-        if self.failsafe.enabled and self._step is not None:
+        if self.failsafe.enabled and self._counters.step is not None:
             self.failsafe.call(self._end_step)
         if self.writer is not None and self.failsafe.enabled:
             self.failsafe.call(self._write_collections)
@@ -972,18 +1014,19 @@ class HookBase:
     def close(self) -> None:
         """Publish the rest, write the job's end marker (rank 0), stop the monitor and the
         poller, and remove what the plugin installed. Idempotent; also runs at exit."""
-        if self._closed:
+        counters = self._counters
+        if counters.closed:
             return
         try:
-            if self.failsafe.enabled and self._step is not None:
+            if self.failsafe.enabled and counters.step is not None:
                 self.failsafe.call(self._end_step)
             self.profiler_failsafe.call(self._publish_timeline, True)
             if self.writer is not None:
                 self.failsafe.call(self._write_collections)
                 # Only rank 0 marks the job finished; other workers just flush.
                 self.writer.close(end_marker=self.rank == 0)
-            if self.detailed is not None:
-                self.profiler_failsafe.call(self.detailed.close)
+            if counters.detailed is not None:
+                self.profiler_failsafe.call(counters.detailed.close)
             if annotation._sink == self._annotation_span:
                 annotation.set_sink(None)
             for part in (self.timeline, self.monitor, self.stop_poller):
@@ -991,9 +1034,9 @@ class HookBase:
                     method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()
                     self.profiler_failsafe.call(method)
             if self.outputs is not None:
-                self.outputs.close(self.store, self.writer, self._global_step)  # after the end marker: the report reads the whole job
+                self.outputs.close(self.store, self.writer, int(counters.global_step))  # after the end marker: the report reads the whole job
         finally:
-            self._closed = True
+            counters.closed = True
             try:
                 self._on_close()
             except Exception as exc:  # noqa: BLE001 - closing must not raise into training code

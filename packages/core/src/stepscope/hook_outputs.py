@@ -115,6 +115,7 @@ def instrument(hook: Any, outputs: HookOutputs) -> None:
         if method is not None:
             setattr(hook, name, meter.timed(method))
     hook._meter = meter
+    hook._counters.meter_at = 0  # (NEVER without a meter) the first step is timed
 
 
 def _quietly(what: str, call: Any) -> None:

@@ -192,21 +192,35 @@ _MODES = {int(mode): mode for mode in ModeKeys}
 _MAX_LOGGED_WORDS = 1 << 21  # bounds memory when nothing drains the log (then the oldest go)
 
 
+class Words(list[int]):
+    """The words of a flat PhaseLog: a list of ints whose `take()` removes and returns the
+    words so far (one C call each way, so the training thread's extends and a drain on
+    another thread never see half a record). A compiled plugin brings its own, of the same
+    two methods (stepscope_torch's `_fastpath.Words`, int64s: a record is no object)."""
+
+    def take(self) -> list[int]:
+        n = len(self)
+        values = self[:n]
+        del self[:n]  # (what was appended meanwhile stays: only ever at the end)
+        return values
+
+
 class PhaseLog:
     """The training thread's side of the step timeline: one record appended per step
     boundary or phase event (one C call: atomic, no lock, no call into stepscope), and
     `drain()`, which replays what was logged through a `PhaseTracker` (the table) into
     steps' spans, off the training thread when the clock's tokens are known at once.
 
-    `flat` (a clock with integer tokens): the records are words of one list and `append`
-    is its `extend`; otherwise (GPU events as tokens) each record is a tuple in a deque. Either way `append(record)` takes the record as a tuple (see the *_RECORD
-    constants). `bound()` drops the oldest records beyond `maxlen` words (flat) or
-    records (a deque bounds itself)."""
+    `flat` (a clock with integer tokens): the records are words of one `Words` (or the
+    `words` given, of the same methods) and `append` is its `extend`; otherwise (GPU events
+    as tokens) each record is a tuple in a deque. Either way `append(record)` takes the
+    record as a tuple (see the *_RECORD constants). `bound()` drops the oldest records
+    beyond `maxlen` words (flat) or records (a deque bounds itself)."""
 
-    def __init__(self, maxlen: int = _MAX_LOGGED_WORDS, flat: bool = True) -> None:
+    def __init__(self, maxlen: int = _MAX_LOGGED_WORDS, flat: bool = True, words: Any = None) -> None:
         self.flat = flat
         self.maxlen = maxlen
-        self.records: Any = [] if flat else deque(maxlen=maxlen)
+        self.records: Any = (Words() if words is None else words) if flat else deque(maxlen=maxlen)
         self.append: Any = self.records.extend if flat else self.records.append
         self._tracker = PhaseTracker()
         self._open: tuple[int, ModeKeys] | None = None
@@ -232,11 +246,11 @@ class PhaseLog:
         (nothing drained it: a stalled timeline must not grow without end)."""
         if not self.flat or len(self.records) <= self.maxlen:
             return
-        with self._lock:
-            words, i = self.records, 0
+        with self._lock:  # (on the training thread: no record is appended meanwhile)
+            words, i = self.records.take(), 0
             while len(words) - i > self.maxlen // 2:
                 i += _RECORD_WORDS[words[i]]
-            del words[:i]
+            self.records.extend(words[i:])
             self._open = None  # the open step's begin may be gone
             self._tracker = PhaseTracker()
 
@@ -252,17 +266,15 @@ class PhaseLog:
                         self._replay(pop(), out)
                     except IndexError:
                         return out
-            # Copy what is there, replay it, then delete just that: the training thread
-            # only ever extends the list at its end, a whole record at a time (one C call).
-            words = self.records
-            n = len(words)
-            values = words[:n]
+            # The training thread only ever extends the words at their end, a whole record
+            # at a time (one C call): what is taken holds whole records.
+            values = self.records.take()
+            n = len(values)
             i = 0
             while i < n:
                 size = _RECORD_WORDS[values[i]]
                 self._replay(values[i:i + size], out)
                 i += size
-            del words[:n]
             return out
 
     def drain_wall(self, offset: int) -> list[tuple[int, ModeKeys, list[tuple[str, int, int]]]]:
@@ -273,9 +285,8 @@ class PhaseLog:
         one way or the other, not both."""
         out: list[tuple[int, ModeKeys, list[tuple[str, int, int]]]] = []
         with self._lock:
-            words = self.records
-            n = len(words)
-            values = words[:n]
+            values = self.records.take()
+            n = len(values)
             tracker = self._tracker
             phase, training, since, begin, spans, opened = tracker.phase, tracker._training, tracker._since, tracker._begin, tracker._spans, self._open
             i = 0
@@ -319,7 +330,6 @@ class PhaseLog:
                         i += 6
                     else:
                         i += 4
-            del words[:n]
             tracker.phase, tracker._training, tracker._since, tracker._begin, tracker._spans, self._open = phase, training, since, begin, spans, opened
         return out
 

@@ -55,6 +55,8 @@ class FailSafe:
     logged with its traceback, handed to `on_failure` (which writes the status file), and
     the fail-safe disables itself so that every later call is a no-op."""
 
+    __slots__ = ("component", "enabled", "error", "_on_failure", "_lock")  # (compiled hot paths read `enabled`)
+
     def __init__(self, component: str, on_failure: Callable[[dict[str, Any]], None] | None = None):
         self.component = component
         self.enabled = not disabled_by_env()

@@ -33,7 +33,7 @@ from stepscope.hook import HookBase, StopTrainingRequested, TensorPlan
 from stepscope.modes import ModeKeys
 from stepscope.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, STEP_END_RECORD, Clock
 
-from . import naming
+from . import fastpath, naming
 from .driver import drive_forward
 from .timing import device_clock
 from .transfer import HostTransfer
@@ -86,6 +86,7 @@ class Hook(HookBase):
     framework = "pytorch"
     builtin_regexes = naming.BUILTIN_REGEXES
     notify_every_step = False  # steps where nothing is due need nothing of the plugin
+    _counters: fastpath.TorchCounters  # (HookBase's, with the torch plugin's fields)
 
     def __init__(self, out_dir: Any = None, *args: Any, **kwargs: Any):
         self._model: nn.Module | None = None
@@ -94,23 +95,22 @@ class Hook(HookBase):
         self._modules: list[tuple[str, nn.Module]] = []
         self._losses: list[tuple[str, nn.Module]] = []
         self._optimizers: list[torch.optim.Optimizer] = []
-        self._drives_optimizer = False
         self._handles: list[Any] = []
         self._driven: nn.Module | None = None  # the model whose forward drives the steps (driver.py)
         self._driven_name: str | None = None  # its activation name, when it is one of the watched modules
         self._step_handles: list[Any] = []
-        self._explicit_mode: ModeKeys | None = None
         self._transfer = HostTransfer()
-        # The global step of the open TRAIN step while it still takes forwards (its optimizer
-        # has not stepped): compared with the open step, so a step ended any other way
-        # (end_step, set_mode, load_state_dict) is no longer taken for it, with no callback.
-        self._train_at = -1
         super().__init__(out_dir, *args, **kwargs)
         # Collections that need module forward hooks ("default" only when include_regex
         # gave it regexes: otherwise it holds the user's own tensors).
         self._io_collections = frozenset(
             c.name for c in self.included if c.name not in _NOT_ACTIVATIONS and (c.name != CollectionName.DEFAULT or c.include_regex)
         )
+        # The routine case of the four entry points below, compiled (fastpath.py); None: Python.
+        self._fast = fastpath.attach(self) if self.enabled else None
+
+    def _make_counters(self) -> fastpath.TorchCounters:
+        return fastpath.make_counters(self.failsafe, self.profiler_failsafe, self.notify_every_step)
 
     # --- the plugin contract ------------------------------------------------------------
 
@@ -141,7 +141,7 @@ class Hook(HookBase):
         return True
 
     def _on_step_begin(self, due: bool) -> None:
-        step = self._step
+        step = self._counters.step
         assert step is not None and due
         self._save_parameters()
         watched = list(self._losses)
@@ -157,7 +157,7 @@ class Hook(HookBase):
     def _on_step_end(self) -> None:
         if self._step_handles:
             self._remove(self._step_handles)
-        step = self._step
+        step = self._counters.step
         if step is not None and step.due:  # copies are made only on steps where something is due
             self._transfer.end_step()
 
@@ -224,7 +224,7 @@ class Hook(HookBase):
             # The model's own forward tells where steps begin and its forward ends (driver.py:
             # no torch hook, whose dispatch would cost more than the rest of a step where
             # nothing is due).
-            driver = drive_forward(model, self._forward_begins, self._forward_ends)
+            driver = drive_forward(model, self._forward_begins, self._forward_ends, fast=self._fast)
             if driver is not None:
                 self._handles.append(driver)
                 self._driven = model
@@ -279,10 +279,11 @@ class Hook(HookBase):
             return
         self._optimizers.append(optimizer)
         if drive_steps:
-            self._drives_optimizer = True
+            self._counters.drives_optimizer = True
+            fast = self._fast
             self._handles += [
-                optimizer.register_step_pre_hook(self._on_optimizer_pre),
-                optimizer.register_step_post_hook(self._on_optimizer_post),
+                optimizer.register_step_pre_hook(fast.optimizer_pre if fast is not None else self._on_optimizer_pre),
+                optimizer.register_step_post_hook(fast.optimizer_post if fast is not None else self._on_optimizer_post),
             ]
 
     def set_mode(self, mode: ModeKeys | str | None) -> None:
@@ -290,25 +291,27 @@ class Hook(HookBase):
         if not self.enabled:
             return
         new = None if mode is None else ModeKeys.parse(mode)
-        step = self.current_step
-        if new != self._explicit_mode and step is not None and step.mode != new:
+        counters = self._counters
+        step = counters.step
+        if new != counters.explicit_mode and step is not None and step.mode != new:
             self.end_step(raise_on_stop=False)
-        self._explicit_mode = new
+        counters.explicit_mode = new
 
     @property
     def mode(self) -> ModeKeys:
-        step = self.current_step
-        return step.mode if step is not None else self._explicit_mode or ModeKeys.TRAIN
+        counters = self._counters
+        step = counters.step
+        return step.mode if step is not None else counters.explicit_mode or ModeKeys.TRAIN
 
     @property
     def train_step_open(self) -> bool:
         """A TRAIN step is open and its optimizer has not stepped yet (more micro-batches
         of it may come)."""
-        step = self._step
-        if step is None or step.mode is not _TRAIN:
+        counters = self._counters
+        if counters.step is None or counters.mode is not _TRAIN:
             return False
         # A framework callback ends the step itself (end_step) once its optimizer stepped.
-        return not self._drives_optimizer or step.global_step == self._train_at
+        return not counters.drives_optimizer or counters.global_step - 1 == counters.train_at
 
     # --- torch hooks (training thread; each returns at once when nothing is due) ---------
 
@@ -316,31 +319,36 @@ class Hook(HookBase):
     # and, with the timeline, a clock reading appended to the phase log (core's
     # `phase_event` / `finish_step_timing`, inlined: a call each would cost more than that).
     # The log's callables are read into locals first: CPython 3.11 does not specialize a
-    # call written `self._now()` when `_now` is an instance attribute (several times dearer).
+    # call written `c.now()` when `now` is an attribute (several times dearer). The open
+    # step is the last one begun: its numbers are the counters' (`c.global_step - 1`,
+    # `c.mode`), read there rather than through the shared idle step.
+    # Where the extension is built, `_fastpath.c` does the routine case of these four in C
+    # and calls them for every other: a change here must be made there too (the tests run
+    # both paths and compare them).
 
     def _forward_begins(self, module: nn.Module) -> bool:
         """At the start of the driven model's forward; True when `_forward_ends` has
         something to do at its end (a step that saves, or the timeline)."""
-        mode = self._explicit_mode or (_TRAIN if module.training else _EVAL)
-        if mode is _TRAIN and self._drives_optimizer:
-            step = self._step
-            if step is not None and step.global_step == self._train_at:
+        c = self._counters
+        mode = c.explicit_mode or (_TRAIN if module.training else _EVAL)
+        if mode is _TRAIN and c.drives_optimizer:
+            step = c.step
+            if step is not None and c.global_step - 1 == c.train_at:
                 # Another micro-batch of a step that ends at optimizer.step().
-                if self._timing and self.failsafe.enabled:
-                    append, now = self._log_append, self._now
+                if c.timing and self.failsafe.enabled:
+                    append, now = c.log_append, c.now
                     append((_FORWARD_BEGIN, now()))
                 if step.due:
                     self.failsafe.call(self._on_phase_event, FORWARD_BEGIN)
                     return True
-                return self._timing
-        elif not self._drives_optimizer:
-            step = self._step
-            if step is not None and step.mode is _TRAIN:
+                return bool(c.timing)
+        elif not c.drives_optimizer:
+            if c.step is not None and c.mode is _TRAIN:
                 self.end_step()  # raises StopTrainingRequested after a stop request
         due = self._open_step(mode, _FORWARD_BEGIN)
         if mode is _TRAIN:
-            self._train_at = self._global_step - 1
-        return due or self._timing
+            c.train_at = c.global_step - 1
+        return due or bool(c.timing)
 
     def _forward_pre_hook(self, module: nn.Module, args: Any) -> None:
         # The driver's fallback (a class that cannot be swapped): a forward pre-hook must
@@ -348,14 +356,15 @@ class Hook(HookBase):
         self._forward_begins(module)
 
     def _forward_ends(self, module: nn.Module, args: Any, output: Any) -> None:
-        step = self._step
+        c = self._counters
+        step = c.step
         if step is None:
             return
         if step.due and self._driven_name is not None and module is self._driven and not step.due_names.isdisjoint(self._io_collections):
             self._on_module_io(self._driven_name, module, args, output)
-        if step.mode is _TRAIN:
-            if self._timing:
-                append, now = self._log_append, self._now
+        if c.mode is _TRAIN:
+            if c.timing:
+                append, now = c.log_append, c.now
                 append((_FORWARD_END, now()))
             if step.due:
                 self.failsafe.call(self._on_phase_event, FORWARD_END)
@@ -370,17 +379,17 @@ class Hook(HookBase):
     def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.failsafe.enabled:
             return
-        step = self._step
-        if step is None or step.global_step != self._train_at:
+        c = self._counters
+        step = c.step
+        if step is None or c.global_step - 1 != c.train_at:
             # optimizer.step() without a forward in this step opens one; the event is
             # recorded, and the gradients saved when due, as below.
             self._open_step(_TRAIN, _OPTIMIZER_BEGIN)
-            step = self._step
-            if step is not None:
-                self._train_at = step.global_step
+            if c.step is not None:
+                c.train_at = c.global_step - 1
             return
-        if self._timing:
-            append, now = self._log_append, self._now
+        if c.timing:
+            append, now = c.log_append, c.now
             append((_OPTIMIZER_BEGIN, now()))
         if step.due:
             self.failsafe.call(self._on_phase_event, OPTIMIZER_BEGIN)  # saves the gradients
@@ -389,18 +398,19 @@ class Hook(HookBase):
         # Counted before the fail-safe check: a rank whose hook turned off still takes part
         # in the ranks' stop agreement (its peers would wait for it in the all-reduce).
         # (An optimizer step always ends a TRAIN step; `train_step_ended` inlined: every step.)
-        n = self._train_ends + 1
-        self._train_ends = n
-        stop = n >= self._stop_check_at and self._decide_stop(n)
-        step = self._step
-        self._train_at = -1
+        c = self._counters
+        n = c.train_ends + 1
+        c.train_ends = n
+        stop = n >= c.stop_check_at and self._decide_stop(n)
+        step = c.step
+        c.train_at = -1
         if step is not None and self.failsafe.enabled:
-            if self._timing:  # finish_step_timing(), inlined
-                append, now = self._log_append, self._now
+            if c.timing:  # finish_step_timing(), inlined
+                append, now = c.log_append, c.now
                 token = now()
                 append((STEP_END_RECORD, token))
-                self._last_end = token
-                self._timing = False
+                c.last_end = token
+                c.timing = False
             if step.due:
                 self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
         if stop:

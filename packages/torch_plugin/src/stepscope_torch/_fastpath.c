@@ -1,0 +1,1266 @@
+/* The compiled hot path of stepscope_torch.Hook (see fastpath.py).
+
+   `Counters` holds the hook's per-step state (the fields of fastpath.TorchCounters) in one
+   C struct, and is the torch entry points of a step: the driven model's `forward` and the
+   optimizer's step hooks. Each does its routine case itself (a step where nothing is due,
+   after one where nothing was: a few integers and, with the step timeline, a clock
+   reading appended to the phase log) and hands every other case, unchanged, to the
+   hook's Python method for it (`attach`): a step that saves, a step without a registered
+   optimizer, a stop decision, a closed or failed hook, a profiling window, the cost
+   meter's block boundary, a state of an unexpected type. A routine case checks all of its
+   conditions before it changes anything, so the Python method always finds the state it
+   would have found without this module.
+
+   Why one struct: after the framework's own step has run, each object the hook touches is
+   a cache miss; the reads and writes of a routine step stay within a few cache lines
+   here, where the same work over Python objects touched a few dozen. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <structmember.h>
+#include <limits.h>
+#include <time.h>
+
+#ifdef Py_GIL_DISABLED
+#error "the hot path relies on the GIL; free-threaded builds use the Python path"
+#endif
+
+#ifndef Py_T_OBJECT_EX  /* before 3.12 */
+#define Py_T_OBJECT_EX T_OBJECT_EX
+#define Py_T_LONGLONG T_LONGLONG
+#define Py_T_ULONGLONG T_ULONGLONG
+#define Py_T_BOOL T_BOOL
+#define Py_READONLY READONLY
+#endif
+
+#if defined(__GNUC__)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define COLD __attribute__((cold, noinline))
+#else
+#define UNLIKELY(x) (x)
+#define COLD
+#endif
+
+#define MODES 5           /* ModeKeys are 1..4; tables are indexed by the mode's number */
+#define NONE_DUE LLONG_MIN /* next_due[mode] is None: nothing is ever due in that mode */
+
+enum { CODE_FORWARD_BEGIN, CODE_FORWARD_END, CODE_OPTIMIZER_BEGIN, CODE_STEP_END, CODE_BEGIN_EVENT, CODES };
+static const char *code_names[CODES] = {"forward_begin", "forward_end", "optimizer_begin", "step_end", "begin_event"};
+
+typedef struct {
+    PyObject_HEAD
+    /* what a routine step reads and writes, first (a few cache lines) */
+    long long global_step, train_at, train_ends, stop_check_at, meter_at;
+    char closed, notify, timing, drives_optimizer;
+    char clock_is_perf_counter;        /* now is time.perf_counter_ns: read the clock here */
+    char last_end_is_ns;               /* last_end is last_end_ns (else the object) */
+    long long last_end_ns;
+    PyObject *step, *idle, *mode, *explicit_mode, *last_end;
+    PyObject *failsafe, *profiler_failsafe, *detailed;
+    PyObject *words;                   /* the Words whose extend is log_append, else NULL */
+    PyObject *now, *log_append;
+    long long code_values[CODES];
+    long long begun[MODES], next_due[MODES];
+    Py_ssize_t enabled_offset;         /* FailSafe.enabled (a __slots__ member) */
+    PyTypeObject *failsafe_type;
+    /* set once */
+    PyObject *train, *eval, *codes[CODES];
+    PyObject *begun_table, *next_due_table;
+    PyObject *slow_begin, *slow_end, *slow_pre, *slow_post;
+    PyObject *meter_block;             /* HookBase._meter_block, for the steps timed here */
+    unsigned long long routine, handed_over;
+} Counters;
+
+/* counters.begun / counters.next_due as Python sees them: views of the arrays above. */
+typedef struct {
+    PyObject_HEAD
+    Counters *owner;
+    long long *values;
+} ModeTable;
+
+static PyTypeObject CountersType, ModeTableType, DrivenForwardType, BoundForwardType;
+static PyObject *str_training, *str_fail, *perf_counter_ns, *perf_counter;
+
+/* ---- small helpers ------------------------------------------------------------------- */
+
+/* Whether a FailSafe says enabled (0 for anything that is not one). */
+static inline int
+failsafe_enabled(Counters *c, PyObject *failsafe)
+{
+    if (UNLIKELY(Py_TYPE(failsafe) != c->failsafe_type))
+        return 0;
+    return *(PyObject **)((char *)failsafe + c->enabled_offset) == Py_True;
+}
+
+/* The mode's index in the tables, or -1. */
+static inline int
+mode_index(Counters *c, PyObject *mode)
+{
+    if (mode == c->train)
+        return 1;
+    if (mode == c->eval)
+        return 2;
+    if (!PyLong_Check(mode))
+        return -1;
+    long index = PyLong_AsLong(mode);
+    if (index < 1 || index >= MODES) {
+        PyErr_Clear();
+        return -1;
+    }
+    return (int)index;
+}
+
+static inline void
+replace(PyObject **field, PyObject *value)  /* value: a new reference */
+{
+    PyObject *old = *field;
+    *field = value;
+    Py_XDECREF(old);
+}
+
+static inline long long
+monotonic_ns(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* ---- Words: the phase log's words as int64s (phases.Words in C) --------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    long long *data;
+    Py_ssize_t len, cap;
+} Words;
+
+static int
+words_reserve(Words *w, Py_ssize_t extra)
+{
+    if (w->len + extra <= w->cap)
+        return 0;
+    Py_ssize_t cap = w->cap < 1024 ? 1024 : w->cap;
+    while (cap < w->len + extra)
+        cap *= 2;
+    long long *data = PyMem_Realloc(w->data, cap * sizeof(long long));
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    w->data = data;
+    w->cap = cap;
+    return 0;
+}
+
+static inline int
+words_push(Words *w, const long long *values, Py_ssize_t n)
+{
+    if (UNLIKELY(w->len + n > w->cap) && words_reserve(w, n) < 0)
+        return -1;
+    memcpy(w->data + w->len, values, n * sizeof(long long));
+    w->len += n;
+    return 0;
+}
+
+/* words.extend(record): what the Python path appends (a tuple of ints). All or nothing. */
+static PyObject *
+Words_extend(Words *w, PyObject *items)
+{
+    PyObject *sequence = PySequence_Fast(items, "Words.extend: expected a sequence of ints");
+    if (sequence == NULL)
+        return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(sequence);
+    PyObject **item = PySequence_Fast_ITEMS(sequence);
+    if (words_reserve(w, n) < 0) {
+        Py_DECREF(sequence);
+        return NULL;
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long value = PyLong_AsLongLong(item[i]);
+        if (value == -1 && PyErr_Occurred()) {
+            Py_DECREF(sequence);
+            return NULL;
+        }
+        w->data[w->len + i] = value;
+    }
+    w->len += n;
+    Py_DECREF(sequence);
+    Py_RETURN_NONE;
+}
+
+/* words.take(): the words so far, as a list of ints; the log is empty after. */
+static PyObject *
+Words_take(Words *w, PyObject *unused)
+{
+    PyObject *out = PyList_New(w->len);
+    if (out == NULL)
+        return NULL;
+    for (Py_ssize_t i = 0; i < w->len; i++) {
+        PyObject *value = PyLong_FromLongLong(w->data[i]);
+        if (value == NULL) {
+            Py_DECREF(out);
+            return NULL;
+        }
+        PyList_SET_ITEM(out, i, value);
+    }
+    w->len = 0;
+    if (w->cap > (1 << 20)) {  /* a burst's buffer is not kept */
+        PyMem_Free(w->data);
+        w->data = NULL;
+        w->cap = 0;
+    }
+    return out;
+}
+
+static Py_ssize_t
+Words_length(Words *w)
+{
+    return w->len;
+}
+
+static void
+Words_dealloc(Words *w)
+{
+    PyMem_Free(w->data);
+    Py_TYPE(w)->tp_free((PyObject *)w);
+}
+
+static PyMethodDef Words_methods[] = {
+    {"extend", (PyCFunction)Words_extend, METH_O, "Append the ints of a record."},
+    {"take", (PyCFunction)Words_take, METH_NOARGS, "Remove and return every word, as a list of ints."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods Words_sequence = {.sq_length = (lenfunc)Words_length};
+
+static PyTypeObject WordsType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope_torch._fastpath.Words",
+    .tp_doc = "The words of a flat phase log as int64s (stepscope.phases.Words, compiled).",
+    .tp_basicsize = sizeof(Words),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = (destructor)Words_dealloc,
+    .tp_methods = Words_methods,
+    .tp_as_sequence = &Words_sequence,
+};
+
+/* ---- the phase log, from the hot path ----------------------------------------------- */
+
+/* The log takes raw words: its words are a Words and the clock is perf_counter_ns (which is
+   CLOCK_MONOTONIC in CPython on Linux): a record is a few int64 stores, no object. */
+static inline int
+raw_log(Counters *c)
+{
+#ifdef __linux__
+    return c->words != NULL && c->clock_is_perf_counter;
+#else
+    return 0;
+#endif
+}
+
+/* Append a record (the objects `words`) to the phase log, as log_append(record) does. */
+static int
+append_record(Counters *c, PyObject *const *words, Py_ssize_t n)
+{
+    PyObject *record = PyTuple_New(n);
+    if (record == NULL)
+        return -1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        Py_INCREF(words[i]);
+        PyTuple_SET_ITEM(record, i, words[i]);
+    }
+    PyObject *done = PyObject_CallOneArg(c->log_append, record);
+    Py_DECREF(record);
+    Py_XDECREF(done);
+    return done == NULL ? -1 : 0;
+}
+
+/* last_end as an object (a new reference). */
+static PyObject *
+last_end(Counters *c)
+{
+    if (c->last_end_is_ns)
+        return PyLong_FromLongLong(c->last_end_ns);
+    Py_INCREF(c->last_end);
+    return c->last_end;
+}
+
+static inline void
+set_last_end_ns(Counters *c, long long ns)
+{
+    c->last_end_ns = ns;
+    c->last_end_is_ns = 1;
+}
+
+/* (code, now()) to the log; with `ends`, the reading is the step's end (last_end). */
+static int
+log_event(Counters *c, int code, int ends)
+{
+    if (raw_log(c)) {
+        long long record[2] = {c->code_values[code], monotonic_ns()};
+        if (words_push((Words *)c->words, record, 2) < 0)
+            return -1;
+        if (ends)
+            set_last_end_ns(c, record[1]);
+        return 0;
+    }
+    PyObject *reading = PyObject_CallNoArgs(c->now);
+    if (reading == NULL)
+        return -1;
+    PyObject *words[2] = {c->codes[code], reading};
+    if (append_record(c, words, 2) < 0) {
+        Py_DECREF(reading);
+        return -1;
+    }
+    if (ends) {
+        replace(&c->last_end, reading);
+        c->last_end_is_ns = 0;
+    }
+    else {
+        Py_DECREF(reading);
+    }
+    return 0;
+}
+
+/* HookBase.finish_step_timing(): the open step's timeline ends now. */
+static int
+finish_step_timing(Counters *c)
+{
+    if (!c->timing)
+        return 0;
+    if (log_event(c, CODE_STEP_END, 1) < 0)
+        return -1;
+    c->timing = 0;
+    return 0;
+}
+
+/* An exception is set: what the hook's fail-safe does with one (log it, record the status,
+   turn the hook off), so that nothing escapes into training. -1 where it is not an
+   Exception (KeyboardInterrupt): that one goes on. */
+static COLD int
+hand_to_failsafe(Counters *c)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL && value != NULL)
+        PyException_SetTraceback(value, traceback);
+    PyObject *done = value != NULL ? PyObject_CallMethodOneArg(c->failsafe, str_fail, value) : NULL;
+    if (done == NULL)
+        PyErr_WriteUnraisable(c->failsafe);
+    Py_XDECREF(done);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    return 0;
+}
+
+/* A failure in a routine case: to the fail-safe; 0 to go on, -1 to raise. */
+#define FAILED(c) (hand_to_failsafe(c) < 0 ? -1 : 0)
+
+/* ---- the routine cases (mirrors of Hook._forward_begins & co. in hook.py) ------------ */
+
+#define HANDED_OVER 0  /* not the routine case: nothing was changed, the Python method runs */
+#define DONE 1
+
+/* Hook._forward_begins(module). On DONE, *wanted: the forward's end is wanted. */
+static int
+forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
+{
+    PyObject *mode = c->explicit_mode;
+    if (mode == Py_None) {
+        PyObject *training = plain_getattr ? PyObject_GenericGetAttr(module, str_training) : PyObject_GetAttr(module, str_training);
+        if (training == NULL) {
+            PyErr_Clear();
+            return HANDED_OVER;
+        }
+        mode = training == Py_True ? c->train : training == Py_False ? c->eval : NULL;
+        Py_DECREF(training);
+        if (mode == NULL)
+            return HANDED_OVER;
+    }
+    PyObject *step = c->step;
+    if (mode == c->train && c->drives_optimizer) {
+        if (step == c->idle && c->global_step - 1 == c->train_at) {
+            /* Another micro-batch of the step that ends at optimizer.step(). */
+            if (c->timing && failsafe_enabled(c, c->failsafe) && log_event(c, CODE_FORWARD_BEGIN, 0) < 0 && FAILED(c) < 0)
+                return -1;
+            *wanted = c->timing;
+            return DONE;
+        }
+    }
+    else if (!c->drives_optimizer && step != Py_None && (step != c->idle || c->mode == c->train)) {
+        return HANDED_OVER;  /* a TRAIN step without an optimizer ends here (end_step) */
+    }
+    /* HookBase._open_step(mode, FORWARD_BEGIN): a step where nothing is due, after one
+       where nothing was. */
+    int m = mode_index(c, mode);
+    long long global_step = c->global_step, mode_step = m > 0 ? c->begun[m] : 0;
+    int timed = global_step >= c->meter_at;  /* the cost meter times this one (a block begins) */
+    if (m < 0 || c->closed || !failsafe_enabled(c, c->failsafe) || (step != Py_None && step != c->idle) || c->notify
+            || c->detailed != Py_None || (timed && c->meter_block == NULL)
+            || (c->next_due[m] != NONE_DUE && mode_step >= c->next_due[m]))
+        return HANDED_OVER;
+    double started = 0;
+    if (timed) {
+        PyObject *reading = PyObject_CallNoArgs(perf_counter);
+        started = reading != NULL ? PyFloat_AsDouble(reading) : -1;
+        Py_XDECREF(reading);
+        if (started == -1 && PyErr_Occurred()) {
+            PyErr_Clear();
+            return HANDED_OVER;
+        }
+    }
+    int timeline = c->now != Py_None, raw = timeline && raw_log(c);
+    long long now_ns = raw ? monotonic_ns() : 0;
+    PyObject *now = NULL;
+    if (timeline && !raw && (now = PyObject_CallNoArgs(c->now)) == NULL)
+        goto failed;
+    if (step != Py_None && finish_step_timing(c) < 0)
+        goto failed;
+    if (mode != c->mode) {
+        Py_INCREF(mode);
+        replace(&c->mode, mode);
+    }
+    c->begun[m] = mode_step + 1;
+    c->global_step = global_step + 1;
+    if (step != c->idle) {
+        Py_INCREF(c->idle);
+        replace(&c->step, c->idle);
+    }
+    if (timeline && failsafe_enabled(c, c->profiler_failsafe)) {
+        /* (BEGIN_EVENT, step, mode, begin, FORWARD_BEGIN, now): the step's time starts where
+           the previous one's work ended; the wait in between is its "data" phase. */
+        int appended;
+        if (raw) {
+            long long begin = c->last_end_is_ns ? c->last_end_ns : c->last_end == Py_None ? now_ns : PyLong_AsLongLong(c->last_end);
+            if (begin == -1 && PyErr_Occurred())
+                goto failed;
+            long long record[6] = {c->code_values[CODE_BEGIN_EVENT], global_step, m, begin, c->code_values[CODE_FORWARD_BEGIN], now_ns};
+            appended = words_push((Words *)c->words, record, 6);
+        }
+        else {
+            PyObject *begin = last_end(c);
+            PyObject *number = PyLong_FromLongLong(global_step);
+            PyObject *words[6] = {c->codes[CODE_BEGIN_EVENT], number, mode, begin == Py_None ? now : begin, c->codes[CODE_FORWARD_BEGIN], now};
+            appended = number != NULL && begin != NULL ? append_record(c, words, 6) : -1;
+            Py_XDECREF(number);
+            Py_XDECREF(begin);
+        }
+        if (appended < 0)
+            goto failed;
+        c->timing = 1;
+    }
+    Py_XDECREF(now);
+    if (mode == c->train)
+        c->train_at = global_step;
+    *wanted = c->timing;
+    if (timed) {
+        PyObject *reading = PyObject_CallNoArgs(perf_counter);
+        double elapsed = reading != NULL ? PyFloat_AsDouble(reading) - started : 0;
+        Py_XDECREF(reading);
+        PyObject *done = reading != NULL ? PyObject_CallFunction(c->meter_block, "Lddi", global_step, started, elapsed, 1) : NULL;
+        Py_XDECREF(done);
+        if (done == NULL && FAILED(c) < 0)
+            return -1;
+    }
+    return DONE;
+failed:
+    Py_XDECREF(now);
+    if (FAILED(c) < 0)
+        return -1;
+    if (mode == c->train)
+        c->train_at = c->global_step - 1;
+    *wanted = c->timing;
+    return DONE;
+}
+
+/* Hook._forward_ends(module, args, output), at a step where nothing is due. */
+static int
+forward_ends(Counters *c)
+{
+    if (c->step == Py_None)
+        return DONE;
+    if (c->step != c->idle)
+        return HANDED_OVER;
+    int failed = c->mode == c->train ? c->timing && log_event(c, CODE_FORWARD_END, 0) < 0
+                                     : finish_step_timing(c) < 0;  /* an evaluation step is its forward */
+    return failed && FAILED(c) < 0 ? -1 : DONE;
+}
+
+/* Hook._on_optimizer_pre: the update of the open TRAIN step begins. */
+static int
+optimizer_begins(Counters *c)
+{
+    if (!failsafe_enabled(c, c->failsafe))
+        return DONE;  /* (as the Python method) */
+    if (c->step != c->idle || c->global_step - 1 != c->train_at)
+        return HANDED_OVER;  /* a step that saves, or optimizer.step() without a forward */
+    if (c->timing && log_event(c, CODE_OPTIMIZER_BEGIN, 0) < 0 && FAILED(c) < 0)
+        return -1;
+    return DONE;
+}
+
+/* Hook._on_optimizer_post: the TRAIN step ends (counted for the ranks' stop agreement). */
+static int
+optimizer_ends(Counters *c)
+{
+    long long ended = c->train_ends + 1;
+    int live = c->step != Py_None && failsafe_enabled(c, c->failsafe);
+    if (ended >= c->stop_check_at || (live && c->step != c->idle))
+        return HANDED_OVER;  /* a stop decision, or a step that saves */
+    c->train_ends = ended;
+    c->train_at = -1;
+    if (live && finish_step_timing(c) < 0 && FAILED(c) < 0)
+        return -1;
+    return DONE;
+}
+
+/* ---- Counters: the Python face -------------------------------------------------------- */
+
+static PyObject *
+hand_over(Counters *c, PyObject *slow, PyObject *const *args, Py_ssize_t nargs)
+{
+    if (slow == NULL) {
+        PyErr_SetString(PyExc_RuntimeError, "stepscope: compiled counters used before attach()");
+        return NULL;
+    }
+    c->handed_over++;
+    return PyObject_Vectorcall(slow, args, nargs, NULL);
+}
+
+static PyObject *
+Counters_optimizer_pre(Counters *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    int outcome = optimizer_begins(c);
+    if (outcome < 0)
+        return NULL;
+    if (outcome == HANDED_OVER)
+        return hand_over(c, c->slow_pre, args, nargs);
+    c->routine++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Counters_optimizer_post(Counters *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    int outcome = optimizer_ends(c);
+    if (outcome < 0)
+        return NULL;
+    if (outcome == HANDED_OVER)
+        return hand_over(c, c->slow_post, args, nargs);
+    c->routine++;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+Counters_attach(Counters *c, PyObject *args)
+{
+    PyObject *begin, *end, *pre, *post, *meter_block;
+    if (!PyArg_ParseTuple(args, "OOOOO:attach", &begin, &end, &pre, &post, &meter_block))
+        return NULL;
+    PyObject **fields[] = {&c->slow_begin, &c->slow_end, &c->slow_pre, &c->slow_post, &c->meter_block};
+    PyObject *values[] = {begin, end, pre, post, meter_block};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(values[i]);
+        replace(fields[i], values[i]);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *Counters_forward(Counters *c, PyObject *args);
+
+static PyObject *
+Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
+{
+    static char *keywords[] = {"failsafe", "profiler_failsafe", "notify", "train", "eval", "codes", NULL};
+    PyObject *failsafe, *profiler_failsafe, *train, *eval, *codes;
+    int notify;
+    if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOpOOO!:Counters", keywords, &failsafe, &profiler_failsafe, &notify, &train,
+                                     &eval, &PyDict_Type, &codes))
+        return NULL;
+    if (Py_TYPE(failsafe) != Py_TYPE(profiler_failsafe)) {
+        PyErr_SetString(PyExc_TypeError, "Counters: the two fail-safes must be of one type");
+        return NULL;
+    }
+    /* FailSafe.enabled is read at its __slots__ offset. */
+    PyObject *descr = PyObject_GetAttrString((PyObject *)Py_TYPE(failsafe), "enabled");
+    if (descr == NULL)
+        return NULL;
+    Py_ssize_t offset = -1;
+    if (Py_IS_TYPE(descr, &PyMemberDescr_Type) && ((PyMemberDescrObject *)descr)->d_member->type == Py_T_OBJECT_EX)
+        offset = ((PyMemberDescrObject *)descr)->d_member->offset;
+    Py_DECREF(descr);
+    if (offset < 0) {
+        PyErr_Format(PyExc_TypeError, "Counters: %s.enabled is not a __slots__ member", Py_TYPE(failsafe)->tp_name);
+        return NULL;
+    }
+    Counters *c = (Counters *)type->tp_alloc(type, 0);
+    if (c == NULL)
+        return NULL;
+    c->enabled_offset = offset;
+    Py_INCREF(Py_TYPE(failsafe));
+    c->failsafe_type = Py_TYPE(failsafe);
+    PyObject **objects[] = {&c->step, &c->idle, &c->explicit_mode, &c->last_end, &c->detailed, &c->now, &c->log_append};
+    for (size_t i = 0; i < sizeof(objects) / sizeof(objects[0]); i++) {
+        Py_INCREF(Py_None);
+        *objects[i] = Py_None;
+    }
+    PyObject **given[] = {&c->failsafe, &c->profiler_failsafe, &c->train, &c->eval, &c->mode};
+    PyObject *values[] = {failsafe, profiler_failsafe, train, eval, train};
+    for (size_t i = 0; i < sizeof(given) / sizeof(given[0]); i++) {
+        Py_INCREF(values[i]);
+        *given[i] = values[i];
+    }
+    for (int i = 0; i < CODES; i++) {
+        PyObject *code = PyDict_GetItemString(codes, code_names[i]);
+        if (code == NULL || !PyLong_CheckExact(code)) {
+            PyErr_Format(PyExc_TypeError, "Counters: codes['%s'] must be an int", code_names[i]);
+            Py_DECREF(c);
+            return NULL;
+        }
+        Py_INCREF(code);
+        c->codes[i] = code;
+        c->code_values[i] = PyLong_AsLongLong(code);
+    }
+    c->notify = (char)notify;
+    c->stop_check_at = 1;
+    c->meter_at = 1LL << 62;  /* NEVER (stepscope.step_counters) */
+    c->train_at = -1;
+    for (int i = 0; i < MODES; i++)
+        c->begun[i] = c->next_due[i] = 0;
+    /* The per-mode tables, as Python sees them. */
+    for (int table = 0; table < 2; table++) {
+        ModeTable *view = (ModeTable *)ModeTableType.tp_alloc(&ModeTableType, 0);
+        if (view == NULL) {
+            Py_DECREF(c);
+            return NULL;
+        }
+        Py_INCREF(c);
+        view->owner = c;
+        view->values = table == 0 ? c->begun : c->next_due;
+        *(table == 0 ? &c->begun_table : &c->next_due_table) = (PyObject *)view;
+    }
+    return (PyObject *)c;
+}
+
+static int
+Counters_traverse(Counters *c, visitproc visit, void *arg)
+{
+    Py_VISIT(c->step);
+    Py_VISIT(c->idle);
+    Py_VISIT(c->last_end);
+    Py_VISIT(c->failsafe);
+    Py_VISIT(c->profiler_failsafe);
+    Py_VISIT(c->detailed);
+    Py_VISIT(c->now);
+    Py_VISIT(c->log_append);
+    Py_VISIT(c->begun_table);
+    Py_VISIT(c->next_due_table);
+    Py_VISIT(c->slow_begin);
+    Py_VISIT(c->slow_end);
+    Py_VISIT(c->slow_pre);
+    Py_VISIT(c->slow_post);
+    Py_VISIT(c->meter_block);
+    return 0;
+}
+
+static int
+Counters_clear(Counters *c)
+{
+    Py_CLEAR(c->step);
+    Py_CLEAR(c->idle);
+    Py_CLEAR(c->mode);
+    Py_CLEAR(c->explicit_mode);
+    Py_CLEAR(c->last_end);
+    Py_CLEAR(c->failsafe);
+    Py_CLEAR(c->profiler_failsafe);
+    Py_CLEAR(c->detailed);
+    Py_CLEAR(c->words);
+    Py_CLEAR(c->now);
+    Py_CLEAR(c->log_append);
+    Py_CLEAR(c->train);
+    Py_CLEAR(c->eval);
+    for (int i = 0; i < CODES; i++)
+        Py_CLEAR(c->codes[i]);
+    Py_CLEAR(c->begun_table);
+    Py_CLEAR(c->next_due_table);
+    Py_CLEAR(c->slow_begin);
+    Py_CLEAR(c->slow_end);
+    Py_CLEAR(c->slow_pre);
+    Py_CLEAR(c->slow_post);
+    Py_CLEAR(c->meter_block);
+    Py_CLEAR(c->failsafe_type);
+    return 0;
+}
+
+static void
+Counters_dealloc(Counters *c)
+{
+    PyObject_GC_UnTrack(c);
+    Counters_clear(c);
+    Py_TYPE(c)->tp_free((PyObject *)c);
+}
+
+/* `now` and `log_append` are set through these: they note what the hot path may do
+   directly (read the clock, append to the list). */
+static PyObject *
+Counters_get_now(Counters *c, void *closure)
+{
+    Py_INCREF(c->now);
+    return c->now;
+}
+
+static int
+Counters_set_now(Counters *c, PyObject *value, void *closure)
+{
+    if (value == NULL || (value != Py_None && !PyCallable_Check(value))) {
+        PyErr_SetString(PyExc_TypeError, "now must be a callable or None");
+        return -1;
+    }
+    Py_INCREF(value);
+    replace(&c->now, value);
+    c->clock_is_perf_counter = value == perf_counter_ns;
+    return 0;
+}
+
+static PyObject *
+Counters_get_log_append(Counters *c, void *closure)
+{
+    Py_INCREF(c->log_append);
+    return c->log_append;
+}
+
+static int
+Counters_set_log_append(Counters *c, PyObject *value, void *closure)
+{
+    if (value == NULL || (value != Py_None && !PyCallable_Check(value))) {
+        PyErr_SetString(PyExc_TypeError, "log_append must be a callable or None");
+        return -1;
+    }
+    PyObject *words = NULL;  /* a Words' own extend: the hot path stores the words itself */
+    if (PyCFunction_Check(value) && PyCFunction_GET_SELF(value) != NULL && Py_IS_TYPE(PyCFunction_GET_SELF(value), &WordsType)
+            && strcmp(((PyCFunctionObject *)value)->m_ml->ml_name, "extend") == 0) {
+        words = PyCFunction_GET_SELF(value);
+        Py_INCREF(words);
+    }
+    replace(&c->words, words);
+    Py_INCREF(value);
+    replace(&c->log_append, value);
+    return 0;
+}
+
+static PyObject *
+Counters_get_last_end(Counters *c, void *closure)
+{
+    return last_end(c);
+}
+
+static int
+Counters_set_last_end(Counters *c, PyObject *value, void *closure)
+{
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "last_end cannot be deleted");
+        return -1;
+    }
+    Py_INCREF(value);
+    replace(&c->last_end, value);
+    c->last_end_is_ns = 0;
+    return 0;
+}
+
+static PyObject *
+Counters_log_words(Counters *c, PyObject *unused)
+{
+    return PyType_GenericNew(&WordsType, NULL, NULL);
+}
+
+static PyGetSetDef Counters_getset[] = {
+    {"last_end", (getter)Counters_get_last_end, (setter)Counters_set_last_end, "the clock token at which the last step's work ended", NULL},
+    {"now", (getter)Counters_get_now, (setter)Counters_set_now, "the clock's reading function, or None", NULL},
+    {"log_append", (getter)Counters_get_log_append, (setter)Counters_set_log_append, "the phase log's append, or None", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+#define MEMBER(name, type, flags, doc) {#name, type, offsetof(Counters, name), flags, doc}
+static PyMemberDef Counters_members[] = {
+    MEMBER(step, Py_T_OBJECT_EX, 0, "the open step, or None"),
+    MEMBER(idle, Py_T_OBJECT_EX, 0, "the open step when nothing is due at it"),
+    MEMBER(global_step, Py_T_LONGLONG, 0, "the number the next step gets"),
+    MEMBER(mode, Py_T_OBJECT_EX, 0, "the mode of the open or last step"),
+    {"begun", Py_T_OBJECT_EX, offsetof(Counters, begun_table), Py_READONLY, "steps begun, per mode"},
+    {"next_due", Py_T_OBJECT_EX, offsetof(Counters, next_due_table), Py_READONLY, "the next mode step that may save, per mode (None: never)"},
+    MEMBER(closed, Py_T_BOOL, 0, NULL),
+    MEMBER(failsafe, Py_T_OBJECT_EX, Py_READONLY, NULL),
+    MEMBER(profiler_failsafe, Py_T_OBJECT_EX, Py_READONLY, NULL),
+    MEMBER(notify, Py_T_BOOL, 0, NULL),
+    MEMBER(detailed, Py_T_OBJECT_EX, 0, NULL),
+    MEMBER(meter_at, Py_T_LONGLONG, 0, NULL),
+    MEMBER(timing, Py_T_BOOL, 0, NULL),
+    MEMBER(train_ends, Py_T_LONGLONG, 0, NULL),
+    MEMBER(stop_check_at, Py_T_LONGLONG, 0, NULL),
+    MEMBER(explicit_mode, Py_T_OBJECT_EX, 0, NULL),
+    MEMBER(drives_optimizer, Py_T_BOOL, 0, NULL),
+    MEMBER(train_at, Py_T_LONGLONG, 0, NULL),
+    MEMBER(routine, Py_T_ULONGLONG, Py_READONLY, "entry-point calls done here"),
+    MEMBER(handed_over, Py_T_ULONGLONG, Py_READONLY, "entry-point calls handed to the hook's Python methods"),
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyMethodDef Counters_methods[] = {
+    {"attach", (PyCFunction)Counters_attach, METH_VARARGS,
+     "attach(begin, end, pre, post, meter_block): the hook's Python methods for the cases not done here "
+     "(Hook._forward_begins, _forward_ends, _on_optimizer_pre, _on_optimizer_post), and for the cost "
+     "meter's account at the steps timed here (HookBase._meter_block)."},
+    {"forward", (PyCFunction)Counters_forward, METH_VARARGS,
+     "forward(model, original): a `forward` for the driven model's class (driver.drive_forward)."},
+    {"optimizer_pre", (PyCFunction)(void (*)(void))Counters_optimizer_pre, METH_FASTCALL, "a torch optimizer step pre-hook"},
+    {"log_words", (PyCFunction)Counters_log_words, METH_NOARGS, "new words for a flat phase log (a Words)"},
+    {"optimizer_post", (PyCFunction)(void (*)(void))Counters_optimizer_post, METH_FASTCALL, "a torch optimizer step post-hook"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject CountersType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope_torch._fastpath.Counters",
+    .tp_doc = "Counters(failsafe, profiler_failsafe, notify, train, eval, codes): fastpath.TorchCounters in C, "
+              "and the torch entry points of a step.",
+    .tp_basicsize = sizeof(Counters),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_new = Counters_new,
+    .tp_traverse = (traverseproc)Counters_traverse,
+    .tp_clear = (inquiry)Counters_clear,
+    .tp_dealloc = (destructor)Counters_dealloc,
+    .tp_methods = Counters_methods,
+    .tp_members = Counters_members,
+    .tp_getset = Counters_getset,
+};
+
+/* ---- ModeTable: counters.begun / counters.next_due, indexed by mode ------------------- */
+
+static Py_ssize_t
+ModeTable_length(ModeTable *table)
+{
+    return MODES;
+}
+
+static int
+table_index(PyObject *key)
+{
+    Py_ssize_t index = PyNumber_AsSsize_t(key, PyExc_IndexError);
+    if (index == -1 && PyErr_Occurred())
+        return -1;
+    if (index < 0 || index >= MODES) {
+        PyErr_Format(PyExc_IndexError, "mode index %zd out of range", index);
+        return -1;
+    }
+    return (int)index;
+}
+
+static PyObject *
+ModeTable_get(ModeTable *table, PyObject *key)
+{
+    int index = table_index(key);
+    if (index < 0)
+        return NULL;
+    long long value = table->values[index];
+    if (value == NONE_DUE)
+        Py_RETURN_NONE;
+    return PyLong_FromLongLong(value);
+}
+
+static int
+ModeTable_set(ModeTable *table, PyObject *key, PyObject *value)
+{
+    int index = table_index(key);
+    if (index < 0)
+        return -1;
+    if (value == NULL) {
+        PyErr_SetString(PyExc_TypeError, "mode table entries cannot be deleted");
+        return -1;
+    }
+    if (value == Py_None && table->values == table->owner->next_due) {
+        table->values[index] = NONE_DUE;
+        return 0;
+    }
+    long long number = PyLong_AsLongLong(value);
+    if (number == -1 && PyErr_Occurred())
+        return -1;
+    if (number == NONE_DUE) {
+        PyErr_SetString(PyExc_OverflowError, "step number out of range");
+        return -1;
+    }
+    table->values[index] = number;
+    return 0;
+}
+
+static int
+ModeTable_traverse(ModeTable *table, visitproc visit, void *arg)
+{
+    Py_VISIT(table->owner);
+    return 0;
+}
+
+static int
+ModeTable_clear(ModeTable *table)
+{
+    Py_CLEAR(table->owner);
+    return 0;
+}
+
+static void
+ModeTable_dealloc(ModeTable *table)
+{
+    PyObject_GC_UnTrack(table);
+    ModeTable_clear(table);
+    Py_TYPE(table)->tp_free((PyObject *)table);
+}
+
+static PyMappingMethods ModeTable_mapping = {
+    .mp_length = (lenfunc)ModeTable_length,
+    .mp_subscript = (binaryfunc)ModeTable_get,
+    .mp_ass_subscript = (objobjargproc)ModeTable_set,
+};
+
+static PyTypeObject ModeTableType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope_torch._fastpath.ModeTable",
+    .tp_doc = "A per-mode table of the counters, indexed by the mode (ModeKeys).",
+    .tp_basicsize = sizeof(ModeTable),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC,
+    .tp_as_mapping = &ModeTable_mapping,
+    .tp_traverse = (traverseproc)ModeTable_traverse,
+    .tp_clear = (inquiry)ModeTable_clear,
+    .tp_dealloc = (destructor)ModeTable_dealloc,
+};
+
+/* ---- DrivenForward: the `forward` of the driven model's class (driver.py) ------------ */
+
+typedef struct {
+    PyObject_HEAD
+    Counters *counters;
+    PyObject *model;     /* only this instance drives steps */
+    PyObject *original;  /* the base class's forward */
+    PyObject *dict;      /* __wrapped__, __name__, ... (functools.update_wrapper) */
+    PyObject *bound;     /* `model.forward`, made once (each step reads it) */
+    vectorcallfunc vectorcall;
+    /* The model's class reads attributes as object.__getattribute__ does (nn.Module's
+       __getattr__ only answers for missing ones, and `training` never is): read
+       `training` that way, without looking up __getattribute__ and __getattr__ first. */
+    int plain_getattr;
+} DrivenForward;
+
+static PyObject *
+DrivenForward_call(DrivenForward *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargs < 1 || args[0] != self->model)
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    Counters *c = self->counters;
+    PyObject *module = args[0];
+    int wanted = 0;
+    int outcome = forward_begins(c, module, self->plain_getattr, &wanted);
+    if (outcome < 0)
+        return NULL;
+    if (outcome == DONE) {
+        c->routine++;
+    }
+    else {
+        PyObject *answer = hand_over(c, c->slow_begin, &module, 1);
+        if (answer == NULL)
+            return NULL;  /* (StopTrainingRequested, from end_step) */
+        wanted = PyObject_IsTrue(answer);
+        Py_DECREF(answer);
+        if (wanted < 0)
+            return NULL;
+    }
+    PyObject *result = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (result == NULL || !wanted)
+        return result;
+    outcome = forward_ends(c);
+    if (outcome == DONE) {
+        c->routine++;
+        return result;
+    }
+    PyObject *done = NULL;
+    if (outcome == HANDED_OVER) {
+        PyObject *positional = PyTuple_New(nargs - 1);  /* the forward's arguments, as a forward hook gets them */
+        if (positional != NULL) {
+            for (Py_ssize_t i = 1; i < nargs; i++) {
+                Py_INCREF(args[i]);
+                PyTuple_SET_ITEM(positional, i - 1, args[i]);
+            }
+            PyObject *slow_args[3] = {module, positional, result};
+            done = hand_over(c, c->slow_end, slow_args, 3);
+            Py_DECREF(positional);
+        }
+    }
+    if (done == NULL) {
+        Py_DECREF(result);
+        return NULL;
+    }
+    Py_DECREF(done);
+    return result;
+}
+
+/* `instance.forward`: a BoundForward (not a types.MethodType, whose __func__ would have to
+   be a Python function for inspect and TorchDynamo). Each call of the driven model reads
+   it (nn.Module._call_impl), so the driven model's is made once. */
+static PyObject *bound_forward(DrivenForward *forward, PyObject *instance);
+
+static PyObject *
+DrivenForward_get(PyObject *self, PyObject *instance, PyObject *owner)
+{
+    DrivenForward *forward = (DrivenForward *)self;
+    if (instance == NULL || instance == Py_None) {
+        Py_INCREF(self);
+        return self;
+    }
+    if (instance != forward->model)
+        return bound_forward(forward, instance);
+    if (forward->bound == NULL && (forward->bound = bound_forward(forward, instance)) == NULL)
+        return NULL;
+    Py_INCREF(forward->bound);
+    return forward->bound;
+}
+
+static PyObject *
+Counters_forward(Counters *c, PyObject *args)
+{
+    PyObject *model, *original;
+    if (!PyArg_ParseTuple(args, "OO:forward", &model, &original))
+        return NULL;
+    if (!PyCallable_Check(original)) {
+        PyErr_SetString(PyExc_TypeError, "forward: the original forward must be callable");
+        return NULL;
+    }
+    DrivenForward *self = PyObject_GC_New(DrivenForward, &DrivenForwardType);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(c);
+    self->counters = c;
+    Py_INCREF(model);
+    self->model = model;
+    Py_INCREF(original);
+    self->original = original;
+    self->dict = NULL;
+    self->bound = NULL;
+    self->vectorcall = (vectorcallfunc)DrivenForward_call;
+    PyObject *getattribute = PyObject_GetAttrString((PyObject *)Py_TYPE(model), "__getattribute__");
+    PyObject *plain = PyObject_GetAttrString((PyObject *)&PyBaseObject_Type, "__getattribute__");
+    self->plain_getattr = getattribute != NULL && getattribute == plain;
+    Py_XDECREF(getattribute);
+    Py_XDECREF(plain);
+    PyErr_Clear();
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+static int
+DrivenForward_traverse(DrivenForward *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->counters);
+    Py_VISIT(self->model);
+    Py_VISIT(self->original);
+    Py_VISIT(self->dict);
+    Py_VISIT(self->bound);
+    return 0;
+}
+
+static int
+DrivenForward_clear(DrivenForward *self)
+{
+    Py_CLEAR(self->counters);
+    Py_CLEAR(self->model);
+    Py_CLEAR(self->original);
+    Py_CLEAR(self->dict);
+    Py_CLEAR(self->bound);
+    return 0;
+}
+
+static void
+DrivenForward_dealloc(DrivenForward *self)
+{
+    PyObject_GC_UnTrack(self);
+    DrivenForward_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyGetSetDef DrivenForward_getset[] = {
+    {"__dict__", PyObject_GenericGetDict, PyObject_GenericSetDict, NULL, NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyTypeObject DrivenForwardType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope_torch._fastpath.DrivenForward",
+    .tp_doc = "The driven model's forward: the hook's step entry points around the original forward.",
+    .tp_basicsize = sizeof(DrivenForward),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL | Py_TPFLAGS_METHOD_DESCRIPTOR,
+    .tp_vectorcall_offset = offsetof(DrivenForward, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_descr_get = DrivenForward_get,
+    .tp_dictoffset = offsetof(DrivenForward, dict),
+    .tp_getset = DrivenForward_getset,
+    .tp_traverse = (traverseproc)DrivenForward_traverse,
+    .tp_clear = (inquiry)DrivenForward_clear,
+    .tp_dealloc = (destructor)DrivenForward_dealloc,
+};
+
+/* ---- BoundForward: `model.forward` ---------------------------------------------------- */
+
+typedef struct {
+    PyObject_HEAD
+    DrivenForward *forward;
+    PyObject *instance;
+    vectorcallfunc vectorcall;
+} BoundForward;
+
+static PyObject *
+BoundForward_call(BoundForward *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    /* The instance in front of the arguments, as a bound method does: in the slot before
+       them where the caller lends it, else in a copy. */
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (nargsf & PY_VECTORCALL_ARGUMENTS_OFFSET) {
+        PyObject **front = (PyObject **)args - 1;
+        PyObject *saved = *front;
+        *front = self->instance;
+        PyObject *result = DrivenForward_call(self->forward, front, nargs + 1, kwnames);
+        *front = saved;
+        return result;
+    }
+    Py_ssize_t total = nargs + (kwnames != NULL ? PyTuple_GET_SIZE(kwnames) : 0);
+    PyObject *small[8];
+    PyObject **all = total + 1 <= 8 ? small : PyMem_Malloc((total + 1) * sizeof(PyObject *));
+    if (all == NULL)
+        return PyErr_NoMemory();
+    all[0] = self->instance;
+    memcpy(all + 1, args, total * sizeof(PyObject *));
+    PyObject *result = DrivenForward_call(self->forward, all, nargs + 1, kwnames);
+    if (all != small)
+        PyMem_Free(all);
+    return result;
+}
+
+static PyObject *
+bound_forward(DrivenForward *forward, PyObject *instance)
+{
+    BoundForward *self = PyObject_GC_New(BoundForward, &BoundForwardType);
+    if (self == NULL)
+        return NULL;
+    Py_INCREF(forward);
+    self->forward = forward;
+    Py_INCREF(instance);
+    self->instance = instance;
+    self->vectorcall = (vectorcallfunc)BoundForward_call;
+    PyObject_GC_Track(self);
+    return (PyObject *)self;
+}
+
+/* What introspection asks of a bound method: __self__, __func__, and __wrapped__ (the
+   original forward bound to the instance, so inspect.signature shows the model's own
+   signature); anything else (__name__, __doc__, ...) from the forward. */
+static PyObject *
+BoundForward_getattro(BoundForward *self, PyObject *name)
+{
+    if (PyUnicode_Check(name)) {
+        if (PyUnicode_CompareWithASCIIString(name, "__self__") == 0) {
+            Py_INCREF(self->instance);
+            return self->instance;
+        }
+        if (PyUnicode_CompareWithASCIIString(name, "__func__") == 0) {
+            Py_INCREF(self->forward);
+            return (PyObject *)self->forward;
+        }
+        if (PyUnicode_CompareWithASCIIString(name, "__wrapped__") == 0)
+            return PyMethod_New(self->forward->original, self->instance);
+    }
+    PyObject *found = PyObject_GenericGetAttr((PyObject *)self, name);
+    if (found != NULL || !PyErr_ExceptionMatches(PyExc_AttributeError))
+        return found;
+    PyErr_Clear();
+    return PyObject_GetAttr((PyObject *)self->forward, name);
+}
+
+static PyObject *
+BoundForward_repr(BoundForward *self)
+{
+    return PyUnicode_FromFormat("<bound stepscope forward of %R>", self->instance);
+}
+
+static int
+BoundForward_traverse(BoundForward *self, visitproc visit, void *arg)
+{
+    Py_VISIT(self->forward);
+    Py_VISIT(self->instance);
+    return 0;
+}
+
+static int
+BoundForward_clear(BoundForward *self)
+{
+    Py_CLEAR(self->forward);
+    Py_CLEAR(self->instance);
+    return 0;
+}
+
+static void
+BoundForward_dealloc(BoundForward *self)
+{
+    PyObject_GC_UnTrack(self);
+    BoundForward_clear(self);
+    PyObject_GC_Del(self);
+}
+
+static PyTypeObject BoundForwardType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "stepscope_torch._fastpath.BoundForward",
+    .tp_doc = "The driven model's forward, bound to the model.",
+    .tp_basicsize = sizeof(BoundForward),
+    .tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_HAVE_VECTORCALL,
+    .tp_vectorcall_offset = offsetof(BoundForward, vectorcall),
+    .tp_call = PyVectorcall_Call,
+    .tp_getattro = (getattrofunc)BoundForward_getattro,
+    .tp_repr = (reprfunc)BoundForward_repr,
+    .tp_traverse = (traverseproc)BoundForward_traverse,
+    .tp_clear = (inquiry)BoundForward_clear,
+    .tp_dealloc = (destructor)BoundForward_dealloc,
+};
+
+/* ---- module ------------------------------------------------------------------------- */
+
+static struct PyModuleDef fastpath_module = {
+    PyModuleDef_HEAD_INIT, "_fastpath", "The compiled hot path of stepscope_torch.Hook (see fastpath.py).", -1, NULL,
+};
+
+PyMODINIT_FUNC
+PyInit__fastpath(void)
+{
+    str_training = PyUnicode_InternFromString("training");
+    str_fail = PyUnicode_InternFromString("fail");
+    PyObject *time = PyImport_ImportModule("time");
+    if (str_training == NULL || str_fail == NULL || time == NULL)
+        return NULL;
+    perf_counter_ns = PyObject_GetAttrString(time, "perf_counter_ns");
+    perf_counter = PyObject_GetAttrString(time, "perf_counter");
+    Py_DECREF(time);
+    if (perf_counter_ns == NULL || perf_counter == NULL)
+        return NULL;
+    if (PyType_Ready(&CountersType) < 0 || PyType_Ready(&ModeTableType) < 0 || PyType_Ready(&DrivenForwardType) < 0
+            || PyType_Ready(&BoundForwardType) < 0 || PyType_Ready(&WordsType) < 0)
+        return NULL;
+    PyObject *module = PyModule_Create(&fastpath_module);
+    if (module == NULL)
+        return NULL;
+    Py_INCREF(&CountersType);
+    if (PyModule_AddObject(module, "Counters", (PyObject *)&CountersType) < 0) {
+        Py_DECREF(&CountersType);
+        Py_DECREF(module);
+        return NULL;
+    }
+    return module;
+}
