@@ -544,8 +544,12 @@ class HookBase:
         meter = self._meter
         timed = slow = False  # (`started` is set where `timed` is)
         try:  # what FailSafe.call does, without its frame: nothing escapes into training
-            clock_now = c.now
-            now = clock_now() if clock_now is not None else None
+            clock_now, now = c.now, None
+            if clock_now is not None:
+                try:
+                    now = clock_now()
+                except Exception as exc:
+                    self._timeline_failed(exc)
             previous = c.step
             if previous is not None:
                 if previous is not c.idle and (previous.due or previous.tensors or previous.shapes):
@@ -586,12 +590,15 @@ class HookBase:
                 last_end = c.last_end
                 begin = now if last_end is None else last_end
                 append = c.log_append
-                if code is None:
-                    append((_BEGIN, global_step, mode, begin))
-                    append((_ENTER, phase_code, now))  # the batch is here: "data" ends
-                else:  # one record for both
-                    append((_BEGIN_EVENT, global_step, mode, begin, code, now))
-                c.timing = True
+                try:
+                    if code is None:
+                        append((_BEGIN, global_step, mode, begin))
+                        append((_ENTER, phase_code, now))  # the batch is here: "data" ends
+                    else:  # one record for both
+                        append((_BEGIN_EVENT, global_step, mode, begin, code, now))
+                    c.timing = True
+                except Exception as exc:
+                    self._timeline_failed(exc)
             if c.detailed is not None:
                 self.profiler_failsafe.call(c.detailed.step_started, global_step)
             if not due:
@@ -681,7 +688,10 @@ class HookBase:
             if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
             append, now = c.log_append, c.now
-            append((code, now()))
+            try:
+                append((code, now()))
+            except Exception as exc:
+                self._timeline_failed(exc)
         if step.due:
             self.failsafe.call(self._on_phase_event, event)
 
@@ -691,8 +701,12 @@ class HookBase:
         c = self._counters
         if c.timing:
             append, now = c.log_append, c.now
-            token = now()
-            append((_END, token))
+            try:
+                token = now()
+                append((_END, token))
+            except Exception as exc:
+                self._timeline_failed(exc)
+                return
             c.last_end = token
             c.timing = False
 
@@ -700,7 +714,19 @@ class HookBase:
         c = self._counters
         if c.timing and self.enabled:
             append, now = c.log_append, c.now
-            append((_ENTER, PHASE_CODES[name], now()))
+            try:
+                append((_ENTER, PHASE_CODES[name], now()))
+            except Exception as exc:
+                self._timeline_failed(exc)
+
+    def _timeline_failed(self, exc: Exception) -> None:
+        """The step timeline's clock or log failed: the profiler side turns itself off (its
+        fail-safe logs why and records it in stepscope-status/), tensors go on. (Every
+        hot path's append is guarded so: a clock is framework code, a GPU's may fail.)"""
+        c = self._counters
+        c.timing = False
+        c.now = None  # no more readings: the timeline stops here
+        self.profiler_failsafe.fail(exc)
 
     def _end_step(self) -> None:
         c = self._counters

@@ -245,6 +245,41 @@ static PyTypeObject WordsType = {
     .tp_as_sequence = &Words_sequence,
 };
 
+/* An exception is set: what `failsafe.fail(exc)` does with one (log it, record the status,
+   turn that side off), so that nothing escapes into training. -1 where it is not an
+   Exception (KeyboardInterrupt): that one goes on. */
+static COLD int
+hand_to(PyObject *failsafe)
+{
+    if (!PyErr_ExceptionMatches(PyExc_Exception))
+        return -1;
+    PyObject *type, *value, *traceback;
+    PyErr_Fetch(&type, &value, &traceback);
+    PyErr_NormalizeException(&type, &value, &traceback);
+    if (traceback != NULL && value != NULL)
+        PyException_SetTraceback(value, traceback);
+    PyObject *done = value != NULL ? PyObject_CallMethodOneArg(failsafe, str_fail, value) : NULL;
+    if (done == NULL)
+        PyErr_WriteUnraisable(failsafe);
+    Py_XDECREF(done);
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(traceback);
+    return 0;
+}
+
+/* HookBase._timeline_failed: the clock or the log failed (an exception is set): the
+   timeline stops and the profiler side turns off; tensors go on. 0, or -1 to raise. */
+static COLD int
+timeline_failed(Counters *c)
+{
+    c->timing = 0;
+    Py_INCREF(Py_None);
+    replace(&c->now, Py_None);
+    c->clock_is_perf_counter = 0;
+    return hand_to(c->profiler_failsafe);
+}
+
 /* ---- the phase log, from the hot path ----------------------------------------------- */
 
 /* The log takes raw words: its words are a Words and the clock is perf_counter_ns (which is
@@ -323,43 +358,18 @@ log_event(Counters *c, int code, int ends)
     return 0;
 }
 
-/* HookBase.finish_step_timing(): the open step's timeline ends now. */
+/* HookBase.finish_step_timing(): the open step's timeline ends now. 0, or -1 to raise. */
 static int
 finish_step_timing(Counters *c)
 {
     if (!c->timing)
         return 0;
     if (log_event(c, CODE_STEP_END, 1) < 0)
-        return -1;
+        return timeline_failed(c);
     c->timing = 0;
     return 0;
 }
 
-/* An exception is set: what the hook's fail-safe does with one (log it, record the status,
-   turn the hook off), so that nothing escapes into training. -1 where it is not an
-   Exception (KeyboardInterrupt): that one goes on. */
-static COLD int
-hand_to_failsafe(Counters *c)
-{
-    if (!PyErr_ExceptionMatches(PyExc_Exception))
-        return -1;
-    PyObject *type, *value, *traceback;
-    PyErr_Fetch(&type, &value, &traceback);
-    PyErr_NormalizeException(&type, &value, &traceback);
-    if (traceback != NULL && value != NULL)
-        PyException_SetTraceback(value, traceback);
-    PyObject *done = value != NULL ? PyObject_CallMethodOneArg(c->failsafe, str_fail, value) : NULL;
-    if (done == NULL)
-        PyErr_WriteUnraisable(c->failsafe);
-    Py_XDECREF(done);
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(traceback);
-    return 0;
-}
-
-/* A failure in a routine case: to the fail-safe; 0 to go on, -1 to raise. */
-#define FAILED(c) (hand_to_failsafe(c) < 0 ? -1 : 0)
 
 /* ---- the routine cases (mirrors of Hook._forward_begins & co. in hook.py) ------------ */
 
@@ -386,14 +396,24 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
     if (mode == c->train && c->drives_optimizer) {
         if (step == c->idle && c->global_step - 1 == c->train_at) {
             /* Another micro-batch of the step that ends at optimizer.step(). */
-            if (c->timing && failsafe_enabled(c, c->failsafe) && log_event(c, CODE_FORWARD_BEGIN, 0) < 0 && FAILED(c) < 0)
+            if (c->timing && failsafe_enabled(c, c->failsafe) && log_event(c, CODE_FORWARD_BEGIN, 0) < 0 && timeline_failed(c) < 0)
                 return -1;
             *wanted = c->timing;
             return DONE;
         }
     }
     else if (!c->drives_optimizer && step != Py_None && (step != c->idle || c->mode == c->train)) {
-        return HANDED_OVER;  /* a TRAIN step without an optimizer ends here (end_step) */
+        /* Without a registered optimizer, a TRAIN step ends at the next forward: end_step()
+           of a step where nothing was due, unless a stop decision is due with it. */
+        if (step != c->idle || c->closed || !failsafe_enabled(c, c->failsafe) || c->detailed != Py_None || c->notify
+                || c->train_ends + 1 >= c->stop_check_at)
+            return HANDED_OVER;
+        if (finish_step_timing(c) < 0)
+            return -1;
+        Py_INCREF(Py_None);
+        replace(&c->step, Py_None);
+        c->train_ends++;
+        step = Py_None;
     }
     /* HookBase._open_step(mode, FORWARD_BEGIN): a step where nothing is due, after one
        where nothing was. */
@@ -414,13 +434,19 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
             return HANDED_OVER;
         }
     }
+    /* The clock first (the step begins now), then the previous step's end. */
     int timeline = c->now != Py_None, raw = timeline && raw_log(c);
     long long now_ns = raw ? monotonic_ns() : 0;
     PyObject *now = NULL;
-    if (timeline && !raw && (now = PyObject_CallNoArgs(c->now)) == NULL)
-        goto failed;
-    if (step != Py_None && finish_step_timing(c) < 0)
-        goto failed;
+    if (timeline && !raw && (now = PyObject_CallNoArgs(c->now)) == NULL) {
+        timeline = 0;
+        if (timeline_failed(c) < 0)
+            return -1;
+    }
+    if (step != Py_None && finish_step_timing(c) < 0) {
+        Py_XDECREF(now);
+        return -1;
+    }
     if (mode != c->mode) {
         Py_INCREF(mode);
         replace(&c->mode, mode);
@@ -437,10 +463,8 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
         int appended;
         if (raw) {
             long long begin = c->last_end_is_ns ? c->last_end_ns : c->last_end == Py_None ? now_ns : PyLong_AsLongLong(c->last_end);
-            if (begin == -1 && PyErr_Occurred())
-                goto failed;
             long long record[6] = {c->code_values[CODE_BEGIN_EVENT], global_step, m, begin, c->code_values[CODE_FORWARD_BEGIN], now_ns};
-            appended = words_push((Words *)c->words, record, 6);
+            appended = begin == -1 && PyErr_Occurred() ? -1 : words_push((Words *)c->words, record, 6);
         }
         else {
             PyObject *begin = last_end(c);
@@ -450,9 +474,12 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
             Py_XDECREF(number);
             Py_XDECREF(begin);
         }
-        if (appended < 0)
-            goto failed;
-        c->timing = 1;
+        if (appended == 0)
+            c->timing = 1;
+        else if (timeline_failed(c) < 0) {
+            Py_XDECREF(now);
+            return -1;
+        }
     }
     Py_XDECREF(now);
     if (mode == c->train)
@@ -464,17 +491,9 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
         Py_XDECREF(reading);
         PyObject *done = reading != NULL ? PyObject_CallFunction(c->meter_block, "Lddi", global_step, started, elapsed, 1) : NULL;
         Py_XDECREF(done);
-        if (done == NULL && FAILED(c) < 0)
+        if (done == NULL && hand_to(c->failsafe) < 0)
             return -1;
     }
-    return DONE;
-failed:
-    Py_XDECREF(now);
-    if (FAILED(c) < 0)
-        return -1;
-    if (mode == c->train)
-        c->train_at = c->global_step - 1;
-    *wanted = c->timing;
     return DONE;
 }
 
@@ -486,9 +505,11 @@ forward_ends(Counters *c)
         return DONE;
     if (c->step != c->idle)
         return HANDED_OVER;
-    int failed = c->mode == c->train ? c->timing && log_event(c, CODE_FORWARD_END, 0) < 0
-                                     : finish_step_timing(c) < 0;  /* an evaluation step is its forward */
-    return failed && FAILED(c) < 0 ? -1 : DONE;
+    if (c->mode != c->train)
+        return finish_step_timing(c) < 0 ? -1 : DONE;  /* an evaluation step is its forward */
+    if (c->timing && log_event(c, CODE_FORWARD_END, 0) < 0 && timeline_failed(c) < 0)
+        return -1;
+    return DONE;
 }
 
 /* Hook._on_optimizer_pre: the update of the open TRAIN step begins. */
@@ -499,7 +520,7 @@ optimizer_begins(Counters *c)
         return DONE;  /* (as the Python method) */
     if (c->step != c->idle || c->global_step - 1 != c->train_at)
         return HANDED_OVER;  /* a step that saves, or optimizer.step() without a forward */
-    if (c->timing && log_event(c, CODE_OPTIMIZER_BEGIN, 0) < 0 && FAILED(c) < 0)
+    if (c->timing && log_event(c, CODE_OPTIMIZER_BEGIN, 0) < 0 && timeline_failed(c) < 0)
         return -1;
     return DONE;
 }
@@ -514,7 +535,7 @@ optimizer_ends(Counters *c)
         return HANDED_OVER;  /* a stop decision, or a step that saves */
     c->train_ends = ended;
     c->train_at = -1;
-    if (live && finish_step_timing(c) < 0 && FAILED(c) < 0)
+    if (live && finish_step_timing(c) < 0)
         return -1;
     return DONE;
 }

@@ -337,7 +337,10 @@ class Hook(HookBase):
                 # Another micro-batch of a step that ends at optimizer.step().
                 if c.timing and self.failsafe.enabled:
                     append, now = c.log_append, c.now
-                    append((_FORWARD_BEGIN, now()))
+                    try:
+                        append((_FORWARD_BEGIN, now()))
+                    except Exception as exc:
+                        self._timeline_failed(exc)
                 if step.due:
                     self.failsafe.call(self._on_phase_event, FORWARD_BEGIN)
                     return True
@@ -365,7 +368,10 @@ class Hook(HookBase):
         if c.mode is _TRAIN:
             if c.timing:
                 append, now = c.log_append, c.now
-                append((_FORWARD_END, now()))
+                try:
+                    append((_FORWARD_END, now()))
+                except Exception as exc:
+                    self._timeline_failed(exc)
             if step.due:
                 self.failsafe.call(self._on_phase_event, FORWARD_END)
         else:
@@ -390,7 +396,10 @@ class Hook(HookBase):
             return
         if c.timing:
             append, now = c.log_append, c.now
-            append((_OPTIMIZER_BEGIN, now()))
+            try:
+                append((_OPTIMIZER_BEGIN, now()))
+            except Exception as exc:
+                self._timeline_failed(exc)
         if step.due:
             self.failsafe.call(self._on_phase_event, OPTIMIZER_BEGIN)  # saves the gradients
 
@@ -407,10 +416,13 @@ class Hook(HookBase):
         if step is not None and self.failsafe.enabled:
             if c.timing:  # finish_step_timing(), inlined
                 append, now = c.log_append, c.now
-                token = now()
-                append((STEP_END_RECORD, token))
-                c.last_end = token
-                c.timing = False
+                try:
+                    token = now()
+                    append((STEP_END_RECORD, token))
+                    c.last_end = token
+                    c.timing = False
+                except Exception as exc:
+                    self._timeline_failed(exc)
             if step.due:
                 self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
         if stop:

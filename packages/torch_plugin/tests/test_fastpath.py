@@ -1,0 +1,212 @@
+"""The compiled hot path (fastpath.py, _fastpath.c) against the Python one: the same job,
+the same state, the same timeline, from the same training; and what it does on failure."""
+
+from __future__ import annotations
+
+import gc
+import os
+import weakref
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+import stepscope
+from stepscope.config import ProfilerConfig, SaveConfig
+from stepscope.modes import ModeKeys
+from stepscope_torch import Hook, fastpath
+
+COMPILED = fastpath.compiled() is not None
+needs_compiled = pytest.mark.skipif(not COMPILED, reason="the _fastpath extension is not built here")
+TIMELINE_ONLY = ProfilerConfig(system_monitor=False)
+
+
+def test_the_extension_is_built_where_it_is_expected():
+    # CI (nox) builds the packages with a C compiler and sets this: a build that silently
+    # fell back to Python would otherwise pass every other test here.
+    if os.environ.get("STEPSCOPE_EXPECT_COMPILED") == "1":
+        assert COMPILED, "stepscope_torch._fastpath was not built (no C compiler when the package was installed?)"
+
+
+def make_hook(out_dir, compiled: bool, **options) -> Hook:
+    os.environ.pop(fastpath.PURE_PYTHON_ENV, None)
+    if not compiled:
+        os.environ[fastpath.PURE_PYTHON_ENV] = "1"
+    try:
+        hook = Hook(str(out_dir), **options)
+    finally:
+        os.environ.pop(fastpath.PURE_PYTHON_ENV, None)
+    assert (hook._fast is not None) == compiled
+    return hook
+
+
+def train_through_every_case(hook: Hook, mlp, batches, with_optimizer: bool = True) -> dict:
+    """A loop that takes every branch of the hot path: plain steps, micro-batches, a step
+    that saves and the one after it, evaluation and prediction steps, set_mode, an optimizer
+    step without a forward, and state_dict. Returns what the hook says of itself."""
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if with_optimizer:
+        hook.register_optimizer(optimizer)
+    seen = []
+    data = batches(12)
+    for i in range(40):
+        micro = 2 if i % 7 == 3 and with_optimizer else 1  # gradient accumulation
+        optimizer.zero_grad()
+        for j in range(micro):
+            x, y = data[(i + j) % len(data)]
+            loss_fn(model(x), y).backward()
+        optimizer.step()
+        seen.append((hook.global_step, hook.mode))
+        if i == 20:
+            model.eval()
+            with torch.no_grad():
+                for x, _ in data[:3]:
+                    model(x)
+                    seen.append((hook.global_step, hook.mode))
+                hook.set_mode("predict")
+                model(data[0][0])
+                model(data[1][0])
+                seen.append((hook.global_step, hook.mode))
+                hook.set_mode(None)
+            model.train()
+        if i == 30 and with_optimizer:
+            optimizer.step()  # without a forward: a step of its own
+            seen.append((hook.global_step, hook.mode))
+    return {
+        "seen": seen, "state": hook.state_dict(), "global_step": hook.global_step,
+        "mode_steps": {m.name: hook.mode_step(m) for m in ModeKeys}, "weights": [p.detach().clone() for p in model.parameters()],
+    }
+
+
+def job_summary(out_dir) -> dict:
+    trial = stepscope.create_trial(str(out_dir))
+    steps = {mode: trial.steps(mode=mode) for mode in ("train", "eval", "predict")}
+    tensors = {
+        name: [trial.tensor(name).value(step, mode="train") for step in trial.tensor(name).steps(mode="train")]
+        for name in trial.tensor_names()
+    }
+    timeline = trial.profiler.step_timeline()
+    # Times differ between two runs; which phases each step has, in which order, does not.
+    phases = [(row.mode, int(row.step), row.phase) for row in timeline.sort_values(["step", "start_ns"]).itertuples()]
+    return {"steps": steps, "tensors": tensors, "phases": phases, "status": trial.status()}
+
+
+@needs_compiled
+@pytest.mark.parametrize("with_optimizer", [True, False], ids=["optimizer-driven", "forward-driven"])
+def test_compiled_and_python_paths_write_the_same_job(tmp_path, mlp, batches, with_optimizer):
+    results, jobs = {}, {}
+    for compiled in (True, False):
+        out = tmp_path / ("compiled" if compiled else "python")
+        hook = make_hook(
+            out, compiled, profiler_config=TIMELINE_ONLY, save_config=SaveConfig(save_interval=6),
+            include_collections=["weights", "gradients", "losses"],
+        )
+        results[compiled] = train_through_every_case(hook, mlp, batches, with_optimizer)
+        if compiled:
+            counters = hook._counters
+            # It did most calls itself, and handed the steps that save to Python.
+            assert counters.routine > counters.handed_over > 0
+        hook.close()
+        jobs[compiled] = job_summary(out)
+    fast, slow = results[True], results[False]
+    assert fast["seen"] == slow["seen"]
+    assert fast["state"] == slow["state"] and fast["mode_steps"] == slow["mode_steps"] and fast["global_step"] == slow["global_step"]
+    for a, b in zip(fast["weights"], slow["weights"]):
+        assert torch.equal(a, b)
+    assert jobs[True]["steps"] == jobs[False]["steps"] and jobs[True]["steps"]["eval"] and jobs[True]["steps"]["predict"]
+    assert jobs[True]["tensors"].keys() == jobs[False]["tensors"].keys()
+    for name, values in jobs[True]["tensors"].items():
+        assert all(np.array_equal(a, b) for a, b in zip(values, jobs[False]["tensors"][name], strict=True)), name
+    assert jobs[True]["phases"] == jobs[False]["phases"]
+    # Every step of every mode is on the timeline, in whole.
+    assert {step for _, step, phase in jobs[True]["phases"] if phase.endswith("step")} == set(range(fast["global_step"] + 1))
+    assert jobs[True]["status"] == jobs[False]["status"] == {}
+
+
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=needs_compiled), False], ids=["compiled", "python"])
+def test_a_failing_clock_turns_the_timeline_off_and_training_goes_on(tmp_path, mlp, batches, compiled):
+    hook = make_hook(tmp_path / "job", compiled, profiler_config=TIMELINE_ONLY, save_config=SaveConfig(save_interval=4), include_collections=["weights"])
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    data = batches(10)
+    calls = []
+
+    def broken_clock() -> int:
+        calls.append(1)
+        if len(calls) > 12:
+            raise RuntimeError("clock gone")
+        return len(calls)
+
+    hook._counters.now = broken_clock
+    for x, y in data:
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        optimizer.step()
+    assert hook.enabled and not hook.profiler_failsafe.enabled  # tensors go on, the timeline stopped
+    assert len(calls) == 13  # no reading after the failure
+    hook.close()
+    trial = stepscope.create_trial(str(tmp_path / "job"))
+    assert trial.steps(mode="train") == [0, 4, 8]
+    assert trial.status()["worker_0_profiler"]["error"].endswith("clock gone")
+
+
+@pytest.mark.parametrize("compiled", [pytest.param(True, marks=needs_compiled), False], ids=["compiled", "python"])
+def test_hook_model_and_optimizer_are_freed_after_close(tmp_path, mlp, batches, compiled):
+    # The driven class, the optimizer's hooks and the counters hold the hook: a cycle the
+    # garbage collector must be able to follow (tp_traverse) once the user lets go.
+    hook = make_hook(tmp_path / "job", compiled, profiler_config=TIMELINE_ONLY)
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    x, y = batches(1)[0]
+    nn.functional.cross_entropy(model(x), y).backward()
+    optimizer.step()
+    refs = [weakref.ref(hook), weakref.ref(model), weakref.ref(optimizer)]
+    hook.close()
+    del hook, model, optimizer
+    gc.collect()
+    assert [ref() for ref in refs] == [None, None, None]
+
+
+@needs_compiled
+def test_the_compiled_counters_are_the_state_python_reads(tmp_path, mlp, batches):
+    # Python and C share one state: what the compiled path counts, the hook's methods and
+    # the idle step read, and what Python sets, the compiled path obeys.
+    hook = make_hook(tmp_path / "job", True, profiler_config=TIMELINE_ONLY)
+    counters = hook._counters
+    model = mlp()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    x, y = batches(1)[0]
+    for _ in range(5):
+        model(x)
+        optimizer.step()
+    assert counters.global_step == 5 and hook.mode_step("train") == 5 and counters.begun[ModeKeys.TRAIN] == 5
+    model(x)
+    assert hook.current_step is counters.idle and hook.current_step.global_step == 5 and hook.current_step.mode_step == 5
+    optimizer.step()
+    assert counters.next_due[ModeKeys.TRAIN] is not None and counters.train_at == -1
+    counters.next_due[ModeKeys.PREDICT] = None
+    assert counters.next_due[ModeKeys.PREDICT] is None
+    with pytest.raises(TypeError):
+        counters.begun[ModeKeys.TRAIN] = None
+    with pytest.raises(IndexError):
+        counters.begun[7]
+    hook.load_state_dict({"global_step": 100, "mode_steps": {"TRAIN": 90}})
+    model(x)
+    optimizer.step()
+    assert hook.state_dict() == {"global_step": 101, "mode_steps": {"TRAIN": 91, "EVAL": 0, "PREDICT": 0, "GLOBAL": 0}}
+    words = counters.log_words()
+    words.extend((1, 2, 3))
+    assert len(words) == 3 and words.take() == [1, 2, 3] and len(words) == 0
+    with pytest.raises(TypeError):
+        words.extend(("x",))
+    hook.close()
