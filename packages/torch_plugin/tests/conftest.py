@@ -84,3 +84,18 @@ def make_hook(tmp_path):
 @pytest.fixture
 def out_dir(tmp_path):
     return str(tmp_path / "job")
+
+
+@pytest.fixture(params=["compiled", "python"])
+def hot_path(request, monkeypatch):
+    """Run a test on the compiled hot path (where _fastpath is built) and on the Python
+    one: modules whose tests cover the hook's step logic use it for every test."""
+    from stepscope_torch import fastpath
+
+    if request.param == "compiled":
+        if fastpath.compiled() is None:
+            pytest.skip("the _fastpath extension is not built here")
+        monkeypatch.delenv(fastpath.PURE_PYTHON_ENV, raising=False)
+    else:
+        monkeypatch.setenv(fastpath.PURE_PYTHON_ENV, "1")
+    return request.param

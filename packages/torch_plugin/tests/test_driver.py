@@ -16,6 +16,8 @@ from torch import nn
 from stepscope_torch import Hook
 from stepscope_torch.driver import drive_forward
 
+pytestmark = pytest.mark.usefixtures("hot_path")  # every test on both hot paths (conftest.py)
+
 
 class Net(nn.Module):
     def __init__(self) -> None:

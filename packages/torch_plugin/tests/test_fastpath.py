@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import os
+import time
 import weakref
 
 import numpy as np
@@ -171,7 +172,11 @@ def test_hook_model_and_optimizer_are_freed_after_close(tmp_path, mlp, batches, 
     refs = [weakref.ref(hook), weakref.ref(model), weakref.ref(optimizer)]
     hook.close()
     del hook, model, optimizer
-    gc.collect()
+    # (The hook's background threads hold it until they have seen the close and ended.)
+    deadline = time.monotonic() + 10
+    while any(ref() is not None for ref in refs) and time.monotonic() < deadline:
+        gc.collect()
+        time.sleep(0.05)
     assert [ref() for ref in refs] == [None, None, None]
 
 

@@ -18,6 +18,8 @@ from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 from stepscope_torch import Hook, StopTrainingRequested
 
+pytestmark = pytest.mark.usefixtures("hot_path")  # every test on both hot paths (conftest.py)
+
 
 def train(model, data, hook=None, *, accumulate=1, optimizer_cls=torch.optim.SGD, register_optimizer=True, lr=0.1):
     """A plain loop; returns what it saw at each optimizer step: parameters used (before the
