@@ -135,11 +135,12 @@ def hook_on_path(out: str, compiled: bool, **options: object) -> Hook:
             os.environ[fastpath.PURE_PYTHON_ENV] = previous
 
 
-def nothing_due_variants(root: str) -> dict[str, Callable[[int], float]]:
+def nothing_due_variants(root: str, hooks: list[Hook]) -> dict[str, Callable[[int], float]]:
     """{name: run(n) -> training-thread CPU µs per step over n steps} of the smallest step:
     plain; the yardstick (the same step with two calls of an empty nn.Module in it); the
     hook's mechanism doing nothing; the hook in its default configuration and without the
-    profiler, on the compiled path (where built) and on the Python one."""
+    profiler, on the compiled path (where built) and on the Python one (the hooks made are
+    appended to `hooks`, for the caller to close)."""
     x = torch.ones(1, 1)
 
     def timed(step: Callable[[], object]) -> Callable[[int], float]:
@@ -174,8 +175,9 @@ def nothing_due_variants(root: str) -> dict[str, Callable[[int], float]]:
     paths = (True, False) if fastpath.compiled() is not None else (False,)
     for compiled in paths:
         path = "compiled" if compiled else "python"
-        variants[f"default, {path}"] = loop(hook_on_path(f"{root}/default_{path}", compiled))
-        variants[f"no profiler, {path}"] = loop(hook_on_path(f"{root}/noprof_{path}", compiled, profiler_config=ProfilerConfig.disabled()))
+        hooks += [hook_on_path(f"{root}/default_{path}", compiled), hook_on_path(f"{root}/noprof_{path}", compiled, profiler_config=ProfilerConfig.disabled())]
+        variants[f"default, {path}"] = loop(hooks[-2])
+        variants[f"no profiler, {path}"] = loop(hooks[-1])
     return variants
 
 
@@ -239,7 +241,10 @@ def main() -> None:
     print(f"torch {torch.__version__}, 1 thread; compiled hot path: {'built' if fastpath.compiled() is not None else 'NOT built'}")
     rounds = 60 if args.quick else 400
     with tempfile.TemporaryDirectory() as root:
-        added = nothing_due_cost(nothing_due_variants(root), rounds)
+        hooks: list[Hook] = []
+        added = nothing_due_cost(nothing_due_variants(root, hooks), rounds)
+        for hook in hooks:
+            hook.close()
     yardstick = statistics.median(added.pop("two empty calls"))
     tight = _tight_loop_empty_calls(15)
     print("a step where nothing is due: what the hook adds to the smallest step, against two calls of an empty")

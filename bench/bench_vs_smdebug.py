@@ -8,9 +8,10 @@ second each wrote while training.
     python bench/bench_vs_smdebug.py --quick
     python bench/bench_vs_smdebug.py --smdebug-python ../smdebug-venv/bin/python
 
-The smdebug environment (outside the repository): `python -m venv --system-site-packages
-../smdebug-venv && ../smdebug-venv/bin/pip install smdebug==1.0.34 protobuf==3.20.3`
-(it reuses this environment's torch). Without one, only stepscope's numbers are printed.
+The smdebug environment (outside the repository): `python -m venv ../smdebug-venv &&
+../smdebug-venv/bin/pip install smdebug==1.0.34 protobuf==3.20.3 torch==2.13.0 "numpy<2"
+"pandas<2.3" psutil` (smdebug 1.0.34 needs numpy 1's `tostring`, and imports pandas and
+psutil without declaring them). Without one, only stepscope's numbers are printed.
 stepscope runs with its profiler side off (smdebug's default has none)."""
 
 from __future__ import annotations
