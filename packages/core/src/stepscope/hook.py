@@ -14,6 +14,8 @@ timeline. A plugin subclasses it and fills in only what needs its framework:
 - `_on_step_begin(due)` / `_on_step_end()`: arm and read its captures around a step
   (with `notify_every_step = False`, only around steps where something is due);
 - `_make_clock()`: a clock for the step timeline (a GPU plugin reads device events);
+- `_make_counters()`: the object that holds the per-step state (`step_counters.py`; a
+  plugin with a compiled hot path returns its compiled one, of the same fields);
 - `_on_close()`: remove what it installed in the framework;
 - `_can_agree_on_stop()` / `_agree_on_stop(local)`: for multi-rank jobs with collectives,
   make every rank stop at the same TRAIN step (default: each rank decides alone);
