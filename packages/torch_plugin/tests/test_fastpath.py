@@ -42,13 +42,44 @@ def make_hook(out_dir, compiled: bool, **options) -> Hook:
     return hook
 
 
-def train_through_every_case(hook: Hook, mlp, batches, with_optimizer: bool = True) -> dict:
+class ObjectClock:
+    """A clock whose tokens are objects (as a GPU's events are): the log is a deque of
+    tuples, and the compiled path takes its generic way (a Python call per reading)."""
+
+    immediate = True
+    int_tokens = False
+
+    class Token:
+        __slots__ = ("ns",)
+
+        def __init__(self, ns: int) -> None:
+            self.ns = ns
+
+    def __init__(self) -> None:
+        self.offset = time.time_ns() - time.perf_counter_ns()
+
+    def now(self) -> Token:
+        return self.Token(time.perf_counter_ns())
+
+    def ready(self, token: Token) -> bool:
+        return True
+
+    def wait(self, token: Token) -> None:
+        return None
+
+    def to_wall_ns(self, token: Token) -> int:
+        return token.ns + self.offset
+
+
+def train_through_every_case(hook: Hook, mlp, batches, with_optimizer: bool = True, clock=None) -> dict:
     """A loop that takes every branch of the hot path: plain steps, micro-batches, a step
     that saves and the one after it, evaluation and prediction steps, set_mode, an optimizer
     step without a forward, and state_dict. Returns what the hook says of itself."""
     model, loss_fn = mlp(), nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
     hook.register_module(model)
+    if clock is not None:
+        hook._set_clock(clock)  # (after register_module, which sets the device's clock)
     hook.register_loss(loss_fn)
     if with_optimizer:
         hook.register_optimizer(optimizer)
@@ -97,8 +128,10 @@ def job_summary(out_dir) -> dict:
 
 
 @needs_compiled
-@pytest.mark.parametrize("with_optimizer", [True, False], ids=["optimizer-driven", "forward-driven"])
-def test_compiled_and_python_paths_write_the_same_job(tmp_path, mlp, batches, with_optimizer):
+@pytest.mark.parametrize(
+    ("with_optimizer", "clock"), [(True, None), (False, None), (True, ObjectClock)], ids=["optimizer-driven", "forward-driven", "object-tokens"]
+)
+def test_compiled_and_python_paths_write_the_same_job(tmp_path, mlp, batches, with_optimizer, clock):
     results, jobs = {}, {}
     for compiled in (True, False):
         out = tmp_path / ("compiled" if compiled else "python")
@@ -106,7 +139,7 @@ def test_compiled_and_python_paths_write_the_same_job(tmp_path, mlp, batches, wi
             out, compiled, profiler_config=TIMELINE_ONLY, save_config=SaveConfig(save_interval=6),
             include_collections=["weights", "gradients", "losses"],
         )
-        results[compiled] = train_through_every_case(hook, mlp, batches, with_optimizer)
+        results[compiled] = train_through_every_case(hook, mlp, batches, with_optimizer, clock and clock())
         if compiled:
             counters = hook._counters
             # It did most calls itself, and handed the steps that save to Python.

@@ -763,8 +763,8 @@ Counters_set_log_append(Counters *c, PyObject *value, void *closure)
         return -1;
     }
     PyObject *words = NULL;  /* a Words' own extend: the hot path stores the words itself */
-    if (PyCFunction_Check(value) && PyCFunction_GET_SELF(value) != NULL && Py_IS_TYPE(PyCFunction_GET_SELF(value), &WordsType)
-            && strcmp(((PyCFunctionObject *)value)->m_ml->ml_name, "extend") == 0) {
+    if (PyCFunction_Check(value) && PyCFunction_GET_FUNCTION(value) == (PyCFunction)Words_extend
+            && PyCFunction_GET_SELF(value) != NULL && Py_IS_TYPE(PyCFunction_GET_SELF(value), &WordsType)) {
         words = PyCFunction_GET_SELF(value);
         Py_INCREF(words);
     }
