@@ -678,9 +678,7 @@ class HookBase:
         plugin also saves what the event makes available (gradients before the update)."""
         # The hot path of every step: plain attribute reads, no wrappers on steps where
         # nothing is due (a phase event is a clock reading and a list extend; the table
-        # is applied when the log is drained, off the training thread). The log's
-        # callables are read into locals first: CPython 3.11 does not specialize a call
-        # written `c.now()` when `now` is an attribute (several times dearer).
+        # is applied when the log is drained, off the training thread).
         c = self._counters
         step = c.step
         if step is None or not self.failsafe.enabled:
@@ -689,11 +687,7 @@ class HookBase:
             code = _event_code(event)
             if code is None:
                 raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
-            append, now = c.log_append, c.now
-            try:
-                append((code, now()))
-            except Exception as exc:
-                self._timeline_failed(exc)
+            self._log_event(code)
         if step.due:
             self.failsafe.call(self._on_phase_event, event)
 
@@ -702,10 +696,9 @@ class HookBase:
         now, though values may still be saved into it until `end_step`."""
         c = self._counters
         if c.timing:
-            append, now = c.log_append, c.now
             try:
-                token = now()
-                append((_END, token))
+                token = c.now()
+                c.log_append((_END, token))
             except Exception as exc:
                 self._timeline_failed(exc)
                 return
@@ -715,11 +708,18 @@ class HookBase:
     def _enter_phase(self, name: str) -> None:
         c = self._counters
         if c.timing and self.enabled:
-            append, now = c.log_append, c.now
             try:
-                append((_ENTER, PHASE_CODES[name], now()))
+                c.log_append((_ENTER, PHASE_CODES[name], c.now()))
             except Exception as exc:
                 self._timeline_failed(exc)
+
+    def _log_event(self, code: int) -> None:
+        """(event code, now) to the open step's timeline (`code`: phases.EVENT_CODES)."""
+        c = self._counters
+        try:
+            c.log_append((code, c.now()))
+        except Exception as exc:
+            self._timeline_failed(exc)
 
     def _timeline_failed(self, exc: Exception) -> None:
         """The step timeline's clock or log failed: the profiler side turns itself off (its

@@ -149,6 +149,16 @@ def test_stop_publishes_the_open_minute_and_is_idempotent(tmp_path):
     assert monitor.stats().files_published == len(keys)
 
 
+def test_a_monitor_stopped_before_its_first_tick_has_one_sample(tmp_path):
+    # A job shorter than the start-up and the first interval still gets its reading.
+    monitor = SystemMonitor(tmp_path, interval_ms=60000, node_id="algo-1")
+    monitor.start()
+    monitor.stop()
+    assert monitor.stats().samples == 1
+    df = ProfilerTrial(tmp_path).system_metrics()
+    assert df["timestamp"].nunique() == 1 and set(df["dimension"]) >= {"CPUUtilization", "MemoryUsedPercent"}
+
+
 def test_sampling_thread_is_a_daemon(tmp_path):
     with SystemMonitor(tmp_path, interval_ms=100) as monitor:
         threads = [t for t in threading.enumerate() if t.name == "stepscope-system-monitor"]

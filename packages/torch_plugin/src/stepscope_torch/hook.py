@@ -31,7 +31,7 @@ from stepscope.config import CollectionName
 from stepscope.exceptions import ConfigError
 from stepscope.hook import HookBase, StopTrainingRequested, TensorPlan
 from stepscope.modes import ModeKeys
-from stepscope.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, STEP_END_RECORD, Clock
+from stepscope.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, Clock
 
 from . import fastpath, naming
 from .driver import drive_forward
@@ -316,12 +316,9 @@ class Hook(HookBase):
     # --- torch hooks (training thread; each returns at once when nothing is due) ---------
 
     # The hot path: on a step where nothing is due each of these is a few attribute reads
-    # and, with the timeline, a clock reading appended to the phase log (core's
-    # `phase_event` / `finish_step_timing`, inlined: a call each would cost more than that).
-    # The log's callables are read into locals first: CPython 3.11 does not specialize a
-    # call written `c.now()` when `now` is an attribute (several times dearer). The open
-    # step is the last one begun: its numbers are the counters' (`c.global_step - 1`,
-    # `c.mode`), read there rather than through the shared idle step.
+    # and, with the timeline, a clock reading appended to the phase log. The open step is
+    # the last one begun: its numbers are the counters' (`c.global_step - 1`, `c.mode`),
+    # read there rather than through the shared idle step.
     # Where the extension is built, `_fastpath.c` does the routine case of these four in C
     # and calls them for every other: a change here must be made there too (the tests run
     # both paths and compare them).
@@ -336,11 +333,7 @@ class Hook(HookBase):
             if step is not None and c.global_step - 1 == c.train_at:
                 # Another micro-batch of a step that ends at optimizer.step().
                 if c.timing and self.failsafe.enabled:
-                    append, now = c.log_append, c.now
-                    try:
-                        append((_FORWARD_BEGIN, now()))
-                    except Exception as exc:
-                        self._timeline_failed(exc)
+                    self._log_event(_FORWARD_BEGIN)
                 if step.due:
                     self.failsafe.call(self._on_phase_event, FORWARD_BEGIN)
                     return True
@@ -367,11 +360,7 @@ class Hook(HookBase):
             self._on_module_io(self._driven_name, module, args, output)
         if c.mode is _TRAIN:
             if c.timing:
-                append, now = c.log_append, c.now
-                try:
-                    append((_FORWARD_END, now()))
-                except Exception as exc:
-                    self._timeline_failed(exc)
+                self._log_event(_FORWARD_END)
             if step.due:
                 self.failsafe.call(self._on_phase_event, FORWARD_END)
         else:
@@ -395,11 +384,7 @@ class Hook(HookBase):
                 c.train_at = c.global_step - 1
             return
         if c.timing:
-            append, now = c.log_append, c.now
-            try:
-                append((_OPTIMIZER_BEGIN, now()))
-            except Exception as exc:
-                self._timeline_failed(exc)
+            self._log_event(_OPTIMIZER_BEGIN)
         if step.due:
             self.failsafe.call(self._on_phase_event, OPTIMIZER_BEGIN)  # saves the gradients
 
@@ -414,15 +399,7 @@ class Hook(HookBase):
         step = c.step
         c.train_at = -1
         if step is not None and self.failsafe.enabled:
-            if c.timing:  # finish_step_timing(), inlined
-                append, now = c.log_append, c.now
-                try:
-                    token = now()
-                    append((STEP_END_RECORD, token))
-                    c.last_end = token
-                    c.timing = False
-                except Exception as exc:
-                    self._timeline_failed(exc)
+            self.finish_step_timing()
             if step.due:
                 self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
         if stop:

@@ -524,13 +524,8 @@ class SystemMonitor:
             # sampled as soon as possible but not counted (they measured the start-up:
             # up to 183 ms in a sampler process started next to a GIL-bound loop).
             ready = time.monotonic()
-            tick = 0
-            while True:
-                deadline = first + tick * interval_s
-                if self._stop_event.wait(max(0.0, deadline - time.monotonic())):
-                    break
-                if tick and deadline - interval_s > ready:  # its previous sample ran after the start-up
-                    self._stats.jitter_s.append(abs(time.monotonic() - deadline))
+
+            def sample() -> None:
                 timestamp = time.time()
                 metrics = host.sample()
                 if gpu is not None:
@@ -540,6 +535,19 @@ class SystemMonitor:
                 if done is not None:
                     self._submit(*done)
                 self._stats.samples += 1
+
+            tick = 0
+            while True:
+                deadline = first + tick * interval_s
+                if self._stop_event.wait(max(0.0, deadline - time.monotonic())):
+                    # A job over before the first tick (shorter than the start-up of a
+                    # sampler process on a busy machine) still gets its one reading.
+                    if self._stats.samples == 0:
+                        sample()
+                    break
+                if tick and deadline - interval_s > ready:  # its previous sample ran after the start-up
+                    self._stats.jitter_s.append(abs(time.monotonic() - deadline))
+                sample()
                 tick += 1
                 # A sample that ran past the next deadline (a busy GIL) is followed at once
                 # by the next one, still on the grid; after a longer stall (a suspended VM)
