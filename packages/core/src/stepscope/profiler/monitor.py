@@ -117,6 +117,9 @@ class MonitorStats:
 Metric = tuple[str, str, str, float]  # (Type, Name, Dimension, Value)
 
 
+_FIRST_READING_S = 0.025  # the least time between priming and a reading that has CPU rates
+
+
 class _HostSampler:
     """psutil readings turned into rates and percentages between consecutive samples."""
 
@@ -541,8 +544,10 @@ class SystemMonitor:
                 deadline = first + tick * interval_s
                 if self._stop_event.wait(max(0.0, deadline - time.monotonic())):
                     # A job over before the first tick (shorter than the start-up of a
-                    # sampler process on a busy machine) still gets its one reading.
+                    # sampler process on a busy machine) still gets its one reading, taken
+                    # once the CPU counters (in 10 ms jiffies) have moved since priming.
                     if self._stats.samples == 0:
+                        time.sleep(max(0.0, _FIRST_READING_S - (time.monotonic() - ready)))
                         sample()
                     break
                 if tick and deadline - interval_s > ready:  # its previous sample ran after the start-up
