@@ -5,11 +5,13 @@
    optimizer's step hooks. Each does its routine case itself (a step where nothing is due,
    after one where nothing was: a few integers and, with the step timeline, a clock
    reading appended to the phase log) and hands every other case, unchanged, to the
-   hook's Python method for it (`attach`): a step that saves, a step without a registered
-   optimizer, a stop decision, a closed or failed hook, a profiling window, the cost
-   meter's block boundary, a state of an unexpected type. A routine case checks all of its
-   conditions before it changes anything, so the Python method always finds the state it
-   would have found without this module.
+   hook's Python method for it (`attach`): a step that saves and the one after it, a stop
+   decision, a closed or failed hook, a profiling window, a state of an unexpected type.
+   (Steps without a registered optimizer, ended by the next forward, are routine too; so
+   are the cost meter's timed steps, timed here and handed to `HookBase._meter_block`.)
+   A routine case checks all of its conditions before it changes anything, so the Python
+   method always finds the state it would have found without this module; a failure of
+   the timeline's clock or log in one goes to the profiler's fail-safe, as in Python.
 
    Why one struct: after the framework's own step has run, each object the hook touches is
    a cache miss; the reads and writes of a routine step stay within a few cache lines
