@@ -194,9 +194,10 @@ _MAX_LOGGED_WORDS = 1 << 21  # bounds memory when nothing drains the log (then t
 
 class Words(list[int]):
     """The words of a flat PhaseLog: a list of ints whose `take()` removes and returns the
-    words so far (one C call each way, so the training thread's extends and a drain on
-    another thread never see half a record). A compiled plugin brings its own, of the same
-    two methods (stepscope_torch's `_fastpath.Words`, int64s: a record is no object)."""
+    words so far. The training thread appends a whole record in one C call (`extend`), only
+    ever at the end, and `take()` removes just the words it copied: a drain on another
+    thread never sees half a record. A compiled plugin brings its own, of the same two
+    methods (stepscope_torch's `_fastpath.Words`, int64s: a record is no object)."""
 
     def take(self) -> list[int]:
         n = len(self)
