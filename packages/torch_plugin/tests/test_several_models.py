@@ -82,6 +82,15 @@ def test_a_gan_loop_is_one_train_step_per_batch_with_each_models_tensors(make_ho
     names = set(trial.tensor_names())
     assert {"generator.0.weight", "discriminator.2.bias", "gradient/generator.2.weight", "gradient/discriminator.0.weight", "d_loss", "g_loss"} <= names
     assert not any(n.startswith(("0.", "2.", "gradient/0.")) for n in names)  # no unprefixed name
+    scopes = {s.name: (s.kind, set(s.parameters)) for s in trial.scopes()}
+    generator_params = {f"generator.{n}" for n, _ in generator.named_parameters()}
+    discriminator_params = {f"discriminator.{n}" for n, _ in discriminator.named_parameters()}
+    assert scopes == {
+        "generator": ("model", generator_params),
+        "discriminator": ("model", discriminator_params),
+        "generator_adam": ("optimizer", generator_params),
+        "discriminator_adam": ("optimizer", discriminator_params),
+    }
     for step, record in enumerate(seen):
         for name, value in record["weights"].items():
             np.testing.assert_array_equal(trial.tensor(name).value(step, mode=ModeKeys.TRAIN), value.numpy(), err_msg=name)

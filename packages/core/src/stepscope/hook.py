@@ -55,6 +55,7 @@ from .control import StopPoller
 from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
+from .job_claim import WriterClaim
 from .modes import ModeKeys
 from .phases import (
     EVENT_CODES,
@@ -305,7 +306,9 @@ class HookBase:
         store = self.store
         self.failsafe._on_failure = lambda status: write_status(store, self.worker, status)
         self.profiler_failsafe._on_failure = lambda status: write_status(store, f"{self.worker}_profiler", status)
+        self._claim: WriterClaim | None = None
         if self.writes_tensors:
+            self._claim = self._claim_worker(store)
             self.writer = Writer(store, self.worker)
             # atexit runs the last registered first: the hook's close (which writes the end
             # marker through the writer) must come before the writer's own exit handler,
@@ -319,6 +322,19 @@ class HookBase:
         instrument(self, self.outputs)
         self.stop_poller = StopPoller(store, control_poll_s or _poll_interval_from_env(), on_request=self._on_stop_request)
         self.profiler_failsafe.call(self._start_profiler)
+
+    def _claim_worker(self, store: Store) -> WriterClaim | None:
+        """One writer per worker of a job folder (job_claim.py): a live holder is refused
+        here, with the hook left closed; a claim that cannot be written only warns."""
+        try:
+            return WriterClaim.claim(store, self.worker)
+        except ConfigError:
+            self._counters.closed = True
+            atexit.unregister(self._at_exit)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the claim is a safeguard; saving can go on without it
+            logger.warning("stepscope: could not record this run's claim on %s: %s", store.describe(), exc)
+            return None
 
     # --- what a plugin supplies -------------------------------------------------------
 
@@ -782,6 +798,9 @@ class HookBase:
         counters = self._counters
         if counters.step is not None:
             self._end_step()
+        claim = getattr(self, "_claim", None)
+        if claim is not None:  # this run continues the job's numbering: not a second training
+            self.failsafe.call(claim.resumed)
         counters.global_step = global_step
         for mode in ModeKeys:
             counters.begun[mode] = mode_steps.get(mode, counters.begun[mode])
@@ -1075,6 +1094,12 @@ class HookBase:
                 self.failsafe.call(self._write_collections)
                 # Only rank 0 marks the job finished; other workers just flush.
                 self.writer.close(end_marker=self.rank == 0)
+            claim = getattr(self, "_claim", None)
+            if claim is not None:  # (also after a failure: the worker is free again)
+                try:
+                    claim.release()
+                except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
+                    logger.warning("stepscope: could not release this run's claim: %s", exc)
             if counters.detailed is not None:
                 self.profiler_failsafe.call(counters.detailed.close)
             if annotation._sink == self._annotation_span:

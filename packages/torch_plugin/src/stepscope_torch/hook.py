@@ -225,7 +225,7 @@ class Hook(HookBase):
                     return  # registered again, as before: nothing changes
                 raise ConfigError(f"register_module: this {type(model).__name__} is already registered (as {known_name or 'the unnamed model'!r})")
             if known_name == name:
-                taken = f"name {name!r} is already taken" if name else "the first model has no name"
+                taken = f"name {name!r} is already taken" if name else "a model is already registered without a name"
                 raise ConfigError(
                     f"register_module: {taken}; give each model of this hook its own name, e.g. "
                     "hook.register_module(generator, name='generator'); hook.register_module(discriminator, name='discriminator')"
@@ -253,7 +253,7 @@ class Hook(HookBase):
                 tensor = naming.prefixed(name, naming.clean_name(f"{module_name}.{param_name}" if module_name else param_name))
                 self.note_module_class(tensor, type(module).__name__)
                 self.note_module_class(naming.gradient_name(tensor), type(module).__name__)
-        self._declare_scope(name or type(naming.unwrap(model)).__name__, [n for n, _ in params], "model")
+        self.declare_scope(name or type(naming.unwrap(model)).__name__, [n for n, _ in params], kind="model")
         if primary and self._timer is not None:
             device = next((p.device for _, p in params), None)
             clock: Clock | None = self.profiler_failsafe.call(device_clock, device)
@@ -281,12 +281,6 @@ class Hook(HookBase):
         else:  # a model whose class cannot be swapped: torch's forward hooks
             self._handles.append(model.register_forward_pre_hook(self._forward_pre_hook))
             self._handles.append(model.register_forward_hook(self._forward_ends))
-
-    def _declare_scope(self, name: str, parameters: list[str], kind: str) -> None:
-        """One network's or one optimizer's parameters, for the rules (core's declare_scope)."""
-        declare = getattr(self, "declare_scope", None)
-        if declare is not None:
-            declare(name, parameters, kind=kind)
 
     def register_loss(self, loss_module: nn.Module) -> nn.Module:
         """Save the output of a loss module as `<LossClass>_output_0` (losses collection).
@@ -344,7 +338,7 @@ class Hook(HookBase):
             return
         self._optimizers.append(optimizer)
         params = [self._param_names[id(p)] for group in optimizer.param_groups for p in group["params"] if id(p) in self._param_names]
-        self._declare_scope(name or f"optimizer_{len(self._optimizers) - 1}", params, "optimizer")
+        self.declare_scope(name or f"optimizer_{len(self._optimizers) - 1}", params, kind="optimizer")
         if drive_steps:
             self._counters.drives_optimizer = True
             self._optimizer_handles[id(optimizer)] = []
