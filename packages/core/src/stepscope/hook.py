@@ -52,7 +52,7 @@ from .config import (
     SaveConfig,
 )
 from .control import StopPoller
-from .exceptions import ConfigError, StepscopeError
+from .exceptions import ConfigError, StepscopeError, UnsupportedValue
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
 from .job_claim import WriterClaim
@@ -261,6 +261,7 @@ class HookBase:
         self._warned_collections: set[str] = set()
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
+        self._unsupported: dict[str, str] = {}  # tensor name -> why it is not saved (_drop_unsupported)
         self._module_classes: dict[str, str] = {}
         self._scopes: dict[str, Scope] = {}
         # What every step reads and changes: the open step, the step numbers, the timeline's
@@ -906,8 +907,28 @@ class HookBase:
         plan = self.plan(name, collections)
         if plan is None:
             return
-        if not self._capture(plan, value):
-            self._record_host(plan, np.asarray(value))
+        try:
+            if not self._capture(plan, value):
+                self._record_host(plan, np.asarray(value))
+        except UnsupportedValue as exc:
+            self._drop_unsupported(name, value, exc)
+
+    def _drop_unsupported(self, name: str, value: Any, exc: UnsupportedValue) -> None:
+        """One value the format cannot hold costs that value only: warned once per name,
+        listed in the worker's status ("degraded"); the hook and training go on."""
+        if name in self._unsupported:
+            return
+        self._unsupported[name] = f"{type(value).__name__}: {exc}"
+        logger.warning("stepscope: tensor %r is not saved: %s (%s); later steps and other tensors are unaffected", name, exc, type(value).__name__)
+        if self.store is not None:
+            self.failsafe.call(write_status, self.store, self.worker, {
+                "state": "degraded",
+                "component": f"{self.framework} hook ({self.worker})",
+                "error": f"{len(self._unsupported)} tensor(s) of unsupported kinds are not saved",
+                "dropped_tensors": [f"{n} ({why})" for n, why in list(self._unsupported.items())[:100]],
+                "time": time.time(),
+                "pid": os.getpid(),
+            })
 
     def _record_host(self, plan: TensorPlan, array: np.ndarray) -> None:
         values = {(r, a): reductions.compute(array, r, a) for r, a in plan.reductions if array.size}
@@ -973,10 +994,13 @@ class HookBase:
         plan = self.plan(name, collections)
         if plan is None:
             return
-        if isinstance(value, np.ndarray):
-            self._record_host(plan, value)
-        elif not self._capture(plan, value):
-            self._record_host(plan, np.asarray(value))
+        try:
+            if isinstance(value, np.ndarray):
+                self._record_host(plan, value)
+            elif not self._capture(plan, value):
+                self._record_host(plan, np.asarray(value))
+        except UnsupportedValue as exc:
+            self._drop_unsupported(name, value, exc)
 
     # --- profiler side ----------------------------------------------------------------
 

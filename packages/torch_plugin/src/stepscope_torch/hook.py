@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -67,6 +68,26 @@ def distributed_rank() -> tuple[int, int, int]:
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), local_rank
 
 
+class _ScalerUpdateHook:
+    """Calls `before()` at the start of each `scaler.update()` (an instance attribute over
+    the class's method; `remove()` takes it away), like a torch hook handle."""
+
+    def __init__(self, scaler: Any, before: Callable[[], None]) -> None:
+        self.scaler = scaler
+        update = type(scaler).update
+
+        def hooked_update(*args: Any, **kwargs: Any) -> Any:
+            before()
+            return update(scaler, *args, **kwargs)
+
+        self.hooked = hooked_update
+        scaler.update = hooked_update
+
+    def remove(self) -> None:
+        if self.scaler.__dict__.get("update") is self.hooked:
+            del self.scaler.update
+
+
 class Hook(HookBase):
     """Saves tensors of a PyTorch training loop. Typical use::
 
@@ -102,6 +123,7 @@ class Hook(HookBase):
         self._stepped: set[int] = set()  # ids of the ending optimizers that stepped in the open TRAIN step
         self._stepping: torch.optim.Optimizer | None = None  # the optimizer whose step is under way
         self._step_goes_on = False  # an optimizer stepped, and the TRAIN step waits for another one
+        self._scaler: Any = None  # a registered torch.amp.GradScaler (register_grad_scaler)
         self._handles: list[Any] = []
         self._driven: nn.Module | None = None  # the model whose forward drives the steps (driver.py)
         self._driven_name: str | None = None  # its activation name, when it is one of the watched modules
@@ -360,6 +382,24 @@ class Hook(HookBase):
                 optimizer.register_step_post_hook(fast.optimizer_post if fast is not None else self._on_optimizer_post),
             ]
 
+    def register_grad_scaler(self, scaler: Any) -> None:
+        """Follow a `torch.amp.GradScaler` (mixed precision): gradients are saved unscaled
+        and steps the scaler skips still end. With a registered optimizer the gradients are
+        read in its step pre-hook, after `scaler.step` unscaled them in place (or your own
+        `scaler.unscale_`); without one they are read as backward accumulates them and
+        divided by the scale backward ran with. When the scaler finds inf/NaN gradients it
+        skips `optimizer.step()`: the TRAIN step then ends at `scaler.update()`, saves no
+        gradients and `grad_scaler/skipped_step` = 1 (metrics collection, with
+        `grad_scaler/scale`, the scale in effect for the step)."""
+        if not (callable(getattr(scaler, "update", None)) and callable(getattr(scaler, "scale", None)) and callable(getattr(scaler, "is_enabled", None))):
+            raise ConfigError(f"register_grad_scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
+        if not self.enabled or self._scaler is scaler:
+            return
+        if self._scaler is not None:
+            raise ConfigError("register_grad_scaler: a GradScaler is already registered with this hook")
+        self._scaler = scaler
+        self._handles.append(_ScalerUpdateHook(scaler, self._on_scaler_update))
+
     def set_mode(self, mode: ModeKeys | str | None) -> None:
         """Set the mode of the following steps; None goes back to `model.training`."""
         if not self.enabled:
@@ -504,6 +544,12 @@ class Hook(HookBase):
                 self._stepping = None
                 return
             stepped.clear()
+        self._train_step_ends(updated=True)
+
+    def _train_step_ends(self, updated: bool) -> None:
+        """The open TRAIN step ends: its optimizer(s) stepped (`updated`), or a GradScaler
+        skipped the update."""
+        c = self._counters
         # Counted before the fail-safe check: a rank whose hook turned off still takes part
         # in the ranks' stop agreement (its peers would wait for it in the all-reduce).
         # (An optimizer step always ends a TRAIN step; `train_step_ended` inlined: every step.)
@@ -514,11 +560,34 @@ class Hook(HookBase):
         c.train_at = -1
         if step is not None and self.failsafe.enabled:
             self.finish_step_timing()
-            if step.due:
+            if step.due and updated:
                 self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
         self._stepping = None
         if stop:
             self._raise_stop()
+
+    def _on_scaler_update(self) -> None:
+        """`scaler.update()` of the registered GradScaler, before it changes the scale: the
+        end of an iteration. When the scaler found inf/NaN gradients it skipped
+        `optimizer.step()`, so no optimizer hook ended the TRAIN step: it ends here, marked
+        `grad_scaler/skipped_step` = 1, with no gradients (they were not used)."""
+        c = self._counters
+        step = c.step
+        if step is None or c.mode is not _TRAIN or not self.failsafe.enabled:
+            return
+        skipped = c.drives_optimizer and c.global_step - 1 == c.train_at
+        if step.due:
+            self.failsafe.call(self._save_scaler_state, skipped)
+        if skipped:
+            self._stepped.clear()
+            self._train_step_ends(updated=False)
+
+    def _save_scaler_state(self, skipped: bool) -> None:
+        scale = self._loss_scale()
+        if scale is not None:
+            self.save_value("grad_scaler/scale", scale, (CollectionName.METRICS,))
+        if self._counters.drives_optimizer:
+            self.save_value("grad_scaler/skipped_step", np.float32(skipped), (CollectionName.METRICS,))
 
     # --- what is saved -------------------------------------------------------------------
 
@@ -541,7 +610,23 @@ class Hook(HookBase):
 
     def _on_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
         if self.due and self.failsafe.enabled and param.grad is not None:
-            self.failsafe.call(self.save_value, naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
+            self.failsafe.call(self._save_accumulated_gradient, name, param.grad)
+
+    def _save_accumulated_gradient(self, name: str, grad: torch.Tensor) -> None:
+        # Backward under a GradScaler accumulates scaled gradients: saved divided by the
+        # scale backward ran with (a power of two: exact), so they read as the true ones.
+        scale = self._loss_scale()
+        self.save_value(naming.gradient_name(name), grad if scale is None else grad / scale, (CollectionName.GRADIENTS,))
+
+    def _loss_scale(self) -> torch.Tensor | None:
+        """The registered GradScaler's scale now, as a 0-d tensor on its device (no sync)."""
+        scaler = self._scaler
+        if scaler is None or not scaler.is_enabled():
+            return None
+        scale = getattr(scaler, "_scale", None)
+        if not isinstance(scale, torch.Tensor):
+            return None  # scale() not called yet: nothing was scaled
+        return scale.reshape(())
 
     def save_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Save `optimizer`'s per-parameter state (optimizer_variables) at the open step."""
