@@ -16,7 +16,7 @@ import pyarrow as pa
 
 from ..exceptions import StepscopeError
 from ..store import Store, open_store
-from .analyzers import cpu_ops, idle, kernels, launches, memory, steps, syncs
+from .analyzers import common, cpu_ops, idle, kernels, launches, memory, steps, syncs
 from .tables import TableWriter, TraceInfo, list_trace_keys, load_trace
 
 logger = logging.getLogger("stepscope.traces")
@@ -134,10 +134,16 @@ class TraceAnalysis:
         per_rank = {r: steps_module.step_breakdown(self._events(r, steps)) for r in self.ranks}
         return steps_module.rank_comparison(per_rank)
 
+    def not_analysed(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Events of categories stepscope does not know (a new device's, e.g. MTIA's `mtia_*`),
+        read into the tables but in no analysis: per category, events and total_us."""
+        return self._per_rank(rank, steps, lambda e, r: common.not_analysed(e))
+
     def summary(self, rank: int | None = None, steps: StepRange = None) -> dict[str, pd.DataFrame]:
         """The tables `stepscope profile` prints, by name."""
         return {
             "traces": self.traces(),
+            "not_analysed": self.not_analysed(rank, steps),
             "temporal_breakdown": self.temporal_breakdown(rank, steps),
             "active_time": self.active_time(rank, steps),
             "idle_breakdown": self.idle_breakdown(rank, steps),
@@ -169,6 +175,10 @@ class TraceAnalysis:
         if loaded is None:
             progress = (lambda done, total: self.progress(key, done, total)) if self.progress else None  # type: ignore[misc]
             loaded = self._loaded[key] = load_trace(self.store, key, persist=self.persist, progress=progress, writer=self._writer)
+            unknown = common.not_analysed(loaded[1])
+            if not unknown.empty:  # a device or record type the schema does not know: say so
+                listed = ", ".join(f"{row.events:,} events of category {row.category}" for row in unknown.itertuples())
+                logger.warning("%s: %s not analysed (categories stepscope does not know; see docs/traces.md)", self.store.describe(key), listed)
         return loaded
 
     def _readable(self) -> Iterator[tuple[TraceInfo, pd.DataFrame]]:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("stepscope.traces")
 
 TABLE_DIR = "stepscope-traces"
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: exact decimal times, gpu_sync and other kinds, the category column
 DETAILED_DIRS = (f"{FRAMEWORK_DIR}/pytorch/detailed", f"{FRAMEWORK_DIR}/tensorflow/detailed")
 _SKIPPED_DIRS = (f"{FRAMEWORK_DIR}/steps/", f"{FRAMEWORK_DIR}/pevents/")
 _TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb")

@@ -36,7 +36,7 @@ _RULES_PID = 9_000_001
 _GPU_PID = 1_000_000  # + 100 * rank + device
 _STEPS_TRACK = 1  # tid base of the steps track; host threads use 2 + thread id
 _HOST_KINDS = ("cpu_op", "annotation", "runtime", "sync", "python")
-_GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation")
+_GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "gpu_sync")
 
 
 def write_timeline(
