@@ -267,15 +267,19 @@ def test_concurrent_password_checks_are_capped(store_root, tmp_path):
         db.close()
 
 
-def test_a_flood_beyond_the_wait_answers_503_not_500(store_root, tmp_path):
-    db = UserDB(tmp_path / "users.sqlite3", argon2_memory_kib=8 * 1024, argon2_time_cost=2, max_concurrent_hashes=1, hash_wait_s=0.0)
+def test_no_hashing_slot_answers_503_and_costs_no_attempt(store_root, tmp_path):
+    db = UserDB(tmp_path / "users.sqlite3", argon2_memory_kib=1024, argon2_time_cost=1, max_concurrent_hashes=2, hash_wait_s=0.2)
     db.add_user("alice", PASSWORD)
-    limiter = auth.LoginLimiter(attempts=1000, window_s=60)
-    server = LiveServer(create_app(JobStore(str(store_root)), db, limiter=limiter), limits=ServerLimits(threads=8))
+    limiter = auth.LoginLimiter(attempts=2, window_s=60)
+    server = LiveServer(create_app(JobStore(str(store_root)), db, limiter=limiter))
     try:
-        with ThreadPoolExecutor(8) as pool:
-            statuses = list(pool.map(lambda _: _login(server.url, "alice", "wrong password"), range(8)))
-        assert set(statuses) <= {401, 503} and 500 not in statuses
+        for _ in range(2):  # every slot taken, as by two long verifications
+            assert db._hash_slots.acquire(timeout=1)
+        statuses = [_login(server.url, "alice", "wrong password") for _ in range(3)]
+        assert statuses == [503, 503, 503]  # not 401: nothing was verified, and not 429: nothing was counted
+        for _ in range(2):
+            db._hash_slots.release()
+        assert _login(server.url, "alice", PASSWORD) == 302
     finally:
         server.stop()
         db.close()
