@@ -88,5 +88,15 @@ class CorruptRecord(StepscopeError):
         super().__init__(f"{path}{at}: {reason}")
 
 
+class OutputError(StepscopeError, OSError):
+    """A file the command line writes (report, timeline, export) could not be written, or
+    its path is not a regular file; names the path. The earlier file is left unchanged."""
+
+
 class StoreError(StepscopeError, OSError):
     """The store could not read or write an object; names the key or URL."""
+
+
+class StoreUnavailable(StoreError):
+    """The store did not answer in time or answered "try later" (timeouts, resets, 5xx,
+    throttling): the writer holds its steps and tries again; a reader reports it."""
