@@ -90,3 +90,8 @@ class OutputError(StepscopeError, OSError):
 
 class StoreError(StepscopeError, OSError):
     """The store could not read or write an object; names the key or URL."""
+
+
+class StoreUnavailable(StoreError):
+    """The store did not answer in time or answered "try later" (timeouts, resets, 5xx,
+    throttling): the writer holds its steps and tries again; a reader reports it."""

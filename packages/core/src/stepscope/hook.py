@@ -34,7 +34,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -52,6 +52,7 @@ from .config import (
     SaveConfig,
 )
 from .control import StopPoller
+from .deadline import CLOSE_TIMEOUT_ENV, Deadline, close_timeout_from_env, exit_deadline, finish_within, start_within
 from .exceptions import ConfigError, StepscopeError
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
@@ -88,6 +89,7 @@ _NOTHING_RECORDED: Mapping[str, Any] = types.MappingProxyType({})  # what a step
 _perf_counter = time.perf_counter
 _event_code = EVENT_CODES.get  # one call, where `EVENT_CODES.get(...)` is a lookup and a call
 _TRAIN = ModeKeys.TRAIN
+_AFTER_WRITER_S = 2.0  # of close()'s deadline, the most kept for the cost file (written after the writer)
 # PhaseLog record kinds (appended directly: the log's methods would cost a call each).
 _BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
 _OTHER_CODE = PHASE_CODES[OTHER]
@@ -193,7 +195,7 @@ class IdleStep(StepState):
 def _close_at_exit(ref: weakref.ref[HookBase]) -> None:
     hook = ref()
     if hook is not None:
-        hook.close()
+        hook.close(deadline=exit_deadline().within(hook._close_timeout_s()))
 
 
 class _PhaseScope:
@@ -1054,37 +1056,74 @@ class HookBase:
             self.failsafe.call(self._end_step)
         if self.writer is not None and self.failsafe.enabled:
             self.failsafe.call(self._write_collections)
-            self.writer.flush(timeout)
+            if not self.writer.flush(timeout) and self.writer.in_outage:
+                return  # the store is not answering: the timeline and monitor retry on their own threads
         if self.timeline is not None and self.profiler_failsafe.enabled:
             self.profiler_failsafe.call(self._publish_timeline, True)
             self.profiler_failsafe.call(self.timeline.flush)
         if self.monitor is not None and self.profiler_failsafe.enabled:
             self.profiler_failsafe.call(self.monitor.flush)
 
-    def close(self) -> None:
+    def _close_timeout_s(self) -> float:
+        if self.writer is not None:
+            return self.writer.close_timeout_s
+        try:
+            return close_timeout_from_env()
+        except Exception:  # noqa: BLE001 - closing never raises; the hook's start said what was wrong
+            return 60.0
+
+    def _part_closer(self, part: Any, deadline: Deadline) -> Callable[[], None]:
+        """What closes one of the hook's background parts (the monitor has only stop())."""
+        def close() -> None:
+            method = getattr(part, "close", None)
+            if method is not None:
+                self.profiler_failsafe.call(method)
+            else:
+                self.profiler_failsafe.call(part.stop, timeout_s=deadline.left() / 2)
+
+        return close
+
+    def close(self, timeout: float | None = None, *, deadline: Deadline | None = None) -> None:
         """Publish the rest, write the job's end marker (rank 0), stop the monitor and the
-        poller, and remove what the plugin installed. Idempotent; also runs at exit."""
+        poller, and remove what the plugin installed. Idempotent; also runs at exit.
+
+        One deadline bounds it all: `timeout` seconds (default STEPSCOPE_CLOSE_TIMEOUT_S,
+        60 s) for the writer, the status file, the step timeline, the monitor and the cost
+        file together (at exit, shared with every other stepscope part closing then). A
+        part the store still holds then is left on its daemon thread and named in the log;
+        the writer's lost steps are listed in the status file."""
         counters = self._counters
         if counters.closed:
             return
+        if deadline is None:
+            deadline = Deadline(self._close_timeout_s() if timeout is None else max(0.0, float(timeout)))
+        parts: dict[str, Any] = {}
         try:
             if self.failsafe.enabled and counters.step is not None:
                 self.failsafe.call(self._end_step)
             self.profiler_failsafe.call(self._publish_timeline, True)
+            # What needs nothing from the writer closes alongside it, on threads of its own.
+            for name, part in (("step timeline", self.timeline), ("system monitor", self.monitor), ("stop poller", self.stop_poller)):
+                if part is not None:
+                    parts[name] = start_within(self._part_closer(part, deadline), name)
             if self.writer is not None:
                 self.failsafe.call(self._write_collections)
                 # Only rank 0 marks the job finished; other workers just flush.
-                self.writer.close(end_marker=self.rank == 0)
+                self.writer.close(end_marker=self.rank == 0, deadline=deadline.earlier(min(_AFTER_WRITER_S, deadline.seconds / 10)))
             if counters.detailed is not None:
                 self.profiler_failsafe.call(counters.detailed.close)
             if annotation._sink == self._annotation_span:
                 annotation.set_sink(None)
-            for part in (self.timeline, self.monitor, self.stop_poller):
-                if part is not None:
-                    method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()
-                    self.profiler_failsafe.call(method)
             if self.outputs is not None:
-                self.outputs.close(self.store, self.writer, int(counters.global_step))  # after the end marker: the report reads the whole job
+                outputs, store, writer, step = self.outputs, self.store, self.writer, int(counters.global_step)
+                # After the end marker: the report reads the whole job.
+                parts["cost file"] = start_within(lambda: outputs.close(store, writer, step), "cost file")
+            unfinished = [name for name, thread in parts.items() if not finish_within(thread, deadline)]
+            if unfinished:
+                logger.error(
+                    "stepscope: close() reached its %g s deadline (%s) with the %s not finished: what they still held is lost",
+                    deadline.seconds, CLOSE_TIMEOUT_ENV, ", ".join(unfinished),
+                )
         finally:
             counters.closed = True
             try:
