@@ -122,9 +122,13 @@ def run_ui(args: argparse.Namespace) -> int:
             after.parse_args(args.rest, namespace=args)
         except SystemExit:
             raise ConfigError(f"bad arguments after the store: {' '.join(args.rest)}") from None
+    from .bundle import missing_message
+
+    if (problem := missing_message()) is not None:  # refuse rather than serve a blank page
+        raise ConfigError(problem)
     from werkzeug.serving import make_server
 
-    from .app import assets_built, create_app
+    from .app import create_app
     from .users import UserDB
 
     if bool(args.cert) != bool(args.key):
@@ -137,8 +141,6 @@ def run_ui(args: argparse.Namespace) -> int:
               "`stepscope ui users reset-password admin`)", file=sys.stderr)
     if not _is_loopback(args.host) and not args.cert:
         print("stepscope ui: warning: serving plain HTTP beyond this machine; use --cert/--key or a TLS reverse proxy (docs/ui.md)", file=sys.stderr)
-    if not assets_built():
-        print("stepscope ui: warning: the app's scripts are not built (python scripts/build_ui.py)", file=sys.stderr)
     app = create_app(args.store, db, secure_cookies=bool(args.cert))
     server = make_server(args.host, args.port, app, threaded=True, ssl_context=(args.cert, args.key) if args.cert else None)
     scheme = "https" if args.cert else "http"
