@@ -87,3 +87,20 @@ def test_python_row_agrees_with_requires_python_and_the_noxfile():
     low, high = re.fullmatch(r">=3\.(\d+) \(3\.(\d+)-3\.(\d+)\)", supported).group(2, 3)  # type: ignore[union-attr]
     build = tomllib.loads((ROOT / "packages" / "torch_plugin" / "pyproject.toml").read_text())["tool"]["cibuildwheel"]["build"]
     assert build.split() == [f"cp3{minor}-*" for minor in range(int(low), int(high) + 1)]
+
+
+def test_one_version_for_the_three_packages():
+    """Released together (CHANGELOG.md): one version in each pyproject.toml and __init__.py,
+    and each plugin requires core's minor version."""
+    packages = {"core": "stepscope", "torch_plugin": "stepscope_torch", "tf_plugin": "stepscope_tf"}
+    versions = set()
+    for folder, module in packages.items():
+        project = tomllib.loads((ROOT / "packages" / folder / "pyproject.toml").read_text())["project"]
+        init = (ROOT / "packages" / folder / "src" / module / "__init__.py").read_text()
+        declared = re.search(r'^__version__ = "([^"]+)"', init, re.M)
+        assert declared and declared.group(1) == project["version"], f"{module}.__version__ and {folder}/pyproject.toml differ"
+        versions.add(project["version"])
+    assert len(versions) == 1, versions
+    major, minor = (int(part) for part in versions.pop().split(".")[:2])
+    for folder in ("torch_plugin", "tf_plugin"):
+        assert _declared(folder, "stepscope", None) == f">={major}.{minor},<{major}.{minor + 1}", folder
