@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .exceptions import ConfigError, StepscopeError
+from .exceptions import ConfigError, OutputError, StepscopeError
 
 EXIT_OK, EXIT_FIRED, EXIT_ERROR = 0, 1, 2
 _INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
@@ -320,6 +320,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, ConfigError) as exc:
+        print(f"stepscope {args.command}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OutputError as exc:
         print(f"stepscope {args.command}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except (StepscopeError, OSError) as exc:

@@ -83,5 +83,10 @@ class CorruptRecord(StepscopeError):
         super().__init__(f"{path}{at}: {reason}")
 
 
+class OutputError(StepscopeError, OSError):
+    """A file the command line writes (report, timeline, export) could not be written, or
+    its path is not a regular file; names the path. The earlier file is left unchanged."""
+
+
 class StoreError(StepscopeError, OSError):
     """The store could not read or write an object; names the key or URL."""

@@ -73,6 +73,7 @@ from .phases import (
     StepTimer,
 )
 from .safety import FailSafe, write_status
+from .scopes import Scope, make_scope, merge_scope
 from .step_counters import NEVER, StepCounters
 from .store import Store, open_store
 from .writer import Writer
@@ -260,6 +261,7 @@ class HookBase:
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
         self._module_classes: dict[str, str] = {}
+        self._scopes: dict[str, Scope] = {}
         # What every step reads and changes: the open step, the step numbers, the timeline's
         # clock and log, the stop counters (step_counters.py; a plugin may compile it).
         counters = self._counters = self._make_counters()
@@ -813,6 +815,25 @@ class HookBase:
         the collections metadata, so that rules recognise activations by type."""
         self._module_classes[tensor_name] = module_class
 
+    def declare_scope(self, name: str, parameters: Iterable[str], *, kind: str = "model") -> None:
+        """Record a scope: one network (`kind="model"`) or one optimizer's parameters
+        (`kind="optimizer"`). `parameters` are the tensor names as the weights/biases
+        collections save them (the gradient of P is saved as `gradient/P`). Rules that
+        compare layers compare them only within a scope. Declaring a name again adds
+        parameters. Bad input is logged with what was wrong and ignored: never raises."""
+        try:
+            scope = make_scope(name, parameters, kind)
+            self._scopes[scope.name] = merge_scope(self._scopes.get(scope.name), scope)
+        except ConfigError as exc:
+            logger.warning("stepscope: declare_scope ignored: %s", exc)
+        except Exception as exc:  # noqa: BLE001 - a bad iterable must not break training
+            logger.warning("stepscope: declare_scope(%r) ignored: %s", name, exc)
+
+    @property
+    def scopes(self) -> tuple[Scope, ...]:
+        """The scopes declared so far (see declare_scope)."""
+        return tuple(self._scopes.values())
+
     def _matching(self, name: str, collections: tuple[str, ...]) -> tuple[Collection, ...]:
         key = (name, collections)
         found = self._matching_cache.get(key)
@@ -1020,6 +1041,7 @@ class HookBase:
             return
         manager = CollectionManager(self.included)
         manager.module_classes.update(self._module_classes)
+        manager.scopes.update(self._scopes)
         self.writer.write_collections(manager.dumps(self.num_workers))
 
     def flush(self, timeout: float | None = None) -> None:

@@ -13,12 +13,13 @@ import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import layout
 from .exceptions import ConfigError, CorruptRecord
 from .modes import ModeKeys
+from .scopes import Scope, parse_scopes
 from .store.base import check_key
 
 try:  # orjson parses index files ~4x faster; it is optional
@@ -83,6 +84,7 @@ class CollectionsFile:
     ours: bool  # written by stepscope with real payload CRCs
     collections: list[Mapping[str, Any]]  # the raw bodies; Collection.from_json checks each
     module_classes: dict[str, str]  # module name -> class name, where the writer recorded them
+    scopes: list[Scope] = field(default_factory=list)  # networks / optimizers the hook declared
 
 
 _gc_lock = threading.Lock()
@@ -300,7 +302,12 @@ def parse_collections(data: bytes, where: str) -> CollectionsFile:
         raise _fail(where, f"'collections' must be a JSON object of name -> collection, got {type(collections).__name__}")
     classes = meta.get("module_classes")
     module_classes = {str(k): str(v) for k, v in classes.items() if isinstance(v, (str, int, float))} if isinstance(classes, Mapping) else {}
-    return CollectionsFile(num_workers, ours, bodies, module_classes)
+    try:
+        scopes = parse_scopes(meta.get("scopes"), where)
+    except ConfigError as exc:  # bad scopes must not hide the collections: judged as one scope
+        logging.getLogger("stepscope").warning("stepscope: ignoring the scopes: %s", exc)
+        scopes = []
+    return CollectionsFile(num_workers, ours, bodies, module_classes, scopes)
 
 
 REGEX_TIMEOUT_S = 0.05  # one match of one tensor name; real patterns take microseconds

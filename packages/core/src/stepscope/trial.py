@@ -30,6 +30,7 @@ from .exceptions import (
     UnknownName,
 )
 from .modes import ModeKeys
+from .scopes import Scope, ScopeMap, merge_scope
 from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
@@ -282,6 +283,11 @@ class Trial:
                 manager = self._collections = self._collections or CollectionManager()
                 self._num_workers = max(self._num_workers, parsed.num_workers)
                 manager.module_classes.update(parsed.module_classes)
+                for scope in parsed.scopes:  # the union over workers, as for tensor names
+                    try:
+                        manager.scopes[scope.name] = merge_scope(manager.scopes.get(scope.name), scope)
+                    except ConfigError as exc:
+                        logger.warning("stepscope: skipping a scope in %s: %s", where, exc)
                 self._legacy = self._legacy and not parsed.ours
                 for body in parsed.collections:
                     try:
@@ -662,6 +668,17 @@ class Trial:
         hook recorded it (e.g. "ReLU"); None when not recorded (older jobs, custom tensors)."""
         self._read_collections()
         return self._collections.module_classes.get(tensor_name) if self._collections else None
+
+    def scopes(self) -> list[Scope]:
+        """The networks and optimizers the hook declared (`HookBase.declare_scope`); empty
+        for a job that declared none (it is then judged as one scope, the whole job)."""
+        self._read_collections()
+        return list(self._collections.scopes.values()) if self._collections else []
+
+    def scope_map(self) -> ScopeMap:
+        """Tensor name -> scope(s): `scope_map().group_of(name)` is the scope rules compare
+        the tensor within; `scopes_of(name)` every scope that lists its parameter."""
+        return ScopeMap(self.scopes())
 
     def collection(self, name: str) -> Collection:
         collections = self.collections()

@@ -81,6 +81,10 @@ def run_profile(args: argparse.Namespace) -> int:
         tables = analysis.summary(rank=args.rank, steps=steps)
     finally:
         analysis.wait_persisted()  # the command is done when the tables are on disk
+    for problem in analysis.problems.values():
+        print(f"stepscope: skipped an unreadable trace: {problem}", file=sys.stderr)
+    if not analysis.ranks:
+        raise ConfigError(f"no readable detailed trace under {args.path}/profiler-output/framework/")
     if args.json:
         json.dump({name: json.loads(frame.to_json(orient="records")) for name, frame in tables.items()}, sys.stdout, indent=1)
         print()

@@ -9,6 +9,7 @@ properly nested; flows are bound to the lane their slice landed on."""
 from __future__ import annotations
 
 import gzip
+import io
 import json
 import logging
 import os
@@ -21,6 +22,7 @@ import pandas as pd
 
 from ..exceptions import ConfigError
 from ..layout import RULE_OUTPUT_DIR
+from ..outputs import atomic_output
 from ..store import Store
 from .analysis import StepRange, TraceAnalysis
 from .schema import KIND_CODE, KINDS
@@ -34,7 +36,7 @@ _RULES_PID = 9_000_001
 _GPU_PID = 1_000_000  # + 100 * rank + device
 _STEPS_TRACK = 1  # tid base of the steps track; host threads use 2 + thread id
 _HOST_KINDS = ("cpu_op", "annotation", "runtime", "sync", "python")
-_GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation")
+_GPU_KINDS = ("kernel", "memcpy", "memset", "gpu_annotation", "gpu_sync")
 
 
 def write_timeline(
@@ -62,9 +64,14 @@ def write_timeline(
     if output == "-":
         builder.write(sys.stdout)
         return builder.counts
-    opener = gzip.open if output.endswith(".gz") else open
-    with opener(output, "wt", encoding="utf-8") as handle:
-        builder.write(handle)
+    if not output.endswith(".gz"):
+        with atomic_output(output, text=True) as handle:
+            builder.write(handle)
+        return builder.counts
+    with atomic_output(output) as raw:
+        # Closing these two writes the gzip trailer; the file itself is atomic_output's.
+        with gzip.GzipFile(fileobj=raw, mode="wb") as packed, io.TextIOWrapper(packed, encoding="utf-8") as handle:
+            builder.write(handle)
     return builder.counts
 
 

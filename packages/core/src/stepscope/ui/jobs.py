@@ -97,6 +97,19 @@ class JobStore:
         self._generations: dict[str, int] = {}
         self._seen: dict[str, tuple[bool, int]] = {}
 
+    def check(self) -> None:
+        """ConfigError naming the store when it cannot be listed (a missing bucket, no access):
+        the CLI calls it before it creates anything."""
+        if not self.is_s3:
+            return
+        from ..store.s3 import S3Store
+
+        try:
+            root = S3Store(self.url + "/")
+            root._client.list_objects_v2(Bucket=root.bucket, Prefix=root.prefix, MaxKeys=1)
+        except Exception as exc:  # botocore's errors, a bad URL: all mean "not this store"
+            raise ConfigError(f"store {self.url!r} cannot be listed ({exc.__class__.__name__})") from None
+
     # --- finding jobs ------------------------------------------------------------------
 
     def job_ids(self) -> list[str]:
@@ -114,7 +127,8 @@ class JobStore:
                 continue
             names = {e.name for e in entries}
             if rel and names & _JOB_MARKERS:
-                yield rel
+                if not any(e.is_symlink() for e in entries if e.name in _JOB_MARKERS):
+                    yield rel  # (one whose index/events/... are links is no job: `resolve` refuses it)
                 continue
             if depth < MAX_DEPTH:
                 # Symlinked folders are not followed: they could lead outside the store.
@@ -145,21 +159,61 @@ class JobStore:
 
     # --- opening one ------------------------------------------------------------------
 
-    def open(self, job: str) -> Store:
-        """The store of one job; JobNotFound when the id is unsafe or names no job."""
+    def resolve(self, job: str) -> str:
+        """The id of the job folder that `job` really names, which is what the app authorises
+        (never the requested text): JobNotFound for an unsafe id, no job, or a path that
+        passes through a symlink. S3 keys have no links; their id is the checked key itself."""
         job = job_id(job)
+        if self.is_s3:
+            return job
+        fd = self._job_folder_fd(job)
+        os.close(fd)
+        return job
+
+    def _job_folder_fd(self, job: str) -> int:
+        """An open descriptor of the job's folder, reached from the store root one component
+        at a time with O_NOFOLLOW: a symlink anywhere on the way (`team-a/link ->
+        ../team-b/job`) is refused, so the folder reached is the one the id names. Each
+        component must be listed by its exact name (a case-insensitive filesystem would
+        otherwise let `TEAM-B/job` reach `team-b/job`). A job whose top-level entries
+        (`index`, `events`, ...) are symlinks is refused too."""
+        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
+        try:
+            fd = os.open(self._root_real, flags & ~getattr(os, "O_NOFOLLOW", 0))
+        except OSError:
+            raise JobNotFound(job) from None
+        try:
+            for part in job.split("/"):
+                if part not in os.listdir(fd):
+                    raise JobNotFound(job)
+                child = os.open(part, flags, dir_fd=fd)  # ELOOP or ENOTDIR on a symlink
+                os.close(fd)
+                fd = child
+            entries = {e.name: e for e in os.scandir(fd)}
+            if not set(entries) & _JOB_MARKERS or any(e.is_symlink() for name, e in entries.items() if name in _JOB_MARKERS):
+                raise JobNotFound(job)
+        except OSError:
+            os.close(fd)
+            raise JobNotFound(job) from None
+        except JobNotFound:
+            os.close(fd)
+            raise
+        return fd
+
+    def job_path(self, job: str) -> str:
+        """Where the job lies (a folder or an s3:// URL): error messages name files relative to it."""
+        return f"{self.url}/{job}" if self.is_s3 else os.path.join(self._root_real, *job.split("/"))
+
+    def open(self, job: str) -> Store:
+        """The store of one job; JobNotFound when the id is unsafe, names no job, or passes
+        through a symlink (see `resolve`)."""
+        job = self.resolve(job)
         if self.is_s3:
             store = open_store(f"{self.url}/{job}")
             if not store.list("", start_after=None)[:1]:
                 raise JobNotFound(job)
             return store
-        path = os.path.join(self.url, *job.split("/"))
-        real = os.path.realpath(path)
-        if os.path.commonpath([real, self._root_real]) != self._root_real or not os.path.isdir(real):
-            raise JobNotFound(job)
-        if not set(os.listdir(real)) & _JOB_MARKERS:
-            raise JobNotFound(job)
-        return open_store(real)
+        return open_store(self.job_path(job))
 
     def trial(self, job: str, refresh: bool = True) -> Any:
         """The job's Trial, opened once and refreshed on later calls (a running job grows)."""
@@ -211,7 +265,7 @@ def rule_summary(store: Store) -> list[dict[str, Any]]:
     """The rows `stepscope check` published in rule-output/summary.json (empty when none)."""
     try:
         data = json.loads(store.read(f"{layout.RULE_OUTPUT_DIR}/summary.json"))
-    except (FileNotFoundError, ValueError, StepscopeError):
+    except (FileNotFoundError, ValueError, StepscopeError, RecursionError):  # a hostile summary is no summary
         return []
     rows = data.get("rules") if isinstance(data, dict) else None
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
