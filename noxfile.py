@@ -79,10 +79,11 @@ def _shared_venv(session: nox.Session, apt: dict[str, str] | None = None) -> dic
     stamp = SHARED_VENV / ".stepscope-installed"
     if not python.exists():
         session.run(sys.executable, "-m", "virtualenv", "-q", "-p", _interpreter(session), str(SHARED_VENV), external=True)
-    if not stamp.is_file() or stamp.read_text() != _install_digest():
+    digest = _install_digest()  # before installing: an edit made meanwhile fills it again next time
+    if not stamp.is_file() or stamp.read_text() != digest:
         stamp.unlink(missing_ok=True)
         session.run(str(python), "-m", "pip", "install", "-q", *CONSTRAINTS, *PACKAGES, *TOOLS, external=True)
-        stamp.write_text(_install_digest())
+        stamp.write_text(digest)
     # The app's bundle again: ui-src may have changed since the install (a no-op if not).
     session.run(str(python), "scripts/build_ui.py", external=True)
     return {"PATH": f"{SHARED_VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(SHARED_VENV), **QUIET_TF}
@@ -105,7 +106,9 @@ def tests(session: nox.Session) -> None:
     options = ["-q", "-p", "no:cacheprovider", "--durations=10"]
     # Files run in parallel (--dist loadfile keeps a file's module fixtures in one worker);
     # the tests marked `serial` (timing-sensitive, or busy on every core) run after, alone.
-    session.run(SHARED_PYTHON, "-m", "pytest", "-n", _workers(), "--dist", "loadfile", "-m", "not serial", *options, *paths, env=env, external=True)
+    # One torch thread per worker: workers x cores threads would only contend for the cores.
+    parallel_env = env | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    session.run(SHARED_PYTHON, "-m", "pytest", "-n", _workers(), "--dist", "loadfile", "-m", "not serial", *options, *paths, env=parallel_env, external=True)
     serial = _serial_files(paths)
     if serial:
         session.run(SHARED_PYTHON, "-m", "pytest", "-m", "serial", *options, *serial, env=env, external=True)
