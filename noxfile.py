@@ -25,7 +25,7 @@ SHARED_PYTHON = str(SHARED_VENV / "bin" / "python")
 CONSTRAINTS = ("-c", "constraints/ci.txt")
 PACKAGES = (
     "-e", "packages/core[test,all]",
-    "-e", "packages/torch_plugin[lightning]",
+    "-e", "packages/torch_plugin[lightning,hf]",
     "-e", "packages/tf_plugin[tf-cpu]",
 )
 TOOLS = ("ruff", "mypy", "pytest-xdist")  # versions pinned in constraints/ci.txt

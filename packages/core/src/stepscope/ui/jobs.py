@@ -163,42 +163,29 @@ class JobStore:
         """The id of the job folder that `job` really names, which is what the app authorises
         (never the requested text): JobNotFound for an unsafe id, no job, or a path that
         passes through a symlink. S3 keys have no links; their id is the checked key itself."""
+        from ..store.local import resolve_within
+
         job = job_id(job)
         if self.is_s3:
             return job
-        fd = self._job_folder_fd(job)
-        os.close(fd)
-        return job
-
-    def _job_folder_fd(self, job: str) -> int:
-        """An open descriptor of the job's folder, reached from the store root one component
-        at a time with O_NOFOLLOW: a symlink anywhere on the way (`team-a/link ->
-        ../team-b/job`) is refused, so the folder reached is the one the id names. Each
-        component must be listed by its exact name (a case-insensitive filesystem would
-        otherwise let `TEAM-B/job` reach `team-b/job`). A job whose top-level entries
-        (`index`, `events`, ...) are symlinks is refused too."""
-        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
-            fd = os.open(self._root_real, flags & ~getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            raise JobNotFound(job) from None
-        try:
+            # The store's path policy: every component opened with O_NOFOLLOW from the root,
+            # so `team-a/link -> ../team-b/job` (or a linked parent) is refused, not followed.
+            folder = resolve_within(self._root_real, job)
+            parent = self._root_real
             for part in job.split("/"):
-                if part not in os.listdir(fd):
+                # Each name as the folder spells it: on a case-insensitive filesystem
+                # `TEAM-B/job` would otherwise reach `team-b/job` under another grant.
+                if part not in os.listdir(parent):
                     raise JobNotFound(job)
-                child = os.open(part, flags, dir_fd=fd)  # ELOOP or ENOTDIR on a symlink
-                os.close(fd)
-                fd = child
-            entries = {e.name: e for e in os.scandir(fd)}
-            if not set(entries) & _JOB_MARKERS or any(e.is_symlink() for name, e in entries.items() if name in _JOB_MARKERS):
-                raise JobNotFound(job)
-        except OSError:
-            os.close(fd)
+                parent = os.path.join(parent, part)
+            markers = [e for e in os.scandir(folder) if e.name in _JOB_MARKERS]
+        except (OSError, StepscopeError):
             raise JobNotFound(job) from None
-        except JobNotFound:
-            os.close(fd)
-            raise
-        return fd
+        # A folder whose index/, events/, ... are links is no job (the walk skips it too).
+        if not markers or any(e.is_symlink() for e in markers):
+            raise JobNotFound(job)
+        return job
 
     def job_path(self, job: str) -> str:
         """Where the job lies (a folder or an s3:// URL): error messages name files relative to it."""

@@ -249,7 +249,7 @@ def _rules_status(trial: Any) -> dict[str, Any]:
         name = str(row.get("rule"))
         # The file name `check` gave this rule's report (layout.rule_output_key escapes it).
         report = _read_json(trial.store, layout.rule_output_key(name)) or {}
-        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary")}}, "stepscope check")
+        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary", "to_save")}}, "stepscope check")
     live_rules = [rule for rule in default_profiler_rules(trial) if rule.name not in rows and rule.name != "OverallSystemUsage"]
     for live in run_rules(live_rules) if live_rules else []:
         rows[live.rule] = _rule_row(live.to_json(), "live")
@@ -260,6 +260,10 @@ def _rules_status(trial: Any) -> dict[str, Any]:
 def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
     """A report's JSON (RuleReport.to_json(), as `check` writes it) as one row of the panel."""
     fired = bool(report.get("fired"))
+    status = str(report.get("status") or ("fired" if fired else "ok"))
+    needed = report.get("evidence_needed")
+    to_save = report.get("to_save") or (needed.get("to_save") if isinstance(needed, dict) else None) or ""
+    to_save = to_save if isinstance(to_save, str) else ""  # a report is untrusted input
     raw_explanation, raw_evidence = report.get("explanation"), report.get("details")
     explanation: dict[str, Any] = raw_explanation if isinstance(raw_explanation, dict) else {}
     evidence: list[Any] = raw_evidence if isinstance(raw_evidence, list) else []
@@ -269,7 +273,8 @@ def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
     violations = report.get("violations")
     return {
         "rule": str(report.get("rule")), "kind": str(report.get("kind") or "tensor"), "fired": fired,
-        "status": str(report.get("status") or ("fired" if fired else "ok")), "summary": str(report.get("summary") or ""),
+        "status": status, "summary": str(report.get("summary") or ""),
+        "judged": status in ("fired", "ok"), "to_save": str(to_save),
         "violations": violations if isinstance(violations, int) and not isinstance(violations, bool) else 0, "definition": explanation.get("definition"),
         "causes": _trim(_as_list(explanation.get("causes"))), "advice": _trim(_as_list(explanation.get("advice"))),
         "evidence": _trim(evidence), "statistics": _trim(report.get("statistics") or {}),
