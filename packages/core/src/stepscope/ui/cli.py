@@ -71,7 +71,7 @@ def _users_parser() -> argparse.ArgumentParser:
     revoke = sub.add_parser("revoke", help="take job prefixes away from a user")
     revoke.add_argument("name")
     revoke.add_argument("prefix", nargs="+")
-    reset = sub.add_parser("reset-password", help="set a new password (generated unless --password-stdin); closes the user's sessions")
+    reset = sub.add_parser("reset-password", help="set a new password (generated unless --password-stdin); closes the user's sessions and revokes its API tokens")
     reset.add_argument("name")
     reset.add_argument("--password-stdin", action="store_true")
     sub.add_parser("new-token", help="print a new API token for scripts (Authorization: Bearer ...)").add_argument("name")
@@ -108,7 +108,7 @@ def run_users(argv: list[str], db_default: str | None) -> int:
     elif args.action == "reset-password":
         password, generated = _password(args.password_stdin)
         db.set_password(args.name, password)
-        print(f"password of {args.name} changed; its sessions are closed")
+        print(f"password of {args.name} changed; its sessions are closed and its API tokens revoked")
         if generated:
             print(f"password: {password}")
     elif args.action == "new-token":
