@@ -21,7 +21,7 @@ ROWS = {
     "TensorFlow": (("tf_plugin", "tensorflow", "tf"), "tensorflow-cpu"),
     "Keras": (("tf_plugin", "keras", None), "keras"),
     "Lightning": (("torch_plugin", "lightning", "lightning"), "lightning"),
-    "transformers": (None, "transformers"),
+    "transformers": (("torch_plugin", "transformers", "hf"), "transformers"),
 }
 
 
