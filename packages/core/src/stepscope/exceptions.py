@@ -11,6 +11,11 @@ class ConfigError(StepscopeError, ValueError):
     """A configuration value is wrong; the message names the field and the value."""
 
 
+class UnsupportedValue(ConfigError):
+    """A value the record format cannot hold and no faithful conversion gives (a meta or
+    nested tensor, say): the hook drops it with a warning naming it and this reason."""
+
+
 class UnknownName(ConfigError, KeyError):
     """A name the user gave (collection, rule, ...) does not exist; lists the known ones."""
 
