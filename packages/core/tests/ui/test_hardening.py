@@ -95,6 +95,36 @@ def test_a_link_made_after_the_job_was_opened_is_refused_on_the_next_request(tmp
         assert resp.status_code == 404, endpoint
 
 
+def test_s3_job_ids_are_checked_keys():
+    """An S3 store has no links: the id it authorises is the checked key itself, and any
+    key that could name another prefix is refused before a request is sent."""
+    store = JobStore("s3://bucket/jobs")
+    assert store.resolve("team-a/run-1") == "team-a/run-1"
+    for bad in ("team-a/../team-b/x", "team-a//x", "/team-b/x", "team-a/./x", "team-a\\..\\team-b", "team-a/x\x00"):
+        with pytest.raises(JobNotFound):
+            store.resolve(bad)
+
+
+def test_parallel_requests_on_hostile_and_good_jobs(probe_store, probe_client):
+    """32 requests at once (threads sharing one app, as the server's workers do): the good
+    job answers 200 every time and no hostile job answers 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, hostile, _ = probe_store
+    client_app = probe_client[0].application
+    _, _, root = probe_client  # the administrator sees the good job and every hostile one
+    urls = [f"/api/jobs/good/job/{view}" for view in ("summary", "dashboard", "rules", "stats", "timeline")] * 3
+    urls += [f"/api/jobs/{job}/dashboard" for job in list(hostile.values())[:12]] + ["/api/jobs"] * 5
+
+    def fetch(url: str) -> tuple[str, int]:
+        return url, client_app.test_client().get(url, headers=root).status_code
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(fetch, urls))
+    assert all(status == 200 for url, status in answers if "/good/" in url or url == "/api/jobs"), answers
+    assert not [a for a in answers if a[1] >= 500]
+
+
 # --- hostile jobs --------------------------------------------------------------------------
 
 
