@@ -13,7 +13,7 @@ PYTHON = os.environ.get("STEPSCOPE_NOX_PYTHON", "3.11")
 CONSTRAINTS = ("-c", "constraints/ci.txt")
 PACKAGES = (
     "-e", "packages/core[test,all]",
-    "-e", "packages/torch_plugin[lightning]",
+    "-e", "packages/torch_plugin[lightning,hf]",
     "-e", "packages/tf_plugin[tf-cpu]",
 )
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDONTWRITEBYTECODE": ""}

@@ -16,7 +16,7 @@ MAX_RULE_REPORT_BYTES = 64 << 20  # a report lists at most a few thousand firing
 
 logger = logging.getLogger("stepscope")
 
-_STATUS_ORDER = {"fired": 0, "error": 1, "no data": 2, "ok": 3}
+_STATUS_ORDER = {"fired": 0, "error": 1, "not enough data": 2, "no data": 3, "ok": 4}
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class Evidence:
 class Finding:
     rule: str
     kind: str  # "tensor" or "job"
-    status: str  # fired, error, no data, ok
+    status: str  # fired, error, no data, not enough data, ok
     violations: int
     parameters: dict[str, Any]
     summary: str
@@ -42,10 +42,16 @@ class Finding:
     advice: tuple[str, ...] = ()
     definition: str = ""
     statistics: dict[str, Any] = field(default_factory=dict)
+    to_save: str = ""  # what a job must save for the rule to judge it
 
     @property
     def fired(self) -> bool:
         return self.status == "fired"
+
+    @property
+    def judged(self) -> bool:
+        """Fired, or found nothing with the evidence it needs; not: no data, not enough data, error."""
+        return self.status in ("fired", "ok")
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> Finding:
@@ -77,11 +83,13 @@ class Finding:
         explanation = body.get("explanation") or {}
         advice = tuple(explanation.get("advice") or body.get("advice") or ())
         violations = _count(body.get("violations") or 0, "violations")
+        needed = body.get("evidence_needed")
+        to_save = str(needed.get("to_save") or "") if isinstance(needed, dict) else ""
         return cls(
             rule=rule, kind=kind, status=status, violations=violations, parameters=dict(body.get("parameters") or {}),
             summary=_summary(body, status, violations, evidence, error), evidence=evidence,
             fired_steps=tuple(_count(s, "fired_steps[]") for s in _list(body.get("fired_steps"))), advice=advice,
-            definition=str(explanation.get("definition") or ""), statistics=dict(statistics or {}),
+            definition=str(explanation.get("definition") or ""), statistics=dict(statistics or {}), to_save=to_save,
         )
 
 
@@ -115,7 +123,7 @@ def _summary(body: dict[str, Any], status: str, violations: int, evidence: tuple
 
 
 def ranked(findings: list[Finding]) -> list[Finding]:
-    """Fired first (most violations first), then errors, no data, ok."""
+    """Fired first (most violations first), then errors, not enough data, no data, ok."""
     return sorted(findings, key=lambda f: (_STATUS_ORDER.get(f.status, 9), -f.violations, f.rule))
 
 

@@ -247,8 +247,9 @@ def _rules_status(trial: Any) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {}
     for row in rule_summary(trial.store):
         name = str(row.get("rule"))
-        report = (_read_json(trial.store, f"{layout.RULE_OUTPUT_DIR}/{name}.json") if _plain_name(name) else None) or {}
-        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary")}}, "stepscope check")
+        # The file name `check` gave this rule's report (layout.rule_output_key escapes it).
+        report = _read_json(trial.store, layout.rule_output_key(name)) or {}
+        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary", "to_save")}}, "stepscope check")
     live_rules = [rule for rule in default_profiler_rules(trial) if rule.name not in rows and rule.name != "OverallSystemUsage"]
     for live in run_rules(live_rules) if live_rules else []:
         rows[live.rule] = _rule_row(live.to_json(), "live")
@@ -259,29 +260,36 @@ def _rules_status(trial: Any) -> dict[str, Any]:
 def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
     """A report's JSON (RuleReport.to_json(), as `check` writes it) as one row of the panel."""
     fired = bool(report.get("fired"))
+    status = str(report.get("status") or ("fired" if fired else "ok"))
+    needed = report.get("evidence_needed")
+    to_save = report.get("to_save") or (needed.get("to_save") if isinstance(needed, dict) else None) or ""
+    to_save = to_save if isinstance(to_save, str) else ""  # a report is untrusted input
     raw_explanation, raw_evidence = report.get("explanation"), report.get("details")
     explanation: dict[str, Any] = raw_explanation if isinstance(raw_explanation, dict) else {}
     evidence: list[Any] = raw_evidence if isinstance(raw_evidence, list) else []
     named = [e.get("step") if e.get("step") is not None else e.get("mode_step") for e in evidence if isinstance(e, dict)]
-    steps = [int(s) for s in [*(report.get("fired_steps") or []), *named] if isinstance(s, int)]
+    fired_steps = report.get("fired_steps")
+    steps = [int(s) for s in [*(fired_steps if isinstance(fired_steps, list) else []), *named] if isinstance(s, int)]
+    violations = report.get("violations")
     return {
         "rule": str(report.get("rule")), "kind": str(report.get("kind") or "tensor"), "fired": fired,
-        "status": str(report.get("status") or ("fired" if fired else "ok")), "summary": str(report.get("summary") or ""),
-        "violations": int(report.get("violations") or 0), "definition": explanation.get("definition"),
-        "causes": list(explanation.get("causes") or []), "advice": list(explanation.get("advice") or []),
+        "status": status, "summary": str(report.get("summary") or ""),
+        "judged": status in ("fired", "ok"), "to_save": str(to_save),
+        "violations": violations if isinstance(violations, int) and not isinstance(violations, bool) else 0, "definition": explanation.get("definition"),
+        "causes": _trim(_as_list(explanation.get("causes"))), "advice": _trim(_as_list(explanation.get("advice"))),
         "evidence": _trim(evidence), "statistics": _trim(report.get("statistics") or {}),
         "steps": sorted(set(steps))[:200], "source": source,
     }
 
 
-def _plain_name(name: str) -> bool:
-    return bool(name) and "/" not in name and "\\" not in name and ".." not in name
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else []
 
 
 def _read_json(store: Any, key: str) -> dict[str, Any] | None:
     try:
         data = json.loads(store.read(key))
-    except (FileNotFoundError, ValueError, StepscopeError):
+    except (FileNotFoundError, ValueError, StepscopeError, RecursionError):  # a hostile report is no report
         return None
     return data if isinstance(data, dict) else None
 

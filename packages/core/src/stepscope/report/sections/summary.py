@@ -12,8 +12,8 @@ from ...layout import COLLECTIONS_DIR
 from ...modes import ModeKeys
 from ...profiler import STEP_PHASES
 from ..context import ReportContext
-from ..findings import ranked
-from ..model import Callout, Section, Table
+from ..findings import Finding, ranked
+from ..model import Callout, Paragraph, Section, Table
 
 logger = logging.getLogger("stepscope")
 
@@ -27,12 +27,30 @@ def build(ctx: ReportContext) -> Section:
     return section
 
 
+def judged_text(findings: list[Finding]) -> str:
+    """`7 of 9 rule(s) could judge; for the others save: losses every step (Overfit)`."""
+    judged = sum(1 for f in findings if f.judged)
+    text = f"{judged} of {len(findings)} rule(s) could judge"
+    if judged < len(findings):
+        needs: dict[str, list[str]] = {}
+        for f in findings:
+            if not f.judged and f.to_save:
+                needs.setdefault(f.to_save, []).append(f.rule)
+        hints = "; ".join(f"{what} ({', '.join(rules)})" for what, rules in needs.items())
+        text += f"; for the others save: {hints}" if hints else "; the others had no data or too little"
+    return text
+
+
 def _verdict(ctx: ReportContext, section: Section) -> None:
     fired = [f for f in ranked(ctx.findings) if f.fired]
     if not ctx.findings:
         section.add(Callout("info", "No rule results", "Run `stepscope check PATH` or save tensors for the default rules."))
+    elif not any(f.judged for f in ctx.findings):
+        section.add(Callout("warn", "No rule could judge this job", judged_text(ctx.findings) + "."))
     elif not fired:
-        section.add(Callout("ok", "No rule fired", f"{len(ctx.findings)} rule(s) ran; none found a problem."))
+        section.add(Callout("ok", "No rule fired", f"{judged_text(ctx.findings)}; none found a problem."))
+    else:
+        section.add(Paragraph(judged_text(ctx.findings) + "."))
     for rank, finding in enumerate(fired, start=1):
         # The rule model's summary names the first step; older reports only list fired steps.
         steps = f" First at step {finding.fired_steps[0]}." if finding.fired_steps and "first" not in finding.summary.lower() else ""
