@@ -382,6 +382,25 @@ class Hook(HookBase):
                 optimizer.register_step_post_hook(fast.optimizer_post if fast is not None else self._on_optimizer_post),
             ]
 
+    def optimizer_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
+        """For a framework callback that drives the steps: `optimizer` is about to update
+        (the optimizer phase starts; its gradients are saved when due: with several
+        registered optimizers, those of its own parameters)."""
+        self._stepping = optimizer
+        self.phase_event(OPTIMIZER_BEGIN)
+
+    def optimizer_step_ends(self, optimizer: torch.optim.Optimizer, *, step_goes_on: bool = False) -> None:
+        """For a framework callback: `optimizer` updated (its state is saved when due).
+        `step_goes_on`: the TRAIN step continues (manual optimization with several
+        optimizers: the next optimizer's forward comes)."""
+        self._stepping = optimizer
+        self._step_goes_on = step_goes_on
+        try:
+            self.phase_event(OPTIMIZER_END)
+        finally:
+            self._step_goes_on = False
+            self._stepping = None
+
     def register_grad_scaler(self, scaler: Any) -> None:
         """Follow a `torch.amp.GradScaler` (mixed precision): gradients are saved unscaled
         and steps the scaler skips still end. With a registered optimizer the gradients are
