@@ -315,3 +315,11 @@ def test_a_hostile_job_is_listed_unreadable_and_the_others_still_read(served):
     good = driver.find_element("css selector", '#jobs-table tbody tr[data-job="team-a/mlp-lr0"]')
     assert "finished" in good.text
     screenshot(driver, "11-unreadable-job")
+    # A job whose one rule report is a 100,000-deep JSON: its page names that file and
+    # still shows the rules that could run.
+    HOSTILE_FILES["rule_output_deeply_nested"](write_job(root / "team-a" / "bad-report"))
+    driver.get(server.url + "/jobs/team-a/bad-report#dashboard")
+    problem = wait_for(lambda: driver.find_elements("css selector", "#rules-list .rule-problem"), what="the unreadable report named")[0]
+    assert "rule-output/StepOutlier.json" in problem.text
+    assert driver.find_elements("css selector", "#rules-list li.rule")
+    screenshot(driver, "12-unreadable-rule-report")

@@ -182,6 +182,22 @@ def test_rule_report_is_read_under_the_name_check_gives_it(tmp_path, user_db):
     assert rows[name]["violations"] == 3 and rows[name]["steps"] == [4] and rows[name]["advice"] == ["look at step 4"]
 
 
+@pytest.mark.parametrize(("case", "named"), [
+    ("rule_output_deeply_nested", "rule-output/StepOutlier.json"),
+    ("rule_summary_deeply_nested", "rule-output/summary.json"),
+    ("rule_summary_not_json", "rule-output/summary.json"),
+])
+def test_an_unreadable_rule_report_is_named_and_the_rest_still_show(probe_store, probe_client, case, named):
+    _, hostile, _ = probe_store
+    client, alice, _ = probe_client
+    resp = client.get(f"/api/jobs/{hostile[case]}/rules", headers=alice)
+    assert resp.status_code == 200
+    answer = resp.get_json()
+    assert [p for p in answer["problems"] if p.startswith(named)], answer["problems"]
+    assert answer["rules"]  # the live whole-job rules still ran on the rest of the job
+    assert all("/tmp" not in p for p in answer["problems"])
+
+
 def test_time_arguments_out_of_range_are_400(app):
     client = app.test_client()
     login(client, "alice")

@@ -6,7 +6,6 @@ from a request goes through `job_id()` before it touches a file, so no URL reach
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -256,13 +255,23 @@ class JobStore:
         return summary
 
 
-def rule_summary(store: Store) -> list[dict[str, Any]]:
-    """The rows `stepscope check` published in rule-output/summary.json (empty when none)."""
+def rule_summary(store: Store, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows `stepscope check` published in rule-output/summary.json (empty when none;
+    when it cannot be read, `problems` gets a line naming it)."""
+    from ..job_files import load_json
+
+    key = f"{layout.RULE_OUTPUT_DIR}/summary.json"
     try:
-        data = json.loads(store.read(f"{layout.RULE_OUTPUT_DIR}/summary.json"))
-    except (FileNotFoundError, ValueError, StepscopeError, RecursionError):  # a hostile summary is no summary
+        data = load_json(store.read(key), key)
+    except FileNotFoundError:
+        return []
+    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:  # a hostile summary is no summary
+        if problems is not None:
+            problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {str(exc)[:200]}")
         return []
     rows = data.get("rules") if isinstance(data, dict) else None
+    if not isinstance(rows, list) and problems is not None:
+        problems.append(f"{key}: no list of rules")
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
