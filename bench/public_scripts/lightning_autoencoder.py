@@ -3,7 +3,7 @@ with an encoder 784-64-3 and a decoder 3-64-784 (ReLU inside), the loss `F.mse_l
 the flattened image and its reconstruction, returned by `training_step` and
 `validation_step` and logged on every step, Adam with lr 1e-2 (the script's `10e-3`),
 batch 32, a validation pass every epoch. Scaled for CPU seconds: 3 epochs of 2,048
-synthetic 28x28 images in [0, 1] instead of MNIST (the script runs 10).
+synthetic 28x28 "digits" in [0, 1] (MNIST's ink density) instead of MNIST (the script runs 10).
 
 Faults: `lr_zero`, `dead_relu` (the encoder's first layer bias at -20)."""
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .capture import lightning_callback
-from .synthetic import generated_images
+from .synthetic import digits
 
 
 def train(out_dir: Path, config: str, fault: str | None = None) -> None:
@@ -50,7 +50,7 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
             return torch.optim.Adam(self.parameters(), lr=self.hparams.learning_rate)
 
     def loader(n: int, seed: int, shuffle: bool):
-        images = torch.from_numpy((generated_images(n, (1, 28, 28), seed=seed, components=10) + 1) / 2)
+        images = torch.from_numpy(digits(n, seed=seed)[0])
         return torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images), batch_size=32, shuffle=shuffle)
 
     model = LitAutoEncoder(learning_rate=0.0 if fault == "lr_zero" else 10e-3)

@@ -6,7 +6,7 @@ Linear, BatchNorm1d(out, 0.8), LeakyReLU 0.2; Tanh output) and an MLP discrimina
 generator (with `toggle_optimizer`), then the discriminator on real and fake images, and
 logs d_loss and g_loss. Scaled for CPU seconds: hidden widths 32-64-128-256 instead of
 128-1024 (generator) and 128-64 instead of 512-256 (discriminator), batch 64, 4 epochs of
-1,600 synthetic 28x28 images in [-1, 1] instead of MNIST.
+1,600 synthetic 28x28 "digits" scaled to [-1, 1] instead of MNIST.
 
 Faults: `exploding_one_network` (the discriminator's lr 2.0, 1e4 times the script's),
 `nan_input` (one real batch holds a NaN)."""
@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from .capture import lightning_callback
-from .synthetic import generated_images
+from .synthetic import digits
 
 
 def train(out_dir: Path, config: str, fault: str | None = None) -> None:
@@ -96,7 +96,7 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
             opt_d = torch.optim.Adam(self.discriminator.parameters(), lr=hp.lr * hp.d_lr_factor, betas=(hp.b1, hp.b2))
             return opt_g, opt_d
 
-    images = torch.from_numpy(generated_images(1600, img_shape, seed=3))
+    images = torch.from_numpy(digits(1600, seed=3)[0] * 2 - 1)
     if fault == "nan_input":
         images[700, 0, 10, 10] = float("nan")
     loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images), batch_size=64, shuffle=True)

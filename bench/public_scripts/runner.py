@@ -10,7 +10,7 @@ import sys
 import time
 from pathlib import Path
 
-from .catalogue import FAULTS, Run, by_name
+from .catalogue import Run, by_name, expected_rules
 
 
 def check(out_dir: Path) -> list:
@@ -24,18 +24,16 @@ def check(out_dir: Path) -> list:
 
 def judge(run: Run, reports: list) -> dict:
     """What the default set said: the rules that fired, every rule's status, and whether
-    that is right (no finding when healthy; a rule of the fault's `caught_by` otherwise)."""
+    that is right (healthy: no finding but those of the program's published defect; faulty:
+    a rule of the fault's `caught_by`)."""
     fired = sorted(r.rule for r in reports if r.fired)
     statuses = {r.rule: r.status for r in reports}
-    if run.fault is None:
-        ok = not fired
-        right: list[str] = []
-    else:
-        right = [rule for rule in fired if rule in FAULTS[run.fault].caught_by]
-        ok = bool(right)
+    planted, defect = expected_rules(run)
+    right = [rule for rule in fired if rule in planted]
+    ok = bool(right) if run.fault else not [rule for rule in fired if rule not in defect]
     evidence = {r.rule: r.summary() for r in reports if r.fired}
     return {"run": run.label, "program": run.program, "config": run.config, "fault": run.fault, "fired": fired, "right": right,
-            "ok": ok, "statuses": statuses, "evidence": evidence}
+            "ok": ok, "defect_found": sorted(defect & set(fired)), "statuses": statuses, "evidence": evidence}
 
 
 def train_and_judge(run: Run, out_dir: Path) -> dict:

@@ -32,6 +32,27 @@ def class_images(n: int, classes: int, shape: tuple[int, ...], seed: int, noise:
     return images.astype(np.float32), labels.astype(np.int64)
 
 
+def digits(n: int, seed: int, classes: int = 10, size: int = 28) -> tuple[np.ndarray, np.ndarray]:
+    """MNIST-shaped images (n, 1, size, size) in [0, 1] with MNIST's value distribution:
+    mostly black background, about 15 % near-white "ink" in a per-class stroke pattern,
+    each sample shifted by up to 2 pixels, with some ink missing and a soft edge."""
+    field = _smooth(_rng(2024).standard_normal((classes, size, size)), passes=4)
+    centre = np.zeros((size, size))
+    centre[4:-4, 6:-6] = 1.0  # ink stays in the middle, as in centred digits
+    field = field * centre - (1 - centre) * 10
+    cut = np.quantile(field.reshape(classes, -1), 0.85, axis=1)[:, None, None]
+    templates = (field > cut).astype(np.float64)
+    rng = _rng(seed)
+    labels = rng.integers(0, classes, n)
+    shifts = rng.integers(-2, 3, (n, 2))
+    images = np.empty((n, size, size))
+    for i in range(n):
+        images[i] = np.roll(templates[labels[i]], tuple(shifts[i]), axis=(0, 1))
+    images *= rng.random((n, size, size)) > 0.15
+    images = np.clip(_smooth(images[:, None], passes=1)[:, 0] * 1.6, 0.0, 1.0)
+    return images[:, None].astype(np.float32), labels.astype(np.int64)
+
+
 def generated_images(n: int, shape: tuple[int, ...], seed: int, components: int = 6) -> np.ndarray:
     """Images a generator can learn: mixtures of a few smooth components, in [-1, 1]
     (the GAN scripts normalise with mean 0.5, std 0.5)."""
@@ -90,4 +111,4 @@ def shuffled(labels: np.ndarray, seed: int = 7) -> np.ndarray:
     return labels[_rng(seed).permutation(len(labels))]
 
 
-__all__ = ["class_images", "generated_images", "markov_tokens", "sentiment_tokens", "waves", "shuffled"]
+__all__ = ["class_images", "digits", "generated_images", "markov_tokens", "sentiment_tokens", "waves", "shuffled"]

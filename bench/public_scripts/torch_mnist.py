@@ -2,8 +2,8 @@
 dropout 0.25, a hidden linear layer with ReLU (functional `F.relu`), dropout 0.5, log-softmax
 and the functional NLL loss; Adadelta with lr 1.0 and a StepLR schedule (gamma 0.7 per
 epoch); a test pass after every epoch. Scaled for CPU seconds: 8 and 16 filters instead of
-32 and 64, a 64-unit hidden layer instead of 128, 4,800 synthetic 28x28 "digits" (10 class
-templates plus noise) instead of MNIST, 3 epochs.
+32 and 64, a 64-unit hidden layer instead of 128, 4,800 synthetic 28x28 "digits" (10 stroke
+patterns, shifted, MNIST's ink density) instead of MNIST, 3 epochs.
 
 Faults: `chance_level` (shuffled training labels), `dead_relu` (the hidden layer's bias
 at -20), `divergence` (Adadelta lr 1000)."""
@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .capture import torch_hook
-from .synthetic import class_images, shuffled
+from .synthetic import digits, shuffled
 
 
 def train(out_dir: Path, config: str, fault: str | None = None) -> None:
@@ -41,8 +41,8 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
             x = self.dropout2(F.relu(self.fc1(x)))
             return F.log_softmax(self.fc2(x), dim=1)
 
-    images, labels = class_images(4800, 10, (1, 28, 28), seed=1)
-    test_images, test_labels = class_images(500, 10, (1, 28, 28), seed=2)
+    images, labels = digits(4800, seed=1)
+    test_images, test_labels = digits(500, seed=2)
     if fault == "chance_level":
         labels = shuffled(labels)
     mean, std = images.mean(), images.std()  # the script's Normalize((0.1307,), (0.3081,)), for this data

@@ -2,8 +2,8 @@
 mean and a log-variance head, 20-400-784 decoder with a sigmoid output, ReLU inside), the
 reparameterisation trick, the loss binary cross-entropy plus KL divergence summed over the
 batch, Adam with lr 1e-3, batch 128, a test pass after each epoch. Scaled for CPU seconds:
-2 epochs of 10,240 synthetic 28x28 images in [0, 1] (random mixtures of 10 smooth
-components) instead of MNIST. The loss is a function of the script's own, saved with `hook.save_loss` as the
+2 epochs of 10,240 synthetic 28x28 "digits" in [0, 1] (10 stroke patterns, shifted,
+MNIST's ink density) instead of MNIST. The loss is a function of the script's own, saved with `hook.save_loss` as the
 README says for functional losses.
 
 Faults: `zero_init` (every parameter 0), `lr_zero`, `vanishing`
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .capture import torch_hook
-from .synthetic import generated_images
+from .synthetic import digits
 
 
 def train(out_dir: Path, config: str, fault: str | None = None) -> None:
@@ -61,9 +61,8 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
         kld = -0.5 * torch.sum(1 + logvar - mu.pow(2) - logvar.exp())
         return bce + kld
 
-    # Pixels in [0, 1] varying continuously along a few directions, as handwriting does.
-    x = torch.from_numpy((generated_images(10240, (1, 28, 28), seed=21, components=10) + 1) / 2)
-    tx = torch.from_numpy((generated_images(512, (1, 28, 28), seed=22, components=10) + 1) / 2)
+    x = torch.from_numpy(digits(10240, seed=21)[0])
+    tx = torch.from_numpy(digits(512, seed=22)[0])
     model = VAE()
     if fault == "zero_init":
         with torch.no_grad():
