@@ -30,7 +30,8 @@ FAULTS: dict[str, Fault] = {
     for f in (
         Fault("divergence", "learning rate far too high: the loss climbs far above its start or turns NaN",
               ("ExplodingTensor", "LossNotDecreasing", "WeightUpdateRatio")),
-        Fault("chance_level", "labels shuffled: the model can do no better than chance", ("LossNotDecreasing",)),
+        Fault("chance_level", "labels shuffled: the model can do no better than chance (it may memorise the training set)",
+              ("LossNotDecreasing", "Overfit")),
         Fault("lr_zero", "learning rate 0: nothing trains", ("LossNotDecreasing", "WeightUpdateRatio")),
         Fault("overfit", "a big model on a tiny training set, many epochs: validation loss rises", ("Overfit",)),
         Fault("exploding_one_network", "one of two networks gets a learning rate 1e4 too high and blows up",
@@ -68,7 +69,7 @@ PROGRAMS: list[Program] = [
     Program("torch_imagenet_resnet18", "ResNet-18 (BatchNorm, residual), SGD momentum + weight decay", "pytorch/examples imagenet/main.py (--arch resnet18 --dummy)",
             "torch", ("divergence", "lr_zero", "nan_input")),
     Program("torch_dcgan", "DCGAN: two conv networks, two Adam optimizers, BCE", "pytorch/examples dcgan/main.py", "torch",
-            ("exploding_one_network", "nan_input")),
+            ("exploding_one_network", "zero_init")),
     Program("torch_word_language_model", "2-layer LSTM language model, hand-written SGD, gradient clipping", "pytorch/examples word_language_model/main.py",
             "torch", ("divergence", "chance_level"), fast_fault="chance_level"),
     Program("torch_vae", "variational autoencoder, Adam, BCE + KL (sum)", "pytorch/examples vae/main.py", "torch",

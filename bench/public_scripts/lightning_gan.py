@@ -5,8 +5,8 @@ Linear, BatchNorm1d(out, 0.8), LeakyReLU 0.2; Tanh output) and an MLP discrimina
 2e-4, betas (0.5, 0.999)) returned by `configure_optimizers`; each batch updates the
 generator (with `toggle_optimizer`), then the discriminator on real and fake images, and
 logs d_loss and g_loss. Scaled for CPU seconds: hidden widths 32-64-128-256 instead of
-128-1024 (generator) and 128-64 instead of 512-256 (discriminator), batch 64, 4 epochs of
-1,600 synthetic 28x28 "digits" scaled to [-1, 1] instead of MNIST.
+128-1024 (generator) and 128-64 instead of 512-256 (discriminator), batch 32 instead of
+64, 6 epochs (300 batches) of 1,600 synthetic 28x28 "digits" scaled to [-1, 1] instead of MNIST.
 
 Faults: `exploding_one_network` (the discriminator's lr 2.0, 1e4 times the script's),
 `nan_input` (one real batch holds a NaN)."""
@@ -99,10 +99,10 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
     images = torch.from_numpy(digits(1600, seed=3)[0] * 2 - 1)
     if fault == "nan_input":
         images[700, 0, 10, 10] = float("nan")
-    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images), batch_size=64, shuffle=True)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(images), batch_size=32, shuffle=True)
     callback = lightning_callback(out_dir, config)
     trainer = pl.Trainer(
-        accelerator="cpu", devices=1, max_epochs=4, callbacks=[callback],
+        accelerator="cpu", devices=1, max_epochs=6, callbacks=[callback],
         default_root_dir=str(Path(out_dir) / "lightning"), enable_progress_bar=False, enable_model_summary=False,
     )
     trainer.fit(GAN(d_lr_factor=1e4 if fault == "exploding_one_network" else 1.0), loader)

@@ -12,7 +12,8 @@ The README's plain-loop hook takes one model: both networks are registered as on
 losses are saved by hand (`hook.save_loss`) as the script prints them, Loss_D and Loss_G.
 
 Faults: `exploding_one_network` (the discriminator's lr 2.0, 1e4 times the script's),
-`nan_input` (one real batch holds a NaN)."""
+`zero_init` (every parameter initialised to 0 instead of `weights_init`; a NaN batch does
+not fit here: `nn.BCELoss` raises on a NaN probability, so the run stops with an error)."""
 
 from __future__ import annotations
 
@@ -66,12 +67,15 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
     netG, netD = Generator(), Discriminator()
     netG.apply(weights_init)
     netD.apply(weights_init)
+    if fault == "zero_init":
+        with torch.no_grad():
+            for p in list(netG.parameters()) + list(netD.parameters()):
+                p.zero_()
     criterion = nn.BCELoss()
     optimizerD = torch.optim.Adam(netD.parameters(), lr=2.0 if fault == "exploding_one_network" else 2e-4, betas=(0.5, 0.999))
     optimizerG = torch.optim.Adam(netG.parameters(), lr=2e-4, betas=(0.5, 0.999))
     data = torch.from_numpy(generated_images(1600, (nc, 32, 32), seed=5))
     generator = torch.Generator().manual_seed(5)
-    iteration = 0
     with torch_hook(out_dir, config) as hook:
         hook.register_module(nn.ModuleDict({"netG": netG, "netD": netD}))
         hook.register_optimizer(optimizerD)
@@ -80,9 +84,6 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
             order = torch.randperm(len(data), generator=generator)
             for start in range(0, len(data), batch):
                 real = data[order[start : start + batch]]
-                if fault == "nan_input" and iteration == 60:
-                    real = real.clone()
-                    real[0, 0, 3, 3] = float("nan")
                 # (1) the discriminator: maximise log D(x) + log(1 - D(G(z)))
                 netD.zero_grad()
                 label = torch.full((real.size(0),), 1.0)
@@ -101,4 +102,3 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
                 errG.backward()
                 hook.save_loss(errG, "loss_G")
                 optimizerG.step()
-                iteration += 1
