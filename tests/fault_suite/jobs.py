@@ -449,6 +449,68 @@ def overfit_tiny(out_dir: Path) -> None:
     _classification(out_dir, sizes=(16, 256, 256, 4), optimizer="adam", lr=3e-3, train_samples=64, spread=4.0, steps=400)
 
 
+# --- held out: written after the rules' thresholds were set, never tuned on --------------
+
+
+def shuffled_labels(out_dir: Path) -> None:
+    """Labels drawn independently of the inputs (a shuffled label column): nothing to learn."""
+    torch = _torch()
+    torch.manual_seed(30)
+    x, _ = _blobs(31, 4096)
+    y = torch.randint(0, 4, (4096,), generator=torch.Generator().manual_seed(32))
+    vx, _ = _blobs(33, 512)
+    vy = torch.randint(0, 4, (512,), generator=torch.Generator().manual_seed(34))
+    model = _mlp([16, 64, 32, 4])
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    _loop(out_dir, model, _batcher(x, y), torch.nn.CrossEntropyLoss(), opt, val_batches=_fixed(vx, vy))
+
+
+def shuffled_labels_memorised(out_dir: Path) -> None:
+    """Shuffled labels on 256 samples and a wide MLP: training memorises them (its loss
+    falls), validation stays at chance level."""
+    torch = _torch()
+    torch.manual_seed(35)
+    x, _ = _blobs(36, 256)
+    y = torch.randint(0, 4, (256,), generator=torch.Generator().manual_seed(37))
+    vx, _ = _blobs(38, 512)
+    vy = torch.randint(0, 4, (512,), generator=torch.Generator().manual_seed(39))
+    model = _mlp([16, 256, 256, 4])
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    _loop(out_dir, model, _batcher(x, y), torch.nn.CrossEntropyLoss(), opt, steps=400, val_batches=_fixed(vx, vy), eval_every=40)
+
+
+def _cnn():
+    nn = _torch().nn
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1), nn.BatchNorm2d(8), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(8, 16, 3, padding=1), nn.BatchNorm2d(16), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(16, 3),
+    )
+
+
+def overfit_tiny_cnn(out_dir: Path) -> None:
+    """A CNN memorising 48 noisy-label images (a third of the labels wrong); validation on fresh, clean ones."""
+    torch = _torch()
+    torch.manual_seed(40)
+    x, y = _images(41, 48)
+    flip = torch.rand(48, generator=torch.Generator().manual_seed(42)) < 0.33
+    y = torch.where(flip, (y + 1) % 3, y)
+    vx, vy = _images(43, 512)
+    model = _cnn()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    _loop(out_dir, model, _batcher(x, y, batch=16), torch.nn.CrossEntropyLoss(), opt, steps=400, val_batches=_fixed(vx, vy), eval_every=40)
+
+
+def diverging_cnn(out_dir: Path) -> None:
+    """SGD+momentum at lr 3 and batch 8: the loss climbs to twice its start and back."""
+    torch = _torch()
+    torch.manual_seed(0)
+    x, y = _images(5, 4096)
+    vx, vy = _images(6, 512)
+    model = _cnn()
+    opt = torch.optim.SGD(model.parameters(), lr=3.0, momentum=0.9)
+    _loop(out_dir, model, _batcher(x, y, batch=8), torch.nn.CrossEntropyLoss(), opt, val_batches=_fixed(vx, vy))
+
+
 class _SlowDataset:
     """Samples that take 1 ms each to produce (decoding, augmentation), loaded in the
     training process (num_workers=0)."""
@@ -511,6 +573,11 @@ JOBS: list[Job] = [
     Job("overfit_tiny", "MLP on 64 samples", overfit_tiny, "overfitting on tiny data", ("Overfit",)),
     Job("keras_dead_relu", "Keras MLP, first-layer bias -50", keras_dead_relu, "dead ReLUs (Keras)", ("DeadRelu",), framework="keras"),
     Job("slow_data", "MLP, 1 ms per sample, no workers", slow_data, "data loading bottleneck", ("Dataloader",)),
+    # Held out (tags "held-out"): planted after the thresholds were chosen.
+    Job("shuffled_labels", "MLP, labels independent of inputs", shuffled_labels, "learning on shuffled labels", ("ChanceLevelLoss",), fast=True, tags=("held-out",)),
+    Job("shuffled_labels_memorised", "wide MLP, 256 shuffled-label samples", shuffled_labels_memorised, "shuffled labels memorised", ("ChanceLevelLoss", "Overfit"), tags=("held-out",)),
+    Job("overfit_tiny_cnn", "CNN on 48 noisy-label images", overfit_tiny_cnn, "overfitting on tiny data", ("Overfit",), fast=True, tags=("held-out",)),
+    Job("diverging_cnn", "CNN, SGD+momentum lr 3, batch 8", diverging_cnn, "loss diverging far above its start", ("LossDivergence",), tags=("held-out",)),
 ]
 
 

@@ -19,7 +19,7 @@ from .modes import ModeKeys
 __version__ = "0.1.0"
 
 
-_LAZY = {"Trial": "trial", "create_trial": "trial", "HookBase": "hook", "StopTrainingRequested": "hook", "create_profiler_trial": "profiler"}
+_LAZY = {"Trial": "trial", "create_trial": "trial", "HookBase": "hook", "StopTrainingRequested": "hook", "create_profiler_trial": "profiler", "Scope": "scopes"}
 
 
 __getattr__ = lazy_getattr(__name__, _LAZY)
@@ -38,6 +38,7 @@ __all__ = [
     "ReductionConfig",
     "SaveConfig",
     "SaveConfigMode",
+    "Scope",
     "StepNotYetAvailable",
     "StepUnavailable",
     "StepscopeError",

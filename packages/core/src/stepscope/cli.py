@@ -14,9 +14,12 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .exceptions import ConfigError, StepscopeError
+from .exceptions import ConfigError, OutputError, StepscopeError
 
 EXIT_OK, EXIT_FIRED, EXIT_ERROR = 0, 1, 2
+# No rule could judge the job (each said "no data" or "not enough data"): a CI gate must
+# not pass a job that nothing judged.
+EXIT_NOT_JUDGED = 3
 _INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
 
 
@@ -67,12 +70,15 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
         description=(
             "Run rules over the job at PATH (a folder or s3:// URL). Without --rule or --rules-config it runs "
             "stepscope's default set: every built-in rule whose inputs the job saved (NaN/inf, vanishing gradients, "
-            "weight updates, all-zero weights, loss trend, overfitting, dead ReLUs and saturated activations when "
+            "weight updates, all-zero weights, loss trend, divergence and chance level, slow convergence, overfitting, dead ReLUs and saturated activations when "
             "activations were saved, class imbalance when labels and predictions were), with thresholds tuned not to "
             "fire on healthy training, plus the profiler rules when the job has profiler data; `stepscope rules` "
             "lists them. A rule named with --rule or from --rules-config keeps SageMaker's parameters and meaning. "
+            "Every rule says whether it could judge (a rule without the evidence it needs says \"no data\" or "
+            "\"not enough data (needs N, has M)\", never \"ok\"); the last line says how many could and what to save for the others. "
             "Reports are written to PATH/rule-output/. Exit status: 0 no rule fired, 1 some rule fired, "
-            "2 bad usage, unreadable data, or a worker whose hook failed (stepscope-status/). `--explain RULE` prints what a rule checks and what to do when it fires."
+            "2 bad usage, unreadable data, a worker whose hook failed (stepscope-status/) or a job folder two trainings wrote into, "
+            "3 no rule fired and none could judge the job (not enough saved data). `--explain RULE` prints what a rule checks and what to do when it fires."
         ),
     )
     parser.add_argument("path", nargs="?", help="the job's folder or s3:// URL")
@@ -192,7 +198,10 @@ def _run_check(args: argparse.Namespace) -> int:
             raise UsageError(f"no saved data at {store.describe()}: no such folder (a mistyped path?)")
     failed = _failed_hooks(store)
     for worker, cause in failed.items():
-        print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
+        if cause.startswith(_MIXED_PREFIX):  # two trainings wrote this worker's files (job_claim.py)
+            print(f"stepscope check: {cause[len(_MIXED_PREFIX):]} (stepscope-status/{worker}.lock)", file=sys.stderr)
+        else:
+            print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
     if failed and not store.list(_INDEX_PREFIX):
         return EXIT_ERROR  # not "no data": the job's hook broke before saving anything
     if not args.watch and not store.list(""):
@@ -211,6 +220,8 @@ def _run_check(args: argparse.Namespace) -> int:
         print()
     else:
         format_table(reports, sys.stdout)
+        if not args.rule and not args.rules_config:
+            _print_left_out(trial)
     if trial.problems:
         # Unreadable files are not a rule firing: say which were skipped, and exit 2.
         print(f"stepscope check: {len(trial.problems)} file(s) could not be read and were skipped:", file=sys.stderr)
@@ -220,13 +231,36 @@ def _run_check(args: argparse.Namespace) -> int:
         return EXIT_ERROR
     if any(report.fired for report in reports):
         return EXIT_FIRED
-    return EXIT_ERROR if any(report.status == "error" for report in reports) else EXIT_OK
+    if any(report.status == "error" for report in reports):
+        return EXIT_ERROR
+    if not any(report.judged for report in reports):
+        print("stepscope check: no rule could judge this job (see the DETAIL column for what each needs)", file=sys.stderr)
+        return EXIT_NOT_JUDGED
+    return EXIT_OK
+
+
+def _print_left_out(trial: Any) -> None:
+    from .rules.registry import left_out_of_default
+    from .rules.report import to_save_hints
+
+    left = left_out_of_default(trial)
+    if left:
+        print(f"{len(left)} default rule(s) not run, the job saved nothing they read; save: {to_save_hints(left)}")
+
+
+_MIXED_PREFIX = "mixed: "
 
 
 def _failed_hooks(store: Any) -> dict[str, str]:
+    """Worker -> what is wrong: a hook that failed, or files of several trainings ("mixed: ...")."""
     from .trial import Trial
 
-    return Trial.failed_workers_in(store)
+    failed = Trial.failed_workers_in(store)
+    statuses = Trial.status_in(store)
+    for worker, status in statuses.items():
+        if status.get("state") == "mixed" and worker in failed:
+            failed[worker] = f"{_MIXED_PREFIX}{worker}: {status.get('error', '')}"
+    return failed
 
 
 # --- rules (list) -------------------------------------------------------------------------
@@ -320,6 +354,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return args.run(args)
     except (UsageError, ConfigError) as exc:
+        print(f"stepscope {args.command}: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except OutputError as exc:
         print(f"stepscope {args.command}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except (StepscopeError, OSError) as exc:

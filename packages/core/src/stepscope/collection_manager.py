@@ -7,6 +7,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .config import BUILTIN_COLLECTIONS, Collection, ConfigError
+from .scopes import Scope, parse_scopes
 
 
 def _version() -> str:
@@ -23,6 +24,8 @@ class CollectionManager:
         self._collections: dict[str, Collection] = {}
         # tensor name -> class of the module it is an input/output of (written in `_meta`).
         self.module_classes: dict[str, str] = {}
+        # scope name -> Scope (networks / optimizers the hook declared; written in `_meta`).
+        self.scopes: dict[str, Scope] = {}
         for name in BUILTIN_COLLECTIONS:
             self._collections[name] = Collection(name, include_regex=tuple((builtin_regexes or {}).get(name, ())))
         for collection in collections:
@@ -59,6 +62,8 @@ class CollectionManager:
         meta: dict[str, Any] = {"num_workers": num_workers, "writer": f"stepscope {_version()}"}
         if self.module_classes:
             meta["module_classes"] = dict(sorted(self.module_classes.items()))
+        if self.scopes:
+            meta["scopes"] = [scope.to_json() for scope in self.scopes.values()]
         return {"collections": {c.name: c.to_json() for c in self._collections.values()}, "_meta": meta}
 
     def note_module_class(self, tensor_name: str, module_class: str) -> bool:
@@ -75,7 +80,9 @@ class CollectionManager:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> CollectionManager:
         manager = cls()
-        manager.module_classes.update((data.get("_meta") or {}).get("module_classes") or {})
+        meta = data.get("_meta") or {}
+        manager.module_classes.update(meta.get("module_classes") or {})
+        manager.scopes.update((scope.name, scope) for scope in parse_scopes(meta.get("scopes"), "the collections file"))
         for body in (data.get("collections") or {}).values():
             manager._collections[body["name"]] = Collection.from_json(body)
         return manager

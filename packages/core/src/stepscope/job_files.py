@@ -13,12 +13,13 @@ import json
 import logging
 import threading
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import layout
 from .exceptions import ConfigError, CorruptRecord
 from .modes import ModeKeys
+from .scopes import Scope, parse_scopes
 from .store.base import check_key
 
 try:  # orjson parses index files ~4x faster; it is optional
@@ -83,6 +84,7 @@ class CollectionsFile:
     ours: bool  # written by stepscope with real payload CRCs
     collections: list[Mapping[str, Any]]  # the raw bodies; Collection.from_json checks each
     module_classes: dict[str, str]  # module name -> class name, where the writer recorded them
+    scopes: list[Scope] = field(default_factory=list)  # networks / optimizers the hook declared
 
 
 _gc_lock = threading.Lock()
@@ -114,11 +116,41 @@ def parsing_in_bulk():
                 gc.enable()
 
 
-def load_json(data: bytes, where: str) -> Any:
+MAX_JSON_DEPTH = 1024  # orjson's own bound; the fallback checks the same before parsing
+
+
+def load_json(data: bytes | str, where: str, allow_nan: bool = False) -> Any:
+    """One job file's JSON, parsed in C (orjson: UTF-8 checked, nesting bounded at 1,024
+    levels, no Python object until the whole text is valid), or CorruptRecord naming the
+    file. With `allow_nan`, a file that Python's json wrote with NaN/Infinity (rule reports
+    and cost files may hold them) is read by json after a depth check, never recursing
+    deeper than orjson would."""
     try:
         return _json_loads(data)
     except _JSON_ERRORS as exc:
+        if allow_nan and (b"NaN" in data or b"Infinity" in data if isinstance(data, bytes) else "NaN" in data or "Infinity" in data):
+            if _nesting(data) > MAX_JSON_DEPTH:
+                raise CorruptRecord(where, None, f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+            try:
+                return json.loads(data)
+            except (ValueError, RecursionError) as again:
+                raise CorruptRecord(where, None, f"not valid JSON: {again}") from None
         raise CorruptRecord(where, None, f"not valid JSON: {exc}") from None
+
+
+def _nesting(data: bytes | str) -> int:
+    """An upper bound of the JSON nesting depth (brackets inside strings count too), in
+    numpy: no Python loop over the text."""
+    import numpy as np
+
+    raw = np.frombuffer(data if isinstance(data, bytes) else data.encode(), dtype=np.uint8)
+    steps = (raw == ord("[")).astype(np.int32) + (raw == ord("{")) - (raw == ord("]")) - (raw == ord("}"))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def read_json(store: Any, key: str, max_bytes: int = MAX_STATUS_BYTES, allow_nan: bool = False) -> Any:
+    """`key` of `store`, read under its size bound and parsed by load_json."""
+    return load_json(store.read(key, max_size=max_bytes), store.describe(key), allow_nan)
 
 
 def _fail(where: str, reason: str) -> CorruptRecord:
@@ -300,7 +332,12 @@ def parse_collections(data: bytes, where: str) -> CollectionsFile:
         raise _fail(where, f"'collections' must be a JSON object of name -> collection, got {type(collections).__name__}")
     classes = meta.get("module_classes")
     module_classes = {str(k): str(v) for k, v in classes.items() if isinstance(v, (str, int, float))} if isinstance(classes, Mapping) else {}
-    return CollectionsFile(num_workers, ours, bodies, module_classes)
+    try:
+        scopes = parse_scopes(meta.get("scopes"), where)
+    except ConfigError as exc:  # bad scopes must not hide the collections: judged as one scope
+        logging.getLogger("stepscope").warning("stepscope: ignoring the scopes: %s", exc)
+        scopes = []
+    return CollectionsFile(num_workers, ours, bodies, module_classes, scopes)
 
 
 REGEX_TIMEOUT_S = 0.05  # one match of one tensor name; real patterns take microseconds
@@ -360,6 +397,7 @@ __all__ = [
     "compile_untrusted_regex",
     "UntrustedPattern",
     "load_json",
+    "read_json",
     "MAX_INDEX_BYTES",
     "MAX_TABLE_BYTES",
     "MAX_COLLECTIONS_BYTES",

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import job_files, layout, records, reductions, step_index
+from . import job_claim, job_files, layout, records, reductions, step_index
 from .collection_manager import CollectionManager
 from .config import Collection
 from .events import decode_tensor_event, decode_tensor_tag_value
@@ -30,6 +30,7 @@ from .exceptions import (
     UnknownName,
 )
 from .modes import ModeKeys
+from .scopes import Scope, ScopeMap, merge_scope
 from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
@@ -282,6 +283,11 @@ class Trial:
                 manager = self._collections = self._collections or CollectionManager()
                 self._num_workers = max(self._num_workers, parsed.num_workers)
                 manager.module_classes.update(parsed.module_classes)
+                for scope in parsed.scopes:  # the union over workers, as for tensor names
+                    try:
+                        manager.scopes[scope.name] = merge_scope(manager.scopes.get(scope.name), scope)
+                    except ConfigError as exc:
+                        logger.warning("stepscope: skipping a scope in %s: %s", where, exc)
                 self._legacy = self._legacy and not parsed.ours
                 for body in parsed.collections:
                     try:
@@ -663,6 +669,17 @@ class Trial:
         self._read_collections()
         return self._collections.module_classes.get(tensor_name) if self._collections else None
 
+    def scopes(self) -> list[Scope]:
+        """The networks and optimizers the hook declared (`HookBase.declare_scope`); empty
+        for a job that declared none (it is then judged as one scope, the whole job)."""
+        self._read_collections()
+        return list(self._collections.scopes.values()) if self._collections else []
+
+    def scope_map(self) -> ScopeMap:
+        """Tensor name -> scope(s): `scope_map().group_of(name)` is the scope rules compare
+        the tensor within; `scopes_of(name)` every scope that lists its parameter."""
+        return ScopeMap(self.scopes())
+
     def collection(self, name: str) -> Collection:
         collections = self.collections()
         if name not in collections:
@@ -679,8 +696,15 @@ class Trial:
     def status_in(store: Store) -> dict[str, dict[str, Any]]:
         """`status()` of the job in `store`, without opening a trial."""
         found: dict[str, dict[str, Any]] = {}
+        mixed: dict[str, dict[str, Any]] = {}
         for key in sorted(store.list(layout.STATUS_DIR + "/")):
             name = key.rsplit("/", 1)[-1]
+            if name.endswith(job_claim.LOCK_SUFFIX):  # the writers' claims: two trainings in one folder
+                runs = job_claim.read_runs(store, name[: -len(job_claim.LOCK_SUFFIX)])
+                if job_claim.is_mixed(runs):
+                    worker = name[: -len(job_claim.LOCK_SUFFIX)]
+                    mixed[worker] = job_claim.mixed_status(worker, runs)
+                continue
             if not name.endswith(".json"):
                 continue
             try:
@@ -690,6 +714,10 @@ class Trial:
             if not isinstance(body, dict):
                 body = {"state": "unreadable", "error": f"{key}: not a JSON object"}
             found[name[: -len(".json")]] = body
+        for worker, status in mixed.items():
+            # A failure says more than the mix; "ok" / "degraded" say less.
+            body = found.get(worker)
+            found[worker] = status if body is None or body.get("state") in ("ok", "degraded") else {**body, "runs": status["runs"]}
         return found
 
     def failed_workers(self) -> dict[str, str]:

@@ -1,5 +1,6 @@
 """A real headless Chromium (Debian's chromium + chromedriver, through Selenium) against the
-app served by werkzeug on a loopback port; screenshots go to ARTIFACTS."""
+app served by the app's own production server (waitress, `stepscope.ui.server`) on a
+loopback port; screenshots go to ARTIFACTS."""
 
 from __future__ import annotations
 
@@ -25,18 +26,18 @@ def chromium_paths() -> tuple[str, str]:
 
 
 class LiveServer:
-    """The app on 127.0.0.1:<free port> in a thread."""
+    """The app on 127.0.0.1:<free port> in a thread, served as `stepscope ui` serves it."""
 
-    def __init__(self, app):
-        from werkzeug.serving import make_server
+    def __init__(self, app, **server_options):
+        from stepscope.ui.server import WebServer
 
-        self.server = make_server("127.0.0.1", 0, app, threaded=True)
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.server = WebServer(app, "127.0.0.1", 0, **server_options)
+        self.url = f"{'https' if self.server.tls else 'http'}://127.0.0.1:{self.server.port}"
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
 
     def stop(self) -> None:
-        self.server.shutdown()
+        self.server.stop()
         self.thread.join(5)
 
 

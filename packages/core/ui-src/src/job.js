@@ -71,17 +71,28 @@ export async function dashboardView(root, job) {
 
   const rules = el('div', { id: 'rules-list' }, el('p', { class: 'muted' }, 'running rules…'));
   wrap.append(section('Rules', 'rules', rules));
-  api(`${base}/rules`).then((r) => rules.replaceChildren(rulesList(r.rules)), (e) => rules.replaceChildren(el('p', { class: 'error' }, e.message)));
+  // a report that could not be read is named below the others (the rest still show)
+  api(`${base}/rules`).then((r) => rules.replaceChildren(rulesList(r.rules), ...(r.problems || []).map((p) => el('p', { class: 'error rule-problem' }, `unreadable: ${p}`))),
+    (e) => rules.replaceChildren(el('p', { class: 'error' }, e.message)));
 }
 
 function summaryLine(h) {
   return el('p', { class: 'muted', id: 'step-histogram-summary' }, h.n ? `n=${h.n}, mean ${fmt.ms(h.mean)}, p50 ${fmt.ms(h.p50)}, p95 ${fmt.ms(h.p95)}, max ${fmt.ms(h.max)}` : 'no steps');
 }
 
+// "n of m rules could judge" and, for the others, what to save (rules that lacked evidence say so).
+function judgedLine(rules) {
+  const judged = rules.filter((r) => r.judged).length;
+  const needs = new Map();
+  rules.filter((r) => !r.judged && r.to_save).forEach((r) => needs.set(r.to_save, [...(needs.get(r.to_save) || []), r.rule]));
+  const hints = [...needs].map(([what, names]) => `${what} (${names.join(', ')})`).join('; ');
+  return el('p', { class: 'muted', id: 'rules-judged' }, `${judged} of ${rules.length} rules could judge` + (judged < rules.length && hints ? `; for the others save: ${hints}` : ''));
+}
+
 export function rulesList(rules) {
   if (!rules.length) return el('p', { class: 'muted' }, 'no rules ran (run `stepscope check` on the job)');
-  return el('ul', { class: 'rules' }, rules.map((r) => el('li', { class: `rule ${r.fired ? 'fired' : r.status.replace(/ /g, '-')}`, 'data-rule': r.rule },
-    el('div', { class: 'rule-head' }, el('strong', {}, r.rule), el('span', { class: `status ${r.fired ? 'failed' : 'finished'}` }, r.status), el('span', { class: 'muted' }, ` ${r.kind}, ${r.source}`)),
+  return el('div', {}, judgedLine(rules), el('ul', { class: 'rules' }, rules.map((r) => el('li', { class: `rule ${r.fired ? 'fired' : r.status.replace(/ /g, '-')}`, 'data-rule': r.rule },
+    el('div', { class: 'rule-head' }, el('strong', {}, r.rule), el('span', { class: `status ${r.fired ? 'failed' : r.judged ? 'finished' : 'nodata'}` }, r.status), el('span', { class: 'muted' }, ` ${r.kind}, ${r.source}`)),
     el('div', { class: 'rule-summary' }, r.summary),
     r.fired && r.causes.length ? el('div', { class: 'causes' }, el('strong', {}, 'Likely causes: '), el('ul', {}, r.causes.map((c) => el('li', {}, c)))) : null,
     r.fired && r.advice.length ? el('div', { class: 'advice' }, el('strong', {}, 'Advice: '), el('ul', {}, r.advice.map((a) => el('li', {}, a)))) : null,
@@ -89,7 +100,7 @@ export function rulesList(rules) {
       el('table', { class: 'grid evidence' }, el('thead', {}, el('tr', {}, ['where', 'tensor', 'value', 'threshold', 'message'].map((h) => el('th', {}, h)))),
         el('tbody', {}, r.evidence.map((e) => el('tr', {}, el('td', {}, e.where ?? ''), el('td', {}, e.tensor ?? ''), el('td', {}, e.value ?? ''), el('td', {}, e.threshold ?? ''), el('td', {}, e.message ?? '')))))) : null,
     r.definition ? el('details', {}, el('summary', {}, 'what this rule checks'), el('p', {}, r.definition)) : null,
-  )));
+  ))));
 }
 
 export async function healthView(root, job) {

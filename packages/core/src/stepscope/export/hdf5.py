@@ -22,6 +22,7 @@ import numpy as np
 
 from ..exceptions import ConfigError
 from ..modes import ModeKeys
+from ..outputs import atomic_output, check_output_target
 from ..trial import Trial, create_trial
 from .selection import Selection, iter_step_values
 
@@ -129,8 +130,8 @@ def export_hdf5(
     workers = trial.workers() or ["worker_0"]
     worker_index = {w: i for i, w in enumerate(workers)}
     result = HDF5Export(path)
-    tmp = path + ".partial"
-    with h5py.File(tmp, "w") as h5:
+    check_output_target(path)  # before the (long) export, not after it
+    with atomic_output(path) as handle, h5py.File(handle, "w") as h5:
         h5.attrs["source"] = trial.path
         h5.attrs["modes"] = json.dumps({int(m): m.name for m in ModeKeys})
         h5.attrs["writer"] = "stepscope"
@@ -160,5 +161,4 @@ def export_hdf5(
                 batch_rows = batch_bytes = 0
         result.rows += sum(s.flush() for s in series.values())
         result.tensors = len(first_shape)
-    os.replace(tmp, path)
     return result

@@ -5,6 +5,7 @@ and by the hooks' `tensorboard_dir=` option."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import os
@@ -16,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..events import Event, HistogramProto, Summary, file_version_event
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, OutputError
 from ..records import frame_bytes
 
 DEFAULT_BINS = 30
@@ -73,13 +74,15 @@ def histogram_value(tag: str, histo: Any) -> Any:
 
 
 class _EventFile:
-    """One open event file of one run: appends framed events, flushes on demand."""
+    """One open event file of one run: appends framed events, flushes on demand. With
+    `atomic` (exports), the file is written under a temporary name and renamed when closed:
+    TensorBoard never shows half an export, and a failed one leaves nothing behind."""
 
     _counter = 0
     _counter_lock = threading.Lock()
 
-    def __init__(self, run_dir: str):
-        os.makedirs(run_dir, exist_ok=True)
+    def __init__(self, logdir: str, run: str, atomic: bool = False):
+        run_dir = _run_folder(logdir, run)
         with _EventFile._counter_lock:
             _EventFile._counter += 1
             serial = _EventFile._counter
@@ -87,7 +90,13 @@ class _EventFile:
         # writers of one process (or one host) from sharing a file.
         name = f"events.out.tfevents.{int(time.time())}.{socket.gethostname()}.{os.getpid()}.{serial}.stepscope"
         self.path = os.path.join(run_dir, name)
-        self._file = open(self.path, "ab")
+        self._tmp = os.path.join(run_dir, f".{name}.tmp") if atomic else None
+        flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(self._tmp or self.path, flags | (os.O_EXCL if atomic else 0), 0o666)
+        except OSError as exc:
+            raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from None
+        self._file = os.fdopen(fd, "ab")
         self._file.write(frame_bytes(file_version_event()))
         self.bytes_written = 0
 
@@ -100,26 +109,65 @@ class _EventFile:
         self._file.flush()
 
     def close(self) -> None:
-        self._file.close()
+        if self._tmp is None:
+            self._file.close()
+            return
+        try:
+            with self._file:
+                self._file.flush()
+                os.fsync(self._file.fileno())
+            os.replace(self._tmp, self.path)
+        except OSError as exc:
+            self.abort()
+            raise OutputError(f"cannot write {self.path}: {exc.strerror or exc}") from exc
+
+    def abort(self) -> None:
+        """Drop what an atomic file holds (a failed export)."""
+        with contextlib.suppress(OSError):
+            self._file.close()
+        if self._tmp is not None:
+            with contextlib.suppress(OSError):
+                os.unlink(self._tmp)
+
+
+def _run_folder(logdir: str, run: str) -> str:
+    """logdir/run, made if needed, every folder below `logdir` a real folder (a symbolic
+    link there would send the events elsewhere): OutputError naming it otherwise."""
+    folder = logdir
+    os.makedirs(logdir, exist_ok=True)
+    for part in run.split("/"):
+        if part in ("", ".", "..") or "\\" in part or "\x00" in part:
+            raise OutputError(f"run name {run!r} would leave {logdir}")
+        folder = os.path.join(folder, part)
+        try:
+            os.mkdir(folder)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise OutputError(f"cannot create {folder}: {exc.strerror or exc}") from None
+        if os.path.islink(folder) or not os.path.isdir(folder):
+            raise OutputError(f"{folder} is a symbolic link or not a folder; stepscope writes event files only into real folders")
+    return folder
 
 
 class TensorBoardWriter:
     """Scalars and histograms into `logdir/<run>/events.out.tfevents.*`, one file per run.
     Not thread-safe: one writer per thread (the hooks write from their own thread)."""
 
-    def __init__(self, logdir: str | os.PathLike[str], bins: int = DEFAULT_BINS):
+    def __init__(self, logdir: str | os.PathLike[str], bins: int = DEFAULT_BINS, atomic: bool = False):
         if not isinstance(bins, int) or bins < 1:
             raise ConfigError(f"bins must be a positive integer, got {bins!r}")
         self.logdir = os.fspath(logdir)
         if self.logdir.startswith("s3://"):
             raise ConfigError(f"tensorboard_dir must be a local folder, got {self.logdir!r} (export from S3 to a local folder)")
         self.bins = bins
+        self.atomic = atomic  # event files appear only when closed (exports)
         self._files: dict[str, _EventFile] = {}
 
     def _file(self, run: str) -> _EventFile:
         event_file = self._files.get(run)
         if event_file is None:
-            event_file = self._files[run] = _EventFile(os.path.join(self.logdir, run))
+            event_file = self._files[run] = _EventFile(self.logdir, run, self.atomic)
         return event_file
 
     @property
@@ -149,12 +197,27 @@ class TensorBoardWriter:
             event_file.flush()
 
     def close(self) -> None:
+        files, self._files = list(self._files.values()), {}
+        while files:
+            event_file = files.pop(0)
+            try:
+                event_file.close()
+            except BaseException:
+                for rest in files:  # one failed: publish none of the others either
+                    rest.abort()
+                raise
+
+    def abort(self) -> None:
+        """Close without publishing what atomic files hold."""
         for event_file in self._files.values():
-            event_file.close()
+            event_file.abort()
         self._files.clear()
 
     def __enter__(self) -> TensorBoardWriter:
         return self
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is not None and self.atomic:
+            self.abort()
+        else:
+            self.close()

@@ -80,7 +80,7 @@ def export_tensorboard(
     result = TensorBoardExport(os.fspath(logdir))
     runs: set[str] = set()
     seen_steps: set[int] = set()
-    with TensorBoardWriter(logdir, bins=bins) as writer:
+    with TensorBoardWriter(logdir, bins=bins, atomic=True) as writer:
         for item in iter_step_values(trial, selection, progress):
             values, scalars, histograms = summary_values(item.values, bins)
             if not values:

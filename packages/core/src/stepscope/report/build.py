@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..outputs import atomic_output, check_output_target
 from ..store import Store
 from ..trial import Trial, create_trial
 from .context import ReportContext
@@ -99,18 +100,20 @@ def write_report(
         if pdf:
             pdf_where = _pdf_into_store(store, html, os.path.splitext(key)[0] + ".pdf")
         return WrittenReport(html_where, pdf_where, report)
-    os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
-    with open(output, "wb") as f:
+    pdf_path = os.path.splitext(output)[0] + ".pdf" if pdf else None
+    check_output_target(output)
+    if pdf_path is not None:
+        check_output_target(pdf_path)  # refused before anything is written
+    with atomic_output(output) as f:
         f.write(html)
-    pdf_path = None
-    if pdf:
-        from .pdf import html_to_pdf
-
-        pdf_path = html_to_pdf(output, os.path.splitext(output)[0] + ".pdf")
+    if pdf_path is not None:
+        with atomic_output(pdf_path) as f:
+            f.write(_pdf_bytes(html))
     return WrittenReport(output, pdf_path, report)
 
 
-def _pdf_into_store(store: Store, html: bytes, key: str) -> str:
+def _pdf_bytes(html: bytes) -> bytes:
+    """The report printed by Chromium, which writes files only in a private folder."""
     from .pdf import html_to_pdf
 
     with tempfile.TemporaryDirectory(prefix="stepscope-report-") as tmp:
@@ -119,5 +122,9 @@ def _pdf_into_store(store: Store, html: bytes, key: str) -> str:
             f.write(html)
         pdf_path = html_to_pdf(html_path, os.path.join(tmp, "report.pdf"))
         with open(pdf_path, "rb") as f:
-            store.write(key, f.read())
+            return f.read()
+
+
+def _pdf_into_store(store: Store, html: bytes, key: str) -> str:
+    store.write(key, _pdf_bytes(html))
     return store.describe(key)

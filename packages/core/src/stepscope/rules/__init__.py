@@ -12,7 +12,7 @@ from .classification import ClassImbalance, Confusion
 from .config import collection_configurations, from_config, load_rules_config, rules_from_config
 from .engine import invoke_rule, run_rules
 from .inputs import CheckInputImages, NLPSequenceRatio
-from .losses import LossNotDecreasing, Overfit, Overtraining, StalledTrainingRule
+from .losses import ChanceLevelLoss, LossDivergence, LossNotDecreasing, Overfit, Overtraining, SlowConvergence, StalledTrainingRule
 from .params import RuleParams, ranged, require
 from .reading import ReadCache, TensorReader, TensorRequest
 from .registry import (
@@ -26,7 +26,7 @@ from .registry import (
     profiler_rules,
     rule_class,
 )
-from .report import Evidence, Explanation, RuleReport, format_table, jsonable, step_label
+from .report import Evidence, Explanation, RuleReport, format_table, jsonable, judged_line, step_label
 from .tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor, VanishingGradient, WeightUpdateRatio
 
 __all__ = [
@@ -36,9 +36,9 @@ __all__ = [
     "TensorRequest", "TensorReader", "ReadCache",
     "from_config", "rules_from_config", "collection_configurations", "load_rules_config",
     "invoke_rule", "run_rules",
-    "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "default_profiler_rules", "build_rule", "rule_class", "describe_rules", "load_rule_class", "profiler_rules",
+    "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "default_profiler_rules", "build_rule", "rule_class", "describe_rules", "load_rule_class", "profiler_rules", "judged_line",
     "VanishingGradient", "ExplodingTensor", "DeadRelu", "SaturatedActivation", "PoorWeightInitialization",
-    "WeightUpdateRatio", "AllZero", "UnchangedTensor", "LossNotDecreasing", "Overfit", "Overtraining",
+    "WeightUpdateRatio", "AllZero", "UnchangedTensor", "LossNotDecreasing", "LossDivergence", "ChanceLevelLoss", "SlowConvergence", "Overfit", "Overtraining",
     "SimilarAcrossRuns", "StalledTrainingRule", "TensorVariance", "ClassImbalance", "Confusion",
     "CheckInputImages", "NLPSequenceRatio",
 ]

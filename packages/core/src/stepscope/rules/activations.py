@@ -147,6 +147,8 @@ class DeadRelu(_InactiveUnits):
 
     Params = DeadReluParams
     params: DeadReluParams
+    min_saved_steps = 1
+    to_save = "layer outputs"
     preset = {"by_module_class": True}
 
     state = "dead"
@@ -180,6 +182,8 @@ class SaturatedActivation(_InactiveUnits):
 
     Params = SaturatedActivationParams
     params: SaturatedActivationParams
+    min_saved_steps = 1
+    to_save = "layer outputs"
     # Practical saturation: beyond |x| 4 tanh's slope is under 0.0013, beyond |x| 8
     # sigmoid's under 0.0004; a unit counts as saturated when it is outside that range for
     # 90 % of the batch. Healthy tanh/sigmoid MLPs stay at 0 % of units, unscaled inputs at 100 %.
@@ -244,6 +248,10 @@ class PoorWeightInitialization(Rule):
 
     Params = PoorWeightInitializationParams
     params: PoorWeightInitializationParams
+    to_save = "layer outputs, gradients and losses at the start"
+
+    def finish(self) -> None:
+        self.need(self.params.steps, self._seen, "saved TRAIN steps at the start")
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)

@@ -53,6 +53,31 @@ EXPLANATIONS: dict[str, Explanation] = {
          "Check that optimizer.step() runs and that zero_grad() is not called between backward and step",
          "Check a batch of inputs against its labels"),
     ),
+    "LossDivergence": Explanation(
+        "The training loss rose far above where it started (its median over a window is well over 1.5x its value at "
+        "initialisation): the optimisation diverges, even if it later recovers.",
+        ("A learning rate too large for the batch size (e.g. lr 0.1 at batch 8)", "No warm-up for a large learning rate", "Exploding gradients in one layer",
+         "Data that changes distribution mid-run (an unshuffled dataset)"),
+        (_LR_DOWN, "Scale the learning rate with the batch size (linear scaling rule) and warm it up over the first steps", _CLIP,
+         "Shuffle the training data"),
+    ),
+    "ChanceLevelLoss": Explanation(
+        "A classifier's cross-entropy stays at chance level, ln K for K classes: the model predicts no better than "
+        "uniform guessing. On the training loss: it learns nothing. On the validation loss while the training loss "
+        "falls: it memorises the training set and nothing generalises.",
+        ("Labels shuffled, misaligned with their inputs, or unrelated to them", "Learning rate 0 or an optimizer that holds other parameters",
+         "Inputs that do not reach the model (all zeros, a constant, a broken pipeline)", "A loss applied to the wrong outputs (probabilities where logits are expected)"),
+        ("Check a batch by hand: do the labels match the inputs? Train on a handful of samples: the loss must fall to near 0",
+         "Check the learning rate and that optimizer.step() updates the model you train",
+         "Check the inputs' statistics (mean, std, any NaN) right before the model",
+         "Use CrossEntropyLoss on logits (no softmax before it)"),
+    ),
+    "SlowConvergence": Explanation(
+        "The training loss keeps falling but has come down only a little (under 10 % of its start) over the whole run: training converges, slowly.",
+        ("A learning rate far too small", "Inputs not normalised (features on very different scales)", "Poor initialisation or a too-deep network without normalisation"),
+        ("Raise the learning rate (by 3-10x) or use an adaptive optimizer (Adam)", "Standardise the inputs (zero mean, unit variance)",
+         "Add normalisation layers; use He/Kaiming or Glorot initialisation", "Train longer, if the budget allows"),
+    ),
     "Overfit": Explanation(
         "The model fits the training data at the expense of validation data. In the default set: "
         "over `patience` evaluations the validation loss trends up while the training loss trends "

@@ -59,6 +59,12 @@ class Rule:
     # Parameters stepscope's default set (`default_rules`) gives this rule instead of the
     # SageMaker defaults in `Params`; rules built by name or from configs use `Params`.
     preset: ClassVar[Mapping[str, Any]] = {}
+    # What a job must save for the rule to judge it, in words (shown next to "no data" /
+    # "not enough data" and in the summaries' "what to save for the others").
+    to_save: ClassVar[str] = ""
+    # The saved steps (with something the rule read) it needs before "ok" means anything;
+    # 0: the rule does not say (user rules). Rules with other needs override `finish`.
+    min_saved_steps: ClassVar[int] = 0
 
     def __init__(self, base_trial: Any, *, name: str | None = None, actions: Sequence[Action] = (), **params: Any):
         self.base_trial = base_trial
@@ -69,11 +75,14 @@ class Rule:
         self.collection_configurations: list[Any] = []
         self.reader: TensorReader = _DIRECT
         self._inspected: set[str] = set()
+        self._data_steps: set[int] = set()  # steps at which the rule read something saved
         self._selection: tuple[int, tuple[str, ...], tuple[str, ...], list[str]] | None = None
         self.report = self._new_report()
 
     def _new_report(self) -> RuleReport:
-        return RuleReport(self.name, type(self).__name__, self.kind, self.params.to_json(), self.explain())
+        report = RuleReport(self.name, type(self).__name__, self.kind, self.params.to_json(), self.explain())
+        report.to_save = self.to_save
+        return report
 
     @classmethod
     def explain(cls) -> Explanation:
@@ -123,6 +132,18 @@ class Rule:
     def invoke_at_step(self, step: int) -> bool | None:
         raise NotImplementedError
 
+    def finish(self) -> None:
+        """Called once after the last step: judge what only the whole run shows, and state
+        the evidence the rule needed against what it had (`need`). By default: at least
+        `min_saved_steps` steps at which the rule read something."""
+        if self.min_saved_steps:
+            self.need(self.min_saved_steps, len(self._data_steps), "saved steps")
+
+    def need(self, needed: int, available: int, unit: str) -> None:
+        """The rule needs `needed` `unit` to judge and the job gave it `available`: below
+        that its status is "not enough data" (none: "no data"), never "ok"."""
+        self.report.need(needed, available, unit, self.to_save)
+
     def has_inputs(self) -> bool:
         """Whether the job saved what this rule reads; the default set leaves out rules
         without inputs (a rule run by name still runs and says "no data")."""
@@ -168,6 +189,7 @@ class Rule:
         array = self.reader.value(trial, name, step)
         if array is not None and trial is self.trial:
             self.mark_inspected(name)
+            self._data_steps.add(step)
         return array
 
     def reduction(self, name: str, step: int, reduction: str, abs: bool = False, trial: Trial | None = None) -> float | None:
@@ -177,6 +199,7 @@ class Rule:
         result = self.reader.reduction(trial, name, step, reduction, abs)
         if result is not None and trial is self.trial:
             self.mark_inspected(name)
+            self._data_steps.add(step)
         return result
 
     def mode_of(self, step: int) -> tuple[ModeKeys, int]:

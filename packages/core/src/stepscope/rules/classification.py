@@ -83,6 +83,10 @@ class ClassImbalance(_PairRule):
 
     Params = ClassImbalanceParams
     params: ClassImbalanceParams
+    to_save = "labels and predictions"
+
+    def finish(self) -> None:
+        self.need(self.params.samples, sum(self._counts.values()), "labels")
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
@@ -147,6 +151,8 @@ class Confusion(_PairRule):
 
     Params = ConfusionParams
     params: ConfusionParams
+    min_saved_steps = 1
+    to_save = "labels and predictions"
 
     def _find(self, exact: str | None, collection: str, fallback: str) -> str | None:
         names = self.trial.tensor_names()

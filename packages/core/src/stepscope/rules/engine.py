@@ -12,7 +12,7 @@ from collections.abc import Callable, Sequence
 
 from ..exceptions import CorruptRecord, StoreError
 from .base import JobRule, Rule, RuleEvaluationConditionMet
-from .reading import MISSING, ReadCache, TensorRequest
+from .reading import MISSING, ReadCache, TensorReader, TensorRequest
 from .report import RuleReport
 
 logger = logging.getLogger("stepscope")
@@ -20,6 +20,7 @@ logger = logging.getLogger("stepscope")
 ProgressCallback = Callable[[int, "int | None", int], None]  # (steps done, steps known, step)
 
 _MISSING = MISSING
+_DIRECT = TensorReader()  # what Rule.finish reads through: the walk's cache holds only its last steps
 
 
 def invoke_rule(
@@ -70,7 +71,10 @@ def run_rules(
         if rule.kind == "tensor":
             by_trial.setdefault(id(rule.trial), []).append(rule)
     for group in by_trial.values():
-        _Walk(group, start_step, end_step, cache, raise_on_fire, progress).run(watch, poll_interval, max_poll_interval, timeout)
+        walk = _Walk(group, start_step, end_step, cache, raise_on_fire, progress)
+        walk.run(watch, poll_interval, max_poll_interval, timeout)
+        for rule in group:
+            _finish(rule, walk.last_step, raise_on_fire)
     tensor_trials = [group[0].trial for group in by_trial.values()]
     for rule in rules:
         if isinstance(rule, JobRule):
@@ -78,6 +82,24 @@ def run_rules(
                 rule.bind(tensor_trials[0])
             evaluate_job_rule(rule, raise_on_fire=raise_on_fire)
     return [rule.report for rule in rules]
+
+
+def _finish(rule: Rule, last_step: int | None, raise_on_fire: bool) -> None:
+    """A tensor rule's end of run (Rule.finish); a crash becomes an error in its report."""
+    report = rule.report
+    before = report.violations
+    rule.use_reader(_DIRECT)
+    try:
+        rule.finish()
+    except _MISSING:
+        pass
+    except (CorruptRecord, StoreError) as exc:
+        report.error(f"end of run: unreadable data: {exc}")
+    except Exception as exc:  # a broken (custom) rule must not stop the others
+        logger.warning("stepscope: rule %s failed at the end of the run", rule.name, exc_info=True)
+        report.error(f"end of run: {type(exc).__name__}: {exc}")
+    if report.violations > before:
+        _fired(rule, report.evidence[-1].step if report.evidence else last_step, raise_on_fire, first=before == 0)
 
 
 def evaluate_job_rule(rule: JobRule, *, run_actions: bool = True, raise_on_fire: bool = False) -> None:

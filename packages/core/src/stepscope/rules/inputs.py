@@ -32,6 +32,8 @@ class CheckInputImages(Rule):
 
     Params = CheckInputImagesParams
     params: CheckInputImagesParams
+    min_saved_steps = 1
+    to_save = "model inputs"
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
@@ -93,6 +95,8 @@ class NLPSequenceRatio(Rule):
 
     Params = NLPSequenceRatioParams
     params: NLPSequenceRatioParams
+    min_saved_steps = 1
+    to_save = "model inputs"
 
     def _inputs(self) -> list[str]:
         return self.select_tensors((), self.params.tensor_regex, all_when_empty=False)

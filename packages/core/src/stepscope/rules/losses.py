@@ -3,6 +3,9 @@ StalledTrainingRule."""
 
 from __future__ import annotations
 
+import bisect
+import math
+import re
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -16,6 +19,10 @@ from .base import Rule, RuleParams, TensorRequest, require
 
 # Used when a job has no "losses" collection (an old or partial one).
 LOSS_REGEX = ("[Ll]oss",)
+# The fewest values a window of losses may summarise (a median of fewer is too noisy).
+MIN_WINDOW = 5
+# Loss names that are not a classifier's cross-entropy: never judged against chance level.
+_REGRESSION_LOSS = re.compile(r"mse|mae|l1|huber|smooth|squared|absolute|regression|cosine|hinge|ctc|kl", re.IGNORECASE)
 
 
 class _LossRule(Rule):
@@ -101,12 +108,39 @@ class LossNotDecreasing(_LossRule):
     Params = LossNotDecreasingParams
     params: LossNotDecreasingParams
     preset = {"window": 25, "mode": "TRAIN"}
+    to_save = "losses every step"
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
         self._last: dict[tuple[ModeKeys, str], tuple[int, float]] = {}
         self._mode = ModeKeys.parse(self.params.mode) if self.params.mode else None
         self._windows: dict[tuple[ModeKeys, str], _Windows] = {}
+        # Every finite loss seen, (global step, loss), for the end-of-run judgement of runs
+        # too short for `min_windows` windows of `window` values.
+        self._series: dict[tuple[ModeKeys, str], list[tuple[int, float]]] = {}
+        self._compared = 0
+
+    def finish(self) -> None:
+        """Runs too short for `min_windows` windows of `window` saved losses are judged once
+        here with windows of len // min_windows (at least MIN_WINDOW) values, so that a run
+        of 30 to 150 saved losses is judged rather than left "ok" unjudged."""
+        p = self.params
+        if not p.window:
+            self.need(1, self._compared, f"loss comparisons {p.num_steps} steps apart")
+            return
+        most = 0
+        for (mode, name), series in self._series.items():
+            most = max(most, len(series))
+            if len(self._windows[(mode, name)].medians) >= p.min_windows:
+                continue
+            size = len(series) // p.min_windows
+            if size < MIN_WINDOW:
+                continue
+            windows = _Windows(size)
+            for step, loss in series:
+                windows.add(self.mode_of(step)[1], loss)
+            self._judge(series[-1][0], mode, name, windows)
+        self.need(MIN_WINDOW * p.min_windows, most, f"saved {self._mode.name} losses" if self._mode else "saved losses")
 
     def _names(self) -> list[str]:
         p = self.params
@@ -133,6 +167,7 @@ class LossNotDecreasing(_LossRule):
                 continue
             if mode_step - last[0] < p.num_steps:
                 continue
+            self._compared += 1
             self._last[key] = (mode_step, loss)
             needed = p.diff_percent / 100.0 * abs(last[1])
             if last[1] - loss <= needed:
@@ -148,9 +183,15 @@ class LossNotDecreasing(_LossRule):
         if not np.isfinite(loss):
             return False  # ExplodingTensor reports NaN/inf losses
         windows = self._windows.setdefault((mode, name), _Windows(self.params.window))
-        done = windows.add(mode_step, loss)
+        self._series.setdefault((mode, name), []).append((step, loss))
+        if not windows.add(mode_step, loss):
+            return False
+        return self._judge(step, mode, name, windows)
+
+    def _judge(self, step: int, mode: ModeKeys, name: str, windows: _Windows) -> bool:
+        """The two tests at the end of a window (see the class docstring)."""
         p = self.params
-        if not done or len(windows.medians) < 3:
+        if len(windows.medians) < 3:
             return False
         first, current = windows.medians[0], windows.medians[-1]
         earlier = windows.medians[:-1]
@@ -165,7 +206,7 @@ class LossNotDecreasing(_LossRule):
                 step,
                 f"{where}: median {current.median:.4g} over {mode.name} steps {current.start}-{current.end} has not improved on "
                 f"{first.median:.4g} over steps {first.start}-{first.end} by more than {margin:.3g} "
-                f"({len(windows.medians)} windows of {p.window} saved steps)",
+                f"({len(windows.medians)} windows of {windows.size} saved steps)",
                 tensor=name, value=current.median, threshold=first.median - margin, first_median=first.median,
             )
             return True
@@ -254,6 +295,11 @@ class Overfit(_LossRule):
     Params = OverfitParams
     params: OverfitParams
     preset = {"trend_evaluations": 5}
+    to_save = "EVAL losses from validation during training"
+
+    def finish(self) -> None:
+        needed = self.params.trend_evaluations or self.params.patience
+        self.need(needed, len(self._points) if self.params.trend_evaluations else self._phase_id, "evaluations after training steps")
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
@@ -332,6 +378,280 @@ def theil_sen_slope(values: list[float]) -> float:
     """The median of the slopes between every pair of points (x = 0, 1, ...)."""
     slopes = [(values[j] - values[i]) / (j - i) for i in range(len(values)) for j in range(i + 1, len(values))]
     return float(np.median(slopes)) if slopes else 0.0
+
+
+# --- whole-run loss rules: LossDivergence, ChanceLevelLoss, SlowConvergence ------------------
+
+
+class _LossSeriesRule(_LossRule):
+    """Collects each loss's finite values per mode, (global step, value), for rules that
+    judge the whole course of training. Jobs that declare several optimizers (adversarial
+    training: a GAN's losses rise and sit near ln 2 by design) are not judged."""
+
+    modes: tuple[ModeKeys, ...] = (ModeKeys.TRAIN,)
+
+    def __init__(self, base_trial: Trial, **kwargs: Any):
+        super().__init__(base_trial, **kwargs)
+        self._series: dict[tuple[ModeKeys, str], list[tuple[int, float]]] = {}
+
+    def _adversarial(self) -> bool:
+        return sum(1 for scope in self.trial.scopes() if scope.kind == "optimizer") >= 2
+
+    def invoke_at_step(self, step: int) -> bool:
+        mode, _ = self.mode_of(step)
+        if mode not in self.modes:
+            return False
+        fired = False
+        for name in self._names():
+            loss = self._loss(name, step)
+            if loss is not None and np.isfinite(loss):
+                series = self._series.setdefault((mode, name), [])
+                series.append((step, loss))
+                fired = self._on_value(step, mode, name, series) or fired
+        return fired
+
+    def _on_value(self, step: int, mode: ModeKeys, name: str, series: list[tuple[int, float]]) -> bool:
+        return False
+
+    def _train_series(self) -> dict[str, list[tuple[int, float]]]:
+        return {name: series for (mode, name), series in self._series.items() if mode == ModeKeys.TRAIN}
+
+    def _longest(self) -> int:
+        return max((len(v) for v in self._train_series().values()), default=0)
+
+
+def _robust(values: list[float] | np.ndarray) -> tuple[float, float]:
+    """Median and the standard error of the median (1.2533 x 1.4826 x MAD / sqrt(n))."""
+    array = np.asarray(values, dtype=np.float64)
+    median = float(np.median(array))
+    sigma = 1.4826 * float(np.median(np.abs(array - median)))
+    return median, 1.2533 * sigma / math.sqrt(len(array))
+
+
+@dataclass(frozen=True)
+class LossDivergenceParams(RuleParams):
+    tensor_regex: tuple[str, ...] = ()
+    start_points: int = 10
+    window: int = 10
+    rise_percent: float = 50.0
+
+    def validate(self, owner: str) -> None:
+        require(owner, "start_points", self.start_points, self.start_points >= MIN_WINDOW, f">= {MIN_WINDOW}")
+        require(owner, "window", self.window, self.window >= MIN_WINDOW, f">= {MIN_WINDOW}")
+        require(owner, "rise_percent", self.rise_percent, self.rise_percent > 0, "> 0")
+
+
+class LossDivergence(_LossSeriesRule):
+    """Fires when a training loss rises far above where it started: the median of a window
+    of `window` (10) consecutive saved TRAIN losses exceeds the median of the first
+    `start_points` (10) by more than `rise_percent` (50) % of it and by three standard
+    errors of the difference (medians' standard errors from the median absolute
+    deviation). A loss at initialisation is the worst a healthy run sees for long; one that
+    climbs well above it (6.7 -> 15.4) diverges, even when it later comes back. Reported
+    once per loss, at the first window over the bound, with the peak. NaN/inf losses are
+    ExplodingTensor's."""
+
+    Params = LossDivergenceParams
+    params: LossDivergenceParams
+    to_save = "losses every step"
+
+    def __init__(self, base_trial: Trial, **kwargs: Any):
+        super().__init__(base_trial, **kwargs)
+        self._start: dict[str, tuple[float, float]] = {}
+        self._fired: set[str] = set()
+        self._skip: bool | None = None
+
+    def _on_value(self, step: int, mode: ModeKeys, name: str, series: list[tuple[int, float]]) -> bool:
+        p = self.params
+        n = len(series)
+        if n == p.start_points:
+            self._start[name] = _robust([v for _, v in series])
+        if name in self._fired or n < p.start_points + p.window or (n - p.start_points) % p.window:
+            return False
+        if self._skip is None:
+            self._skip = self._adversarial()
+        if self._skip:
+            return False
+        start, start_err = self._start[name]
+        window = [v for _, v in series[-p.window :]]
+        median, err = _robust(window)
+        bound = start + max(p.rise_percent / 100.0 * abs(start), 3.0 * math.hypot(start_err, err))
+        if median <= bound:
+            return False
+        self._fired.add(name)
+        first, last = series[-p.window][0], step
+        mode_name = mode.name
+        self.violation(
+            step,
+            f"{name}: median {median:.4g} over {mode_name} steps {self.mode_of(first)[1]}-{self.mode_of(last)[1]} is "
+            f"{median / start if start > 0 else float('inf'):.2g}x its start ({start:.4g} over the first {p.start_points} saved steps); "
+            f"bound {bound:.4g}: the loss diverges",
+            tensor=name, value=median, threshold=bound, start=start,
+        )
+        return True
+
+    def finish(self) -> None:
+        if self._skip:
+            self.no_data("not judged: the job declares several optimizers (adversarial losses rise by design)")
+            return
+        self.need(self.params.start_points + self.params.window, self._longest(), "saved TRAIN losses")
+
+
+@dataclass(frozen=True)
+class ChanceLevelLossParams(RuleParams):
+    tensor_regex: tuple[str, ...] = ()
+    num_classes: int = 0
+    tolerance_percent: float = 3.0
+    start_points: int = 3
+    min_points: int = 30
+    min_evaluations: int = 3
+
+    def validate(self, owner: str) -> None:
+        require(owner, "num_classes", self.num_classes, self.num_classes == 0 or self.num_classes >= 2, "0 (inferred) or >= 2")
+        require(owner, "tolerance_percent", self.tolerance_percent, 0 <= self.tolerance_percent < 100, "a percentage in [0, 100)")
+        require(owner, "start_points", self.start_points, self.start_points >= 1, ">= 1")
+        require(owner, "min_points", self.min_points, self.min_points >= 3 * MIN_WINDOW, f">= {3 * MIN_WINDOW}")
+        require(owner, "min_evaluations", self.min_evaluations, self.min_evaluations >= 1, ">= 1")
+
+
+class ChanceLevelLoss(_LossSeriesRule):
+    """Fires when a classifier's cross-entropy stays at chance level, ln K for K classes:
+    what a model that learned nothing about the inputs scores (shuffled labels, learning
+    rate 0, inputs that do not reach the model). K is `num_classes`, or (0, the default)
+    inferred from the loss at initialisation: a freshly initialised classifier predicts
+    nearly uniform probabilities, so its first losses sit at ln K; the loss is judged only
+    when the median of its first `start_points` (3) saved TRAIN losses is within 10 % of
+    ln K for an integer K >= 2, and never when its name says regression (MSE, L1, Huber, ...).
+
+    Two findings, judged over the whole run once it holds `min_points` (30) saved TRAIN
+    losses: the median of the last third of the TRAIN losses is above ln K minus
+    `tolerance_percent` (3) % of it (training learns nothing); or, while training loss went
+    below that, the validation loss (the mean of each evaluation phase, at least
+    `min_evaluations` (3) of them) never did (the model memorises the training set and
+    learns nothing that generalises: labels shuffled or unrelated to the inputs)."""
+
+    Params = ChanceLevelLossParams
+    params: ChanceLevelLossParams
+    modes = (ModeKeys.TRAIN, ModeKeys.EVAL)
+    to_save = "losses every step"
+
+    def _classes(self, series: list[tuple[int, float]]) -> int | None:
+        if self.params.num_classes:
+            return self.params.num_classes
+        start = float(np.median([v for _, v in series[: self.params.start_points]]))
+        if not 0.5 < start < 25:  # ln 2 ~ 0.69 .. ln of ~1e10 classes
+            return None
+        k = int(round(math.exp(start)))
+        return k if k >= 2 and abs(start - math.log(k)) <= 0.1 * math.log(k) else None
+
+    def finish(self) -> None:
+        p = self.params
+        if self._adversarial():
+            self.no_data("not judged: the job declares several optimizers (adversarial losses sit near ln 2 by design)")
+            return
+        judged = 0
+        for name, series in self._train_series().items():
+            if len(series) < p.min_points or _REGRESSION_LOSS.search(name):
+                continue
+            k = self._classes(series)
+            if k is None:
+                continue
+            judged += 1
+            chance = math.log(k)
+            bound = chance * (1 - p.tolerance_percent / 100.0)
+            tail = [v for _, v in series[-(len(series) // 3) :]]
+            median = float(np.median(tail))
+            last = series[-1][0]
+            if median >= bound:
+                self.violation(
+                    last,
+                    f"{name}: median {median:.4g} over the last {len(tail)} saved TRAIN steps is at chance level for {k} classes "
+                    f"(ln {k} = {chance:.4g}; bound {bound:.4g}): the model learns nothing from its inputs",
+                    tensor=name, value=median, threshold=bound, num_classes=k, chance=chance,
+                )
+                continue
+            evaluations = self._phase_means(name)
+            if len(evaluations) >= p.min_evaluations and min(v for _, v in evaluations) >= bound:
+                step, best = min(evaluations, key=lambda e: e[1])
+                self.violation(
+                    evaluations[-1][0],
+                    f"{name}: the validation loss never went below chance level for {k} classes (best {best:.4g} over "
+                    f"{len(evaluations)} evaluations, ln {k} = {chance:.4g}) while the training loss fell to {median:.4g}: "
+                    "the model memorises the training set and learns nothing that generalises",
+                    tensor=name, value=best, threshold=bound, num_classes=k, chance=chance, training_loss=median,
+                )
+        if judged:
+            self.need(p.min_points, self._longest(), "saved TRAIN losses")
+        elif self._longest() >= p.min_points:
+            self.no_data("no classifier loss to judge (no loss starts at ln K for K classes; give num_classes)")
+        else:
+            self.need(p.min_points, self._longest(), "saved TRAIN losses")
+
+    def _phase_means(self, name: str) -> list[tuple[int, float]]:
+        """(last global step, mean) of each evaluation phase of loss `name`: EVAL values
+        with no TRAIN step of it between them."""
+        series = self._series.get((ModeKeys.EVAL, name), [])
+        train_steps = [step for step, _ in self._series.get((ModeKeys.TRAIN, name), [])]
+        phases: list[list[tuple[int, float]]] = []
+        for step, value in series:
+            previous = phases[-1][-1][0] if phases else None
+            if previous is not None and bisect.bisect_left(train_steps, step) == bisect.bisect_left(train_steps, previous):
+                phases[-1].append((step, value))
+            else:
+                phases.append([(step, value)])
+        return [(phase[-1][0], float(np.mean([v for _, v in phase]))) for phase in phases]
+
+
+@dataclass(frozen=True)
+class SlowConvergenceParams(RuleParams):
+    tensor_regex: tuple[str, ...] = ()
+    windows: int = 10
+    min_decrease_percent: float = 10.0
+
+    def validate(self, owner: str) -> None:
+        require(owner, "windows", self.windows, self.windows >= 6, ">= 6")
+        require(owner, "min_decrease_percent", self.min_decrease_percent, 0 < self.min_decrease_percent < 100, "a percentage in (0, 100)")
+
+
+class SlowConvergence(_LossSeriesRule):
+    """Fires when a training loss is still falling steadily at the end of the run but has
+    come down by less than `min_decrease_percent` (10) % of where it started: it converges,
+    slowly (a learning rate far too small, poor initialisation or input scaling). The saved
+    TRAIN losses are cut into `windows` (10) windows (at least MIN_WINDOW losses each) and
+    summarised by their medians; "still falling" is a negative Theil-Sen slope over the
+    second half of the windows whose drop exceeds three standard errors of a window's
+    median. A loss that does not fall at all is LossNotDecreasing's."""
+
+    Params = SlowConvergenceParams
+    params: SlowConvergenceParams
+    to_save = "losses every step"
+
+    def finish(self) -> None:
+        p = self.params
+        if self._adversarial():
+            self.no_data("not judged: the job declares several optimizers")
+            return
+        for name, series in self._train_series().items():
+            size = len(series) // p.windows
+            if size < MIN_WINDOW:
+                continue
+            medians, errors = zip(*(_robust([v for _, v in series[i * size : (i + 1) * size]]) for i in range(p.windows)))
+            first, last = medians[0], medians[-1]
+            if first <= 0:
+                continue
+            decrease = (first - last) / first
+            half = list(medians[p.windows // 2 :])
+            slope = theil_sen_slope(half)
+            noise = float(np.median(errors))
+            falling = slope < 0 and -slope * (len(half) - 1) > 3.0 * math.sqrt(2.0) * noise
+            if falling and 0 < decrease < p.min_decrease_percent / 100.0:
+                self.violation(
+                    series[-1][0],
+                    f"{name}: fell only {100 * decrease:.1f}% ({first:.4g} -> {last:.4g}) over {len(series)} saved TRAIN steps and is "
+                    f"still falling ({slope:.3g} per window of {size}): training converges slowly",
+                    tensor=name, value=100 * decrease, threshold=p.min_decrease_percent, slope=slope,
+                )
+        self.need(MIN_WINDOW * p.windows, self._longest(), "saved TRAIN losses")
 
 
 # --- Overtraining --------------------------------------------------------------------------

@@ -13,7 +13,7 @@ from .activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
 from .base import Rule
 from .classification import ClassImbalance, Confusion
 from .inputs import CheckInputImages, NLPSequenceRatio
-from .losses import LossNotDecreasing, Overfit, Overtraining, StalledTrainingRule
+from .losses import ChanceLevelLoss, LossDivergence, LossNotDecreasing, Overfit, Overtraining, SlowConvergence, StalledTrainingRule
 from .tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance, UnchangedTensor, VanishingGradient, WeightUpdateRatio
 
 if TYPE_CHECKING:
@@ -24,14 +24,17 @@ BUILTIN_RULES: dict[str, type[Rule]] = {
     for cls in (
         VanishingGradient, ExplodingTensor, DeadRelu, SaturatedActivation, PoorWeightInitialization, WeightUpdateRatio,
         AllZero, UnchangedTensor, LossNotDecreasing, Overfit, Overtraining, SimilarAcrossRuns, StalledTrainingRule,
-        TensorVariance, ClassImbalance, Confusion, CheckInputImages, NLPSequenceRatio,
+        TensorVariance, ClassImbalance, Confusion, CheckInputImages, NLPSequenceRatio, LossDivergence, ChanceLevelLoss, SlowConvergence,
     )
 }
 
 # The tensor rules of the default set, in report order. A rule whose inputs the job did not
 # save (Rule.has_inputs) is left out rather than run to say "no data"; the profiler rules
 # join when the job has profiler data.
-DEFAULT_RULES = ("ExplodingTensor", "VanishingGradient", "WeightUpdateRatio", "AllZero", "LossNotDecreasing", "Overfit", "DeadRelu", "SaturatedActivation", "ClassImbalance")
+DEFAULT_RULES = (
+    "ExplodingTensor", "VanishingGradient", "WeightUpdateRatio", "AllZero", "LossNotDecreasing", "LossDivergence", "ChanceLevelLoss",
+    "SlowConvergence", "Overfit", "DeadRelu", "SaturatedActivation", "ClassImbalance",
+)
 
 
 def has_profiler_data(trial: Trial) -> bool:
@@ -46,6 +49,12 @@ def default_rules(trial: Trial) -> list[Rule]:
     ...), plus the profiler rules when the job has profiler data. See docs/rules.md."""
     rules: list[Rule] = [rule for rule in (BUILTIN_RULES[n](trial, **BUILTIN_RULES[n].preset) for n in DEFAULT_RULES) if rule.has_inputs()]
     return rules + default_profiler_rules(trial)
+
+
+def left_out_of_default(trial: Trial) -> list[tuple[str, str]]:
+    """The default set's tensor rules left out because the job saved nothing they read:
+    (rule name, what to save for it), for the summaries' "what to save for the others"."""
+    return [(n, BUILTIN_RULES[n].to_save) for n in DEFAULT_RULES if not BUILTIN_RULES[n](trial, **BUILTIN_RULES[n].preset).has_inputs()]
 
 
 def default_profiler_rules(trial: Trial) -> list[Rule]:
@@ -173,5 +182,5 @@ def describe_rules() -> list[dict[str, Any]]:
 
 __all__ = [
     "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "profiler_rules", "rule_kind", "rule_class", "build_rule",
-    "load_rule_class", "describe_rules", "valid_rule_names", "has_profiler_data",
+    "load_rule_class", "describe_rules", "valid_rule_names", "has_profiler_data", "left_out_of_default",
 ]

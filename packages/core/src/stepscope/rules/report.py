@@ -17,7 +17,10 @@ MAX_EVIDENCE = 100
 MAX_FIRED_STEPS = 1000
 MAX_ERRORS = 20
 
-STATUSES = ("fired", "error", "no data", "ok")
+STATUSES = ("fired", "error", "no data", "not enough data", "ok")
+# The statuses of a rule that judged the job (found a problem or found none with the
+# evidence it needs); the others could not judge.
+JUDGED = ("fired", "ok")
 
 
 def jsonable(value: Any) -> Any:
@@ -127,6 +130,13 @@ class RuleReport:
     statistics: dict[str, Any] = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     no_data_reason: str | None = None
+    # The evidence the rule needs to judge, and what it had: `needed` and `available` count
+    # `evidence_unit` ("saved TRAIN losses", "evaluations", ...); `to_save` says how a job
+    # gives it. Set by the rule (Rule.need); None where the rule did not say.
+    needed: int | None = None
+    available: int | None = None
+    evidence_unit: str = ""
+    to_save: str = ""
 
     @property
     def fired(self) -> bool:
@@ -149,7 +159,21 @@ class RuleReport:
             return "no data"
         if self.kind == "job" and not self.datapoints:
             return "no data"
+        if self.needed is not None and (self.available or 0) < self.needed:
+            return "no data" if not self.available else "not enough data"
         return "ok"
+
+    @property
+    def judged(self) -> bool:
+        """Whether the rule could judge the job: it fired, or found nothing with the
+        evidence it needs ("ok"). "no data", "not enough data" and "error" could not."""
+        return self.status in JUDGED
+
+    def need(self, needed: int, available: int, unit: str, to_save: str = "") -> None:
+        """State the evidence the rule needs (`needed` `unit`) and what the job gave it."""
+        self.needed, self.available, self.evidence_unit = int(needed), int(available), unit
+        if to_save:
+            self.to_save = to_save
 
     def add(self, evidence: Evidence) -> None:
         """Record one violation (kept up to MAX_EVIDENCE items; the count keeps going)."""
@@ -173,9 +197,13 @@ class RuleReport:
             return f"{self.violations} violation(s){steps}; {where}".rstrip("; ")
         if status == "error":
             return self.errors[0]
+        if status == "not enough data":
+            return f"not enough data (needs {self.needed} {self.evidence_unit}, has {self.available})"
         if status == "no data":
             if self.no_data_reason:
                 return self.no_data_reason
+            if self.needed is not None:
+                return f"no data (needs {self.needed} {self.evidence_unit}, has 0)"
             if self.kind == "tensor" and not self.steps_evaluated:
                 return "no steps to evaluate"
             return "no matching tensors were saved" if self.kind == "tensor" else "no data"
@@ -192,26 +220,60 @@ class RuleReport:
                 "steps_evaluated": self.steps_evaluated, "first_step": self.first_step, "last_step": self.last_step,
                 "datapoints": self.datapoints, "tensors_inspected": self.tensors_inspected,
                 "statistics": self.statistics, "errors": self.errors, "no_data_reason": self.no_data_reason,
-                "explanation": self.explanation,
+                "judged": self.judged, "evidence_needed": self.evidence_json(), "explanation": self.explanation,
             }
         )
 
+    def evidence_json(self) -> dict[str, Any] | None:
+        """{"needed", "available", "unit", "to_save"} where the rule stated its evidence."""
+        if self.needed is None:
+            return {"to_save": self.to_save} if self.to_save else None
+        return {"needed": self.needed, "available": self.available, "unit": self.evidence_unit, "to_save": self.to_save}
+
     def row(self) -> dict[str, Any]:
-        """The report's one-line form: rule, kind, status, violations, summary."""
-        return {"rule": self.rule, "kind": self.kind, "status": self.status, "fired": self.fired, "violations": self.violations, "summary": self.summary()}
+        """The report's one-line form: rule, kind, status, violations, summary, and for a
+        rule that could not judge, what to save for it."""
+        row = {"rule": self.rule, "kind": self.kind, "status": self.status, "fired": self.fired, "violations": self.violations, "summary": self.summary()}
+        if not self.judged and self.to_save:
+            row["to_save"] = self.to_save
+        return row
+
+
+def judged_line(reports: Iterable[RuleReport]) -> str:
+    """`7 of 9 rule(s) could judge; for the others save: losses every step (LossNotDecreasing,
+    Overfit)` (CLI, report and app summaries)."""
+    reports = list(reports)
+    judged = [r for r in reports if r.judged]
+    line = f"{len(judged)} of {len(reports)} rule(s) could judge"
+    if len(judged) < len(reports):
+        hints = to_save_hints((r.rule, r.to_save) for r in reports if not r.judged)
+        line += "; for the others save: " + hints if hints else "; see their status for why the others could not"
+    return line
+
+
+def to_save_hints(needs: Iterable[tuple[str, str]]) -> str:
+    """`losses every step (A, B); weights (C)` from (rule, what to save) pairs."""
+    by_hint: dict[str, list[str]] = {}
+    for rule, hint in needs:
+        if hint:
+            by_hint.setdefault(hint, []).append(rule)
+    return "; ".join(f"{hint} ({', '.join(rules)})" for hint, rules in by_hint.items())
 
 
 def format_table(reports: Iterable[RuleReport], out: TextIO, *, width: int = 110) -> None:
     """The reports as a table, one row each (the CLI's output)."""
+    reports = list(reports)
     rows = [r.row() for r in reports]
     if not rows:
         print("no rules were run", file=out)
         return
     name_width = max(len(r["rule"]) for r in rows)
-    print(f"{'RULE':<{name_width}}  {'STATUS':<7}  {'VIOLATIONS':>10}  DETAIL", file=out)
+    status_width = max(7, *(len(r["status"]) for r in rows))
+    print(f"{'RULE':<{name_width}}  {'STATUS':<{status_width}}  {'VIOLATIONS':>10}  DETAIL", file=out)
     for row in rows:
         summary = row["summary"] if len(row["summary"]) <= width else row["summary"][: width - 3] + "..."
-        print(f"{row['rule']:<{name_width}}  {row['status']:<7}  {row['violations']:>10}  {summary}", file=out)
+        print(f"{row['rule']:<{name_width}}  {row['status']:<{status_width}}  {row['violations']:>10}  {summary}", file=out)
+    print(judged_line(reports), file=out)
 
 
-__all__ = ["Evidence", "Explanation", "RuleReport", "jsonable", "step_label", "format_table", "MAX_EVIDENCE", "STATUSES"]
+__all__ = ["Evidence", "Explanation", "RuleReport", "jsonable", "step_label", "format_table", "judged_line", "to_save_hints", "MAX_EVIDENCE", "STATUSES", "JUDGED"]

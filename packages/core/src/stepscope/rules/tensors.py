@@ -3,6 +3,8 @@ AllZero, UnchangedTensor, TensorVariance, WeightUpdateRatio, SimilarAcrossRuns."
 
 from __future__ import annotations
 
+import bisect
+import re
 from collections import deque
 from dataclasses import dataclass
 from typing import Any
@@ -11,6 +13,7 @@ import numpy as np
 
 from ..exceptions import ConfigError
 from ..modes import ModeKeys
+from ..scopes import WHOLE_JOB, ScopeMap, parameter_of
 from ..trial import Trial, create_trial
 from .base import Rule, RuleParams, TensorRequest, require
 
@@ -52,22 +55,34 @@ class VanishingGradientParams(RuleParams):
     threshold: float = 1e-7
     relative_threshold: float = 0.0
     skip_kinds: tuple[str, ...] = ()
+    patience: int = 1
+    healthy_update_ratio: float = 0.0
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold", self.threshold, self.threshold >= 0, ">= 0")
         require(owner, "relative_threshold", self.relative_threshold, 0 <= self.relative_threshold < 1, "in [0, 1)")
         bad = [k for k in self.skip_kinds if k not in PARAMETER_KINDS]
         require(owner, "skip_kinds", self.skip_kinds, not bad, f"kinds among {', '.join(PARAMETER_KINDS)}")
+        require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
+        require(owner, "healthy_update_ratio", self.healthy_update_ratio, self.healthy_update_ratio >= 0, ">= 0 (0: not used)")
 
 
-PARAMETER_KINDS = ("matrix", "vector", "bias", "norm", "embedding")
+PARAMETER_KINDS = ("matrix", "vector", "bias", "norm", "embedding", "attention", "head")
+
+# Query/key projections: names of torch (q_proj, k_proj, query, key; MultiheadAttention's
+# packed in_proj_weight), Hugging Face (q_lin, k_lin, attn.c_attn) and Keras
+# MultiHeadAttention (query/kernel, key/kernel).
+_ATTENTION = re.compile(r"(^|[._/])(q|k|query|key|q_proj|k_proj|q_lin|k_lin|in_proj_weight|in_proj|c_attn|qkv|wq|wk)([._/]|$)")
+_HEAD = re.compile(r"(^|[._/])(head|heads|lm_head|classifier|cls|logits|output_layer|fc_out|predictions)([._/]|$)")
 
 
 def parameter_kind(name: str, module_class: str | None, ndim: int | None) -> str:
-    """What kind of parameter a weight or gradient belongs to: "embedding" (lookup tables:
-    only the rows used in a batch get a gradient), "norm" (BatchNorm/LayerNorm scales and
-    shifts), "bias", "vector" (other 1-D parameters), "matrix" (dense, convolution and
-    recurrent weights)."""
+    """The role of a parameter (of a weight, or of the gradient of one): "embedding"
+    (lookup tables: only the rows used in a batch get a gradient), "norm"
+    (BatchNorm/LayerNorm scales and shifts), "attention" (query/key projections: their
+    gradient is small by construction early in training and under softmax saturation),
+    "head" (the output layer), "bias", "vector" (other 1-D parameters), "matrix" (dense,
+    convolution and recurrent weights)."""
     lowered = name.lower()
     cls = (module_class or "").lower()
     last = lowered.rsplit(".", 1)[-1].rsplit("/", 1)[-1]
@@ -79,28 +94,50 @@ def parameter_kind(name: str, module_class: str | None, ndim: int | None) -> str
         return "bias"
     if ndim is not None and ndim <= 1:
         return "vector"
+    if _ATTENTION.search(lowered):
+        return "attention"
+    if _HEAD.search(lowered):
+        return "head"
     return "matrix"
 
 
 class VanishingGradient(Rule):
     """Fires when the mean of the absolute values of a gradient drops below `threshold`
     (default 1e-7), or, with `relative_threshold` > 0, below that fraction of the largest
-    mean |gradient| among the judged gradients of the same step (the layer-to-layer decay
-    that defines vanishing gradients, independent of the loss's scale). Gradients of the
-    kinds in `skip_kinds` ("bias", "vector", "norm", "embedding") are not judged: a conv
-    bias before BatchNorm has a zero gradient by design, and an embedding table's unused
-    rows get none. Inspects the `gradients` collection (tensors named `gradient*` in jobs
-    without a collections file); uses the saved abs_mean reduction when there is one."""
+    mean |gradient| among the judged gradients of the same step and the same scope (the
+    layer-to-layer decay that defines vanishing gradients, independent of the loss's
+    scale; a scope is one network or one optimizer's parameters as the hook declared them,
+    so a GAN's generator is never compared with its discriminator). With `patience` N
+    (SageMaker: 1) a layer fires only when it stays below at N saved steps in a row: a
+    gradient that is small at initialisation and grows is not vanishing. With
+    `healthy_update_ratio` r > 0, a layer whose weights (saved in the weights collection)
+    moved by more than r of their norm per step since their previous saved step is learning
+    and is not judged vanishing (adaptive optimizers move small gradients fine). Gradients
+    of the kinds in `skip_kinds` ("bias", "vector", "norm", "embedding", "attention",
+    "head") are not judged: a conv bias before BatchNorm has a zero gradient by design, an
+    embedding table's unused rows get none, and attention query/key projections start
+    small. Inspects the `gradients` collection (tensors named `gradient*` in jobs without a
+    collections file); uses the saved abs_mean reduction when there is one."""
 
     Params = VanishingGradientParams
     params: VanishingGradientParams
-    # Judge weight matrices only, and against the other layers: deep sigmoid stacks sit at
-    # 1e-8 of their last layer, healthy MLPs, CNNs, RNNs and transformers above 1e-2.
-    preset = {"relative_threshold": 1e-3, "skip_kinds": ("bias", "vector", "norm", "embedding")}
+    # Judge weight matrices only, against the other layers of the same network, over time,
+    # and together with how fast the weights move: deep sigmoid stacks sit at 1e-8 of
+    # their last layer and never move; healthy MLPs, CNNs, RNNs and transformers sit above
+    # 1e-2, or move at 1e-4 of their norm per step or more.
+    preset = {
+        "relative_threshold": 1e-3, "skip_kinds": ("bias", "vector", "norm", "embedding", "attention"),
+        "patience": 3, "healthy_update_ratio": 1e-4,
+    }
+    to_save = "gradients and weights"
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
         self._kinds: dict[str, str] = {}
+        self._groups: ScopeMap | None = None
+        self._below: dict[str, int] = {}  # saved steps in a row below the threshold
+        self._judged_steps = 0
+        self._weight_steps: dict[str, list[int]] = {}
 
     def _gradients(self) -> list[str]:
         return self.select_tensors(("gradients",), GRADIENT_REGEX)
@@ -125,29 +162,86 @@ class VanishingGradient(Rule):
             self._kinds[name] = kind
         return kind
 
+    def _group(self, name: str) -> str:
+        if self._groups is None:
+            self._groups = self.trial.scope_map()
+        return self._groups.group_of(name)
+
     def invoke_at_step(self, step: int) -> bool | None:
         p = self.params
-        judged: dict[str, float] = {}
+        if self.mode_of(step)[0] not in TRAINING_MODES:
+            return False
+        by_scope: dict[str, dict[str, float]] = {}
         for name in self._gradients():
             if p.skip_kinds and self._kind(name, step) in p.skip_kinds:
                 continue
             abs_mean = self.reduction(name, step, "mean", abs=True)
             if abs_mean is not None and np.isfinite(abs_mean):
-                judged[name] = abs_mean
-        if not judged:
+                by_scope.setdefault(self._group(name), {})[name] = abs_mean
+        if not by_scope:
             return False
+        self._judged_steps += 1
+        for scope, judged in by_scope.items():
+            self._judge_scope(step, scope, judged)
+        return None  # fired follows from the violations reported
+
+    def _judge_scope(self, step: int, scope: str, judged: dict[str, float]) -> None:
+        p = self.params
         largest_name = max(judged, key=judged.__getitem__)
         largest = judged[largest_name]
+        in_scope = f" in {scope}" if scope != WHOLE_JOB else ""
         for name, abs_mean in judged.items():
-            if abs_mean < p.threshold:
-                self.violation(step, f"{name}: mean |gradient| {abs_mean:.3g} < {p.threshold:g}", tensor=name, value=abs_mean, threshold=p.threshold, abs_mean=abs_mean)
-            elif p.relative_threshold and largest > 0 and abs_mean / largest < p.relative_threshold:
+            absolute = abs_mean < p.threshold
+            relative = bool(p.relative_threshold) and largest > 0 and abs_mean / largest < p.relative_threshold
+            if not (absolute or relative):
+                self._below[name] = 0
+                continue
+            moving = self._update_ratio(name, step) if p.healthy_update_ratio else None
+            if moving is not None and moving >= p.healthy_update_ratio:
+                self._below[name] = 0  # small gradient, weights still learning
+                continue
+            run = self._below[name] = self._below.get(name, 0) + 1
+            if run < p.patience:
+                continue
+            held = f" for {run} saved steps" if p.patience > 1 else ""
+            moved = f"; its weights moved {moving:.2g} of their norm per step" if moving is not None else ""
+            if absolute:
+                self.violation(
+                    step, f"{name}: mean |gradient| {abs_mean:.3g} < {p.threshold:g}{held}{moved}",
+                    tensor=name, value=abs_mean, threshold=p.threshold, abs_mean=abs_mean, scope=scope, update_ratio=moving,
+                )
+            else:
                 ratio = abs_mean / largest
                 self.violation(
-                    step, f"{name}: mean |gradient| {abs_mean:.3g} is {ratio:.2g} of the largest ({largest_name}: {largest:.3g}) < {p.relative_threshold:g}",
-                    tensor=name, value=ratio, threshold=p.relative_threshold, abs_mean=abs_mean, largest=largest_name,
+                    step, f"{name}: mean |gradient| {abs_mean:.3g} is {ratio:.2g} of the largest{in_scope} ({largest_name}: {largest:.3g}) "
+                    f"< {p.relative_threshold:g}{held}{moved}",
+                    tensor=name, value=ratio, threshold=p.relative_threshold, abs_mean=abs_mean, largest=largest_name, scope=scope, update_ratio=moving,
                 )
-        return None  # fired follows from the violations reported
+
+    def _update_ratio(self, gradient: str, step: int) -> float | None:
+        """||w_s - w_prev|| / ||w_prev|| per step for the weight of `gradient`, w_prev at
+        its previous saved step; None when the weights were not saved at both."""
+        weight = parameter_of(gradient)
+        if weight == gradient or not self.trial.has_tensor(weight):
+            return None
+        steps = self._weight_steps.get(weight)
+        if steps is None or (steps and steps[-1] < step):
+            # TRAIN steps only: weights saved at an EVAL step equal the last TRAIN step's.
+            steps = self._weight_steps[weight] = [s for s in self.trial.tensor(weight).steps() if self.mode_of(s)[0] in TRAINING_MODES]
+        at = bisect.bisect_left(steps, step)
+        if at >= len(steps) or steps[at] != step or at == 0:
+            return None
+        previous = steps[at - 1]
+        now, before = self.value(weight, step), self.value(weight, previous)
+        if now is None or before is None or now.shape != before.shape or not _is_float(now):
+            return None
+        norm = float(np.linalg.norm(before))
+        if norm == 0.0:
+            return None
+        return float(np.linalg.norm(now.astype(np.float64) - before)) / norm / (step - previous)
+
+    def finish(self) -> None:
+        self.need(self.params.patience, self._judged_steps, "saved TRAIN steps with gradients")
 
 
 # --- ExplodingTensor -----------------------------------------------------------------------
@@ -165,6 +259,8 @@ class ExplodingTensor(_SelectingRule):
 
     Params = ExplodingTensorParams
     params: ExplodingTensorParams
+    min_saved_steps = 1
+    to_save = "any tensors"
     _REDUCTIONS = ("max", "min", "mean")
 
     def required_tensors(self, step: int):
@@ -225,6 +321,10 @@ class AllZero(_SelectingRule):
 
     Params = AllZeroParams
     params: AllZeroParams
+    to_save = "weights"
+
+    def finish(self) -> None:
+        self.need(self.params.patience, len(self._data_steps), "saved steps")
     # Weights only, and only when they stay zero: a zero-initialised gamma (ResNet's
     # zero_init_residual) or bias is healthy; weights that never leave zero are not.
     preset = {"collection_names": ("weights",), "patience": 3}
@@ -282,6 +382,10 @@ class UnchangedTensor(_SelectingRule):
 
     Params = UnchangedTensorParams
     params: UnchangedTensorParams
+    to_save = "the tensors it inspects"
+
+    def finish(self) -> None:
+        self.need(self.params.num_steps, len(self._data_steps), "saved TRAIN steps")
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
@@ -334,6 +438,8 @@ class TensorVariance(_SelectingRule):
 
     Params = TensorVarianceParams
     params: TensorVarianceParams
+    min_saved_steps = 1
+    to_save = "the tensors it inspects"
 
     def required_tensors(self, step: int):
         return [TensorRequest(n, step, "variance") for n in self.tensors()]
@@ -383,11 +489,16 @@ class WeightUpdateRatio(Rule):
 
     Params = WeightUpdateRatioParams
     params: WeightUpdateRatioParams
+    to_save = "weights"
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
         self._history: dict[str, deque[tuple[int, np.ndarray]]] = {}
         self._trained: tuple[list[str], list[str]] | None = None
+        self._ratios = 0  # update ratios computed (pairs of saved weights)
+
+    def finish(self) -> None:
+        self.need(1, self._ratios, "update ratios (weights saved at 2 TRAIN steps)")
 
     # A weight frozen on purpose (fine-tuning a head on a frozen backbone) has an update
     # ratio of 0 by design: judge only the weights that get gradients.
@@ -440,6 +551,7 @@ class WeightUpdateRatio(Rule):
                 history.popleft()
             if previous is None or previous[1].shape != value.shape:
                 continue
+            self._ratios += 1
             prev_norm = float(np.linalg.norm(previous[1]))
             if prev_norm == 0.0:
                 continue
@@ -473,6 +585,8 @@ class SimilarAcrossRuns(_SelectingRule):
 
     Params = SimilarAcrossRunsParams
     params: SimilarAcrossRunsParams
+    min_saved_steps = 1
+    to_save = "the same tensors at the same steps in both runs"
 
     def __init__(self, base_trial: Trial, other_trial: str | Trial = "", **kwargs: Any):
         other = other_trial if isinstance(other_trial, Trial) else None

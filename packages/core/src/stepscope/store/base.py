@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import abc
 import builtins
+import io
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from typing import BinaryIO
 
 from ..exceptions import StoreError
 
@@ -39,6 +41,15 @@ class Store(abc.ABC):
     def read(self, key: str, max_size: int | None = None) -> bytes:
         """The whole object; raises FileNotFoundError when absent, StoreError when it is
         not a regular file or (with `max_size`) larger than that."""
+
+    def open_file(self, key: str, max_size: int | None = None) -> BinaryIO:
+        """A binary file object of the whole object, for libraries that read files
+        themselves (pyarrow, h5py): they get what the store opened under its path policy,
+        never a path to open on their own."""
+        return io.BytesIO(self.read(key, max_size))
+
+    def size(self, key: str) -> int:
+        return len(self.read(key))
 
     @abc.abstractmethod
     def read_range(self, key: str, start: int, length: int) -> bytes:

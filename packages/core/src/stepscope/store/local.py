@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import builtins
 import ctypes
+import functools
 import itertools
 import os
 import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, BinaryIO
 
 from ..exceptions import ConfigError, StoreError
 from .base import Store, check_key
@@ -65,17 +67,82 @@ def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
             views[first] = views[first][written:]
 _counter = itertools.count()
 
+_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+# A folder on a key's way: opened relative to its parent, never through a symbolic link.
+_FOLDER_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _NOFOLLOW | _CLOEXEC
+# A file read: no link at the name, and O_NONBLOCK so that a FIFO cannot block the open.
+_READ_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
+_WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
+MAX_DEPTH = 32  # folders below a job's root; a job writes at most ~6 (deeper: not listed)
+_PROC_FD = os.path.isdir("/proc/self/fd")  # Linux: which file a descriptor is
+
+
+class PathRefused(StoreError):
+    """A key whose way from the job's root passes a symbolic link or something that is
+    not a folder: reading or writing it could leave the job."""
+
+
+def _open_folder(root_fd: int, root: str, rel: str, create: bool) -> int:
+    """A descriptor of folder `rel` (below the folder `root_fd`), reached one component at
+    a time with O_NOFOLLOW (openat-style): a symbolic link anywhere on the way is refused,
+    and what is opened is what is used (no window between a check and the use)."""
+    fd = os.dup(root_fd)
+    try:
+        for i, part in enumerate(rel.split("/") if rel else ()):
+            try:
+                child = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
+            except FileNotFoundError:
+                if not create:
+                    raise
+                try:
+                    os.mkdir(part, 0o777, dir_fd=fd)
+                except FileExistsError:
+                    pass
+                child = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
+            except OSError as exc:
+                # ELOOP: a symbolic link; ENOTDIR: a file where a folder should be.
+                where = os.path.join(root, *rel.split("/")[: i + 1])
+                what = "a symbolic link" if os.path.islink(where) else f"not a folder ({exc.strerror or exc})"
+                raise PathRefused(f"{where} is {what}; stepscope reads and writes only real folders inside the job") from None
+            os.close(fd)
+            fd = child
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def resolve_within(root: str | os.PathLike[str], rel: str) -> str:
+    """The path of folder `rel` (a relative POSIX path) inside `root`, reached without
+    following any symbolic link below `root`: PathRefused when one lies on the way,
+    FileNotFoundError when it does not exist. What a server authorises when a user names a
+    folder of a shared root (a job id): the folder itself, never where a link points."""
+    root = os.fspath(root)
+    if rel not in ("", "."):
+        check_key(rel)
+    root_fd = os.open(root, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+    try:
+        os.close(_open_folder(root_fd, root, "" if rel in ("", ".") else rel.strip("/"), create=False))
+    finally:
+        os.close(root_fd)
+    return os.path.join(os.path.realpath(root), *(rel.strip("/").split("/") if rel not in ("", ".") else ()))
+
 
 class LocalStore(Store):
+    """A job in a local folder. Every read and write resolves inside the job's root without
+    following symbolic links: each folder on a key's way is opened relative to its parent
+    with O_NOFOLLOW and files are opened relative to their folder's descriptor, so a link
+    planted anywhere in the job (`rule-output -> /elsewhere`, a linked table or event file)
+    is refused with PathRefused naming it. The root itself may be a link (the user chose it)."""
+
     def __init__(self, root: str | os.PathLike[str]):
         self.root = Path(root).expanduser()
         if self.root.exists() and not self.root.is_dir():
             raise ConfigError(f"out_dir {self.root} exists and is not a directory")
         self.url = str(self.root)
         self._root_str = str(self.root)
-        self._folders: set[str] = set()  # folders known to exist: one makedirs per folder
-        self._real_root = os.path.realpath(self._root_str)
-        self._safe_folders: set[str] = set()  # folders checked to lie inside the job
+        self._real_root: str | None = None  # the root's canonical path, once it exists
 
     def _path(self, key: str) -> Path:
         return self.root / key
@@ -84,67 +151,140 @@ class LocalStore(Store):
         # Plain strings: pathlib's joins cost more than the reads of small index files.
         return os.path.join(self._root_str, key)
 
+    # --- folders ---------------------------------------------------------------------
+
+    def _folder_fd(self, folder: str, create: bool) -> int:
+        """A descriptor of `folder` (relative; "" is the root), walked from the root. Not
+        cached: a server holds a store per job, and kept descriptors would run out."""
+        if create and not os.path.isdir(self._root_str):
+            try:
+                os.makedirs(self._root_str, exist_ok=True)
+            except OSError as exc:
+                raise StoreError(f"cannot create {self._root_str}: {exc.strerror or exc}") from exc
+        root_fd = os.open(self._root_str, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+        try:
+            return _open_folder(root_fd, self._root_str, folder, create)
+        finally:
+            os.close(root_fd)
+
+    def _with_folder(self, key: str, create: bool, action: Any) -> Any:
+        """`action(folder_fd, name)` for `key`, its folder opened by the walk."""
+        folder, _, name = check_key(key).rpartition("/")
+        try:
+            fd = self._folder_fd(folder, create)
+        except FileNotFoundError:
+            raise FileNotFoundError(self._os_path(key)) from None
+        try:
+            return action(fd, name)
+        finally:
+            os.close(fd)
+
+    # --- writing ---------------------------------------------------------------------
+
     def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         target = self._os_path(check_key(key))
-        folder, name = os.path.split(target)
         parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-        # Unique per process and call: no other writer can pick the same temporary name.
-        tmp = os.path.join(folder, f".{name}.{os.getpid()}.{next(_counter)}.tmp")
-        try:
-            if folder not in self._folders:
-                os.makedirs(folder, exist_ok=True)
-                self._folders.add(folder)
+
+        def publish(folder_fd: int, name: str) -> None:
+            # Unique per process and call: no other writer can pick the same temporary name.
+            tmp = f".{name}.{os.getpid()}.{next(_counter)}.tmp"
+            fd = os.open(tmp, _WRITE_FLAGS, 0o644, dir_fd=folder_fd)
             try:
-                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
                 try:
                     _write_all(fd, parts)
                 finally:
                     os.close(fd)
-                os.replace(tmp, target)
+                # A link or special file at the name is replaced (rename never follows it),
+                # never written through.
+                os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
             except BaseException:
                 try:
-                    os.unlink(tmp)
+                    os.unlink(tmp, dir_fd=folder_fd)
                 except OSError:
                     pass
                 raise
+
+        try:
+            self._with_folder(key, True, publish)
+        except StoreError:
+            raise
         except OSError as exc:
-            self._folders.discard(folder)
             raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
+
+    # --- reading ---------------------------------------------------------------------
 
     def _open_regular(self, key: str) -> int:
         """A descriptor for reading `key`, which must be a regular file inside the job:
         no symbolic link (at the name or in a folder above it), no FIFO or device (opening
-        one could block forever or read without end)."""
+        one could block forever or read without end). Reads are the hot path (a job may
+        have 10^5 index files): where the kernel tells which file a descriptor is
+        (/proc/self/fd), the file is opened by its path and what was opened is checked to be
+        the file at the key (one system call); elsewhere the folders are walked."""
         path = self._os_path(check_key(key))
-        self._check_folder(os.path.dirname(path), key)
-        flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+        real_root = self._real_root
+        if real_root is None and _PROC_FD and os.path.isdir(self._root_str):
+            real_root = self._real_root = os.path.realpath(self._root_str)
+        if real_root is not None:
+            try:
+                fd = os.open(path, _READ_FLAGS)
+            except FileNotFoundError:
+                raise
+            except OSError:
+                fd = -1  # the walk below says what is wrong, naming the link
+            if fd >= 0:
+                try:
+                    opened = os.readlink(f"/proc/self/fd/{fd}")
+                except OSError:
+                    opened = None
+                if opened == os.path.join(real_root, key):
+                    return self._regular(fd, path)
+                os.close(fd)
         try:
-            fd = os.open(path, flags)
+            fd = self._with_folder(key, False, functools.partial(self._open_in, path))
+        except (FileNotFoundError, StoreError):
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        return self._regular(fd, path)
+
+    @staticmethod
+    def _open_in(path: str, folder_fd: int, name: str) -> int:
+        try:
+            return os.open(name, _READ_FLAGS, dir_fd=folder_fd)
         except FileNotFoundError:
             raise
         except OSError as exc:
-            if os.path.islink(path):
-                raise StoreError(f"{path} is a symbolic link; stepscope reads only regular files inside the job") from None
+            try:
+                is_link = stat.S_ISLNK(os.stat(name, dir_fd=folder_fd, follow_symlinks=False).st_mode)
+            except OSError:
+                is_link = False
+            if is_link:
+                raise PathRefused(f"{path} is a symbolic link; stepscope reads only regular files inside the job") from None
             if isinstance(exc, (IsADirectoryError, NotADirectoryError)):
                 raise StoreError(f"cannot read {path}: not a regular file") from None
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+
+    @staticmethod
+    def _regular(fd: int, path: str) -> int:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             os.close(fd)
             raise StoreError(f"{path} is not a regular file; stepscope reads only regular files")
         return fd
 
-    def _check_folder(self, folder: str, key: str) -> None:
-        if folder in self._safe_folders:
-            return
-        real = os.path.realpath(folder)
-        if real != self._real_root and not real.startswith(self._real_root + os.sep):
-            if os.path.lexists(folder):
-                raise StoreError(f"{self._os_path(key)} lies outside the job (a symbolic link in its path); not read")
-            raise FileNotFoundError(self._os_path(key))
-        expected = os.path.normpath(os.path.join(self._real_root, os.path.relpath(folder, self._root_str)))
-        if real != expected:
-            raise StoreError(f"{self._os_path(key)}: a folder on its path is a symbolic link; not read")
-        self._safe_folders.add(folder)
+    def open_file(self, key: str, max_size: int | None = None) -> BinaryIO:
+        fd = self._open_regular(key)
+        size = os.fstat(fd).st_size
+        if max_size is not None and size > max_size:
+            os.close(fd)
+            raise StoreError(f"{self._os_path(key)} is {size} bytes, more than the {max_size} a file of its kind may have")
+        return os.fdopen(fd, "rb")
+
+    def size(self, key: str) -> int:
+        fd = self._open_regular(key)
+        try:
+            return os.fstat(fd).st_size
+        finally:
+            os.close(fd)
 
     def read(self, key: str, max_size: int | None = None) -> bytes:
         fd = self._open_regular(key)
@@ -153,12 +293,14 @@ class LocalStore(Store):
             if max_size is not None and size > max_size:
                 raise StoreError(f"{self._os_path(key)} is {size} bytes, more than the {max_size} a file of its kind may have")
             chunks = []
+            total = 0
             while True:
                 chunk = os.read(fd, max(size, 1 << 16))
                 if not chunk:
                     break
                 chunks.append(chunk)
-                if max_size is not None and sum(len(c) for c in chunks) > max_size:
+                total += len(chunk)
+                if max_size is not None and total > max_size:
                     raise StoreError(f"{self._os_path(key)} grew past {max_size} bytes while being read")
             return b"".join(chunks)
         finally:
@@ -178,41 +320,57 @@ class LocalStore(Store):
             os.close(fd)
 
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
+        # A prefix may name a folder or the start of file names inside one. A missing job
+        # root has no keys: its parent folder is someone else's. (The root may be a link.)
         base = self._path(prefix) if prefix else self.root
-        # A prefix may name a folder or the start of file names inside one.
-        # A missing job root has no keys: its parent folder is someone else's.
-        folder = base if base.is_dir() and not base.is_symlink() else base.parent if prefix else None
-        if folder is None or not folder.is_dir() or folder.is_symlink():
+        folder = self.root if not prefix else base if base.is_dir() and not base.is_symlink() else base.parent
+        if not folder.is_dir():
             return []
-        keys: builtins.list[str] = []
         rel = os.path.relpath(folder, self.root).replace(os.sep, "/")
-        self._walk(str(folder), "" if rel == "." else rel, prefix, start_after, keys)
+        rel = "" if rel == "." else rel
+        if rel.startswith(".."):
+            return []
+        if rel:
+            try:  # the folders above the listing: no link on the way either
+                os.close(self._folder_fd(rel, create=False))
+            except (OSError, StoreError):
+                return []
+        keys: builtins.list[str] = []
+        self._walk(str(folder), rel, prefix, start_after, keys)
         keys.sort()
         return keys
 
-    def _walk(self, folder: str, rel_dir: str, prefix: str, start_after: str | None, keys: builtins.list[str]) -> None:
+    def _walk(self, top: str, top_rel: str, prefix: str, start_after: str | None, keys: builtins.list[str]) -> None:
         # Only regular files and real folders (d_type: no extra system call per entry);
-        # symbolic links, FIFOs and sockets are not part of a job.
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            return
-        for entry in entries:
-            name = entry.name
-            key = f"{rel_dir}/{name}" if rel_dir else name
-            if entry.is_dir(follow_symlinks=False):
-                sub = key + "/"
-                # Skip whole folders that sort entirely before start_after (cheap follow-up listings).
-                if start_after is not None and sub < start_after[: len(sub)]:
-                    continue
-                if not (sub.startswith(prefix) or prefix.startswith(sub)):
-                    continue
-                self._walk(entry.path, key, prefix, start_after, keys)
-            elif entry.is_file(follow_symlinks=False):
-                if name.startswith(".") and name.endswith(".tmp"):
-                    continue
-                if key.startswith(prefix) and (start_after is None or key > start_after):
-                    keys.append(key)
+        # symbolic links, FIFOs and sockets are not part of a job. A stack, not recursion,
+        # and a depth bound: a 1,400-deep folder chain is skipped, not a RecursionError.
+        # (Listing by path can race a folder swapped for a link; every read of what is
+        # listed goes through the descriptor walk, which refuses it.)
+        stack = [(top, top_rel, top_rel.count("/") + (1 if top_rel else 0))]
+        while stack:
+            folder, rel_dir, depth = stack.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError:
+                continue
+            for entry in entries:
+                name = entry.name
+                key = f"{rel_dir}/{name}" if rel_dir else name
+                if entry.is_dir(follow_symlinks=False):
+                    sub = key + "/"
+                    # Skip whole folders that sort entirely before start_after (cheap follow-up listings).
+                    if start_after is not None and sub < start_after[: len(sub)]:
+                        continue
+                    if not (sub.startswith(prefix) or prefix.startswith(sub)):
+                        continue
+                    if depth + 1 > MAX_DEPTH:
+                        continue
+                    stack.append((entry.path, key, depth + 1))
+                elif entry.is_file(follow_symlinks=False):
+                    if name.startswith(".") and name.endswith(".tmp"):
+                        continue
+                    if key.startswith(prefix) and (start_after is None or key > start_after):
+                        keys.append(key)
 
     def remove_stale_temporaries(self, marker: str, max_folders: int = 100_000) -> int:
         """Delete temporary files (".NAME.PID.N.tmp") whose NAME contains `marker` (a worker's
@@ -220,7 +378,7 @@ class LocalStore(Store):
         removed = 0
         pid = f".{os.getpid()}."
         seen = 0
-        for dirpath, _dirnames, filenames in os.walk(self._root_str):
+        for dirpath, _dirnames, filenames in os.walk(self._root_str):  # os.walk never follows links
             seen += 1
             if seen > max_folders:
                 break
@@ -234,13 +392,24 @@ class LocalStore(Store):
         return removed
 
     def exists(self, key: str) -> bool:
-        return os.path.exists(self._os_path(key))
+        """Whether `key` is a regular file or a real folder of the job (a link is not)."""
+        if not key.strip("/"):
+            return os.path.isdir(self._root_str)
+        try:
+            mode = self._with_folder(key.rstrip("/"), False, lambda fd, name: os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode)
+        except (OSError, StoreError):
+            return False
+        return stat.S_ISREG(mode) or stat.S_ISDIR(mode)
 
     def delete(self, key: str) -> None:
         try:
-            self._path(key).unlink()
+            self._with_folder(key, False, lambda fd, name: os.unlink(name, dir_fd=fd))
         except FileNotFoundError:
             pass
+        except PathRefused:
+            pass  # nothing of the job's lies there
+        except OSError as exc:
+            raise StoreError(f"cannot delete {self._os_path(key)}: {exc.strerror or exc}") from exc
 
     def describe(self, key: str = "") -> str:
         return self._os_path(key) if key else self._root_str

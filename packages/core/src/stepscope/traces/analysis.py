@@ -7,31 +7,49 @@ Every method takes `rank` (None: every rank, with a `rank` column first) and `st
 
 from __future__ import annotations
 
+import logging
 import os
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 
 import pandas as pd
+import pyarrow as pa
 
-from ..store import Store, open_store
-from .analyzers import cpu_ops, idle, kernels, launches, memory, steps, syncs
-from .tables import TableWriter, TraceInfo, list_trace_keys, load_trace
+from ..exceptions import StepscopeError
+from ..store import Store
+from . import sources
+from .analyzers import common, cpu_ops, idle, kernels, launches, memory, steps, syncs
+from .tables import TableWriter, TraceInfo, list_trace_keys, load_trace, loose_trace_keys
+
+logger = logging.getLogger("stepscope.traces")
 
 StepRange = tuple[int, int] | range | None
 Progress = Callable[[str, int, int | None], None]
 
 
 class TraceAnalysis:
-    """A job's Kineto / XSpace traces as tables per rank, and the analyses over them.
+    """Kineto / XSpace traces as tables per rank, and the analyses over them. `path`: a job
+    (its traces under profiler-output/framework/), any folder of traces (nested; e.g.
+    torch.profiler.tensorboard_trace_handler's output), or one trace file; local or s3://.
     Traces are parsed on first use (and their tables persisted under `stepscope-traces/`
-    when `persist`, in the background: `wait_persisted()` waits for them, and a process
-    does not exit before they are written); later analyses read the Parquet tables."""
+    beside them, or in the user's cache when that folder cannot be written, when `persist`,
+    in the background: `wait_persisted()` waits for them, and a process does not exit
+    before they are written); later analyses read the Parquet tables."""
 
     def __init__(self, path: str | os.PathLike[str] | Store, *, persist: bool = True, progress: Progress | None = None, keys: Iterable[str] | None = None):
-        self.store = path if isinstance(path, Store) else open_store(os.fspath(path))
+        if isinstance(path, Store):
+            self.store, located = path, None
+        else:
+            self.store, located = sources.locate(path)
         self.persist = persist
         self.progress = progress
+        keys = keys if keys is not None else located
         self._keys = sorted(keys) if keys is not None else None
+        self._tables: Store | None = None  # where the tables go, decided on the first parse
+        self._default_ranks: dict[str, int] | None = None
         self._loaded: dict[str, tuple[TraceInfo, pd.DataFrame]] = {}
+        # Traces that could not be read, with why: each is skipped (one corrupt or hostile
+        # trace never makes the job's other traces unreadable) and named here.
+        self.problems: dict[str, str] = {}
         self._timeline: pd.DataFrame | None = None
         self._writer = TableWriter()
 
@@ -45,18 +63,20 @@ class TraceAnalysis:
         self._writer.wait()
 
     def trace_keys(self) -> list[str]:
+        """The traces: a job's under profiler-output/framework/, else every trace file of
+        the folder (a user's own traces)."""
         if self._keys is None:
-            self._keys = list_trace_keys(self.store)
+            self._keys = list_trace_keys(self.store) or loose_trace_keys(self.store)
         return list(self._keys)
 
     def traces(self) -> pd.DataFrame:
         """One row per trace: key, rank, events, start_ns, end_ns."""
-        rows = [self._load(key)[0].to_row() for key in self.trace_keys()]
+        rows = [info.to_row() for info, _ in self._readable()]
         return pd.DataFrame(rows, columns=["key", "rank", "events", "start_ns", "end_ns"])
 
     @property
     def ranks(self) -> list[int]:
-        return sorted({self._load(key)[0].rank for key in self.trace_keys()})
+        return sorted({info.rank for info, _ in self._readable()})
 
     def events(self, rank: int | None = None, steps: StepRange = None, kinds: Iterable[str] | None = None) -> pd.DataFrame:
         """The event table (schema in docs/traces.md), optionally of some kinds only."""
@@ -126,10 +146,16 @@ class TraceAnalysis:
         per_rank = {r: steps_module.step_breakdown(self._events(r, steps)) for r in self.ranks}
         return steps_module.rank_comparison(per_rank)
 
+    def not_analysed(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Events of categories stepscope does not know (a new device's, e.g. MTIA's `mtia_*`),
+        read into the tables but in no analysis: per category, events and total_us."""
+        return self._per_rank(rank, steps, lambda e, r: common.not_analysed(e))
+
     def summary(self, rank: int | None = None, steps: StepRange = None) -> dict[str, pd.DataFrame]:
         """The tables `stepscope profile` prints, by name."""
         return {
             "traces": self.traces(),
+            "not_analysed": self.not_analysed(rank, steps),
             "temporal_breakdown": self.temporal_breakdown(rank, steps),
             "active_time": self.active_time(rank, steps),
             "idle_breakdown": self.idle_breakdown(rank, steps),
@@ -160,8 +186,33 @@ class TraceAnalysis:
         loaded = self._loaded.get(key)
         if loaded is None:
             progress = (lambda done, total: self.progress(key, done, total)) if self.progress else None  # type: ignore[misc]
-            loaded = self._loaded[key] = load_trace(self.store, key, persist=self.persist, progress=progress, writer=self._writer)
+            if self._tables is None:
+                self._tables = sources.table_store(self.store) if self.persist else self.store
+            if self._default_ranks is None:
+                self._default_ranks = sources.worker_ranks(self.trace_keys())
+            loaded = self._loaded[key] = load_trace(
+                self.store, key, persist=self.persist, progress=progress, writer=self._writer, tables=self._tables, default_rank=self._default_ranks.get(key, 0)
+            )
+            unknown = common.not_analysed(loaded[1])
+            if not unknown.empty:  # a device or record type the schema does not know: say so
+                listed = ", ".join(f"{row.events:,} events of category {row.category}" for row in unknown.itertuples())
+                logger.warning("%s: %s not analysed (categories stepscope does not know; see docs/traces.md)", self.store.describe(key), listed)
         return loaded
+
+    def _readable(self) -> Iterator[tuple[TraceInfo, pd.DataFrame]]:
+        """Each trace that can be read; one that cannot is logged once and listed in
+        `problems` (a StepscopeError names its file; anything else is a reader's bug on
+        hostile input, named all the same rather than failing every analysis)."""
+        for key in self.trace_keys():
+            if key in self.problems:
+                continue
+            try:
+                yield self._load(key)
+            except (StepscopeError, OSError, ValueError, MemoryError, RecursionError, pa.ArrowException) as exc:
+                where = self.store.describe(key)
+                message = str(exc) if where in str(exc) else f"{where}: {exc}"
+                self.problems[key] = message
+                logger.warning("skipping trace %s", message)
 
     def _ranks(self, rank: int | None) -> list[int]:
         ranks = self.ranks
@@ -174,7 +225,9 @@ class TraceAnalysis:
         return [rank]
 
     def _events(self, rank: int, steps: StepRange) -> pd.DataFrame:
-        frames = [frame for key in self.trace_keys() for info, frame in [self._load(key)] if info.rank == rank]
+        frames = [frame for info, frame in self._readable() if info.rank == rank]
+        if not frames:
+            return pd.DataFrame()
         frame = frames[0] if len(frames) == 1 else pd.concat(frames, ignore_index=True).sort_values("kind", kind="stable", ignore_index=True)
         if steps is not None:
             first, last = (steps.start, steps.stop - 1) if isinstance(steps, range) else steps

@@ -14,6 +14,7 @@ docs/traces.md ("How traces are read") has the whole design."""
 from __future__ import annotations
 
 import ctypes
+import decimal
 import json
 import logging
 import os
@@ -36,13 +37,14 @@ import pyarrow.json as pj
 
 from ..exceptions import CorruptRecord
 from ..store import Store
-from .schema import CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, KINDS, MISSING, STEP_NAME_RE, SYNC_CALLS
+from .schema import BEFORE_FIRST_STEP, CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, KINDS, MISSING, STEP_NAME_RE, SYNC_CALLS
 
 logger = logging.getLogger("stepscope.traces")
 
 CHUNK_BYTES = 16 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 
+_MICROS = pa.decimal128(38, 3)
 _ARGS_TYPE = pa.struct(
     [
         ("External id", pa.int64()),
@@ -63,8 +65,11 @@ _RAW_SCHEMA = pa.schema(
         ("name", pa.string()),
         ("pid", pa.int64()),
         ("tid", pa.int64()),
-        ("ts", pa.float64()),
-        ("dur", pa.float64()),
+        # Decimal microseconds read as decimals with three places: the unscaled integer is
+        # exactly the nanoseconds (a float64 of epoch µs x 1000 is off by up to 128 ns). A
+        # value with more places fails the fast parse and goes to the exact slow path.
+        ("ts", _MICROS),
+        ("dur", _MICROS),
         ("args", _ARGS_TYPE),
     ]
 )
@@ -112,6 +117,8 @@ def read_trace(
         return _Parser(where, chunk_bytes, progress).run(chunks)
     except zlib.error as exc:
         raise CorruptRecord(where, None, f"bad gzip data ({exc})") from None
+    except _Inflated as exc:
+        raise CorruptRecord(where, None, str(exc)) from None
     finally:
         chunks.close()
 
@@ -134,7 +141,7 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
         path = os.fspath(source)
         total = os.path.getsize(path)
         raw = _file_chunks(path, chunk_bytes)
-    done = 0
+    done = inflated = 0
     decompressor = None
     first = True
     for piece in raw:
@@ -149,6 +156,9 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
         # Decompress in bounded pieces so that a highly compressed chunk cannot blow up memory.
         data = decompressor.decompress(piece, chunk_bytes)
         while True:
+            inflated += len(data)
+            if inflated > MAX_INFLATED_MIN and inflated > MAX_INFLATION * done:
+                raise _Inflated(f"decompresses to more than {MAX_INFLATION} times its size (over {inflated >> 20} MiB from {done >> 10} KiB): refused as a decompression bomb")
             yield bytearray(data), done, total
             if not decompressor.unconsumed_tail:
                 break
@@ -162,6 +172,16 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
         tail = decompressor.flush()
         if tail:
             yield bytearray(tail), done, total
+
+
+# Kineto's JSON compresses about 10:1 (8-11 in our traces); 100:1 past 64 MiB is not a
+# trace but a decompression bomb (2 MB of gzip holding 2 GiB of spaces).
+MAX_INFLATION = 100
+MAX_INFLATED_MIN = 64 << 20
+
+
+class _Inflated(ValueError):
+    pass
 
 
 class _prefetched:
@@ -250,6 +270,8 @@ class _Chunk:
     names: list[str]
     bounds: np.ndarray
     slow: int = 0
+    category_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
+    categories: list[str] = field(default_factory=list)
 
 
 class _Parser:
@@ -267,6 +289,7 @@ class _Parser:
         self.metadata: dict[str, Any] = {}
         self.parts: list[_Chunk] = []
         self.names: dict[str, int] = {}
+        self.categories: dict[str, int] = {}
         self.slow_chunks = 0
         self.offset = 0  # position in the decompressed text of the carried-over bytes
         self._pool: ThreadPoolExecutor | None = None
@@ -336,6 +359,11 @@ class _Parser:
         cut (the carry and the piece's head) is copied."""
         piece_offset = self.offset + len(carry)
         first = _first_separator(piece)
+        if first is None and not piece.strip() and not carry.strip():
+            # Whitespace between events, a chunk of it: skipped at C speed, never carried
+            # (2 GiB of spaces must not go through the exact parser one character at a time).
+            self.offset += len(carry) + len(piece)
+            return bytearray()
         if first is None:  # no boundary in this piece: an event larger than a chunk
             carry += piece
             if len(carry) > 4 * self.chunk_bytes:
@@ -405,10 +433,9 @@ class _Parser:
         self.slow_chunks += chunk.slow
         if chunk.codes.size == 0:
             return
-        names = self.names
-        remap = np.fromiter((names.setdefault(n, len(names)) for n in chunk.names), dtype=np.int32, count=len(chunk.names))
-        chunk.codes = remap[chunk.codes]
-        chunk.names = []
+        chunk.codes = _recode(self.names, chunk.names, chunk.codes)
+        chunk.category_codes = _recode(self.categories, chunk.categories, chunk.category_codes)
+        chunk.names, chunk.categories = [], []
         self.parts.append(chunk)
 
     def _finish(self) -> RawTrace:
@@ -427,6 +454,7 @@ class _Parser:
                 del part.columns[name]
             _return_free_memory()
         codes = np.concatenate([part.codes[lo:hi] for part, lo, hi in slices]) if slices else np.zeros(0, dtype=np.int32)
+        category_codes = np.concatenate([part.category_codes[lo:hi] for part, lo, hi in slices]) if slices else np.zeros(0, dtype=np.int32)
         self.parts.clear()
         del slices
         arrays["step"] = np.full(codes.size, MISSING, dtype=np.int32)
@@ -434,8 +462,15 @@ class _Parser:
         if base_ns:
             arrays["ts_ns"] += base_ns
         _assign_steps(arrays, dictionary, codes)
-        table = _to_table(arrays, codes, dictionary)
+        categories = np.array(list(self.categories), dtype=object)
+        table = _to_table(arrays, codes, dictionary, category_codes, categories)
         return RawTrace(table, self.metadata, base_ns, self.where, self.slow_chunks)
+
+
+def _recode(trace_codes: dict[str, int], chunk_values: list[str], chunk_codes: np.ndarray) -> np.ndarray:
+    """A chunk's codes (against its own list of values) recoded into the trace's dictionary."""
+    remap = np.fromiter((trace_codes.setdefault(v, len(trace_codes)) for v in chunk_values), dtype=np.int32, count=len(chunk_values))
+    return remap[chunk_codes] if remap.size else chunk_codes
 
 
 def _return_free_memory() -> None:
@@ -463,7 +498,7 @@ _MALLOC_TRIM = _malloc_trim()
 
 PARSE_WORKERS = 2
 # Columns a chunk yields (name codes apart); `step` is computed over the whole trace.
-_CHUNK_COLUMNS = tuple(name for name in EVENT_SCHEMA.names if name not in ("name", "step"))
+_CHUNK_COLUMNS = tuple(name for name in EVENT_SCHEMA.names if name not in ("name", "step", "category"))
 
 
 def _parse_regions(regions: list[tuple[bytearray, int, int, int]], where: str) -> list[_Chunk]:
@@ -501,17 +536,20 @@ def _parse_chunk(text: bytearray, start: int, end: int, where: str, offset: int)
     return _columns(table)
 
 
+_SPACE_OR_COMMA = re.compile(r"[ \t\r\n,]*")
+_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
 def _slow(text: bytearray, start: int, end: int, where: str, offset: int, final: bool) -> tuple[_Chunk, int]:
     """Exact parse of `text[start:end]`, one event at a time (json.raw_decode); returns the
     columns and the bytes used (all of them when `final`, else up to the last whole event)."""
     decoded = bytes(text[start:end]).decode("utf-8", errors="replace")
-    decoder = json.JSONDecoder(strict=False)
+    decoder = json.JSONDecoder(strict=False, parse_float=decimal.Decimal)  # exact: never a float
     rows: list[dict[str, Any]] = []
     position, used = 0, 0
     length = len(decoded)
     while True:
-        while position < length and decoded[position] in " \t\r\n,":
-            position += 1
+        position = _SPACE_OR_COMMA.match(decoded, position).end()  # type: ignore[union-attr]
         if position >= length:
             used = len(decoded.encode())
             break
@@ -536,14 +574,18 @@ def _columns(table: pa.Table) -> _Chunk:
     empty = _Chunk({}, np.zeros(0, dtype=np.int32), [], np.zeros(len(KINDS) + 1, dtype=np.int64))
     if table.num_rows == 0:
         return empty
-    keep = pc.is_in(table.column("ph"), value_set=_KEPT_PHASES)
-    kind_index = pc.index_in(table.column("cat"), value_set=_CATEGORY_VALUES)
-    keep = pc.and_(pc.fill_null(keep, False), pc.is_valid(kind_index))
+    # Kept: complete events ("X") of any category (an unknown one becomes an `other` row,
+    # its category kept), and instants of known categories (allocator records).
+    phase, category = table.column("ph"), table.column("cat")
+    kind_index = pc.index_in(category, value_set=_CATEGORY_VALUES)
+    complete = pc.fill_null(pc.equal(phase, "X"), False)
+    keep = pc.and_(pc.is_valid(category), pc.or_(complete, pc.and_(pc.fill_null(pc.is_in(phase, value_set=_INSTANT_PHASES), False), pc.is_valid(kind_index))))
     if not pc.all(keep).as_py():  # Kineto's own files: nearly always all kept, no copy then
         table, kind_index = table.filter(keep), kind_index.filter(keep)
     if table.num_rows == 0:
         return empty
-    kind = _CATEGORY_CODES[kind_index.to_numpy(zero_copy_only=False)]
+    kind = _CATEGORY_CODES[pc.fill_null(kind_index, len(_CATEGORY_CODES) - 1).to_numpy(zero_copy_only=False)]
+    encoded_category = pc.dictionary_encode(table.column("cat").combine_chunks())
     encoded = pc.dictionary_encode(pc.fill_null(table.column("name").combine_chunks(), ""))
     names: list[str] = encoded.dictionary.to_pylist()
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
@@ -555,6 +597,7 @@ def _columns(table: pa.Table) -> _Chunk:
         if not kind_keep.all():
             table = table.filter(pa.array(kind_keep))
             kind, codes = kind[kind_keep], codes[kind_keep]
+            encoded_category = encoded_category.filter(pa.array(kind_keep))
     if table.num_rows == 0:
         return empty
     sync_codes = np.array([code for code, name in enumerate(names) if name in _SYNC_SET], dtype=np.int32)
@@ -580,13 +623,15 @@ def _columns(table: pa.Table) -> _Chunk:
     }
     order = np.argsort(kind, kind="stable")
     bounds = np.searchsorted(kind[order], np.arange(len(KINDS) + 1), side="left")
-    return _Chunk({name: values[order] for name, values in columns.items()}, codes[order], names, bounds)
+    category_codes = encoded_category.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    return _Chunk({name: values[order] for name, values in columns.items()}, codes[order], names, bounds, 0, category_codes[order], encoded_category.dictionary.to_pylist())
 
 
-_KEPT_PHASES = pa.array(["X", "i", "I"])
+_INSTANT_PHASES = pa.array(["i", "I"])
 _SYNC_SET = frozenset(SYNC_CALLS)
 _CATEGORY_VALUES = pa.array(list(CATEGORY_KIND))
-_CATEGORY_CODES = np.array([KIND_CODE[CATEGORY_KIND[c]] for c in CATEGORY_KIND], dtype=np.int8)
+# One code per known category, and a last one (`other`) for the unknown ones.
+_CATEGORY_CODES = np.array([*(KIND_CODE[CATEGORY_KIND[c]] for c in CATEGORY_KIND), KIND_CODE["other"]], dtype=np.int8)
 
 
 def _last_separator(buffer: bytearray, starts_at_event: bool = False) -> int | None:
@@ -734,10 +779,8 @@ def _rename_string_ids(buffer: bytearray, start: int, end: int) -> list[tuple[in
 
 def _object_end(buffer: bytearray, start: int) -> int | None:
     """End (exclusive) of the JSON object starting at or after `start`, or None."""
-    position = start
     length = len(buffer)
-    while position < length and buffer[position] in b" \t\r\n":
-        position += 1
+    position = _SPACE.match(buffer, start).end()  # type: ignore[union-attr]
     if position >= length or buffer[position] != 123:
         return None
     depth, in_string, escaped = 0, False, False
@@ -761,12 +804,24 @@ def _object_end(buffer: bytearray, start: int) -> int | None:
     return None
 
 
-def _micros_to_ns(column: pa.ChunkedArray) -> np.ndarray:
-    # JSON has no NaN or infinity: a missing value (a null) is the only hole to fill.
-    values = pc.fill_null(column, 0.0).to_numpy().astype(np.float64, copy=False)
-    out = np.multiply(values, 1000.0)
-    np.rint(out, out=out)
-    return out.astype(np.int64)
+def _micros_to_ns(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    """Integer nanoseconds from decimal(38, 3) microseconds, exactly: the decimal's unscaled
+    value is the count of nanoseconds. Read from the 128-bit words directly (little-endian
+    two's complement: the low word is the value when the high word only extends its sign).
+    A missing value (JSON has no NaN) is 0."""
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    array = pc.fill_null(column, _ZERO_MICROS) if column.null_count else column
+    if len(array) == 0:
+        return np.zeros(0, dtype=np.int64)
+    words = np.frombuffer(array.buffers()[1], dtype=np.int64)[2 * array.offset : 2 * (array.offset + len(array))]
+    low, high = words[0::2], words[1::2]
+    if not bool(np.array_equal(high, low >> 63)):
+        raise ValueError("a time beyond int64 nanoseconds")
+    return low.copy()
+
+
+_ZERO_MICROS = pa.scalar(decimal.Decimal(0), type=_MICROS)
 
 
 def _ints(column: pa.Array | pa.ChunkedArray) -> np.ndarray:
@@ -791,9 +846,11 @@ def _base_ns(metadata: dict[str, Any]) -> int:
 
 
 def _assign_steps(arrays: dict[str, np.ndarray], dictionary: np.ndarray, codes: np.ndarray) -> None:
-    """Each event's step: host events by the ProfilerStep#N interval holding their start,
-    GPU events by the step of the runtime call that launched them (HTA does the same), else
-    by the interval holding their start. Lookups run on the rows that need them only."""
+    """Each event's step: host events by the ProfilerStep#N interval holding their start;
+    GPU events by the step of the runtime call that launched them, found by correlation id
+    (HTA's rule); GPU work with a correlation id whose call is not in the trace (launched
+    before the profiler started) is BEFORE_FIRST_STEP; GPU records without a correlation id
+    go by the interval holding their start. Lookups run on the rows that need them only."""
     step_numbers = np.full(len(dictionary), MISSING, dtype=np.int64)
     for code, name in enumerate(dictionary):
         match = STEP_NAME_RE.match(name)
@@ -812,7 +869,7 @@ def _assign_steps(arrays: dict[str, np.ndarray], dictionary: np.ndarray, codes: 
         inside = (times >= starts[0]) & (times < ends[slot])
         return np.where(inside, numbers[slot], np.int32(MISSING))
 
-    gpu = np.isin(kind, [KIND_CODE[k] for k in ("kernel", "memcpy", "memset", "gpu_annotation")]) | ((kind == KIND_CODE["sync"]) & (arrays["stream"] != MISSING))
+    gpu = np.isin(kind, [KIND_CODE[k] for k in ("kernel", "memcpy", "memset", "gpu_annotation", "gpu_sync")])
     step = np.full(kind.size, MISSING, dtype=np.int32)
     host_rows = np.flatnonzero(~gpu)
     step[host_rows] = interval_step(ts[host_rows])
@@ -821,13 +878,17 @@ def _assign_steps(arrays: dict[str, np.ndarray], dictionary: np.ndarray, codes: 
     del gpu
     gpu_step = interval_step(ts[gpu_rows])
     correlation = arrays["correlation"]
-    launches = np.flatnonzero((kind == KIND_CODE["runtime"]) & (correlation != MISSING))
+    launches = np.flatnonzero(((kind == KIND_CODE["runtime"]) | (kind == KIND_CODE["sync"])) & (correlation != MISSING))
+    wanted = correlation[gpu_rows]
+    if gpu_rows.size:
+        # Launched work (not sync records, whose ids may name calls Kineto did not record).
+        launched = np.isin(kind[gpu_rows], [KIND_CODE[k] for k in ("kernel", "memcpy", "memset")])
+        gpu_step = np.where(launched & (wanted > 0), np.int32(BEFORE_FIRST_STEP), gpu_step)  # unless its call is found below
     if launches.size and gpu_rows.size:
         launch_corr, launch_step = correlation[launches], step[launches]
         if launch_corr.size > 1 and not bool(np.all(launch_corr[1:] >= launch_corr[:-1])):  # Kineto's are in order already
             by_corr = np.argsort(launch_corr, kind="stable")
             launch_corr, launch_step = launch_corr[by_corr], launch_step[by_corr]
-        wanted = correlation[gpu_rows]
         position = np.minimum(np.searchsorted(launch_corr, wanted), launch_corr.size - 1)
         found = (wanted != MISSING) & (launch_corr[position] == wanted)
         gpu_step = np.where(found, launch_step[position], gpu_step)
@@ -835,10 +896,28 @@ def _assign_steps(arrays: dict[str, np.ndarray], dictionary: np.ndarray, codes: 
     arrays["step"] = step
 
 
-def _to_table(arrays: dict[str, np.ndarray], codes: np.ndarray, dictionary: np.ndarray) -> pa.Table:
-    names = pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), pa.array(dictionary, type=pa.string()))
-    columns = [names if name == "name" else pa.array(arrays[name], type=EVENT_SCHEMA.field(name).type) for name in EVENT_SCHEMA.names]
+def _to_table(arrays: dict[str, np.ndarray], codes: np.ndarray, dictionary: np.ndarray, category_codes: np.ndarray, categories: np.ndarray) -> pa.Table:
+    coded = {
+        "name": pa.DictionaryArray.from_arrays(pa.array(codes, type=pa.int32()), pa.array(dictionary, type=pa.string())),
+        "category": pa.DictionaryArray.from_arrays(pa.array(category_codes, type=pa.int32()), pa.array(categories, type=pa.string())),
+    }
+    columns = [coded[name] if name in coded else pa.array(arrays[name], type=EVENT_SCHEMA.field(name).type) for name in EVENT_SCHEMA.names]
     return pa.Table.from_arrays(columns, schema=EVENT_SCHEMA)
+
+
+_THOUSANDTH = decimal.Decimal("0.001")
+
+
+def _micros(value: Any) -> decimal.Decimal | None:
+    """A JSON number of microseconds as a decimal with three places (nanoseconds), rounded
+    half to even where the trace has more places; None for anything else."""
+    if isinstance(value, bool) or not isinstance(value, (int, decimal.Decimal, str)):
+        return None
+    try:
+        exact = decimal.Decimal(value)
+        return exact.quantize(_THOUSANDTH, rounding=decimal.ROUND_HALF_EVEN) if exact.is_finite() else None
+    except (decimal.InvalidOperation, ValueError):
+        return None
 
 
 def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
@@ -860,7 +939,7 @@ def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
         for key in ("pid", "tid"):
             columns[key].append(number(row.get(key), int))
         for key in ("ts", "dur"):
-            columns[key].append(number(row.get(key), float))
+            columns[key].append(_micros(row.get(key)))
         args = row.get("args")
         args = args if isinstance(args, dict) else {}
         columns["args"].append({f.name: number(args.get(f.name), int) for f in _ARGS_TYPE})

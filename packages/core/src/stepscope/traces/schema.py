@@ -18,15 +18,23 @@ KINDS = (
     "memcpy",
     "memset",
     "runtime",  # CUDA/HIP runtime and driver calls on the host (launches among them)
-    "sync",  # host-side synchronize calls (a runtime call that blocks) and GPU-side sync records
+    "sync",  # host synchronize calls: runtime calls that block the host (cudaStreamSynchronize ...)
     "cpu_op",
     "annotation",  # user annotations on the host (record_function, stepscope.annotate, steps)
     "gpu_annotation",
     "python",
     "memory",  # allocator instants ([memory]): bytes allocated (+) or freed (-)
+    "gpu_sync",  # GPU-side sync records (`cuda_sync`: stream/event/context syncs, stream waits)
+    "other",  # duration events of a category not listed below (e.g. mtia_*): kept, not analysed
 )
 KIND_CODE = {name: code for code, name in enumerate(KINDS)}
 GPU_KINDS = ("kernel", "memcpy", "memset")
+# Categories Kineto writes for its own bookkeeping, not for work: kept as `other` rows like
+# any unknown category, but not named in the "not analysed" warning.
+BOOKKEEPING_CATEGORIES = frozenset({"Trace", "trace", "overhead", "cuda_profiler_range", "ac2g", "fwdbwd"})
+# GPU work whose launching runtime call is not in the trace (it was launched before the
+# profiler started): it belongs to no profiled step; per-step tables show it in its own row.
+BEFORE_FIRST_STEP = -2
 
 # Kineto / Chrome-trace `cat` values -> kind. Upper-case forms are older Kineto releases.
 CATEGORY_KIND = {
@@ -41,7 +49,7 @@ CATEGORY_KIND = {
     "cuda_driver": "runtime",
     "Driver": "runtime",
     "hip_runtime": "runtime",
-    "cuda_sync": "sync",
+    "cuda_sync": "gpu_sync",
     "cpu_op": "cpu_op",
     "Operator": "cpu_op",
     "operator": "cpu_op",
@@ -83,6 +91,7 @@ EVENT_SCHEMA = pa.schema(
         ("bytes", pa.int64()),
         ("total_allocated", pa.int64()),
         ("step", pa.int32()),
+        ("category", pa.dictionary(pa.int32(), pa.string())),
     ]
 )
 COLUMNS = tuple(EVENT_SCHEMA.names)
@@ -98,8 +107,20 @@ _PRECISION_PATTERNS = (
 )
 
 
+# Collective-communication kernels (NCCL, RCCL, oneCCL): their names carry the element
+# type of the reduction (ncclKernel_AllReduce_RING_LL_Sum_int8_t), not a math precision.
+COMMUNICATION_RE = re.compile(r"nccl|rccl|ccl[A-Z_]|allreduce|all_reduce|allgather|all_gather|reducescatter|reduce_scatter|alltoall|all_to_all|sendrecv", re.I)
+
+
+def is_communication(kernel_name: str) -> bool:
+    return COMMUNICATION_RE.search(kernel_name) is not None
+
+
 def precision_class(kernel_name: str) -> str:
-    """fp8 / int8 / bf16 / fp16 / tf32 / fp32 from a kernel's name, or "unknown"."""
+    """communication for collective kernels, else fp8 / int8 / bf16 / fp16 / tf32 / fp32 from
+    a kernel's name, or "unknown"."""
+    if is_communication(kernel_name):
+        return "communication"
     for label, pattern in _PRECISION_PATTERNS:
         if pattern.search(kernel_name):
             return label

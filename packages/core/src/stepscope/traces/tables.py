@@ -10,9 +10,10 @@ table that exists is current."""
 
 from __future__ import annotations
 
+import io
 import json
 import logging
-import os
+import mmap
 import re
 import threading
 from collections.abc import Callable
@@ -27,7 +28,7 @@ import pyarrow.parquet as pq
 
 from ..layout import FRAMEWORK_DIR
 from ..store import Store
-from .schema import KINDS
+from .schema import EVENT_SCHEMA, KINDS
 
 if TYPE_CHECKING:
     from .reader import RawTrace
@@ -35,10 +36,11 @@ if TYPE_CHECKING:
 logger = logging.getLogger("stepscope.traces")
 
 TABLE_DIR = "stepscope-traces"
-TABLE_VERSION = 1
+TABLE_VERSION = 2  # 2: exact decimal times, gpu_sync and other kinds, the category column
 DETAILED_DIRS = (f"{FRAMEWORK_DIR}/pytorch/detailed", f"{FRAMEWORK_DIR}/tensorflow/detailed")
 _SKIPPED_DIRS = (f"{FRAMEWORK_DIR}/steps/", f"{FRAMEWORK_DIR}/pevents/")
 _TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb")
+_MAX_RANK = 1 << 31  # ranks are stored as int32
 _RANK_IN_KEY = re.compile(r"rank[_-]?(\d+)")
 
 
@@ -68,17 +70,25 @@ def list_trace_keys(store: Store) -> list[str]:
     return sorted(keys)
 
 
+def loose_trace_keys(store: Store) -> list[str]:
+    """Every trace file anywhere in a folder that is not a job (a user's own traces:
+    torch.profiler.tensorboard_trace_handler's output, a folder of rank files, nested)."""
+    return sorted(key for key in store.list("") if key.endswith(_TRACE_SUFFIXES) and not key.startswith((f"{TABLE_DIR}/", *_SKIPPED_DIRS)))
+
+
 def table_key(trace_key: str) -> str:
     rest = trace_key[len(FRAMEWORK_DIR) + 1 :] if trace_key.startswith(FRAMEWORK_DIR + "/") else trace_key
     return f"{TABLE_DIR}/{rest}.parquet"
 
 
-def rank_of(metadata: dict[str, Any], key: str) -> int:
+def rank_of(metadata: dict[str, Any], key: str, default: int = 0) -> int:
+    """The trace's rank: its distributedInfo, else `rank<N>` in its path, else `default`."""
     info = metadata.get("distributedInfo")
-    if isinstance(info, dict) and isinstance(info.get("rank"), int):
-        return int(info["rank"])
-    match = _RANK_IN_KEY.search(key)
-    return int(match.group(1)) if match else 0
+    rank = info.get("rank") if isinstance(info, dict) else None
+    if type(rank) is int and 0 <= rank < _MAX_RANK:
+        return rank
+    match = _RANK_IN_KEY.search(key)  # a rank like 1e20 or -1 in a trace is not one
+    return int(match.group(1)) if match and len(match.group(1)) < 10 and int(match.group(1)) < _MAX_RANK else default
 
 
 def load_trace(
@@ -88,28 +98,32 @@ def load_trace(
     persist: bool = True,
     progress: Callable[[int, int | None], None] | None = None,
     writer: TableWriter | None = None,
+    tables: Store | None = None,
+    default_rank: int = 0,
 ) -> tuple[TraceInfo, pd.DataFrame]:
     """The events of one trace as a DataFrame: from its Parquet table when there is one,
     else parsed (and persisted when `persist`: by `writer` in the background when given,
-    else before returning)."""
+    else before returning). `tables`: where the tables are (default: `store`, beside the
+    traces); `default_rank`: the rank when neither the trace nor its path names one."""
+    table_store = store if tables is None else tables
     tkey = table_key(key)
-    if store.exists(tkey):
+    if table_store.exists(tkey):
         try:
-            return _read_table(store, tkey, key)
+            return _read_table(table_store, tkey, key)
         except Exception as exc:  # a damaged table is rebuilt from its trace
-            logger.warning("%s: unreadable (%s); parsing the trace again", store.describe(tkey), exc)
+            logger.warning("%s: unreadable (%s); parsing the trace again", table_store.describe(tkey), exc)
     raw = _parse(store, key, progress)
-    rank = rank_of(raw.metadata, key)
+    rank = rank_of(raw.metadata, key, default_rank)
     table = raw.table.append_column("rank", pa.array(np.full(raw.table.num_rows, rank, dtype=np.int32)))
     kinds = table.column("kind").to_numpy()
     if kinds.size > 1 and not bool(np.all(kinds[1:] >= kinds[:-1])):  # the Kineto reader sorts already
         table = table.take(pa.array(np.argsort(kinds, kind="stable")))
     info = _info(key, rank, raw.base_ns, table, raw.metadata)
     if persist and writer is not None:
-        writer.submit(store, tkey, table, info)
+        writer.submit(table_store, tkey, table, info)
         return info, table.to_pandas(split_blocks=True)  # the writer still reads the table
     if persist:
-        _write_logged(store, tkey, table, info)
+        _write_logged(table_store, tkey, table, info)
     return info, _to_pandas(table)
 
 
@@ -152,11 +166,10 @@ def _parse(store: Store, key: str, progress: Callable[[int, int | None], None] |
 
         return read_xspace(store.read(key), store.describe(key))
     size = None
-    from ..store.local import LocalStore
     from .reader import read_trace  # (imported here: a second analysis reads Parquet only)
 
-    if isinstance(store, LocalStore) and progress is not None:
-        size = os.path.getsize(store._os_path(key))
+    if progress is not None:
+        size = store.size(key)
     return read_trace(key, store, progress=progress, size=size)
 
 
@@ -183,18 +196,42 @@ def _write_table(store: Store, tkey: str, table: pa.Table, info: TraceInfo) -> N
     store.write(tkey, [memoryview(sink.getvalue())])  # the buffer as it is, not a copy
 
 
-def _read_table(store: Store, tkey: str, key: str) -> tuple[TraceInfo, pd.DataFrame]:
-    from ..store.local import LocalStore
+_TABLE_SCHEMA = EVENT_SCHEMA.append(pa.field("rank", pa.int32()))
+_MAX_TABLE_META_BYTES = 1 << 20
 
-    if isinstance(store, LocalStore):  # memory-mapped: no copy of the file in memory
-        table = pq.read_table(store._os_path(tkey), memory_map=True)
-    else:
-        table = pq.read_table(pa.BufferReader(store.read(tkey)))
-    raw_meta = (table.schema.metadata or {}).get(b"stepscope")
+
+def _read_table(store: Store, tkey: str, key: str) -> tuple[TraceInfo, pd.DataFrame]:
+    """A persisted table, checked before it is used: the file is opened by the store (its
+    path policy: no link to another job's table) and pyarrow reads that file object, never
+    the path; the columns must be exactly the table schema's and the metadata typed, or
+    the table is rebuilt from its trace (ValueError)."""
+    with store.open_file(tkey) as handle:
+        source: Any = handle
+        fileno = getattr(handle, "fileno", None)
+        if fileno is not None:
+            try:  # memory-mapped: no copy of the file in memory
+                source = pa.py_buffer(mmap.mmap(fileno(), 0, access=mmap.ACCESS_READ))
+            except (OSError, ValueError, io.UnsupportedOperation):
+                source = handle
+        parquet = pq.ParquetFile(source)
+        if not parquet.schema_arrow.remove_metadata().equals(_TABLE_SCHEMA):
+            raise ValueError(f"columns {parquet.schema_arrow.names} are not those of a stepscope trace table")
+        raw_meta = (parquet.schema_arrow.metadata or {}).get(b"stepscope")
+        if raw_meta is not None and len(raw_meta) > _MAX_TABLE_META_BYTES:
+            raise ValueError(f"metadata of {len(raw_meta)} bytes")
+        table = parquet.read()
     meta = json.loads(raw_meta) if raw_meta else {}
-    if meta.get("version") != TABLE_VERSION:
-        raise ValueError(f"table version {meta.get('version')!r}, expected {TABLE_VERSION}")
-    info = TraceInfo(key, int(meta.get("rank", 0)), int(meta.get("base_ns", 0)), table.num_rows, meta.get("start_ns"), meta.get("end_ns"), meta.get("metadata") or {})
+    if not isinstance(meta, dict) or meta.get("version") != TABLE_VERSION:
+        raise ValueError(f"table version {meta.get('version') if isinstance(meta, dict) else meta!r}, expected {TABLE_VERSION}")
+    rank, base_ns = meta.get("rank", 0), meta.get("base_ns", 0)
+    start, end = meta.get("start_ns"), meta.get("end_ns")
+    for name, value in (("rank", rank), ("base_ns", base_ns), ("start_ns", start), ("end_ns", end)):
+        if value is not None and (type(value) is not int or not -(1 << 62) <= value <= 1 << 62):
+            raise ValueError(f"metadata {name} {value!r} is not an integer in range")
+    if not 0 <= rank < 1 << 31:
+        raise ValueError(f"rank {rank} out of range")
+    extra = meta.get("metadata") or {}
+    info = TraceInfo(key, rank, base_ns, table.num_rows, start, end, extra if isinstance(extra, dict) else {})
     return info, _to_pandas(table)
 
 

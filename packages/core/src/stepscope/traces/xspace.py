@@ -88,7 +88,7 @@ def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
         raise CorruptRecord(where, None, f"not an XSpace protobuf ({exc})") from None
     if not space.planes:
         raise CorruptRecord(where, None, "an XSpace without planes")
-    rows: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA.names}
+    rows: dict[str, list[Any]] = {name: [] for name in EVENT_SCHEMA.names if name != "category"}
     base_ns = 0
     for plane in space.planes:
         stat_names = {entry.key: entry.value.name for entry in plane.stat_metadata}
@@ -149,7 +149,9 @@ def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
     codes = codes.astype(np.int32)
     _assign_steps(arrays, dictionary, codes)
     metadata = {"hostnames": list(space.hostnames), "source_format": "xspace"}
-    return RawTrace(_to_table(arrays, codes, dictionary), metadata, base_ns, where, 0)
+    categories = np.array(["xspace_gpu", "xspace_host"], dtype=object)  # the plane kind each row came from
+    category_codes = np.isin(arrays["kind"], [KIND_CODE[k] for k in ("kernel", "memcpy", "memset")]).astype(np.int32) ^ 1
+    return RawTrace(_to_table(arrays, codes, dictionary, category_codes, categories), metadata, base_ns, where, 0)
 
 
 def _bytes_of(value: Any) -> int:

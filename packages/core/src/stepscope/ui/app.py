@@ -11,21 +11,25 @@ import csv
 import io
 import logging
 import secrets
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, g, jsonify, redirect, request
+from flask.json.provider import DefaultJSONProvider
 from flask.typing import ResponseReturnValue
 from markupsafe import escape
 from werkzeug.exceptions import HTTPException
 
 from ..exceptions import ConfigError, StepscopeError
 from . import auth
+from . import users as users_module
 from .jobs import JobNotFound, JobStore, job_id
 from .users import UserDB
 
 logger = logging.getLogger(__name__)
 STATIC_DIR = Path(__file__).parent / "static"
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _PUBLIC_PATHS = ("/login", "/static/", "/healthz", "/favicon.ico")
 _HEADERS = {
     "Content-Security-Policy": "default-src 'self'; img-src 'self' data: blob:; object-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'self'",
@@ -46,16 +50,21 @@ def assets_built() -> bool:
     return (STATIC_DIR / "app.js").is_file() and (STATIC_DIR / "app.css").is_file()
 
 
-def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies: bool = False, limiter: auth.LoginLimiter | None = None) -> Flask:
-    """The app for `store` (a folder or s3:// prefix of jobs) and the user database `db`."""
+def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies: bool = False, limiter: auth.LoginLimiter | None = None,
+               allowed_hosts: Iterable[str] = LOOPBACK_HOSTS) -> Flask:
+    """The app for `store` (a folder or s3:// prefix of jobs) and the user database `db`.
+    `secure_cookies`: served over TLS (Secure cookies, HSTS). `allowed_hosts`: the Host
+    header values answered (`*ip`: any address literal); any other gets 400."""
     jobs = store if isinstance(store, JobStore) else JobStore(store)
     users = db if isinstance(db, UserDB) else UserDB(db)
     limiter = limiter or auth.LoginLimiter()
+    hosts = frozenset(h.lower() for h in allowed_hosts)
     app = Flask(__name__, static_folder=str(STATIC_DIR), static_url_path="/static")
+    app.json = _StrictJSON(app)
     app.url_map.merge_slashes = False  # `//etc/x` must not be redirected into something that matches
     app.url_map.strict_slashes = False
     app.config.update(MAX_CONTENT_LENGTH=64 * 1024)
-    app.json.sort_keys = False  # type: ignore[attr-defined]  # tables and series keep the views' order
+    app.json.sort_keys = False  # tables and series keep the views' order
     app.extensions["stepscope"] = {"jobs": jobs, "users": users}
 
     def cookie(resp: Response, name: str, value: str, max_age: int | None = None) -> None:
@@ -66,6 +75,8 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     @app.before_request
     def _authenticate() -> Any:
         g.identity = None
+        if not host_allowed(request.headers.get("Host", ""), hosts):
+            return _json_error(400, "unknown host name (start the app with --allow-host NAME to answer it)")
         if request.path.startswith(_PUBLIC_PATHS):
             return None
         identity = auth.authenticate(users, request.cookies.get(auth.SESSION_COOKIE), request.headers.get("Authorization"))
@@ -85,6 +96,8 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
             resp.headers.setdefault(key, value)
         if request.path.startswith("/static/"):
             resp.headers["Cache-Control"] = "public, max-age=300"
+        if secure_cookies:  # served over TLS: browsers must not fall back to plain HTTP
+            resp.headers["Strict-Transport-Security"] = "max-age=31536000"
         return _gzip(resp)
 
     @app.errorhandler(_HttpError)
@@ -107,12 +120,23 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     def _too_large(exc: Exception) -> Response:
         return _json_error(413, "request too large")
 
+    @app.errorhandler(users_module.Busy)
+    def _busy(exc: Exception) -> Response:
+        resp = _json_error(503, "too many sign-ins at once; try again in a few seconds")
+        resp.headers["Retry-After"] = "5"
+        return resp
+
     @app.errorhandler(Exception)
     def _internal(exc: Exception) -> Response:
         if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 500:
             return _json_error(exc.code, (exc.name or "bad request").lower())
         # The message may name files of the store: log it here, send nothing of it.
         logger.exception("stepscope ui: %s %s failed", request.method, request.path)
+        job = getattr(g, "job", None)
+        if job is not None:
+            # Raised while reading a job the user may see: that job's data is at fault (a
+            # hostile or broken file), not the app. Say so, naming the file inside the job.
+            return _json_error(422, job_error(exc, jobs.job_path(job)))
         if isinstance(exc, (StepscopeError, OSError)):
             return _json_error(500, "the job's data could not be read")
         return _json_error(500, "internal error")
@@ -146,13 +170,17 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         if not token or not secrets.compare_digest(token, request.form.get("csrf_token", "")):
             return _json_error(403, "missing or wrong CSRF token")
         address = request.remote_addr or "?"
-        if limiter.blocked(address, name):
+        if not limiter.begin(address, name):  # checks and takes a slot in one step
             resp = Response(_login_page(token, "Too many failed attempts; wait a minute."), status=429, mimetype="text/html")
             resp.headers["Retry-After"] = str(int(limiter.window_s))
             return resp
-        user = users.verify_password(name, password)
+        try:
+            user = users.verify_password(name, password)
+        except users_module.Busy:  # nothing was verified: give the slot back, answer 503
+            limiter.end(address, name, ok=True)
+            raise
+        limiter.end(address, name, ok=user is not None)
         if user is None:
-            limiter.failed(address, name)
             return Response(_login_page(token, "Wrong user name or password."), status=401, mimetype="text/html")
         session_id, _ = users.open_session(user)
         signed_in = redirect("/")
@@ -195,12 +223,16 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         user = g.identity.user
 
         def row(job: str) -> dict[str, Any]:
+            # One hostile job (a 10,000-deep JSON, NaN timestamps) is shown with its error;
+            # the list itself, and every other job in it, must still answer.
             try:
-                return jobs.summary(job).to_json()
-            except (StepscopeError, OSError, ValueError):
+                summary = jobs.summary(job).to_json()
+                app.json.dumps(summary)  # a value JSON cannot carry fails here, for this row only
+                return summary
+            except Exception as exc:
                 logger.exception("stepscope ui: cannot summarize a job")
                 return {"id": job, "status": "unreadable", "start": None, "end": None, "duration": None,
-                        "framework": None, "workers": 0, "steps": 0, "rules_fired": []}
+                        "framework": None, "workers": 0, "steps": 0, "rules_fired": [], "error": job_error(exc, jobs.job_path(job))}
 
         visible = [job for job in jobs.job_ids() if user.can_see(job)]
         # summaries wait on the store (S3 listings): several at once
@@ -329,10 +361,10 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     @app.post("/api/users")
     def add_user() -> ResponseReturnValue:
         admin()
-        body = request.get_json(silent=True) or {}
-        password = str(body.get("password") or secrets.token_urlsafe(12))
+        body = _json_body(_NEW_USER, required=("name",))
+        password = body.get("password") or secrets.token_urlsafe(12)
         try:
-            user = users.add_user(str(body.get("name", "")), password, admin=bool(body.get("admin")), prefixes=[str(p) for p in body.get("prefixes", [])])
+            user = users.add_user(body["name"], password, admin=body.get("admin", False), prefixes=body.get("prefixes", []))
         except ConfigError as exc:
             raise _HttpError(400, str(exc)) from None
         return jsonify(user=user.to_json(), password=None if body.get("password") else password), 201
@@ -351,11 +383,11 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     @app.post("/api/users/<name>/grant")
     def grant(name: str) -> Response:
         admin()
-        body = request.get_json(silent=True) or {}
+        body = _json_body(_GRANT)
         try:
-            user = users.grant(name, [str(p) for p in body.get("prefixes", [])])
+            user = users.grant(name, body.get("prefixes", []))
             if body.get("revoke"):
-                user = users.revoke(name, [str(p) for p in body["revoke"]])
+                user = users.revoke(name, body["revoke"])
         except ConfigError as exc:
             raise _HttpError(400, str(exc)) from None
         return jsonify(user=user.to_json())
@@ -365,7 +397,7 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         admin()
         password = secrets.token_urlsafe(12)
         try:
-            users.set_password(name, password)
+            users.set_password(name, password)  # closes the user's sessions and revokes its API tokens
         except ConfigError as exc:
             raise _HttpError(404, str(exc)) from None
         return jsonify(password=password)
@@ -381,11 +413,15 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     # --- helpers ------------------------------------------------------------------------
 
     def _visible(job: str) -> str:
+        """The id of the job folder `job` really names, when this user may see it. The grant
+        is checked on the resolved folder, never on the requested text, so no link
+        (`team-a/x -> ../team-b/job`) can lend a grant to another job."""
         job = job_id(job)
-        if not g.identity.user.can_see(job):
+        real = jobs.resolve(job)  # JobNotFound: unsafe, no job, or through a symlink
+        if real != job or not g.identity.user.can_see(real):
             raise JobNotFound(job)
-        jobs.open(job)  # raises JobNotFound when it is not a job of the store
-        return job
+        g.job = real
+        return real
 
     def _open(job: str) -> tuple[Any, int]:
         """(trial, generation) of a job this user may see."""
@@ -394,6 +430,98 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         return trial, jobs.generation(visible)
 
     return app
+
+
+# Admin request bodies: each field's JSON type. `list[str]` is a JSON array of strings.
+_NEW_USER: dict[str, type] = {"name": str, "password": str, "admin": bool, "prefixes": list}
+_GRANT: dict[str, type] = {"prefixes": list, "revoke": list}
+
+
+def _json_body(fields: dict[str, type], required: tuple[str, ...] = ()) -> dict[str, Any]:
+    """The request's JSON object, each field of the JSON type `fields` names (booleans are
+    true/false, never "false"; lists are arrays of strings); 400 naming the field otherwise."""
+    body = request.get_json(silent=True)
+    if not isinstance(body, dict):
+        raise _HttpError(400, "the request body must be a JSON object (Content-Type: application/json)")
+    for key in body:
+        if key not in fields:
+            raise _HttpError(400, f"unknown field {str(key)[:40]!r} (expected: {', '.join(fields)})")
+    for key, kind in fields.items():
+        if key not in body:
+            if key in required:
+                raise _HttpError(400, f"{key} is required")
+            continue
+        value = body[key]
+        if kind is list:
+            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+                raise _HttpError(400, f"{key} must be a list of strings")
+        elif kind is bool:
+            if not isinstance(value, bool):
+                raise _HttpError(400, f"{key} must be true or false (a JSON boolean)")
+        elif not isinstance(value, kind):
+            raise _HttpError(400, f"{key} must be a {kind.__name__}")
+    return body
+
+
+def host_allowed(header: str, allowed: frozenset[str]) -> bool:
+    """Whether the Host header names this server: its name (port left out) is in `allowed`,
+    or `*ip` is and it is an address literal (a rebound DNS name never is)."""
+    import ipaddress
+
+    host = header.strip().lower()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else ""
+    elif host.count(":") == 1:
+        host = host.split(":")[0]
+    if not host:
+        return False
+    if host in allowed:
+        return True
+    if "*ip" in allowed:
+        try:
+            ipaddress.ip_address(host)
+            return True
+        except ValueError:
+            return False
+    return False
+
+
+def job_error(exc: BaseException, job_folder: str) -> str:
+    """What went wrong reading a job, for its viewer: the file inside the job (never a path
+    of the machine) and the kind of fault."""
+    import re
+
+    text = str(exc)
+    if job_folder:
+        text = text.replace(job_folder.rstrip("/") + "/", "").replace(job_folder, ".")
+    text = re.sub(r"(?<![\w.])/[^\s'\"]+", "<path>", text)  # any other absolute path
+    kinds: dict[type, str] = {RecursionError: "nested too deeply", MemoryError: "too large"}
+    kind = kinds.get(type(exc), exc.__class__.__name__)
+    return f"the job's data could not be read ({kind}): {text[:300]}" if text and not isinstance(exc, RecursionError) else f"the job's data could not be read ({kind})"
+
+
+class _StrictJSON(DefaultJSONProvider):
+    """Flask's JSON with NaN and infinities sent as null (JSON has no NaN; a browser's
+    JSON.parse rejects the whole answer) and nothing deeper than the views make."""
+
+    def dumps(self, obj: Any, **kwargs: Any) -> str:
+        kwargs.setdefault("allow_nan", False)
+        try:
+            return super().dumps(obj, **kwargs)
+        except ValueError:
+            return super().dumps(_finite(obj), **kwargs)
+
+
+def _finite(value: Any, depth: int = 0) -> Any:
+    if depth > 64:
+        raise ValueError("a value nested more than 64 levels")
+    if isinstance(value, float):
+        return value if value == value and value not in (float("inf"), float("-inf")) else None
+    if isinstance(value, dict):
+        return {k: _finite(v, depth + 1) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v, depth + 1) for v in value]
+    return value
 
 
 def _int_arg(name: str, default: int, low: int, high: int) -> int:
@@ -414,8 +542,8 @@ def _float_arg(name: str) -> float | None:
         value = float(raw)
     except ValueError:
         raise _HttpError(400, f"{name} must be a number") from None
-    if value != value or value in (float("inf"), float("-inf")):
-        raise _HttpError(400, f"{name} must be finite")
+    if not abs(value) <= 2.0**62:  # NaN, infinities, and times no int64 of nanoseconds holds
+        raise _HttpError(400, f"{name} must be a finite time in nanoseconds, within ±2**62")
     return value
 
 

@@ -52,11 +52,16 @@ def csrf_ok(identity: Identity, method: str, sent: str | None) -> bool:
 
 class LoginLimiter:
     """At most `attempts` failed logins per `window_s` per client address and per user name;
-    beyond that, logins are refused (HTTP 429) until the window has passed."""
+    beyond that, logins are refused (HTTP 429) until the window has passed.
+
+    Checking and counting are one step (`begin`): an attempt takes a slot before its
+    password is verified and gives it back only if the password was right. So N parallel
+    wrong passwords for one user get at most `attempts` verifications, not N."""
 
     def __init__(self, attempts: int = 5, window_s: float = 60.0):
         self.attempts, self.window_s = attempts, window_s
         self._failures: dict[str, deque[float]] = {}
+        self._pending: dict[str, int] = {}  # attempts being verified now, per key
         self._lock = threading.Lock()
 
     def _recent(self, key: str, now: float) -> deque[float]:
@@ -65,15 +70,43 @@ class LoginLimiter:
             times.popleft()
         return times
 
+    @staticmethod
+    def _keys(address: str, name: str) -> tuple[str, str]:
+        return f"addr:{address}", f"user:{name}"
+
+    def begin(self, address: str, name: str) -> bool:
+        """Take a slot for one attempt; False (refuse with 429) when the address or the name
+        has no slot left in the window. Every True must be followed by `end`."""
+        now = time.monotonic()
+        with self._lock:
+            keys = self._keys(address, name)
+            if any(len(self._recent(k, now)) + self._pending.get(k, 0) >= self.attempts for k in keys):
+                return False
+            for key in keys:
+                self._pending[key] = self._pending.get(key, 0) + 1
+            return True
+
+    def end(self, address: str, name: str, ok: bool) -> None:
+        """The attempt's outcome: a failure keeps its slot for the window, a success frees it."""
+        now = time.monotonic()
+        with self._lock:
+            for key in self._keys(address, name):
+                left = self._pending.get(key, 0) - 1
+                if left > 0:
+                    self._pending[key] = left
+                else:
+                    self._pending.pop(key, None)
+                if not ok:
+                    self._recent(key, now).append(now)
+            if len(self._failures) > 10000:  # bound memory under a spray of names
+                self._failures = {k: v for k, v in self._failures.items() if v and now - v[-1] <= self.window_s}
+
     def blocked(self, address: str, name: str) -> bool:
         now = time.monotonic()
         with self._lock:
-            return any(len(self._recent(k, now)) >= self.attempts for k in (f"addr:{address}", f"user:{name}"))
+            return any(len(self._recent(k, now)) + self._pending.get(k, 0) >= self.attempts for k in self._keys(address, name))
 
     def failed(self, address: str, name: str) -> None:
-        now = time.monotonic()
-        with self._lock:
-            for key in (f"addr:{address}", f"user:{name}"):
-                self._recent(key, now).append(now)
-            if len(self._failures) > 10000:  # bound memory under a spray of names
-                self._failures = {k: v for k, v in self._failures.items() if v and now - v[-1] <= self.window_s}
+        """Count one failure outside `begin`/`end`."""
+        if self.begin(address, name):
+            self.end(address, name, ok=False)

@@ -41,10 +41,17 @@ def add_ui(sub: argparse._SubParsersAction) -> None:
 def _serve_options(parser: argparse.ArgumentParser, defaults: bool = True) -> None:
     suppress = argparse.SUPPRESS
     parser.add_argument("--host", default="127.0.0.1" if defaults else suppress, help="address to bind (default 127.0.0.1: this machine only)")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT if defaults else suppress, help=f"port (default {DEFAULT_PORT}; 0 picks a free one)")
+    parser.add_argument("--port", type=int, default=DEFAULT_PORT if defaults else suppress, help=f"port, 1-65535 (default {DEFAULT_PORT}; 0 picks a free one)")
     parser.add_argument("--db", default=None if defaults else suppress, help="user database file (default $STEPSCOPE_UI_DB or ~/.stepscope/ui.sqlite3)")
     parser.add_argument("--cert", default=None if defaults else suppress, help="TLS certificate (PEM); with --key, serve HTTPS")
     parser.add_argument("--key", default=None if defaults else suppress, help="TLS private key (PEM)")
+    parser.add_argument("--allow-host", action="append", default=[] if defaults else suppress, metavar="NAME",
+                        help="a host name clients may use in the Host header besides the bound address and localhost (repeatable; "
+                             "refuses DNS rebinding)")
+    parser.add_argument("--threads", type=int, default=8 if defaults else suppress, help="requests computed at once (default 8)")
+    parser.add_argument("--connections", type=int, default=200 if defaults else suppress, help="open connections at most (default 200)")
+    parser.add_argument("--idle-timeout", type=float, default=30.0 if defaults else suppress,
+                        help="seconds a connection may stay without a complete request (default 30)")
 
 
 def _users_parser() -> argparse.ArgumentParser:
@@ -64,7 +71,7 @@ def _users_parser() -> argparse.ArgumentParser:
     revoke = sub.add_parser("revoke", help="take job prefixes away from a user")
     revoke.add_argument("name")
     revoke.add_argument("prefix", nargs="+")
-    reset = sub.add_parser("reset-password", help="set a new password (generated unless --password-stdin); closes the user's sessions")
+    reset = sub.add_parser("reset-password", help="set a new password (generated unless --password-stdin); closes the user's sessions and revokes its API tokens")
     reset.add_argument("name")
     reset.add_argument("--password-stdin", action="store_true")
     sub.add_parser("new-token", help="print a new API token for scripts (Authorization: Bearer ...)").add_argument("name")
@@ -101,7 +108,7 @@ def run_users(argv: list[str], db_default: str | None) -> int:
     elif args.action == "reset-password":
         password, generated = _password(args.password_stdin)
         db.set_password(args.name, password)
-        print(f"password of {args.name} changed; its sessions are closed")
+        print(f"password of {args.name} changed; its sessions are closed and its API tokens revoked")
         if generated:
             print(f"password: {password}")
     elif args.action == "new-token":
@@ -122,14 +129,26 @@ def run_ui(args: argparse.Namespace) -> int:
             after.parse_args(args.rest, namespace=args)
         except SystemExit:
             raise ConfigError(f"bad arguments after the store: {' '.join(args.rest)}") from None
-    from werkzeug.serving import make_server
+    from .bundle import missing_message
 
-    from .app import assets_built, create_app
+    if (problem := missing_message()) is not None:  # refuse rather than serve a blank page
+        raise ConfigError(problem)
+    from .app import create_app
+    from .jobs import JobStore
+    from .server import ServerLimits, WebServer, check_port
     from .users import UserDB
 
+    check_port(args.port)
     if bool(args.cert) != bool(args.key):
         raise ConfigError("--cert and --key go together")
+    limits = ServerLimits(threads=args.threads, connections=args.connections, idle_timeout_s=args.idle_timeout)
+    # Everything that can be mistyped is checked before the user database is touched: a
+    # wrong store path or a busy port creates no admin and prints no password.
+    jobs = JobStore(args.store)
+    jobs.check()
     db = UserDB(args.db or default_db_path())
+    app = create_app(jobs, db, secure_cookies=bool(args.cert), allowed_hosts=allowed_hosts(args.host, args.allow_host))
+    server = WebServer(app, args.host, args.port, cert=args.cert, key=args.key, limits=limits)
     if not db.has_admin():
         password = secrets.token_urlsafe(12)
         db.add_user("admin", password, admin=True)
@@ -137,19 +156,28 @@ def run_ui(args: argparse.Namespace) -> int:
               "`stepscope ui users reset-password admin`)", file=sys.stderr)
     if not _is_loopback(args.host) and not args.cert:
         print("stepscope ui: warning: serving plain HTTP beyond this machine; use --cert/--key or a TLS reverse proxy (docs/ui.md)", file=sys.stderr)
-    if not assets_built():
-        print("stepscope ui: warning: the app's scripts are not built (python scripts/build_ui.py)", file=sys.stderr)
-    app = create_app(args.store, db, secure_cookies=bool(args.cert))
-    server = make_server(args.host, args.port, app, threaded=True, ssl_context=(args.cert, args.key) if args.cert else None)
     scheme = "https" if args.cert else "http"
-    print(f"stepscope ui: serving {args.store} on {scheme}://{args.host}:{server.server_port}/", file=sys.stderr, flush=True)
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+    print(f"stepscope ui: serving {args.store} on {scheme}://{shown}:{server.port}/", file=sys.stderr, flush=True)
     try:
-        server.serve_forever()
+        server.run()
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        server.stop()
     return 0
+
+
+def allowed_hosts(bound: str, extra: list[str]) -> tuple[str, ...]:
+    """The Host header values the app answers: the bound address, localhost and `extra`;
+    bound to every address (0.0.0.0, ::), also this machine's names. A name of another site
+    pointing here (DNS rebinding) is refused."""
+    import socket
+
+    names = {"localhost", "127.0.0.1", "::1", bound.strip("[]").lower(), *(h.strip().lower() for h in extra if h.strip())}
+    if bound in ("0.0.0.0", "::", ""):
+        names |= {socket.gethostname().lower(), socket.getfqdn().lower(), "*ip"}  # "*ip": any address literal
+    return tuple(sorted(names))
 
 
 def _is_loopback(host: str) -> bool:

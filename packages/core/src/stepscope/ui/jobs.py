@@ -6,7 +6,6 @@ from a request goes through `job_id()` before it touches a file, so no URL reach
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -21,6 +20,14 @@ from ..store import Store, open_store
 
 # A folder holding any of these is a job; the walk does not look inside a job for more jobs.
 _JOB_MARKERS = frozenset({"index", "collections", "events", "profiler-output", "stepscope-index", layout.END_MARKER})
+# A folder of a user's own Kineto traces (torch.profiler.tensorboard_trace_handler's output)
+# is a job too: the trace engine reads it (docs/traces.md). Kineto's own file names only, so
+# a folder with some other JSON is not taken for one.
+_TRACE_FILE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb")
+
+
+def _is_marker(name: str) -> bool:
+    return name in _JOB_MARKERS or name.endswith(_TRACE_FILE_SUFFIXES)
 MAX_DEPTH = 6
 RUNNING_WINDOW_S = 300.0
 SUMMARY_TTL_S = 10.0
@@ -97,6 +104,19 @@ class JobStore:
         self._generations: dict[str, int] = {}
         self._seen: dict[str, tuple[bool, int]] = {}
 
+    def check(self) -> None:
+        """ConfigError naming the store when it cannot be listed (a missing bucket, no access):
+        the CLI calls it before it creates anything."""
+        if not self.is_s3:
+            return
+        from ..store.s3 import S3Store
+
+        try:
+            root = S3Store(self.url + "/")
+            root._client.list_objects_v2(Bucket=root.bucket, Prefix=root.prefix, MaxKeys=1)
+        except Exception as exc:  # botocore's errors, a bad URL: all mean "not this store"
+            raise ConfigError(f"store {self.url!r} cannot be listed ({exc.__class__.__name__})") from None
+
     # --- finding jobs ------------------------------------------------------------------
 
     def job_ids(self) -> list[str]:
@@ -113,8 +133,9 @@ class JobStore:
             except OSError:
                 continue
             names = {e.name for e in entries}
-            if rel and names & _JOB_MARKERS:
-                yield rel
+            if rel and any(_is_marker(n) for n in names):
+                if not any(e.is_symlink() for e in entries if _is_marker(e.name)):
+                    yield rel  # (one whose index/events/... are links is no job: `resolve` refuses it)
                 continue
             if depth < MAX_DEPTH:
                 # Symlinked folders are not followed: they could lead outside the store.
@@ -137,7 +158,7 @@ class JobStore:
                     names.add(name)
                     folders.append(name)
                 names.update(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
-            if rel and names & _JOB_MARKERS:
+            if rel and any(_is_marker(n) for n in names):
                 yield rel
                 continue
             if depth < MAX_DEPTH:
@@ -145,21 +166,48 @@ class JobStore:
 
     # --- opening one ------------------------------------------------------------------
 
-    def open(self, job: str) -> Store:
-        """The store of one job; JobNotFound when the id is unsafe or names no job."""
+    def resolve(self, job: str) -> str:
+        """The id of the job folder that `job` really names, which is what the app authorises
+        (never the requested text): JobNotFound for an unsafe id, no job, or a path that
+        passes through a symlink. S3 keys have no links; their id is the checked key itself."""
+        from ..store.local import resolve_within
+
         job = job_id(job)
+        if self.is_s3:
+            return job
+        try:
+            # The store's path policy: every component opened with O_NOFOLLOW from the root,
+            # so `team-a/link -> ../team-b/job` (or a linked parent) is refused, not followed.
+            folder = resolve_within(self._root_real, job)
+            parent = self._root_real
+            for part in job.split("/"):
+                # Each name as the folder spells it: on a case-insensitive filesystem
+                # `TEAM-B/job` would otherwise reach `team-b/job` under another grant.
+                if part not in os.listdir(parent):
+                    raise JobNotFound(job)
+                parent = os.path.join(parent, part)
+            markers = [e for e in os.scandir(folder) if _is_marker(e.name)]
+        except (OSError, StepscopeError):
+            raise JobNotFound(job) from None
+        # A folder whose index/, events/, ... are links is no job (the walk skips it too).
+        if not markers or any(e.is_symlink() for e in markers):
+            raise JobNotFound(job)
+        return job
+
+    def job_path(self, job: str) -> str:
+        """Where the job lies (a folder or an s3:// URL): error messages name files relative to it."""
+        return f"{self.url}/{job}" if self.is_s3 else os.path.join(self._root_real, *job.split("/"))
+
+    def open(self, job: str) -> Store:
+        """The store of one job; JobNotFound when the id is unsafe, names no job, or passes
+        through a symlink (see `resolve`)."""
+        job = self.resolve(job)
         if self.is_s3:
             store = open_store(f"{self.url}/{job}")
             if not store.list("", start_after=None)[:1]:
                 raise JobNotFound(job)
             return store
-        path = os.path.join(self.url, *job.split("/"))
-        real = os.path.realpath(path)
-        if os.path.commonpath([real, self._root_real]) != self._root_real or not os.path.isdir(real):
-            raise JobNotFound(job)
-        if not set(os.listdir(real)) & _JOB_MARKERS:
-            raise JobNotFound(job)
-        return open_store(real)
+        return open_store(self.job_path(job))
 
     def trial(self, job: str, refresh: bool = True) -> Any:
         """The job's Trial, opened once and refreshed on later calls (a running job grows)."""
@@ -207,13 +255,23 @@ class JobStore:
         return summary
 
 
-def rule_summary(store: Store) -> list[dict[str, Any]]:
-    """The rows `stepscope check` published in rule-output/summary.json (empty when none)."""
+def rule_summary(store: Store, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows `stepscope check` published in rule-output/summary.json (empty when none;
+    when it cannot be read, `problems` gets a line naming it)."""
+    from ..job_files import load_json
+
+    key = f"{layout.RULE_OUTPUT_DIR}/summary.json"
     try:
-        data = json.loads(store.read(f"{layout.RULE_OUTPUT_DIR}/summary.json"))
-    except (FileNotFoundError, ValueError, StepscopeError):
+        data = load_json(store.read(key), key)
+    except FileNotFoundError:
+        return []
+    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:  # a hostile summary is no summary
+        if problems is not None:
+            problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {str(exc)[:200]}")
         return []
     rows = data.get("rules") if isinstance(data, dict) else None
+    if not isinstance(rows, list) and problems is not None:
+        problems.append(f"{key}: no list of rules")
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 

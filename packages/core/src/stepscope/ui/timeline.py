@@ -116,6 +116,9 @@ class CounterLane:
     kind: str = "counter"
 
 
+_MAX_EPOCH_S = 2.0**62 / 1e9  # the latest time, in seconds, whose nanoseconds fit in an int64
+
+
 @dataclass
 class TimelineIndex:
     """Every lane of one job, ready for range queries."""
@@ -142,6 +145,11 @@ def build_index(timeline: pd.DataFrame, metrics: pd.DataFrame, markers: list[dic
     names: dict[str, int] = {}
     lanes: list[Any] = []
     timeline = timeline.reset_index(drop=True)
+    if len(metrics):
+        # A sample at NaN, infinity or a time no int64 of nanoseconds holds is no point on
+        # the time axis (a hostile or broken metrics file): leave it out, keep the rest.
+        stamps = pd.to_numeric(metrics["timestamp"], errors="coerce").to_numpy(float)
+        metrics = metrics[np.isfinite(stamps) & (np.abs(stamps) < _MAX_EPOCH_S)]
     if len(timeline):
         codes, uniques = pd.factorize(timeline["name"].astype(str), sort=False)
         names = {str(n): i for i, n in enumerate(uniques)}

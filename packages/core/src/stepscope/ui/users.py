@@ -12,11 +12,12 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, StepscopeError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 SESSION_TTL_S = 12 * 3600
@@ -52,6 +53,11 @@ _MIGRATIONS: tuple[str, ...] = (
     );
     """,
 )
+
+
+class Busy(StepscopeError):  # not a ValueError: nothing may take it for a wrong password
+    """Every password-hashing slot stayed taken for the whole wait: the server is flooded
+    with sign-ins. The app answers 503; nothing was verified."""
 
 
 @dataclass(frozen=True)
@@ -103,8 +109,15 @@ def _hasher(memory_kib: int, time_cost: int):
 class UserDB:
     """Thread-safe access to the user database at `path` (created with its folder if absent)."""
 
-    def __init__(self, path: str | Path, *, argon2_memory_kib: int = 65536, argon2_time_cost: int = 3):
+    def __init__(self, path: str | Path, *, argon2_memory_kib: int = 65536, argon2_time_cost: int = 3,
+                 max_concurrent_hashes: int = 4, hash_wait_s: float = 10.0):
+        if isinstance(max_concurrent_hashes, bool) or not isinstance(max_concurrent_hashes, int) or max_concurrent_hashes < 1:
+            raise ConfigError(f"max_concurrent_hashes must be a positive integer, got {max_concurrent_hashes!r}")
         self.path = Path(path)
+        # Each argon2 hash or verification holds `argon2_memory_kib` (64 MiB by default): at
+        # most this many at once bounds the memory a flood of sign-ins can take.
+        self._hash_slots = threading.BoundedSemaphore(max_concurrent_hashes)
+        self._hash_wait_s = hash_wait_s
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         self._conn = sqlite3.connect(str(self.path), check_same_thread=False, isolation_level=None)
@@ -137,7 +150,7 @@ class UserDB:
         if len(password) < 8:
             raise ConfigError(f"password for {name!r} is too short (at least 8 characters)")
         cleaned = sorted({normalize_prefix(p) for p in prefixes})
-        hashed = self._hasher.hash(password)
+        hashed = self._hash(password)
         with self._lock:
             try:
                 self._conn.execute("BEGIN")
@@ -195,14 +208,22 @@ class UserDB:
         return self.user(name)
 
     def set_password(self, name: str, password: str) -> None:
-        """New password; every open session of the user is closed."""
+        """New password; every open session and API token of the user stops working (a reset
+        follows a leak: whatever was leaked with the password must die with it)."""
         if len(password) < 8:
             raise ConfigError(f"password for {name!r} is too short (at least 8 characters)")
         user = self.user(name)
-        hashed = self._hasher.hash(password)
+        hashed = self._hash(password)
         with self._lock:
-            self._conn.execute("UPDATE users SET password_hash = ? WHERE id = ?", (hashed, user.id))
-            self._conn.execute("DELETE FROM sessions WHERE user_id = ?", (user.id,))
+            self._conn.execute("BEGIN")
+            try:
+                self._conn.execute("UPDATE users SET password_hash = ? WHERE id = ?", (hashed, user.id))
+                self._conn.execute("DELETE FROM sessions WHERE user_id = ?", (user.id,))
+                self._conn.execute("DELETE FROM tokens WHERE user_id = ?", (user.id,))
+            except BaseException:
+                self._conn.execute("ROLLBACK")
+                raise
+            self._conn.execute("COMMIT")
 
     def verify_password(self, name: str, password: str) -> User | None:
         """The user when the password matches; None otherwise (unknown names cost a hash too,
@@ -213,15 +234,29 @@ class UserDB:
             row = self._conn.execute("SELECT password_hash FROM users WHERE name = ?", (name,)).fetchone()
         stored = row[0] if row else self._dummy_hash()
         try:
-            self._hasher.verify(stored, password)
+            with self._hash_slot():
+                self._hasher.verify(stored, password)
         except (VerificationError, ValueError):
             return None
         return self._find("name = ?", name) if row else None
 
     def _dummy_hash(self) -> str:
         if self._dummy is None:
-            self._dummy = self._hasher.hash(secrets.token_hex(16))
+            self._dummy = self._hash(secrets.token_hex(16))
         return self._dummy
+
+    def _hash(self, password: str) -> str:
+        with self._hash_slot():
+            return str(self._hasher.hash(password))
+
+    @contextmanager
+    def _hash_slot(self) -> Iterator[None]:
+        if not self._hash_slots.acquire(timeout=self._hash_wait_s):
+            raise Busy("too many password checks at once")
+        try:
+            yield
+        finally:
+            self._hash_slots.release()
 
     # --- tokens and sessions ----------------------------------------------------------------
 

@@ -8,7 +8,6 @@ cheap listing, and a running job is recomputed only when something new has lande
 
 from __future__ import annotations
 
-import json
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -245,45 +244,72 @@ def _rules_status(trial: Any) -> dict[str, Any]:
     from ..rules import default_profiler_rules, run_rules
 
     rows: dict[str, dict[str, Any]] = {}
-    for row in rule_summary(trial.store):
+    problems: list[str] = []  # reports that could not be read, each named: the rest still show
+    for row in rule_summary(trial.store, problems):
         name = str(row.get("rule"))
-        report = (_read_json(trial.store, f"{layout.RULE_OUTPUT_DIR}/{name}.json") if _plain_name(name) else None) or {}
-        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary")}}, "stepscope check")
+        # The file name `check` gave this rule's report (layout.rule_output_key escapes it).
+        report = _read_json(trial.store, layout.rule_output_key(name), problems) or {}
+        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary", "to_save")}}, "stepscope check")
     live_rules = [rule for rule in default_profiler_rules(trial) if rule.name not in rows and rule.name != "OverallSystemUsage"]
     for live in run_rules(live_rules) if live_rules else []:
         rows[live.rule] = _rule_row(live.to_json(), "live")
     ordered = sorted(rows.values(), key=lambda r: (not r["fired"], r["rule"]))
-    return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]]}
+    return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]], "problems": problems}
 
 
 def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
     """A report's JSON (RuleReport.to_json(), as `check` writes it) as one row of the panel."""
     fired = bool(report.get("fired"))
+    status = str(report.get("status") or ("fired" if fired else "ok"))
+    needed = report.get("evidence_needed")
+    to_save = report.get("to_save") or (needed.get("to_save") if isinstance(needed, dict) else None) or ""
+    to_save = to_save if isinstance(to_save, str) else ""  # a report is untrusted input
     raw_explanation, raw_evidence = report.get("explanation"), report.get("details")
     explanation: dict[str, Any] = raw_explanation if isinstance(raw_explanation, dict) else {}
     evidence: list[Any] = raw_evidence if isinstance(raw_evidence, list) else []
     named = [e.get("step") if e.get("step") is not None else e.get("mode_step") for e in evidence if isinstance(e, dict)]
-    steps = [int(s) for s in [*(report.get("fired_steps") or []), *named] if isinstance(s, int)]
+    fired_steps = report.get("fired_steps")
+    steps = [int(s) for s in [*(fired_steps if isinstance(fired_steps, list) else []), *named] if isinstance(s, int)]
+    violations = report.get("violations")
     return {
         "rule": str(report.get("rule")), "kind": str(report.get("kind") or "tensor"), "fired": fired,
-        "status": str(report.get("status") or ("fired" if fired else "ok")), "summary": str(report.get("summary") or ""),
-        "violations": int(report.get("violations") or 0), "definition": explanation.get("definition"),
-        "causes": list(explanation.get("causes") or []), "advice": list(explanation.get("advice") or []),
+        "status": status, "summary": str(report.get("summary") or ""),
+        "judged": status in ("fired", "ok"), "to_save": str(to_save),
+        "violations": violations if isinstance(violations, int) and not isinstance(violations, bool) else 0, "definition": explanation.get("definition"),
+        "causes": _trim(_as_list(explanation.get("causes"))), "advice": _trim(_as_list(explanation.get("advice"))),
         "evidence": _trim(evidence), "statistics": _trim(report.get("statistics") or {}),
         "steps": sorted(set(steps))[:200], "source": source,
     }
 
 
-def _plain_name(name: str) -> bool:
-    return bool(name) and "/" not in name and "\\" not in name and ".." not in name
+def _as_list(value: Any) -> list[Any]:
+    return list(value) if isinstance(value, (list, tuple)) else []
 
 
-def _read_json(store: Any, key: str) -> dict[str, Any] | None:
+def _read_json(store: Any, key: str, problems: list[str] | None = None) -> dict[str, Any] | None:
+    """The JSON object at `key`; None when absent or unreadable (a hostile report is no
+    report), and then `problems` gets one line naming the file and what was wrong."""
+    from ..job_files import load_json
+
     try:
-        data = json.loads(store.read(key))
-    except (FileNotFoundError, ValueError, StepscopeError):
+        data = load_json(store.read(key), key)
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) else None
+    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:
+        if problems is not None:
+            problems.append(_problem(key, exc))
+        return None
+    if not isinstance(data, dict):
+        if problems is not None:
+            problems.append(f"{key}: not a JSON object")
+        return None
+    return data
+
+
+def _problem(key: str, exc: BaseException) -> str:
+    """One line naming the job's file and its fault, without a path of the machine."""
+    text = str(exc)
+    return text if text.startswith(key) else f"{key}: {text[:200]}"
 
 
 def _trim(value: Any, depth: int = 0) -> Any:

@@ -6,12 +6,14 @@ from __future__ import annotations
 import json
 import logging
 
+from ...exceptions import StepscopeError
+from ...job_files import MAX_COLLECTIONS_BYTES, read_json
 from ...layout import COLLECTIONS_DIR
 from ...modes import ModeKeys
 from ...profiler import STEP_PHASES
 from ..context import ReportContext
-from ..findings import ranked
-from ..model import Callout, Section, Table
+from ..findings import Finding, ranked
+from ..model import Callout, Paragraph, Section, Table
 
 logger = logging.getLogger("stepscope")
 
@@ -25,12 +27,30 @@ def build(ctx: ReportContext) -> Section:
     return section
 
 
+def judged_text(findings: list[Finding]) -> str:
+    """`7 of 9 rule(s) could judge; for the others save: losses every step (Overfit)`."""
+    judged = sum(1 for f in findings if f.judged)
+    text = f"{judged} of {len(findings)} rule(s) could judge"
+    if judged < len(findings):
+        needs: dict[str, list[str]] = {}
+        for f in findings:
+            if not f.judged and f.to_save:
+                needs.setdefault(f.to_save, []).append(f.rule)
+        hints = "; ".join(f"{what} ({', '.join(rules)})" for what, rules in needs.items())
+        text += f"; for the others save: {hints}" if hints else "; the others had no data or too little"
+    return text
+
+
 def _verdict(ctx: ReportContext, section: Section) -> None:
     fired = [f for f in ranked(ctx.findings) if f.fired]
     if not ctx.findings:
         section.add(Callout("info", "No rule results", "Run `stepscope check PATH` or save tensors for the default rules."))
+    elif not any(f.judged for f in ctx.findings):
+        section.add(Callout("warn", "No rule could judge this job", judged_text(ctx.findings) + "."))
     elif not fired:
-        section.add(Callout("ok", "No rule fired", f"{len(ctx.findings)} rule(s) ran; none found a problem."))
+        section.add(Callout("ok", "No rule fired", f"{judged_text(ctx.findings)}; none found a problem."))
+    else:
+        section.add(Paragraph(judged_text(ctx.findings) + "."))
     for rank, finding in enumerate(fired, start=1):
         # The rule model's summary names the first step; older reports only list fired steps.
         steps = f" First at step {finding.fired_steps[0]}." if finding.fired_steps and "first" not in finding.summary.lower() else ""
@@ -83,9 +103,12 @@ def _writer_version(ctx: ReportContext) -> str | None:
     store = ctx.trial.store
     for key in store.list(COLLECTIONS_DIR + "/"):
         try:
-            return json.loads(store.read(key)).get("_meta", {}).get("writer")
-        except (ValueError, OSError):
+            body = read_json(store, key, MAX_COLLECTIONS_BYTES)
+        except (StepscopeError, OSError):
             continue
+        meta = body.get("_meta") if isinstance(body, dict) else None
+        writer = meta.get("writer") if isinstance(meta, dict) else None
+        return writer if isinstance(writer, str) else None
     return None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema import KIND_CODE, STEP_NAME_RE
+from ..schema import BOOKKEEPING_CATEGORIES, KIND_CODE, STEP_NAME_RE
 
 STAT_COLUMNS = ("count", "total_us", "mean_us", "p50_us", "p95_us", "max_us")
 
@@ -133,6 +133,24 @@ def union_ns(starts: np.ndarray, ends: np.ndarray, presorted: bool = False) -> i
     first = np.flatnonzero(new)
     last = np.append(first[1:] - 1, starts.size - 1)
     return int((running_end[last] - starts[first]).sum())
+
+
+def not_analysed(events: pd.DataFrame) -> pd.DataFrame:
+    """Events of categories the engine does not know (a new device's, e.g. MTIA's `mtia_*`):
+    one row per category with its count and total duration. Kineto's bookkeeping
+    categories (the trace span, CUPTI overhead, profiler ranges) are left out."""
+    other = of_kind(events, "other")
+    columns = ["category", "events", "total_us"]
+    if other.empty:
+        return pd.DataFrame(columns=columns)
+    category = other["category"].astype(str)
+    other = other[~category.isin(list(BOOKKEEPING_CATEGORIES)).to_numpy()]
+    if other.empty:
+        return pd.DataFrame(columns=columns)
+    grouped = other.groupby(other["category"].astype(str), sort=True)["dur_ns"].agg(["size", "sum"]).reset_index()
+    grouped.columns = ["category", "events", "total_us"]
+    grouped["total_us"] = grouped["total_us"] / 1000.0
+    return grouped.sort_values("events", ascending=False, ignore_index=True)
 
 
 def user_annotations(events: pd.DataFrame) -> pd.DataFrame:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema import KIND_CODE
+from ..schema import BEFORE_FIRST_STEP, KIND_CODE, is_communication
 from .common import launch_start_of, of_kind, sort_order, union_ns
 
 KERNEL_WAIT_US = 30.0  # HTA's consecutive_kernel_delay (HTA's docs say ns; it compares µs)
@@ -21,7 +21,7 @@ BREAKDOWN_COLUMNS = ["span_us", "busy_us", "idle_us", "compute_us", "non_compute
 def _is_compute(gpu: pd.DataFrame) -> np.ndarray:
     kernels = gpu["kind"].to_numpy() == KIND_CODE["kernel"]
     names = gpu["name"].astype("category")
-    nccl = np.asarray(["nccl" in str(c).lower() for c in names.cat.categories], dtype=bool)
+    nccl = np.asarray([is_communication(str(c)) for c in names.cat.categories], dtype=bool)
     return kernels & ~(nccl[names.cat.codes.to_numpy()] if nccl.size else np.zeros(len(gpu), dtype=bool))
 
 
@@ -51,7 +51,7 @@ def temporal_breakdown(events: pd.DataFrame, per_step: bool = False) -> pd.DataF
         return pd.DataFrame([_breakdown(gpu)], columns=BREAKDOWN_COLUMNS)
     rows = []
     for step, group in gpu.groupby("step", sort=True):
-        if step < 0:
+        if step < 0 and step != BEFORE_FIRST_STEP:  # outside the profiled steps (no launch to go by)
             continue
         rows.append({"step": int(step), **_breakdown(group)})
     return pd.DataFrame(rows, columns=["step", *BREAKDOWN_COLUMNS])
@@ -82,12 +82,11 @@ def active_time(events: pd.DataFrame, per_step: bool = False) -> pd.DataFrame:
     synchronization records: stream waits, event syncs) and idle, over the span from the first
     GPU activity to the last; the four parts add up to the span."""
     kernels, memory = of_kind(events, "kernel"), of_kind(events, "memcpy", "memset")
-    sync = of_kind(events, "sync")
-    sync = sync[sync["stream"].to_numpy() >= 0]  # GPU-side records; host sync calls have no stream
+    sync = of_kind(events, "gpu_sync")  # GPU-side records (any stream, -1 for event/context syncs)
     if not per_step:
         return pd.DataFrame([_active(kernels, memory, sync)], columns=ACTIVE_COLUMNS)
     rows = []
-    steps = sorted({int(s) for frame in (kernels, memory, sync) for s in frame["step"].unique() if s >= 0})
+    steps = sorted({int(s) for frame in (kernels, memory, sync) for s in frame["step"].unique() if s >= 0 or s == BEFORE_FIRST_STEP})
     for step in steps:
         pick = [frame[frame["step"].to_numpy() == step] for frame in (kernels, memory, sync)]
         rows.append({"step": step, **_active(*pick)})

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from ..schema import STEP_NAME_RE
+from ..schema import BEFORE_FIRST_STEP, STEP_NAME_RE
 from .common import of_kind, union_ns
 
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -30,8 +30,7 @@ def step_breakdown(events: pd.DataFrame, timeline: pd.DataFrame | None = None, r
     rows = []
     gpu = of_kind(events, "kernel", "memcpy", "memset")
     by_step = {int(step): group for step, group in gpu.groupby("step", sort=False)}
-    syncs = of_kind(events, "sync")
-    sync_time = syncs[syncs["stream"].to_numpy() < 0].groupby("step")["dur_ns"].sum()
+    sync_time = of_kind(events, "sync").groupby("step")["dur_ns"].sum()
     for step, dur in zip(steps["step"].to_numpy(), steps["dur_ns"].to_numpy()):
         group = by_step.get(int(step))
         kernel_us = memcpy_us = busy_us = 0.0
@@ -43,6 +42,12 @@ def step_breakdown(events: pd.DataFrame, timeline: pd.DataFrame | None = None, r
             start = group["ts_ns"].to_numpy()
             busy_us = union_ns(start, start + durations) / 1000
         rows.append({"step": int(step), "step_us": dur / 1000, "kernel_us": kernel_us, "gpu_busy_us": busy_us, "memcpy_us": memcpy_us, "sync_us": sync_time.get(step, 0) / 1000})
+    early = by_step.get(BEFORE_FIRST_STEP)
+    if early is not None:  # GPU work launched before the window: its own row, no step time
+        kinds, durations = early["kind"].to_numpy(), early["dur_ns"].to_numpy()
+        start = early["ts_ns"].to_numpy()
+        rows.insert(0, {"step": BEFORE_FIRST_STEP, "step_us": np.nan, "kernel_us": durations[kinds == 0].sum() / 1000, "gpu_busy_us": union_ns(start, start + durations) / 1000,
+                        "memcpy_us": durations[kinds != 0].sum() / 1000, "sync_us": 0.0})
     out = pd.DataFrame(rows, columns=["step", "step_us", "kernel_us", "gpu_busy_us", "memcpy_us", "sync_us"])
     out["gpu_idle_us"] = (out["step_us"] - out["gpu_busy_us"]).clip(lower=0)
     if gpu.empty:  # a CPU-only trace: no GPU time to speak of

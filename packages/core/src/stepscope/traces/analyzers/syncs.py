@@ -14,8 +14,7 @@ def sync_events(events: pd.DataFrame) -> pd.DataFrame:
     """One row per host sync call: name, step, start, duration, gpu_wait_ns (how much of
     the call overlapped GPU work still to finish), waited_for (the last GPU activity that
     finished inside the call)."""
-    syncs = of_kind(events, "sync")
-    syncs = syncs[syncs["stream"].to_numpy() < 0]  # host calls; GPU-side sync records have a stream
+    syncs = of_kind(events, "sync")  # host calls only: GPU-side records are `gpu_sync` rows
     gpu = of_kind(events, "kernel", "memcpy", "memset")
     start = syncs["ts_ns"].to_numpy()
     end = start + syncs["dur_ns"].to_numpy()

@@ -1,0 +1,188 @@
+"""Rules say when they cannot judge ("no data", "not enough data (needs N, has M)"),
+never "ok" without their evidence; the whole-run loss rules (divergence, chance level,
+slow convergence); gradients compared only within their own network (scopes); and
+`stepscope check`'s summary line and exit status 3 when no rule could judge."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from stepscope import create_trial
+from stepscope.cli import EXIT_NOT_JUDGED, main
+from stepscope.collection_manager import CollectionManager
+from stepscope.modes import ModeKeys
+from stepscope.rules import (
+    ChanceLevelLoss,
+    LossDivergence,
+    LossNotDecreasing,
+    Overfit,
+    SlowConvergence,
+    VanishingGradient,
+    judged_line,
+    run_rules,
+)
+from stepscope.scopes import Scope
+from stepscope.writer import Writer
+
+BUILTIN = {"weights": [r"^(?!gradient).*weight"], "gradients": ["^gradient"], "losses": ["[Ll]oss"]}
+rng = np.random.default_rng(3)
+
+
+def write(out_dir, losses, *, eval_phases=None, eval_every=50, tensors=None, scopes=(), loss_name="CrossEntropyLoss_output_0") -> str:
+    manager = CollectionManager(builtin_regexes=BUILTIN)
+    manager.scopes.update((s.name, s) for s in scopes)
+    g = e = 0
+    phases = iter(eval_phases or [])
+    with Writer(str(out_dir)) as writer:
+        writer.write_collections(manager.dumps())
+        for t, loss in enumerate(losses):
+            body = {loss_name: np.float32(loss)}
+            body.update(tensors(t) if tensors else {})
+            writer.write_step(g, ModeKeys.TRAIN, t, body)
+            g += 1
+            if eval_phases is not None and (t + 1) % eval_every == 0:
+                for value in next(phases, []):
+                    writer.write_step(g, ModeKeys.EVAL, e, {loss_name: np.float32(value)})
+                    g, e = g + 1, e + 1
+    return str(out_dir)
+
+
+def run(rule_class, path, **params):
+    return run_rules([rule_class(create_trial(path), **{**rule_class.preset, **params})])[0]
+
+
+def test_learning_rate_zero_over_70_losses_is_judged_not_ok(tmp_path):
+    # The issue's case: 70 saved losses are under the trend test's 6 windows of 25, so it
+    # used to say "ok"; the end-of-run judgement with windows of 11 finds it.
+    flat = math.log(10) + rng.normal(0, 0.05, 70)
+    report = run(LossNotDecreasing, write(tmp_path, flat))
+    assert report.fired and report.status == "fired", report.summary()
+    assert "windows of 11 saved steps" in report.evidence[0].message
+
+
+def test_too_few_losses_say_not_enough_data_with_counts(tmp_path):
+    report = run(LossNotDecreasing, write(tmp_path, np.linspace(2.3, 0.5, 12)))
+    assert report.status == "not enough data" and not report.judged
+    assert report.summary() == "not enough data (needs 30 saved TRAIN losses, has 12)"
+    body = report.to_json()
+    assert body["status"] == "not enough data" and body["judged"] is False
+    assert body["evidence_needed"]["needed"] == 30 and body["evidence_needed"]["available"] == 12 and "losses" in body["evidence_needed"]["to_save"]
+
+
+def test_overfit_without_enough_evaluations_is_not_ok(tmp_path):
+    decay = 2.0 * np.exp(-np.arange(200) / 40) + 0.2
+    report = run(Overfit, write(tmp_path, decay, eval_phases=[[0.9], [0.8]], eval_every=80))
+    assert report.status == "not enough data" and report.needed == 5 and report.available == 2
+
+
+def test_divergence_far_above_the_start_fires_once_and_a_healthy_decay_does_not(tmp_path):
+    # 6.7 climbing to ~15 and coming back: the imagenet run of the issue.
+    climb = np.concatenate([np.full(20, 6.7), np.linspace(6.7, 15.4, 30), np.linspace(15.4, 6.0, 46)]) + rng.normal(0, 0.2, 96)
+    report = run(LossDivergence, write(tmp_path / "div", climb))
+    assert report.fired and report.violations == 1, report.summary()
+    evidence = report.evidence[0]
+    assert evidence.value > evidence.threshold > 6.7 * 1.5 - 0.5 and "diverges" in evidence.message
+    healthy = 2.3 * np.exp(-np.arange(96) / 30) + 0.1 + rng.normal(0, 0.1, 96)
+    quiet = run(LossDivergence, write(tmp_path / "ok", healthy))
+    assert quiet.status == "ok", quiet.summary()
+
+
+@pytest.mark.parametrize("classes", [2, 4, 10])
+def test_chance_level_training_loss(tmp_path, classes):
+    stuck = math.log(classes) + rng.normal(0, 0.03, 120)
+    report = run(ChanceLevelLoss, write(tmp_path / "stuck", stuck))
+    assert report.fired, report.summary()
+    assert report.evidence[0].data["num_classes"] == classes
+    learning = math.log(classes) * np.exp(-np.arange(120) / 40) + rng.normal(0, 0.03, 120)
+    assert run(ChanceLevelLoss, write(tmp_path / "learns", learning)).status == "ok"
+
+
+def test_chance_level_validation_while_training_memorises(tmp_path):
+    # Shuffled labels on a small set: the training loss falls (memorised), the validation
+    # loss stays at and above ln 4.
+    train = math.log(4) * np.exp(-np.arange(300) / 80) + rng.normal(0, 0.03, 300)
+    val = [[math.log(4) + 0.05 * k + rng.normal(0, 0.01)] for k in range(6)]
+    report = run(ChanceLevelLoss, write(tmp_path, train, eval_phases=val))
+    assert report.fired and "never went below chance level" in report.evidence[0].message, report.summary()
+
+
+def test_chance_level_leaves_regression_and_adversarial_jobs_alone(tmp_path):
+    flat = math.log(4) + rng.normal(0, 0.03, 120)
+    assert run(ChanceLevelLoss, write(tmp_path / "mse", flat, loss_name="MSELoss_output_0")).status == "no data"
+    gan = (Scope("opt_g", "optimizer", ("g.weight",)), Scope("opt_d", "optimizer", ("d.weight",)))
+    report = run(ChanceLevelLoss, write(tmp_path / "gan", flat, scopes=gan))
+    assert report.status == "no data" and "several optimizers" in report.summary()
+
+
+def test_slow_convergence(tmp_path):
+    slow = 2.0 - 0.15 * np.arange(200) / 200 + rng.normal(0, 0.01, 200)  # -7.5 % and still falling
+    report = run(SlowConvergence, write(tmp_path / "slow", slow))
+    assert report.fired and 5 < report.evidence[0].value < 10, report.summary()
+    fast = 2.0 * np.exp(-np.arange(200) / 40) + 0.1 + rng.normal(0, 0.01, 200)
+    assert run(SlowConvergence, write(tmp_path / "fast", fast)).status == "ok"
+
+
+def _gan_gradients(step):
+    # The generator's gradients are 1e-5 of the discriminator's, by the scale of its own
+    # loss, and uniform across its layers: nothing vanishes inside either network.
+    return {
+        "gradient/gen.0.weight": np.full((8, 8), 1.2e-5, np.float32), "gradient/gen.2.weight": np.full((8, 8), 2e-5, np.float32),
+        "gradient/disc.0.weight": np.full((8, 8), 3e-2, np.float32), "gradient/disc.2.weight": np.full((8, 8), 2.8e-2, np.float32),
+    }
+
+
+def test_vanishing_gradient_compares_layers_only_within_their_network(tmp_path):
+    losses = np.linspace(1.0, 0.5, 12)
+    unscoped = run(VanishingGradient, write(tmp_path / "one", losses, tensors=_gan_gradients))
+    assert unscoped.fired and {e.tensor for e in unscoped.evidence} == {"gradient/gen.0.weight", "gradient/gen.2.weight"}
+    scopes = (Scope("generator", "model", ("gen.0.weight", "gen.2.weight")), Scope("discriminator", "model", ("disc.0.weight", "disc.2.weight")))
+    scoped = run(VanishingGradient, write(tmp_path / "two", losses, tensors=_gan_gradients, scopes=scopes))
+    assert scoped.status == "ok", scoped.summary()
+
+
+def test_a_small_gradient_whose_weights_move_is_not_vanishing(tmp_path):
+    # Layer "first" has 1e-5 of the head's gradient (Adam-like updates move it anyway).
+    w0 = rng.normal(0, 1, (8, 8)).astype(np.float32)
+
+    def tensors(step, moving):
+        first = w0 + (0.01 * step if moving else 0.0)
+        return {"gradient/first.weight": np.full((8, 8), 1e-6, np.float32), "gradient/last.weight": np.full((8, 8), 0.1, np.float32),
+                "first.weight": first.astype(np.float32), "last.weight": w0}
+
+    losses = np.linspace(1.0, 0.5, 10)
+    moving = run(VanishingGradient, write(tmp_path / "moving", losses, tensors=lambda s: tensors(s, True)))
+    assert moving.status == "ok", moving.summary()
+    still = run(VanishingGradient, write(tmp_path / "still", losses, tensors=lambda s: tensors(s, False)))
+    assert still.fired and still.evidence[0].data["update_ratio"] == 0.0
+
+
+def test_check_exits_3_when_no_rule_could_judge(tmp_path, capsys):
+    path = write(tmp_path / "short", [2.3, 2.2, 2.1])
+    # The default set: ExplodingTensor judges 3 losses (no NaN); the loss rules cannot.
+    assert main(["check", path, "--quiet", "--no-write"]) == 0
+    out = capsys.readouterr().out
+    assert "1 of 6 rule(s) could judge; for the others save: losses every step (LossNotDecreasing, LossDivergence, ChanceLevelLoss" in out
+    assert "default rule(s) not run, the job saved nothing they read; save: gradients and weights (VanishingGradient); weights (" in out
+    assert "not enough data (needs 30 saved TRAIN losses, has 3)" in out
+    rules = ["--rule", "LossNotDecreasing", "--rule", "Overfit"]
+    assert main(["check", path, "--quiet", "--no-write", *rules]) == EXIT_NOT_JUDGED
+    out = capsys.readouterr()
+    assert "0 of 2 rule(s) could judge" in out.out and "no rule could judge" in out.err
+    assert main(["check", path, "--quiet", "--no-write", "--json", *rules]) == EXIT_NOT_JUDGED
+    reports = json.loads(capsys.readouterr().out)
+    assert reports and all(r["judged"] is False for r in reports)
+    assert {r["status"] for r in reports} <= {"no data", "not enough data"}
+
+
+def test_judged_line_lists_what_to_save():
+    from stepscope.rules.report import RuleReport
+
+    ok = RuleReport("A", "A", "tensor", {}, steps_evaluated=5, tensors_inspected=1)
+    short = RuleReport("B", "B", "tensor", {}, steps_evaluated=5, tensors_inspected=1)
+    short.need(30, 4, "saved TRAIN losses", "the losses collection every step")
+    assert short.status == "not enough data" and ok.status == "ok"
+    assert judged_line([ok, short]) == "1 of 2 rule(s) could judge; for the others save: the losses collection every step (B)"
