@@ -53,9 +53,10 @@ from .config import (
 )
 from .control import StopPoller
 from .deadline import CLOSE_TIMEOUT_ENV, Deadline, close_timeout_from_env, exit_deadline, finish_within, start_within
-from .exceptions import ConfigError, StepscopeError
+from .exceptions import ConfigError, StepscopeError, UnsupportedValue
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
+from .job_claim import WriterClaim
 from .modes import ModeKeys
 from .phases import (
     EVENT_CODES,
@@ -262,6 +263,7 @@ class HookBase:
         self._warned_collections: set[str] = set()
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
+        self._unsupported: dict[str, str] = {}  # tensor name -> why it is not saved (_drop_unsupported)
         self._module_classes: dict[str, str] = {}
         self._scopes: dict[str, Scope] = {}
         # What every step reads and changes: the open step, the step numbers, the timeline's
@@ -307,7 +309,9 @@ class HookBase:
         store = self.store
         self.failsafe._on_failure = lambda status: write_status(store, self.worker, status)
         self.profiler_failsafe._on_failure = lambda status: write_status(store, f"{self.worker}_profiler", status)
+        self._claim: WriterClaim | None = None
         if self.writes_tensors:
+            self._claim = self._claim_worker(store)
             self.writer = Writer(store, self.worker)
             # atexit runs the last registered first: the hook's close (which writes the end
             # marker through the writer) must come before the writer's own exit handler,
@@ -321,6 +325,19 @@ class HookBase:
         instrument(self, self.outputs)
         self.stop_poller = StopPoller(store, control_poll_s or _poll_interval_from_env(), on_request=self._on_stop_request)
         self.profiler_failsafe.call(self._start_profiler)
+
+    def _claim_worker(self, store: Store) -> WriterClaim | None:
+        """One writer per worker of a job folder (job_claim.py): a live holder is refused
+        here, with the hook left closed; a claim that cannot be written only warns."""
+        try:
+            return WriterClaim.claim(store, self.worker)
+        except ConfigError:
+            self._counters.closed = True
+            atexit.unregister(self._at_exit)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the claim is a safeguard; saving can go on without it
+            logger.warning("stepscope: could not record this run's claim on %s: %s", store.describe(), exc)
+            return None
 
     # --- what a plugin supplies -------------------------------------------------------
 
@@ -784,6 +801,9 @@ class HookBase:
         counters = self._counters
         if counters.step is not None:
             self._end_step()
+        claim = getattr(self, "_claim", None)
+        if claim is not None:  # this run continues the job's numbering: not a second training
+            self.failsafe.call(claim.resumed)
         counters.global_step = global_step
         for mode in ModeKeys:
             counters.begun[mode] = mode_steps.get(mode, counters.begun[mode])
@@ -889,8 +909,28 @@ class HookBase:
         plan = self.plan(name, collections)
         if plan is None:
             return
-        if not self._capture(plan, value):
-            self._record_host(plan, np.asarray(value))
+        try:
+            if not self._capture(plan, value):
+                self._record_host(plan, np.asarray(value))
+        except UnsupportedValue as exc:
+            self._drop_unsupported(name, value, exc)
+
+    def _drop_unsupported(self, name: str, value: Any, exc: UnsupportedValue) -> None:
+        """One value the format cannot hold costs that value only: warned once per name,
+        listed in the worker's status ("degraded"); the hook and training go on."""
+        if name in self._unsupported:
+            return
+        self._unsupported[name] = f"{type(value).__name__}: {exc}"
+        logger.warning("stepscope: tensor %r is not saved: %s (%s); later steps and other tensors are unaffected", name, exc, type(value).__name__)
+        if self.store is not None:
+            self.failsafe.call(write_status, self.store, self.worker, {
+                "state": "degraded",
+                "component": f"{self.framework} hook ({self.worker})",
+                "error": f"{len(self._unsupported)} tensor(s) of unsupported kinds are not saved",
+                "dropped_tensors": [f"{n} ({why})" for n, why in list(self._unsupported.items())[:100]],
+                "time": time.time(),
+                "pid": os.getpid(),
+            })
 
     def _record_host(self, plan: TensorPlan, array: np.ndarray) -> None:
         values = {(r, a): reductions.compute(array, r, a) for r, a in plan.reductions if array.size}
@@ -956,10 +996,13 @@ class HookBase:
         plan = self.plan(name, collections)
         if plan is None:
             return
-        if isinstance(value, np.ndarray):
-            self._record_host(plan, value)
-        elif not self._capture(plan, value):
-            self._record_host(plan, np.asarray(value))
+        try:
+            if isinstance(value, np.ndarray):
+                self._record_host(plan, value)
+            elif not self._capture(plan, value):
+                self._record_host(plan, np.asarray(value))
+        except UnsupportedValue as exc:
+            self._drop_unsupported(name, value, exc)
 
     # --- profiler side ----------------------------------------------------------------
 
@@ -1110,6 +1153,12 @@ class HookBase:
                 self.failsafe.call(self._write_collections)
                 # Only rank 0 marks the job finished; other workers just flush.
                 self.writer.close(end_marker=self.rank == 0, deadline=deadline.earlier(min(_AFTER_WRITER_S, deadline.seconds / 10)))
+            claim = getattr(self, "_claim", None)
+            if claim is not None:  # (also after a failure: the worker is free again)
+                try:
+                    claim.release()
+                except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
+                    logger.warning("stepscope: could not release this run's claim: %s", exc)
             if counters.detailed is not None:
                 self.profiler_failsafe.call(counters.detailed.close)
             if annotation._sink == self._annotation_span:

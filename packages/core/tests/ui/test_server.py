@@ -120,6 +120,29 @@ def test_idle_connections_time_out(app):
         server.stop()
 
 
+def test_a_request_trickled_a_byte_at_a_time_is_cut_off(app):
+    """Each byte resets waitress's idle clock; the whole request still has one timeout."""
+    server = LiveServer(app, limits=ServerLimits(idle_timeout_s=1.0))
+    try:
+        sock = socket.create_connection(("127.0.0.1", server.server.port), timeout=5)
+        started = time.monotonic()
+        closed = False
+        for byte in b"GET /healthz HTTP/1.1\r\nHost: localhost\r\nX-Slow: " + b"a" * 200:
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            if _closed_by_server(sock, wait=0.25):
+                closed = True
+                break
+        assert closed and time.monotonic() - started < 10
+        sock.close()
+        assert _get(f"{server.url}/healthz")[0] == 200
+    finally:
+        server.stop()
+
+
 def test_oversized_headers_are_refused(app):
     server = LiveServer(app, limits=ServerLimits(header_bytes=4096))
     try:

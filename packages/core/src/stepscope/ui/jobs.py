@@ -6,7 +6,6 @@ from a request goes through `job_id()` before it touches a file, so no URL reach
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -21,6 +20,14 @@ from ..store import Store, open_store
 
 # A folder holding any of these is a job; the walk does not look inside a job for more jobs.
 _JOB_MARKERS = frozenset({"index", "collections", "events", "profiler-output", "stepscope-index", layout.END_MARKER})
+# A folder of a user's own Kineto traces (torch.profiler.tensorboard_trace_handler's output)
+# is a job too: the trace engine reads it (docs/traces.md). Kineto's own file names only, so
+# a folder with some other JSON is not taken for one.
+_TRACE_FILE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb")
+
+
+def _is_marker(name: str) -> bool:
+    return name in _JOB_MARKERS or name.endswith(_TRACE_FILE_SUFFIXES)
 MAX_DEPTH = 6
 RUNNING_WINDOW_S = 300.0
 SUMMARY_TTL_S = 10.0
@@ -126,8 +133,8 @@ class JobStore:
             except OSError:
                 continue
             names = {e.name for e in entries}
-            if rel and names & _JOB_MARKERS:
-                if not any(e.is_symlink() for e in entries if e.name in _JOB_MARKERS):
+            if rel and any(_is_marker(n) for n in names):
+                if not any(e.is_symlink() for e in entries if _is_marker(e.name)):
                     yield rel  # (one whose index/events/... are links is no job: `resolve` refuses it)
                 continue
             if depth < MAX_DEPTH:
@@ -151,7 +158,7 @@ class JobStore:
                     names.add(name)
                     folders.append(name)
                 names.update(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
-            if rel and names & _JOB_MARKERS:
+            if rel and any(_is_marker(n) for n in names):
                 yield rel
                 continue
             if depth < MAX_DEPTH:
@@ -179,7 +186,7 @@ class JobStore:
                 if part not in os.listdir(parent):
                     raise JobNotFound(job)
                 parent = os.path.join(parent, part)
-            markers = [e for e in os.scandir(folder) if e.name in _JOB_MARKERS]
+            markers = [e for e in os.scandir(folder) if _is_marker(e.name)]
         except (OSError, StepscopeError):
             raise JobNotFound(job) from None
         # A folder whose index/, events/, ... are links is no job (the walk skips it too).
@@ -248,13 +255,23 @@ class JobStore:
         return summary
 
 
-def rule_summary(store: Store) -> list[dict[str, Any]]:
-    """The rows `stepscope check` published in rule-output/summary.json (empty when none)."""
+def rule_summary(store: Store, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows `stepscope check` published in rule-output/summary.json (empty when none;
+    when it cannot be read, `problems` gets a line naming it)."""
+    from ..job_files import load_json
+
+    key = f"{layout.RULE_OUTPUT_DIR}/summary.json"
     try:
-        data = json.loads(store.read(f"{layout.RULE_OUTPUT_DIR}/summary.json"))
-    except (FileNotFoundError, ValueError, StepscopeError, RecursionError):  # a hostile summary is no summary
+        data = load_json(store.read(key), key)
+    except FileNotFoundError:
+        return []
+    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:  # a hostile summary is no summary
+        if problems is not None:
+            problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {str(exc)[:200]}")
         return []
     rows = data.get("rules") if isinstance(data, dict) else None
+    if not isinstance(rows, list) and problems is not None:
+        problems.append(f"{key}: no list of rules")
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
