@@ -77,7 +77,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
             "Every rule says whether it could judge (a rule without the evidence it needs says \"no data\" or "
             "\"not enough data (needs N, has M)\", never \"ok\"); the last line says how many could and what to save for the others. "
             "Reports are written to PATH/rule-output/. Exit status: 0 no rule fired, 1 some rule fired, "
-            "2 bad usage, unreadable data, or a worker whose hook failed (stepscope-status/), "
+            "2 bad usage, unreadable data, a worker whose hook failed (stepscope-status/) or a job folder two trainings wrote into, "
             "3 no rule fired and none could judge the job (not enough saved data). `--explain RULE` prints what a rule checks and what to do when it fires."
         ),
     )
@@ -198,7 +198,10 @@ def _run_check(args: argparse.Namespace) -> int:
             raise UsageError(f"no saved data at {store.describe()}: no such folder (a mistyped path?)")
     failed = _failed_hooks(store)
     for worker, cause in failed.items():
-        print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
+        if cause.startswith(_MIXED_PREFIX):  # two trainings wrote this worker's files (job_claim.py)
+            print(f"stepscope check: {cause[len(_MIXED_PREFIX):]} (stepscope-status/{worker}.lock)", file=sys.stderr)
+        else:
+            print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
     if failed and not store.list(_INDEX_PREFIX):
         return EXIT_ERROR  # not "no data": the job's hook broke before saving anything
     if not args.watch and not store.list(""):
@@ -245,10 +248,19 @@ def _print_left_out(trial: Any) -> None:
         print(f"{len(left)} default rule(s) not run, the job saved nothing they read; save: {to_save_hints(left)}")
 
 
+_MIXED_PREFIX = "mixed: "
+
+
 def _failed_hooks(store: Any) -> dict[str, str]:
+    """Worker -> what is wrong: a hook that failed, or files of several trainings ("mixed: ...")."""
     from .trial import Trial
 
-    return Trial.failed_workers_in(store)
+    failed = Trial.failed_workers_in(store)
+    statuses = Trial.status_in(store)
+    for worker, status in statuses.items():
+        if status.get("state") == "mixed" and worker in failed:
+            failed[worker] = f"{_MIXED_PREFIX}{worker}: {status.get('error', '')}"
+    return failed
 
 
 # --- rules (list) -------------------------------------------------------------------------

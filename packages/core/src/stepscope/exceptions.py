@@ -11,6 +11,16 @@ class ConfigError(StepscopeError, ValueError):
     """A configuration value is wrong; the message names the field and the value."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration value has the wrong type (`Collection(save_config=5)`); names the
+    field, the type it needs and the value given."""
+
+
+class UnsupportedValue(ConfigError):
+    """A value the record format cannot hold and no faithful conversion gives (a meta or
+    nested tensor, say): the hook drops it with a warning naming it and this reason."""
+
+
 class UnknownName(ConfigError, KeyError):
     """A name the user gave (collection, rule, ...) does not exist; lists the known ones."""
 
@@ -90,3 +100,8 @@ class OutputError(StepscopeError, OSError):
 
 class StoreError(StepscopeError, OSError):
     """The store could not read or write an object; names the key or URL."""
+
+
+class StoreUnavailable(StoreError):
+    """The store did not answer in time or answered "try later" (timeouts, resets, 5xx,
+    throttling): the writer holds its steps and tries again; a reader reports it."""

@@ -34,7 +34,7 @@ import threading
 import time
 import types
 import weakref
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -54,10 +54,12 @@ from .config import (
     default_save_config,
 )
 from .control import StopPoller
+from .deadline import CLOSE_TIMEOUT_ENV, Deadline, close_timeout_from_env, exit_deadline, finish_within, start_within
 from .evidence import TOO_LITTLE_DATA, SavedEvidence
-from .exceptions import ConfigError, StepscopeError
+from .exceptions import ConfigError, StepscopeError, UnsupportedValue
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
+from .job_claim import WriterClaim
 from .modes import ModeKeys
 from .phases import (
     EVENT_CODES,
@@ -91,6 +93,7 @@ _NOTHING_RECORDED: Mapping[str, Any] = types.MappingProxyType({})  # what a step
 _perf_counter = time.perf_counter
 _event_code = EVENT_CODES.get  # one call, where `EVENT_CODES.get(...)` is a lookup and a call
 _TRAIN = ModeKeys.TRAIN
+_AFTER_WRITER_S = 2.0  # of close()'s deadline, the most kept for the cost file (written after the writer)
 # PhaseLog record kinds (appended directly: the log's methods would cost a call each).
 _BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
 _OTHER_CODE = PHASE_CODES[OTHER]
@@ -196,7 +199,7 @@ class IdleStep(StepState):
 def _close_at_exit(ref: weakref.ref[HookBase]) -> None:
     hook = ref()
     if hook is not None:
-        hook.close()
+        hook.close(deadline=exit_deadline().within(hook._close_timeout_s()))
 
 
 class _PhaseScope:
@@ -264,6 +267,7 @@ class HookBase:
         self._warned_collections: set[str] = set()
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
         self._model_names: set[str] = set()
+        self._unsupported: dict[str, str] = {}  # tensor name -> why it is not saved (_drop_unsupported)
         self._module_classes: dict[str, str] = {}
         self._scopes: dict[str, Scope] = {}
         self._saved = SavedEvidence(self._included_collection_names("losses"))
@@ -310,7 +314,9 @@ class HookBase:
         store = self.store
         self.failsafe._on_failure = lambda status: write_status(store, self.worker, status)
         self.profiler_failsafe._on_failure = lambda status: write_status(store, f"{self.worker}_profiler", status)
+        self._claim: WriterClaim | None = None
         if self.writes_tensors:
+            self._claim = self._claim_worker(store)
             self.writer = Writer(store, self.worker)
             # atexit runs the last registered first: the hook's close (which writes the end
             # marker through the writer) must come before the writer's own exit handler,
@@ -324,6 +330,19 @@ class HookBase:
         instrument(self, self.outputs)
         self.stop_poller = StopPoller(store, control_poll_s or _poll_interval_from_env(), on_request=self._on_stop_request)
         self.profiler_failsafe.call(self._start_profiler)
+
+    def _claim_worker(self, store: Store) -> WriterClaim | None:
+        """One writer per worker of a job folder (job_claim.py): a live holder is refused
+        here, with the hook left closed; a claim that cannot be written only warns."""
+        try:
+            return WriterClaim.claim(store, self.worker)
+        except ConfigError:
+            self._counters.closed = True
+            atexit.unregister(self._at_exit)
+            raise
+        except Exception as exc:  # noqa: BLE001 - the claim is a safeguard; saving can go on without it
+            logger.warning("stepscope: could not record this run's claim on %s: %s", store.describe(), exc)
+            return None
 
     # --- what a plugin supplies -------------------------------------------------------
 
@@ -793,6 +812,9 @@ class HookBase:
         counters = self._counters
         if counters.step is not None:
             self._end_step()
+        claim = getattr(self, "_claim", None)
+        if claim is not None:  # this run continues the job's numbering: not a second training
+            self.failsafe.call(claim.resumed)
         counters.global_step = global_step
         for mode in ModeKeys:
             counters.begun[mode] = mode_steps.get(mode, counters.begun[mode])
@@ -898,8 +920,28 @@ class HookBase:
         plan = self.plan(name, collections)
         if plan is None:
             return
-        if not self._capture(plan, value):
-            self._record_host(plan, np.asarray(value))
+        try:
+            if not self._capture(plan, value):
+                self._record_host(plan, np.asarray(value))
+        except UnsupportedValue as exc:
+            self._drop_unsupported(name, value, exc)
+
+    def _drop_unsupported(self, name: str, value: Any, exc: UnsupportedValue) -> None:
+        """One value the format cannot hold costs that value only: warned once per name,
+        listed in the worker's status ("degraded"); the hook and training go on."""
+        if name in self._unsupported:
+            return
+        self._unsupported[name] = f"{type(value).__name__}: {exc}"
+        logger.warning("stepscope: tensor %r is not saved: %s (%s); later steps and other tensors are unaffected", name, exc, type(value).__name__)
+        if self.store is not None:
+            self.failsafe.call(write_status, self.store, self.worker, {
+                "state": "degraded",
+                "component": f"{self.framework} hook ({self.worker})",
+                "error": f"{len(self._unsupported)} tensor(s) of unsupported kinds are not saved",
+                "dropped_tensors": [f"{n} ({why})" for n, why in list(self._unsupported.items())[:100]],
+                "time": time.time(),
+                "pid": os.getpid(),
+            })
 
     def _record_host(self, plan: TensorPlan, array: np.ndarray) -> None:
         values = {(r, a): reductions.compute(array, r, a) for r, a in plan.reductions if array.size}
@@ -965,10 +1007,13 @@ class HookBase:
         plan = self.plan(name, collections)
         if plan is None:
             return
-        if isinstance(value, np.ndarray):
-            self._record_host(plan, value)
-        elif not self._capture(plan, value):
-            self._record_host(plan, np.asarray(value))
+        try:
+            if isinstance(value, np.ndarray):
+                self._record_host(plan, value)
+            elif not self._capture(plan, value):
+                self._record_host(plan, np.asarray(value))
+        except UnsupportedValue as exc:
+            self._drop_unsupported(name, value, exc)
 
     # --- profiler side ----------------------------------------------------------------
 
@@ -1065,39 +1110,82 @@ class HookBase:
             self.failsafe.call(self._end_step)
         if self.writer is not None and self.failsafe.enabled:
             self.failsafe.call(self._write_collections)
-            self.writer.flush(timeout)
+            if not self.writer.flush(timeout) and self.writer.in_outage:
+                return  # the store is not answering: the timeline and monitor retry on their own threads
         if self.timeline is not None and self.profiler_failsafe.enabled:
             self.profiler_failsafe.call(self._publish_timeline, True)
             self.profiler_failsafe.call(self.timeline.flush)
         if self.monitor is not None and self.profiler_failsafe.enabled:
             self.profiler_failsafe.call(self.monitor.flush)
 
-    def close(self) -> None:
+    def _close_timeout_s(self) -> float:
+        if self.writer is not None:
+            return self.writer.close_timeout_s
+        try:
+            return close_timeout_from_env()
+        except Exception:  # noqa: BLE001 - closing never raises; the hook's start said what was wrong
+            return 60.0
+
+    def _part_closer(self, part: Any, deadline: Deadline) -> Callable[[], None]:
+        """What closes one of the hook's background parts (the monitor has only stop())."""
+        def close() -> None:
+            method = getattr(part, "close", None)
+            if method is not None:
+                self.profiler_failsafe.call(method)
+            else:
+                self.profiler_failsafe.call(part.stop, timeout_s=deadline.left() / 2)
+
+        return close
+
+    def close(self, timeout: float | None = None, *, deadline: Deadline | None = None) -> None:
         """Publish the rest, write the job's end marker (rank 0), stop the monitor and the
-        poller, and remove what the plugin installed. Idempotent; also runs at exit."""
+        poller, and remove what the plugin installed. Idempotent; also runs at exit.
+
+        One deadline bounds it all: `timeout` seconds (default STEPSCOPE_CLOSE_TIMEOUT_S,
+        60 s) for the writer, the status file, the step timeline, the monitor and the cost
+        file together (at exit, shared with every other stepscope part closing then). A
+        part the store still holds then is left on its daemon thread and named in the log;
+        the writer's lost steps are listed in the status file."""
         counters = self._counters
         if counters.closed:
             return
+        if deadline is None:
+            deadline = Deadline(self._close_timeout_s() if timeout is None else max(0.0, float(timeout)))
+        parts: dict[str, Any] = {}
         try:
             if self.failsafe.enabled and counters.step is not None:
                 self.failsafe.call(self._end_step)
             self.profiler_failsafe.call(self._publish_timeline, True)
+            # What needs nothing from the writer closes alongside it, on threads of its own.
+            for name, part in (("step timeline", self.timeline), ("system monitor", self.monitor), ("stop poller", self.stop_poller)):
+                if part is not None:
+                    parts[name] = start_within(self._part_closer(part, deadline), name)
             if self.writer is not None:
                 self.failsafe.call(self._write_collections)
                 # Only rank 0 marks the job finished; other workers just flush.
-                self.writer.close(end_marker=self.rank == 0)
+                self.writer.close(end_marker=self.rank == 0, deadline=deadline.earlier(min(_AFTER_WRITER_S, deadline.seconds / 10)))
+            claim = getattr(self, "_claim", None)
+            if claim is not None:  # (also after a failure: the worker is free again)
+                try:
+                    claim.release()
+                except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
+                    logger.warning("stepscope: could not release this run's claim: %s", exc)
             if counters.detailed is not None:
                 self.profiler_failsafe.call(counters.detailed.close)
             if annotation._sink == self._annotation_span:
                 annotation.set_sink(None)
-            for part in (self.timeline, self.monitor, self.stop_poller):
-                if part is not None:
-                    method = getattr(part, "close", None) or getattr(part, "stop")  # noqa: B009 - the monitor has only stop()
-                    self.profiler_failsafe.call(method)
             if self.writer is not None and self.rank == 0:
                 self.failsafe.call(self._say_if_too_little_saved)
             if self.outputs is not None:
-                self.outputs.close(self.store, self.writer, int(counters.global_step))  # after the end marker: the report reads the whole job
+                outputs, store, writer, step = self.outputs, self.store, self.writer, int(counters.global_step)
+                # After the end marker: the report reads the whole job.
+                parts["cost file"] = start_within(lambda: outputs.close(store, writer, step), "cost file")
+            unfinished = [name for name, thread in parts.items() if not finish_within(thread, deadline)]
+            if unfinished:
+                logger.error(
+                    "stepscope: close() reached its %g s deadline (%s) with the %s not finished: what they still held is lost",
+                    deadline.seconds, CLOSE_TIMEOUT_ENV, ", ".join(unfinished),
+                )
         finally:
             counters.closed = True
             try:

@@ -91,8 +91,31 @@ class FailSafe:
                 logger.error("stepscope: could not record the failure status either: %s", status_exc)
 
 
-def write_status(store, worker: str, status: dict[str, Any]) -> None:
-    """Best effort: publish the status file of `worker` in the job's store."""
+STATUS_WAIT_S = 10.0  # the longest a status write holds its caller (the training thread, on a failure)
+
+
+def write_status(store, worker: str, status: dict[str, Any], timeout_s: float = STATUS_WAIT_S) -> None:
+    """Publish the status file of `worker` in the job's store, waiting at most `timeout_s`:
+    the write runs on a daemon thread, so a store that never answers holds no one. Raises
+    what the write raised, or StoreUnavailable when it had not ended in time."""
+    from .exceptions import StoreUnavailable
     from .layout import status_key
 
-    store.write(status_key(worker), json.dumps(status, indent=1).encode())
+    key = status_key(worker)
+    data = json.dumps(status, indent=1).encode()
+    outcome: list[BaseException | None] = []
+
+    def publish() -> None:
+        try:
+            store.write(key, data)
+            outcome.append(None)
+        except BaseException as exc:  # handed to the caller below
+            outcome.append(exc)
+
+    thread = threading.Thread(target=publish, name=f"stepscope-status-{worker}", daemon=True)
+    thread.start()
+    thread.join(max(0.0, timeout_s))
+    if not outcome:
+        raise StoreUnavailable(f"{store.describe(key)}: the store did not take the status file within {timeout_s:.3g} s")
+    if outcome[0] is not None:
+        raise outcome[0]

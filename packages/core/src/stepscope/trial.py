@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import job_files, layout, records, reductions, step_index
+from . import job_claim, job_files, layout, records, reductions, step_index
 from .collection_manager import CollectionManager
 from .config import Collection
 from .events import decode_tensor_event, decode_tensor_tag_value
@@ -698,8 +698,15 @@ class Trial:
     def status_in(store: Store) -> dict[str, dict[str, Any]]:
         """`status()` of the job in `store`, without opening a trial."""
         found: dict[str, dict[str, Any]] = {}
+        mixed: dict[str, dict[str, Any]] = {}
         for key in sorted(store.list(layout.STATUS_DIR + "/")):
             name = key.rsplit("/", 1)[-1]
+            if name.endswith(job_claim.LOCK_SUFFIX):  # the writers' claims: two trainings in one folder
+                runs = job_claim.read_runs(store, name[: -len(job_claim.LOCK_SUFFIX)])
+                if job_claim.is_mixed(runs):
+                    worker = name[: -len(job_claim.LOCK_SUFFIX)]
+                    mixed[worker] = job_claim.mixed_status(worker, runs)
+                continue
             if not name.endswith(".json"):
                 continue
             try:
@@ -709,6 +716,10 @@ class Trial:
             if not isinstance(body, dict):
                 body = {"state": "unreadable", "error": f"{key}: not a JSON object"}
             found[name[: -len(".json")]] = body
+        for worker, status in mixed.items():
+            # A failure says more than the mix; "ok" / "degraded" say less.
+            body = found.get(worker)
+            found[worker] = status if body is None or body.get("state") in ("ok", "degraded") else {**body, "runs": status["runs"]}
         return found
 
     def failed_workers(self) -> dict[str, str]:

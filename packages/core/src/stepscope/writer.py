@@ -1,9 +1,16 @@
 """Background writer of one worker's steps: the training thread only enqueues; a thread
 frames records, writes each step's event file, then its index file (published last).
 
+A store that stops answering (StoreUnavailable: timeouts, resets, 5xx, throttling) is
+waited out however long it takes: the write is tried again with capped exponential
+back-off while the queue holds new steps up to its byte bound; a step that finds the queue
+full during such an outage is dropped rather than holding training, and is listed by step
+in the status file. When the store answers again, saving resumes where it stopped.
+
 `close()` and process exit wait a bounded time (`close_timeout_s`, default 60 s, or the
-STEPSCOPE_CLOSE_TIMEOUT_S variable) for a store that stalls; what is still unpublished then
-is logged and named in the worker's status file, and the process goes on."""
+STEPSCOPE_CLOSE_TIMEOUT_S variable; one deadline shared with the hook's other parts, see
+deadline.py); what is still unpublished then is logged and named in the worker's status
+file, and the process goes on."""
 
 from __future__ import annotations
 
@@ -24,7 +31,8 @@ from typing import Any, Protocol
 import numpy as np
 
 from . import events, layout, records
-from .exceptions import ConfigError
+from .deadline import CLOSE_TIMEOUT_ENV, DEFAULT_CLOSE_TIMEOUT_S, Deadline, close_timeout_from_env, exit_deadline
+from .exceptions import ConfigError, StoreUnavailable
 from .modes import ModeKeys
 from .safety import FailSafe, WarnOnce, write_status
 from .store import Store, open_store
@@ -35,22 +43,13 @@ logger = logging.getLogger("stepscope")
 # open in smdebug's own reader; the default "crc32c" lets readers detect corruption.
 PAYLOAD_CRC_ENV = "STEPSCOPE_PAYLOAD_CRC"
 DEFAULT_MAX_QUEUE_BYTES = 512 * 1024 * 1024
-CLOSE_TIMEOUT_ENV = "STEPSCOPE_CLOSE_TIMEOUT_S"
-DEFAULT_CLOSE_TIMEOUT_S = 60.0
 _STATUS_WAIT_S = 5.0  # the most of close()'s bound kept for writing the status file
+# Back-off between tries of a write the store did not take: doubling from the first, capped
+# so that saving resumes within a few seconds of the store answering again.
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 4.0
 
-
-def close_timeout_from_env(default: float = DEFAULT_CLOSE_TIMEOUT_S) -> float:
-    raw = os.environ.get(CLOSE_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        value = -1.0
-    if not value > 0 or value != value or value == float("inf"):
-        raise ConfigError(f"{CLOSE_TIMEOUT_ENV} must be a positive number of seconds, got {raw!r}")
-    return value
+__all__ = ["Writer", "Deferred", "PendingValue", "CLOSE_TIMEOUT_ENV", "DEFAULT_CLOSE_TIMEOUT_S", "close_timeout_from_env"]
 
 
 class PendingValue(Protocol):
@@ -117,9 +116,11 @@ class Writer:
     `write_step` hands over a whole step (every tensor of it, raw values and reductions
     alike); values may be numpy arrays or `PendingValue`s resolved on the writer thread.
     The queue holds at most `max_queue_bytes`; a producer that would exceed it waits (back
-    pressure rather than silently dropping data). A failure to write is logged once,
-    recorded in `stepscope-status/<worker>.json`, and the writer stops accepting work;
-    it never raises into the training thread."""
+    pressure rather than silently dropping data), except while the store is not answering:
+    then the step is dropped and listed in the status file (`lost_steps`). A write the
+    store did not take is tried again until it does (module docstring). Any other failure
+    to write is logged once, recorded in `stepscope-status/<worker>.json`, and the writer
+    stops accepting work; it never raises into the training thread."""
 
     def __init__(
         self,
@@ -151,6 +152,17 @@ class Writer:
         self._unpublished: set[int] = set()  # steps handed over and not yet published
         self._unpublished_files: set[str] = set()
         self._abandoned = False  # close() gave up waiting: the threads drop what is left
+        # The store's outages (StoreUnavailable) and what they cost: steps and files that
+        # found the queue full while the store was not answering.
+        self._outage_since: float | None = None  # monotonic start of the current outage
+        self.outages = 0
+        self.retries = 0
+        self.longest_outage_s = 0.0
+        self._lost_steps: set[int] = set()
+        self._lost_files: set[str] = set()
+        self._status_due = False  # something new for the status file, published once the store answers
+        self._waited_s = 0.0  # publisher time spent waiting out outages (not work: kept out of busy_s)
+        self._wake = threading.Event()  # ends a retry's back-off early: close() gave up
         self._warn = WarnOnce()
         self.dropped_tensors: dict[int, list[str]] = {}  # step -> tensors that could not be encoded
         # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
@@ -232,6 +244,11 @@ class Writer:
         with self._cond:
             # Back pressure: wait for room, but always admit a job into an empty queue.
             while self._queued_bytes and self._queued_bytes + nbytes > self.max_queue_bytes and self.accepting:
+                if self._outage_since is not None:
+                    # The store is not answering and the bound is reached: waiting would hold
+                    # training for an outage of unknown length. Dropped, and listed by step.
+                    self._lose(job)
+                    return False
                 self._cond.wait(0.5)
             if not self.accepting:
                 return False
@@ -244,28 +261,64 @@ class Writer:
             self._cond.notify_all()
         return True
 
+    @property
+    def in_outage(self) -> bool:
+        """Whether the store is not answering now (the writer holds its queue and retries)."""
+        return self._outage_since is not None
+
+    @property
+    def lost_steps(self) -> list[int]:
+        """Steps dropped because the queue was full while the store was not answering."""
+        with self._cond:
+            return sorted(self._lost_steps)
+
+    def _lose(self, job: Any) -> None:
+        """(Under the lock.) `job` found the queue full during an outage: dropped."""
+        if isinstance(job, _StepJob):
+            self._lost_steps.add(job.step)
+            what = f"step {job.step}"
+        else:
+            self._lost_files.add(job.key)
+            what = f"file {job.key}"
+        self._status_due = True
+        self._warn(
+            "lost",
+            f"stepscope: writer ({self.worker}): the store is not answering and the queue is full "
+            f"({self._queued_bytes:,} bytes held, max_queue_bytes {self.max_queue_bytes:,}): "
+            f"{what} and later ones are dropped until it answers (listed in the status file)",
+        )
+
     def flush(self, timeout: float | None = None) -> bool:
-        """Wait until everything enqueued so far is published (or dropped on failure)."""
+        """Wait until everything enqueued so far is published (or dropped on failure).
+        Returns False, without waiting on, while the store is not answering: the writer
+        keeps what it holds and goes on trying; training is not held for an outage."""
         if not self._thread.is_alive():
             return True
         barrier = _Barrier(threading.Event())
         with self._cond:
             self._queue.append(barrier)
             self._cond.notify_all()
-        return barrier.done.wait(timeout)
+        end = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            wait = 0.25 if end is None else min(0.25, max(0.0, end - time.monotonic()))
+            if barrier.done.wait(wait):
+                return True
+            if self._outage_since is not None or (end is not None and time.monotonic() >= end):
+                return False
 
-    def close(self, timeout: float | None = None, *, end_marker: bool = True) -> bool:
+    def close(self, timeout: float | None = None, *, end_marker: bool = True, deadline: Deadline | None = None) -> bool:
         """Flush, publish the last step table and training_job_end.ts (unless told not to),
-        stop the threads. Waits at most `timeout` seconds (default `close_timeout_s`); if
-        the store has not taken everything by then, the rest is reported lost (log and
-        status file) and close returns False. Never raises."""
+        stop the threads. Waits at most `timeout` seconds (default `close_timeout_s`), or
+        until `deadline` (the hook's one deadline for its whole close); if the store has
+        not taken everything by then, the rest is reported lost (log and status file) and
+        close returns False. Never raises."""
         if self._closed:
             return not self._abandoned
         atexit.unregister(self._atexit)
-        timeout = self.close_timeout_s if timeout is None else max(0.0, float(timeout))
-        deadline = time.monotonic() + timeout
+        if deadline is None:
+            deadline = Deadline(self.close_timeout_s if timeout is None else max(0.0, float(timeout)))
         # Keep part of the bound for the status file, which goes to the same store.
-        reserve = min(_STATUS_WAIT_S, timeout / 4)
+        reserve = min(_STATUS_WAIT_S, deadline.seconds / 4)
         barrier = _Barrier(threading.Event())
         with self._cond:
             if self._thread.is_alive():
@@ -275,43 +328,29 @@ class Writer:
                 barrier.done.set()
             self._closed = True
             self._cond.notify_all()
-        if not barrier.done.wait(max(0.0, deadline - reserve - time.monotonic())):
-            self._abandon(timeout, deadline)
+        if not barrier.done.wait(max(0.0, deadline.left() - reserve)):
+            self._abandon(deadline)
             return False
-        self._thread.join(max(0.0, deadline - time.monotonic()))
-        self._publisher.join(max(0.0, deadline - time.monotonic()))
+        self._thread.join(deadline.left())
+        self._publisher.join(deadline.left())
         return True
 
-    def _abandon(self, timeout: float, deadline: float) -> None:
+    def _abandon(self, deadline: Deadline) -> None:
         with self._cond:
             self._abandoned = True
-            steps, files = sorted(self._unpublished), sorted(self._unpublished_files)
+            self._wake.set()
+            steps = sorted(self._unpublished | self._lost_steps)
+            files = sorted(self._unpublished_files | self._lost_files)
             self._queue.clear()
             self._cond.notify_all()
         shown = ", ".join(map(str, steps[:20])) + (", ..." if len(steps) > 20 else "")
-        reason = f"the store did not take everything within {timeout:g} s ({CLOSE_TIMEOUT_ENV})"
+        reason = f"the store did not take everything within {deadline.seconds:g} s ({CLOSE_TIMEOUT_ENV})"
         logger.error("stepscope: writer (%s) gave up at close: %s; %d step(s) lost: %s%s", self.worker, reason, len(steps), shown or "none", f"; files lost: {', '.join(files)}" if files else "")
-        status = {
-            "state": "incomplete",
-            "component": f"writer ({self.worker})",
-            "error": f"close timed out: {reason}",
-            "lost_steps": steps,
-            "lost_files": files,
-            "time": time.time(),
-            "pid": os.getpid(),
-        }
-        done = threading.Event()
-
-        def publish() -> None:
-            try:
-                write_status(self.store, self.worker, status)
-            except Exception as exc:
-                logger.error("stepscope: could not record the lost steps in the status file either: %s", exc)
-            finally:
-                done.set()
-
-        threading.Thread(target=publish, name=f"stepscope-status-{self.worker}", daemon=True).start()
-        done.wait(max(0.0, deadline - time.monotonic()))
+        status = {**self._status_body(), "state": "incomplete", "error": f"close timed out: {reason}", "lost_steps": steps, "lost_files": files}
+        try:
+            write_status(self.store, self.worker, status, timeout_s=deadline.left())
+        except Exception as exc:
+            logger.error("stepscope: could not record the lost steps in the status file either: %s", exc)
 
     def __enter__(self) -> Writer:
         return self
@@ -355,20 +394,22 @@ class Writer:
             if isinstance(job, _Barrier):
                 job.done.set()
                 continue
-            started = time.perf_counter()
+            started, waited = time.perf_counter(), self._waited_s
             if self._failsafe.enabled and not self._abandoned:
                 if isinstance(job, _FileJob):
-                    self._failsafe.call(self.store.write, job.key, job.data)
-                    self.bytes_written += len(job.data)
+                    if self._failsafe.call(self._write, job.key, job.data):
+                        self.bytes_written += len(job.data)
                 elif isinstance(job, _FinishJob):
                     self._failsafe.call(self._publish_step_table)
-                    if self.dropped_tensors:
-                        self._failsafe.call(self._publish_drops)
+                    if self.dropped_tensors or self._status_due:
+                        self._failsafe.call(self._publish_status)
                     if job.end_marker and self._failsafe.enabled:
-                        self._failsafe.call(self.store.write, layout.END_MARKER, b"")
+                        self._failsafe.call(self._write, layout.END_MARKER, b"")
                 elif framed is not None:
                     self._failsafe.call(self._publish_step, job, *framed)
-            self.busy_s += time.perf_counter() - started
+                if self._status_due and self._outage_since is None and self._failsafe.enabled:
+                    self._failsafe.call(self._publish_status)  # the store answers again: say what the outage cost
+            self.busy_s += time.perf_counter() - started - (self._waited_s - waited)
             with self._cond:
                 self._queued_bytes -= job.nbytes
                 if self._failsafe.enabled and not self._abandoned:
@@ -433,19 +474,76 @@ class Writer:
                 self._drop_tensor(step, name, exc)
         return out
 
-    def _publish_drops(self) -> None:
-        steps = sorted(self.dropped_tensors)
-        names = sorted({_printable(n) for s in steps for n in self.dropped_tensors[s]})
-        status = {
+    def _write(self, key: str, data: Any) -> bool:
+        """Publish one object, waiting out an outage of the store however long it lasts
+        (tries with capped exponential back-off). False when close() gave up first; other
+        errors raise (the fail-safe turns the writer off)."""
+        delay = RETRY_FIRST_S
+        while not self._abandoned:
+            try:
+                self.store.write(key, data)
+            except StoreUnavailable as exc:
+                began = time.perf_counter()
+                self._outage_begins(exc)
+                self._wake.wait(delay)
+                delay = min(2 * delay, RETRY_MAX_S)
+                self._waited_s += time.perf_counter() - began
+                continue
+            if self._outage_since is not None:
+                self._outage_ends()
+            return True
+        return False
+
+    def _outage_begins(self, exc: StoreUnavailable) -> None:
+        with self._cond:
+            self.retries += 1
+            if self._outage_since is not None:
+                return
+            self._outage_since = time.monotonic()
+            self.outages += 1
+            self._cond.notify_all()  # a producer waiting for room now drops instead
+        logger.warning(
+            "stepscope: writer (%s): the store is not answering (%s); holding up to %s bytes of steps (max_queue_bytes) and trying again until it does; training goes on",
+            self.worker, exc, f"{self.max_queue_bytes:,}",
+        )
+
+    def _outage_ends(self) -> None:
+        with self._cond:
+            since, self._outage_since = self._outage_since, None
+            lasted = time.monotonic() - (since or time.monotonic())
+            self.longest_outage_s = max(self.longest_outage_s, lasted)
+            lost = len(self._lost_steps)
+        logger.warning("stepscope: writer (%s): the store answers again after %.1f s; saving resumed (%d step(s) lost so far)", self.worker, lasted, lost)
+
+    def _status_body(self) -> dict[str, Any]:
+        """The worker's status: tensors that could not be encoded, and what outages cost."""
+        with self._cond:
+            lost_steps, lost_files = sorted(self._lost_steps), sorted(self._lost_files)
+        drop_steps = sorted(self.dropped_tensors)
+        names = sorted({_printable(n) for s in drop_steps for n in self.dropped_tensors[s]})
+        problems = []
+        if names:
+            problems.append(f"{len(names)} tensor(s) could not be saved and were skipped (see the training log)")
+        if lost_steps or lost_files:
+            problems.append(f"{len(lost_steps)} step(s) and {len(lost_files)} file(s) were dropped while the store was not answering and the queue was full")
+        status: dict[str, Any] = {
             "state": "degraded",
             "component": f"writer ({self.worker})",
-            "error": f"{len(names)} tensor(s) could not be saved and were skipped (see the training log)",
-            "dropped_tensors": names[:100],
-            "steps_with_drops": steps[:1000],
+            "error": "; ".join(problems),
             "time": time.time(),
             "pid": os.getpid(),
         }
-        write_status(self.store, self.worker, status)
+        if names:
+            status.update(dropped_tensors=names[:100], steps_with_drops=drop_steps[:1000])
+        if lost_steps or lost_files:
+            status.update(lost_steps=lost_steps, lost_files=lost_files)
+        if self.outages:
+            status["outages"] = {"count": self.outages, "longest_s": round(self.longest_outage_s, 3), "retries": self.retries}
+        return status
+
+    def _publish_status(self) -> None:
+        self._status_due = False
+        self._write(layout.status_key(self.worker), json.dumps(self._status_body(), indent=1).encode())
 
     def _drop_tensor(self, step: int, name: str, exc: BaseException) -> None:
         self.dropped_tensors.setdefault(step, []).append(name)
@@ -455,9 +553,11 @@ class Writer:
     def _publish_step(self, job: _StepJob, parts: list[Any], index: dict[str, Any]) -> None:
         if not index["tensor_payload"] and not index["shape_payload"] and job.tensors:
             return  # every tensor of the step was dropped: nothing to publish
-        self.store.write(index["meta"]["event_file_name"], parts)
+        if not self._write(index["meta"]["event_file_name"], parts):
+            return
         index_bytes = json.dumps(index).encode()
-        self.store.write(layout.index_file_key(job.step, self.worker), index_bytes)
+        if not self._write(layout.index_file_key(job.step, self.worker), index_bytes):
+            return
         self.bytes_written += sum(memoryview(p).nbytes for p in parts) + len(index_bytes)
         self._add_to_step_table(job.step, index)
 
@@ -491,7 +591,7 @@ class Writer:
             entry["layout"] = layouts.setdefault(tuple(entry.pop("names")), len(layouts))
         body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
         key = layout.step_table_key(self.worker, table[0]["step"], table[-1]["step"])
-        self.store.write(key, json.dumps(body, separators=(",", ":")).encode())
+        self._write(key, json.dumps(body, separators=(",", ":")).encode())
 
 
 def _printable(name: Any) -> str:
@@ -502,4 +602,4 @@ def _close_at_exit(ref: weakref.ReferenceType[Writer]) -> None:
     writer = ref()
     if writer is not None and not writer._closed:
         # No end marker: only the hook knows whether the job ended (and rank 0 writes it).
-        writer.close(end_marker=False)
+        writer.close(end_marker=False, deadline=exit_deadline().within(writer.close_timeout_s))

@@ -119,13 +119,32 @@ def test_tables_are_persisted_and_reused(synth_job):
     assert second.equals(first)
 
 
-def test_a_table_that_cannot_be_written_costs_a_warning_not_the_analysis(synth_job, caplog):
-    """Tables are written in the background: a failure there (here a file where the
-    tables' folder should be) is logged, and neither the analysis nor the wait raises."""
-    import logging
-
+def test_a_table_folder_that_cannot_be_made_sends_the_tables_to_the_user_cache(synth_job, tmp_path, monkeypatch):
+    """Where the tables' folder cannot be made beside the traces (here a file is in its
+    way; a read-only folder likewise), the tables go to the user's cache folder."""
     job, truths = synth_job(world_size=1)
     (job / TABLE_DIR).write_text("not a folder")
+    monkeypatch.setenv("STEPSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    analysis = TraceAnalysis(job)
+    stats = analysis.kernel_stats(rank=0).set_index("name")
+    analysis.wait_persisted()
+    assert {n: int(round(v * 1000)) for n, v in stats.total_us.items()} == {n: k["total_ns"] for n, k in truths[0].kernels.items()}
+    assert len(list((tmp_path / "cache").rglob("*.parquet"))) == 1
+    assert (job / TABLE_DIR).read_text() == "not a folder"
+
+
+def test_a_table_that_cannot_be_written_costs_a_warning_not_the_analysis(synth_job, caplog, monkeypatch):
+    """Tables are written in the background: a failure there is logged, and neither the
+    analysis nor the wait raises."""
+    import logging
+
+    from stepscope.traces import tables
+
+    def refuse(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(tables, "_write_table", refuse)
+    job, truths = synth_job(world_size=1)
     analysis = TraceAnalysis(job)
     with caplog.at_level(logging.WARNING, logger="stepscope.traces"):
         stats = analysis.kernel_stats(rank=0).set_index("name")

@@ -95,6 +95,36 @@ def test_a_link_made_after_the_job_was_opened_is_refused_on_the_next_request(tmp
         assert resp.status_code == 404, endpoint
 
 
+def test_s3_job_ids_are_checked_keys():
+    """An S3 store has no links: the id it authorises is the checked key itself, and any
+    key that could name another prefix is refused before a request is sent."""
+    store = JobStore("s3://bucket/jobs")
+    assert store.resolve("team-a/run-1") == "team-a/run-1"
+    for bad in ("team-a/../team-b/x", "team-a//x", "/team-b/x", "team-a/./x", "team-a\\..\\team-b", "team-a/x\x00"):
+        with pytest.raises(JobNotFound):
+            store.resolve(bad)
+
+
+def test_parallel_requests_on_hostile_and_good_jobs(probe_store, probe_client):
+    """32 requests at once (threads sharing one app, as the server's workers do): the good
+    job answers 200 every time and no hostile job answers 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, hostile, _ = probe_store
+    client_app = probe_client[0].application
+    _, _, root = probe_client  # the administrator sees the good job and every hostile one
+    urls = [f"/api/jobs/good/job/{view}" for view in ("summary", "dashboard", "rules", "stats", "timeline")] * 3
+    urls += [f"/api/jobs/{job}/dashboard" for job in list(hostile.values())[:12]] + ["/api/jobs"] * 5
+
+    def fetch(url: str) -> tuple[str, int]:
+        return url, client_app.test_client().get(url, headers=root).status_code
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(fetch, urls))
+    assert all(status == 200 for url, status in answers if "/good/" in url or url == "/api/jobs"), answers
+    assert not [a for a in answers if a[1] >= 500]
+
+
 # --- hostile jobs --------------------------------------------------------------------------
 
 
@@ -150,6 +180,22 @@ def test_rule_report_is_read_under_the_name_check_gives_it(tmp_path, user_db):
     login(client, "alice")
     rows = {r["rule"]: r for r in client.get("/api/jobs/team-a/run-1/rules").get_json()["rules"]}
     assert rows[name]["violations"] == 3 and rows[name]["steps"] == [4] and rows[name]["advice"] == ["look at step 4"]
+
+
+@pytest.mark.parametrize(("case", "named"), [
+    ("rule_output_deeply_nested", "rule-output/StepOutlier.json"),
+    ("rule_summary_deeply_nested", "rule-output/summary.json"),
+    ("rule_summary_not_json", "rule-output/summary.json"),
+])
+def test_an_unreadable_rule_report_is_named_and_the_rest_still_show(probe_store, probe_client, case, named):
+    _, hostile, _ = probe_store
+    client, alice, _ = probe_client
+    resp = client.get(f"/api/jobs/{hostile[case]}/rules", headers=alice)
+    assert resp.status_code == 200
+    answer = resp.get_json()
+    assert [p for p in answer["problems"] if p.startswith(named)], answer["problems"]
+    assert answer["rules"]  # the live whole-job rules still ran on the rest of the job
+    assert all("/tmp" not in p for p in answer["problems"])
 
 
 def test_time_arguments_out_of_range_are_400(app):

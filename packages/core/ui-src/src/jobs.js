@@ -11,7 +11,7 @@ export function jobsView(root) {
   const table = el('table', { class: 'grid', id: 'jobs-table' });
   const search = el('input', { type: 'search', id: 'jobs-filter', placeholder: 'filter by name or framework', oninput: () => { state.q = search.value; load(); } });
   const status = el('select', { id: 'jobs-status', onchange: () => { state.status = status.value; load(); } },
-    ...['', 'running', 'finished', 'stopped', 'failed'].map((s) => el('option', { value: s }, s || 'any status')));
+    ...['', 'running', 'finished', 'stopped', 'failed', 'unreadable'].map((s) => el('option', { value: s }, s || 'any status')));
   root.append(el('h2', {}, 'Jobs'), el('div', { class: 'toolbar' }, search, status), table);
 
   async function load() {
@@ -24,7 +24,7 @@ export function jobsView(root) {
       }, label, state.sort.replace('-', '') === key ? (state.sort.startsWith('-') ? ' ▼' : ' ▲') : '')))),
       el('tbody', {}, jobs.map((job) => el('tr', { 'data-job': job.id },
         el('td', {}, el('a', { href: `/jobs/${jobPath(job.id)}#dashboard` }, job.id)),
-        el('td', {}, el('span', { class: `status ${job.status}` }, job.status)),
+        el('td', {}, el('span', { class: `status ${job.status}`, title: job.error }, job.status)),  // an unreadable job says why
         el('td', {}, fmt.time(job.start)),
         el('td', {}, fmt.duration(job.duration)),
         el('td', {}, job.framework || '-'),

@@ -24,6 +24,7 @@ import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -42,6 +43,7 @@ logger = logging.getLogger("stepscope")
 _TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
 # Phase-log records the hot paths append themselves (stepscope.phases.PhaseLog).
 _FORWARD_BEGIN, _FORWARD_END, _OPTIMIZER_BEGIN = EVENT_CODES[FORWARD_BEGIN], EVENT_CODES[FORWARD_END], EVENT_CODES[OPTIMIZER_BEGIN]
+_OPTIMIZER_END = EVENT_CODES[OPTIMIZER_END]
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Collections filled by other means than module forward hooks; when only these are due, a
@@ -64,6 +66,26 @@ def distributed_rank() -> tuple[int, int, int]:
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         return torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank
     return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), local_rank
+
+
+class _ScalerUpdateHook:
+    """Calls `before()` at the start of each `scaler.update()` (an instance attribute over
+    the class's method; `remove()` takes it away), like a torch hook handle."""
+
+    def __init__(self, scaler: Any, before: Callable[[], None]) -> None:
+        self.scaler = scaler
+        update = type(scaler).update
+
+        def hooked_update(*args: Any, **kwargs: Any) -> Any:
+            before()
+            return update(scaler, *args, **kwargs)
+
+        self.hooked = hooked_update
+        scaler.update = hooked_update
+
+    def remove(self) -> None:
+        if self.scaler.__dict__.get("update") is self.hooked:
+            del self.scaler.update
 
 
 class Hook(HookBase):
@@ -89,12 +111,19 @@ class Hook(HookBase):
     _counters: fastpath.TorchCounters  # (HookBase's, with the torch plugin's fields)
 
     def __init__(self, out_dir: Any = None, *args: Any, **kwargs: Any):
-        self._model: nn.Module | None = None
+        self._model: nn.Module | None = None  # the first registered model (it alone may open steps of every mode)
+        self._models: list[tuple[str | None, nn.Module]] = []  # every registered model, with the name it was given
         self._params: list[tuple[str, nn.Parameter]] = []
         self._param_names: dict[int, str] = {}
         self._modules: list[tuple[str, nn.Module]] = []
         self._losses: list[tuple[str, nn.Module]] = []
         self._optimizers: list[torch.optim.Optimizer] = []
+        self._ending: list[torch.optim.Optimizer] = []  # the optimizers whose steps end a TRAIN step (register_optimizer)
+        self._optimizer_handles: dict[int, list[Any]] = {}
+        self._stepped: set[int] = set()  # ids of the ending optimizers that stepped in the open TRAIN step
+        self._stepping: torch.optim.Optimizer | None = None  # the optimizer whose step is under way
+        self._step_goes_on = False  # an optimizer stepped, and the TRAIN step waits for another one
+        self._scaler: Any = None  # a registered torch.amp.GradScaler (register_grad_scaler)
         self._handles: list[Any] = []
         self._driven: nn.Module | None = None  # the model whose forward drives the steps (driver.py)
         self._driven_name: str | None = None  # its activation name, when it is one of the watched modules
@@ -164,15 +193,19 @@ class Hook(HookBase):
     def _on_phase_event(self, event: str) -> None:
         # Only on steps where something is due.
         if event == OPTIMIZER_BEGIN:
-            self._save_gradients()
+            self._save_gradients(self._own_parameters(self._stepping))
         elif event == OPTIMIZER_END:
-            for optimizer in self._optimizers:
+            stepping = self._stepping
+            for optimizer in self._optimizers if stepping is None or len(self._optimizers) == 1 else (stepping,):
                 self._save_optimizer_state(optimizer)
-            self._remove(self._step_handles)  # activations after the update belong to no step
+            if not self._step_goes_on:
+                self._remove(self._step_handles)  # activations after the update belong to no step
 
     def _on_close(self) -> None:
         self._remove(self._step_handles)
         self._remove(self._handles)
+        for handles in self._optimizer_handles.values():
+            self._remove(handles)
 
     def _make_detailed_profilers(self) -> Any:
         # torch.profiler, cProfile and data-loader timing in ProfilerConfig's windows (docs/traces.md).
@@ -187,51 +220,89 @@ class Hook(HookBase):
 
     # --- registration -------------------------------------------------------------------
 
-    def register_module(self, model: nn.Module, *, drive_steps: bool = True) -> None:
+    def register_module(self, model: nn.Module, *, name: str | None = None, drive_steps: bool = True) -> None:
         """Watch `model`: its parameters are the weights, biases and gradients; its modules'
         inputs and outputs the activations; with `drive_steps` (plain loops) its top-level
-        forward also opens steps (a framework callback that knows the steps passes False)."""
+        forward also opens steps (a framework callback that knows the steps passes False).
+
+        Several models (a GAN's generator and discriminator, a teacher and a student, an EMA
+        copy) go on one hook, each with its own `name`: their tensor names start with it
+        (`generator.0.weight`, `gradient/generator.0.weight`, `generator_output_0`) and
+        each is a scope of its own for the rules. Only the first model's forward opens
+        steps of every mode; the forward of a later one is a forward phase of the open
+        step (in training mode with registered optimizers it opens a TRAIN step when none
+        is open), so a teacher or EMA model run in eval mode never makes EVAL steps."""
         if not isinstance(model, nn.Module):
             raise ConfigError(f"register_module: expected a torch.nn.Module, got {type(model).__name__}")
-        if self._model is not None and self._model is not model:
-            raise ConfigError("register_module: a model is already registered with this hook (use one hook per model)")
+        if name is not None and (not isinstance(name, str) or not name or "/" in name or name != name.strip()):
+            raise ConfigError(f"register_module: name must be a non-empty string without '/' or surrounding spaces, got {name!r}")
         if drive_steps and isinstance(model, torch.jit.ScriptModule):  # takes no forward hook, no class swap
             raise ConfigError(
                 f"register_module: the steps of a TorchScript module ({type(model).__name__}) cannot be followed from its "
                 "forward; register the eager module, or pass drive_steps=False and mark steps with hook.step() / begin_step()"
             )
-        if not self.enabled or self._model is not None:
+        for known_name, known in self._models:
+            if known is model or naming.unwrap(known) is naming.unwrap(model):
+                if known_name == name:
+                    return  # registered again, as before: nothing changes
+                raise ConfigError(f"register_module: this {type(model).__name__} is already registered (as {known_name or 'the unnamed model'!r})")
+            if known_name == name:
+                taken = f"name {name!r} is already taken" if name else "a model is already registered without a name"
+                raise ConfigError(
+                    f"register_module: {taken}; give each model of this hook its own name, e.g. "
+                    "hook.register_module(generator, name='generator'); hook.register_module(discriminator, name='discriminator')"
+                )
+        self._models.append((name, model))
+        if not self.enabled:
             return
-        self._model = model
-        self._params = naming.named_parameters(model)
-        self._param_names = {id(p): name for name, p in self._params}
-        self._modules = naming.named_modules(model)
-        self.claim_names(name for name, _ in self._params)
-        self.claim_names(naming.gradient_name(name) for name, _ in self._params)
+        primary = self._model is None
+        if primary:
+            self._model = model
+        params = naming.named_parameters(model, prefix=name)
+        modules = naming.named_modules(model, prefix=name)
+        clashes = sorted({n for n, _ in params} & {n for n, _ in self._params})
+        if clashes:
+            raise ConfigError(f"register_module: parameter names {clashes[:3]} are already taken by a registered model; give this model a name")
+        self._params += params
+        self._param_names.update({id(p): n for n, p in params})
+        self._modules += modules
+        self.claim_names(n for n, _ in params)
+        self.claim_names(naming.gradient_name(n) for n, _ in params)
         # Which module class each parameter (and its gradient) belongs to: rules judge a
         # tensor against what is normal for its kind (an embedding, a norm layer).
         for module_name, module in naming.unwrap(model).named_modules():
             for param_name, _ in module.named_parameters(recurse=False):
-                name = naming.clean_name(f"{module_name}.{param_name}" if module_name else param_name)
-                self.note_module_class(name, type(module).__name__)
-                self.note_module_class(naming.gradient_name(name), type(module).__name__)
-        if self._timer is not None:
-            device = next((p.device for _, p in self._params), None)
+                tensor = naming.prefixed(name, naming.clean_name(f"{module_name}.{param_name}" if module_name else param_name))
+                self.note_module_class(tensor, type(module).__name__)
+                self.note_module_class(naming.gradient_name(tensor), type(module).__name__)
+        self.declare_scope(name or type(naming.unwrap(model)).__name__, [n for n, _ in params], kind="model")
+        if primary and self._timer is not None:
+            device = next((p.device for _, p in params), None)
             clock: Clock | None = self.profiler_failsafe.call(device_clock, device)
             if clock is not None:
                 self._set_clock(clock)
-        if drive_steps:
-            # The model's own forward tells where steps begin and its forward ends (driver.py:
-            # no torch hook, whose dispatch would cost more than the rest of a step where
-            # nothing is due).
-            driver = drive_forward(model, self._forward_begins, self._forward_ends, fast=self._fast)
+        if not drive_steps:
+            return
+        if not primary:
+            # (The Python path: the compiled one follows the first model's steps only.)
+            driver = drive_forward(model, functools.partial(self._other_forward_begins, model), self._other_forward_ends)
             if driver is not None:
                 self._handles.append(driver)
-                self._driven = model
-                self._driven_name = next((n for n, m in self._modules if m is model), None)
-            else:  # a model whose class cannot be swapped: torch's forward hooks
-                self._handles.append(model.register_forward_pre_hook(self._forward_pre_hook))
-                self._handles.append(model.register_forward_hook(self._forward_ends))
+            else:
+                self._handles.append(model.register_forward_pre_hook(lambda m, args: self._other_forward_begins(model, m)))
+                self._handles.append(model.register_forward_hook(self._other_forward_ends))
+            return
+        # The model's own forward tells where steps begin and its forward ends (driver.py:
+        # no torch hook, whose dispatch would cost more than the rest of a step where
+        # nothing is due).
+        driver = drive_forward(model, self._forward_begins, self._forward_ends, fast=self._fast)
+        if driver is not None:
+            self._handles.append(driver)
+            self._driven = model
+            self._driven_name = next((n for n, m in self._modules if m is model), None)
+        else:  # a model whose class cannot be swapped: torch's forward hooks
+            self._handles.append(model.register_forward_pre_hook(self._forward_pre_hook))
+            self._handles.append(model.register_forward_hook(self._forward_ends))
 
     def register_loss(self, loss_module: nn.Module) -> nn.Module:
         """Save the output of a loss module as `<LossClass>_output_0` (losses collection).
@@ -269,22 +340,84 @@ class Hook(HookBase):
 
         return wrapped  # type: ignore[return-value]
 
-    def register_optimizer(self, optimizer: torch.optim.Optimizer, *, drive_steps: bool = True) -> None:
-        """Make each `optimizer.step()` end a TRAIN step; gradients are saved right before
-        the update, optimizer state (e.g. Adam's moments) right after it. A framework
-        callback that drives the steps itself passes `drive_steps=False`."""
+    def register_optimizer(
+        self, optimizer: torch.optim.Optimizer, *, name: str | None = None, drive_steps: bool = True, ends_step: bool = True
+    ) -> None:
+        """Make `optimizer.step()` end a TRAIN step; gradients are saved right before the
+        update, optimizer state (e.g. Adam's moments) right after it. A framework callback
+        that drives the steps itself passes `drive_steps=False`.
+
+        With several optimizers (a GAN's two, one per model), each optimizer's step is a
+        phase of one TRAIN step, which ends once every optimizer registered with
+        `ends_step=True` (the default) has stepped since it began: a discriminator stepped
+        five times and a generator once make one TRAIN step. Each optimizer's step saves
+        the gradients and state of its own parameters. `ends_step=False` makes an
+        optimizer's steps phases only (one that does not step every batch). `name` names
+        its scope for the rules (default `optimizer_<i>`, in registration order)."""
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise ConfigError(f"register_optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
         if not self.enabled or any(o is optimizer for o in self._optimizers):
             return
         self._optimizers.append(optimizer)
+        params = [self._param_names[id(p)] for group in optimizer.param_groups for p in group["params"] if id(p) in self._param_names]
+        self.declare_scope(name or f"optimizer_{len(self._optimizers) - 1}", params, kind="optimizer")
         if drive_steps:
             self._counters.drives_optimizer = True
-            fast = self._fast
-            self._handles += [
+            self._optimizer_handles[id(optimizer)] = []
+            if ends_step:
+                self._ending.append(optimizer)
+            self._install_optimizer_hooks()
+
+    def _install_optimizer_hooks(self) -> None:
+        """The step hooks of the step-driving optimizers: the compiled ones for one optimizer
+        (the routine case), the Python ones for several (a step ends after all of them)."""
+        fast = self._fast if len(self._optimizer_handles) == 1 and self._ending else None
+        for optimizer in self._optimizers:
+            handles = self._optimizer_handles.get(id(optimizer))
+            if handles is None:
+                continue
+            self._remove(handles)
+            handles += [
                 optimizer.register_step_pre_hook(fast.optimizer_pre if fast is not None else self._on_optimizer_pre),
                 optimizer.register_step_post_hook(fast.optimizer_post if fast is not None else self._on_optimizer_post),
             ]
+
+    def optimizer_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
+        """For a framework callback that drives the steps: `optimizer` is about to update
+        (the optimizer phase starts; its gradients are saved when due: with several
+        registered optimizers, those of its own parameters)."""
+        self._stepping = optimizer
+        self.phase_event(OPTIMIZER_BEGIN)
+
+    def optimizer_step_ends(self, optimizer: torch.optim.Optimizer, *, step_goes_on: bool = False) -> None:
+        """For a framework callback: `optimizer` updated (its state is saved when due).
+        `step_goes_on`: the TRAIN step continues (manual optimization with several
+        optimizers: the next optimizer's forward comes)."""
+        self._stepping = optimizer
+        self._step_goes_on = step_goes_on
+        try:
+            self.phase_event(OPTIMIZER_END)
+        finally:
+            self._step_goes_on = False
+            self._stepping = None
+
+    def register_grad_scaler(self, scaler: Any) -> None:
+        """Follow a `torch.amp.GradScaler` (mixed precision): gradients are saved unscaled
+        and steps the scaler skips still end. With a registered optimizer the gradients are
+        read in its step pre-hook, after `scaler.step` unscaled them in place (or your own
+        `scaler.unscale_`); without one they are read as backward accumulates them and
+        divided by the scale backward ran with. When the scaler finds inf/NaN gradients it
+        skips `optimizer.step()`: the TRAIN step then ends at `scaler.update()`, saves no
+        gradients and `grad_scaler/skipped_step` = 1 (metrics collection, with
+        `grad_scaler/scale`, the scale in effect for the step)."""
+        if not (callable(getattr(scaler, "update", None)) and callable(getattr(scaler, "scale", None)) and callable(getattr(scaler, "is_enabled", None))):
+            raise ConfigError(f"register_grad_scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
+        if not self.enabled or self._scaler is scaler:
+            return
+        if self._scaler is not None:
+            raise ConfigError("register_grad_scaler: a GradScaler is already registered with this hook")
+        self._scaler = scaler
+        self._handles.append(_ScalerUpdateHook(scaler, self._on_scaler_update))
 
     def set_mode(self, mode: ModeKeys | str | None) -> None:
         """Set the mode of the following steps; None goes back to `model.training`."""
@@ -366,6 +499,28 @@ class Hook(HookBase):
         else:
             self.finish_step_timing()  # an evaluation step is its forward
 
+    def _other_forward_begins(self, model: nn.Module, module: nn.Module) -> bool:
+        """At the start of a later model's forward (not the first registered): a forward
+        phase of the open step; in training mode with registered optimizers it opens the
+        TRAIN step when none is open (a GAN step may start with either model)."""
+        c = self._counters
+        if c.closed or not self.failsafe.enabled:
+            return False
+        mode = c.explicit_mode or (_TRAIN if module.training else _EVAL)
+        step = c.step
+        if mode is _TRAIN and c.drives_optimizer and (step is None or c.global_step - 1 != c.train_at):
+            return self._forward_begins(module)
+        if step is None or c.mode is not _TRAIN:
+            return False  # an evaluation step is the first model's forward
+        if c.timing:
+            self._log_event(_FORWARD_BEGIN)
+        return bool(c.timing)
+
+    def _other_forward_ends(self, module: nn.Module, args: Any, output: Any) -> None:
+        c = self._counters
+        if c.step is not None and c.mode is _TRAIN and c.timing and self.failsafe.enabled:
+            self._log_event(_FORWARD_END)
+
     def _on_module_io(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
         """Forward hook of loss and activation modules; registered only while a step is due."""
         if self.due and self.failsafe.enabled:
@@ -374,11 +529,13 @@ class Hook(HookBase):
     def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         if not self.failsafe.enabled:
             return
+        self._stepping = optimizer
         c = self._counters
         step = c.step
         if step is None or c.global_step - 1 != c.train_at:
             # optimizer.step() without a forward in this step opens one; the event is
             # recorded, and the gradients saved when due, as below.
+            self._stepped.clear()
             self._open_step(_TRAIN, _OPTIMIZER_BEGIN)
             if c.step is not None:
                 c.train_at = c.global_step - 1
@@ -389,10 +546,32 @@ class Hook(HookBase):
             self.failsafe.call(self._on_phase_event, OPTIMIZER_BEGIN)  # saves the gradients
 
     def _on_optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        c = self._counters
+        if len(self._optimizer_handles) > 1 or not self._ending:
+            # Several optimizers: the TRAIN step ends once each one that ends steps stepped.
+            stepped = self._stepped
+            stepped.add(id(optimizer))
+            if any(id(o) not in stepped for o in self._ending):
+                step = c.step
+                if step is not None and self.failsafe.enabled and c.global_step - 1 == c.train_at:
+                    if c.timing:
+                        self._log_event(_OPTIMIZER_END)
+                    if step.due:
+                        self._step_goes_on = True
+                        self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # this optimizer's state
+                        self._step_goes_on = False
+                self._stepping = None
+                return
+            stepped.clear()
+        self._train_step_ends(updated=True)
+
+    def _train_step_ends(self, updated: bool) -> None:
+        """The open TRAIN step ends: its optimizer(s) stepped (`updated`), or a GradScaler
+        skipped the update."""
+        c = self._counters
         # Counted before the fail-safe check: a rank whose hook turned off still takes part
         # in the ranks' stop agreement (its peers would wait for it in the all-reduce).
         # (An optimizer step always ends a TRAIN step; `train_step_ended` inlined: every step.)
-        c = self._counters
         n = c.train_ends + 1
         c.train_ends = n
         stop = n >= c.stop_check_at and self._decide_stop(n)
@@ -400,10 +579,34 @@ class Hook(HookBase):
         c.train_at = -1
         if step is not None and self.failsafe.enabled:
             self.finish_step_timing()
-            if step.due:
+            if step.due and updated:
                 self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
+        self._stepping = None
         if stop:
             self._raise_stop()
+
+    def _on_scaler_update(self) -> None:
+        """`scaler.update()` of the registered GradScaler, before it changes the scale: the
+        end of an iteration. When the scaler found inf/NaN gradients it skipped
+        `optimizer.step()`, so no optimizer hook ended the TRAIN step: it ends here, marked
+        `grad_scaler/skipped_step` = 1, with no gradients (they were not used)."""
+        c = self._counters
+        step = c.step
+        if step is None or c.mode is not _TRAIN or not self.failsafe.enabled:
+            return
+        skipped = c.drives_optimizer and c.global_step - 1 == c.train_at
+        if step.due:
+            self.failsafe.call(self._save_scaler_state, skipped)
+        if skipped:
+            self._stepped.clear()
+            self._train_step_ends(updated=False)
+
+    def _save_scaler_state(self, skipped: bool) -> None:
+        scale = self._loss_scale()
+        if scale is not None:
+            self.save_value("grad_scaler/scale", scale, (CollectionName.METRICS,))
+        if self._counters.drives_optimizer:
+            self.save_value("grad_scaler/skipped_step", np.float32(skipped), (CollectionName.METRICS,))
 
     # --- what is saved -------------------------------------------------------------------
 
@@ -411,14 +614,38 @@ class Hook(HookBase):
         for name, param in self._params:
             self.save_value(name, param)
 
-    def _save_gradients(self) -> None:
-        for name, param in self._params:
+    def _own_parameters(self, optimizer: torch.optim.Optimizer | None) -> list[tuple[str, nn.Parameter]]:
+        """The watched parameters `optimizer` updates; all of them with one optimizer or none
+        known (gradients of parameters no optimizer holds are saved too)."""
+        if optimizer is None or len(self._optimizers) < 2:
+            return self._params
+        names = self._param_names
+        return [(names[id(p)], p) for group in optimizer.param_groups for p in group["params"] if id(p) in names]
+
+    def _save_gradients(self, params: list[tuple[str, nn.Parameter]] | None = None) -> None:
+        for name, param in self._params if params is None else params:
             if param.grad is not None:
                 self.save_value(naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
 
     def _on_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
         if self.due and self.failsafe.enabled and param.grad is not None:
-            self.failsafe.call(self.save_value, naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
+            self.failsafe.call(self._save_accumulated_gradient, name, param.grad)
+
+    def _save_accumulated_gradient(self, name: str, grad: torch.Tensor) -> None:
+        # Backward under a GradScaler accumulates scaled gradients: saved divided by the
+        # scale backward ran with (a power of two: exact), so they read as the true ones.
+        scale = self._loss_scale()
+        self.save_value(naming.gradient_name(name), grad if scale is None else grad / scale, (CollectionName.GRADIENTS,))
+
+    def _loss_scale(self) -> torch.Tensor | None:
+        """The registered GradScaler's scale now, as a 0-d tensor on its device (no sync)."""
+        scaler = self._scaler
+        if scaler is None or not scaler.is_enabled():
+            return None
+        scale = getattr(scaler, "_scale", None)
+        if not isinstance(scale, torch.Tensor):
+            return None  # scale() not called yet: nothing was scaled
+        return scale.reshape(())
 
     def save_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
         """Save `optimizer`'s per-parameter state (optimizer_variables) at the open step."""

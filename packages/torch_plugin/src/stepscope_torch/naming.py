@@ -48,18 +48,25 @@ def clean_name(name: str) -> str:
     return ".".join(part for part in name.split(".") if part != _COMPILE_SEGMENT)
 
 
-def named_parameters(model: nn.Module) -> list[tuple[str, nn.Parameter]]:
-    return [(clean_name(name), p) for name, p in unwrap(model).named_parameters()]
+def prefixed(model_name: str | None, name: str) -> str:
+    """`name` of a model registered as `model_name` (one hook, several models): `<model>.<name>`."""
+    return f"{model_name}.{name}" if model_name else name
 
 
-def named_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """Submodules by qualified name; the top-level module goes by its class name."""
+def named_parameters(model: nn.Module, prefix: str | None = None) -> list[tuple[str, nn.Parameter]]:
+    """Parameters by qualified name, each starting with `prefix.` when the model has a name."""
+    return [(prefixed(prefix, clean_name(name)), p) for name, p in unwrap(model).named_parameters()]
+
+
+def named_modules(model: nn.Module, prefix: str | None = None) -> list[tuple[str, nn.Module]]:
+    """Submodules by qualified name; the top-level module goes by the model's name, else its
+    class name."""
     base = unwrap(model)
     named = []
     for name, module in base.named_modules():
         if isinstance(getattr(module, _COMPILE_SEGMENT, None), nn.Module):
             continue  # a compiled wrapper: its inner module is listed under the same name
-        named.append((clean_name(name) or type(base).__name__, module))
+        named.append((prefixed(prefix, clean_name(name)) if name else prefix or type(base).__name__, module))
     return named
 
 

@@ -11,21 +11,71 @@ from __future__ import annotations
 import functools
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 import torch
 
 from stepscope import reductions
+from stepscope.exceptions import UnsupportedValue
 from stepscope.hook import TensorPlan
 from stepscope.writer import Deferred
 
 from .reductions import reduce_on_device
 
-_NUMPY_UNSUPPORTED = (torch.bfloat16,)
+# Sparse tensors are saved dense up to this many elements (a 16 MiB float32 tensor).
+MAX_DENSE_ELEMENTS = 1 << 22
+# Dtypes the record format has no code for, widened to float32 (the values are exact in it).
+_WIDENED = frozenset(
+    getattr(torch, name)
+    for name in ("float8_e4m3fn", "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu")
+    if hasattr(torch, name)
+)
+_CHALF = getattr(torch, "complex32", None)
+_FLOAT4_PACKED = getattr(torch, "float4_e2m1fn_x2", None)
 
 
-def _host_dtype(tensor: torch.Tensor) -> torch.Tensor:
-    """numpy has no bfloat16: widen such tensors (on their device) first."""
-    return tensor.float() if tensor.dtype in _NUMPY_UNSUPPORTED else tensor
+def saveable(tensor: torch.Tensor) -> torch.Tensor:
+    """`tensor` (detached) as a dense strided tensor of a dtype the record format holds, or
+    UnsupportedValue saying why not. Converted, since the conversion is faithful: a quantized
+    tensor to its real values (`dequantize`), a sparse one (COO, CSR, CSC, BSR, BSC) to
+    dense up to MAX_DENSE_ELEMENTS, float8 to float32, complex32 to complex64, conjugate
+    and negative views resolved. Refused: meta tensors (no data), nested tensors (no one
+    shape), bit and sub-byte dtypes, larger sparse tensors."""
+    if tensor.device.type == "meta":
+        raise UnsupportedValue("a meta tensor has no data")
+    if tensor.is_nested:
+        raise UnsupportedValue("a nested tensor has no single shape; save its components (tensor.unbind()) instead")
+    if tensor.is_quantized:
+        tensor = tensor.dequantize()
+    if tensor.layout != torch.strided:
+        if tensor.numel() > MAX_DENSE_ELEMENTS:
+            raise UnsupportedValue(f"a {tensor.layout} tensor of {tensor.numel()} elements is over the {MAX_DENSE_ELEMENTS} saved dense")
+        try:
+            tensor = tensor.to_dense()
+        except (RuntimeError, NotImplementedError, TypeError) as exc:
+            raise UnsupportedValue(f"a {tensor.layout} tensor cannot be made dense: {exc}") from None
+    dtype = tensor.dtype
+    if dtype == _FLOAT4_PACKED:
+        raise UnsupportedValue(f"dtype {dtype} packs two 4-bit values in a byte; unpack it to a float dtype first")
+    if dtype in _WIDENED:
+        return tensor.float()
+    if dtype == _CHALF:
+        return tensor.to(torch.complex64)
+    if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or _integer_bits(dtype)):
+        raise UnsupportedValue(f"dtype {dtype} has no numeric values to save")
+    return tensor.resolve_conj().resolve_neg()
+
+
+def _integer_bits(dtype: torch.dtype) -> bool:
+    """A whole-byte integer dtype numpy has (not the sub-byte `uint1`..`int7` ones)."""
+    return dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
+
+
+def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
+    """A host tensor's values; bfloat16 stays bfloat16 (ml_dtypes, which the format holds)."""
+    if tensor.dtype == torch.bfloat16:
+        return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 class _StepFence:
@@ -63,7 +113,7 @@ class _PinnedCopy:
 
     def resolve(self) -> np.ndarray:
         self.fence.wait()
-        return self.host.numpy()
+        return _to_numpy(self.host)
 
 
 class _PinnedReduction:
@@ -89,12 +139,12 @@ class HostTransfer:
     def capture(self, plan: TensorPlan, tensor: torch.Tensor) -> tuple[Any, dict[tuple[str, bool], Any], tuple[int, ...]]:
         """(raw value or None, reduction values, shape) for `plan`, each a numpy array or a
         PendingValue the writer thread resolves."""
-        tensor = tensor.detach()
+        tensor = saveable(tensor.detach())
         shape = tuple(tensor.shape)
         wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
         if tensor.device.type == "cuda":
             return self._capture_cuda(plan, tensor, wanted) + (shape,)
-        array = _host_dtype(tensor).cpu().numpy().copy()
+        array = _to_numpy(tensor.cpu()).copy()
         if not wanted:
             return (array if plan.save_raw else None), {}, shape
         # The snapshot's bytes ride on the first reduction so the writer's queue bound sees them.
@@ -108,9 +158,8 @@ class HostTransfer:
         fence = self._fence = self._fence or _StepFence()
         raw = None
         if plan.save_raw:
-            source = _host_dtype(tensor)
-            host = torch.empty(source.shape, dtype=source.dtype, pin_memory=True)
-            host.copy_(source, non_blocking=True)
+            host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+            host.copy_(tensor, non_blocking=True)
             raw = _PinnedCopy(host, fence)
         values: dict[tuple[str, bool], Any] = {}
         if wanted:

@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout.flush()
     started = time.monotonic()
     _serve(monitor, sys.stdin, sys.stdout)
-    monitor.stop()
+    # Within the parent's close deadline (it may have exited at it, and this process then
+    # holds nothing of it; it ends on its own soon after).
+    monitor.stop(timeout_s=_stop_timeout_s())
     stats = monitor.stats()
     summary = {
         "samples": stats.samples, "missed_ticks": stats.missed_ticks, "files_published": stats.files_published,
@@ -156,9 +158,21 @@ def main(argv: list[str] | None = None) -> int:
         "publishing_cpu_s": stats.publishing_cpu_s, "jitter_s": list(stats.jitter_s)[-10_000:],
         "wall_s": time.monotonic() - started,
     }
-    sys.stdout.write(json.dumps(summary) + "\n")
-    sys.stdout.flush()
+    try:
+        sys.stdout.write(json.dumps(summary) + "\n")
+        sys.stdout.flush()
+    except OSError:  # the parent is gone (it exited at its close deadline): no one to tell
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     return 0
+
+
+def _stop_timeout_s() -> float:
+    from ..deadline import close_timeout_from_env
+
+    try:
+        return min(10.0, close_timeout_from_env())
+    except Exception:  # noqa: BLE001 - the parent said what was wrong with it
+        return 10.0
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ..exceptions import ConfigError, CorruptRecord
+from ..exceptions import ConfigError, CorruptRecord, StoreUnavailable
 from ..layout import FRAMEWORK_DIR
 from ..modes import ModeKeys
 from ..safety import WarnOnce
@@ -192,6 +192,15 @@ class TimelineWriter:
                 )
                 self._store.write(key, data)
                 return key
+            except StoreUnavailable as exc:
+                # The store is not answering: keep the events (within the buffer's bound)
+                # for the next flush, which comes every flush_interval_s and at close.
+                with self._lock:
+                    kept = len(self._events) + len(events) <= _MAX_BUFFERED_EVENTS
+                    if kept:
+                        self._events[:0] = events
+                self._warn_once("unavailable", f"step timeline: the store is not answering ({exc}); {'events kept for the next flush' if kept else f'{len(events)} events lost (buffer full)'}")
+                return None
             except Exception as exc:
                 self._warn_once("flush", f"step timeline: could not publish {len(events)} events ({exc!r}); they are lost")
                 return None
@@ -409,14 +418,14 @@ def parse_timeline(data: bytes, key: str, describe: str | None = None) -> Parsed
 def _load_trace_json(data: bytes, where: str) -> Any:
     try:
         return json.loads(data, parse_float=Decimal)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         # smdebug wrote the array form and a job killed mid-write leaves it unterminated,
         # which Chrome's trace viewer accepts too.
         text = data.decode("utf-8", errors="replace").rstrip().rstrip(",")
         if text.startswith("["):
             try:
                 return json.loads(text + "]", parse_float=Decimal)
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         raise CorruptRecord(where, getattr(exc, "pos", None), f"not a JSON trace ({exc})") from None
 

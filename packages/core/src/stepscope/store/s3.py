@@ -4,12 +4,17 @@ Credentials come from boto3's default chain; an endpoint override (MinIO, a loca
 server) from the standard AWS_ENDPOINT_URL / AWS_ENDPOINT_URL_S3 variables or the AWS
 config file.
 
-A background writer must never hang its process: every request has connect and read
-timeouts and a bounded number of attempts (boto3's adaptive retries), and the
-`Expect: 100-continue` handshake is off (botocore spins forever on an endpoint that answers
-`100 Continue` and closes). Reads retry what the request-level retries cannot see: a body
-cut short or a connection dropped while the body streams. Only a complete object whose
-CRC fails is corruption; a short read is a transient fault."""
+No request can hang its caller: each has connect and read timeouts and a bounded number of
+attempts (botocore's standard retries), and the `Expect: 100-continue` handshake is off
+(botocore spins forever on an endpoint that answers `100 Continue` and closes). A store
+that does not answer (timeouts, resets, 5xx, throttling) raises StoreUnavailable, which
+the writer waits out and a reader reports, naming the endpoint. Reads retry what the
+request-level retries cannot see: a body cut short or a connection dropped while the body
+streams. Only a complete object whose CRC fails is corruption; a short read is transient.
+
+A reader against an endpoint that never answers fails after at most
+MAX_ATTEMPTS x (CONNECT_TIMEOUT + READ_TIMEOUT) plus botocore's back-off between attempts
+(at most 2^(MAX_ATTEMPTS-1) - 1 s): 3 x (5 + 20) + 3 = 78 s with the defaults (`worst_case_s`)."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ..exceptions import ConfigError, StoreError
+from ..exceptions import ConfigError, StoreError, StoreUnavailable
 from .base import Store, join_key
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
@@ -38,14 +43,15 @@ def parse_s3_url(url: str) -> tuple[str, str]:
 
 logger = logging.getLogger("stepscope")
 
-# Overridable per process; the defaults bound one request to about
-# connect + read timeout per attempt, times the attempts (a few minutes at worst).
+# Overridable per process; they bound one request (`worst_case_s`). The writer does not
+# lean on them to ride out an outage (it retries for as long as it has to), so they are
+# sized for a reader that should say soon that the endpoint is not answering.
 MAX_ATTEMPTS_ENV = "STEPSCOPE_S3_MAX_ATTEMPTS"
 CONNECT_TIMEOUT_ENV = "STEPSCOPE_S3_CONNECT_TIMEOUT_S"
 READ_TIMEOUT_ENV = "STEPSCOPE_S3_READ_TIMEOUT_S"
-DEFAULT_MAX_ATTEMPTS = 5
+DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_CONNECT_TIMEOUT_S = 5.0
-DEFAULT_READ_TIMEOUT_S = 30.0
+DEFAULT_READ_TIMEOUT_S = 20.0
 READ_RETRIES = 4  # extra tries of a read whose body was cut short
 _READ_BACKOFF_S = 0.05
 
@@ -63,14 +69,33 @@ def _positive(env: str, default: float, kind: type = float) -> float:
     return value
 
 
+def _settings() -> tuple[int, float, float]:
+    return (
+        int(_positive(MAX_ATTEMPTS_ENV, DEFAULT_MAX_ATTEMPTS, int)),
+        _positive(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S),
+        _positive(READ_TIMEOUT_ENV, DEFAULT_READ_TIMEOUT_S),
+    )
+
+
+def worst_case_s() -> float:
+    """The longest one request waits for an endpoint that never answers, with the current
+    settings: every attempt's connect and read timeouts, plus botocore's back-off between
+    attempts (random, under min(2^i, 20) s before attempt i + 1)."""
+    attempts, connect, read = _settings()
+    return attempts * (connect + read) + sum(min(2.0**i, 20.0) for i in range(attempts - 1))
+
+
 def client_config():
-    """botocore's Config for stepscope's clients: timeouts and retry budget from the env."""
+    """botocore's Config for stepscope's clients: timeouts and retry budget from the env.
+    Standard retries, not adaptive: adaptive mode adds a client-side rate limiter that
+    keeps throttling a writer catching up after an outage."""
     from botocore.config import Config
 
+    attempts, connect, read = _settings()
     return Config(
-        retries={"mode": "adaptive", "max_attempts": int(_positive(MAX_ATTEMPTS_ENV, DEFAULT_MAX_ATTEMPTS, int))},
-        connect_timeout=_positive(CONNECT_TIMEOUT_ENV, DEFAULT_CONNECT_TIMEOUT_S),
-        read_timeout=_positive(READ_TIMEOUT_ENV, DEFAULT_READ_TIMEOUT_S),
+        retries={"mode": "standard", "total_max_attempts": attempts},  # ("max_attempts" would count retries only)
+        connect_timeout=connect,
+        read_timeout=read,
         tcp_keepalive=True,
         max_pool_connections=32,
     )
@@ -98,10 +123,31 @@ def _client():
 
 def _transient_read_errors() -> tuple[type[Exception], ...]:
     from botocore.exceptions import ConnectionError as BotoConnectionError
-    from botocore.exceptions import IncompleteReadError, ReadTimeoutError, ResponseStreamingError
+    from botocore.exceptions import HTTPClientError, IncompleteReadError
     from urllib3.exceptions import HTTPError as Urllib3Error
 
-    return (IncompleteReadError, ReadTimeoutError, ResponseStreamingError, BotoConnectionError, Urllib3Error, ConnectionError, TimeoutError)
+    return (IncompleteReadError, HTTPClientError, BotoConnectionError, Urllib3Error, ConnectionError, TimeoutError)
+
+
+# Answers that mean "not now" rather than "never": a later try may succeed.
+_TRANSIENT_CODES = frozenset({"SlowDown", "Throttling", "ThrottlingException", "RequestTimeout", "ServiceUnavailable", "InternalError", "RequestLimitExceeded"})
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether the store may take the request if asked again later: no answer (timeouts,
+    refused or reset connections), a 5xx, throttling. Not: a refusal (403), a missing
+    bucket, a TLS failure (a configuration that retrying will not mend)."""
+    from botocore.exceptions import ClientError
+    from botocore.exceptions import SSLError as BotoSSLError
+
+    if isinstance(exc, ClientError):
+        response = getattr(exc, "response", None) or {}
+        status = response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        code = response.get("Error", {}).get("Code")
+        return code in _TRANSIENT_CODES or status in (408, 429) or (isinstance(status, int) and status >= 500)
+    if isinstance(exc, BotoSSLError):
+        return False
+    return isinstance(exc, (_ShortRead, *_transient_read_errors()))
 
 
 class _ShortRead(Exception):
@@ -119,8 +165,14 @@ class S3Store(Store):
     def _key(self, key: str) -> str:
         return join_key(self.prefix, key)
 
+    @property
+    def endpoint(self) -> str:
+        return str(getattr(self._client.meta, "endpoint_url", "") or "the default AWS endpoint")
+
     def _error(self, action: str, key: str, exc: Exception) -> StoreError:
-        return StoreError(f"cannot {action} {self.describe(key)}: {exc}")
+        if is_transient(exc):
+            return StoreUnavailable(f"cannot {action} {self.describe(key)}: the endpoint {self.endpoint} did not answer ({exc})")
+        return StoreError(f"cannot {action} {self.describe(key)} (endpoint {self.endpoint}): {exc}")
 
     def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else list(data)
@@ -164,7 +216,10 @@ class S3Store(Store):
                 send(bytes(buffer))
             self._client.complete_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id, MultipartUpload={"Parts": done})
         except BaseException:
-            self._client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+            try:
+                self._client.abort_multipart_upload(Bucket=self.bucket, Key=full_key, UploadId=upload_id)
+            except Exception as exc:  # the upload's own error is the one to report
+                logger.debug("stepscope: could not abort the multipart upload of %s: %s", self.describe(key), exc)
             raise
 
     def read(self, key: str, max_size: int | None = None) -> bytes:
@@ -185,26 +240,31 @@ class S3Store(Store):
 
     def _get(self, key: str, extra: dict[str, str]) -> bytes:
         """One GET, retried when its body arrives short or the connection drops mid-body
-        (botocore's own retries end once the headers are in)."""
+        (botocore's own retries end once the headers are in). A request that got no
+        answer at all has had botocore's attempts already: it is not tried again here,
+        so that a silent endpoint costs one request's budget (`worst_case_s`)."""
         retried: tuple[type[Exception], ...] = (_ShortRead, *_transient_read_errors())
         for attempt in range(READ_RETRIES + 1):
             try:
                 reply = self._client.get_object(Bucket=self.bucket, Key=self._key(key), **extra)
+            except self._client.exceptions.NoSuchKey:
+                raise FileNotFoundError(self.describe(key)) from None
+            except Exception as exc:
+                if (getattr(exc, "response", None) or {}).get("Error", {}).get("Code") == "InvalidRange":
+                    return b""  # a range past the end: like a local read there, nothing
+                raise self._error("read", key, exc) from exc
+            try:
                 data = reply["Body"].read()
                 expected = reply.get("ContentLength")
                 if expected is not None and len(data) != expected:
                     raise _ShortRead(f"{len(data)} of {expected} bytes")
                 return data
-            except self._client.exceptions.NoSuchKey:
-                raise FileNotFoundError(self.describe(key)) from None
             except retried as exc:
                 if attempt == READ_RETRIES:
                     raise self._error("read", key, exc) from exc
                 logger.debug("stepscope: retrying read of %s after %s", self.describe(key), exc)
                 time.sleep(_READ_BACKOFF_S * 2**attempt)
             except Exception as exc:
-                if getattr(exc, "response", {}).get("Error", {}).get("Code") == "InvalidRange":
-                    return b""  # a range past the end: like a local read there, nothing
                 raise self._error("read", key, exc) from exc
         raise AssertionError("unreachable")
 
@@ -212,7 +272,7 @@ class S3Store(Store):
         try:
             return int(self._client.head_object(Bucket=self.bucket, Key=self._key(key))["ContentLength"])
         except Exception as exc:
-            if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if (getattr(exc, "response", None) or {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 raise FileNotFoundError(self.describe(key)) from None
             raise self._error("check", key, exc) from exc
 
@@ -237,7 +297,7 @@ class S3Store(Store):
             self._client.head_object(Bucket=self.bucket, Key=self._key(key))
             return True
         except Exception as exc:
-            if getattr(exc, "response", {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
+            if (getattr(exc, "response", None) or {}).get("Error", {}).get("Code") in ("404", "NoSuchKey", "NotFound"):
                 return False
             raise self._error("check", key, exc) from exc
 

@@ -189,7 +189,9 @@ def verdict_hostile(status: int | None, body: bytes) -> str:
     it shows nothing of team-b's secret job."""
     if status is None:
         return "hang"
-    if b"team-b" in body or b"secret" in body:
+    from .hostile_jobs import CANARY
+
+    if b"team-b" in body or b"secret" in body or CANARY in body:
         return "escape"
     return "traceback" if status >= 500 and status != 503 else "clean"  # 503: busy, not broken
 

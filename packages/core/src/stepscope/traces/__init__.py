@@ -5,7 +5,12 @@ DataFrames. Core only: nothing here imports a framework. See docs/traces.md."""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from .._lazy import lazy_getattr
+
+if TYPE_CHECKING:
+    from .analysis import TraceAnalysis
 
 _LAZY = {
     "TraceAnalysis": "analysis",
@@ -25,3 +30,12 @@ __getattr__ = lazy_getattr(__name__, _LAZY)
 
 
 __all__ = list(_LAZY)
+
+
+def open(path: str, *, persist: bool = True) -> TraceAnalysis:  # noqa: A001 - stepscope.traces.open(path), like open()
+    """The analyses of a job's traces, a folder of Kineto / XSpace traces (nested: e.g.
+    torch.profiler.tensorboard_trace_handler's output, HTA's rank folders) or one trace file
+    (.json, .json.gz, .pt.trace.json, .xplane.pb), local or s3:// (docs/traces.md)."""
+    from .analysis import TraceAnalysis
+
+    return TraceAnalysis(path, persist=persist)

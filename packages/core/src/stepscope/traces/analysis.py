@@ -15,9 +15,10 @@ import pandas as pd
 import pyarrow as pa
 
 from ..exceptions import StepscopeError
-from ..store import Store, open_store
+from ..store import Store
+from . import sources
 from .analyzers import common, cpu_ops, idle, kernels, launches, memory, steps, syncs
-from .tables import TableWriter, TraceInfo, list_trace_keys, load_trace
+from .tables import TableWriter, TraceInfo, list_trace_keys, load_trace, loose_trace_keys
 
 logger = logging.getLogger("stepscope.traces")
 
@@ -26,16 +27,25 @@ Progress = Callable[[str, int, int | None], None]
 
 
 class TraceAnalysis:
-    """A job's Kineto / XSpace traces as tables per rank, and the analyses over them.
+    """Kineto / XSpace traces as tables per rank, and the analyses over them. `path`: a job
+    (its traces under profiler-output/framework/), any folder of traces (nested; e.g.
+    torch.profiler.tensorboard_trace_handler's output), or one trace file; local or s3://.
     Traces are parsed on first use (and their tables persisted under `stepscope-traces/`
-    when `persist`, in the background: `wait_persisted()` waits for them, and a process
-    does not exit before they are written); later analyses read the Parquet tables."""
+    beside them, or in the user's cache when that folder cannot be written, when `persist`,
+    in the background: `wait_persisted()` waits for them, and a process does not exit
+    before they are written); later analyses read the Parquet tables."""
 
     def __init__(self, path: str | os.PathLike[str] | Store, *, persist: bool = True, progress: Progress | None = None, keys: Iterable[str] | None = None):
-        self.store = path if isinstance(path, Store) else open_store(os.fspath(path))
+        if isinstance(path, Store):
+            self.store, located = path, None
+        else:
+            self.store, located = sources.locate(path)
         self.persist = persist
         self.progress = progress
+        keys = keys if keys is not None else located
         self._keys = sorted(keys) if keys is not None else None
+        self._tables: Store | None = None  # where the tables go, decided on the first parse
+        self._default_ranks: dict[str, int] | None = None
         self._loaded: dict[str, tuple[TraceInfo, pd.DataFrame]] = {}
         # Traces that could not be read, with why: each is skipped (one corrupt or hostile
         # trace never makes the job's other traces unreadable) and named here.
@@ -53,8 +63,10 @@ class TraceAnalysis:
         self._writer.wait()
 
     def trace_keys(self) -> list[str]:
+        """The traces: a job's under profiler-output/framework/, else every trace file of
+        the folder (a user's own traces)."""
         if self._keys is None:
-            self._keys = list_trace_keys(self.store)
+            self._keys = list_trace_keys(self.store) or loose_trace_keys(self.store)
         return list(self._keys)
 
     def traces(self) -> pd.DataFrame:
@@ -174,7 +186,13 @@ class TraceAnalysis:
         loaded = self._loaded.get(key)
         if loaded is None:
             progress = (lambda done, total: self.progress(key, done, total)) if self.progress else None  # type: ignore[misc]
-            loaded = self._loaded[key] = load_trace(self.store, key, persist=self.persist, progress=progress, writer=self._writer)
+            if self._tables is None:
+                self._tables = sources.table_store(self.store) if self.persist else self.store
+            if self._default_ranks is None:
+                self._default_ranks = sources.worker_ranks(self.trace_keys())
+            loaded = self._loaded[key] = load_trace(
+                self.store, key, persist=self.persist, progress=progress, writer=self._writer, tables=self._tables, default_rank=self._default_ranks.get(key, 0)
+            )
             unknown = common.not_analysed(loaded[1])
             if not unknown.empty:  # a device or record type the schema does not know: say so
                 listed = ", ".join(f"{row.events:,} events of category {row.category}" for row in unknown.itertuples())

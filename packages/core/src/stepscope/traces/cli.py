@@ -38,7 +38,7 @@ class _ProgressBar:
 
 def add_profile(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("profile", help="kernels, launches, memory copies, syncs and GPU idle time from the job's detailed traces")
-    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser.add_argument("path", help="a job's folder, a folder of Kineto/XSpace traces (e.g. tensorboard_trace_handler's output), or one trace file; local or s3://")
     parser.add_argument("--rank", type=int, default=None, help="one rank only (default: every rank)")
     parser.add_argument("--steps", default=None, metavar="A:B", help="profiled steps A to B (inclusive)")
     parser.add_argument("--json", action="store_true", help="print the tables as JSON")
@@ -48,35 +48,42 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
 
 def add_timeline(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("timeline", help="write one Perfetto-loadable trace of the job: metrics, steps, annotations, CPU ops, GPU streams, rule firings")
-    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser.add_argument("path", help="a job's folder, a folder of traces, or one trace file; local or s3://")
     parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="trace.json or trace.json.gz (default timeline.json; - for stdout)")
     parser.add_argument("--steps", default=None, metavar="A:B", help="only the time of steps A to B (inclusive)")
     parser.add_argument("--no-cpu-ops", action="store_true", help="leave CPU operators out (a smaller file)")
     parser.set_defaults(run=run_timeline)
 
 
-def _analysis(args: argparse.Namespace) -> Any:
+def _require_pyarrow() -> None:
+    """Before anything of the engine is imported (its modules import pyarrow)."""
     from ..exceptions import ConfigError
-    from ..store import open_store
 
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        raise ConfigError("the trace engine needs pyarrow: pip install 'stepscope[traces]'") from None
+        raise ConfigError("the trace engine needs pyarrow, which is not installed: pip install 'stepscope[traces]'") from None
+
+
+def _analysis(args: argparse.Namespace) -> Any:
     from .analysis import TraceAnalysis
 
     progress = _ProgressBar(sys.stderr.isatty() or getattr(args, "progress", False))
-    return TraceAnalysis(open_store(args.path), progress=progress)
+    return TraceAnalysis(args.path, progress=progress)
 
 
 def run_profile(args: argparse.Namespace) -> int:
+    _require_pyarrow()
     from ..exceptions import ConfigError
     from .analysis import parse_steps
 
     steps = parse_steps(args.steps)
     analysis = _analysis(args)
     if not analysis.trace_keys():
-        raise ConfigError(f"no detailed traces under {args.path}/profiler-output/framework/ (see docs/traces.md)")
+        raise ConfigError(
+            f"no traces in {args.path}: looked for a job's profiler-output/framework/ and for trace files "
+            "(*.json, *.json.gz, *.pt.trace.json[.gz], *.xplane.pb) in the folder and below (see docs/traces.md)"
+        )
     try:
         tables = analysis.summary(rank=args.rank, steps=steps)
     finally:
@@ -85,6 +92,10 @@ def run_profile(args: argparse.Namespace) -> int:
         print(f"stepscope: skipped an unreadable trace: {problem}", file=sys.stderr)
     if not analysis.ranks:
         raise ConfigError(f"no readable detailed trace under {args.path}/profiler-output/framework/")
+    unknown = tables.get("not_analysed")
+    if unknown is not None and not unknown.empty:  # said on stderr too: a table nobody reads is no warning
+        for row in unknown.itertuples():
+            print(f"stepscope profile: {row.events:,} events of category {row.category} not analysed (rank {getattr(row, 'rank', 0)})", file=sys.stderr)
     if args.json:
         json.dump({name: json.loads(frame.to_json(orient="records")) for name, frame in tables.items()}, sys.stdout, indent=1)
         print()
@@ -100,6 +111,7 @@ def run_profile(args: argparse.Namespace) -> int:
 
 
 def run_timeline(args: argparse.Namespace) -> int:
+    _require_pyarrow()
     from ..exceptions import ConfigError
     from .analysis import parse_steps
     from .timeline import write_timeline

@@ -70,18 +70,25 @@ def list_trace_keys(store: Store) -> list[str]:
     return sorted(keys)
 
 
+def loose_trace_keys(store: Store) -> list[str]:
+    """Every trace file anywhere in a folder that is not a job (a user's own traces:
+    torch.profiler.tensorboard_trace_handler's output, a folder of rank files, nested)."""
+    return sorted(key for key in store.list("") if key.endswith(_TRACE_SUFFIXES) and not key.startswith((f"{TABLE_DIR}/", *_SKIPPED_DIRS)))
+
+
 def table_key(trace_key: str) -> str:
     rest = trace_key[len(FRAMEWORK_DIR) + 1 :] if trace_key.startswith(FRAMEWORK_DIR + "/") else trace_key
     return f"{TABLE_DIR}/{rest}.parquet"
 
 
-def rank_of(metadata: dict[str, Any], key: str) -> int:
+def rank_of(metadata: dict[str, Any], key: str, default: int = 0) -> int:
+    """The trace's rank: its distributedInfo, else `rank<N>` in its path, else `default`."""
     info = metadata.get("distributedInfo")
     rank = info.get("rank") if isinstance(info, dict) else None
     if type(rank) is int and 0 <= rank < _MAX_RANK:
         return rank
     match = _RANK_IN_KEY.search(key)  # a rank like 1e20 or -1 in a trace is not one
-    return int(match.group(1)) if match and len(match.group(1)) < 10 and int(match.group(1)) < _MAX_RANK else 0
+    return int(match.group(1)) if match and len(match.group(1)) < 10 and int(match.group(1)) < _MAX_RANK else default
 
 
 def load_trace(
@@ -91,28 +98,32 @@ def load_trace(
     persist: bool = True,
     progress: Callable[[int, int | None], None] | None = None,
     writer: TableWriter | None = None,
+    tables: Store | None = None,
+    default_rank: int = 0,
 ) -> tuple[TraceInfo, pd.DataFrame]:
     """The events of one trace as a DataFrame: from its Parquet table when there is one,
     else parsed (and persisted when `persist`: by `writer` in the background when given,
-    else before returning)."""
+    else before returning). `tables`: where the tables are (default: `store`, beside the
+    traces); `default_rank`: the rank when neither the trace nor its path names one."""
+    table_store = store if tables is None else tables
     tkey = table_key(key)
-    if store.exists(tkey):
+    if table_store.exists(tkey):
         try:
-            return _read_table(store, tkey, key)
+            return _read_table(table_store, tkey, key)
         except Exception as exc:  # a damaged table is rebuilt from its trace
-            logger.warning("%s: unreadable (%s); parsing the trace again", store.describe(tkey), exc)
+            logger.warning("%s: unreadable (%s); parsing the trace again", table_store.describe(tkey), exc)
     raw = _parse(store, key, progress)
-    rank = rank_of(raw.metadata, key)
+    rank = rank_of(raw.metadata, key, default_rank)
     table = raw.table.append_column("rank", pa.array(np.full(raw.table.num_rows, rank, dtype=np.int32)))
     kinds = table.column("kind").to_numpy()
     if kinds.size > 1 and not bool(np.all(kinds[1:] >= kinds[:-1])):  # the Kineto reader sorts already
         table = table.take(pa.array(np.argsort(kinds, kind="stable")))
     info = _info(key, rank, raw.base_ns, table, raw.metadata)
     if persist and writer is not None:
-        writer.submit(store, tkey, table, info)
+        writer.submit(table_store, tkey, table, info)
         return info, table.to_pandas(split_blocks=True)  # the writer still reads the table
     if persist:
-        _write_logged(store, tkey, table, info)
+        _write_logged(table_store, tkey, table, info)
     return info, _to_pandas(table)
 
 

@@ -6,7 +6,6 @@ from a request goes through `job_id()` before it touches a file, so no URL reach
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -21,6 +20,14 @@ from ..store import Store, open_store
 
 # A folder holding any of these is a job; the walk does not look inside a job for more jobs.
 _JOB_MARKERS = frozenset({"index", "collections", "events", "profiler-output", "stepscope-index", layout.END_MARKER})
+# A folder of a user's own Kineto traces (torch.profiler.tensorboard_trace_handler's output)
+# is a job too: the trace engine reads it (docs/traces.md). Kineto's own file names only, so
+# a folder with some other JSON is not taken for one.
+_TRACE_FILE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb")
+
+
+def _is_marker(name: str) -> bool:
+    return name in _JOB_MARKERS or name.endswith(_TRACE_FILE_SUFFIXES)
 MAX_DEPTH = 6
 RUNNING_WINDOW_S = 300.0
 SUMMARY_TTL_S = 10.0
@@ -126,8 +133,8 @@ class JobStore:
             except OSError:
                 continue
             names = {e.name for e in entries}
-            if rel and names & _JOB_MARKERS:
-                if not any(e.is_symlink() for e in entries if e.name in _JOB_MARKERS):
+            if rel and any(_is_marker(n) for n in names):
+                if not any(e.is_symlink() for e in entries if _is_marker(e.name)):
                     yield rel  # (one whose index/events/... are links is no job: `resolve` refuses it)
                 continue
             if depth < MAX_DEPTH:
@@ -151,7 +158,7 @@ class JobStore:
                     names.add(name)
                     folders.append(name)
                 names.update(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
-            if rel and names & _JOB_MARKERS:
+            if rel and any(_is_marker(n) for n in names):
                 yield rel
                 continue
             if depth < MAX_DEPTH:
@@ -163,42 +170,29 @@ class JobStore:
         """The id of the job folder that `job` really names, which is what the app authorises
         (never the requested text): JobNotFound for an unsafe id, no job, or a path that
         passes through a symlink. S3 keys have no links; their id is the checked key itself."""
+        from ..store.local import resolve_within
+
         job = job_id(job)
         if self.is_s3:
             return job
-        fd = self._job_folder_fd(job)
-        os.close(fd)
-        return job
-
-    def _job_folder_fd(self, job: str) -> int:
-        """An open descriptor of the job's folder, reached from the store root one component
-        at a time with O_NOFOLLOW: a symlink anywhere on the way (`team-a/link ->
-        ../team-b/job`) is refused, so the folder reached is the one the id names. Each
-        component must be listed by its exact name (a case-insensitive filesystem would
-        otherwise let `TEAM-B/job` reach `team-b/job`). A job whose top-level entries
-        (`index`, `events`, ...) are symlinks is refused too."""
-        flags = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | getattr(os, "O_NOFOLLOW", 0)
         try:
-            fd = os.open(self._root_real, flags & ~getattr(os, "O_NOFOLLOW", 0))
-        except OSError:
-            raise JobNotFound(job) from None
-        try:
+            # The store's path policy: every component opened with O_NOFOLLOW from the root,
+            # so `team-a/link -> ../team-b/job` (or a linked parent) is refused, not followed.
+            folder = resolve_within(self._root_real, job)
+            parent = self._root_real
             for part in job.split("/"):
-                if part not in os.listdir(fd):
+                # Each name as the folder spells it: on a case-insensitive filesystem
+                # `TEAM-B/job` would otherwise reach `team-b/job` under another grant.
+                if part not in os.listdir(parent):
                     raise JobNotFound(job)
-                child = os.open(part, flags, dir_fd=fd)  # ELOOP or ENOTDIR on a symlink
-                os.close(fd)
-                fd = child
-            entries = {e.name: e for e in os.scandir(fd)}
-            if not set(entries) & _JOB_MARKERS or any(e.is_symlink() for name, e in entries.items() if name in _JOB_MARKERS):
-                raise JobNotFound(job)
-        except OSError:
-            os.close(fd)
+                parent = os.path.join(parent, part)
+            markers = [e for e in os.scandir(folder) if _is_marker(e.name)]
+        except (OSError, StepscopeError):
             raise JobNotFound(job) from None
-        except JobNotFound:
-            os.close(fd)
-            raise
-        return fd
+        # A folder whose index/, events/, ... are links is no job (the walk skips it too).
+        if not markers or any(e.is_symlink() for e in markers):
+            raise JobNotFound(job)
+        return job
 
     def job_path(self, job: str) -> str:
         """Where the job lies (a folder or an s3:// URL): error messages name files relative to it."""
@@ -261,13 +255,23 @@ class JobStore:
         return summary
 
 
-def rule_summary(store: Store) -> list[dict[str, Any]]:
-    """The rows `stepscope check` published in rule-output/summary.json (empty when none)."""
+def rule_summary(store: Store, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows `stepscope check` published in rule-output/summary.json (empty when none;
+    when it cannot be read, `problems` gets a line naming it)."""
+    from ..job_files import load_json
+
+    key = f"{layout.RULE_OUTPUT_DIR}/summary.json"
     try:
-        data = json.loads(store.read(f"{layout.RULE_OUTPUT_DIR}/summary.json"))
-    except (FileNotFoundError, ValueError, StepscopeError, RecursionError):  # a hostile summary is no summary
+        data = load_json(store.read(key), key)
+    except FileNotFoundError:
+        return []
+    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:  # a hostile summary is no summary
+        if problems is not None:
+            problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {str(exc)[:200]}")
         return []
     rows = data.get("rules") if isinstance(data, dict) else None
+    if not isinstance(rows, list) and problems is not None:
+        problems.append(f"{key}: no list of rules")
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 

@@ -134,7 +134,21 @@ def _server_class() -> Any:
     from waitress.channel import HTTPChannel
     from waitress.server import TcpWSGIServer
 
-    class _TLSChannel(HTTPChannel):
+    class _Channel(HTTPChannel):
+        """Notes when the request being received began: waitress's idle timeout counts from
+        the last byte, so a client trickling one byte at a time would never reach it."""
+
+        partial_since: float | None = None
+
+        def received(self, data: bytes) -> bool:
+            if self.request is None and self.partial_since is None:
+                self.partial_since = time.time()
+            result = bool(super().received(data))
+            if self.request is None:  # nothing half-received left: the request is whole
+                self.partial_since = None
+            return result
+
+    class _TLSChannel(_Channel):
         """A channel over an SSLSocket in non-blocking mode: the handshake and every read
         advance only as far as the bytes at hand; 'want read/write' means 'later'."""
 
@@ -176,8 +190,7 @@ def _server_class() -> Any:
     class _Server(TcpWSGIServer):
         def __init__(self, app: Any, *, map: dict[Any, Any], adj: Any, tls: ssl.SSLContext | None):
             self.tls = tls
-            if tls is not None:
-                self.channel_class = _TLSChannel
+            self.channel_class = _TLSChannel if tls is not None else _Channel
             super().__init__(app, map=map, adj=adj)
 
         def accept(self) -> Any:
@@ -191,6 +204,15 @@ def _server_class() -> Any:
             except (OSError, ValueError):
                 conn.close()
                 return None
+
+        def maintenance(self, now: float) -> None:
+            super().maintenance(now)
+            # A request must arrive whole within the idle timeout of its first byte.
+            cutoff = now - self.adj.channel_timeout
+            for channel in list(self.active_channels.values()):
+                since = getattr(channel, "partial_since", None)
+                if since is not None and since < cutoff and not channel.requests:
+                    channel.will_close = True
 
         def readable(self) -> bool:
             # At the limit, close the longest-idle connections (no request in progress)

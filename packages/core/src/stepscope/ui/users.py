@@ -17,7 +17,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, StepscopeError
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.@-]{0,63}$")
 SESSION_TTL_S = 12 * 3600
@@ -55,7 +55,7 @@ _MIGRATIONS: tuple[str, ...] = (
 )
 
 
-class Busy(ConfigError):
+class Busy(StepscopeError):  # not a ValueError: nothing may take it for a wrong password
     """Every password-hashing slot stayed taken for the whole wait: the server is flooded
     with sign-ins. The app answers 503; nothing was verified."""
 
