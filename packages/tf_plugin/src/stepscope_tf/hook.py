@@ -177,9 +177,9 @@ class Hook(HookBase):
         self._declare_scopes()  # optimizers know what they update once they ran a step
         super().flush(timeout)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None, *, deadline: Any = None) -> None:
         self._declare_scopes()
-        super().close()
+        super().close(timeout, deadline=deadline)
 
     def _declare_scopes(self) -> None:
         try:
