@@ -9,7 +9,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .exceptions import ConfigError
+from .exceptions import ConfigError, ConfigTypeError
 from .modes import ALL_MODES, ModeKeys
 
 DEFAULT_SAVE_INTERVAL = 500
@@ -158,6 +158,8 @@ def _name_tuple(field_name: str, value: Any, allowed: tuple[str, ...]) -> tuple[
         return ()
     if isinstance(value, str):
         value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise ConfigTypeError(f"ReductionConfig.{field_name} must be a list of names or a comma-separated string, got {value!r}")
     names = tuple(dict.fromkeys(str(v) for v in value))
     bad = [n for n in names if n not in allowed]
     if bad:
@@ -272,6 +274,15 @@ TRAIN_ONLY_COLLECTIONS = frozenset({CollectionName.GRADIENTS, CollectionName.OPT
 ALWAYS_SAVED_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METRICS})
 
 
+def _strings(where: str, value: Any) -> tuple[str, ...]:
+    """One string or a list/tuple/set of strings, as a tuple; ConfigTypeError otherwise."""
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in value):
+        raise ConfigTypeError(f"{where} must be a string or a list of strings, got {value!r}")
+    return tuple(value)
+
+
 def _compile_regexes(owner: str, patterns: Iterable[str]) -> tuple[re.Pattern[str], ...]:
     compiled = []
     for pattern in patterns:
@@ -297,11 +308,16 @@ class Collection:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"Collection.name must be a non-empty string, got {self.name!r}")
-        if isinstance(self.include_regex, str):
-            self.include_regex = (self.include_regex,)
-        self.include_regex = tuple(self.include_regex)
-        self._patterns = _compile_regexes(f"Collection({self.name!r})", self.include_regex)
-        self.tensor_names = set(self.tensor_names)
+        where = f"Collection({self.name!r})"
+        self.include_regex = _strings(f"{where}.include_regex", self.include_regex)
+        self._patterns = _compile_regexes(where, self.include_regex)
+        self.tensor_names = set(_strings(f"{where}.tensor_names", self.tensor_names))
+        for field_name, kind in (("save_config", SaveConfig), ("reduction_config", ReductionConfig)):
+            value = getattr(self, field_name)
+            if value is not None and not isinstance(value, kind):
+                raise ConfigTypeError(f"{where}.{field_name} must be a {kind.__name__} or None, got {value!r}")
+        if not isinstance(self.save_histogram, bool):
+            raise ConfigTypeError(f"{where}.save_histogram must be True or False, got {self.save_histogram!r}")
 
     def include(self, *patterns: str) -> None:
         self._patterns += _compile_regexes(f"Collection({self.name!r})", patterns)
