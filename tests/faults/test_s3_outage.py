@@ -273,3 +273,23 @@ def test_the_proxy_injects_what_it_is_told(s3_url, via_proxy):
     assert seen["reset"] in ("ConnectionClosedError", "EndpointConnectionError", "ProtocolError", "ConnectionResetError"), seen
     assert body == b"0123456789" * 100 and trickled_s > 0.2
     assert threading.active_count() < 200
+
+
+@pytest.mark.timeout(60)
+def test_the_system_monitor_keeps_its_samples_through_an_outage(s3_url, fast_s3):
+    from stepscope.profiler.monitor import SystemMonitor
+
+    store = S3Store(s3_url)
+    monitor = SystemMonitor(store, interval_ms=100, node_id="n")
+    monitor.start()
+    assert wait_for(lambda: monitor.stats().samples >= 3, 20)
+    fast_s3.outage = "503"
+    monitor.flush(timeout_s=1.0)  # its file goes to a store that is not answering: held
+    before = fast_s3.injected["503"]
+    assert wait_for(lambda: fast_s3.injected["503"] > before + 1, 20)  # (and tried again)
+    fast_s3.outage = None
+    monitor.stop(timeout_s=20)
+    stats = monitor.stats()
+    assert stats.publish_errors == 0
+    lines = [line for key in store.list("profiler-output/system/") for line in store.read(key).decode().splitlines()]
+    assert len({json.loads(line)["Timestamp"] for line in lines}) == stats.samples
