@@ -317,6 +317,15 @@ def test_port_out_of_range_is_an_error(port):
         check_port(port)
 
 
+@pytest.mark.parametrize(("option", "value"), [("--threads", "0"), ("--connections", "-5"), ("--idle-timeout", "nan")])
+def test_cli_names_the_bad_server_option(store_root, tmp_path, capsys, option, value):
+    from stepscope.cli import main
+
+    assert main(["ui", str(store_root), "--port", "0", "--db", str(tmp_path / "u.db"), option, value]) != 0
+    assert option in capsys.readouterr().err
+    assert not UserDB(tmp_path / "u.db").has_admin()
+
+
 def test_cli_refuses_a_bad_port_and_a_missing_store_before_creating_the_admin(tmp_path, store_root, capsys):
     from stepscope.cli import main
 
