@@ -1171,7 +1171,7 @@ class HookBase:
                 except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
                     logger.warning("stepscope: could not release this run's claim: %s", exc)
             if counters.detailed is not None:
-                self.profiler_failsafe.call(counters.detailed.close)
+                self.profiler_failsafe.call(counters.detailed.close, deadline)
             if annotation._sink == self._annotation_span:
                 annotation.set_sink(None)
             if self.writer is not None and self.rank == 0:
