@@ -111,3 +111,18 @@ def test_one_corrupt_trace_leaves_the_others_readable(tmp_path):
     assert len(analysis.traces()) == 1 and not analysis.kernel_stats().empty
     (problem,) = analysis.problems.values()
     assert "a.pt.trace.json.gz" in problem
+
+
+def test_a_quote_in_an_annotation_name_costs_that_event_not_the_trace(tmp_path, caplog):
+    # What torch 2.13's Kineto writes for record_function('a"b'): the name as it is.
+    from stepscope.traces.reader import read_trace
+
+    def event(cat, name, ts):
+        return f'  {{\n    "ph": "X", "cat": "{cat}", "name": "{name}", "pid": 1, "tid": 1,\n    "ts": {ts}, "dur": 2\n  }}'
+
+    body = ",\n".join([event("cpu_op", "aten::add", 1), event("user_annotation", 'a"b', 3), event("cpu_op", "aten::mul", 5), event("cpu_op", "aten::sub", 7)])
+    path = tmp_path / "quoted.pt.trace.json"
+    path.write_text('{\n  "schemaVersion": 1,\n  "traceEvents": [\n' + body + "\n]}\n")
+    trace = read_trace(str(path))
+    assert sorted(trace.table.column("name").to_pylist()) == ["aten::add", "aten::mul", "aten::sub"]
+    assert "quoted.pt.trace.json" in caplog.text and "skipped" in caplog.text
