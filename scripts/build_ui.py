@@ -1,50 +1,48 @@
-"""Build the web app's scripts and styles: `npm ci` (pinned by package-lock.json, from the
-npm registry) then `npm run build` (esbuild bundles packages/core/ui-src into
-stepscope/ui/static). The bundle is not committed; nox's install step runs this.
+"""Build the web app's bundle (packages/core/ui-src -> stepscope/ui/static/app.js, app.css) with
+npm and esbuild, pinned by package-lock.json. Every build of the `stepscope` package does
+this too (packages/core/setup.py), editable installs included; run it by hand after
+editing ui-src. The logic lives in packages/core/build_ui.py, which an sdist carries.
 
-    python scripts/build_ui.py            # install if needed, build
-    python scripts/build_ui.py --check    # exit 1 when the bundle is missing or older than the sources
+    python scripts/build_ui.py            # build unless current (a content hash of ui-src, recorded in static/bundle.json)
+    python scripts/build_ui.py --force    # build anyway
+    python scripts/build_ui.py --check    # exit 1 when the bundle is missing or not built from the current sources
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
-import subprocess
+import importlib.util
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-SOURCES = ROOT / "packages" / "core" / "ui-src"
-STATIC = ROOT / "packages" / "core" / "src" / "stepscope" / "ui" / "static"
-OUTPUTS = (STATIC / "app.js", STATIC / "app.css")
+CORE = Path(__file__).resolve().parent.parent / "packages" / "core"
 
 
-def up_to_date() -> bool:
-    if not all(p.is_file() for p in OUTPUTS):
-        return False
-    newest_source = max(p.stat().st_mtime for p in [*SOURCES.glob("src/*"), SOURCES / "package-lock.json"])
-    return min(p.stat().st_mtime for p in OUTPUTS) >= newest_source
-
-
-def build() -> None:
-    npm = shutil.which("npm")
-    if npm is None:
-        raise SystemExit("build_ui: npm is not installed (Debian: apt-get install npm); the app needs its bundle")
-    installed = SOURCES / "node_modules" / ".package-lock.json"
-    if not installed.is_file() or installed.stat().st_mtime < (SOURCES / "package-lock.json").stat().st_mtime:
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=SOURCES, check=True)
-    subprocess.run([npm, "run", "--silent", "build"], cwd=SOURCES, check=True)
+def _builder():
+    spec = importlib.util.spec_from_file_location("_stepscope_build_ui", CORE / "build_ui.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="only check that the bundle is built and current")
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--check", action="store_true", help="only check that the bundle is built from the current sources")
+    parser.add_argument("--force", action="store_true", help="build even when the bundle is current")
     args = parser.parse_args(argv)
+    builder = _builder()
     if args.check:
-        return 0 if up_to_date() else 1
-    build()
-    print(f"build_ui: {', '.join(f'{p.name} {p.stat().st_size // 1024} KiB' for p in OUTPUTS)}")
+        now = builder.state()
+        print(f"build_ui: {now}")
+        return 0 if now == "current" else 1
+    if args.force:
+        builder.build()
+        done = "built"
+    else:
+        done = builder.ensure()
+    sizes = ", ".join(f"{name} {(builder.STATIC / name).stat().st_size // 1024} KiB" for name in builder.bundle.FILES if (builder.STATIC / name).is_file())
+    print(f"build_ui: {done}; {sizes}")
     return 0
 
 

@@ -76,3 +76,22 @@ def test_profiler_config_validates_interval():
     assert ProfilerConfig().monitor_interval_ms == 500
     with pytest.raises(ConfigError, match="monitor_interval_ms.*300"):
         ProfilerConfig(monitor_interval_ms=300)
+
+
+@pytest.mark.parametrize(
+    "kwargs, field",
+    [
+        ({"save_config": 5}, "save_config"),
+        ({"reduction_config": "max"}, "reduction_config"),
+        ({"include_regex": [5]}, "include_regex"),
+        ({"tensor_names": 5}, "tensor_names"),
+        ({"save_histogram": "no"}, "save_histogram"),
+    ],
+)
+def test_collection_fields_of_the_wrong_type_are_a_type_error_naming_the_field(kwargs, field):
+    from stepscope.config import Collection
+    from stepscope.exceptions import ConfigError
+
+    with pytest.raises(TypeError, match=rf"Collection\('c'\)\.{field} must be") as caught:
+        Collection("c", **kwargs)
+    assert isinstance(caught.value, ConfigError)  # one hierarchy: `except ConfigError` catches it

@@ -235,3 +235,32 @@ def test_hook_runs_windows_in_a_plain_loop(tmp_path, mlp, batches):
 def test_hook_without_windows_builds_no_profiler(make_hook):
     hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
     assert hook.detailed is None
+
+
+def test_an_annotation_name_with_quotes_and_control_characters_keeps_the_trace_valid(tmp_path):
+    # Kineto writes a name between quotes as it is (torch 2.13): `"` would end the string
+    # early and make the whole trace invalid JSON. The framework gets a safe spelling; the
+    # step timeline (stepscope's own JSON) keeps the exact name.
+    name = 'load "batch" \\ tab\there\nline'
+    spans: list[tuple[str, int, int]] = []
+    stepscope.annotation.set_sink(lambda *span: spans.append(span))
+    profiling = create_profiling(ProfilerConfig(detailed_windows=[(1, 1)]), open_store(str(tmp_path)))
+    try:
+        torch.manual_seed(0)
+        model = TinyMLP()
+        for step in range(3):
+            profiling.step_started(step)
+            with stepscope.annotate(name):
+                model(torch.randn(4, 6)).sum().backward()
+            profiling.step_ended(step)
+        profiling.close()
+    finally:
+        stepscope.annotation.set_sink(None)
+    (key,) = profiling.published
+    trace = json.loads(gzip.decompress((tmp_path / key).read_bytes()))  # valid JSON
+    names = {e.get("name") for e in trace["traceEvents"]}
+    assert stepscope.annotation.framework_name(name) in names
+    assert "load 'batch' / tab here line" in names
+    annotations = TraceAnalysis(tmp_path).events(kinds=("annotation",)).name.astype(str)
+    assert (annotations == "load 'batch' / tab here line").sum() == 1
+    assert [s[0] for s in spans] == [name] * 3

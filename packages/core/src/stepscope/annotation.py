@@ -26,6 +26,18 @@ _sink: Callable[[str, int, int], None] | None = None
 _lock = threading.Lock()
 
 
+# Kineto writes an annotation's name into its JSON trace between quotes as it is, except
+# that it turns a backslash into "/" and drops newlines (torch 2.13): a `"` there makes
+# the whole trace invalid JSON. So framework annotations get the name with `"` as `'` and
+# other control characters as spaces; no backslash escape survives Kineto's rewrite.
+_FRAMEWORK_UNSAFE = {ord('"'): "'", ord("\\"): "/", **{c: " " for c in range(32)}, 127: " "}
+
+
+def framework_name(name: str) -> str:
+    """`name` as it can be handed to a framework's profiler (see _FRAMEWORK_UNSAFE)."""
+    return name.translate(_FRAMEWORK_UNSAFE)
+
+
 def set_backend(factory: Callable[[str], AbstractContextManager[Any]], active: bool) -> None:
     """Open (`active=True`) or close a framework backend; the plugins call this at the
     start and end of a detailed window."""
@@ -45,14 +57,15 @@ def set_sink(sink: Callable[[str, int, int], None] | None) -> None:
 class annotate:  # noqa: N801 - used like a function, as torch.profiler.record_function is
     """`with stepscope.annotate("augment"):` or `@stepscope.annotate("augment")`."""
 
-    __slots__ = ("name", "_start", "_entered")
+    __slots__ = ("name", "_framework_name", "_start", "_entered")
 
     def __init__(self, name: str):
         if not isinstance(name, str) or not name:
             from .exceptions import ConfigError
 
             raise ConfigError(f"annotate: the name must be a non-empty string, got {name!r}")
-        self.name = name
+        self.name = name  # exact, on the step timeline (which stepscope encodes itself)
+        self._framework_name = framework_name(name)
         self._start = 0
         self._entered: list[AbstractContextManager[Any]] = []
 
@@ -60,7 +73,7 @@ class annotate:  # noqa: N801 - used like a function, as torch.profiler.record_f
         self._entered = []
         for factory in tuple(_backends):
             try:
-                context = factory(self.name)
+                context = factory(self._framework_name)
                 context.__enter__()
                 self._entered.append(context)
             except Exception:  # an annotation never breaks training

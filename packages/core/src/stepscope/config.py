@@ -9,10 +9,14 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from .exceptions import ConfigError
+from .exceptions import ConfigError, ConfigTypeError
 from .modes import ALL_MODES, ModeKeys
 
 DEFAULT_SAVE_INTERVAL = 500
+
+# The schedule of a hook given no save_config (see `default_save_config`): every step at
+# first, then every 10 steps, then every 100, then every DEFAULT_SAVE_INTERVAL.
+DENSE_START_STEPS = (*range(0, 10), *range(10, 100, 10), *range(100, 1000, 100))
 
 # Reductions a user can ask for; norms are kept apart as smdebug did ("l1", "l2").
 REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod")
@@ -153,11 +157,28 @@ class SaveConfig:
         return f"SaveConfig({ {m.name: c for m, c in self._modes.items()} })"
 
 
+def default_save_config() -> SaveConfig:
+    """What a hook saves when it is given no save_config: tensors at steps 0-9, then every
+    10 steps to 100, every 100 to 1,000, then every 500 (smdebug's interval) for good:
+    28 saved steps in the first 1,000 and one per 500 after, so short and long jobs alike
+    give the rules several points. Written in the collections file as smdebug's fields
+    (save_steps plus save_interval 500), so it reads back with the same meaning. A
+    SaveConfig given explicitly, or by an smdebug JSON configuration, keeps its own."""
+    return SaveConfig(save_interval=DEFAULT_SAVE_INTERVAL, save_steps=DENSE_START_STEPS)
+
+
+# Losses and metrics are scalars: a hook given no save_config saves them every step, which
+# the loss rules need to judge trends (see docs/rules.md).
+SCALARS_SAVE_CONFIG = SaveConfig(save_interval=1)
+
+
 def _name_tuple(field_name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
         value = [part.strip() for part in value.split(",") if part.strip()]
+    if not isinstance(value, (list, tuple, set, frozenset)):
+        raise ConfigTypeError(f"ReductionConfig.{field_name} must be a list of names or a comma-separated string, got {value!r}")
     names = tuple(dict.fromkeys(str(v) for v in value))
     bad = [n for n in names if n not in allowed]
     if bad:
@@ -272,6 +293,15 @@ TRAIN_ONLY_COLLECTIONS = frozenset({CollectionName.GRADIENTS, CollectionName.OPT
 ALWAYS_SAVED_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METRICS})
 
 
+def _strings(where: str, value: Any) -> tuple[str, ...]:
+    """One string or a list/tuple/set of strings, as a tuple; ConfigTypeError otherwise."""
+    if isinstance(value, str):
+        return (value,)
+    if not isinstance(value, (list, tuple, set, frozenset)) or not all(isinstance(v, str) for v in value):
+        raise ConfigTypeError(f"{where} must be a string or a list of strings, got {value!r}")
+    return tuple(value)
+
+
 def _compile_regexes(owner: str, patterns: Iterable[str]) -> tuple[re.Pattern[str], ...]:
     compiled = []
     for pattern in patterns:
@@ -297,11 +327,16 @@ class Collection:
     def __post_init__(self) -> None:
         if not isinstance(self.name, str) or not self.name:
             raise ConfigError(f"Collection.name must be a non-empty string, got {self.name!r}")
-        if isinstance(self.include_regex, str):
-            self.include_regex = (self.include_regex,)
-        self.include_regex = tuple(self.include_regex)
-        self._patterns = _compile_regexes(f"Collection({self.name!r})", self.include_regex)
-        self.tensor_names = set(self.tensor_names)
+        where = f"Collection({self.name!r})"
+        self.include_regex = _strings(f"{where}.include_regex", self.include_regex)
+        self._patterns = _compile_regexes(where, self.include_regex)
+        self.tensor_names = set(_strings(f"{where}.tensor_names", self.tensor_names))
+        for field_name, kind in (("save_config", SaveConfig), ("reduction_config", ReductionConfig)):
+            value = getattr(self, field_name)
+            if value is not None and not isinstance(value, kind):
+                raise ConfigTypeError(f"{where}.{field_name} must be a {kind.__name__} or None, got {value!r}")
+        if not isinstance(self.save_histogram, bool):
+            raise ConfigTypeError(f"{where}.save_histogram must be True or False, got {self.save_histogram!r}")
 
     def include(self, *patterns: str) -> None:
         self._patterns += _compile_regexes(f"Collection({self.name!r})", patterns)

@@ -15,6 +15,7 @@ from typing import Any
 logger = logging.getLogger("stepscope")
 
 COST_DIR = "stepscope-cost"
+MAX_COST_BYTES = 16 << 20  # a cost file holds at most MAX_SAMPLES samples
 MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
 # Steps where nothing is due are accounted in blocks (their mean is the sample): the hook
 # times the first step of a block (and every step that saves), and counts the others' time
@@ -54,13 +55,29 @@ class HookCost:
 
     @classmethod
     def from_json(cls, body: dict[str, Any]) -> HookCost:
+        """From a cost file; ValueError/TypeError when a field has the wrong type or an
+        impossible value (NaN seconds, a step of 1e20, a negative count)."""
+        if not isinstance(body.get("worker"), str):
+            raise TypeError(f"worker must be a string, got {body.get('worker')!r:.40}")
         return cls(
-            worker=str(body["worker"]), steps=int(body.get("steps", 0)), step_s=float(body.get("step_s", 0.0)),
-            hook_s=float(body.get("hook_s", 0.0)), writer_s=float(body.get("writer_s", 0.0)),
-            bytes_written=int(body.get("bytes_written", 0)),
-            samples=[(int(s), float(a), float(b)) for s, a, b in body.get("samples", ())],
+            worker=body["worker"], steps=_count(body.get("steps", 0)), step_s=_seconds(body.get("step_s", 0.0)),
+            hook_s=_seconds(body.get("hook_s", 0.0)), writer_s=_seconds(body.get("writer_s", 0.0)),
+            bytes_written=_count(body.get("bytes_written", 0)),
+            samples=[(_count(s), _seconds(a), _seconds(b)) for s, a, b in body.get("samples", ())],
             versions={str(k): str(v) for k, v in (body.get("versions") or {}).items()},
         )
+
+
+def _count(value: Any) -> int:
+    if type(value) is not int or not 0 <= value < 1 << 62:
+        raise ValueError(f"expected a non-negative integer, got {value!r:.40}")
+    return value
+
+
+def _seconds(value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1e9:  # NaN fails too
+        raise ValueError(f"expected a duration in seconds, got {value!r:.40}")
+    return float(value)
 
 
 class CostMeter:
@@ -184,11 +201,14 @@ class CostMeter:
 
 def read_costs(store: Any) -> dict[str, HookCost]:
     """{worker: HookCost} of every cost file in the job (empty when the hooks wrote none)."""
+    from .exceptions import StepscopeError  # (the read side's; the hook never calls this)
+    from .job_files import read_json
+
     out = {}
     for key in store.list(COST_DIR + "/"):
         try:
-            cost = HookCost.from_json(json.loads(store.read(key)))
-        except (ValueError, KeyError, TypeError, OSError) as exc:
+            cost = HookCost.from_json(read_json(store, key, MAX_COST_BYTES, allow_nan=True))
+        except (StepscopeError, ValueError, KeyError, TypeError, AttributeError, OverflowError, OSError) as exc:
             logger.warning("stepscope: skipping unreadable cost file %s: %s", store.describe(key), exc)
             continue
         out[cost.worker] = cost

@@ -11,6 +11,11 @@ class ConfigError(StepscopeError, ValueError):
     """A configuration value is wrong; the message names the field and the value."""
 
 
+class ConfigTypeError(ConfigError, TypeError):
+    """A configuration value has the wrong type (`Collection(save_config=5)`); names the
+    field, the type it needs and the value given."""
+
+
 class UnsupportedValue(ConfigError):
     """A value the record format cannot hold and no faithful conversion gives (a meta or
     nested tensor, say): the hook drops it with a warning naming it and this reason."""

@@ -116,11 +116,41 @@ def parsing_in_bulk():
                 gc.enable()
 
 
-def load_json(data: bytes, where: str) -> Any:
+MAX_JSON_DEPTH = 1024  # orjson's own bound; the fallback checks the same before parsing
+
+
+def load_json(data: bytes | str, where: str, allow_nan: bool = False) -> Any:
+    """One job file's JSON, parsed in C (orjson: UTF-8 checked, nesting bounded at 1,024
+    levels, no Python object until the whole text is valid), or CorruptRecord naming the
+    file. With `allow_nan`, a file that Python's json wrote with NaN/Infinity (rule reports
+    and cost files may hold them) is read by json after a depth check, never recursing
+    deeper than orjson would."""
     try:
         return _json_loads(data)
     except _JSON_ERRORS as exc:
+        if allow_nan and (b"NaN" in data or b"Infinity" in data if isinstance(data, bytes) else "NaN" in data or "Infinity" in data):
+            if _nesting(data) > MAX_JSON_DEPTH:
+                raise CorruptRecord(where, None, f"nested deeper than {MAX_JSON_DEPTH} levels") from None
+            try:
+                return json.loads(data)
+            except (ValueError, RecursionError) as again:
+                raise CorruptRecord(where, None, f"not valid JSON: {again}") from None
         raise CorruptRecord(where, None, f"not valid JSON: {exc}") from None
+
+
+def _nesting(data: bytes | str) -> int:
+    """An upper bound of the JSON nesting depth (brackets inside strings count too), in
+    numpy: no Python loop over the text."""
+    import numpy as np
+
+    raw = np.frombuffer(data if isinstance(data, bytes) else data.encode(), dtype=np.uint8)
+    steps = (raw == ord("[")).astype(np.int32) + (raw == ord("{")) - (raw == ord("]")) - (raw == ord("}"))
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def read_json(store: Any, key: str, max_bytes: int = MAX_STATUS_BYTES, allow_nan: bool = False) -> Any:
+    """`key` of `store`, read under its size bound and parsed by load_json."""
+    return load_json(store.read(key, max_size=max_bytes), store.describe(key), allow_nan)
 
 
 def _fail(where: str, reason: str) -> CorruptRecord:
@@ -367,6 +397,7 @@ __all__ = [
     "compile_untrusted_regex",
     "UntrustedPattern",
     "load_json",
+    "read_json",
     "MAX_INDEX_BYTES",
     "MAX_TABLE_BYTES",
     "MAX_COLLECTIONS_BYTES",

@@ -95,6 +95,36 @@ def test_a_link_made_after_the_job_was_opened_is_refused_on_the_next_request(tmp
         assert resp.status_code == 404, endpoint
 
 
+def test_s3_job_ids_are_checked_keys():
+    """An S3 store has no links: the id it authorises is the checked key itself, and any
+    key that could name another prefix is refused before a request is sent."""
+    store = JobStore("s3://bucket/jobs")
+    assert store.resolve("team-a/run-1") == "team-a/run-1"
+    for bad in ("team-a/../team-b/x", "team-a//x", "/team-b/x", "team-a/./x", "team-a\\..\\team-b", "team-a/x\x00"):
+        with pytest.raises(JobNotFound):
+            store.resolve(bad)
+
+
+def test_parallel_requests_on_hostile_and_good_jobs(probe_store, probe_client):
+    """32 requests at once (threads sharing one app, as the server's workers do): the good
+    job answers 200 every time and no hostile job answers 500."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, hostile, _ = probe_store
+    client_app = probe_client[0].application
+    _, _, root = probe_client  # the administrator sees the good job and every hostile one
+    urls = [f"/api/jobs/good/job/{view}" for view in ("summary", "dashboard", "rules", "stats", "timeline")] * 3
+    urls += [f"/api/jobs/{job}/dashboard" for job in list(hostile.values())[:12]] + ["/api/jobs"] * 5
+
+    def fetch(url: str) -> tuple[str, int]:
+        return url, client_app.test_client().get(url, headers=root).status_code
+
+    with ThreadPoolExecutor(32) as pool:
+        answers = list(pool.map(fetch, urls))
+    assert all(status == 200 for url, status in answers if "/good/" in url or url == "/api/jobs"), answers
+    assert not [a for a in answers if a[1] >= 500]
+
+
 # --- hostile jobs --------------------------------------------------------------------------
 
 
@@ -134,6 +164,24 @@ def test_jobs_list_answers_with_hostile_jobs_and_names_them(probe_store, probe_c
     json.loads(resp.get_data(as_text=True), parse_constant=lambda c: pytest.fail(f"{c} in the answer"))
 
 
+def test_a_job_whose_summary_fails_is_shown_unreadable_and_the_others_read(app, monkeypatch):
+    """Isolation, whatever the fault: a reader raising on one job (simulated here: the real
+    hostile files are all skipped by the readers now) leaves the list answering."""
+    real = JobStore.summary
+
+    def summary(self, job):
+        if job == "team-a/run-2":
+            raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+        return real(self, job)
+
+    monkeypatch.setattr(JobStore, "summary", summary)
+    client = app.test_client()
+    login(client, "alice")
+    rows = {r["id"]: r for r in client.get("/api/jobs").get_json()["jobs"]}
+    assert rows["team-a/run-2"]["status"] == "unreadable" and rows["team-a/run-2"]["error"] == "the job's data could not be read (nested too deeply)"
+    assert rows["team-a/run-1"]["status"] == "finished" and rows["team-a/run-1"]["steps"] == 40
+
+
 def test_rule_report_is_read_under_the_name_check_gives_it(tmp_path, user_db):
     """`check` saves a rule's report as layout.rule_output_key(name) (unsafe characters
     escaped); the app reads it back under the same name."""
@@ -150,6 +198,39 @@ def test_rule_report_is_read_under_the_name_check_gives_it(tmp_path, user_db):
     login(client, "alice")
     rows = {r["rule"]: r for r in client.get("/api/jobs/team-a/run-1/rules").get_json()["rules"]}
     assert rows[name]["violations"] == 3 and rows[name]["steps"] == [4] and rows[name]["advice"] == ["look at step 4"]
+
+
+@pytest.mark.parametrize(("case", "named"), [
+    ("rule_output_deeply_nested", "rule-output/StepOutlier.json"),
+    ("rule_summary_deeply_nested", "rule-output/summary.json"),
+    ("rule_summary_not_json", "rule-output/summary.json"),
+])
+def test_an_unreadable_rule_report_is_named_and_the_rest_still_show(probe_store, probe_client, case, named):
+    _, hostile, _ = probe_store
+    client, alice, _ = probe_client
+    resp = client.get(f"/api/jobs/{hostile[case]}/rules", headers=alice)
+    assert resp.status_code == 200
+    answer = resp.get_json()
+    assert [p for p in answer["problems"] if p.startswith(named)], answer["problems"]
+    assert answer["rules"]  # the live whole-job rules still ran on the rest of the job
+    assert all("/tmp" not in p for p in answer["problems"])
+
+
+def test_files_the_reader_skipped_are_named_relative_to_the_job(tmp_path, user_db):
+    import shutil
+
+    from stepscope.testing import hostile_jobs
+
+    root = tmp_path / "store"
+    made = hostile_jobs.build("index_not_json", tmp_path / "case")
+    (root / "team-a").mkdir(parents=True)
+    shutil.move(str(made.job), str(root / "team-a" / "broken-index"))
+    client = create_app(JobStore(str(root)), user_db).test_client()
+    login(client, "alice")
+    [row] = client.get("/api/jobs").get_json()["jobs"]
+    assert row["status"] != "unreadable" and row["steps"] == hostile_jobs.STEPS - 1  # the rest of the job reads
+    assert len(row["skipped"]) == 1 and row["skipped"][0].startswith("index/") and "not valid JSON" in row["skipped"][0]
+    assert str(tmp_path) not in json.dumps(row)
 
 
 def test_time_arguments_out_of_range_are_400(app):

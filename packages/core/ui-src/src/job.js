@@ -71,7 +71,9 @@ export async function dashboardView(root, job) {
 
   const rules = el('div', { id: 'rules-list' }, el('p', { class: 'muted' }, 'running rules…'));
   wrap.append(section('Rules', 'rules', rules));
-  api(`${base}/rules`).then((r) => rules.replaceChildren(rulesList(r.rules)), (e) => rules.replaceChildren(el('p', { class: 'error' }, e.message)));
+  // a report that could not be read is named below the others (the rest still show)
+  api(`${base}/rules`).then((r) => rules.replaceChildren(rulesList(r.rules), ...(r.problems || []).map((p) => el('p', { class: 'error rule-problem' }, `unreadable: ${p}`))),
+    (e) => rules.replaceChildren(el('p', { class: 'error' }, e.message)));
 }
 
 function summaryLine(h) {

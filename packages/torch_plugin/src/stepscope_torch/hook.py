@@ -29,12 +29,12 @@ import torch
 from torch import nn
 
 from stepscope.config import CollectionName
-from stepscope.exceptions import ConfigError
+from stepscope.exceptions import ConfigError, UnsupportedValue
 from stepscope.hook import HookBase, StopTrainingRequested, TensorPlan
 from stepscope.modes import ModeKeys
 from stepscope.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, Clock
 
-from . import fastpath, naming
+from . import fastpath, naming, sharded
 from .driver import drive_forward
 from .timing import device_clock
 from .transfer import HostTransfer
@@ -165,9 +165,29 @@ class Hook(HookBase):
     def _capture(self, plan: TensorPlan, value: Any) -> bool:
         if not isinstance(value, torch.Tensor):
             return False
+        if sharded.is_sharded(value):
+            self._capture_sharded(plan, value)
+            return True
         raw, reduced, shape = self._transfer.capture(plan, value)
         self.record(plan, raw, reduced, shape)
         return True
+
+    def _capture_sharded(self, plan: TensorPlan, value: Any) -> None:
+        """A DTensor (FSDP2): reductions of the whole tensor combined from the shards,
+        raw values per shard with their place (sharded.py)."""
+        if self.world_size > 1 and self.options.include_workers != "all":
+            raise UnsupportedValue(
+                "a sharded tensor (DTensor, FSDP2): pass include_workers='all' so that every rank takes part in "
+                "combining the statistics of its shard"
+            )
+        reduced = sharded.combined_reductions(value, plan.reductions) if plan.reductions and value.numel() else {}
+        raw = None
+        if plan.save_raw:
+            raw = self._transfer.capture(TensorPlan(plan.name, True, (), False), value.to_local())[0]
+            place = sharded.shard_place(value)
+            if place is not None:
+                self.record(TensorPlan(sharded.shard_name(plan.name), True, (), False), place)
+        self.record(plan, raw, reduced, tuple(value.shape))
 
     def _on_step_begin(self, due: bool) -> None:
         step = self._counters.step
@@ -381,6 +401,25 @@ class Hook(HookBase):
                 optimizer.register_step_pre_hook(fast.optimizer_pre if fast is not None else self._on_optimizer_pre),
                 optimizer.register_step_post_hook(fast.optimizer_post if fast is not None else self._on_optimizer_post),
             ]
+
+    def optimizer_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
+        """For a framework callback that drives the steps: `optimizer` is about to update
+        (the optimizer phase starts; its gradients are saved when due: with several
+        registered optimizers, those of its own parameters)."""
+        self._stepping = optimizer
+        self.phase_event(OPTIMIZER_BEGIN)
+
+    def optimizer_step_ends(self, optimizer: torch.optim.Optimizer, *, step_goes_on: bool = False) -> None:
+        """For a framework callback: `optimizer` updated (its state is saved when due).
+        `step_goes_on`: the TRAIN step continues (manual optimization with several
+        optimizers: the next optimizer's forward comes)."""
+        self._stepping = optimizer
+        self._step_goes_on = step_goes_on
+        try:
+            self.phase_event(OPTIMIZER_END)
+        finally:
+            self._step_goes_on = False
+            self._stepping = None
 
     def register_grad_scaler(self, scaler: Any) -> None:
         """Follow a `torch.amp.GradScaler` (mixed precision): gradients are saved unscaled

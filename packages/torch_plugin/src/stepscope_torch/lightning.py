@@ -5,6 +5,13 @@ and its phases start and end, and the `Hook` does the rest through its public st
 - TRAIN steps are optimizer steps (`trainer.global_step`); with accumulate_grad_batches the
   batches before an optimizer step belong to it, and gradients are saved in
   `on_before_optimizer_step`, i.e. accumulated, before clipping and the update.
+- Manual optimization (`automatic_optimization = False`, e.g. a GAN with two optimizers):
+  one TRAIN step per training batch, however many optimizer steps it takes
+  (`trainer.global_step` counts those, and is saved as `trainer/global_step`); each
+  optimizer's step saves the gradients and state of its own parameters; the time after an
+  optimizer step is the next forward, not optimizer time; when `training_step` returns
+  nothing, the losses it logged (`self.log("d_loss", ...)`, names containing "loss") or,
+  failing those, the losses given to `manual_backward` (`loss_output_<i>`) are the losses.
 - Phases: data (until the batch starts), forward (until backward starts), backward (until
   the optimizer step), optimizer (until the batch ends); evaluation: data, forward, other.
 - validation and test batches are EVAL steps, predict batches PREDICT steps; the sanity
@@ -34,7 +41,7 @@ except ImportError:  # the older distribution name
 from stepscope.config import CollectionName
 from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
-from stepscope.phases import BACKWARD_BEGIN, FORWARD_BEGIN, OPTIMIZER_BEGIN, OPTIMIZER_END
+from stepscope.phases import BACKWARD_BEGIN, FORWARD_BEGIN, OPTIMIZER_END
 
 from .hook import Hook
 
@@ -56,6 +63,9 @@ class StepscopeCallback(pl.Callback):
         self._batch_start_step = -1  # trainer.global_step when the current batch began
         self._metrics_before: dict[str, Any] = {}
         self._eval_metrics: set[str] = set()
+        self._manual = False  # the LightningModule optimizes by hand
+        self._step_handles: list[Any] = []  # optimizer step post-hooks (manual optimization)
+        self._backward_losses: list[torch.Tensor] = []  # losses given to backward in the open step, when due
 
     @classmethod
     def from_json(cls, path: str | None = None, **overrides: Any) -> StepscopeCallback:
@@ -75,13 +85,25 @@ class StepscopeCallback(pl.Callback):
                 self._restored = None
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.hook is not None and self.hook.enabled:
-            for optimizer in trainer.optimizers:
-                self.hook.register_optimizer(optimizer, drive_steps=False)
+        hook = self.hook
+        if hook is None or not hook.enabled:
+            return
+        self._manual = not pl_module.automatic_optimization
+        for optimizer in trainer.optimizers:
+            hook.register_optimizer(optimizer, drive_steps=False)
+        if self._manual and not self._step_handles:
+            # Lightning has no callback after an optimizer step: torch's post-hook says it.
+            self._step_handles = [optimizer.register_step_post_hook(self._manual_step_ended) for optimizer in trainer.optimizers]
+
+    def _manual_step_ended(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        hook = self.hook
+        if hook is not None and hook.train_step_open:
+            hook.optimizer_step_ends(optimizer, step_goes_on=True)  # saves its state when due
+            hook.phase_event(FORWARD_BEGIN)  # what manual optimization runs next is forward work
 
     def __getstate__(self) -> dict[str, Any]:
         # ddp_spawn pickles callbacks into the workers; each worker makes its own hook.
-        return {**self.__dict__, "hook": None}
+        return {**self.__dict__, "hook": None, "_step_handles": [], "_backward_losses": []}
 
     def teardown(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
         if self.hook is not None:
@@ -92,6 +114,8 @@ class StepscopeCallback(pl.Callback):
 
     def close(self) -> None:
         """End the job: publish the rest and write its end marker."""
+        while self._step_handles:
+            self._step_handles.pop().remove()
         if self.hook is not None:
             self.hook.close()
 
@@ -114,6 +138,7 @@ class StepscopeCallback(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int) -> None:
         self._batch_start_step = trainer.global_step
+        self._backward_losses = []
         hook = self.hook
         if hook is None or not hook.enabled:
             return
@@ -124,12 +149,15 @@ class StepscopeCallback(pl.Callback):
             hook.begin_step(ModeKeys.TRAIN, FORWARD_BEGIN)
 
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        if self.hook is not None:
-            self.hook.phase_event(BACKWARD_BEGIN)
+        hook = self.hook
+        if hook is not None:
+            hook.phase_event(BACKWARD_BEGIN)
+            if self._manual and hook.due and isinstance(loss, torch.Tensor) and loss.numel() == 1:
+                self._backward_losses.append(loss.detach())
 
     def on_before_optimizer_step(self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer) -> None:
         if self.hook is not None:
-            self.hook.phase_event(OPTIMIZER_BEGIN)
+            self.hook.optimizer_step_begins(getattr(optimizer, "_optimizer", optimizer))  # (a LightningOptimizer's own)
 
     def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
         hook = self.hook
@@ -143,10 +171,14 @@ class StepscopeCallback(pl.Callback):
         if not hook.enabled or trainer.global_step == self._train_step:
             return  # an accumulation batch: the step goes on
         hook.finish_step_timing()
-        hook.phase_event(OPTIMIZER_END)  # saves optimizer state when due
+        if not self._manual:
+            hook.phase_event(OPTIMIZER_END)  # saves optimizer state when due (manual: at each optimizer's step)
         if hook.due:
-            hook.failsafe.call(self._save_loss, outputs)
+            if not hook.failsafe.call(self._save_loss, outputs) and self._manual:
+                hook.failsafe.call(self._save_manual_losses, trainer)
             hook.failsafe.call(self._save_metrics, trainer, self._eval_metrics)
+            if hook.is_due(CollectionName.METRICS):
+                hook.failsafe.call(hook.save_value, "trainer/global_step", float(trainer.global_step), (CollectionName.METRICS,))
         hook.end_step(raise_on_stop=False)
 
     # --- evaluation and prediction -----------------------------------------------------------
@@ -217,10 +249,28 @@ class StepscopeCallback(pl.Callback):
 
     # --- values -----------------------------------------------------------------------------
 
-    def _save_loss(self, outputs: Any) -> None:
+    def _save_loss(self, outputs: Any) -> bool:
+        """Save the loss `training_step` returned; False when it returned none."""
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if isinstance(loss, torch.Tensor) and loss.numel() == 1 and self.hook is not None:
             self.hook.save_value(_LOSS_NAME, loss, (CollectionName.LOSSES,))
+            return True
+        return False
+
+    def _save_manual_losses(self, trainer: pl.Trainer) -> None:
+        """Manual optimization with nothing returned: the losses the step logged, else the
+        ones it gave to `manual_backward`."""
+        assert self.hook is not None
+        logged = {
+            name: value for name, value in trainer.callback_metrics.items()
+            if "loss" in name.lower() and name not in self._eval_metrics and isinstance(value, torch.Tensor) and value.numel() == 1
+        }
+        for name, value in logged.items():
+            self.hook.save_value(name, value, (CollectionName.LOSSES,))
+        if not logged:
+            for i, loss in enumerate(self._backward_losses):
+                self.hook.save_value(f"loss_output_{i}", loss, (CollectionName.LOSSES,))
+        self._backward_losses = []
 
     def _save_metrics(self, trainer: pl.Trainer, skip: set[str], only: set[str] | None = None) -> None:
         assert self.hook is not None

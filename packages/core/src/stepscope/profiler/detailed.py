@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, Union
 
 from ..config import ProfilingWindow, active_window
+from ..deadline import Deadline
 from ..layout import FRAMEWORK_DIR
 from ..safety import WarnOnce
 from ..store import Store
@@ -84,8 +85,9 @@ class WindowCost:
 
 class Publisher:
     """One background thread that makes and writes a window's files (the training thread
-    only queues them), then the windows' cost file. Not a daemon: a process does not exit
-    with a trace half written; `close()` waits a bounded time."""
+    only queues them), then the windows' cost file. A daemon thread, as the hook's other
+    close-time work: `close()` waits for it within the hook's close deadline, and what is
+    not written by then is lost (said once) rather than holding the process."""
 
     def __init__(self, store: Store, name: str, rank: int):
         self.store = store
@@ -99,7 +101,7 @@ class Publisher:
 
     def submit(self, files: list[tuple[str, str]], payloads: list[Payload], cost: WindowCost) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name=f"stepscope-{self.name.replace(' ', '-')}-publish")
+            self._thread = threading.Thread(target=self._run, name=f"stepscope-{self.name.replace(' ', '-')}-publish", daemon=True)
             self._thread.start()
         self._queue.put((files, payloads, cost))
 
@@ -111,7 +113,7 @@ class Publisher:
         self._queue.put(None)
         thread.join(timeout)
         if thread.is_alive():
-            self._warn("slow", f"stepscope {self.name}: a window's trace is still being written after {timeout:.0f} s; it goes on in the background")
+            self._warn("deadline", f"stepscope {self.name}: a window's trace was not published before the close deadline ({timeout:.0f} s); it is lost if the process ends first")
             return False
         return True
 
@@ -243,14 +245,16 @@ class WindowScheduler:
         except Exception as exc:
             self._fail(exc)
 
-    def close(self) -> None:
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Stop a window still open and wait for the publisher (within `deadline`: the hook's
+        close deadline; the backend itself stops on this thread, as the framework needs)."""
         if self._running is not None:
             try:
                 self._stop()
             except Exception as exc:
                 self._fail(exc)
         self._enabled = False
-        self.publisher.wait()
+        self.publisher.wait(deadline.left() if deadline is not None else PUBLISH_WAIT_S)
 
     def _stop(self) -> None:
         index, self._running = self._running, None
@@ -365,9 +369,9 @@ class WindowedProfilers:
         for scheduler in reversed(self.schedulers):
             scheduler.step_ended(step)
 
-    def close(self) -> None:
+    def close(self, deadline: Deadline | None = None) -> None:
         for scheduler in reversed(self.schedulers):
-            scheduler.close()
+            scheduler.close(deadline)
 
     @property
     def published(self) -> list[str]:

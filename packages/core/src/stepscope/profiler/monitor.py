@@ -26,7 +26,7 @@ from typing import Any
 
 import psutil
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, StoreUnavailable
 from ..layout import SYSTEM_METRICS_DIR
 from ..safety import WarnOnce
 from ..store import Store, open_store
@@ -332,10 +332,16 @@ class _MinuteBuffer:
 
 class _Publisher:
     """Writes finished files on its own thread, so a slow store (an S3 PUT) never delays a
-    sample."""
+    sample. A store that is not answering (StoreUnavailable) is waited out with capped
+    back-off, the minute files held meanwhile (one per minute: small); stop() waits for
+    them only within its bound."""
+
+    RETRY_FIRST_S = 0.25
+    RETRY_MAX_S = 4.0
 
     def __init__(self, store: Store, stats: MonitorStats, warn: Callable[[str, str], None]):
         self._store, self._stats, self._warn = store, stats, warn
+        self._closing = threading.Event()
         self._queue: queue.Queue[tuple[str, bytes] | None] = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="stepscope-monitor-publish", daemon=True)
         self._thread.start()
@@ -352,6 +358,7 @@ class _Publisher:
     def close(self, timeout_s: float) -> None:
         self._queue.put(None)
         self._thread.join(timeout_s)
+        self._closing.set()  # a retry still waiting gives up: the monitor has stopped
 
     def _run(self) -> None:
         start = time.thread_time()
@@ -365,17 +372,34 @@ class _Publisher:
             self._stats.publishing_cpu_s = time.thread_time() - start
 
     def _publish(self, key: str, data: bytes) -> None:
-        try:
-            # A monitor stopped and started again within one minute finds its own earlier
-            # file: keep both parts rather than overwrite the first.
-            if self._store.exists(key):
-                previous = self._store.read(key)
-                data = previous + (b"" if previous.endswith(b"\n") or not previous else b"\n") + data
-            self._store.write(key, data)
-            self._stats.files_published += 1
-        except Exception as exc:
-            self._stats.publish_errors += 1
-            self._warn("publish", f"system monitor: could not publish {self._store.describe(key)} ({exc!r}); those samples are lost")
+        delay = self.RETRY_FIRST_S
+        while True:
+            try:
+                self._publish_once(key, data)
+                return
+            except StoreUnavailable as exc:
+                if self._closing.is_set():
+                    self._lost(key, exc)
+                    return
+                self._warn("unavailable", f"system monitor: the store is not answering ({exc}); samples are kept and sent when it answers")
+                self._closing.wait(delay)
+                delay = min(2 * delay, self.RETRY_MAX_S)
+            except Exception as exc:
+                self._lost(key, exc)
+                return
+
+    def _publish_once(self, key: str, data: bytes) -> None:
+        # A monitor stopped and started again within one minute finds its own earlier
+        # file: keep both parts rather than overwrite the first.
+        if self._store.exists(key):
+            previous = self._store.read(key)
+            data = previous + (b"" if previous.endswith(b"\n") or not previous else b"\n") + data
+        self._store.write(key, data)
+        self._stats.files_published += 1
+
+    def _lost(self, key: str, exc: Exception) -> None:
+        self._stats.publish_errors += 1
+        self._warn("publish", f"system monitor: could not publish {self._store.describe(key)} ({exc!r}); those samples are lost")
 
 
 # --- the monitor ------------------------------------------------------------------------

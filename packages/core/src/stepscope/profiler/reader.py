@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as _dt
 import json
 import logging
+import math
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -254,6 +255,9 @@ def create_profiler_trial(path: str | os.PathLike[str] | Store) -> ProfilerTrial
     return ProfilerTrial(path)
 
 
+_MAX_EPOCH_S = 1e11  # the year 5138: a later timestamp is not one
+
+
 def parse_system_metrics(data: bytes, node_id: str, where: str) -> pd.DataFrame:
     """One system-metrics file as a DataFrame. Unreadable lines (a truncated last line, say)
     are skipped with one warning naming the file and the first bad line."""
@@ -264,13 +268,13 @@ def parse_system_metrics(data: bytes, node_id: str, where: str) -> pd.DataFrame:
         # one by one only to find the bad ones.
         records = json.loads("[" + ",".join(line for _, line in numbered) + "]")
         numbers = [number for number, _ in numbered]
-    except ValueError:
+    except (ValueError, RecursionError):  # a bad line, or one nested too deeply
         records, numbers = [], []
         for number, line in numbered:
             try:
                 records.append(json.loads(line))
                 numbers.append(number)
-            except ValueError:
+            except (ValueError, RecursionError):
                 records.append(None)
                 numbers.append(number)
     columns: dict[str, list[Any]] = {name: [] for name in SYSTEM_COLUMNS}
@@ -280,7 +284,9 @@ def parse_system_metrics(data: bytes, node_id: str, where: str) -> pd.DataFrame:
             value, timestamp = float(record["Value"]), float(record["Timestamp"])
             type_, name, dimension = str(record["Type"]), str(record["Name"]), str(record["Dimension"])
             node = str(record.get("NodeId") or node_id)
-        except (TypeError, KeyError, ValueError):
+            if not (math.isfinite(value) and 0 <= timestamp < _MAX_EPOCH_S):  # NaN, 1e300
+                raise ValueError(f"value {value} or timestamp {timestamp} out of range")
+        except (TypeError, KeyError, ValueError, OverflowError):
             bad.append(number)
             continue
         columns["timestamp"].append(timestamp)

@@ -418,14 +418,14 @@ def parse_timeline(data: bytes, key: str, describe: str | None = None) -> Parsed
 def _load_trace_json(data: bytes, where: str) -> Any:
     try:
         return json.loads(data, parse_float=Decimal)
-    except (ValueError, UnicodeDecodeError) as exc:
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
         # smdebug wrote the array form and a job killed mid-write leaves it unterminated,
         # which Chrome's trace viewer accepts too.
         text = data.decode("utf-8", errors="replace").rstrip().rstrip(",")
         if text.startswith("["):
             try:
                 return json.loads(text + "]", parse_float=Decimal)
-            except ValueError:
+            except (ValueError, RecursionError):
                 pass
         raise CorruptRecord(where, getattr(exc, "pos", None), f"not a JSON trace ({exc})") from None
 

@@ -5,10 +5,14 @@ wrote) or from running the default rules now."""
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
+
+from ..exceptions import StepscopeError
+from ..job_files import read_json
+
+MAX_RULE_REPORT_BYTES = 64 << 20  # a report lists at most a few thousand firings
 
 logger = logging.getLogger("stepscope")
 
@@ -69,7 +73,7 @@ class Finding:
         evidence = tuple(
             Evidence(
                 str(e.get("where") or (f"step {e['step']}" if e.get("step") is not None else "the whole job")), str(e.get("message", "")),
-                e.get("step"), e.get("tensor"), e.get("value"), e.get("threshold"),
+                e["step"] if type(e.get("step")) is int else None, e.get("tensor"), e.get("value"), e.get("threshold"),
             )
             for e in items if isinstance(e, dict)
         )
@@ -78,15 +82,30 @@ class Finding:
             statistics = body["details"]
         explanation = body.get("explanation") or {}
         advice = tuple(explanation.get("advice") or body.get("advice") or ())
-        violations = int(body.get("violations") or 0)
+        violations = _count(body.get("violations") or 0, "violations")
         needed = body.get("evidence_needed")
         to_save = str(needed.get("to_save") or "") if isinstance(needed, dict) else ""
         return cls(
             rule=rule, kind=kind, status=status, violations=violations, parameters=dict(body.get("parameters") or {}),
             summary=_summary(body, status, violations, evidence, error), evidence=evidence,
-            fired_steps=tuple(int(s) for s in body.get("fired_steps") or ()), advice=advice,
+            fired_steps=tuple(_count(s, "fired_steps[]") for s in _list(body.get("fired_steps"))), advice=advice,
             definition=str(explanation.get("definition") or ""), statistics=dict(statistics or {}), to_save=to_save,
         )
+
+
+def _count(value: Any, what: str) -> int:
+    """A non-negative integer of a rule report, or ValueError (1.5, "many", 1e20, NaN)."""
+    if type(value) is not int or not 0 <= value < 1 << 62:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r:.60}")
+    return value
+
+
+def _list(value: Any) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"expected a list, got {type(value).__name__}")
+    return value
 
 
 def _summary(body: dict[str, Any], status: str, violations: int, evidence: tuple[Evidence, ...], error: Any) -> str:
@@ -118,8 +137,8 @@ def saved_findings(store: Any) -> list[Finding] | None:
     out = []
     for key in sorted(keys):
         try:
-            out.append(Finding.from_json(json.loads(store.read(key))))
-        except (ValueError, TypeError, AttributeError) as exc:
+            out.append(Finding.from_json(read_json(store, key, MAX_RULE_REPORT_BYTES, allow_nan=True)))
+        except (StepscopeError, OSError, ValueError, TypeError, AttributeError) as exc:
             logger.warning("stepscope report: skipping unreadable rule report %s: %s", store.describe(key), exc)
     return out
 

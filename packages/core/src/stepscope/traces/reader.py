@@ -117,6 +117,8 @@ def read_trace(
         return _Parser(where, chunk_bytes, progress).run(chunks)
     except zlib.error as exc:
         raise CorruptRecord(where, None, f"bad gzip data ({exc})") from None
+    except _Inflated as exc:
+        raise CorruptRecord(where, None, str(exc)) from None
     finally:
         chunks.close()
 
@@ -139,7 +141,7 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
         path = os.fspath(source)
         total = os.path.getsize(path)
         raw = _file_chunks(path, chunk_bytes)
-    done = 0
+    done = inflated = 0
     decompressor = None
     first = True
     for piece in raw:
@@ -154,6 +156,9 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
         # Decompress in bounded pieces so that a highly compressed chunk cannot blow up memory.
         data = decompressor.decompress(piece, chunk_bytes)
         while True:
+            inflated += len(data)
+            if inflated > MAX_INFLATED_MIN and inflated > MAX_INFLATION * done:
+                raise _Inflated(f"decompresses to more than {MAX_INFLATION} times its size (over {inflated >> 20} MiB from {done >> 10} KiB): refused as a decompression bomb")
             yield bytearray(data), done, total
             if not decompressor.unconsumed_tail:
                 break
@@ -167,6 +172,16 @@ def _byte_chunks(source: Any, store: Store | None, chunk_bytes: int, size: int |
         tail = decompressor.flush()
         if tail:
             yield bytearray(tail), done, total
+
+
+# Kineto's JSON compresses about 10:1 (8-11 in our traces); 100:1 past 64 MiB is not a
+# trace but a decompression bomb (2 MB of gzip holding 2 GiB of spaces).
+MAX_INFLATION = 100
+MAX_INFLATED_MIN = 64 << 20
+
+
+class _Inflated(ValueError):
+    pass
 
 
 class _prefetched:
@@ -344,6 +359,11 @@ class _Parser:
         cut (the carry and the piece's head) is copied."""
         piece_offset = self.offset + len(carry)
         first = _first_separator(piece)
+        if first is None and not piece.strip() and not carry.strip():
+            # Whitespace between events, a chunk of it: skipped at C speed, never carried
+            # (2 GiB of spaces must not go through the exact parser one character at a time).
+            self.offset += len(carry) + len(piece)
+            return bytearray()
         if first is None:  # no boundary in this piece: an event larger than a chunk
             carry += piece
             if len(carry) > 4 * self.chunk_bytes:
@@ -516,6 +536,10 @@ def _parse_chunk(text: bytearray, start: int, end: int, where: str, offset: int)
     return _columns(table)
 
 
+_SPACE_OR_COMMA = re.compile(r"[ \t\r\n,]*")
+_SPACE = re.compile(rb"[ \t\r\n]*")
+
+
 def _slow(text: bytearray, start: int, end: int, where: str, offset: int, final: bool) -> tuple[_Chunk, int]:
     """Exact parse of `text[start:end]`, one event at a time (json.raw_decode); returns the
     columns and the bytes used (all of them when `final`, else up to the last whole event)."""
@@ -525,8 +549,7 @@ def _slow(text: bytearray, start: int, end: int, where: str, offset: int, final:
     position, used = 0, 0
     length = len(decoded)
     while True:
-        while position < length and decoded[position] in " \t\r\n,":
-            position += 1
+        position = _SPACE_OR_COMMA.match(decoded, position).end()  # type: ignore[union-attr]
         if position >= length:
             used = len(decoded.encode())
             break
@@ -756,10 +779,8 @@ def _rename_string_ids(buffer: bytearray, start: int, end: int) -> list[tuple[in
 
 def _object_end(buffer: bytearray, start: int) -> int | None:
     """End (exclusive) of the JSON object starting at or after `start`, or None."""
-    position = start
     length = len(buffer)
-    while position < length and buffer[position] in b" \t\r\n":
-        position += 1
+    position = _SPACE.match(buffer, start).end()  # type: ignore[union-attr]
     if position >= length or buffer[position] != 123:
         return None
     depth, in_string, escaped = 0, False, False

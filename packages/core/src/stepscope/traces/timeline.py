@@ -20,9 +20,11 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
-from ..exceptions import ConfigError
+from ..exceptions import ConfigError, StepscopeError
+from ..job_files import read_json
 from ..layout import RULE_OUTPUT_DIR
 from ..outputs import atomic_output
+from ..report.findings import MAX_RULE_REPORT_BYTES
 from ..store import Store
 from .analysis import StepRange, TraceAnalysis
 from .schema import KIND_CODE, KINDS
@@ -258,8 +260,8 @@ def _firings(store: Store) -> Iterator[tuple[str, int | None, str, int | None]]:
         if not key.endswith(".json") or key.endswith("summary.json"):
             continue
         try:
-            report = json.loads(store.read(key))
-        except (ValueError, OSError):
+            report = read_json(store, key, MAX_RULE_REPORT_BYTES, allow_nan=True)
+        except (StepscopeError, OSError):
             continue
         if not isinstance(report, dict) or not report.get("fired"):
             continue
@@ -269,8 +271,11 @@ def _firings(store: Store) -> Iterator[tuple[str, int | None, str, int | None]]:
         for detail in details if isinstance(details, list) else []:
             if not isinstance(detail, dict):
                 continue
-            step = detail.get("step")
-            at = detail.get("timestamp_ns") or (int(detail["timestamp"] * 1e9) if isinstance(detail.get("timestamp"), (int, float)) else None)
+            step = detail.get("step") if type(detail.get("step")) is int else None
+            at = detail.get("timestamp_ns") if type(detail.get("timestamp_ns")) is int else None
+            stamp = detail.get("timestamp")
+            if at is None and isinstance(stamp, (int, float)) and 0 <= stamp < 1e11:  # seconds; not NaN, not 1e300
+                at = int(stamp * 1e9)
             seen.add(step)
             yield rule, step, str(detail.get("message", "")), at
         for step in report.get("fired_steps") or []:

@@ -129,7 +129,11 @@ def run_ui(args: argparse.Namespace) -> int:
             after.parse_args(args.rest, namespace=args)
         except SystemExit:
             raise ConfigError(f"bad arguments after the store: {' '.join(args.rest)}") from None
-    from .app import assets_built, create_app
+    from .bundle import missing_message
+
+    if (problem := missing_message()) is not None:  # refuse rather than serve a blank page
+        raise ConfigError(problem)
+    from .app import create_app
     from .jobs import JobStore
     from .server import ServerLimits, WebServer, check_port
     from .users import UserDB
@@ -152,8 +156,6 @@ def run_ui(args: argparse.Namespace) -> int:
               "`stepscope ui users reset-password admin`)", file=sys.stderr)
     if not _is_loopback(args.host) and not args.cert:
         print("stepscope ui: warning: serving plain HTTP beyond this machine; use --cert/--key or a TLS reverse proxy (docs/ui.md)", file=sys.stderr)
-    if not assets_built():
-        print("stepscope ui: warning: the app's scripts are not built (python scripts/build_ui.py)", file=sys.stderr)
     scheme = "https" if args.cert else "http"
     shown = f"[{args.host}]" if ":" in args.host else args.host
     print(f"stepscope ui: serving {args.store} on {scheme}://{shown}:{server.port}/", file=sys.stderr, flush=True)

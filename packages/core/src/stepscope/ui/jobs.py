@@ -6,7 +6,6 @@ from a request goes through `job_id()` before it touches a file, so no URL reach
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
@@ -29,6 +28,8 @@ _TRACE_FILE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb")
 
 def _is_marker(name: str) -> bool:
     return name in _JOB_MARKERS or name.endswith(_TRACE_FILE_SUFFIXES)
+
+
 MAX_DEPTH = 6
 RUNNING_WINDOW_S = 300.0
 SUMMARY_TTL_S = 10.0
@@ -78,6 +79,7 @@ class JobSummary:
     workers: int
     steps: int
     rules_fired: tuple[str, ...]
+    skipped: tuple[str, ...] = ()  # files the reader could not read and left out, each with why
 
     @property
     def duration(self) -> float | None:
@@ -87,6 +89,7 @@ class JobSummary:
         return {
             "id": self.id, "status": self.status, "start": self.start, "end": self.end, "duration": self.duration,
             "framework": self.framework, "workers": self.workers, "steps": self.steps, "rules_fired": list(self.rules_fired),
+            "skipped": list(self.skipped),
         }
 
 
@@ -256,13 +259,23 @@ class JobStore:
         return summary
 
 
-def rule_summary(store: Store) -> list[dict[str, Any]]:
-    """The rows `stepscope check` published in rule-output/summary.json (empty when none)."""
+def rule_summary(store: Store, problems: list[str] | None = None) -> list[dict[str, Any]]:
+    """The rows `stepscope check` published in rule-output/summary.json (empty when none;
+    when it cannot be read, `problems` gets a line naming it)."""
+    from ..job_files import load_json
+
+    key = f"{layout.RULE_OUTPUT_DIR}/summary.json"
     try:
-        data = json.loads(store.read(f"{layout.RULE_OUTPUT_DIR}/summary.json"))
-    except (FileNotFoundError, ValueError, StepscopeError, RecursionError):  # a hostile summary is no summary
+        data = load_json(store.read(key), key)
+    except FileNotFoundError:
+        return []
+    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:  # a hostile summary is no summary
+        if problems is not None:
+            problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {str(exc)[:200]}")
         return []
     rows = data.get("rules") if isinstance(data, dict) else None
+    if not isinstance(rows, list) and problems is not None:
+        problems.append(f"{key}: no list of rules")
     return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
 
 
@@ -292,4 +305,7 @@ def summarize(job: str, trial: Any) -> JobSummary:
         status = "stopped"
     fired = tuple(str(r.get("rule")) for r in rule_summary(trial.store) if r.get("fired"))
     steps = len(trial.steps()) or int((timeline["phase"] == "step").sum()) if len(timeline) else len(trial.steps())
-    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired)
+    # Named relative to the job: the viewer may see the job, not where it lies on the machine.
+    folder = trial.store.describe().rstrip("/") + "/"
+    skipped = tuple(p[len(folder):] if p.startswith(folder) else p for p in trial.problems[:20])
+    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired, skipped)

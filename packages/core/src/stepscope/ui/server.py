@@ -39,9 +39,12 @@ class ServerLimits:
         for name in ("threads", "connections", "header_bytes", "body_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"ServerLimits.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{_OPTION.get(name, name)} must be a positive integer, got {value!r}")
         if not isinstance(self.idle_timeout_s, (int, float)) or not 0.1 <= self.idle_timeout_s <= 3600:
-            raise ConfigError(f"ServerLimits.idle_timeout_s must be within [0.1, 3600] seconds, got {self.idle_timeout_s!r}")
+            raise ConfigError(f"--idle-timeout (idle_timeout_s) must be within [0.1, 3600] seconds, got {self.idle_timeout_s!r}")
+
+
+_OPTION = {"threads": "--threads", "connections": "--connections"}  # the CLI's names, for its users
 
 
 def check_port(port: Any) -> int:
@@ -134,7 +137,21 @@ def _server_class() -> Any:
     from waitress.channel import HTTPChannel
     from waitress.server import TcpWSGIServer
 
-    class _TLSChannel(HTTPChannel):
+    class _Channel(HTTPChannel):
+        """Notes when the request being received began: waitress's idle timeout counts from
+        the last byte, so a client trickling one byte at a time would never reach it."""
+
+        partial_since: float | None = None
+
+        def received(self, data: bytes) -> bool:
+            if self.request is None and self.partial_since is None:
+                self.partial_since = time.time()
+            result = bool(super().received(data))
+            if self.request is None:  # nothing half-received left: the request is whole
+                self.partial_since = None
+            return result
+
+    class _TLSChannel(_Channel):
         """A channel over an SSLSocket in non-blocking mode: the handshake and every read
         advance only as far as the bytes at hand; 'want read/write' means 'later'."""
 
@@ -176,8 +193,7 @@ def _server_class() -> Any:
     class _Server(TcpWSGIServer):
         def __init__(self, app: Any, *, map: dict[Any, Any], adj: Any, tls: ssl.SSLContext | None):
             self.tls = tls
-            if tls is not None:
-                self.channel_class = _TLSChannel
+            self.channel_class = _TLSChannel if tls is not None else _Channel
             super().__init__(app, map=map, adj=adj)
 
         def accept(self) -> Any:
@@ -191,6 +207,15 @@ def _server_class() -> Any:
             except (OSError, ValueError):
                 conn.close()
                 return None
+
+        def maintenance(self, now: float) -> None:
+            super().maintenance(now)
+            # A request must arrive whole within the idle timeout of its first byte.
+            cutoff = now - self.adj.channel_timeout
+            for channel in list(self.active_channels.values()):
+                since = getattr(channel, "partial_since", None)
+                if since is not None and since < cutoff and not channel.requests:
+                    channel.will_close = True
 
         def readable(self) -> bool:
             # At the limit, close the longest-idle connections (no request in progress)

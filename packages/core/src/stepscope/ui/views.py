@@ -8,7 +8,6 @@ cheap listing, and a running job is recomputed only when something new has lande
 
 from __future__ import annotations
 
-import json
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -245,16 +244,17 @@ def _rules_status(trial: Any) -> dict[str, Any]:
     from ..rules import default_profiler_rules, run_rules
 
     rows: dict[str, dict[str, Any]] = {}
-    for row in rule_summary(trial.store):
+    problems: list[str] = []  # reports that could not be read, each named: the rest still show
+    for row in rule_summary(trial.store, problems):
         name = str(row.get("rule"))
         # The file name `check` gave this rule's report (layout.rule_output_key escapes it).
-        report = _read_json(trial.store, layout.rule_output_key(name)) or {}
+        report = _read_json(trial.store, layout.rule_output_key(name), problems) or {}
         rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary", "to_save")}}, "stepscope check")
     live_rules = [rule for rule in default_profiler_rules(trial) if rule.name not in rows and rule.name != "OverallSystemUsage"]
     for live in run_rules(live_rules) if live_rules else []:
         rows[live.rule] = _rule_row(live.to_json(), "live")
     ordered = sorted(rows.values(), key=lambda r: (not r["fired"], r["rule"]))
-    return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]]}
+    return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]], "problems": problems}
 
 
 def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
@@ -286,12 +286,30 @@ def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, (list, tuple)) else []
 
 
-def _read_json(store: Any, key: str) -> dict[str, Any] | None:
+def _read_json(store: Any, key: str, problems: list[str] | None = None) -> dict[str, Any] | None:
+    """The JSON object at `key`; None when absent or unreadable (a hostile report is no
+    report), and then `problems` gets one line naming the file and what was wrong."""
+    from ..job_files import load_json
+
     try:
-        data = json.loads(store.read(key))
-    except (FileNotFoundError, ValueError, StepscopeError, RecursionError):  # a hostile report is no report
+        data = load_json(store.read(key), key)
+    except FileNotFoundError:
         return None
-    return data if isinstance(data, dict) else None
+    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:
+        if problems is not None:
+            problems.append(_problem(key, exc))
+        return None
+    if not isinstance(data, dict):
+        if problems is not None:
+            problems.append(f"{key}: not a JSON object")
+        return None
+    return data
+
+
+def _problem(key: str, exc: BaseException) -> str:
+    """One line naming the job's file and its fault, without a path of the machine."""
+    text = str(exc)
+    return text if text.startswith(key) else f"{key}: {text[:200]}"
 
 
 def _trim(value: Any, depth: int = 0) -> Any:

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 import logging
 
+from ...exceptions import StepscopeError
+from ...job_files import MAX_COLLECTIONS_BYTES, read_json
 from ...layout import COLLECTIONS_DIR
 from ...modes import ModeKeys
 from ...profiler import STEP_PHASES
@@ -101,9 +103,12 @@ def _writer_version(ctx: ReportContext) -> str | None:
     store = ctx.trial.store
     for key in store.list(COLLECTIONS_DIR + "/"):
         try:
-            return json.loads(store.read(key)).get("_meta", {}).get("writer")
-        except (ValueError, OSError):
+            body = read_json(store, key, MAX_COLLECTIONS_BYTES)
+        except (StepscopeError, OSError):
             continue
+        meta = body.get("_meta") if isinstance(body, dict) else None
+        writer = meta.get("writer") if isinstance(meta, dict) else None
+        return writer if isinstance(writer, str) else None
     return None
 
 
