@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterator
 from typing import IO, Any
 
-from .exceptions import OutputError
+from .exceptions import OutputError, StepscopeError
 
 _counter = itertools.count()
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -73,7 +73,7 @@ def atomic_output(path: str | os.PathLike[str], text: bool = False, encoding: st
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+        if isinstance(exc, OSError) and not isinstance(exc, StepscopeError):  # not a reading error
             raise OutputError(f"cannot write {path}: {exc.strerror or exc}; the earlier file (if any) is unchanged") from exc
         raise
 

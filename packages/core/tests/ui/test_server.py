@@ -104,6 +104,43 @@ def _closed_by_server(sock: socket.socket, wait: float) -> bool:
         return True
 
 
+_SERVE_UNDER_128_DESCRIPTORS = """
+import resource, sys, tempfile
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from stepscope.ui.app import create_app
+from stepscope.ui.server import WebServer
+from stepscope.ui.users import UserDB
+folder = tempfile.mkdtemp()
+server = WebServer(create_app(folder, UserDB(folder + "/u.db", argon2_memory_kib=256, argon2_time_cost=1)), "127.0.0.1", 0)
+print(server.port, server.connection_limit, flush=True)
+server.run()
+"""
+
+
+def test_140_idle_sockets_against_a_128_descriptor_limit():
+    """The issue's case: a server process limited to 128 descriptors, 140 idle clients."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_UNDER_128_DESCRIPTORS], stdout=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    held: list[socket.socket] = []
+    try:
+        port, limit = (int(v) for v in proc.stdout.readline().split())
+        assert limit == 128 - 32  # kept below the descriptor limit, so accept() never fails for want of one
+        held = _silent_sockets(port, 140)
+        started = time.monotonic()
+        assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        assert time.monotonic() - started < 5 and proc.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+
+
 def test_idle_connections_time_out(app):
     server = LiveServer(app, limits=ServerLimits(idle_timeout_s=0.5))
     try:

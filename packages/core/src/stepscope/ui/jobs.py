@@ -28,6 +28,8 @@ _TRACE_FILE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb")
 
 def _is_marker(name: str) -> bool:
     return name in _JOB_MARKERS or name.endswith(_TRACE_FILE_SUFFIXES)
+
+
 MAX_DEPTH = 6
 RUNNING_WINDOW_S = 300.0
 SUMMARY_TTL_S = 10.0
