@@ -270,7 +270,7 @@ class HookBase:
         self._unsupported: dict[str, str] = {}  # tensor name -> why it is not saved (_drop_unsupported)
         self._module_classes: dict[str, str] = {}
         self._scopes: dict[str, Scope] = {}
-        self._saved = SavedEvidence(self._included_collection_names("losses"))
+        self._saved = SavedEvidence(self._included_collection_names("losses"), self._included_collection_names("gradients"))
         # What every step reads and changes: the open step, the step numbers, the timeline's
         # clock and log, the stop counters (step_counters.py; a plugin may compile it).
         counters = self._counters = self._make_counters()
