@@ -105,17 +105,25 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+def _judged(r: dict) -> str:
+    """How many of the rules that ran could judge (fired or ok), of all that ran."""
+    statuses = r.get("statuses", {})
+    return f"{sum(1 for s in statuses.values() if s in ('ok', 'fired'))}/{len(statuses)}"
+
+
 def _cell(r: dict) -> str:
     if r.get("error"):
         return "ERROR"
     fired = ", ".join(f"{rule} (defect)" if rule in r.get("defect_found", ()) else rule for rule in r["fired"]) or "-"
-    return fired if r["ok"] else f"{fired} (WRONG)" if r["fault"] is None else f"{fired} (MISSED)"
+    verdict = fired if r["ok"] else f"{fired} (WRONG)" if r["fault"] is None else f"{fired} (MISSED)"
+    return f"{verdict} [{_judged(r)}]"
 
 
 def markdown(results: list[dict], scores: dict, command: str) -> str:
     """The tables docs/rules.md publishes."""
     lines = [f"`{command}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}:", ""]
-    lines += ["| program | run | one-liner defaults | quick-start config |", "|---|---|---|---|"]
+    lines += ["Each cell: the rules that fired, then [rules that could judge / rules that ran].", "",
+              "| program | run | one-liner defaults | quick-start config |", "|---|---|---|---|"]
     by_key = {(r["program"], r["fault"], r["config"]): r for r in results}
     for program in dict.fromkeys(r["program"] for r in results):
         for fault in dict.fromkeys(r["fault"] for r in results if r["program"] == program):
@@ -132,10 +140,10 @@ def markdown(results: list[dict], scores: dict, command: str) -> str:
 
 def print_report(results: list[dict], scores: dict) -> None:
     width = max(len(r["run"]) for r in results)
-    print(f"\n{'RUN':<{width}}  {'RESULT':<7} RULES THAT FIRED")
+    print(f"\n{'RUN':<{width}}  {'RESULT':<7} {'JUDGED':>6} RULES THAT FIRED")
     for r in results:
         result = "ERROR" if r.get("error") else "ok" if r["ok"] else "WRONG" if r["fault"] is None else "MISSED"
-        print(f"{r['run']:<{width}}  {result:<7} {r.get('error') or ', '.join(r['fired']) or '-'}")
+        print(f"{r['run']:<{width}}  {result:<7} {_judged(r):>6} {r.get('error') or ', '.join(r['fired']) or '-'}")
         for rule, summary in r.get("evidence", {}).items():
             if r["fault"] is None or rule not in r["right"]:
                 print(f"{'':<{width}}          {rule}: {summary[:220]}")
