@@ -74,10 +74,18 @@ def build() -> None:
     lock_digest = _sha256(UI_SRC / "package-lock.json")
     stamp = UI_SRC / "node_modules" / ".stepscope-lock.sha256"
     if not stamp.is_file() or stamp.read_text().strip() != lock_digest:
-        subprocess.run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], cwd=UI_SRC, check=True)
+        _run([npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"], "installs esbuild and uPlot from the npm registry, which must be reachable")
         stamp.write_text(lock_digest + "\n")
     (STATIC / bundle.RECORD).unlink(missing_ok=True)  # no record of a half-built bundle
-    subprocess.run([npm, "run", "--silent", "build"], cwd=UI_SRC, check=True)
+    _run([npm, "run", "--silent", "build"], "bundles ui-src with esbuild")
+
+
+def _run(command: list[str], what: str) -> None:
+    try:
+        subprocess.run(command, cwd=UI_SRC, check=True)
+    except subprocess.CalledProcessError as exc:
+        raise SystemExit(f"stepscope: building the web app's bundle failed: `{' '.join(command[1:])}` in {UI_SRC} "
+                         f"(it {what}) exited {exc.returncode}; its output is above") from None
     record = {"sources_sha256": bundle.sources_digest(UI_SRC), "files": {name: _sha256(STATIC / name) for name in bundle.FILES}}
     (STATIC / bundle.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 

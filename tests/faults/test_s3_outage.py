@@ -293,3 +293,25 @@ def test_the_system_monitor_keeps_its_samples_through_an_outage(s3_url, fast_s3)
     assert stats.publish_errors == 0
     lines = [line for key in store.list("profiler-output/system/") for line in store.read(key).decode().splitlines()]
     assert len({json.loads(line)["Timestamp"] for line in lines}) == stats.samples
+
+
+@pytest.mark.timeout(60)
+def test_a_profiler_window_open_at_close_publishes_within_the_deadline(s3_url, fast_s3):
+    from stepscope.config import ProfilingWindow
+    from stepscope.deadline import Deadline
+    from stepscope.profiler.detailed import PythonProfileBackend, WindowScheduler
+
+    scheduler = WindowScheduler((ProfilingWindow(start_step=0, num_steps=100),), PythonProfileBackend(), S3Store(s3_url), name="cProfile")
+    scheduler.step_started(0)
+    sum(range(10_000))  # something to profile
+    scheduler.step_ended(0)
+    assert scheduler.running
+    fast_s3.outage = "stall"
+    started = time.monotonic()
+    scheduler.close(Deadline(1.0))
+    assert time.monotonic() - started < 1.5 and scheduler.published == []
+    fast_s3.outage = None
+    again = WindowScheduler((ProfilingWindow(start_step=0, num_steps=100),), PythonProfileBackend(), S3Store(s3_url), name="cProfile")
+    again.step_started(0)
+    again.close(Deadline(30.0))
+    assert len(again.published) == 1 and S3Store(s3_url).exists(again.published[0])

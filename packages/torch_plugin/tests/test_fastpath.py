@@ -158,7 +158,8 @@ def test_compiled_and_python_paths_write_the_same_job(tmp_path, mlp, batches, wi
     assert jobs[True]["phases"] == jobs[False]["phases"]
     # Every step of every mode is on the timeline, in whole.
     assert {step for _, step, phase in jobs[True]["phases"] if phase.endswith("step")} == set(range(fast["global_step"] + 1))
-    assert jobs[True]["status"] == jobs[False]["status"] == {}
+    # No failure; a job this short is only told it saved too little for the loss rules.
+    assert jobs[True]["status"] == jobs[False]["status"] and {s["state"] for s in jobs[True]["status"].values()} <= {"too little data"}
 
 
 @pytest.mark.parametrize("compiled", [pytest.param(True, marks=needs_compiled), False], ids=["compiled", "python"])
@@ -217,7 +218,8 @@ def test_hook_model_and_optimizer_are_freed_after_close(tmp_path, mlp, batches, 
 def test_the_compiled_counters_are_the_state_python_reads(tmp_path, mlp, batches):
     # Python and C share one state: what the compiled path counts, the hook's methods and
     # the idle step read, and what Python sets, the compiled path obeys.
-    hook = make_hook(tmp_path / "job", True, profiler_config=TIMELINE_ONLY)
+    # smdebug's every-500-steps schedule: step 5 is idle (by default losses are due every step).
+    hook = make_hook(tmp_path / "job", True, profiler_config=TIMELINE_ONLY, save_config=SaveConfig())
     counters = hook._counters
     model = mlp()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05)

@@ -14,6 +14,10 @@ from .modes import ALL_MODES, ModeKeys
 
 DEFAULT_SAVE_INTERVAL = 500
 
+# The schedule of a hook given no save_config (see `default_save_config`): every step at
+# first, then every 10 steps, then every 100, then every DEFAULT_SAVE_INTERVAL.
+DENSE_START_STEPS = (*range(0, 10), *range(10, 100, 10), *range(100, 1000, 100))
+
 # Reductions a user can ask for; norms are kept apart as smdebug did ("l1", "l2").
 REDUCTIONS = ("min", "max", "mean", "std", "variance", "sum", "prod")
 NORMS = ("l1", "l2")
@@ -151,6 +155,21 @@ class SaveConfig:
         if len(modes) == 1:
             return f"SaveConfig({next(iter(modes))})"
         return f"SaveConfig({ {m.name: c for m, c in self._modes.items()} })"
+
+
+def default_save_config() -> SaveConfig:
+    """What a hook saves when it is given no save_config: tensors at steps 0-9, then every
+    10 steps to 100, every 100 to 1,000, then every 500 (smdebug's interval) for good:
+    28 saved steps in the first 1,000 and one per 500 after, so short and long jobs alike
+    give the rules several points. Written in the collections file as smdebug's fields
+    (save_steps plus save_interval 500), so it reads back with the same meaning. A
+    SaveConfig given explicitly, or by an smdebug JSON configuration, keeps its own."""
+    return SaveConfig(save_interval=DEFAULT_SAVE_INTERVAL, save_steps=DENSE_START_STEPS)
+
+
+# Losses and metrics are scalars: a hook given no save_config saves them every step, which
+# the loss rules need to judge trends (see docs/rules.md).
+SCALARS_SAVE_CONFIG = SaveConfig(save_interval=1)
 
 
 def _name_tuple(field_name: str, value: Any, allowed: tuple[str, ...]) -> tuple[str, ...]:

@@ -44,15 +44,18 @@ from . import annotation, layout, reductions
 from .collection_manager import CollectionManager
 from .config import (
     ALWAYS_SAVED_COLLECTIONS,
+    SCALARS_SAVE_CONFIG,
     TRAIN_ONLY_COLLECTIONS,
     Collection,
     CollectionName,
     ProfilerConfig,
     ReductionConfig,
     SaveConfig,
+    default_save_config,
 )
 from .control import StopPoller
 from .deadline import CLOSE_TIMEOUT_ENV, Deadline, close_timeout_from_env, exit_deadline, finish_within, start_within
+from .evidence import TOO_LITTLE_DATA, SavedEvidence
 from .exceptions import ConfigError, StepscopeError, UnsupportedValue
 from .hook_options import HookOptions, name_tuple
 from .hook_outputs import HookOutputs, instrument
@@ -247,7 +250,8 @@ class HookBase:
         # The profiler side fails on its own: losing the timeline must not stop tensor saving.
         self.profiler_failsafe = FailSafe(f"{self.framework} profiler")
         opts = self.options
-        self.save_config: SaveConfig = opts.save_config or SaveConfig()
+        # No save_config: the dense-then-sparse default, losses and metrics every step.
+        self.save_config: SaveConfig = opts.save_config or default_save_config()
         self.reduction_config: ReductionConfig = opts.reduction_config or ReductionConfig()
         self.profiler_config: ProfilerConfig = opts.profiler_config or ProfilerConfig()
         detected = (0, 1, 0) if validate_only else self._detect_rank()
@@ -266,6 +270,7 @@ class HookBase:
         self._unsupported: dict[str, str] = {}  # tensor name -> why it is not saved (_drop_unsupported)
         self._module_classes: dict[str, str] = {}
         self._scopes: dict[str, Scope] = {}
+        self._saved = SavedEvidence(self._included_collection_names("losses"))
         # What every step reads and changes: the open step, the step numbers, the timeline's
         # clock and log, the stop counters (step_counters.py; a plugin may compile it).
         counters = self._counters = self._make_counters()
@@ -422,7 +427,12 @@ class HookBase:
                 f"include_collections: unknown collection(s) {unknown}; known: {', '.join(self.collections.names())}"
                 " (define others with collections=[Collection(...)])"
             )
-        return tuple(self.collections.get(n).with_defaults(self.save_config, self.reduction_config) for n in dict.fromkeys(names))
+        return tuple(
+            self.collections.get(n).with_defaults(
+                SCALARS_SAVE_CONFIG if opts.save_config is None and n in ALWAYS_SAVED_COLLECTIONS else self.save_config, self.reduction_config,
+            )
+            for n in dict.fromkeys(names)
+        )
 
     # --- state --------------------------------------------------------------------------
 
@@ -763,6 +773,7 @@ class HookBase:
             self.finish_step_timing()
         c.step = None
         if (step.tensors or step.shapes) and self.writer is not None:
+            self._saved.note(step.mode, step.tensors)
             self.writer.write_step(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes)
             if self.writer.failed:
                 self.failsafe.enabled = False
@@ -1160,9 +1171,11 @@ class HookBase:
                 except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
                     logger.warning("stepscope: could not release this run's claim: %s", exc)
             if counters.detailed is not None:
-                self.profiler_failsafe.call(counters.detailed.close)
+                self.profiler_failsafe.call(counters.detailed.close, deadline)
             if annotation._sink == self._annotation_span:
                 annotation.set_sink(None)
+            if self.writer is not None and self.rank == 0:
+                self.failsafe.call(self._say_if_too_little_saved)
             if self.outputs is not None:
                 outputs, store, writer, step = self.outputs, self.store, self.writer, int(counters.global_step)
                 # After the end marker: the report reads the whole job.
@@ -1182,6 +1195,23 @@ class HookBase:
             at_exit = getattr(self, "_at_exit", None)
             if at_exit is not None:
                 atexit.unregister(at_exit)
+
+    def _included_collection_names(self, name: str) -> set[str]:
+        """The (growing) set of tensor names of included collection `name` ({} if not included)."""
+        for c in self.included:
+            if c.name == name:
+                return c.tensor_names
+        return set()
+
+    def _say_if_too_little_saved(self) -> None:
+        """One line, and the worker's status file, when the job saved less than the default
+        rules need to judge it (stepscope.evidence)."""
+        shortfall = self._saved.shortfall(gradients="gradients" in self._included_names)
+        if shortfall is None or self.store is None:
+            return
+        logger.warning("stepscope: %s", shortfall)
+        # Its own status file: the worker's (a failure, if any) must stay as it is.
+        write_status(self.store, f"{self.worker}_evidence", {"state": TOO_LITTLE_DATA, "message": shortfall, **self._saved.to_json()})
 
     def __enter__(self) -> HookBase:
         return self

@@ -23,7 +23,7 @@ WHOLE_JOB = "job"  # the one scope of a job that declared none
 
 # A tensor saved for parameter P: P itself, its gradient, and their reductions.
 _REDUCTION_PREFIX = re.compile(r"^smdebug/reductions/(?:abs_)?[a-z0-9_]+/")
-_GRADIENT_PREFIX = "gradient/"
+_GRADIENT_PREFIXES = ("gradient/", "gradients/")  # torch's, TensorFlow's
 
 
 @dataclass(frozen=True)
@@ -96,9 +96,13 @@ def parse_scopes(raw: Any, where: str) -> list[Scope]:
 
 
 def parameter_of(tensor_name: str) -> str:
-    """The parameter a saved tensor is about: `gradient/P` -> P, reductions stripped."""
+    """The parameter a saved tensor is about: `gradient/P` (torch) or `gradients/P`
+    (TensorFlow) -> P, reductions stripped."""
     name = _REDUCTION_PREFIX.sub("", tensor_name, count=1)
-    return name[len(_GRADIENT_PREFIX):] if name.startswith(_GRADIENT_PREFIX) else name
+    for prefix in _GRADIENT_PREFIXES:
+        if name.startswith(prefix):
+            return name[len(prefix) :]
+    return name
 
 
 class ScopeMap:

@@ -672,6 +672,8 @@ class Trial:
     def scopes(self) -> list[Scope]:
         """The networks and optimizers the hook declared (`HookBase.declare_scope`); empty
         for a job that declared none (it is then judged as one scope, the whole job)."""
+        if self._collections is None:  # a job without steps yet: its collections were not looked for
+            self._load_collections()
         self._read_collections()
         return list(self._collections.scopes.values()) if self._collections else []
 
@@ -729,7 +731,9 @@ class Trial:
         return {
             worker: f"{body.get('component', '?')}: {body.get('error', '?')}"
             for worker, body in cls.status_in(store).items()
-            if body.get("state") not in ("ok", "degraded")  # degraded: some tensors skipped, the hook runs on
+            # degraded: some tensors skipped, the hook runs on; too little data: saved fewer
+            # steps than the default rules need (stepscope.evidence), nothing failed.
+            if body.get("state") not in ("ok", "degraded", "too little data")
         }
 
     def tensor_names(self, regex: str | Iterable[str] | None = None, collection: str | Collection | None = None, step: int | None = None, mode: ModeKeys | str | None = None) -> list[str]:

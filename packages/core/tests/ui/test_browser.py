@@ -297,24 +297,28 @@ def test_admin_manages_users_from_the_app(served):
     assert "carol" not in [u.name for u in db.users()]
 
 
-def test_a_hostile_job_is_listed_unreadable_and_the_others_still_read(served):
-    """A job whose metrics file is a 100,000-deep JSON line: the list shows it `unreadable`
-    with the reason on hover, and the good job's row and page are unaffected."""
+def test_a_hostile_job_is_listed_with_what_was_skipped_and_the_others_still_read(served, tmp_path):
+    """A job with one index file that is not JSON: the list shows the file the reader left
+    out (on hover), and the good job's row and page are unaffected."""
+    import shutil
+
+    from stepscope.testing import hostile_jobs
     from stepscope.testing.app_probe import HOSTILE_FILES, write_job
 
     server, driver, root = served
-    HOSTILE_FILES["metrics_deep_line"](write_job(root / "team-a" / "broken"))
+    made = hostile_jobs.build("index_not_json", tmp_path / "case")
+    shutil.move(str(made.job), str(root / "team-a" / "broken"))
     driver.get(server.url + "/")
     if driver.current_url.endswith("/login"):
         driver.find_element("id", "username").send_keys("alice")
         driver.find_element("id", "password").send_keys(PASSWORD)
         driver.find_element("id", "login").click()
     broken = wait_for(lambda: driver.find_elements("css selector", '#jobs-table tbody tr[data-job="team-a/broken"]'), what="the broken job's row")[0]
-    status = broken.find_element("css selector", "span.status")
-    assert status.text == "unreadable" and "could not be read" in status.get_attribute("title")
+    skipped = broken.find_element("css selector", "span.skipped")
+    assert skipped.text.strip() == "1 file(s) skipped" and skipped.get_attribute("title").startswith("index/")
     good = driver.find_element("css selector", '#jobs-table tbody tr[data-job="team-a/mlp-lr0"]')
     assert "finished" in good.text
-    screenshot(driver, "11-unreadable-job")
+    screenshot(driver, "11-skipped-file")
     # A job whose one rule report is a 100,000-deep JSON: its page names that file and
     # still shows the rules that could run.
     HOSTILE_FILES["rule_output_deeply_nested"](write_job(root / "team-a" / "bad-report"))

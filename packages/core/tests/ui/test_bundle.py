@@ -98,3 +98,15 @@ def test_state_sees_an_edited_bundle(tmp_path, monkeypatch):
     assert builder.state() == "stale: app.js changed since it was built"
     (static / "app.js").unlink()
     assert builder.state() == "missing: app.js"
+
+
+@pytest.mark.skipif(not IN_CHECKOUT, reason="the build hook is only in a checkout")
+def test_a_build_without_npm_says_what_to_install(tmp_path, monkeypatch):
+    builder = _builder()
+    monkeypatch.setattr(builder, "STATIC", tmp_path)  # no bundle there
+    monkeypatch.setenv("PATH", str(tmp_path / "no-npm-here"))
+    monkeypatch.delenv(builder.SKIP_ENV, raising=False)
+    with pytest.raises(SystemExit, match=r"needs npm.*apt-get install npm.*STEPSCOPE_SKIP_UI_BUILD=1"):
+        builder.ensure()
+    monkeypatch.setenv(builder.SKIP_ENV, "1")
+    assert builder.ensure() == "skipped (STEPSCOPE_SKIP_UI_BUILD): missing: app.js, app.css"

@@ -164,6 +164,24 @@ def test_jobs_list_answers_with_hostile_jobs_and_names_them(probe_store, probe_c
     json.loads(resp.get_data(as_text=True), parse_constant=lambda c: pytest.fail(f"{c} in the answer"))
 
 
+def test_a_job_whose_summary_fails_is_shown_unreadable_and_the_others_read(app, monkeypatch):
+    """Isolation, whatever the fault: a reader raising on one job (simulated here: the real
+    hostile files are all skipped by the readers now) leaves the list answering."""
+    real = JobStore.summary
+
+    def summary(self, job):
+        if job == "team-a/run-2":
+            raise RecursionError("maximum recursion depth exceeded while decoding a JSON array")
+        return real(self, job)
+
+    monkeypatch.setattr(JobStore, "summary", summary)
+    client = app.test_client()
+    login(client, "alice")
+    rows = {r["id"]: r for r in client.get("/api/jobs").get_json()["jobs"]}
+    assert rows["team-a/run-2"]["status"] == "unreadable" and rows["team-a/run-2"]["error"] == "the job's data could not be read (nested too deeply)"
+    assert rows["team-a/run-1"]["status"] == "finished" and rows["team-a/run-1"]["steps"] == 40
+
+
 def test_rule_report_is_read_under_the_name_check_gives_it(tmp_path, user_db):
     """`check` saves a rule's report as layout.rule_output_key(name) (unsafe characters
     escaped); the app reads it back under the same name."""
@@ -196,6 +214,23 @@ def test_an_unreadable_rule_report_is_named_and_the_rest_still_show(probe_store,
     assert [p for p in answer["problems"] if p.startswith(named)], answer["problems"]
     assert answer["rules"]  # the live whole-job rules still ran on the rest of the job
     assert all("/tmp" not in p for p in answer["problems"])
+
+
+def test_files_the_reader_skipped_are_named_relative_to_the_job(tmp_path, user_db):
+    import shutil
+
+    from stepscope.testing import hostile_jobs
+
+    root = tmp_path / "store"
+    made = hostile_jobs.build("index_not_json", tmp_path / "case")
+    (root / "team-a").mkdir(parents=True)
+    shutil.move(str(made.job), str(root / "team-a" / "broken-index"))
+    client = create_app(JobStore(str(root)), user_db).test_client()
+    login(client, "alice")
+    [row] = client.get("/api/jobs").get_json()["jobs"]
+    assert row["status"] != "unreadable" and row["steps"] == hostile_jobs.STEPS - 1  # the rest of the job reads
+    assert len(row["skipped"]) == 1 and row["skipped"][0].startswith("index/") and "not valid JSON" in row["skipped"][0]
+    assert str(tmp_path) not in json.dumps(row)
 
 
 def test_time_arguments_out_of_range_are_400(app):

@@ -104,6 +104,43 @@ def _closed_by_server(sock: socket.socket, wait: float) -> bool:
         return True
 
 
+_SERVE_UNDER_128_DESCRIPTORS = """
+import resource, sys, tempfile
+resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+from stepscope.ui.app import create_app
+from stepscope.ui.server import WebServer
+from stepscope.ui.users import UserDB
+folder = tempfile.mkdtemp()
+server = WebServer(create_app(folder, UserDB(folder + "/u.db", argon2_memory_kib=256, argon2_time_cost=1)), "127.0.0.1", 0)
+print(server.port, server.connection_limit, flush=True)
+server.run()
+"""
+
+
+def test_140_idle_sockets_against_a_128_descriptor_limit():
+    """The issue's case: a server process limited to 128 descriptors, 140 idle clients."""
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-c", _SERVE_UNDER_128_DESCRIPTORS], stdout=subprocess.PIPE, text=True,
+                            env=os.environ | {"PYTHONPATH": os.pathsep.join(sys.path)})
+    held: list[socket.socket] = []
+    try:
+        port, limit = (int(v) for v in proc.stdout.readline().split())
+        assert limit == 128 - 32  # kept below the descriptor limit, so accept() never fails for want of one
+        held = _silent_sockets(port, 140)
+        started = time.monotonic()
+        assert _get(f"http://127.0.0.1:{port}/healthz")[0] == 200
+        assert time.monotonic() - started < 5 and proc.poll() is None
+    finally:
+        for sock in held:
+            sock.close()
+        proc.kill()
+        proc.wait(10)
+        proc.stdout.close()
+
+
 def test_idle_connections_time_out(app):
     server = LiveServer(app, limits=ServerLimits(idle_timeout_s=0.5))
     try:
@@ -315,6 +352,15 @@ def test_no_hashing_slot_answers_503_and_costs_no_attempt(store_root, tmp_path):
 def test_port_out_of_range_is_an_error(port):
     with pytest.raises(ConfigError, match="--port"):
         check_port(port)
+
+
+@pytest.mark.parametrize(("option", "value"), [("--threads", "0"), ("--connections", "-5"), ("--idle-timeout", "nan")])
+def test_cli_names_the_bad_server_option(store_root, tmp_path, capsys, option, value):
+    from stepscope.cli import main
+
+    assert main(["ui", str(store_root), "--port", "0", "--db", str(tmp_path / "u.db"), option, value]) != 0
+    assert option in capsys.readouterr().err
+    assert not UserDB(tmp_path / "u.db").has_admin()
 
 
 def test_cli_refuses_a_bad_port_and_a_missing_store_before_creating_the_admin(tmp_path, store_root, capsys):

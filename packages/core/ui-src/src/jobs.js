@@ -24,7 +24,9 @@ export function jobsView(root) {
       }, label, state.sort.replace('-', '') === key ? (state.sort.startsWith('-') ? ' ▼' : ' ▲') : '')))),
       el('tbody', {}, jobs.map((job) => el('tr', { 'data-job': job.id },
         el('td', {}, el('a', { href: `/jobs/${jobPath(job.id)}#dashboard` }, job.id)),
-        el('td', {}, el('span', { class: `status ${job.status}`, title: job.error }, job.status)),  // an unreadable job says why
+        // an unreadable job says why; a readable one names the files it had to leave out
+        el('td', {}, el('span', { class: `status ${job.status}`, title: job.error || (job.skipped || []).join('\n') || undefined }, job.status),
+          (job.skipped || []).length ? el('span', { class: 'muted skipped', title: job.skipped.join('\n') }, ` ${job.skipped.length} file(s) skipped`) : null),
         el('td', {}, fmt.time(job.start)),
         el('td', {}, fmt.duration(job.duration)),
         el('td', {}, job.framework || '-'),

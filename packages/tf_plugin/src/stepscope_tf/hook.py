@@ -171,6 +171,41 @@ class Hook(HookBase):
         self._variables = [(n, (CollectionName.BIASES,) if naming.is_bias(n) else (CollectionName.WEIGHTS,), (v,), "first") for v, n in zip(weights, names)]
         self.claim_names(names)
         self.claim_names(naming.gradient_name(n) for n in names)
+        self._declare_scopes()
+
+    def flush(self, timeout: float | None = None) -> None:
+        self._declare_scopes()  # optimizers know what they update once they ran a step
+        super().flush(timeout)
+
+    def close(self, timeout: float | None = None, *, deadline: Any = None) -> None:
+        self._declare_scopes()
+        super().close(timeout, deadline=deadline)
+
+    def _declare_scopes(self) -> None:
+        try:
+            if self._model is not None and self.enabled:
+                self._declare_model_scopes()
+        except Exception as exc:  # noqa: BLE001 - scopes only refine the rules; never break training
+            logger.warning("stepscope: could not declare the model's scopes: %s", exc)
+
+    def _declare_model_scopes(self) -> None:
+        """The model is one scope; each nested model (a GAN's generator and discriminator)
+        its own, and each optimizer the model holds (its compiled one, or several kept as
+        attributes by a custom train_step) its own, so that rules compare layers only within
+        one network (HookBase.declare_scope)."""
+        model = self._model
+        self.declare_scope(self.model_name or "model", [self._name_of(v) for v in model.weights])
+        for path, layer in _walk_layers(model):
+            if isinstance(layer, keras.Model) and layer.weights:
+                self.declare_scope(path, [self._name_of(v) for v in layer.weights])
+        optimizers = {id(o): (name, o) for name, o in vars(model).items() if isinstance(o, keras.optimizers.Optimizer)}
+        if self._optimizer is not None:
+            optimizers.setdefault(id(self._optimizer), ("optimizer", self._optimizer))
+        for name, optimizer in optimizers.values():
+            # What a Keras 3 optimizer updates is known once it is built (its first step).
+            updated = getattr(optimizer, "_trainable_variables", None) or (model.trainable_weights if optimizer is self._optimizer else ())
+            if updated:
+                self.declare_scope(name.lstrip("_") or "optimizer", [self._name_of(v) for v in updated], kind="optimizer")
 
     def _optimizer_variables(self) -> list[tuple[str, tuple[str, ...], tuple[Any, ...], str]]:
         # Named once: an optimizer creates its variables at its first step, then keeps them.

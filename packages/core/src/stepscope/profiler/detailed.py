@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..config import ProfilingWindow, active_window
+from ..deadline import Deadline, run_within
 from ..layout import FRAMEWORK_DIR
 from ..safety import WarnOnce
 from ..store import Store
@@ -107,22 +108,34 @@ class WindowScheduler:
         except Exception as exc:
             self._fail(exc)
 
-    def close(self) -> None:
+    def close(self, deadline: Deadline | None = None) -> None:
+        """Stop a window still open, publishing its outputs (within `deadline`: the hook's
+        close deadline; the backend itself stops on this thread, as the framework needs)."""
         if self._running is not None:
             try:
-                self._stop()
+                self._stop(deadline)
             except Exception as exc:
                 self._fail(exc)
         self._enabled = False
 
-    def _stop(self) -> None:
+    def _stop(self, deadline: Deadline | None = None) -> None:
         index, self._running = self._running, None
         if index is not None:
             self._done.add(index)
         for folder, suffix, data in self.backend.stop():
             key = output_key(folder, self.rank, self._first_step, os.getpid(), suffix)
+            if deadline is None:
+                self.store.write(key, data)
+                self.published.append(key)
+            elif not run_within(self._publisher(key, data), deadline, f"{self.name} output"):
+                self._warn("deadline", f"stepscope {self.name}: {self.store.describe(key)} was not published before the close deadline; it is lost")
+
+    def _publisher(self, key: str, data: bytes) -> Callable[[], None]:
+        def publish() -> None:
             self.store.write(key, data)
             self.published.append(key)
+
+        return publish
 
     def _fail(self, exc: Exception) -> None:
         self._enabled = False
@@ -224,9 +237,9 @@ class WindowedProfilers:
         for scheduler in reversed(self.schedulers):
             scheduler.step_ended(step)
 
-    def close(self) -> None:
+    def close(self, deadline: Deadline | None = None) -> None:
         for scheduler in reversed(self.schedulers):
-            scheduler.close()
+            scheduler.close(deadline)
 
     @property
     def published(self) -> list[str]:

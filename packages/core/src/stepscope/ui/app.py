@@ -232,7 +232,8 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
             except Exception as exc:
                 logger.exception("stepscope ui: cannot summarize a job")
                 return {"id": job, "status": "unreadable", "start": None, "end": None, "duration": None,
-                        "framework": None, "workers": 0, "steps": 0, "rules_fired": [], "error": job_error(exc, jobs.job_path(job))}
+                        "framework": None, "workers": 0, "steps": 0, "rules_fired": [], "skipped": [],
+                        "error": job_error(exc, jobs.job_path(job))}
 
         visible = [job for job in jobs.job_ids() if user.can_see(job)]
         # summaries wait on the store (S3 listings): several at once

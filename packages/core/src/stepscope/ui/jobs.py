@@ -28,6 +28,8 @@ _TRACE_FILE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz", ".xplane.pb")
 
 def _is_marker(name: str) -> bool:
     return name in _JOB_MARKERS or name.endswith(_TRACE_FILE_SUFFIXES)
+
+
 MAX_DEPTH = 6
 RUNNING_WINDOW_S = 300.0
 SUMMARY_TTL_S = 10.0
@@ -77,6 +79,7 @@ class JobSummary:
     workers: int
     steps: int
     rules_fired: tuple[str, ...]
+    skipped: tuple[str, ...] = ()  # files the reader could not read and left out, each with why
 
     @property
     def duration(self) -> float | None:
@@ -86,6 +89,7 @@ class JobSummary:
         return {
             "id": self.id, "status": self.status, "start": self.start, "end": self.end, "duration": self.duration,
             "framework": self.framework, "workers": self.workers, "steps": self.steps, "rules_fired": list(self.rules_fired),
+            "skipped": list(self.skipped),
         }
 
 
@@ -301,4 +305,7 @@ def summarize(job: str, trial: Any) -> JobSummary:
         status = "stopped"
     fired = tuple(str(r.get("rule")) for r in rule_summary(trial.store) if r.get("fired"))
     steps = len(trial.steps()) or int((timeline["phase"] == "step").sum()) if len(timeline) else len(trial.steps())
-    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired)
+    # Named relative to the job: the viewer may see the job, not where it lies on the machine.
+    folder = trial.store.describe().rstrip("/") + "/"
+    skipped = tuple(p[len(folder):] if p.startswith(folder) else p for p in trial.problems[:20])
+    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired, skipped)

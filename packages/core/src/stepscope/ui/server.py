@@ -39,9 +39,12 @@ class ServerLimits:
         for name in ("threads", "connections", "header_bytes", "body_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ConfigError(f"ServerLimits.{name} must be a positive integer, got {value!r}")
+                raise ConfigError(f"{_OPTION.get(name, name)} must be a positive integer, got {value!r}")
         if not isinstance(self.idle_timeout_s, (int, float)) or not 0.1 <= self.idle_timeout_s <= 3600:
-            raise ConfigError(f"ServerLimits.idle_timeout_s must be within [0.1, 3600] seconds, got {self.idle_timeout_s!r}")
+            raise ConfigError(f"--idle-timeout (idle_timeout_s) must be within [0.1, 3600] seconds, got {self.idle_timeout_s!r}")
+
+
+_OPTION = {"threads": "--threads", "connections": "--connections"}  # the CLI's names, for its users
 
 
 def check_port(port: Any) -> int:

@@ -1,0 +1,52 @@
+"""The Keras side of scopes and capture defaults: each model, each nested model and each
+optimizer is declared as a scope; `StepscopeCallback(out_dir)` without a save_config saves
+the loss every step and tensors on the dense-then-sparse schedule."""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+
+from stepscope import create_trial
+from stepscope.config import DENSE_START_STEPS
+from stepscope_tf import Hook, StepscopeCallback
+
+
+def test_the_one_liner_saves_the_loss_every_step(tmp_path, make_model, data, no_profiler):
+    x, y = data
+    with StepscopeCallback(str(tmp_path), include_collections=["weights"], profiler_config=no_profiler) as callback:
+        make_model().fit(x, y, batch_size=1, epochs=2, callbacks=[callback], verbose=0)  # 64 steps
+    trial = create_trial(str(tmp_path))
+    assert trial.tensor("loss").steps() == list(range(64))
+    assert trial.tensor("hidden/kernel").steps() == [s for s in DENSE_START_STEPS if s < 64]
+    assert [s.name for s in trial.scopes()] == ["small", "optimizer"]
+    assert set(trial.scopes()[0].parameters) == {"hidden/kernel", "hidden/bias", "head/kernel", "head/bias"}
+    assert trial.scope_map().group_of("gradients/head/kernel") == "small"
+
+
+class _TwoNetworks(keras.Model):
+    """A GAN-shaped model: a generator and a discriminator, each with its own optimizer."""
+
+    def __init__(self):
+        super().__init__(name="gan")
+        self.generator = keras.Sequential([keras.Input((2,)), keras.layers.Dense(4, name="g_dense")], name="generator")
+        self.discriminator = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1, name="d_dense")], name="discriminator")
+        self.g_optimizer = keras.optimizers.Adam(1e-3)
+        self.d_optimizer = keras.optimizers.Adam(1e-3)
+
+    def call(self, z):
+        return self.discriminator(self.generator(z))
+
+
+def test_nested_models_and_their_optimizers_are_scopes(tmp_path, no_profiler):
+    model = _TwoNetworks()
+    model(np.zeros((1, 2), "float32"))
+    model.g_optimizer.build(model.generator.trainable_variables)
+    model.d_optimizer.build(model.discriminator.trainable_variables)
+    hook = Hook(str(tmp_path), model=model, profiler_config=no_profiler)
+    hook.close()
+    scopes = {s.name: s for s in create_trial(str(tmp_path)).scopes()}
+    assert {"gan", "generator", "discriminator", "g_optimizer", "d_optimizer"} <= set(scopes)
+    assert scopes["generator"].kind == "model" and scopes["d_optimizer"].kind == "optimizer"
+    generator = set(scopes["generator"].parameters)
+    assert generator and generator == set(scopes["g_optimizer"].parameters) and not generator & set(scopes["discriminator"].parameters)
