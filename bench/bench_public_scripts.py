@@ -16,6 +16,7 @@ is expected on every run of it. Each run is its own process, at most --jobs at a
     python bench/bench_public_scripts.py --quick               # healthy runs only
     python bench/bench_public_scripts.py --only torch_mnist,keras_mnist_convnet --configs quickstart
     python bench/bench_public_scripts.py --json results.json --markdown table.md --keep /tmp/jobs
+    python bench/bench_public_scripts.py --rescore results.json   # judge saved results against the catalogue again
 """
 
 from __future__ import annotations
@@ -155,6 +156,23 @@ def print_report(results: list[dict], scores: dict) -> None:
           + (f"; {scores['errors']} run(s) failed" if scores["errors"] else ""))
 
 
+def rescore(path: Path, args: argparse.Namespace) -> int:
+    """The verdicts of a saved run recomputed from the rules that fired (and their
+    statuses) against the catalogue as it is now."""
+    from public_scripts.runner import verdict_from
+
+    results = []
+    for r in json.loads(path.read_text())["results"]:
+        if not r.get("error"):
+            r = {**r, **verdict_from(Run(r["program"], r["config"], r["fault"]), r["fired"], r["statuses"], r["evidence"])}
+        results.append(r)
+    scores = score(results)
+    print_report(results, scores)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(results, scores, f"python bench/bench_public_scripts.py --rescore {path.name}"))
+    return 0 if scores["healthy_with_finding"] == 0 and scores["faults_caught"] == scores["faulty_runs"] else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="healthy runs only")
@@ -166,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", default=None, help="write the jobs here and keep them")
     parser.add_argument("--json", default=None, help="write the results and scores here")
     parser.add_argument("--markdown", default=None, help="write the published tables here")
+    parser.add_argument("--rescore", default=None, help="no training: judge the rules that fired in a --json file again")
     args = parser.parse_args(argv)
+    if args.rescore:
+        return rescore(Path(args.rescore), args)
     programs = [by_name(n) for n in args.only.split(",") if n] or PROGRAMS
     configs = tuple(c for c in args.configs.split(",") if c)
     fault_configs = tuple(c for c in args.fault_configs.split(",") if c)

@@ -87,8 +87,12 @@ PROGRAMS: list[Program] = [
             "keras", ("chance_level", "overfit"), fast_fault="chance_level"),
     Program("keras_timeseries_transformer", "transformer encoder for time series (attention, Conv1D feed-forward)",
             "keras-team/keras-io examples/timeseries/timeseries_classification_transformer.py", "keras", ("divergence", "chance_level"),
+            # Keras 3's LayerNormalization over a size-1 axis returns its beta and passes a zero gradient
+            # (checked here on keras.layers.LayerNormalization); the pooled features are then the series'
+            # mean, 0 for standardised series, so the model cannot beat chance either.
             defect=Fault("published_defect", "LayerNormalization over the one feature of a (batch, time, 1) series outputs a constant and "
-                         "passes no gradient: the attention and Conv1D layers of every block never train", ("VanishingGradient", "WeightUpdateRatio"))),
+                         "passes no gradient: the attention and Conv1D layers of every block never train, and the model stays at chance",
+                         ("VanishingGradient", "WeightUpdateRatio", "ChanceLevelLoss", "LossNotDecreasing"))),
     Program("keras_mnist_convnet", "CNN classifier, Adam, one-hot cross-entropy", "keras-team/keras-io examples/vision/mnist_convnet.py", "keras",
             ("dead_relu", "divergence", "nan_input")),
 ]
