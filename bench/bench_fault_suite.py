@@ -7,12 +7,14 @@ table and the one line
     python bench/bench_fault_suite.py            # every job
     python bench/bench_fault_suite.py --quick    # the fast subset the tests run
     python bench/bench_fault_suite.py --only lstm,dead_relu --keep /tmp/suite
+    python bench/bench_fault_suite.py --config defaults   # PyTorch jobs hooked without a save_config
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shutil
 import sys
 import tempfile
@@ -37,8 +39,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated job names")
     parser.add_argument("--keep", default=None, help="write the jobs here and keep them")
     parser.add_argument("--skip-frameworks", default="", help="comma-separated: keras, lightning")
+    parser.add_argument(
+        "--config", default="quick-start", choices=("quick-start", "defaults", "bare"),
+        help="how the PyTorch jobs are hooked: the README's quick start, the same collections without a save_config, or Hook(out_dir)",
+    )
     args = parser.parse_args(argv)
     suite = load_jobs()
+    os.environ[suite.CONFIG_ENV] = args.config
     jobs = suite.JOBS
     if args.quick:
         jobs = [j for j in jobs if j.fast]
@@ -74,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     faulty = [r for r in rows if r["fault"] != "-"]
     false_alarms = sum(1 for r in healthy if r["fired"])
     caught = sum(1 for r in faulty if r["ok"])
-    print(f"\nhealthy jobs with any finding: {false_alarms}; planted faults caught by the right rule: {caught}/{len(faulty)}")
+    print(f"\n[{args.config}] healthy jobs with any finding: {false_alarms}; planted faults caught by the right rule: {caught}/{len(faulty)}")
     return 0 if false_alarms == 0 and caught == len(faulty) else 1
 
 

@@ -7,6 +7,7 @@ parameters), side by side in one run (target: at most 1.5x); then the rules shar
     python bench/bench_rules.py            # 10,000 steps
     python bench/bench_rules.py --quick    # 1,000 steps
     python bench/bench_rules.py --steps 3000 --keep /tmp/job   # keep the generated job
+    python bench/bench_rules.py --compare-with ../old/packages/core/src   # another checkout's default set, side by side
 
 The job is written with the core Writer: a 16-32-32-1 MLP's weights, biases and their
 gradients (raw) and the loss every step, plus an EVAL loss every 100 steps."""
@@ -63,11 +64,43 @@ def _timed(make_rules, root: Path) -> tuple[float, list]:
     return time.perf_counter() - started, reports
 
 
+_TIME_DEFAULT_SET = """
+import sys, time
+from stepscope import create_trial
+from stepscope.rules import default_rules, run_rules
+started = time.perf_counter()
+trial = create_trial(sys.argv[1])
+reports = run_rules(default_rules(trial))
+print(time.perf_counter() - started, len(reports), sum(r.fired for r in reports))
+"""
+
+
+def compare_with(other_src: str, root: Path, rounds: int = 3) -> None:
+    """The default set of this checkout against another checkout's (`other_src`: its
+    packages/core/src), each in a fresh process, alternating, best of `rounds`."""
+    import os
+    import subprocess
+    import sys
+
+    here = str(Path(__file__).resolve().parents[1] / "packages" / "core" / "src")
+    times: dict[str, list[float]] = {"other": [], "this": []}
+    for round_ in range(rounds):
+        order = [("other", other_src), ("this", here)]
+        for label, src in order if round_ % 2 == 0 else order[::-1]:
+            env = {**os.environ, "PYTHONPATH": src}
+            out = subprocess.run([sys.executable, "-c", _TIME_DEFAULT_SET, str(root)], env=env, capture_output=True, text=True, check=True).stdout.split()
+            times[label].append(float(out[0]))
+            print(f"  round {round_ + 1} {label:<5s} checkout: {float(out[0]):7.2f} s, {out[1]} rules, {out[2]} fired", flush=True)
+    this, other = min(times["this"]), min(times["other"])
+    print(f"default set: this checkout {this:.2f} s vs {other_src} {other:.2f} s (best of {rounds}): {this / other:.2f}x (target <= 1.5x)")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=10_000)
     parser.add_argument("--quick", action="store_true", help="1,000 steps")
     parser.add_argument("--keep", help="write the job here and keep it")
+    parser.add_argument("--compare-with", metavar="SRC", help="another checkout's packages/core/src: time both default sets side by side, then stop")
     args = parser.parse_args()
     steps = 1_000 if args.quick else args.steps
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="stepscope-bench-rules-"))
@@ -75,6 +108,9 @@ def main() -> None:
         if not (root / "training_job_end.ts").exists():
             seconds = generate(root, steps)
             print(f"generated {steps} steps ({len(SHAPES) * 2 + 1} tensors each) in {seconds:.1f} s")
+        if args.compare_with:
+            compare_with(args.compare_with, root)
+            return
         trial_steps = len(create_trial(str(root)).steps())
         names = [r.name for r in default_rules(create_trial(str(root)))]
         print(f"default rule set: {', '.join(names)}; {trial_steps} saved steps")

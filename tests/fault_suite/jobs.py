@@ -48,11 +48,25 @@ def _torch():
     return torch
 
 
+# How the PyTorch jobs are hooked: "quick-start" (the README's config), "defaults" (the
+# same collections with no save_config: the capture defaults) or "bare" (`Hook(out_dir)`).
+CONFIG_ENV = "STEPSCOPE_SUITE_CONFIG"
+CONFIGS = ("quick-start", "defaults", "bare")
+
+
 def _hook(out_dir: Path):
-    """What the README's quick start saves, plus layer outputs for the activation rules."""
+    """What the README's quick start saves, plus layer outputs for the activation rules
+    (or the capture defaults: see CONFIG_ENV)."""
+    import os
+
     from stepscope.config import Collection, SaveConfig
     from stepscope_torch import Hook
 
+    config = os.environ.get(CONFIG_ENV, "quick-start")
+    if config == "defaults":
+        return Hook(str(out_dir), include_collections=["weights", "biases", "gradients", "losses", "outputs"])
+    if config == "bare":
+        return Hook(str(out_dir))
     return Hook(
         str(out_dir),
         save_config=SaveConfig(save_interval=SAVE_INTERVAL),
@@ -609,4 +623,4 @@ def judge(job: Job, reports: list) -> dict:
     return {"job": job.name, "family": job.family, "fault": job.fault or "-", "fired": fired, "ok": ok, "first": first}
 
 
-__all__ = ["JOBS", "Job", "by_name", "check", "judge", "SAVE_INTERVAL"]
+__all__ = ["JOBS", "Job", "by_name", "check", "judge", "SAVE_INTERVAL", "CONFIG_ENV", "CONFIGS"]

@@ -41,6 +41,7 @@ def test_default_check_on_the_fast_subset(job, tmp_path):
     right = next(r for r in reports if r.fired and r.rule in job.caught_by)
     evidence = right.evidence[0]
     # Explained: where (mode step and global step), what, the measured value, the threshold.
-    assert evidence.step is not None and evidence.mode == "TRAIN" and f"TRAIN step {evidence.mode_step} (global {evidence.step})" == evidence.where
+    # Overfitting is found at an evaluation (EVAL), the others at a training step.
+    assert evidence.step is not None and evidence.mode in ("TRAIN", "EVAL") and f"{evidence.mode} step {evidence.mode_step} (global {evidence.step})" == evidence.where
     assert evidence.message and (evidence.tensor or evidence.value is not None)
     assert right.explanation is not None and right.explanation.advice and right.explanation.causes

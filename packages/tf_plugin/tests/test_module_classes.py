@@ -20,7 +20,10 @@ def test_dense_relu_outputs_are_recognised_and_dead_units_found(tmp_path):
     keras.utils.set_random_seed(0)
     x, y = np.random.default_rng(0).standard_normal((64, 8)).astype("float32"), np.zeros((64, 1), "float32")
     for name, bias in (("dead", -50.0), ("alive", 0.0)):
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(bias)), keras.layers.Dense(1)])
+        # Named: Keras' automatic names count layers made earlier in the process, so they
+        # depend on which tests ran before this one (pytest-xdist changes that).
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu", bias_initializer=keras.initializers.Constant(bias), name="dense"),
+                                  keras.layers.Dense(1, name="dense_1")])
         model.compile("sgd", "mse")
         with StepscopeCallback(str(tmp_path / name), save_config=SaveConfig(save_interval=2), include_collections=["weights", "outputs", "losses"]) as callback:
             model.fit(x, y, batch_size=16, epochs=1, callbacks=[callback], verbose=0)

@@ -67,3 +67,26 @@ def test_keras_callback_runs_windows(tmp_path, data):
     analysis = stepscope.create_trial(str(out)).profiler.traces
     assert [k.rsplit("/", 2)[-2] for k in analysis.trace_keys()] == ["rank0"]
     assert list(analysis.step_breakdown(rank=0).step) == [2]
+
+
+def test_warm_up_steps_are_profiled_and_dropped(tmp_path):
+    """ProfilerConfig.warmup_steps: the profiler starts that many steps early, marks them
+    ProfilerWarmup, and the reader drops what they recorded; the files are published by the
+    background publisher (complete at close)."""
+    config = ProfilerConfig(detailed_windows=[(2, 2)], warmup_steps=1)
+    profiling = create_profiling(config, open_store(str(tmp_path)))
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(8, activation="relu"), keras.layers.Dense(1)])
+    x = tf.random.normal((8, 4))
+    for step in range(5):
+        profiling.step_started(step)
+        with stepscope.annotate(f"only-in-step-{step}"):
+            model(x)
+        profiling.step_ended(step)
+    profiling.close()
+    assert [k.rsplit("_pid", 1)[0] for k in profiling.published] == ["profiler-output/framework/tensorflow/detailed/rank0/000000000002"]
+    analysis = TraceAnalysis(tmp_path)
+    assert list(analysis.step_breakdown(rank=0).step) == [2, 3]
+    names = set(analysis.events(rank=0, kinds=("annotation",)).name.astype(str))
+    assert {"only-in-step-2", "only-in-step-3"} <= names
+    assert not {"only-in-step-1", "ProfilerWarmup"} & names
+    assert "only-in-step-4" not in names

@@ -95,7 +95,9 @@ def test_gan_with_manual_optimization(out_dir):
             assert float(trial.tensor(name).value(step, mode=ModeKeys.TRAIN)) == pytest.approx(value, rel=1e-6)
     assert {"d_loss", "g_loss"} <= set(trial.collection("losses").tensor_names)
     scopes = {s.name: s.kind for s in trial.scopes()}
-    assert scopes["optimizer_0"] == scopes["optimizer_1"] == "optimizer"
+    assert scopes == {"generator": "model", "discriminator": "model", "optimizer_0": "optimizer", "optimizer_1": "optimizer"}
+    assert trial.scope_map().group_of("gradient/generator.0.weight") == "generator"
+    assert trial.scope_map().group_of("gradient/discriminator.2.weight") == "discriminator"
     assert {p for s in trial.scopes() if s.name == "optimizer_1" for p in s.parameters} == {
         f"discriminator.{n}" for n, _ in model.discriminator.named_parameters()
     }

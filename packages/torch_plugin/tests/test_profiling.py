@@ -76,9 +76,11 @@ def test_no_windows_costs_nothing(tmp_path):
     assert create_profiling(ProfilerConfig(), open_store(str(tmp_path))) is None
 
 
-def test_time_window(tmp_path):
+@pytest.mark.parametrize(("warmup", "recorded"), [(0, [1, 2]), (1, [2])])
+def test_time_window(tmp_path, warmup, recorded):
+    """A time window's warm-up is its first step (its start cannot be anticipated)."""
     clock = iter([100.0, 100.5, 101.0, 102.5])  # read at each step start
-    config = ProfilerConfig(detailed_windows=[{"start_time": 100.4, "duration_s": 1.0}])
+    config = ProfilerConfig(detailed_windows=[{"start_time": 100.4, "duration_s": 1.0}], warmup_steps=warmup)
     profiling = create_profiling(config, open_store(str(tmp_path)))
     profiling.schedulers[0].clock = lambda: next(clock)
     model = TinyMLP()
@@ -89,14 +91,96 @@ def test_time_window(tmp_path):
     profiling.close()
     assert len(profiling.published) == 1
     steps = TraceAnalysis(tmp_path).step_breakdown(rank=0)
-    assert list(steps.step) == [1, 2]
+    assert list(steps.step) == recorded
+
+
+def _marked_steps(profiling, steps: int, marker: str = "only-in-step-{}") -> None:
+    model = TinyMLP()
+    for step in range(steps):
+        profiling.step_started(step)
+        with torch.autograd.profiler.record_function(marker.format(step)):
+            model(torch.randn(2, 6))
+        profiling.step_ended(step)
+    profiling.close()
+
+
+@pytest.mark.parametrize("warmup", [0, 1, 2])
+def test_warm_up_steps_run_before_the_window_and_are_not_in_the_trace(tmp_path, warmup):
+    config = ProfilerConfig(detailed_windows=[(3, 2)], warmup_steps=warmup)
+    profiling = create_profiling(config, open_store(str(tmp_path)))
+    started = []
+    backend = profiling.schedulers[0].backend
+    original = backend.start
+    backend.start = lambda step, warmup_steps=0: (started.append((step, warmup_steps)), original(step, warmup_steps))[1]
+    _marked_steps(profiling, 7)
+    assert started == [(3 - warmup, warmup)]  # the profiler starts `warmup` steps early
+    assert [k.rsplit("_pid", 1)[0] for k in profiling.published] == ["profiler-output/framework/pytorch/detailed/rank0/000000000003"]
+    analysis = TraceAnalysis(tmp_path)
+    assert list(analysis.step_breakdown(rank=0).step) == [3, 4]
+    names = set(analysis.events(rank=0, kinds=("annotation",)).name.astype(str))
+    assert {"only-in-step-3", "only-in-step-4"} <= names
+    assert not {f"only-in-step-{s}" for s in range(3 - warmup, 3)} & names  # warm-up: thrown away
+    assert "only-in-step-5" not in names
+
+
+def test_a_window_never_synchronizes_the_device(tmp_path, monkeypatch):
+    """With a (fake) CUDA device, no step of a window waits for it: kernels are given to
+    their step by the runtime call that launched them."""
+    syncs = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: syncs.append(a))
+    monkeypatch.setattr(torch.profiler, "profile", _CpuOnlyProfile)  # CUPTI is not on this machine
+    config = ProfilerConfig(detailed_windows=[(1, 3)])
+    profiling = create_profiling(config, open_store(str(tmp_path)))
+    _marked_steps(profiling, 5)
+    assert syncs == []
+    assert _CpuOnlyProfile.asked_for_cuda
+    assert len(profiling.published) == 1
+
+
+class _CpuOnlyProfile(torch.profiler.profile):
+    """torch.profiler.profile asked for CUDA activities on a CPU-only build: records the
+    request and profiles the CPU."""
+
+    asked_for_cuda = False
+
+    def __init__(self, *args, activities=None, **kwargs):
+        type(self).asked_for_cuda = torch.profiler.ProfilerActivity.CUDA in (activities or [])
+        super().__init__(*args, activities=[torch.profiler.ProfilerActivity.CPU], **kwargs)
+
+
+def test_export_and_compression_run_off_the_training_thread_and_the_cost_is_published(tmp_path, monkeypatch):
+    import threading
+
+    from stepscope_torch import profiling as torch_profiling
+
+    threads = []
+    original = torch_profiling._export
+
+    def export(*args):
+        threads.append(threading.current_thread())
+        return original(*args)
+
+    monkeypatch.setattr(torch_profiling, "_export", export)
+    config = ProfilerConfig(detailed_windows=[(1, 2), (4, 1)])
+    profiling = create_profiling(config, open_store(str(tmp_path)))
+    _marked_steps(profiling, 6)
+    assert len(threads) == 2 and threading.main_thread() not in threads
+    assert len(profiling.published) == 2
+    (cost_file,) = (tmp_path / "stepscope-cost" / "profiler-windows").glob("detailed-profiler_rank0_pid*.json")
+    windows = json.loads(cost_file.read_text())["windows"]
+    assert [(w["first_step"], w["warmup_steps"], w["steps"]) for w in windows] == [(0, 1, 3), (3, 1, 2)]
+    for window, key in zip(windows, sorted(profiling.published)):
+        assert window["bytes"] == (tmp_path / key).stat().st_size
+        assert window["training_thread_s"] == pytest.approx(window["start_s"] + window["steps_s"] + window["stop_s"])
+        assert window["publish_s"] > 0
 
 
 def test_a_failing_backend_turns_off_without_breaking_training(tmp_path, caplog):
     config = ProfilerConfig(detailed_windows=[(0, 2)])
     profiling = create_profiling(config, open_store(str(tmp_path)))
 
-    def broken(step):
+    def broken(step, warmup_steps=0):
         raise RuntimeError("profiler unavailable")
 
     profiling.schedulers[0].backend.start = broken

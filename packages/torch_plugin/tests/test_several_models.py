@@ -156,3 +156,31 @@ def test_a_second_model_needs_a_name_of_its_own(make_hook):
         hook.register_module(discriminator, name="critic")
     with pytest.raises(ConfigError, match="without '/'"):
         hook.register_module(nn.Linear(2, 2), name="a/b")
+
+
+def test_a_second_hook_on_the_same_folder_is_refused(make_hook, out_dir):
+    generator, discriminator = gan()
+    first = make_hook()
+    first.register_module(generator)
+    with pytest.raises(ConfigError, match="being written as worker_0 by another hook"):
+        make_hook()  # what the user tried: one hook per model, both on one folder
+    first.close()
+
+
+def test_gan_phases_the_discriminator_forward_is_not_optimizer_time(make_hook, out_dir):
+    from stepscope.config import ProfilerConfig
+    from stepscope.profiler import STEP_PHASES, create_profiler_trial
+
+    hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
+    train_gan(*gan(), 4, hook)
+    hook.close()
+    timeline = create_profiler_trial(out_dir).step_timeline()
+    parts = timeline[(timeline["mode"] == "TRAIN") & ~timeline["phase"].isin(STEP_PHASES)]
+    assert sorted(parts["step"].unique()) == [0, 1, 2, 3]
+    for step, spans in parts.groupby("step"):
+        phases = [p for p in spans.sort_values("start_ns")["phase"] if p not in ("data", "other")]
+        collapsed = [p for i, p in enumerate(phases) if i == 0 or p != phases[i - 1]]
+        # discriminator: forwards (real, generator, fake), backward, update; then the
+        # generator's forward (not optimizer time), backward, update.
+        assert collapsed[-3:] == ["forward", "backward", "optimizer"], (step, collapsed)
+        assert collapsed.count("optimizer") == 2 and collapsed.index("optimizer") < len(collapsed) - 3, (step, collapsed)

@@ -494,8 +494,12 @@ class ProfilerConfig:
     record_shapes: bool = True
     profile_memory: bool = True
     with_stack: bool = False
+    # Steps profiled before each detailed window and thrown away (torch.profiler's
+    # schedule(warmup=...)): the profiler's start-up (CUPTI initialisation) lands there.
+    warmup_steps: int = 1
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "warmup_steps", _int_field("ProfilerConfig", "warmup_steps", self.warmup_steps, minimum=0))
         interval = _int_field("ProfilerConfig", "monitor_interval_ms", self.monitor_interval_ms, minimum=1)
         if interval not in _MONITOR_INTERVALS_MS:
             raise ConfigError(f"ProfilerConfig.monitor_interval_ms must be one of {_MONITOR_INTERVALS_MS}, got {self.monitor_interval_ms!r}")

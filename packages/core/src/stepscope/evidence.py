@@ -22,18 +22,20 @@ class SavedEvidence:
     """Counts the saved TRAIN steps holding a loss, holding a gradient, and the saved EVAL
     steps holding a loss. `note` runs once per written step (names are that step's tensors)."""
 
-    def __init__(self, loss_names: set[str]):
-        self._loss_names = loss_names  # the losses collection's names; it grows as tensors come
+    def __init__(self, loss_names: set[str], gradient_names: set[str] | None = None):
+        # The losses and gradients collections' names (sets that grow as tensors come):
+        # two set tests per written step, no scan of the step's names.
+        self._loss_names = loss_names
+        self._gradient_names = gradient_names if gradient_names is not None else set()
         self.train_losses = 0
         self.train_gradients = 0
         self.eval_losses = 0
 
     def note(self, mode: ModeKeys, tensors: Mapping[str, Any] | Iterable[str]) -> None:
-        names = self._loss_names
-        has_loss = not names.isdisjoint(tensors)
+        has_loss = not self._loss_names.isdisjoint(tensors)
         if mode == ModeKeys.TRAIN:
             self.train_losses += has_loss
-            self.train_gradients += any(n.startswith("gradient") for n in tensors)
+            self.train_gradients += not self._gradient_names.isdisjoint(tensors)
         elif mode == ModeKeys.EVAL:
             self.eval_losses += has_loss
 

@@ -270,7 +270,7 @@ class HookBase:
         self._unsupported: dict[str, str] = {}  # tensor name -> why it is not saved (_drop_unsupported)
         self._module_classes: dict[str, str] = {}
         self._scopes: dict[str, Scope] = {}
-        self._saved = SavedEvidence(self._included_collection_names("losses"))
+        self._saved = SavedEvidence(self._included_collection_names("losses"), self._included_collection_names("gradients"))
         # What every step reads and changes: the open step, the step numbers, the timeline's
         # clock and log, the stop counters (step_counters.py; a plugin may compile it).
         counters = self._counters = self._make_counters()
@@ -1166,16 +1166,15 @@ class HookBase:
                 self.writer.close(end_marker=self.rank == 0, deadline=deadline.earlier(min(_AFTER_WRITER_S, deadline.seconds / 10)))
             claim = getattr(self, "_claim", None)
             if claim is not None:  # (also after a failure: the worker is free again)
-                try:
-                    claim.release()
-                except Exception as exc:  # noqa: BLE001 - closing must not raise into training code
-                    logger.warning("stepscope: could not release this run's claim: %s", exc)
+                parts["run claim"] = start_within(claim.release, "run claim")
             if counters.detailed is not None:
                 self.profiler_failsafe.call(counters.detailed.close, deadline)
             if annotation._sink == self._annotation_span:
                 annotation.set_sink(None)
             if self.writer is not None and self.rank == 0:
-                self.failsafe.call(self._say_if_too_little_saved)
+                # (Its failure to reach the store is a warning, not the hook's failure.)
+                note = parts["evidence note"] = start_within(self._say_if_too_little_saved, "evidence note")
+                finish_within(note, deadline)  # before the report, which reads it
             if self.outputs is not None:
                 outputs, store, writer, step = self.outputs, self.store, self.writer, int(counters.global_step)
                 # After the end marker: the report reads the whole job.

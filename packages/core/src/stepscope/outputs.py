@@ -16,7 +16,7 @@ import stat
 from collections.abc import Iterator
 from typing import IO, Any
 
-from .exceptions import OutputError
+from .exceptions import OutputError, StepscopeError
 
 _counter = itertools.count()
 _FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
@@ -26,6 +26,8 @@ def check_output_target(path: str | os.PathLike[str]) -> str:
     """`path` as a string when it is absent or a regular file (which will be replaced);
     OutputError naming it otherwise."""
     path = os.fspath(path)
+    if not path or path.endswith(os.sep) or os.path.basename(path) in (".", ".."):
+        raise OutputError(f"{path!r} names a folder; give the path of a file")
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
@@ -73,7 +75,7 @@ def atomic_output(path: str | os.PathLike[str], text: bool = False, encoding: st
     except BaseException as exc:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        if isinstance(exc, OSError) and not isinstance(exc, OutputError):
+        if isinstance(exc, OSError) and not isinstance(exc, StepscopeError):  # not a reading error
             raise OutputError(f"cannot write {path}: {exc.strerror or exc}; the earlier file (if any) is unchanged") from exc
         raise
 

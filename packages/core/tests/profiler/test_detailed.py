@@ -17,7 +17,7 @@ class Recorder:
     def __init__(self):
         self.calls = []
 
-    def start(self, step):
+    def start(self, step, warmup_steps=0):
         self.calls.append(("start", step))
 
     def step_start(self, step):

@@ -31,7 +31,8 @@ from stepscope.profiler import (
 )
 
 T0 = 1_700_000_000.0
-REPORT_KEYS = {"rule", "rule_class", "kind", "status", "fired", "violations", "summary", "fired_steps", "details", "parameters", "steps_evaluated", "first_step", "last_step", "datapoints", "tensors_inspected", "statistics", "errors", "no_data_reason", "explanation"}
+REPORT_KEYS = {"rule", "rule_class", "kind", "status", "fired", "violations", "summary", "fired_steps", "details", "parameters", "steps_evaluated", "first_step", "last_step", "datapoints", "tensors_inspected", "statistics", "errors", "no_data_reason", "explanation",
+               "judged", "evidence_needed"}
 
 
 @pytest.fixture
@@ -304,3 +305,12 @@ def test_step_outlier_in_the_default_set_ignores_jitter(tmp_path):
     assert not StepOutlier(**StepOutlier.preset).run(ProfilerTrial(tmp_path / "jitter")).fired
     report = StepOutlier(**StepOutlier.preset).run(ProfilerTrial(tmp_path / "checkpoints"))
     assert report.fired and report.evidence[0].value == pytest.approx(400, rel=0.01)
+
+
+def test_too_few_samples_after_patience_is_not_enough_data_not_ok(tmp_path, metrics_job):
+    from stepscope.profiler.rules import LowGPUUtilization
+
+    metrics_job(tmp_path)
+    report = LowGPUUtilization(patience=100_000).run(str(tmp_path))
+    assert report.status == "not enough data" and not report.judged and report.needed == 100_001
+    assert 0 < report.available < report.needed and "GPU utilization samples" in report.summary()

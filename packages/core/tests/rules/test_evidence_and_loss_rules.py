@@ -186,3 +186,20 @@ def test_judged_line_lists_what_to_save():
     short.need(30, 4, "saved TRAIN losses", "the losses collection every step")
     assert short.status == "not enough data" and ok.status == "ok"
     assert judged_line([ok, short]) == "1 of 2 rule(s) could judge; for the others save: the losses collection every step (B)"
+
+
+def test_report_and_app_summaries_say_how_many_rules_could_judge():
+    from stepscope.report.findings import Finding
+    from stepscope.report.sections.summary import judged_text
+    from stepscope.rules.report import RuleReport
+    from stepscope.ui.views import _rule_row
+
+    ok = RuleReport("ExplodingTensor", "ExplodingTensor", "tensor", {}, steps_evaluated=5, tensors_inspected=1)
+    short = RuleReport("Overfit", "Overfit", "tensor", {}, steps_evaluated=5, tensors_inspected=1)
+    short.need(5, 2, "evaluations after training steps", "EVAL losses from validation during training")
+    findings = [Finding.from_json(r.to_json()) for r in (ok, short)]
+    assert [f.judged for f in findings] == [True, False] and findings[1].status == "not enough data"
+    assert judged_text(findings) == "1 of 2 rule(s) could judge; for the others save: EVAL losses from validation during training (Overfit)"
+    row = _rule_row(short.to_json(), "stepscope check")
+    assert row["judged"] is False and row["to_save"] == "EVAL losses from validation during training"
+    assert row["status"] == "not enough data" and row["summary"] == "not enough data (needs 5 evaluations after training steps, has 2)"

@@ -3,7 +3,12 @@ tf.profiler.experimental records an XSpace, published as one `.xplane.pb` per wi
 rank under `profiler-output/framework/tensorflow/detailed/rank<r>/`, which the trace engine
 reads into the same tables as Kineto traces (stepscope.traces.xspace, no TensorFlow needed
 to read it). Each step is marked with a `ProfilerStep` trace carrying `step_num`; a
-cProfile window runs beside it. `create_profiling` returns None when no window is set."""
+cProfile window runs beside it. `create_profiling` returns None when no window is set.
+
+The warm-up steps before a window (ProfilerConfig.warmup_steps) run under the profiler
+marked `ProfilerWarmup`; the XSpace reader drops what they recorded (tf.profiler has no
+warm-up of its own). The window never synchronizes the device; reading the XSpace files
+and publishing them happen on the background publisher's thread."""
 
 from __future__ import annotations
 
@@ -17,7 +22,7 @@ import tensorflow as tf
 
 from stepscope import annotation
 from stepscope.config import ProfilerConfig
-from stepscope.profiler.detailed import WindowedProfilers, detailed_dir
+from stepscope.profiler.detailed import Payload, WindowedProfilers, detailed_dir
 from stepscope.store import Store
 
 TRACE_SUFFIX = ".xplane.pb"
@@ -34,8 +39,10 @@ class XSpaceBackend:
         self.config = config
         self._folder: str | None = None
         self._marker: Any = None
+        self._warmup_left = 0
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, warmup_steps: int = 0) -> None:
+        self._warmup_left = warmup_steps
         self._folder = tempfile.mkdtemp(prefix="stepscope-tfprof-")
         options = tf.profiler.experimental.ProfilerOptions(host_tracer_level=2, python_tracer_level=1 if self.config.with_stack else 0, device_tracer_level=1)
         tf.profiler.experimental.start(self._folder, options=options)
@@ -43,7 +50,9 @@ class XSpaceBackend:
 
     def step_start(self, step: int) -> None:
         # TraceMe encodes keyword arguments as stats: the reader turns this into ProfilerStep#<step>.
-        self._marker = tf.profiler.experimental.Trace("ProfilerStep", step_num=int(step), _r=1)
+        name = "ProfilerWarmup" if self._warmup_left > 0 else "ProfilerStep"
+        self._warmup_left -= 1
+        self._marker = tf.profiler.experimental.Trace(name, step_num=int(step), _r=1)
         self._marker.__enter__()
 
     def step_end(self, step: int) -> None:
@@ -51,22 +60,30 @@ class XSpaceBackend:
         if marker is not None:
             marker.__exit__(None, None, None)
 
-    def stop(self) -> list[tuple[str, str, bytes]]:
+    def stop(self) -> list[tuple[str, str, Payload]]:
         annotation.set_backend(_trace, False)
         self.step_end(-1)
         folder, self._folder = self._folder, None
         if folder is None:
             return []
         try:
-            tf.profiler.experimental.stop()
-            files = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
-            out = []
-            for path in files:
-                with open(path, "rb") as handle:
-                    out.append((detailed_dir("tensorflow"), TRACE_SUFFIX, handle.read()))
-            return out[:1]  # one host: one XSpace per window
-        finally:
+            tf.profiler.experimental.stop()  # on this thread: TF writes the XSpace
+        except BaseException:
             shutil.rmtree(folder, ignore_errors=True)
+            raise
+        return [(detailed_dir("tensorflow"), TRACE_SUFFIX, lambda: _read_xspace(folder))]
+
+
+def _read_xspace(folder: str) -> bytes:
+    """The window's XSpace (one host: one file), read on the publisher's thread."""
+    try:
+        files = sorted(glob.glob(os.path.join(folder, "**", "*.xplane.pb"), recursive=True))
+        if not files:
+            raise FileNotFoundError(f"tf.profiler wrote no .xplane.pb under {folder}")
+        with open(files[0], "rb") as handle:
+            return handle.read()
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def create_profiling(config: ProfilerConfig, store: Store, *, rank: int = 0) -> WindowedProfilers | None:

@@ -15,7 +15,7 @@ module imports it, the package does not.
   parameter groups), and what the Trainer logs (`on_log`: `loss`, `grad_norm`, ...) in the
   step just taken, when the metrics collection is due there.
 - Evaluation: each `evaluate()` is one EVAL step holding the metrics it returned
-  (`eval_loss`, ...), whatever the save interval.
+  (`eval_loss`, ...), whatever the save interval, and `eval_loss` as its `loss_output_0`.
 - Phases: data, forward (each micro-batch's forward), backward (until the next micro-batch
   or the update), optimizer (clipping is in the backward phase).
 - Rank and world size come from the Trainer's arguments (`process_index`, `world_size`),
@@ -169,6 +169,10 @@ class StepscopeCallback(TrainerCallback):
         for name, value in (metrics or {}).items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 hook.failsafe.call(hook.save_value, name, float(value), (CollectionName.METRICS,))
+        loss = (metrics or {}).get("eval_loss")
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            # Also the EVAL step's loss, under the TRAIN loss's name: the loss rules compare them.
+            hook.failsafe.call(hook.save_value, _LOSS_NAME, float(loss), (CollectionName.LOSSES,))
         hook.end_step(raise_on_stop=False)
 
     # --- values --------------------------------------------------------------------------------

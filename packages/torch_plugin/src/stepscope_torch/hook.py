@@ -324,6 +324,25 @@ class Hook(HookBase):
             self._handles.append(model.register_forward_pre_hook(self._forward_pre_hook))
             self._handles.append(model.register_forward_hook(self._forward_ends))
 
+    def split_scope(self, model: nn.Module) -> None:
+        """Make each direct child of the registered `model` that holds parameters a model
+        scope of its own, instead of `model` as one: a LightningModule that holds a
+        generator and a discriminator (one optimizer each) is two networks to the rules."""
+        name = next((n for n, m in self._models if m is model), None)
+        if not self.enabled or not any(m is model for _, m in self._models):
+            return
+        base = naming.unwrap(model)
+        self._scopes.pop(name or type(base).__name__, None)  # (HookBase's table of declared scopes)
+        owned: set[str] = set()
+        for child_name, child in base.named_children():
+            params = [naming.prefixed(name, naming.clean_name(f"{child_name}.{p}")) for p, _ in child.named_parameters()]
+            if params:
+                self.declare_scope(naming.prefixed(name, child_name), params, kind="model")
+                owned.update(params)
+        rest = [n for n, _ in naming.named_parameters(model, prefix=name) if n not in owned]
+        if rest:  # parameters of the module itself
+            self.declare_scope(name or type(base).__name__, rest, kind="model")
+
     def register_loss(self, loss_module: nn.Module) -> nn.Module:
         """Save the output of a loss module as `<LossClass>_output_0` (losses collection).
         For a functional loss (`F.nll_loss`) use `hook.save_loss(value)` or

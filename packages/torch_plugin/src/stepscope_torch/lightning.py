@@ -91,6 +91,8 @@ class StepscopeCallback(pl.Callback):
         self._manual = not pl_module.automatic_optimization
         for optimizer in trainer.optimizers:
             hook.register_optimizer(optimizer, drive_steps=False)
+        if len(trainer.optimizers) > 1:  # several networks in one module (a GAN): each its own scope
+            hook.split_scope(pl_module)
         if self._manual and not self._step_handles:
             # Lightning has no callback after an optimizer step: torch's post-hook says it.
             self._step_handles = [optimizer.register_step_post_hook(self._manual_step_ended) for optimizer in trainer.optimizers]

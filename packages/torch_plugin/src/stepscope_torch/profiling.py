@@ -3,7 +3,12 @@
 events) writes one gzip Kineto trace per window per rank under
 `profiler-output/framework/pytorch/detailed/`, with the `distributedInfo` HTA expects;
 cProfile and data-loader timing run in their own windows. `create_profiling` returns
-None when no window is configured, so a hook without windows pays nothing."""
+None when no window is configured, so a hook without windows pays nothing.
+
+A window never synchronizes the device (kernels are given to their step by the runtime
+call that launched them, not by waiting for them), starts with torch.profiler's own
+warm-up (its schedule: the warm-up steps run the profiler and are thrown away), and
+leaves the export and compression to the background publisher."""
 
 from __future__ import annotations
 
@@ -19,7 +24,7 @@ import torch
 
 from stepscope import annotation
 from stepscope.config import ProfilerConfig
-from stepscope.profiler.detailed import WindowedProfilers, add_distributed_info, detailed_dir
+from stepscope.profiler.detailed import Payload, WindowedProfilers, add_distributed_info, detailed_dir
 from stepscope.store import Store
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
@@ -29,9 +34,21 @@ def _record_function(name: str) -> Any:
     return torch.autograd.profiler.record_function(name)
 
 
+def warmup_schedule(warmup_steps: int) -> Callable[[int], Any]:
+    """torch.profiler's schedule for a window: warm-up for the first `warmup_steps` of its
+    steps (counted by torch from 0), then record until the window is stopped."""
+    action = torch.profiler.ProfilerAction
+
+    def schedule(step: int) -> Any:
+        return action.WARMUP if step < warmup_steps else action.RECORD
+
+    return schedule
+
+
 class KinetoBackend:
     """torch.profiler over one window; each step is marked `ProfilerStep#<global step>`
-    (what torch.profiler's own schedule writes, with our step numbers)."""
+    (the name torch.profiler's own schedule writes, with our step numbers: its own
+    markers, numbered from 0, are turned off)."""
 
     def __init__(self, config: ProfilerConfig, rank: int, world_size: int):
         self.config = config
@@ -39,47 +56,59 @@ class KinetoBackend:
         self.world_size = world_size
         self._profile: Any = None
         self._step_marker: Any = None
+        self._steps = 0
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, warmup_steps: int = 0) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         self._profile = torch.profiler.profile(
             activities=activities,
+            schedule=warmup_schedule(warmup_steps),
             record_shapes=self.config.record_shapes,
             profile_memory=self.config.profile_memory,
             with_stack=self.config.with_stack,
         )
+        self._profile.record_steps = False  # our ProfilerStep#<global step> markers instead of its #0, #1...
+        self._steps = 0
         self._profile.__enter__()
         annotation.set_backend(_record_function, True)
 
     def step_start(self, step: int) -> None:
+        if self._steps and self._profile is not None:
+            self._profile.step()  # torch's schedule moves on (warm-up -> record) at the step boundary
+        self._steps += 1
         self._step_marker = _record_function(f"ProfilerStep#{step}")
         self._step_marker.__enter__()
 
     def step_end(self, step: int) -> None:
+        # No device synchronization: a kernel belongs to the step whose runtime call launched
+        # it (its correlation id), so the step can end while its kernels still run.
         marker, self._step_marker = self._step_marker, None
         if marker is not None:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()  # the step's kernels belong inside its window
             marker.__exit__(None, None, None)
 
-    def stop(self) -> list[tuple[str, str, bytes]]:
+    def stop(self) -> list[tuple[str, str, Payload]]:
         annotation.set_backend(_record_function, False)
         if self._step_marker is not None:
             self.step_end(-1)
         profile, self._profile = self._profile, None
         if profile is None:
             return []
-        profile.__exit__(None, None, None)
-        with tempfile.TemporaryDirectory(prefix="stepscope-kineto-") as folder:
-            path = os.path.join(folder, "trace.json")
-            profile.export_chrome_trace(path)
-            with open(path, "rb") as handle:
-                trace = handle.read()
+        profile.__exit__(None, None, None)  # on this thread: Kineto stops and hands its events over
         backend = torch.distributed.get_backend() if torch.distributed.is_available() and torch.distributed.is_initialized() else "nccl" if torch.cuda.is_available() else "gloo"
-        trace = add_distributed_info(trace, backend, self.rank, self.world_size)
-        return [(detailed_dir("pytorch"), TRACE_SUFFIX, gzip.compress(trace, compresslevel=3))]
+        return [(detailed_dir("pytorch"), TRACE_SUFFIX, functools.partial(_export, profile, backend, self.rank, self.world_size))]
+
+
+def _export(profile: Any, backend: str, rank: int, world_size: int) -> bytes:
+    """The window's trace as gzip Kineto JSON (on the publisher's thread)."""
+    with tempfile.TemporaryDirectory(prefix="stepscope-kineto-") as folder:
+        path = os.path.join(folder, "trace.json")
+        profile.export_chrome_trace(path)
+        with open(path, "rb") as handle:
+            trace = handle.read()
+    trace = add_distributed_info(trace, backend, rank, world_size)
+    return gzip.compress(trace, compresslevel=3)
 
 
 class DataLoaderTimingBackend:
@@ -91,7 +120,7 @@ class DataLoaderTimingBackend:
         self.record = record
         self._originals: list[tuple[type, Any]] = []
 
-    def start(self, step: int) -> None:
+    def start(self, step: int, warmup_steps: int = 0) -> None:
         from torch.utils.data import dataloader
 
         for cls in (dataloader._SingleProcessDataLoaderIter, dataloader._MultiProcessingDataLoaderIter):
@@ -121,7 +150,7 @@ class DataLoaderTimingBackend:
     def step_end(self, step: int) -> None:
         pass
 
-    def stop(self) -> list[tuple[str, str, bytes]]:
+    def stop(self) -> list[tuple[str, str, Payload]]:
         for cls, original in reversed(self._originals):
             cls.__next__ = original
         self._originals.clear()

@@ -47,6 +47,11 @@ class _Outcome:
     threshold: float | None = None
     reason: str | None = None
     items: list[dict[str, Any]] = field(default_factory=list)  # one violation each, when listed
+    # Too few samples to judge: the rule needs `needed` `unit` and had `available` (status
+    # "not enough data (needs N, has M)", never "ok").
+    needed: int | None = None
+    available: int = 0
+    unit: str = ""
 
 
 class ProfilerRule(JobRule):
@@ -64,6 +69,9 @@ class ProfilerRule(JobRule):
         report.datapoints = int(outcome.datapoints)
         report.statistics = dict(outcome.details)
         report.statistics.setdefault("samples_over_threshold", int(outcome.violations))
+        if outcome.needed is not None:
+            self.need(outcome.needed, outcome.available, outcome.unit)
+            return
         if outcome.reason is not None:
             self.no_data(outcome.reason)
             return
@@ -138,9 +146,10 @@ class LowGPUUtilization(ProfilerRule):
     params: LowGPUUtilizationParams
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
-        gpu = _after_patience(_metric(trial, "GPUUtilization"), ["node_id", "name"], self.params.patience)
+        raw = _metric(trial, "GPUUtilization")
+        gpu = _after_patience(raw, ["node_id", "name"], self.params.patience)
         if gpu.empty:
-            return _no_data("no GPU utilization after patience")
+            return _short_of_patience(raw, ["node_id", "name"], self.params.patience, "GPU utilization samples")
         details: dict[str, Any] = {"gpus": {}}
         violations = datapoints = 0
         for (node, name), series in gpu.groupby(["node_id", "name"], sort=True):
@@ -184,9 +193,10 @@ class GPUMemoryIncrease(ProfilerRule):
     params: GPUMemoryIncreaseParams
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
-        memory = _after_patience(_metric(trial, "GPUMemoryUtilization"), ["node_id", "name"], self.params.patience)
+        raw = _metric(trial, "GPUMemoryUtilization")
+        memory = _after_patience(raw, ["node_id", "name"], self.params.patience)
         if memory.empty:
-            return _no_data("no GPU memory utilization after patience")
+            return _short_of_patience(raw, ["node_id", "name"], self.params.patience, "GPU memory samples")
         details: dict[str, Any] = {"gpus": {}, "increases": []}
         violations = datapoints = 0
         for (node, name), series in memory.groupby(["node_id", "name"], sort=True):
@@ -234,9 +244,10 @@ class BatchSize(ProfilerRule):
         tolerance = _tolerance(util)
         joined = _join_nearest(util, memory.rename(columns={"value": "memory"}), ["node_id", "name"], tolerance)
         joined = _join_nearest(joined, cpu.rename(columns={"value": "cpu"}), ["node_id"], tolerance)
-        joined = _after_patience(joined.dropna(), ["node_id", "name"], self.params.patience)
+        aligned = joined.dropna()
+        joined = _after_patience(aligned, ["node_id", "name"], self.params.patience)
         if joined.empty:
-            return _no_data("no aligned samples after patience")
+            return _short_of_patience(aligned, ["node_id", "name"], self.params.patience, "aligned CPU/GPU samples")
         details: dict[str, Any] = {"gpus": {}}
         violations = 0
         for (node, name), series in joined.groupby(["node_id", "name"], sort=True):
@@ -658,9 +669,10 @@ def _bottleneck(trial: ProfilerTrial, dimension: str, busy_threshold: float, gpu
         return _no_data(f"needs GPUUtilization and {dimension}")
     gpu = gpu.assign(timestamp=gpu["timestamp"].round(3)).groupby(["node_id", "timestamp"], as_index=False)["value"].mean()
     joined = _join_nearest(host, gpu.rename(columns={"value": "gpu"}), ["node_id"], _tolerance(host))
-    joined = _after_patience(joined.dropna(), ["node_id"], patience)
+    aligned = joined.dropna()
+    joined = _after_patience(aligned, ["node_id"], patience)
     if joined.empty:
-        return _no_data("no aligned samples after patience")
+        return _short_of_patience(aligned, ["node_id"], patience, f"aligned {dimension}/GPU samples")
     hit = (joined["value"] > busy_threshold) & (joined["gpu"] < gpu_threshold)
     violations, datapoints = int(hit.sum()), len(joined)
     percent = 100.0 * violations / datapoints
@@ -689,3 +701,12 @@ def _data_wait(timeline: pd.DataFrame) -> tuple[float | None, float | None]:
 
 def _no_data(reason: str) -> _Outcome:
     return _Outcome(False, 0, 0, {}, reason=reason)
+
+
+def _short_of_patience(raw: pd.DataFrame, by: list[str], patience: int, what: str) -> _Outcome:
+    """Nothing left after the first `patience` samples (warm-up) of each series: "no data"
+    without samples, else "not enough data (needs patience + 1, has the longest series)"."""
+    if raw.empty:
+        return _no_data(f"no {what}")
+    longest = int(raw.groupby(by).size().max())
+    return _Outcome(False, 0, 0, {}, reason=f"not enough {what} after patience", needed=patience + 1, available=longest, unit=f"{what} (the first {patience} are warm-up)")

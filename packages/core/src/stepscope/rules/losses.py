@@ -565,7 +565,7 @@ class ChanceLevelLoss(_LossSeriesRule):
             if median >= bound:
                 self.violation(
                     last,
-                    f"{name}: median {median:.4g} over the last {len(tail)} saved TRAIN steps is at chance level for {k} classes "
+                    f"{name}: median {median:.4g} over the last {len(tail)} saved TRAIN steps is at or above chance level for {k} classes "
                     f"(ln {k} = {chance:.4g}; bound {bound:.4g}): the model learns nothing from its inputs",
                     tensor=name, value=median, threshold=bound, num_classes=k, chance=chance,
                 )

@@ -153,14 +153,14 @@ class RuleReport:
             return "fired"
         if self.errors:
             return "error"
+        if self.needed is not None and (self.available or 0) < self.needed:
+            return "no data" if not self.available else "not enough data"
         if self.no_data_reason is not None:
             return "no data"
         if self.kind == "tensor" and (not self.steps_evaluated or not self.tensors_inspected):
             return "no data"
         if self.kind == "job" and not self.datapoints:
             return "no data"
-        if self.needed is not None and (self.available or 0) < self.needed:
-            return "no data" if not self.available else "not enough data"
         return "ok"
 
     @property

@@ -538,6 +538,7 @@ def _parse_chunk(text: bytearray, start: int, end: int, where: str, offset: int)
 
 _SPACE_OR_COMMA = re.compile(r"[ \t\r\n,]*")
 _SPACE = re.compile(rb"[ \t\r\n]*")
+_NEXT_EVENT = re.compile(r"\}\s*,\s*(?=\{)")  # the end of an event and the start of the next
 
 
 def _slow(text: bytearray, start: int, end: int, where: str, offset: int, final: bool) -> tuple[_Chunk, int]:
@@ -546,7 +547,7 @@ def _slow(text: bytearray, start: int, end: int, where: str, offset: int, final:
     decoded = bytes(text[start:end]).decode("utf-8", errors="replace")
     decoder = json.JSONDecoder(strict=False, parse_float=decimal.Decimal)  # exact: never a float
     rows: list[dict[str, Any]] = []
-    position, used = 0, 0
+    position, used, skipped = 0, 0, 0
     length = len(decoded)
     while True:
         position = _SPACE_OR_COMMA.match(decoded, position).end()  # type: ignore[union-attr]
@@ -559,7 +560,16 @@ def _slow(text: bytearray, start: int, end: int, where: str, offset: int, final:
             if not final:
                 used = len(decoded[:position].encode())
                 break
-            raise CorruptRecord(where, offset + exc.pos, f"not a JSON trace event ({exc.msg})") from None
+            # One bad event costs that event, not the trace: Kineto writes a name between
+            # quotes as it is, so an annotation named `a"b` breaks its own event only.
+            # (Regions end at event boundaries: with no next event here, this one runs to
+            # the region's end.)
+            following = _NEXT_EVENT.search(decoded, max(exc.pos, position + 1))
+            if not skipped:
+                logger.warning("%s: the event at byte %d is not valid JSON (%s; a '\"' in an annotation name?); skipped", where, offset + position, exc.msg)
+            skipped += 1
+            position = following.end() if following is not None else length
+            continue
         if isinstance(event, dict):
             rows.append(event)
         position = next_position

@@ -66,10 +66,11 @@ def table_store(store: Store) -> Store:
         return store  # S3: beside the traces, as for a job; a failed write is only logged
     folder = store.root / TABLE_DIR
     try:
-        folder.mkdir(parents=True, exist_ok=True)
-        probe = folder / f".write-probe-{os.getpid()}"
-        probe.write_bytes(b"")
-        probe.unlink()
+        # Through the store: its path policy refuses a linked stepscope-traces/ (the
+        # tables then go to the cache), where a plain mkdir/open would write through it.
+        probe = f"{TABLE_DIR}/.write-probe-{os.getpid()}"
+        store.write(probe, b"")
+        store.delete(probe)
         return store
     except OSError as exc:
         cache = user_cache_dir() / "traces" / hashlib.sha1(str(store.root.resolve()).encode()).hexdigest()[:16]

@@ -79,6 +79,24 @@ def _stat_value(stat: Any, names: dict[int, str]) -> Any:
     return None
 
 
+def _without_warmup(arrays: dict[str, np.ndarray], codes: np.ndarray, dictionary: np.ndarray) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """Drop what the warm-up steps recorded (stepscope_tf marks them `ProfilerWarmup`; TF's
+    profiler has no warm-up of its own): host events that start before the last warm-up
+    step ends, and GPU work launched by them (or, with no launch to go by, started then)."""
+    warmup_codes = np.flatnonzero(dictionary == "ProfilerWarmup")
+    if warmup_codes.size == 0 or codes.size == 0:
+        return arrays, codes
+    markers = np.isin(codes, warmup_codes)
+    cut = int((arrays["ts_ns"][markers] + arrays["dur_ns"][markers]).max())
+    gpu = np.isin(arrays["kind"], [KIND_CODE[k] for k in ("kernel", "memcpy", "memset")])
+    early_host = ~gpu & (arrays["ts_ns"] < cut)
+    dropped_calls = arrays["correlation"][early_host & (arrays["correlation"] != MISSING)]
+    launched_early = np.isin(arrays["correlation"], dropped_calls) & (arrays["correlation"] != MISSING)
+    known_launch = np.isin(arrays["correlation"], arrays["correlation"][~gpu & (arrays["correlation"] != MISSING)])
+    keep = ~early_host & ~(gpu & (launched_early | (~known_launch & (arrays["ts_ns"] < cut))))
+    return {name: values[keep] for name, values in arrays.items()}, codes[keep]
+
+
 def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
     """The event table of one XSpace file."""
     space = XSpace()
@@ -105,7 +123,7 @@ def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
         # The thread that marks steps carries the Python TraceMe annotations. Its line is named
         # after the thread, which is the process name ("python", but "pytest" or a console
         # script's name too), so it is found by its ProfilerStep markers, else by that name.
-        step_ids = {key for key, name in event_names.items() if name == "ProfilerStep"}
+        step_ids = {key for key, name in event_names.items() if name in ("ProfilerStep", "ProfilerWarmup")}
         annotation_lines = {line.id for line in plane.lines if line.name == "python" or any(e.metadata_id in step_ids for e in line.events)}
         for line in plane.lines:
             stream_match = _STREAM.search(line.name) if gpu else None
@@ -147,6 +165,7 @@ def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
         arrays["ts_ns"] = arrays["ts_ns"] + base_ns
     dictionary, codes = np.unique(np.asarray(rows["name"], dtype=object), return_inverse=True) if rows["name"] else (np.array([], dtype=object), np.array([], dtype=np.int32))
     codes = codes.astype(np.int32)
+    arrays, codes = _without_warmup(arrays, codes, dictionary)
     _assign_steps(arrays, dictionary, codes)
     metadata = {"hostnames": list(space.hostnames), "source_format": "xspace"}
     categories = np.array(["xspace_gpu", "xspace_host"], dtype=object)  # the plane kind each row came from
