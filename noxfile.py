@@ -29,9 +29,10 @@ PACKAGES = (
     "-e", "packages/tf_plugin[tf-cpu]",
 )
 TOOLS = ("ruff", "mypy", "pytest-xdist")  # versions pinned in constraints/ci.txt
-# What the shared virtualenv is filled from: a change to any of these fills it again.
+# What the shared virtualenv is filled from (with PACKAGES and TOOLS): a change to any of
+# these fills it again.
 INSTALL_INPUTS = (
-    "constraints/ci.txt", "noxfile.py", "packages/core/pyproject.toml", "packages/core/setup.py",
+    "constraints/ci.txt", "packages/core/pyproject.toml", "packages/core/setup.py",
     "packages/torch_plugin/pyproject.toml", "packages/torch_plugin/src/stepscope_torch/_fastpath.c", "packages/tf_plugin/pyproject.toml",
 )
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDONTWRITEBYTECODE": ""}
@@ -67,7 +68,7 @@ def _interpreter(session: nox.Session) -> str:
 
 
 def _install_digest() -> str:
-    digest = hashlib.sha256(PYTHON.encode())
+    digest = hashlib.sha256(repr((PYTHON, PACKAGES, TOOLS)).encode())
     for name in INSTALL_INPUTS:
         digest.update(name.encode() + b"\0" + (ROOT / name).read_bytes())
     return digest.hexdigest()
@@ -100,6 +101,7 @@ def _workers() -> str:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
+    """Every package's tests and the cross-package ones (`nox -s tests -- FILES` for some)."""
     # The browser tests (report PDF, app) drive Debian's Chromium.
     env = _shared_venv(session, apt={"chromium": "chromium", "chromium-driver": "chromedriver"})
     # The torch plugin's compiled hot path is built by the install (a C compiler is there):
@@ -141,12 +143,14 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(venv_backend="none")
 def demo(session: nox.Session) -> None:
+    """The README's main job: small models trained with the hooks, the rules run over them."""
     env = _shared_venv(session)
     session.run(SHARED_PYTHON, "demo/run_demo.py", *session.posargs, env=env, external=True)
 
 
 @nox.session(venv_backend="none")
 def bench(session: nox.Session) -> None:
+    """Every bench/bench_*.py (`nox -s bench -- --quick` for short runs)."""
     env = _shared_venv(session)
     for script in sorted(os.listdir("bench")):
         if script.startswith("bench_") and script.endswith(".py"):

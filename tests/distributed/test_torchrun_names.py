@@ -31,4 +31,4 @@ def test_torchrun_workers_are_named_by_rank(tmp_path):
     assert trial.workers() == ["worker_0", "worker_1"] and trial.num_workers == 2
     for worker, rank in (("worker_0", 0), ("worker_1", 1)):
         assert trial.tensor("rank").values(mode=ModeKeys.TRAIN, worker=worker) == {0: rank, 1: rank, 2: rank}
-    assert trial.status() == {}  # two ranks are two writers, not a mix
+    assert trial.failed_workers() == {}  # two ranks are two writers, not a mix

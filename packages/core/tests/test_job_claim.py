@@ -48,7 +48,7 @@ def test_a_second_live_hook_on_the_same_folder_is_refused_naming_the_holder(tmp_
     train(first, 3, 1.0)  # the first hook is unaffected
     first.close()
     assert create_trial(str(tmp_path)).tensor("loss").values(mode=ModeKeys.TRAIN) == {0: 3.0, 1: 2.0, 2: 1.0}
-    assert create_trial(str(tmp_path)).status() == {}  # one training: nothing to report
+    assert create_trial(str(tmp_path)).failed_workers() == {}  # one training: nothing wrong
     # Other workers of the same job are other writers.
     make(tmp_path / "ranks", rank=0, world_size=2, include_workers="all").close()
     make(tmp_path / "ranks", rank=1, world_size=2, include_workers="all").close()
@@ -122,5 +122,5 @@ def test_a_resumed_run_continues_the_job_and_is_not_mixed(tmp_path):
     train(second, 2, 10.0)
     second.close()
     trial = create_trial(str(tmp_path))
-    assert trial.status() == {}
+    assert trial.failed_workers() == {}
     assert trial.steps(mode=ModeKeys.TRAIN) == [0, 1, 2, 3, 4]

@@ -109,4 +109,4 @@ def test_trainer_with_gradient_accumulation(tmp_path):
         assert float(trial.tensor("eval_loss").value(mode_step, mode=ModeKeys.EVAL)) == pytest.approx(logs["eval_loss"], rel=1e-6)
         assert float(trial.tensor("loss_output_0").value(mode_step, mode=ModeKeys.EVAL)) == pytest.approx(logs["eval_loss"], rel=1e-6)
     assert trial.is_complete()
-    assert trial.status() == {}
+    assert trial.failed_workers() == {}
