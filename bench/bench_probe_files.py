@@ -75,7 +75,7 @@ def main() -> int:
         with ThreadPoolExecutor(args.jobs) as pool:
             outcomes = [o for batch in pool.map(lambda c: run_case(c, base, scratch, readers), cases) for o in batch]
         rows = [(o.case, o.reader, o.verdict, (o.detail or " ".join(o.touched)).replace("\n", " ")[-200:]) for o in outcomes]
-        if not args.only and not args.mechanism:
+        if not args.only and args.mechanism in ("", "output"):  # the full disk is an output case
             rows += full_disk(base, scratch)
     counts = collections.Counter(r[2] for r in rows)
     for case, reader, verdict, detail in rows:

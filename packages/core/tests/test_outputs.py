@@ -106,3 +106,11 @@ def test_a_file_size_limit_hit_mid_write_keeps_the_earlier_file(command, job, tm
     assert done.returncode == 2, done.stderr
     assert str(target) in done.stderr and "Traceback" not in done.stderr
     assert target.read_bytes() == b"earlier" and _leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("target", ["", "out/", "."])
+def test_a_target_naming_a_folder_is_refused_with_its_name(target, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(OutputError, match="names a folder"), atomic_output(target):
+        pass
+    assert os.listdir(tmp_path) == []

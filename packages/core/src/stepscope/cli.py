@@ -377,4 +377,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m stepscope.cli`: run the imported module's main, so that the subcommands'
+    # `from ..cli import UsageError` is the class main catches (not __main__'s copy).
+    from stepscope.cli import main as _main
+
+    sys.exit(_main())

@@ -26,6 +26,8 @@ def check_output_target(path: str | os.PathLike[str]) -> str:
     """`path` as a string when it is absent or a regular file (which will be replaced);
     OutputError naming it otherwise."""
     path = os.fspath(path)
+    if not path or path.endswith(os.sep) or os.path.basename(path) in (".", ".."):
+        raise OutputError(f"{path!r} names a folder; give the path of a file")
     try:
         mode = os.lstat(path).st_mode
     except FileNotFoundError:
