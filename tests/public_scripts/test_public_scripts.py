@@ -22,12 +22,7 @@ FAST = [p for p in catalogue.PROGRAMS if p.fast_fault]
 CASES = [(p.name, None) for p in FAST] + [(p.name, p.fast_fault) for p in FAST]
 
 # Cases that fail with today's rules, each with the reason (remove once fixed).
-KNOWN: dict[tuple[str, str | None], str] = {
-    ("lightning_gan", None): "LossNotDecreasing judges the discriminator's adversarial loss (d_loss), which rises as the generator "
-                             "improves (reported to the lead, issue 20)",
-    ("keras_text_transformer", "chance_level"): "the training loss falls by memorising shuffled labels while validation stays at chance "
-                                                "(ln 2); neither ChanceLevelLoss nor Overfit fires (reported to the lead, issue 20)",
-}
+KNOWN: dict[tuple[str, str | None], str] = {}
 
 
 def test_the_catalogue_is_consistent():
