@@ -16,6 +16,7 @@ is expected on every run of it. Each run is its own process, at most --jobs at a
     python bench/bench_public_scripts.py --quick               # healthy runs only
     python bench/bench_public_scripts.py --only torch_mnist,keras_mnist_convnet --configs quickstart
     python bench/bench_public_scripts.py --json results.json --markdown table.md --keep /tmp/jobs
+    python bench/bench_public_scripts.py --rescore results.json   # judge saved results against the catalogue again
 """
 
 from __future__ import annotations
@@ -105,17 +106,25 @@ def _pct(value: float | None) -> str:
     return "-" if value is None else f"{100 * value:.0f}%"
 
 
+def _judged(r: dict) -> str:
+    """How many of the rules that ran could judge (fired or ok), of all that ran."""
+    statuses = r.get("statuses", {})
+    return f"{sum(1 for s in statuses.values() if s in ('ok', 'fired'))}/{len(statuses)}"
+
+
 def _cell(r: dict) -> str:
     if r.get("error"):
         return "ERROR"
     fired = ", ".join(f"{rule} (defect)" if rule in r.get("defect_found", ()) else rule for rule in r["fired"]) or "-"
-    return fired if r["ok"] else f"{fired} (WRONG)" if r["fault"] is None else f"{fired} (MISSED)"
+    verdict = fired if r["ok"] else f"{fired} (WRONG)" if r["fault"] is None else f"{fired} (MISSED)"
+    return f"{verdict} [{_judged(r)}]"
 
 
 def markdown(results: list[dict], scores: dict, command: str) -> str:
     """The tables docs/rules.md publishes."""
     lines = [f"`{command}`, {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}:", ""]
-    lines += ["| program | run | one-liner defaults | quick-start config |", "|---|---|---|---|"]
+    lines += ["Each cell: the rules that fired, then [rules that could judge / rules that ran].", "",
+              "| program | run | one-liner defaults | quick-start config |", "|---|---|---|---|"]
     by_key = {(r["program"], r["fault"], r["config"]): r for r in results}
     for program in dict.fromkeys(r["program"] for r in results):
         for fault in dict.fromkeys(r["fault"] for r in results if r["program"] == program):
@@ -132,10 +141,10 @@ def markdown(results: list[dict], scores: dict, command: str) -> str:
 
 def print_report(results: list[dict], scores: dict) -> None:
     width = max(len(r["run"]) for r in results)
-    print(f"\n{'RUN':<{width}}  {'RESULT':<7} RULES THAT FIRED")
+    print(f"\n{'RUN':<{width}}  {'RESULT':<7} {'JUDGED':>6} RULES THAT FIRED")
     for r in results:
         result = "ERROR" if r.get("error") else "ok" if r["ok"] else "WRONG" if r["fault"] is None else "MISSED"
-        print(f"{r['run']:<{width}}  {result:<7} {r.get('error') or ', '.join(r['fired']) or '-'}")
+        print(f"{r['run']:<{width}}  {result:<7} {_judged(r):>6} {r.get('error') or ', '.join(r['fired']) or '-'}")
         for rule, summary in r.get("evidence", {}).items():
             if r["fault"] is None or rule not in r["right"]:
                 print(f"{'':<{width}}          {rule}: {summary[:220]}")
@@ -145,6 +154,23 @@ def print_report(results: list[dict], scores: dict) -> None:
     print(f"\nhealthy runs with a false finding: {scores['healthy_with_finding']} of {scores['healthy_runs']} (goal 0); "
           f"planted faults caught by the right rule: {scores['faults_caught']}/{scores['faulty_runs']} (goal all)"
           + (f"; {scores['errors']} run(s) failed" if scores["errors"] else ""))
+
+
+def rescore(path: Path, args: argparse.Namespace) -> int:
+    """The verdicts of a saved run recomputed from the rules that fired (and their
+    statuses) against the catalogue as it is now."""
+    from public_scripts.runner import verdict_from
+
+    results = []
+    for r in json.loads(path.read_text())["results"]:
+        if not r.get("error"):
+            r = {**r, **verdict_from(Run(r["program"], r["config"], r["fault"]), r["fired"], r["statuses"], r["evidence"])}
+        results.append(r)
+    scores = score(results)
+    print_report(results, scores)
+    if args.markdown:
+        Path(args.markdown).write_text(markdown(results, scores, f"python bench/bench_public_scripts.py --rescore {path.name}"))
+    return 0 if scores["healthy_with_finding"] == 0 and scores["faults_caught"] == scores["faulty_runs"] else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -158,7 +184,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--keep", default=None, help="write the jobs here and keep them")
     parser.add_argument("--json", default=None, help="write the results and scores here")
     parser.add_argument("--markdown", default=None, help="write the published tables here")
+    parser.add_argument("--rescore", default=None, help="no training: judge the rules that fired in a --json file again")
     args = parser.parse_args(argv)
+    if args.rescore:
+        return rescore(Path(args.rescore), args)
     programs = [by_name(n) for n in args.only.split(",") if n] or PROGRAMS
     configs = tuple(c for c in args.configs.split(",") if c)
     fault_configs = tuple(c for c in args.fault_configs.split(",") if c)

@@ -29,13 +29,14 @@ FAULTS: dict[str, Fault] = {
     f.name: f
     for f in (
         Fault("divergence", "learning rate far too high: the loss climbs far above its start or turns NaN",
-              ("ExplodingTensor", "LossNotDecreasing", "WeightUpdateRatio")),
+              ("LossDivergence", "ExplodingTensor", "LossNotDecreasing", "WeightUpdateRatio")),
         Fault("chance_level", "labels shuffled: the model can do no better than chance (it may memorise the training set)",
-              ("LossNotDecreasing", "Overfit")),
-        Fault("lr_zero", "learning rate 0: nothing trains", ("LossNotDecreasing", "WeightUpdateRatio")),
+              ("ChanceLevelLoss", "LossNotDecreasing", "Overfit")),
+        Fault("lr_zero", "learning rate 0: nothing trains", ("LossNotDecreasing", "WeightUpdateRatio", "ChanceLevelLoss")),
+        Fault("slow_lr", "learning rate 1000 times too small: the loss creeps down", ("SlowConvergence", "LossNotDecreasing")),
         Fault("overfit", "a big model on a tiny training set, many epochs: validation loss rises", ("Overfit",)),
         Fault("exploding_one_network", "one of two networks gets a learning rate 1e4 too high and blows up",
-              ("ExplodingTensor", "WeightUpdateRatio")),
+              ("ExplodingTensor", "WeightUpdateRatio", "LossDivergence")),
         Fault("vanishing", "a deep sigmoid stack: gradients vanish towards the input", ("VanishingGradient",)),
         Fault("dead_relu", "a ReLU layer's bias initialised to -20: its units never fire", ("DeadRelu",)),
         Fault("nan_input", "one input batch holds a NaN", ("ExplodingTensor",)),
@@ -71,7 +72,7 @@ PROGRAMS: list[Program] = [
     Program("torch_dcgan", "DCGAN: two conv networks, two Adam optimizers, BCE", "pytorch/examples dcgan/main.py", "torch",
             ("exploding_one_network", "zero_init")),
     Program("torch_word_language_model", "2-layer LSTM language model, hand-written SGD, gradient clipping", "pytorch/examples word_language_model/main.py",
-            "torch", ("divergence", "chance_level"), fast_fault="chance_level"),
+            "torch", ("divergence", "chance_level", "slow_lr"), fast_fault="chance_level"),
     Program("torch_vae", "variational autoencoder, Adam, BCE + KL (sum)", "pytorch/examples vae/main.py", "torch",
             ("zero_init", "lr_zero", "vanishing")),
     Program("lightning_gan", "GAN, manual optimization, two optimizers", "Lightning-AI/pytorch-lightning examples/pytorch/domain_templates/generative_adversarial_net.py",
@@ -86,8 +87,12 @@ PROGRAMS: list[Program] = [
             "keras", ("chance_level", "overfit"), fast_fault="chance_level"),
     Program("keras_timeseries_transformer", "transformer encoder for time series (attention, Conv1D feed-forward)",
             "keras-team/keras-io examples/timeseries/timeseries_classification_transformer.py", "keras", ("divergence", "chance_level"),
+            # Keras 3's LayerNormalization over a size-1 axis returns its beta and passes a zero gradient
+            # (checked here on keras.layers.LayerNormalization); the pooled features are then the series'
+            # mean, 0 for standardised series, so the model cannot beat chance either.
             defect=Fault("published_defect", "LayerNormalization over the one feature of a (batch, time, 1) series outputs a constant and "
-                         "passes no gradient: the attention and Conv1D layers of every block never train", ("VanishingGradient", "WeightUpdateRatio"))),
+                         "passes no gradient: the attention and Conv1D layers of every block never train, and the model stays at chance",
+                         ("VanishingGradient", "WeightUpdateRatio", "ChanceLevelLoss", "LossNotDecreasing"))),
     Program("keras_mnist_convnet", "CNN classifier, Adam, one-hot cross-entropy", "keras-team/keras-io examples/vision/mnist_convnet.py", "keras",
             ("dead_relu", "divergence", "nan_input")),
 ]

@@ -27,11 +27,14 @@ def judge(run: Run, reports: list) -> dict:
     that is right (healthy: no finding but those of the program's published defect; faulty:
     a rule of the fault's `caught_by`)."""
     fired = sorted(r.rule for r in reports if r.fired)
-    statuses = {r.rule: r.status for r in reports}
+    return verdict_from(run, fired, {r.rule: r.status for r in reports}, {r.rule: r.summary() for r in reports if r.fired})
+
+
+def verdict_from(run: Run, fired: list[str], statuses: dict, evidence: dict) -> dict:
+    """`judge` from the rules that fired (also used to judge saved results again)."""
     planted, defect = expected_rules(run)
     right = [rule for rule in fired if rule in planted]
     ok = bool(right) if run.fault else not [rule for rule in fired if rule not in defect]
-    evidence = {r.rule: r.summary() for r in reports if r.fired}
     return {"run": run.label, "program": run.program, "config": run.config, "fault": run.fault, "fired": fired, "right": right,
             "ok": ok, "defect_found": sorted(defect & set(fired)), "statuses": statuses, "evidence": evidence}
 

@@ -10,7 +10,8 @@ with a sparse Markov chain instead of Wikitext-2, bptt 20, 2 epochs of 100 batch
 
 No optimizer to register: every forward in training mode is a TRAIN step.
 
-Faults: `divergence` (lr 2000), `chance_level` (targets shuffled against the inputs)."""
+Faults: `divergence` (lr 2000), `chance_level` (targets shuffled against the inputs),
+`slow_lr` (lr 0.02)."""
 
 from __future__ import annotations
 
@@ -70,7 +71,7 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
 
     model = RNNModel()
     criterion = nn.NLLLoss()
-    lr = 2000.0 if fault == "divergence" else 20.0
+    lr = {"divergence": 2000.0, "slow_lr": 0.02}.get(fault or "", 20.0)
     best_val_loss = None
     with torch_hook(out_dir, config) as hook:
         hook.register_module(model)

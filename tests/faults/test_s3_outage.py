@@ -144,10 +144,18 @@ class _Hook(HookBase):
     framework = "test"
 
 
+# The close deadline of the two tests below. What they show is one deadline for all the
+# parts (writer, status file, timeline, monitor, run claim, evidence note, cost file), not
+# one each: a second deadline would take 2 x CLOSE_S. Alone, close() ends 0.01 s after the
+# deadline and the process 1.3 s after it, but under the full suite on a loaded machine
+# they took 1.8 s and 2.8 s more (3 s deadlines): 6 s leaves that room below 2 x CLOSE_S.
+CLOSE_S = 6
+
+
 @pytest.mark.heavy
 @pytest.mark.timeout(120)
 def test_a_hook_close_keeps_one_deadline_against_a_silent_endpoint(s3_url, fast_s3, monkeypatch, caplog):
-    monkeypatch.setenv("STEPSCOPE_CLOSE_TIMEOUT_S", "3")
+    monkeypatch.setenv("STEPSCOPE_CLOSE_TIMEOUT_S", str(CLOSE_S))
     # Every part that writes at close is on: writer, step timeline, monitor, cost file.
     hook = _Hook(s3_url, save_config=SaveConfig(save_interval=1), profiler_config=ProfilerConfig(monitor_interval_ms=100))
     for step in range(5):
@@ -164,7 +172,7 @@ def test_a_hook_close_keeps_one_deadline_against_a_silent_endpoint(s3_url, fast_
     with caplog.at_level(logging.WARNING, logger="stepscope"):
         hook.close()
     elapsed = time.monotonic() - started
-    assert elapsed < 3 + 1.0, elapsed  # one deadline for the whole close, not one per part
+    assert elapsed < CLOSE_S + 3, elapsed  # one deadline for the whole close, not one per part
     assert "gave up at close" in caplog.text and "5 step(s) lost: 5, 6, 7, 8, 9" in caplog.text
     fast_s3.outage = None
     assert create_trial(S3Store(s3_url)).steps(show_incomplete=True) == list(range(5))
@@ -198,7 +206,7 @@ _CHILD = textwrap.dedent(
 def test_process_exit_keeps_one_deadline_against_a_silent_endpoint(s3_url, fast_s3, tmp_path):
     ready = tmp_path / "ready"
     fast_s3.choose = lambda method, path: "stall" if ready.exists() else None
-    env = dict(os.environ, STEPSCOPE_CLOSE_TIMEOUT_S="3")
+    env = dict(os.environ, STEPSCOPE_CLOSE_TIMEOUT_S=str(CLOSE_S))
     # Output to files: the monitor's sampler process inherits them and may end a little
     # later (on its own bound); what is measured is the training process's own exit.
     with open(tmp_path / "out", "w") as out, open(tmp_path / "err", "w") as err:
@@ -208,7 +216,7 @@ def test_process_exit_keeps_one_deadline_against_a_silent_endpoint(s3_url, fast_
     stderr = (tmp_path / "err").read_text()
     assert child.returncode == 0, stderr[-3000:]
     exiting = float((tmp_path / "out").read_text().split()[-1])
-    assert ended - exiting < 3 + 2.5, (ended - exiting, stderr[-3000:])  # (+ the interpreter's own teardown, on a loaded machine)
+    assert ended - exiting < CLOSE_S + 4.5, (ended - exiting, stderr[-3000:])  # (+ the interpreter's own teardown, on a loaded machine)
     assert "gave up at close" in stderr and "step(s) lost: " in stderr
 
 

@@ -208,7 +208,7 @@ def test_eval_metrics_timeline_and_publishing_after_each_stage(out_dir):
     trial = stepscope.create_trial(out_dir)
     assert float(trial.tensor("test_loss").value(4, mode=ModeKeys.EVAL)) == pytest.approx(test_loss, rel=1e-6)
     assert trial.tensor("val_loss").steps(mode=ModeKeys.TRAIN) == []  # never copied into TRAIN steps
-    assert trial.tensor("train_loss").steps(mode=ModeKeys.TRAIN) == [0]
+    assert trial.tensor("train_loss").steps(mode=ModeKeys.TRAIN) == [0, 1, 2, 3, 4, 5]  # metrics: every step by default
     cb.close()
     assert stepscope.create_trial(out_dir).is_complete()
 

@@ -71,7 +71,7 @@ class Agreement:
     @property
     def status(self) -> str:
         if self.error:
-            return "hta failed"
+            return "not read" if self.error.startswith("stepscope:") else "hta failed"
         if self.count("differs"):
             return "differs"
         return "explained" if self.count("explained") else "agrees"
@@ -229,7 +229,10 @@ def _direction(name: str) -> str:
 
 def compare(path: Path) -> Agreement:
     """The points of one trace (HTA's failures to read it are recorded, not raised)."""
-    raw = read_trace(path)
+    try:
+        raw = read_trace(path)
+    except Exception as exc:  # noqa: BLE001 - e.g. an execution trace (not Kineto) in a folder of traces
+        return Agreement(path.name, error=f"stepscope: {exc}"[:200])
     events = raw.table.to_pandas()
     fractional = bool(((events["ts_ns"] - raw.base_ns) % 1000 != 0).any() or (events["dur_ns"] % 1000 != 0).any())
     ours = _ours(events)
