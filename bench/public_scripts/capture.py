@@ -5,7 +5,7 @@ capture configurations:
   `Trainer(callbacks=[StepscopeCallback(out_dir)])`, Keras' `callbacks=[StepscopeCallback(out_dir)]`);
 - `quickstart`: the README's quick-start configuration (PyTorch and Lightning: weights,
   biases, gradients, losses and outputs every 100 steps, losses every step; Keras: weights
-  and gradients every 100 steps).
+  and gradients every 100 steps, losses every step).
 
 Only these functions know the configurations, so a program reads like its original with a
 hook added."""
@@ -48,12 +48,15 @@ def lightning_callback(out_dir, config: str):
 
 def keras_callback(out_dir, config: str):
     """`stepscope_tf.StepscopeCallback` for `model.fit(..., callbacks=[...])`."""
-    from stepscope_tf import SaveConfig, StepscopeCallback
+    from stepscope_tf import Collection, SaveConfig, StepscopeCallback
 
     _check(config)
     if config == "oneliner":
         return StepscopeCallback(str(out_dir))
-    return StepscopeCallback(str(out_dir), save_config=SaveConfig(save_interval=100), include_collections=["weights", "gradients"])
+    return StepscopeCallback(
+        str(out_dir), save_config=SaveConfig(save_interval=100), include_collections=["weights", "gradients"],
+        collections=[Collection("losses", save_config=SaveConfig(save_interval=1))],
+    )
 
 
 __all__ = ["CONFIGS", "torch_hook", "lightning_callback", "keras_callback"]

@@ -7,8 +7,9 @@ images (one transposed convolution fewer than the 64x64 script), 8 filters inste
 batch 32, 100 iterations over synthetic images in [-1, 1] (mixtures of smooth components)
 instead of a photo data set.
 
-The README's plain-loop hook takes one model: both networks are registered as one
-`nn.ModuleDict`, and both optimizers (each `optimizer.step()` is one TRAIN step); the
+Both networks are registered by name as docs/pytorch.md says for several models
+(`register_module(net, name=...)`), and both optimizers (each `optimizer.step()` is one
+TRAIN step); the
 losses are saved by hand (`hook.save_loss`) as the script prints them, Loss_D and Loss_G.
 
 Faults: `exploding_one_network` (the discriminator's lr 2.0, 1e4 times the script's),
@@ -77,7 +78,8 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
     data = torch.from_numpy(generated_images(1600, (nc, 32, 32), seed=5))
     generator = torch.Generator().manual_seed(5)
     with torch_hook(out_dir, config) as hook:
-        hook.register_module(nn.ModuleDict({"netG": netG, "netD": netD}))
+        hook.register_module(netG, name="netG")
+        hook.register_module(netD, name="netD")
         hook.register_optimizer(optimizerD)
         hook.register_optimizer(optimizerG)
         for _epoch in range(2):

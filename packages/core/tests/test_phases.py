@@ -231,3 +231,24 @@ def test_the_phase_log_drained_while_a_thread_logs_loses_nothing():
     drainer.join()
     got.extend(log.drain())
     assert got == _replayed_by_tracker(steps)
+
+
+def test_a_train_step_opened_by_its_optimizer_has_no_data_phase():
+    # No registered model's forward ran (a GAN's networks in a container whose own forward
+    # never runs): the time before optimizer.step() holds the forward and backward, so it is
+    # "compute", not a wait for data. A step opened by its forward keeps its "data" phase.
+    from stepscope.phases import COMPUTE, DATA, OPTIMIZER, PhaseLog, first_phase
+
+    assert first_phase(ModeKeys.TRAIN, "optimizer_begin") == COMPUTE
+    assert first_phase(ModeKeys.TRAIN, "forward_begin") == DATA
+    assert first_phase(ModeKeys.EVAL, "optimizer_begin") == DATA
+    for wall in (False, True):
+        log = PhaseLog()
+        log.append((STEP_BEGIN_EVENT_RECORD, 0, ModeKeys.TRAIN, 100, EVENT_CODES["optimizer_begin"], 160))
+        log.end(170)
+        log.append((STEP_BEGIN_EVENT_RECORD, 1, ModeKeys.TRAIN, 170, EVENT_CODES["forward_begin"], 175))
+        log.end(200)
+        steps = log.drain_wall(0) if wall else log.drain()
+        first, second = ([(phase, end - start) for phase, start, end in spans] for _, _, spans in steps)
+        assert first == [(COMPUTE, 60), (OPTIMIZER, 10), ("step", 70)], (wall, first)
+        assert second[0] == (DATA, 5), (wall, second)

@@ -185,6 +185,15 @@ PHASE_CODES: Mapping[str, int] = {name: i for i, name in enumerate(PHASES)}
 _BEGIN, _ENTER, _END, _BEGIN_EVENT = STEP_BEGIN_RECORD, PHASE_ENTER_RECORD, STEP_END_RECORD, STEP_BEGIN_EVENT_RECORD
 EVENT_OF_CODE: Mapping[int, str] = {code: name for name, code in EVENT_CODES.items()}
 _FIRST_EVENT_CODE = min(EVENT_OF_CODE)
+_OPTIMIZER_BEGIN_CODE = EVENT_CODES[OPTIMIZER_BEGIN]
+
+
+def first_phase(mode: ModeKeys, first_event: str) -> str:
+    """The phase of a step from its begin to its first event. A TRAIN step whose first event
+    is the optimizer's (no registered model's forward ran: a model the hook does not see,
+    a GAN's networks wrapped in a container whose own forward never runs) spent that time
+    on its forward and backward as well as any wait for data: "compute", never "data"."""
+    return COMPUTE if mode == ModeKeys.TRAIN and first_event == OPTIMIZER_BEGIN else DATA
 _TRAIN_PHASE_AFTER = {code: TRANSITIONS[(True, name)] for code, name in EVENT_OF_CODE.items()}
 _EVAL_PHASE_AFTER = {code: TRANSITIONS[(False, name)] for code, name in EVENT_OF_CODE.items()}
 _RECORD_WORDS = {_BEGIN: 4, _ENTER: 3, _END: 2, _BEGIN_EVENT: 6, **{code: 2 for code in EVENT_OF_CODE}}
@@ -322,6 +331,8 @@ class PhaseLog:
                     opened, training = (values[i + 1], mode), mode == ModeKeys.TRAIN
                     phase, spans = DATA, []
                     since = begin = values[i + 3] + offset
+                    if kind == _BEGIN_EVENT and training and values[i + 4] == _OPTIMIZER_BEGIN_CODE:
+                        phase = COMPUTE  # no forward seen: see `first_phase`
                     if kind == _BEGIN_EVENT:
                         following = (_TRAIN_PHASE_AFTER if training else _EVAL_PHASE_AFTER)[values[i + 4]]
                         if following != phase:
@@ -341,6 +352,7 @@ class PhaseLog:
             self._open = (step, mode)
             tracker.begin(mode, record[3])
             if kind == _BEGIN_EVENT:
+                tracker.phase = first_phase(mode, EVENT_OF_CODE[record[4]])
                 tracker.event(EVENT_OF_CODE[record[4]], record[5])
         elif kind == _END:
             begin, spans = tracker.end(record[1])

@@ -17,6 +17,7 @@ from stepscope.collection_manager import CollectionManager
 from stepscope.modes import ModeKeys
 from stepscope.rules import (
     ChanceLevelLoss,
+    DeadRelu,
     LossDivergence,
     LossNotDecreasing,
     Overfit,
@@ -118,6 +119,27 @@ def test_chance_level_leaves_regression_and_adversarial_jobs_alone(tmp_path):
     assert report.status == "no data" and "several optimizers" in report.summary()
 
 
+def test_loss_not_decreasing_leaves_several_optimizer_jobs_alone(tmp_path):
+    # A GAN's discriminator loss rises from 0.44 to 0.62 as the generator improves (the
+    # Lightning GAN of the public-scripts suite): adversarial losses are not meant to fall.
+    rising = np.linspace(0.44, 0.62, 200) + rng.normal(0, 0.02, 200)
+    assert run(LossNotDecreasing, write(tmp_path / "one", rising)).fired
+    gan = (Scope("opt_g", "optimizer", ("g.weight",)), Scope("opt_d", "optimizer", ("d.weight",)))
+    report = run(LossNotDecreasing, write(tmp_path / "gan", rising, scopes=gan))
+    assert report.status == "no data" and not report.fired and "several optimizers" in report.summary()
+
+
+def test_chance_level_infers_classes_from_the_first_loss_not_a_diverged_one(tmp_path):
+    # lr far too high: ln 10 at initialisation, 20 after the first update (e^20 would be
+    # "489874020 classes"); K comes from the loss before training moved it.
+    diverged = np.concatenate([[math.log(10)], np.full(59, 20.0) + rng.normal(0, 0.3, 59)])
+    report = run(ChanceLevelLoss, write(tmp_path / "div", diverged))
+    assert report.fired and report.evidence[0].data["num_classes"] == 10, report.summary()
+    # A first loss no classifier has at initialisation (ln of over 10^6 classes) is not judged.
+    huge = np.full(60, 20.0) + rng.normal(0, 0.3, 60)
+    assert run(ChanceLevelLoss, write(tmp_path / "huge", huge)).status == "no data"
+
+
 def test_slow_convergence(tmp_path):
     slow = 2.0 - 0.15 * np.arange(200) / 200 + rng.normal(0, 0.01, 200)  # -7.5 % and still falling
     report = run(SlowConvergence, write(tmp_path / "slow", slow))
@@ -203,3 +225,27 @@ def test_report_and_app_summaries_say_how_many_rules_could_judge():
     row = _rule_row(short.to_json(), "stepscope check")
     assert row["judged"] is False and row["to_save"] == "EVAL losses from validation during training"
     assert row["status"] == "not enough data" and row["summary"] == "not enough data (needs 5 evaluations after training steps, has 2)"
+
+
+def test_dead_relu_needs_units_off_at_three_saved_steps_in_a_row(tmp_path):
+    # 64 ReLU units, batch 32. Units off on one batch only: most units are off on each batch
+    # (62 %), a different set each time. Dead: 61 % of units off on every batch.
+    def layer(off_units):
+        def tensors(t):
+            value = np.abs(rng.normal(1.0, 0.5, (32, 64))).astype(np.float32)
+            value[:, off_units(t)] = 0.0
+            return {"fc1_relu_output": value}
+        return tensors
+
+    losses = np.linspace(2.0, 0.5, 6)
+    shifting = layer(lambda t: np.roll(np.arange(64) < 40, 24 * t))
+    report = run(DeadRelu, write(tmp_path / "healthy", losses, tensors=shifting))
+    assert report.status == "ok", report.summary()
+    # SageMaker's one-batch judgement calls the same layer dead at every step.
+    assert run(DeadRelu, write(tmp_path / "healthy1", losses, tensors=shifting), persistence=1).violations == 6
+    dead = layer(lambda t: np.arange(64) < 39)
+    report = run(DeadRelu, write(tmp_path / "dead", losses, tensors=dead))
+    assert report.fired and report.violations == 4, report.summary()  # from the third saved step on
+    assert report.evidence[0].value == pytest.approx(100 * 39 / 64) and "last 3 saved steps" in report.evidence[0].message
+    short = run(DeadRelu, write(tmp_path / "short", losses[:2], tensors=dead))
+    assert short.status == "not enough data", short.summary()

@@ -81,12 +81,16 @@ class _LayerParams(RuleParams):
     tensor_regex: tuple[str, ...] = ()
     threshold_inactivity: float = 1.0
     threshold_layer: float = 50.0
+    # A unit counts only when it was inactive at each of the layer's last `persistence`
+    # saved steps (each a different batch): 1 is SageMaker's one-batch judgement.
+    persistence: int = 1
     # Also inspect tensors the hook recorded as a ReLU's output / a tanh's or sigmoid's input.
     by_module_class: bool = False
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold_inactivity", self.threshold_inactivity, 0 <= self.threshold_inactivity <= 100, "a percentage in [0, 100]")
         require(owner, "threshold_layer", self.threshold_layer, 0 <= self.threshold_layer <= 100, "a percentage in [0, 100]")
+        require(owner, "persistence", self.persistence, self.persistence >= 1, ">= 1 saved steps")
 
 
 class _InactiveUnits(Rule):
@@ -100,6 +104,14 @@ class _InactiveUnits(Rule):
     # when `by_module_class` is on.
     kinds: tuple[str, ...] = ()
     side: str = "output"
+
+    def __init__(self, base_trial: Trial, **kwargs: Any):
+        super().__init__(base_trial, **kwargs)
+        # Per layer: the inactive-unit masks of its last `persistence` saved steps.
+        self._recent: dict[str, list[np.ndarray]] = {}
+
+    def finish(self) -> None:
+        self.need(self.params.persistence, max((len(v) for v in self._recent.values()), default=0), "saved steps of a layer")
 
     def _layers(self) -> list[str]:
         chosen = self.select_tensors((), self.params.tensor_regex, all_when_empty=False)
@@ -125,9 +137,17 @@ class _InactiveUnits(Rule):
             if value is None or value.size == 0:
                 continue
             activity = unit_activity(value, self._active(name, value))
-            inactive = 100.0 * float(np.mean(activity < p.threshold_inactivity))
+            recent = self._recent.setdefault(name, [])
+            if recent and recent[-1].shape != activity.shape:
+                recent.clear()  # another layout: the units are not the same ones
+            recent.append(activity < p.threshold_inactivity)
+            del recent[: -p.persistence]
+            if len(recent) < p.persistence:
+                continue
+            inactive = 100.0 * float(np.mean(np.logical_and.reduce(recent)))
             if inactive > p.threshold_layer:
-                message = f"{name}: {inactive:.1f}% of units {self.state} > {p.threshold_layer:g}%"
+                over = f" at each of its last {p.persistence} saved steps" if p.persistence > 1 else ""
+                message = f"{name}: {inactive:.1f}% of units {self.state}{over} > {p.threshold_layer:g}%"
                 extra: dict[str, Any] = {f"percent_{self.state}": inactive}
                 self.violation(step, message, tensor=name, value=inactive, threshold=p.threshold_layer, **extra)
                 fired = True
@@ -142,14 +162,18 @@ class DeadReluParams(_LayerParams):
 class DeadRelu(_InactiveUnits):
     """Fires when more than `threshold_layer` percent (default 50) of a layer's ReLUs are
     dead: a unit is dead when it is active (> 0) in less than `threshold_inactivity`
-    percent (default 1) of the batch. Inspects tensors matching `tensor_regex` (default
-    `.*relu_output`): save ReLU outputs under such names."""
+    percent (default 1) of the batch at each of the layer's last `persistence` saved steps
+    (1: SageMaker's judgement of one batch; the default set uses 3). Inspects tensors
+    matching `tensor_regex` (default `.*relu_output`): save ReLU outputs under such names."""
 
     Params = DeadReluParams
     params: DeadReluParams
     min_saved_steps = 1
     to_save = "layer outputs"
-    preset = {"by_module_class": True}
+    # A unit silent on one batch is not yet dead (healthy VAE and autoencoder layers showed
+    # 52 % and 95 % of units off on one batch, alive on others): dead means off at three
+    # saved steps in a row.
+    preset = {"by_module_class": True, "persistence": 3}
 
     state = "dead"
     kinds = ("relu",)

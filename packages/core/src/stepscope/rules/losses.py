@@ -21,6 +21,9 @@ from .base import Rule, RuleParams, TensorRequest, require
 LOSS_REGEX = ("[Ll]oss",)
 # The fewest values a window of losses may summarise (a median of fewer is too noisy).
 MIN_WINDOW = 5
+# The largest loss read as ln K: ln of 10^6 classes (a vocabulary); above that a first loss
+# is no classifier's at initialisation.
+MAX_CHANCE_LOSS = math.log(1e6) * 1.1
 # Loss names that are not a classifier's cross-entropy: never judged against chance level.
 _REGRESSION_LOSS = re.compile(r"mse|mae|l1|huber|smooth|squared|absolute|regression|cosine|hinge|ctc|kl", re.IGNORECASE)
 
@@ -103,7 +106,12 @@ class LossNotDecreasing(_LossRule):
 
     Inspects the `losses` collection (`use_losses_collection`, True) plus `collection_names`
     and `tensor_regex`. `mode` (TRAIN, EVAL, GLOBAL) limits it to one mode; by default each
-    mode is checked on its own."""
+    mode is checked on its own.
+
+    Jobs that declare several optimizers are not judged (status "no data", as
+    LossDivergence and ChanceLevelLoss): their losses belong to competing objectives (a
+    GAN's generator and discriminator, PPO's actor and critic) that are not meant to fall,
+    and the job does not say which loss belongs to which optimizer."""
 
     Params = LossNotDecreasingParams
     params: LossNotDecreasingParams
@@ -119,12 +127,21 @@ class LossNotDecreasing(_LossRule):
         # too short for `min_windows` windows of `window` values.
         self._series: dict[tuple[ModeKeys, str], list[tuple[int, float]]] = {}
         self._compared = 0
+        self._skip: bool | None = None
+
+    def _adversarial(self) -> bool:
+        if self._skip is None:
+            self._skip = sum(1 for scope in self.trial.scopes() if scope.kind == "optimizer") >= 2
+        return self._skip
 
     def finish(self) -> None:
         """Runs too short for `min_windows` windows of `window` saved losses are judged once
         here with windows of len // min_windows (at least MIN_WINDOW) values, so that a run
         of 30 to 150 saved losses is judged rather than left "ok" unjudged."""
         p = self.params
+        if self._adversarial():
+            self.no_data("not judged: the job declares several optimizers (adversarial and actor-critic losses are not meant to fall)")
+            return
         if not p.window:
             self.need(1, self._compared, f"loss comparisons {p.num_steps} steps apart")
             return
@@ -149,7 +166,7 @@ class LossNotDecreasing(_LossRule):
 
     def invoke_at_step(self, step: int) -> bool:
         mode, mode_step = self.mode_of(step)
-        if mode == ModeKeys.PREDICT or (self._mode is not None and mode != self._mode):
+        if mode == ModeKeys.PREDICT or (self._mode is not None and mode != self._mode) or self._adversarial():
             return False
         p = self.params
         fired = False
@@ -520,8 +537,8 @@ class ChanceLevelLoss(_LossSeriesRule):
     rate 0, inputs that do not reach the model). K is `num_classes`, or (0, the default)
     inferred from the loss at initialisation: a freshly initialised classifier predicts
     nearly uniform probabilities, so its first losses sit at ln K; the loss is judged only
-    when the median of its first `start_points` (3) saved TRAIN losses is within 10 % of
-    ln K for an integer K >= 2, and never when its name says regression (MSE, L1, Huber, ...).
+    when the lowest of its first `start_points` (3) saved TRAIN losses is within 10 % of
+    ln K for an integer K from 2 to 10^6, and never when its name says regression (MSE, L1, Huber, ...).
 
     Two findings, judged over the whole run once it holds `min_points` (30) saved TRAIN
     losses: the median of the last third of the TRAIN losses is above ln K minus
@@ -538,8 +555,10 @@ class ChanceLevelLoss(_LossSeriesRule):
     def _classes(self, series: list[tuple[int, float]]) -> int | None:
         if self.params.num_classes:
             return self.params.num_classes
-        start = float(np.median([v for _, v in series[: self.params.start_points]]))
-        if not 0.5 < start < 25:  # ln 2 ~ 0.69 .. ln of ~1e10 classes
+        # The lowest of the first losses: a run that diverges from its first update has its
+        # loss at initialisation there, not its median (a diverged loss of 20 is not ln 5e8).
+        start = float(np.min([v for _, v in series[: self.params.start_points]]))
+        if not 0.5 < start < MAX_CHANCE_LOSS:
             return None
         k = int(round(math.exp(start)))
         return k if k >= 2 and abs(start - math.log(k)) <= 0.1 * math.log(k) else None
