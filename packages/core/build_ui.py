@@ -78,6 +78,9 @@ def build() -> None:
         stamp.write_text(lock_digest + "\n")
     (STATIC / bundle.RECORD).unlink(missing_ok=True)  # no record of a half-built bundle
     _run([npm, "run", "--silent", "build"], "bundles ui-src with esbuild")
+    # The record is written only once the bundle exists (a fresh clone has none before this).
+    record = {"sources_sha256": bundle.sources_digest(UI_SRC), "files": {name: _sha256(STATIC / name) for name in bundle.FILES}}
+    (STATIC / bundle.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def _run(command: list[str], what: str) -> None:
@@ -86,8 +89,6 @@ def _run(command: list[str], what: str) -> None:
     except subprocess.CalledProcessError as exc:
         raise SystemExit(f"stepscope: building the web app's bundle failed: `{' '.join(command[1:])}` in {UI_SRC} "
                          f"(it {what}) exited {exc.returncode}; its output is above") from None
-    record = {"sources_sha256": bundle.sources_digest(UI_SRC), "files": {name: _sha256(STATIC / name) for name in bundle.FILES}}
-    (STATIC / bundle.RECORD).write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
 
 
 def ensure() -> str:

@@ -123,3 +123,19 @@ def test_the_root_itself_may_be_a_link(tmp_path):
     store = LocalStore(tmp_path / "alias")
     store.write("index/a.json", b"1")
     assert store.read("index/a.json") == b"1" and store.list() == ["index/a.json"]
+
+
+def test_an_export_skips_the_step_whose_event_file_is_a_link(tmp_path, write_job):
+    import h5py
+
+    from stepscope.export import export_hdf5
+
+    job = tmp_path / "job"
+    write_job(str(job), steps=4, eval_steps=0)
+    linked = next(p for p in sorted((job / "events").rglob("*.tfevents")) if "000000000002" in p.name)
+    outside = tmp_path / "outside.tfevents"
+    linked.rename(outside)
+    linked.symlink_to(outside)
+    export_hdf5(str(job), str(tmp_path / "out.h5"))
+    with h5py.File(tmp_path / "out.h5") as h5:
+        assert sorted(h5["tensors"]["loss"]["step"][:].tolist()) == [0, 1, 3]

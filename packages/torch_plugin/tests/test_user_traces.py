@@ -139,3 +139,34 @@ def test_without_pyarrow_the_command_names_the_extra(store_root: Path) -> None:
     assert result.returncode == 2
     assert "pip install 'stepscope[traces]'" in result.stderr
     assert "ModuleNotFoundError" not in result.stderr
+
+
+def test_a_job_without_detailed_traces_has_none(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """A job's own JSON files (index, collections, step tables, status, system metrics, rule
+    reports) are never taken for a user's traces: none is read as one and skipped."""
+    import torch
+
+    from stepscope.config import ProfilerConfig, SaveConfig
+    from stepscope_torch import Hook
+
+    job = tmp_path / "job"
+    model = torch.nn.Linear(4, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = Hook(str(job), save_config=SaveConfig(save_interval=1), include_collections=["weights", "losses"],
+                profiler_config=ProfilerConfig(system_monitor=True, monitor_interval_ms=100, step_timeline=True))
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    try:
+        for _ in range(3):
+            optimizer.zero_grad()
+            loss = model(torch.randn(8, 4)).pow(2).mean()
+            hook.save_loss(loss)
+            loss.backward()
+            optimizer.step()
+    finally:
+        hook.close()
+    assert any(job.glob("index/*/*.json")) and any(job.glob("collections/*/*.json"))
+    with caplog.at_level("WARNING"):
+        traces = create_trial(str(job)).profiler.traces
+        assert traces.trace_keys() == [] and traces.ranks == []
+    assert "skipping trace" not in caplog.text

@@ -4,6 +4,7 @@ large job holds one batch in memory, never the job."""
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ import numpy as np
 from ..exceptions import ConfigError, StepscopeError
 from ..modes import ModeKeys
 from ..trial import Trial
+
+logger = logging.getLogger("stepscope")
 
 BATCH_STEPS = 32
 
@@ -101,7 +104,7 @@ def iter_step_values(trial: Trial, selection: Selection, progress: Any = None, b
     for first in range(0, len(steps), batch_steps):
         batch = steps[first : first + batch_steps]
         requests = [(name, step, None, worker) for step in batch for worker in workers for name in names]
-        arrays = iter(trial.read_many(requests) if names else [])
+        arrays = iter(_read_batch(trial, requests, len(workers) * len(names)) if names else [])
         for step in batch:
             mode, mode_step = trial.mode_of(step)
             for worker in workers:
@@ -116,6 +119,25 @@ def iter_step_values(trial: Trial, selection: Selection, progress: Any = None, b
                     yield StepValues(step, mode, mode_step, worker, _wall_time(trial, smallest, step, worker) if wall_time else None, values)
         if progress:
             progress(min(first + batch_steps, len(steps)), len(steps))
+
+
+def _read_batch(trial: Trial, requests: list[Any], per_step: int) -> list[Any]:
+    """The values of a batch; when the batch cannot be read (a file refused or corrupt),
+    step by step, a step that cannot be read skipped with a warning naming why: one bad
+    file costs its step, not the export."""
+    try:
+        return trial.read_many(requests)
+    except (StepscopeError, OSError):
+        pass
+    out: list[Any] = []
+    for at in range(0, len(requests), per_step):
+        part = requests[at : at + per_step]
+        try:
+            out += trial.read_many(part)
+        except (StepscopeError, OSError) as exc:
+            logger.warning("stepscope export: step %s skipped: %s", part[0][1], exc)
+            out += [None] * len(part)
+    return out
 
 
 def _wall_time(trial: Trial, name: str, step: int, worker: str) -> float | None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..exceptions import StepscopeError
 from ..outputs import atomic_output, check_output_target
 from ..store import Store
 from ..trial import Trial, create_trial
@@ -76,7 +77,10 @@ def _guarded(build: Callable[[ReportContext], Section], ctx: ReportContext) -> S
     try:
         return build(ctx)
     except Exception as exc:
-        logger.exception("stepscope report: section %s failed", build.__module__)
+        if isinstance(exc, (StepscopeError, OSError)):  # unreadable job data: its message names the file
+            logger.warning("stepscope report: section %s failed: %s", build.__module__, exc)
+        else:
+            logger.exception("stepscope report: section %s failed", build.__module__)
         name = build.__module__.rsplit(".", 1)[-1]
         return Section(name, name.capitalize(), missing=[f"This section could not be built: {type(exc).__name__}: {exc}"])
 

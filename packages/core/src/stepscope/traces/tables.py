@@ -26,7 +26,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..layout import FRAMEWORK_DIR
+from ..layout import COLLECTIONS_DIR, EVENTS_DIR, FRAMEWORK_DIR, INDEX_DIR, PROFILER_DIR, RULE_OUTPUT_DIR
 from ..store import Store
 from .schema import EVENT_SCHEMA, KINDS
 
@@ -39,6 +39,8 @@ TABLE_DIR = "stepscope-traces"
 TABLE_VERSION = 2  # 2: exact decimal times, gpu_sync and other kinds, the category column
 DETAILED_DIRS = (f"{FRAMEWORK_DIR}/pytorch/detailed", f"{FRAMEWORK_DIR}/tensorflow/detailed")
 _SKIPPED_DIRS = (f"{FRAMEWORK_DIR}/steps/", f"{FRAMEWORK_DIR}/pevents/")
+# A job's own top-level folders: smdebug's, and stepscope's (all named stepscope-*).
+_JOB_DIRS = tuple(f"{folder.split('/')[0]}/" for folder in (EVENTS_DIR, INDEX_DIR, COLLECTIONS_DIR, PROFILER_DIR, RULE_OUTPUT_DIR)) + ("stepscope-",)
 _TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb")
 _MAX_RANK = 1 << 31  # ranks are stored as int32
 _RANK_IN_KEY = re.compile(r"rank[_-]?(\d+)")
@@ -72,8 +74,11 @@ def list_trace_keys(store: Store) -> list[str]:
 
 def loose_trace_keys(store: Store) -> list[str]:
     """Every trace file anywhere in a folder that is not a job (a user's own traces:
-    torch.profiler.tensorboard_trace_handler's output, a folder of rank files, nested)."""
-    return sorted(key for key in store.list("") if key.endswith(_TRACE_SUFFIXES) and not key.startswith((f"{TABLE_DIR}/", *_SKIPPED_DIRS)))
+    torch.profiler.tensorboard_trace_handler's output, a folder of rank files, nested).
+    A job's own folders hold no such trace (its traces are `list_trace_keys`'): a job
+    without detailed traces has none, rather than every index and collections file read
+    as a trace and skipped with a warning."""
+    return sorted(key for key in store.list("") if key.endswith(_TRACE_SUFFIXES) and not key.startswith((f"{TABLE_DIR}/", *_SKIPPED_DIRS, *_JOB_DIRS)))
 
 
 def table_key(trace_key: str) -> str:
