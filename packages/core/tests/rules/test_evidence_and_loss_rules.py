@@ -249,3 +249,12 @@ def test_dead_relu_needs_units_off_at_three_saved_steps_in_a_row(tmp_path):
     assert report.evidence[0].value == pytest.approx(100 * 39 / 64) and "last 3 saved steps" in report.evidence[0].message
     short = run(DeadRelu, write(tmp_path / "short", losses[:2], tensors=dead))
     assert short.status == "not enough data", short.summary()
+
+
+def test_slow_convergence_needs_a_material_fall(tmp_path):
+    # A loss stuck at ln 2 that drifts by 2e-4 over the run, with even smaller noise (the
+    # keras-io time-series defect): flat, not converging slowly.
+    flat = math.log(2) - np.linspace(0, 2e-4, 240) + rng.normal(0, 1e-6, 240)
+    assert not run(SlowConvergence, write(tmp_path / "flat", flat)).fired
+    creeping = 3.9 - np.linspace(0, 0.03, 240) + rng.normal(0, 1e-3, 240)  # 0.8 % over the run
+    assert run(SlowConvergence, write(tmp_path / "creep", creeping)).fired

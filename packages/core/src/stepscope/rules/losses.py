@@ -24,6 +24,9 @@ MIN_WINDOW = 5
 # The largest loss read as ln K: ln of 10^6 classes (a vocabulary); above that a first loss
 # is no classifier's at initialisation.
 MAX_CHANCE_LOSS = math.log(1e6) * 1.1
+# SlowConvergence's "still falling": the second half of the run lowers the loss by more
+# than this share of its start (a 1000x too small learning rate: 0.4 %).
+MIN_FALL_FRACTION = 1e-3
 # Loss names that are not a classifier's cross-entropy: never judged against chance level.
 _REGRESSION_LOSS = re.compile(r"mse|mae|l1|huber|smooth|squared|absolute|regression|cosine|hinge|ctc|kl", re.IGNORECASE)
 
@@ -639,7 +642,8 @@ class SlowConvergence(_LossSeriesRule):
     TRAIN losses are cut into `windows` (10) windows (at least MIN_WINDOW losses each) and
     summarised by their medians; "still falling" is a negative Theil-Sen slope over the
     second half of the windows whose drop exceeds three standard errors of a window's
-    median. A loss that does not fall at all is LossNotDecreasing's."""
+    median and 0.1 % of the first median. A loss that does not fall at all is
+    LossNotDecreasing's."""
 
     Params = SlowConvergenceParams
     params: SlowConvergenceParams
@@ -662,7 +666,10 @@ class SlowConvergence(_LossSeriesRule):
             half = list(medians[p.windows // 2 :])
             slope = theil_sen_slope(half)
             noise = float(np.median(errors))
-            falling = slope < 0 and -slope * (len(half) - 1) > 3.0 * math.sqrt(2.0) * noise
+            drop = -slope * (len(half) - 1)
+            # Also material: a loss at chance level drifting by 2e-4 over half the run (0.03 %
+            # of it) is flat, and its noise can be smaller still; that is LossNotDecreasing's.
+            falling = slope < 0 and drop > 3.0 * math.sqrt(2.0) * noise and drop > MIN_FALL_FRACTION * first
             if falling and 0 < decrease < p.min_decrease_percent / 100.0:
                 self.violation(
                     series[-1][0],
