@@ -26,7 +26,8 @@ def test_dense_relu_outputs_are_recognised_and_dead_units_found(tmp_path):
                                   keras.layers.Dense(1, name="dense_1")])
         model.compile("sgd", "mse")
         with StepscopeCallback(str(tmp_path / name), save_config=SaveConfig(save_interval=2), include_collections=["weights", "outputs", "losses"]) as callback:
-            model.fit(x, y, batch_size=16, epochs=1, callbacks=[callback], verbose=0)
+            # 3 epochs of 4 steps: DeadRelu judges a unit over 3 saved steps in a row.
+            model.fit(x, y, batch_size=16, epochs=3, callbacks=[callback], verbose=0)
     dead, alive = create_trial(str(tmp_path / "dead")), create_trial(str(tmp_path / "alive"))
     assert dead.module_class("outputs/dense") == "relu" and dead.module_class("outputs/dense_1") == "Dense"
     report = run_rules([DeadRelu(dead, **DeadRelu.preset)])[0]
