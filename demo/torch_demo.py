@@ -35,14 +35,15 @@ def _dataset(n: int, seed: int) -> torch.utils.data.TensorDataset:
 
 def _options() -> dict:
     """What both runs save: weights, biases, gradients every 10 steps with a few reductions,
-    losses every 5 steps, metrics every step, ReLU outputs (chosen by module name) every 50."""
+    losses and metrics every step (the loss rules judge trends in windows of saved losses),
+    ReLU outputs (chosen by module name) every 50."""
     return dict(
         save_config=SaveConfig(save_interval=10),
         reduction_config=ReductionConfig(reductions=("mean", "std"), norms=("l2",), save_raw_tensor=True),
         include_collections=["weights", "biases", "gradients"],
         collections=[
             # Scalars: their raw values, not the reductions asked for the tensors above.
-            Collection("losses", save_config=SaveConfig(save_interval=5), reduction_config=ReductionConfig()),
+            Collection("losses", save_config=SaveConfig(save_interval=1), reduction_config=ReductionConfig()),
             Collection("metrics", save_config=SaveConfig(save_interval=1), reduction_config=ReductionConfig()),
             Collection("relu_outputs", include_regex=[r"^[13]_output_0$"], save_config=SaveConfig(save_interval=50)),
         ],
