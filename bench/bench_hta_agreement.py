@@ -7,13 +7,12 @@ bugs, applied to stepscope's input, give HTA's numbers exactly) / differs / hta 
     python bench/bench_hta_agreement.py                      # the committed fixtures
     python bench/bench_hta_agreement.py --traces DIR -v      # any folder of *.json(.gz) traces, with the differing points
 
-The comparison itself is packages/core/tests/traces/_hta_agreement.py (also run by the tests);
+The comparison itself is stepscope.testing.hta_agreement (also run by the tests);
 docs/traces.md lists HTA's bugs."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import sys
 import time
 from collections import Counter
@@ -24,12 +23,9 @@ FIXTURES = ROOT / "packages/core/tests/fixtures/traces"
 
 
 def _agreement():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("_hta_agreement", ROOT / "packages/core/tests/traces/_hta_agreement.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_hta_agreement"] = module
-    spec.loader.exec_module(module)
-    return module
+    from stepscope.testing import hta_agreement
+
+    return hta_agreement
 
 
 def main() -> int:

@@ -23,15 +23,14 @@ Scenarios and what they check on the real traces:
    the idle breakdown's host wait per step and the temporal breakdown's idle time must
    cover it.
 3. The merged timeline: every flow has both ends.
-4. HTA 0.5 (when installed) on each trace, point by point (packages/core/tests/traces/
-   _hta_agreement.py): agrees, or differs only where HTA's documented bugs explain it.
+4. HTA 0.5 (when installed) on each trace, point by point (stepscope.testing.hta_agreement):
+   agrees, or differs only where HTA's documented bugs explain it.
 5. A user's own traces: a folder written by torch.profiler.tensorboard_trace_handler opens
    with stepscope.traces.open and has its kernels."""
 
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import sys
 import tempfile
@@ -93,12 +92,9 @@ def _train(out: Path, steps: int, device: str, *, window: tuple[int, int], warmu
 
 
 def _agreement_module():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("_hta_agreement", ROOT / "packages/core/tests/traces/_hta_agreement.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["_hta_agreement"] = module
-    spec.loader.exec_module(module)
-    return module
+    from stepscope.testing import hta_agreement
+
+    return hta_agreement
 
 
 def _windows(base: Path, steps: int, device: str, check: Checks) -> list[Path]:

@@ -41,17 +41,11 @@ def _ns(value: object) -> int:
 
 
 def _agreement_module():  # type: ignore[no-untyped-def]
-    """The comparison module beside this file (shared with bench/bench_hta_agreement.py)."""
-    import importlib.util
-    import sys
+    """The comparison (stepscope.testing.hta_agreement, shared with bench/bench_hta_agreement.py
+    and scripts/check_traces_gpu.py); imported here because it imports pandas-heavy analyzers."""
+    from stepscope.testing import hta_agreement
 
-    if "_hta_agreement" not in sys.modules:
-        spec = importlib.util.spec_from_file_location("_hta_agreement", Path(__file__).with_name("_hta_agreement.py"))
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["_hta_agreement"] = module
-        spec.loader.exec_module(module)
-    return sys.modules["_hta_agreement"]
+    return hta_agreement
 
 
 def test_fixtures_are_there() -> None:
