@@ -299,9 +299,11 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     # `profile` and `timeline` (the merged Perfetto trace: step timeline, system metrics,
     # detailed traces, rule firings) live in stepscope/traces/cli.py.
     from .traces.cli import add_profile, add_timeline
+    from .traces.cluster_cli import add_sql
 
     add_profile(sub)
     add_timeline(sub)
+    add_sql(sub)
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
