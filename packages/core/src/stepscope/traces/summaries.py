@@ -278,7 +278,7 @@ def load_tables(store: Store, manifest: Manifest, keys: Iterable[str] | None = N
     table: from the compacted files when they cover exactly these traces, else from the
     per-rank files (and a unreadable file is skipped with a warning)."""
     wanted = sorted(manifest.entries if keys is None else (k for k in keys if k in manifest.entries))
-    if keys is None and manifest.compact.get("covers") == manifest.covered():
+    if len(wanted) == len(manifest.entries) and manifest.compact.get("covers") == manifest.covered():
         try:
             return {name: _read_parquet(store, manifest.compact["files"][name], schema) for name, schema in SCHEMAS.items()}
         except (OSError, KeyError, ValueError, pa.ArrowException) as exc:
