@@ -1,7 +1,8 @@
 """`ProfilerReport` (SageMaker's name): a whole-job rule that runs every profiler rule and
 writes the job's report under `rule-output/ProfilerReport/profiler-output/`, so
 `stepscope check --rule ProfilerReport` (or a rules configuration with a ProfilerReport
-entry) leaves the report where SageMaker users look for it."""
+entry) leaves the report where SageMaker users look for it. The rule catalog
+(rules.registry.REPORT_RULES) names it, so `rules/` never imports the report."""
 
 from __future__ import annotations
 
@@ -10,10 +11,7 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from ..layout import RULE_OUTPUT_DIR
-from ..rules.actions import Action
-from ..rules.base import JobRule, Rule
-from ..rules.params import RuleParams
-from ..rules.report import Explanation
+from ..rules import Action, Explanation, JobRule, Rule, RuleParams
 
 REPORT_KEY = f"{RULE_OUTPUT_DIR}/ProfilerReport/profiler-output/profiler-report.html"
 
@@ -42,7 +40,8 @@ class ProfilerReport(JobRule):
     )
 
     def __init__(self, base_trial: Any = None, *, name: str | None = None, actions: Sequence[Action] = (), companions: Sequence[Rule] = (), **params: Any):
-        from ..profiler.rules import PROFILER_RULES, profiler_report_rules
+        from ..rules.config import profiler_report_rules
+        from ..rules.profiler import PROFILER_RULES
 
         prefixes = {n.lower() for n in PROFILER_RULES}
         overrides = {k: params.pop(k) for k in list(params) if str(k).partition("_")[0].lower() in prefixes}
@@ -52,7 +51,7 @@ class ProfilerReport(JobRule):
         self.companions: list[Rule] = list(companions)
 
     def evaluate(self) -> None:
-        from ..profiler.rules import profiler_report_rules
+        from ..rules.config import profiler_report_rules
         from ..trial import Trial, create_trial
         from .build import write_report
 

@@ -3,8 +3,8 @@ step timeline, with the parameters and defaults of smdebug-rulesconfig. Each put
 measurements in `report.statistics` and reports a violation when its condition holds;
 GPU rules on a job without GPU samples report "no data".
 
-`from_rulesconfig` builds one from a smdebug_rulesconfig object or a dict, `PROFILER_RULES`
-names them, `run_profiler_rules` runs them over a job."""
+`PROFILER_RULES` names them (the catalog, rules.registry, registers them), `run_profiler_rules`
+runs them over a job; rules.config builds one from a smdebug_rulesconfig object or a dict."""
 
 from __future__ import annotations
 
@@ -18,13 +18,12 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
-from ..exceptions import ConfigError
-from ..rules.base import JobRule
-from ..rules.params import RuleParams, ranged
-from ..rules.report import RuleReport
+from ..profiler.reader import ProfilerTrial
+from ..profiler.timeline import STEP_PHASES
 from ..store import Store
-from .reader import ProfilerTrial
-from .timeline import STEP_PHASES
+from .base import JobRule
+from .params import RuleParams, ranged
+from .report import RuleReport
 
 logger = logging.getLogger("stepscope.profiler")
 
@@ -58,11 +57,6 @@ class ProfilerRule(JobRule):
     """Base of the profiler rules: `_measure(profiler)` returns an _Outcome, which becomes
     the report (statistics, datapoints, violations) here."""
 
-    _GPU_ADVICE: ClassVar[tuple[str, ...]] = ()
-
-    def parameters(self) -> dict[str, Any]:
-        return self.params.to_json()
-
     def evaluate(self) -> None:
         outcome = self._measure(self.profiler)
         report = self.report
@@ -92,41 +86,48 @@ class ProfilerRule(JobRule):
 
 
 @dataclass(frozen=True)
-class CPUBottleneckParams(RuleParams):
+class _BottleneckParams(RuleParams):
     threshold: float = ranged(50, "percent")
     gpu_threshold: float = ranged(10, "percent")
-    cpu_threshold: float = ranged(90, "percent")
     patience: int = ranged(1000, "count")
     scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
-
-
-class CPUBottleneck(ProfilerRule):
-    """GPUs idle while the CPU is saturated, for more than `threshold` % of the samples."""
-
-    Params = CPUBottleneckParams
-    params: CPUBottleneckParams
-
-    def _measure(self, trial: ProfilerTrial) -> _Outcome:
-        return _bottleneck(trial, "CPUUtilization", self.params.cpu_threshold, self.params.gpu_threshold, self.params.threshold, self.params.patience)
 
 
 @dataclass(frozen=True)
-class IOBottleneckParams(RuleParams):
-    threshold: float = ranged(50, "percent")
-    gpu_threshold: float = ranged(10, "percent")
+class CPUBottleneckParams(_BottleneckParams):
+    cpu_threshold: float = ranged(90, "percent")
+
+
+@dataclass(frozen=True)
+class IOBottleneckParams(_BottleneckParams):
     io_threshold: float = ranged(50, "percent")
-    patience: int = ranged(1000, "count")
-    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
 
 
-class IOBottleneck(ProfilerRule):
+class _Bottleneck(ProfilerRule):
+    """GPUs idle while the node's `dimension` is above the `busy` parameter, for more than
+    `threshold` % of the samples."""
+
+    params: _BottleneckParams
+    dimension: ClassVar[str]
+    busy: ClassVar[str]  # the parameter holding the threshold of `dimension`
+
+    def _measure(self, trial: ProfilerTrial) -> _Outcome:
+        p = self.params
+        return _bottleneck(trial, self.dimension, getattr(p, self.busy), p.gpu_threshold, p.threshold, p.patience)
+
+
+class CPUBottleneck(_Bottleneck):
+    """GPUs idle while the CPU is saturated, for more than `threshold` % of the samples."""
+
+    Params = CPUBottleneckParams
+    dimension, busy = "CPUUtilization", "cpu_threshold"
+
+
+class IOBottleneck(_Bottleneck):
     """GPUs idle while the CPUs wait on IO, for more than `threshold` % of the samples."""
 
     Params = IOBottleneckParams
-    params: IOBottleneckParams
-
-    def _measure(self, trial: ProfilerTrial) -> _Outcome:
-        return _bottleneck(trial, "I/OWaitPercentage", self.params.io_threshold, self.params.gpu_threshold, self.params.threshold, self.params.patience)
+    dimension, busy = "I/OWaitPercentage", "io_threshold"
 
 
 @dataclass(frozen=True)
@@ -504,88 +505,19 @@ PROFILER_RULES: dict[str, type[ProfilerRule]] = {
 }
 
 
-# --- building and running ---------------------------------------------------------------
-
-
-def from_rulesconfig(config: Any) -> ProfilerRule:
-    """A rule from a smdebug_rulesconfig profiler rule object (`rule_name`,
-    `rule_parameters`) or a dict: {"rule_name", "rule_parameters"}, SageMaker's
-    {"RuleConfigurationName", "RuleParameters": {"rule_to_invoke", ...}}, or the flat
-    parameters with "rule_to_invoke". For ProfilerReport use `profiler_report_rules`."""
-    name, parameters = _name_and_parameters(config)
-    if name.lower() == "profilerreport":
-        raise ConfigError("rule_name: 'ProfilerReport' is a bundle of rules; use profiler_report_rules()")
-    return _build(_rule_class(name), parameters)
-
-
-def profiler_report_rules(config: Any = None) -> list[ProfilerRule]:
-    """All the rules, as SageMaker's ProfilerReport ran them, with its overrides:
-    parameters named `<rule>_<parameter>` (rule name in any case), from a ProfilerReport
-    object, a rulesconfig dict, or a plain dict of those parameters."""
-    parameters: Mapping[str, Any] = {}
-    if config is not None:
-        looks_like_rule = hasattr(config, "rule_parameters") or (
-            isinstance(config, Mapping) and ({"rule_name", "RuleParameters", "rule_to_invoke"} & set(config))
-        )
-        parameters = _name_and_parameters(config)[1] if looks_like_rule else config
-    by_lower = {name.lower(): name for name in PROFILER_RULES}
-    overrides: dict[str, dict[str, Any]] = {name: {} for name in PROFILER_RULES}
-    for key, value in parameters.items():
-        rule, _, parameter = str(key).partition("_")
-        if rule.lower() not in by_lower or not parameter:
-            raise ConfigError(f"{key}: not <rule>_<parameter> with rule one of {', '.join(PROFILER_RULES)}")
-        overrides[by_lower[rule.lower()]][parameter.lower()] = value
-    return [_build(PROFILER_RULES[name], overrides[name]) for name in PROFILER_RULES]
+# --- running ---------------------------------------------------------------------------
 
 
 def run_profiler_rules(trial: Any, rules: Iterable[Any] | None = None) -> list[RuleReport]:
-    """Run `rules` (rule objects, registry names, or rulesconfig objects/dicts; all rules
-    with SageMaker's defaults when None) over `trial` (a Trial, a ProfilerTrial, a path or a
-    Store), without actions. A rule that crashes gives a report with status "error"."""
+    """Run `rules` (rule objects, classes, registry names, or rulesconfig objects/dicts; all
+    rules with SageMaker's defaults when None) over `trial` (a Trial, a ProfilerTrial, a path
+    or a Store), without actions. A rule that crashes gives a report with status "error"."""
+    from .config import from_rulesconfig
+
     if isinstance(trial, (str, os.PathLike, Store)):
         trial = ProfilerTrial(trial)
-    return [rule.run(trial) for rule in (_resolve(r) for r in (rules if rules is not None else PROFILER_RULES))]
-
-
-def _resolve(rule: Any) -> ProfilerRule:
-    if isinstance(rule, ProfilerRule):
-        return rule
-    if isinstance(rule, str):
-        return _rule_class(rule)()
-    if isinstance(rule, type) and issubclass(rule, ProfilerRule):
-        return rule()
-    return from_rulesconfig(rule)
-
-
-def _rule_class(name: str) -> type[ProfilerRule]:
-    for known, cls in PROFILER_RULES.items():
-        if known.lower() == str(name).lower():
-            return cls
-    raise ConfigError(f"rule_name: {name!r} is not a profiler rule ({', '.join(PROFILER_RULES)})")
-
-
-def _name_and_parameters(config: Any) -> tuple[str, dict[str, Any]]:
-    if hasattr(config, "rule_name") and hasattr(config, "rule_parameters"):
-        name, parameters = config.rule_name, dict(config.rule_parameters or {})
-    elif isinstance(config, Mapping):
-        if "rule_name" in config:
-            name, parameters = config["rule_name"], dict(config.get("rule_parameters") or {})
-        elif "RuleParameters" in config:
-            parameters = dict(config["RuleParameters"] or {})
-            name = parameters.get("rule_to_invoke") or config.get("RuleConfigurationName")
-        elif "rule_to_invoke" in config:
-            parameters = dict(config)
-            name = parameters["rule_to_invoke"]
-        else:
-            raise ConfigError(f"rule config: {dict(config)!r} names no rule (rule_name, RuleParameters.rule_to_invoke)")
-    else:
-        raise ConfigError(f"rule config: {config!r} is neither a rulesconfig rule nor a dict")
-    invoked = parameters.pop("rule_to_invoke", None)
-    return str(invoked or name), parameters
-
-
-def _build(cls: type[ProfilerRule], parameters: Mapping[str, Any], name: str | None = None) -> ProfilerRule:
-    return cls(name=name, **dict(parameters))
+    chosen = [rule() if isinstance(rule, type) else rule for rule in (rules if rules is not None else PROFILER_RULES.values())]
+    return [(rule if isinstance(rule, JobRule) else from_rulesconfig(rule)).run(trial) for rule in chosen]
 
 
 # --- data helpers -----------------------------------------------------------------------

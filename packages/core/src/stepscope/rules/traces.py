@@ -2,32 +2,30 @@
 high launch latency, small kernels dominating, many syncs per step, memcpy-bound steps.
 Each judges every profiled step of every rank with a check from traces/checks.py and
 reports one violation (evidence at that step, with the rank) per step over its threshold;
-a job without detailed traces gives "no data". Registered with the profiler rules, so
-`stepscope check --rule HighLaunchLatency` and rules files name them like any other."""
+a job without detailed traces gives "no data". Registered in the rule catalog
+(rules.registry), so `stepscope check --rule HighLaunchLatency` and rules files name them
+like any other."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import pandas as pd
 
-from ..rules.base import JobRule
-from ..rules.params import RuleParams, ranged
-from ..rules.report import Explanation
-from . import checks
+from ..traces import checks
+from .base import JobRule
+from .params import RuleParams, ranged
+from .report import Explanation
 
 _MAX_LISTED = 20
 
 
 class TraceRule(JobRule):
-    """Base: `_check(analysis)` returns checks.CHECK_COLUMNS rows; violations are the fired ones."""
+    """Base: `check`, the name of a traces.checks function called with the analysis and
+    the rule's parameters, returns checks.CHECK_COLUMNS rows; violations are the fired ones."""
 
-    _check: ClassVar[Callable[..., pd.DataFrame]]
-
-    def parameters(self) -> dict[str, Any]:
-        return self.params.to_json()
+    check: ClassVar[str]
 
     def evaluate(self) -> None:
         analysis = self.profiler.traces
@@ -50,7 +48,7 @@ class TraceRule(JobRule):
             report.statistics["not_listed"] = len(fired) - _MAX_LISTED
 
     def _measure(self, analysis: Any) -> pd.DataFrame:
-        raise NotImplementedError
+        return getattr(checks, self.check)(analysis, **self.params.to_json())
 
 
 @dataclass(frozen=True)
@@ -70,8 +68,7 @@ class HighLaunchLatency(TraceRule):
         ("Look at the merged timeline (stepscope timeline) around the slowest launches", "Overlap or reorder streams; use CUDA graphs for fixed-shape steps"),
     )
 
-    def _measure(self, analysis: Any) -> pd.DataFrame:
-        return checks.high_launch_latency(analysis, threshold_us=self.params.threshold_us)
+    check = "high_launch_latency"
 
 
 @dataclass(frozen=True)
@@ -92,8 +89,7 @@ class SmallKernelsDominating(TraceRule):
         ("Compile the model (torch.compile, XLA / jit_compile=True) to fuse kernels", "Use CUDA graphs", "Raise the batch size"),
     )
 
-    def _measure(self, analysis: Any) -> pd.DataFrame:
-        return checks.small_kernels_dominating(analysis, max_kernel_us=self.params.max_kernel_us, min_share=self.params.min_share)
+    check = "small_kernels_dominating"
 
 
 @dataclass(frozen=True)
@@ -112,8 +108,7 @@ class ManySyncsPerStep(TraceRule):
         ("Accumulate metrics on the GPU and read them every N steps", "Remove explicit synchronize calls; use non_blocking copies"),
     )
 
-    def _measure(self, analysis: Any) -> pd.DataFrame:
-        return checks.many_syncs_per_step(analysis, max_syncs=self.params.max_syncs)
+    check = "many_syncs_per_step"
 
 
 @dataclass(frozen=True)
@@ -132,8 +127,7 @@ class MemcpyBoundStep(TraceRule):
         ("DataLoader(pin_memory=True) and .to(device, non_blocking=True)", "Keep tensors on the GPU; prefetch the next batch on a side stream"),
     )
 
-    def _measure(self, analysis: Any) -> pd.DataFrame:
-        return checks.memcpy_bound_steps(analysis, max_share=self.params.max_share)
+    check = "memcpy_bound_steps"
 
 
 TRACE_RULES: dict[str, type[TraceRule]] = {rule.__name__: rule for rule in (HighLaunchLatency, SmallKernelsDominating, ManySyncsPerStep, MemcpyBoundStep)}
