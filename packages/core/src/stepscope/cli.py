@@ -14,17 +14,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .cli_common import EXIT_ERROR, EXIT_FIRED, EXIT_INTERRUPTED, EXIT_NOT_JUDGED, EXIT_OK, UsageError
 from .exceptions import ConfigError, OutputError, StepscopeError
 
-EXIT_OK, EXIT_FIRED, EXIT_ERROR = 0, 1, 2
-# No rule could judge the job (each said "no data" or "not enough data"): a CI gate must
-# not pass a job that nothing judged.
-EXIT_NOT_JUDGED = 3
 _INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
-
-
-class UsageError(Exception):
-    """Bad arguments or unreadable data: exit status 2 with a one-line message."""
 
 
 # --- rule specifications ----------------------------------------------------------------
@@ -270,9 +263,6 @@ def _run_rules(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- timeline (merge) ---------------------------------------------------------------------
-
-
 # --- entry point ------------------------------------------------------------------------
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
@@ -346,7 +336,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stepscope {args.command}: bad regular expression {exc.pattern!r}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except (RecursionError, MemoryError) as exc:
         print(f"stepscope {args.command}: input too deeply nested or too large: {type(exc).__name__}", file=sys.stderr)
         return EXIT_ERROR
@@ -356,9 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-if __name__ == "__main__":
-    # `python -m stepscope.cli`: run the imported module's main, so that the subcommands'
-    # `from ..cli import UsageError` is the class main catches (not __main__'s copy).
-    from stepscope.cli import main as _main
+__all__ = ["main", "build_parser", "parse_rule_spec", "EXIT_OK", "EXIT_FIRED", "EXIT_ERROR", "EXIT_NOT_JUDGED", "UsageError"]
 
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())
