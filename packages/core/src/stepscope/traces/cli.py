@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-EXIT_OK, EXIT_ERROR = 0, 2
+from ..cli_common import EXIT_OK, STEPS_HELP
 
 
 class _ProgressBar:
@@ -40,7 +40,7 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("profile", help="kernels, launches, memory copies, syncs and GPU idle time from the job's detailed traces")
     parser.add_argument("path", help="a job's folder, a folder of Kineto/XSpace traces (e.g. tensorboard_trace_handler's output), or one trace file; local or s3://")
     parser.add_argument("--rank", type=int, default=None, help="one rank only (default: every rank)")
-    parser.add_argument("--steps", default=None, metavar="A:B", help="profiled steps A to B (inclusive)")
+    parser.add_argument("--steps", default=None, metavar="A:B", help=f"only the profiled {STEPS_HELP}")
     parser.add_argument("--json", action="store_true", help="print the tables as JSON")
     parser.add_argument("--progress", action="store_true", help="show the parsing progress bar even when stderr is not a terminal")
     parser.add_argument("--job-view", action="store_true", help="the job-wide view from per-rank summaries (ranks, stragglers, top kernels); the default above 16 traces without --rank")
@@ -54,7 +54,7 @@ def add_timeline(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("timeline", help="write one Perfetto-loadable trace of the job: metrics, steps, annotations, CPU ops, GPU streams, rule firings")
     parser.add_argument("path", help="a job's folder, a folder of traces, or one trace file; local or s3://")
     parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="trace.json or trace.json.gz (default timeline.json; - for stdout)")
-    parser.add_argument("--steps", default=None, metavar="A:B", help="only the time of steps A to B (inclusive)")
+    parser.add_argument("--steps", default=None, metavar="A:B", help=f"only the time of {STEPS_HELP}")
     parser.add_argument("--no-cpu-ops", action="store_true", help="leave CPU operators out (a smaller file)")
     parser.set_defaults(run=run_timeline)
 
