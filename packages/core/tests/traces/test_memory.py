@@ -34,7 +34,7 @@ def test_peaks_and_counts_per_step_match_truth(memory_job):
         assert set(steps["device"]) == {"cuda:0"}
         for step, expected in truth.memory_by_step.items():
             row = steps.loc[step]
-            for column in ("peak_allocated", "peak_reserved", "allocations", "frees", "start_allocated", "end_allocated"):
+            for column in ("peak_allocated", "peak_reserved", "reserved_at_peak", "allocations", "frees", "start_allocated", "end_allocated"):
                 assert row[column] == expected[column], (rank, step, column)
             assert row["peak_op"] == truth.memory_peak_op[step]
             assert row["peak_annotation"] in ("## forward ##", "## backward ##")

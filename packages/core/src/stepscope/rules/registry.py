@@ -64,7 +64,7 @@ def default_profiler_rules(trial: Trial) -> list[Rule]:
     if not has_profiler_data(trial):
         return []
     traced = has_trace_data(trial)
-    return [cls(trial, **cls.preset) for cls in profiler_rules().values() if traced or cls.__module__ != "stepscope.traces.rules"]
+    return [cls(trial, **cls.preset) for cls in profiler_rules().values() if traced or cls.__module__ not in ("stepscope.traces.rules", "stepscope.rules.memory")]
 
 
 def has_trace_data(trial: Trial) -> bool:
@@ -83,6 +83,7 @@ def profiler_rules() -> dict[str, type[Rule]]:
     rules = dict(getattr(module, "PROFILER_RULES", {}))
     try:  # the trace rules (stepscope.traces.rules) need pyarrow
         rules.update(importlib.import_module("stepscope.traces.rules").TRACE_RULES)
+        rules.update(importlib.import_module("stepscope.rules.memory").MEMORY_RULES)
     except ImportError:
         pass
     return rules

@@ -140,6 +140,16 @@ class TraceAnalysis:
         median rank's peak."""
         return allocations.rank_peaks({r: allocations.memory_steps(self._events(r, steps)) for r in self.ranks})
 
+    def device_memory(self) -> pd.DataFrame:
+        """Per rank and GPU: the device's memory in bytes as the traces' `deviceProperties`
+        give it (`totalGlobalMem`): rank, device (cuda:<id>), total_bytes."""
+        rows = {}
+        for info, _ in self._readable():
+            for entry in info.metadata.get("deviceProperties") or ():
+                if isinstance(entry, dict) and isinstance(entry.get("id"), int) and isinstance(entry.get("totalGlobalMem"), int):
+                    rows[(info.rank, f"cuda:{entry['id']}")] = entry["totalGlobalMem"]
+        return pd.DataFrame([{"rank": r, "device": d, "total_bytes": b} for (r, d), b in sorted(rows.items())], columns=["rank", "device", "total_bytes"])
+
     def syncs(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
         """Per synchronize call: count, total/mean/max µs, gpu_wait_us, waited_for."""
         return self._per_rank(rank, steps, lambda e, r: syncs.sync_stats(e))

@@ -53,9 +53,10 @@ class SynthSpec:
     memory: bool = False  # allocator events ([memory], as profile_memory=True writes them) on cuda:0
     leak_bytes: int = 0  # with `memory`: bytes each step allocates and never frees (a leak)
     activation_bytes: int = 4 << 20  # with `memory`: the largest activation a forward op allocates
+    segment_bytes: int = 2 << 20  # with `memory`: the caching allocator reserves in segments of this size
 
     def __post_init__(self) -> None:
-        for name in ("leak_bytes", "activation_bytes"):
+        for name in ("leak_bytes", "activation_bytes", "segment_bytes"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 0:
                 raise ConfigError(f"SynthSpec.{name} must be an integer >= 0, got {value!r}")
@@ -88,7 +89,7 @@ class GroundTruth:
     cpu_ops: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> count, total_ns
     events: int = 0
     # Allocator events (SynthSpec.memory), per step on cuda:0: peak_allocated, peak_reserved,
-    # allocations, frees, start_allocated, end_allocated, unfreed_bytes; and the op at the peak.
+    # reserved_at_peak, allocations, frees, start_allocated, end_allocated, unfreed_bytes; and the op at the peak.
     memory_by_step: dict[int, dict[str, int]] = field(default_factory=dict)
     memory_peak_op: dict[int, str] = field(default_factory=dict)
     leak_op: dict[int, str] = field(default_factory=dict)  # step -> the op that allocated the leaked block
@@ -264,7 +265,7 @@ class _Generator:
         also allocates the leaked block."""
         truth = self.truth
         if step not in truth.memory_by_step:
-            truth.memory_by_step[step] = {"peak_allocated": -1, "peak_reserved": -1, "allocations": 0, "frees": 0, "start_allocated": self.allocated, "end_allocated": 0, "unfreed_bytes": 0}
+            truth.memory_by_step[step] = {"peak_allocated": -1, "peak_reserved": -1, "reserved_at_peak": -1, "allocations": 0, "frees": 0, "start_allocated": self.allocated, "end_allocated": 0, "unfreed_bytes": 0}
         ts = start + 100
         if leak and self.spec.leak_bytes:
             self._allocator(step, ts, self.spec.leak_bytes, self._new_addr(self.spec.leak_bytes), op)
@@ -293,9 +294,9 @@ class _Generator:
 
     def _allocator(self, step: int, ts: int, size: int, addr: int, op: str) -> None:
         """One [memory] instant; the caching allocator's totals by plain arithmetic: reserved
-        grows in 2 MiB segments when the allocated bytes need it and never shrinks."""
+        grows in segments (SynthSpec.segment_bytes) when the allocated bytes need it and never shrinks."""
         self.allocated += size
-        segment = 2 << 20
+        segment = max(self.spec.segment_bytes, 1)
         self.reserved = max(self.reserved, -(-self.allocated // segment) * segment)
         entry = self.truth.memory_by_step[step]
         if size > 0:
@@ -305,6 +306,7 @@ class _Generator:
             entry["frees"] += 1
         if self.allocated > entry["peak_allocated"]:
             entry["peak_allocated"] = self.allocated
+            entry["reserved_at_peak"] = self.reserved
             self.truth.memory_peak_op[step] = op or "(no op)"
         entry["peak_reserved"] = max(entry["peak_reserved"], self.reserved)
         args = {"Total Reserved": self.reserved, "Total Allocated": self.allocated, "Bytes": size, "Device Id": 0, "Device Type": 1, "Addr": addr}

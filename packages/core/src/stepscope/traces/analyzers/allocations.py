@@ -20,7 +20,7 @@ MODULE_PREFIX = "nn.Module: "  # the python_function events torch names after mo
 ALLOCATION_COLUMNS = ["ts_ns", "step", "device", "bytes", "total_allocated", "total_reserved", "addr", "pid", "tid"]
 STEP_COLUMNS = [
     "step", "device", "allocations", "frees", "allocated_bytes", "freed_bytes", "start_allocated", "end_allocated",
-    "peak_allocated", "peak_reserved", "peak_ts_ns", "peak_op", "peak_annotation", "peak_module",
+    "peak_allocated", "peak_reserved", "reserved_at_peak", "peak_ts_ns", "peak_op", "peak_annotation", "peak_module",
 ]  # fmt: skip
 GROWTH_COLUMNS = ["step", "device", "allocations", "allocated_bytes", "outliving", "outliving_bytes", "unfreed", "unfreed_bytes", "net_bytes"]
 OP_COLUMNS = ["op", "allocations", "allocated_bytes", "frees", "freed_bytes", "self_bytes", "max_bytes", "outliving_bytes"]
@@ -134,8 +134,8 @@ def memory_timeline(events: pd.DataFrame, max_points: int = 4000) -> pd.DataFram
 def memory_steps(events: pd.DataFrame) -> pd.DataFrame:
     """One row per (step, device): allocator events, bytes allocated and freed, the total
     allocated before the step's first event and after its last, the peak allocated (the
-    highest total after any event of the step) and reserved, and the operator, annotation
-    and module live at the peak."""
+    highest total after any event of the step) and reserved, the reserved total at the
+    peak, and the operator, annotation and module live at the peak."""
     table = allocations(events)
     if table.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
@@ -156,6 +156,7 @@ def memory_steps(events: pd.DataFrame) -> pd.DataFrame:
                 "end_allocated": int(allocated[-1]),
                 "peak_allocated": int(allocated[peak]),
                 "peak_reserved": int(group["total_reserved"].max()),
+                "reserved_at_peak": int(group["total_reserved"].iloc[peak]),
                 "peak_ts_ns": int(group["ts_ns"].iloc[peak]),
                 "_peak_index": group.index[peak],
             }
