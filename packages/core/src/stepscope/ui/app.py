@@ -22,13 +22,13 @@ from markupsafe import escape
 from werkzeug.exceptions import HTTPException
 
 from ..exceptions import ConfigError, StepscopeError
-from . import auth
+from . import auth, bundle
 from . import users as users_module
 from .jobs import JobNotFound, JobStore, job_id
 from .users import UserDB
 
 logger = logging.getLogger(__name__)
-STATIC_DIR = Path(__file__).parent / "static"
+STATIC_DIR = bundle.STATIC_DIR
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _PUBLIC_PATHS = ("/login", "/static/", "/healthz", "/favicon.ico")
 _HEADERS = {
@@ -44,10 +44,6 @@ class _HttpError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message
-
-
-def assets_built() -> bool:
-    return (STATIC_DIR / "app.js").is_file() and (STATIC_DIR / "app.css").is_file()
 
 
 def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies: bool = False, limiter: auth.LoginLimiter | None = None,
@@ -597,10 +593,9 @@ def _json_error(status: int, message: str) -> Response:
 
 
 def _shell(identity: auth.Identity) -> Response:
-    if not assets_built():
-        body = ("<!doctype html><title>stepscope</title><p>The app's scripts are not built. Run "
-                "<code>python scripts/build_ui.py</code> (npm) in the source tree, or install a built wheel.</p>")
-        return Response(body, status=503, mimetype="text/html")
+    problem = bundle.missing_message()
+    if problem:  # `stepscope ui` refuses to start without it; this guards an app embedded elsewhere
+        return Response(f"<!doctype html><title>stepscope</title><p>{escape(problem)}</p>", status=503, mimetype="text/html")
     user = identity.user
     page = (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>stepscope</title>"
