@@ -210,3 +210,22 @@ def test_bad_engine_and_workers_are_named(tmp_path):
         fanout.build(LocalStore(tmp_path), engine="spark")
     with pytest.raises(ConfigError, match="workers"):
         fanout.build(LocalStore(tmp_path), workers=0)
+
+
+def test_rank_straggler_rule(tmp_path, capsys):
+    from stepscope.rules.traces import RankStraggler
+
+    truths = _same_work_job(tmp_path / "slow", ranks=5, straggler=3)
+    report = RankStraggler(str(tmp_path / "slow")).run()
+    assert report.fired and report.statistics["straggler_ranks"] == [3]
+    assert sorted(e.step for e in report.evidence) == sorted(truths[3].step_ns)
+    assert {e.data["rank"] for e in report.evidence} == {3} and {e.data["part"] for e in report.evidence} == {"compute kernels"}
+    assert report.datapoints == 5 * len(truths[3].step_ns)
+    _same_work_job(tmp_path / "even", ranks=5)
+    assert RankStraggler(str(tmp_path / "even")).run().status == "ok"
+    _same_work_job(tmp_path / "two", ranks=2, straggler=1)
+    few = RankStraggler(str(tmp_path / "two")).run()
+    assert few.status == "no data" and "2 ranks" in few.no_data_reason
+    assert main(["check", str(tmp_path / "slow"), "--rule", "RankStraggler:min_excess=0.1", "--json", "--no-write", "--quiet"]) == 1
+    reports = {r["rule"]: r for r in json.loads(capsys.readouterr().out)}
+    assert reports["RankStraggler"]["fired"] is True

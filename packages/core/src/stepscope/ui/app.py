@@ -201,6 +201,10 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
             raise _HttpError(404, "not found")
         return _shell(g.identity)
 
+    @app.get("/compare")
+    def compare_page() -> Response:
+        return _shell(g.identity)  # the script asks /api/compare, which checks both grants
+
     @app.get("/jobs/<path:job>")
     def job_page(job: str) -> Response:
         _visible(job)  # the view (dashboard, timeline, ...) is the URL's #fragment
@@ -236,6 +240,19 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         with ThreadPoolExecutor(max_workers=min(8, max(1, len(visible)))) as pool:
             rows = list(pool.map(row, visible))
         return jsonify(jobs=_filter_sort(rows, request.args))
+
+    @app.get("/api/compare")
+    def compare_jobs() -> Response:
+        """`?a=JOB&b=JOB`: stepscope.diff's comparison of B with the baseline A (both jobs
+        this user may see; `top` rows of kernels/operators/tensors)."""
+        from ..diff import compare
+
+        a, b = request.args.get("a", ""), request.args.get("b", "")
+        if not a or not b:
+            raise _HttpError(400, "give two jobs: ?a=JOB&b=JOB")
+        (trial_a, _), (trial_b, _) = _open(a), _open(b)
+        diff = compare(trial_a, trial_b, top=_int_arg("top", 15, 1, 200), rules="saved", names=(job_id(a), job_id(b)))
+        return jsonify(diff.to_json())
 
     @app.get("/api/jobs/<path:job>/summary")
     def job_summary(job: str) -> Response:
