@@ -561,7 +561,7 @@ def _float_arg(name: str) -> float | None:
     return value
 
 
-_SORT_KEYS = ("id", "status", "start", "duration", "framework", "workers", "steps")
+_SORT_KEYS = ("id", "status", "start", "duration", "framework", "workers", "steps", "saved_steps")
 
 
 def _filter_sort(rows: list[dict[str, Any]], args: Any) -> list[dict[str, Any]]:

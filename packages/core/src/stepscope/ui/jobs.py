@@ -77,9 +77,10 @@ class JobSummary:
     end: float | None
     framework: str | None
     workers: int
-    steps: int
+    steps: int  # steps run (the step timeline's, every mode; the saved steps where there is no timeline)
     rules_fired: tuple[str, ...]
     skipped: tuple[str, ...] = ()  # files the reader could not read and left out, each with why
+    saved_steps: int = 0  # steps with saved tensors
 
     @property
     def duration(self) -> float | None:
@@ -88,8 +89,8 @@ class JobSummary:
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "status": self.status, "start": self.start, "end": self.end, "duration": self.duration,
-            "framework": self.framework, "workers": self.workers, "steps": self.steps, "rules_fired": list(self.rules_fired),
-            "skipped": list(self.skipped),
+            "framework": self.framework, "workers": self.workers, "steps": self.steps, "saved_steps": self.saved_steps,
+            "rules_fired": list(self.rules_fired), "skipped": list(self.skipped),
         }
 
 
@@ -304,8 +305,20 @@ def summarize(job: str, trial: Any) -> JobSummary:
     else:
         status = "stopped"
     fired = tuple(str(r.get("rule")) for r in rule_summary(trial.store) if r.get("fired"))
-    steps = len(trial.steps()) or int((timeline["phase"] == "step").sum()) if len(timeline) else len(trial.steps())
+    saved = len(trial.steps())
+    steps = _steps_run(timeline) or saved
     # Named relative to the job: the viewer may see the job, not where it lies on the machine.
     folder = trial.store.describe().rstrip("/") + "/"
     skipped = tuple(p[len(folder):] if p.startswith(folder) else p for p in trial.problems[:20])
-    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired, skipped)
+    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired, skipped, saved)
+
+
+def _steps_run(timeline: Any) -> int:
+    """Steps the job ran, every mode: the step intervals of its busiest rank (ranks run the
+    same steps; a rank that stopped early or joined late must not add or remove any)."""
+    if not len(timeline):
+        return 0
+    steps = timeline[timeline["phase"].isin(("step", "eval_step", "predict_step"))]
+    if not len(steps):
+        return 0
+    return int(steps.groupby(["node_id", "rank"], observed=True)[["mode", "step"]].apply(lambda f: len(f.drop_duplicates())).max())
