@@ -98,7 +98,8 @@ class Store(abc.ABC):
         tree of jobs one level at a time. This default derives it from a full listing; the
         backends list one level only."""
         base = folder.strip("/") + "/" if folder.strip("/") else ""
-        files, folders = set(), set()
+        files: set[str] = set()
+        folders: set[str] = set()
         for key in self.list(base):
             name, sep, _rest = key[len(base) :].partition("/")
             (folders if sep else files).add(name)
