@@ -160,14 +160,13 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.end_step is not None and args.end_step <= args.start_step:
         raise UsageError(f"--end-step ({args.end_step}) must be greater than --start-step ({args.start_step})")
     store = open_store(args.path)
-    root = getattr(store, "root", None)
-    if root is not None and not root.is_dir():
+    if not store.root_exists():
         # A job that has not started may not have made its folder yet: --watch waits for it
         # (within --timeout), creating nothing; without --watch a missing folder is a typo.
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
-        while args.watch and not root.is_dir() and (deadline is None or time.monotonic() < deadline):
+        while args.watch and not store.root_exists() and (deadline is None or time.monotonic() < deadline):
             time.sleep(min(args.poll_interval, 0.5))
-        if not root.is_dir():
+        if not store.root_exists():
             raise UsageError(f"no saved data at {store.describe()}: no such folder (a mistyped path?)")
     failed = _failed_hooks(store)
     for worker, cause in failed.items():

@@ -114,12 +114,13 @@ class JobStore:
         the CLI calls it before it creates anything."""
         if not self.is_s3:
             return
-        from ..store.s3 import S3Store
+        from ..store import open_store
 
         try:
-            root = S3Store(self.url + "/")
-            root._client.list_objects_v2(Bucket=root.bucket, Prefix=root.prefix, MaxKeys=1)
-        except Exception as exc:  # botocore's errors, a bad URL: all mean "not this store"
+            open_store(self.url).probe()
+        except StepscopeError as exc:  # the store's error names the endpoint and the cause
+            raise ConfigError(f"store {self.url!r} cannot be listed: {exc}") from None
+        except Exception as exc:  # a bad URL, boto3 not configured: all mean "not this store"
             raise ConfigError(f"store {self.url!r} cannot be listed ({exc.__class__.__name__})") from None
 
     # --- finding jobs ------------------------------------------------------------------
@@ -147,27 +148,18 @@ class JobStore:
                 stack += [(f"{rel}/{e.name}" if rel else e.name, depth + 1) for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
 
     def _walk_s3(self) -> Iterator[str]:
-        from ..store.s3 import S3Store
+        from ..store import open_store
 
-        root = S3Store(self.url + "/")
-        client, bucket = root._client, root.bucket
-        base = root.prefix + "/" if root.prefix else ""
+        root = open_store(self.url)
         stack = [("", 0)]
         while stack:
             rel, depth = stack.pop()
-            prefix = base + (rel + "/" if rel else "")
-            names, folders = set(), []
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
-                for common in page.get("CommonPrefixes", []):
-                    name = common["Prefix"][len(prefix) :].rstrip("/")
-                    names.add(name)
-                    folders.append(name)
-                names.update(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
-            if rel and any(_is_marker(n) for n in names):
+            listing = root.list_folder(rel)
+            if rel and any(_is_marker(n) for n in (*listing.files, *listing.folders)):
                 yield rel
                 continue
             if depth < MAX_DEPTH:
-                stack += [(f"{rel}/{n}" if rel else n, depth + 1) for n in folders if n and not n.startswith(".")]
+                stack += [(f"{rel}/{n}" if rel else n, depth + 1) for n in listing.folders if not n.startswith(".")]
 
     # --- opening one ------------------------------------------------------------------
 
