@@ -151,14 +151,13 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.end_step is not None and args.end_step <= args.start_step:
         raise UsageError(f"--end-step ({args.end_step}) must be greater than --start-step ({args.start_step})")
     store = open_store(args.path)
-    root = getattr(store, "root", None)
-    if root is not None and not root.is_dir():
+    if not store.root_exists():
         # A job that has not started may not have made its folder yet: --watch waits for it
         # (within --timeout), creating nothing; without --watch a missing folder is a typo.
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
-        while args.watch and not root.is_dir() and (deadline is None or time.monotonic() < deadline):
+        while args.watch and not store.root_exists() and (deadline is None or time.monotonic() < deadline):
             time.sleep(min(args.poll_interval, 0.5))
-        if not root.is_dir():
+        if not store.root_exists():
             raise UsageError(f"no saved data at {store.describe()}: no such folder (a mistyped path?)")
     failed = _failed_hooks(store)
     for worker, cause in failed.items():
@@ -260,9 +259,11 @@ def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     # `profile` and `timeline` (the merged Perfetto trace: step timeline, system metrics,
     # detailed traces, rule firings) live in stepscope/traces/cli.py.
     from .traces.cli import add_profile, add_timeline
+    from .traces.cluster_cli import add_sql
 
     add_profile(sub)
     add_timeline(sub)
+    add_sql(sub)
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -277,13 +278,19 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _add_diff(sub: argparse._SubParsersAction) -> None:
+    from .diff import add_parser
+
+    add_parser(sub)
+
+
 def _add_ui(sub: argparse._SubParsersAction) -> None:
     from .ui.cli import add_ui  # the app's own module; flask loads only when it runs
 
     add_ui(sub)
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_ui]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_diff, _add_ui]
 
 
 def _version() -> str:

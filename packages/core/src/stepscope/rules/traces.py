@@ -130,4 +130,85 @@ class MemcpyBoundStep(TraceRule):
     check = "memcpy_bound_steps"
 
 
-TRACE_RULES: dict[str, type[TraceRule]] = {rule.__name__: rule for rule in (HighLaunchLatency, SmallKernelsDominating, ManySyncsPerStep, MemcpyBoundStep)}
+@dataclass(frozen=True)
+class RankStragglerParams(RuleParams):
+    z: float = ranged(3.5, "positive")
+    min_excess: float = ranged(0.05, "fraction")
+    min_ranks: int = ranged(4, "positive_int")
+
+
+class RankStraggler(JobRule):
+    """Per profiled step, a rank whose step time or compute-kernel time is an outlier among
+    the step's ranks (more than `z` robust standard deviations and `min_excess` of the
+    median above the median rank); judged from the per-rank trace summaries with DuckDB
+    (stepscope.traces.cluster), so it scales to thousands of ranks. The evidence names the
+    rank, the step, and the part (phase, compute / communication kernels, memcpy, syncs,
+    host wait) and kernel class that make it slow."""
+
+    Params = RankStragglerParams
+    params: RankStragglerParams
+    explanation = Explanation(
+        "One rank is slower than the others in the same steps, and in synchronous training every rank waits for it.",
+        (
+            "A slower or throttled GPU (thermal or power limits, a different model, ECC errors)",
+            "More work on that rank: an uneven data shard, longer sequences, its own extra logging or checkpointing",
+            "Its host is busy: data loading, another process on the node, a slower disk or network",
+        ),
+        (
+            "Compare the rank's GPU clocks, temperature and utilization with its peers' (system metrics)",
+            "Balance the data across ranks (bucket by sequence length); move checkpointing and logging off the step",
+            "stepscope profile JOB --rank R for the rank's detail; stepscope sql JOB for the ranks side by side",
+        ),
+    )
+
+    def parameters(self) -> dict[str, Any]:
+        return self.params.to_json()
+
+    def evaluate(self) -> None:
+        from ..exceptions import ConfigError
+        from ..traces.cluster import JobQuery, StragglerParams
+        from ..traces.fanout import summarise_loaded
+
+        analysis = self.profiler.traces
+        if not analysis.trace_keys():
+            self.no_data("no detailed traces in the job (set ProfilerConfig.detailed_windows; see docs/traces.md)")
+            return
+        try:
+            settings = StragglerParams(z=self.params.z, min_excess=self.params.min_excess, min_ranks=self.params.min_ranks)
+            analysis.wait_persisted()
+            summarise_loaded(analysis)  # traces other rules parsed already are not parsed again
+            query = JobQuery(self.profiler.store)
+        except ConfigError as exc:  # DuckDB missing, min_ranks below 3
+            self.no_data(str(exc))
+            return
+        with query:
+            ranks = query.ranks
+            if len(ranks) < settings.min_ranks:
+                self.no_data(f"{len(ranks)} ranks with traces; stragglers are judged among {settings.min_ranks} or more")
+                return
+            judged = query.sql("SELECT count(*) AS n FROM (SELECT DISTINCT step, rank FROM summary_steps WHERE step >= 0 AND step_ns IS NOT NULL)")["n"].iloc[0]
+            slow = query.stragglers(settings)
+            by_rank = query.straggler_ranks(settings) if not slow.empty else slow
+        report = self.report
+        report.datapoints = int(judged)
+        report.statistics = {
+            "ranks": len(ranks),
+            "rank_steps_judged": int(judged),
+            "slow_rank_steps": len(slow),
+            "straggler_ranks": [int(r) for r in by_rank["rank"]] if not slow.empty else [],
+        }
+        for row in slow.sort_values("excess_us", ascending=False).head(_MAX_LISTED).itertuples(index=False):
+            where = f"; most of it in {row.slowest_part} (+{row.part_excess_us:,.0f} us)" if row.slowest_part else ""
+            kernel = f"; kernel class {row.kernel_class} (+{row.class_excess_us:,.0f} us), kernel {row.kernel}" if row.kernel_class else ""
+            self.violation(
+                int(row.step),
+                f"rank {row.rank} is a straggler by {row.by}: step {row.step_us:,.0f} us vs the median rank's {row.median_step_us:,.0f} us "
+                f"(+{row.excess_pct:.0f}%), compute kernels {row.compute_kernel_us:,.0f} us vs {row.median_compute_kernel_us:,.0f} us{where}{kernel}",
+                value=float(row.step_us), threshold=float(row.median_step_us), rank=int(row.rank), part=row.slowest_part,
+                kernel_class=row.kernel_class, kernel=row.kernel,
+            )
+        if len(slow) > _MAX_LISTED:
+            report.statistics["not_listed"] = len(slow) - _MAX_LISTED
+
+
+TRACE_RULES: dict[str, type[JobRule]] = {rule.__name__: rule for rule in (HighLaunchLatency, SmallKernelsDominating, ManySyncsPerStep, MemcpyBoundStep, RankStraggler)}
