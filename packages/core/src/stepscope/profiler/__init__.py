@@ -1,13 +1,16 @@
-"""Profiling: the system monitor, the framework step timeline, their reader and the profiler rules.
+"""Profiling, read side: the reader of system metrics and the step timeline, and the
+profiler rules (loaded on first use). The training side's parts (SystemMonitor,
+TimelineWriter) live in stepscope.capture and are re-exported here.
 
-The training side (SystemMonitor, TimelineWriter) imports no pandas; the reader and the rules
-load on first use."""
+`PHASES` are the parts of a step (stepscope.capture.phases, one definition);
+`TIMELINE_PHASES` every phase name a span of the step timeline may carry."""
 
 from __future__ import annotations
 
 from .._lazy import lazy_getattr
-from .monitor import VALID_INTERVALS_MS, MonitorConfig, MonitorStats, SystemMonitor, default_node_id
-from .timeline import PHASES, STEP_PHASES, TimelineWriter
+from ..capture.monitor import VALID_INTERVALS_MS, MonitorConfig, MonitorStats, SystemMonitor, default_node_id
+from ..capture.phases import PHASES, STEP_PHASES, TIMELINE_PHASES
+from ..capture.step_timeline import TimelineWriter
 
 _LAZY = {
     "ProfilerTrial": "reader",
@@ -42,5 +45,6 @@ __all__ = [
     "TimelineWriter",
     "PHASES",
     "STEP_PHASES",
+    "TIMELINE_PHASES",
     *_LAZY,
 ]

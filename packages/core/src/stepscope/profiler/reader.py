@@ -15,10 +15,10 @@ from typing import Any, TypeAlias
 import numpy as np
 import pandas as pd
 
+from ..capture.monitor import ROTATION_S, parse_system_metrics_key
 from ..exceptions import ConfigError, CorruptRecord
 from ..layout import SYSTEM_METRICS_DIR
 from ..store import Store, open_store
-from .monitor import ROTATION_S, parse_system_metrics_key
 from .timeline import LEGACY_TIMELINE_DIR, STEP_TIMELINE_DIR, TIMELINE_COLUMNS, ParsedTimeline, is_timeline_key, parse_timeline
 
 logger = logging.getLogger("stepscope.profiler")

@@ -9,9 +9,9 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..capture.hook_config import parse_hook_config
 from ..config import Collection
 from ..exceptions import ConfigError
-from ..hook_config import parse_hook_config
 from .actions import parse_actions
 from .base import Rule
 from .registry import build_rule, rule_class, rule_kind
