@@ -14,7 +14,6 @@ from typing import Any
 from ..config import Collection, ReductionConfig, SaveConfig, SaveConfigMode, parse_bool
 from ..exceptions import ConfigError
 from ..modes import ModeKeys
-from .hook_options import HookOptions
 
 _SAVE_KEYS = ("save_interval", "save_steps", "start_step", "end_step")
 _MODE_PREFIXES = {"train": ModeKeys.TRAIN, "eval": ModeKeys.EVAL, "predict": ModeKeys.PREDICT, "global": ModeKeys.GLOBAL}
@@ -162,9 +161,10 @@ def parse_hook_config(data: Mapping[str, Any]) -> HookConfig:
     return config
 
 
-def hook_options(config: HookConfig, **overrides: Any) -> HookOptions:
-    """The HookOptions a parsed configuration describes; `overrides` replace fields (and give
-    out_dir when the file has no LocalPath)."""
+def option_values(config: HookConfig, **overrides: Any) -> dict[str, Any]:
+    """The HookOptions fields a parsed configuration gives (`HookOptions(**values)`);
+    `overrides` replace fields (and give out_dir when the file has no LocalPath). Plain
+    values, so this module does not import HookOptions: hook_options imports this one."""
     options: dict[str, Any] = {
         "save_config": config.save_config,
         "reduction_config": config.reduction_config,
@@ -178,12 +178,7 @@ def hook_options(config: HookConfig, **overrides: Any) -> HookOptions:
     options.update(overrides)
     if not options.get("out_dir"):
         raise ConfigError("out_dir: the hook configuration has no LocalPath; pass out_dir=...")
-    return HookOptions(**options)
-
-
-def load_hook_options(path: str | os.PathLike[str] | None = None, **overrides: Any) -> HookOptions:
-    """HookOptions from a JSON hook configuration at `path` (or $STEPSCOPE_HOOK_CONFIG)."""
-    return hook_options(load_hook_config(path), **overrides)
+    return options
 
 
 def load_hook_config(path: str | os.PathLike[str] | None = None) -> HookConfig:

@@ -10,6 +10,7 @@ from typing import Any
 
 from ..config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, parse_bool
 from ..exceptions import ConfigError
+from .hook_config import load_hook_config, option_values
 
 INCLUDE_WORKERS = ("one", "all")
 
@@ -132,9 +133,7 @@ class HookOptions:
     def from_json(cls, path: str | os.PathLike[str] | None = None, **overrides: Any) -> HookOptions:
         """Options from smdebug's hook JSON (`debughookconfig.json`; without `path`, the file
         named by $STEPSCOPE_HOOK_CONFIG); keyword arguments replace what it says."""
-        from .hook_config import load_hook_options
-
-        return load_hook_options(path, **overrides)
+        return cls(**option_values(load_hook_config(path), **overrides))
 
     def included_names(self) -> list[str]:
         """Collections the user asked for by name or defined (before built-in additions)."""
