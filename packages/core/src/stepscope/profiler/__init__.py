@@ -1,6 +1,6 @@
-"""Profiling, read side: the reader of system metrics and the step timeline, and the
-profiler rules (loaded on first use). The training side's parts (SystemMonitor,
-TimelineWriter) live in stepscope.capture and are re-exported here.
+"""Profiling, read side: the reader of system metrics and the step timeline (the profiler
+rules, in stepscope.rules.profiler, stay importable from here). The training side's parts
+(SystemMonitor, TimelineWriter) live in stepscope.capture and are re-exported here.
 
 `PHASES` are the parts of a step (stepscope.capture.phases, one definition);
 `TIMELINE_PHASES` every phase name a span of the step timeline may carry."""
@@ -15,21 +15,23 @@ from ..capture.step_timeline import TimelineWriter
 _LAZY = {
     "ProfilerTrial": "reader",
     "create_profiler_trial": "reader",
-    "PROFILER_RULES": "rules",
-    "ProfilerRule": "rules",
-    "BatchSize": "rules",
-    "CPUBottleneck": "rules",
-    "Dataloader": "rules",
-    "GPUMemoryIncrease": "rules",
-    "IOBottleneck": "rules",
-    "LoadBalancing": "rules",
-    "LowGPUUtilization": "rules",
-    "MaxInitializationTime": "rules",
-    "OverallSystemUsage": "rules",
-    "StepOutlier": "rules",
-    "from_rulesconfig": "rules",
-    "profiler_report_rules": "rules",
-    "run_profiler_rules": "rules",
+    # The profiler rules live in stepscope.rules.profiler; these names stay importable here
+    # (lazy_getattr prefixes one dot: ".rules.profiler" is stepscope.rules.profiler).
+    "PROFILER_RULES": ".rules.profiler",
+    "ProfilerRule": ".rules.profiler",
+    "BatchSize": ".rules.profiler",
+    "CPUBottleneck": ".rules.profiler",
+    "Dataloader": ".rules.profiler",
+    "GPUMemoryIncrease": ".rules.profiler",
+    "IOBottleneck": ".rules.profiler",
+    "LoadBalancing": ".rules.profiler",
+    "LowGPUUtilization": ".rules.profiler",
+    "MaxInitializationTime": ".rules.profiler",
+    "OverallSystemUsage": ".rules.profiler",
+    "StepOutlier": ".rules.profiler",
+    "from_rulesconfig": ".rules.config",
+    "profiler_report_rules": ".rules.config",
+    "run_profiler_rules": ".rules.profiler",
 }
 
 

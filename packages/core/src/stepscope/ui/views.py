@@ -142,7 +142,7 @@ def _system_series(metrics: pd.DataFrame) -> dict[str, Any]:
 def _step_series(profiler: Any, steps: pd.DataFrame) -> list[dict[str, Any]]:
     """Step time over steps per node, rank and mode, with the StepOutlier rule's limit: the
     steps above it are the outliers the rule counts."""
-    from ..profiler.rules import StepOutlier
+    from ..rules.profiler import StepOutlier
 
     limits = StepOutlier().run(profiler).statistics.get("groups", {}) if len(steps) else {}
     series = []
@@ -471,7 +471,7 @@ def statistics(trial: Any, stamp: Hashable) -> dict[str, Any]:
 
 
 def _statistics(trial: Any) -> dict[str, Any]:
-    from ..profiler.rules import OverallSystemUsage
+    from ..rules.profiler import OverallSystemUsage
 
     profiler = trial.profiler
     timeline = profiler.step_timeline()
