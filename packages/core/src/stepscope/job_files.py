@@ -20,10 +20,13 @@ from typing import Annotated, Any
 import msgspec
 
 from . import layout
-from .exceptions import ConfigError, CorruptRecord
+from .capture.cost import COST_DIR, MAX_COST_BYTES, HookCost
+from .capture.scopes import Scope, parse_scopes
+from .exceptions import ConfigError, CorruptRecord, StepscopeError
 from .modes import ModeKeys
-from .scopes import Scope, parse_scopes
 from .store.base import check_key
+
+logger = logging.getLogger("stepscope")
 
 try:  # orjson parses index files ~4x faster; it is optional
     from orjson import JSONDecodeError as _OrjsonError
@@ -445,7 +448,22 @@ def compile_untrusted_regex(pattern: Any, where: str) -> UntrustedPattern:
     return UntrustedPattern(pattern, where)
 
 
+def read_costs(store: Any) -> dict[str, HookCost]:
+    """{worker: HookCost} of every cost file in the job (empty when the hooks wrote none;
+    an unreadable one is skipped with a warning naming it)."""
+    out = {}
+    for key in store.list(COST_DIR + "/"):
+        try:
+            cost = HookCost.from_json(read_json(store, key, MAX_COST_BYTES, allow_nan=True))
+        except (StepscopeError, ValueError, KeyError, TypeError, AttributeError, OverflowError, OSError) as exc:
+            logger.warning("stepscope: skipping unreadable cost file %s: %s", store.describe(key), exc)
+            continue
+        out[cost.worker] = cost
+    return out
+
+
 __all__ = [
+    "read_costs",
     "IndexEntry",
     "StepTable",
     "TableRow",

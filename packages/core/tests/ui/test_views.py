@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stepscope.profiler import STEP_PHASES
-from stepscope.profiler.rules import OverallSystemUsage, StepOutlier
+from stepscope.rules.profiler import OverallSystemUsage, StepOutlier
 from stepscope.trial import create_trial
 
 from .conftest import T0_NS, login, write_profiler_job
@@ -26,6 +26,8 @@ def test_jobs_list_fields_filter_and_sort(app, store_root):
     timeline = trial.profiler.step_timeline()
     assert run1["status"] == "finished" and run1["framework"] == "pytorch" and run1["workers"] == 1 and run1["steps"] == 40
     assert run1["start"] == trial.profiler.job_start()
+    # steps run (the timeline's step intervals) apart from the steps that saved tensors
+    assert run1["steps"] == int((timeline["phase"] == "step").sum()) and run1["saved_steps"] == len(trial.steps())
     assert run1["end"] == max(timeline["end_ns"].max() / 1e9, trial.profiler.time_range()[1])
     by_steps = [j["id"] for j in client.get("/api/jobs?sort=-steps").get_json()["jobs"]]
     assert by_steps == ["team-a/run-1", "team-b/secret-run", "team-a/run-2"]
@@ -151,7 +153,7 @@ def test_live_rules_judge_as_stepscope_check_does(app, store_root):
              for i in range(4) for core in range(4)]
     lines += [json.dumps({"Type": "process", "Name": "main", "Dimension": "ChildProcessCount", "Value": 1.0, "NodeId": "algo-1", "Timestamp": T0_NS / 1e9 + i}) for i in range(4)]
     (folder / f"{int(T0_NS / 1e9 // 60 * 60) + 1}.algo-2.json").write_text("\n".join(lines).replace('"algo-1"', '"algo-2"') + "\n")
-    from stepscope.profiler.rules import Dataloader, ProfilerTrial
+    from stepscope.rules.profiler import Dataloader, ProfilerTrial
 
     assert Dataloader().run(ProfilerTrial(job)).fired  # (SageMaker's parameters)
     client = app.test_client()
@@ -307,9 +309,9 @@ def test_timeline_has_stream_lanes_and_a_kernel_shows_its_launch(app, store_root
 
 
 def test_dead_and_saturated_units_by_the_rules_definitions(app, store_root):
-    from stepscope.collection_manager import CollectionManager
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
 
     rng = np.random.default_rng(3)
     writer = Writer(str(store_root / "team-a" / "acts"), "worker_0")

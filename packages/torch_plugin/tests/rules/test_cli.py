@@ -148,7 +148,7 @@ def test_the_documented_user_rule_is_this_one():
 
 
 def test_profiler_rules_by_name(runs, capsys):
-    pytest.importorskip("stepscope.profiler.rules")
+    pytest.importorskip("stepscope.rules.profiler")
     code = main(["check", str(runs("healthy")), "--rule", "LowGPUUtilization", "--rule", "VanishingGradient", "--json", "--no-write", "--quiet"])
     reports = json.loads(capsys.readouterr().out)
     assert {r["kind"] for r in reports} == {"tensor", "job"}
@@ -189,9 +189,9 @@ def test_watch_follows_a_job_that_starts_writing_later(tmp_path, capsys):
 
     import numpy as np
 
-    from stepscope.collection_manager import CollectionManager
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
 
     job = tmp_path / "job"
 

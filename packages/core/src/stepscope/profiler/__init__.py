@@ -1,32 +1,37 @@
-"""Profiling: the system monitor, the framework step timeline, their reader and the profiler rules.
+"""Profiling, read side: the reader of system metrics and the step timeline (the profiler
+rules, in stepscope.rules.profiler, stay importable from here). The training side's parts
+(SystemMonitor, TimelineWriter) live in stepscope.capture and are re-exported here.
 
-The training side (SystemMonitor, TimelineWriter) imports no pandas; the reader and the rules
-load on first use."""
+`PHASES` are the parts of a step (stepscope.capture.phases, one definition);
+`TIMELINE_PHASES` every phase name a span of the step timeline may carry."""
 
 from __future__ import annotations
 
 from .._lazy import lazy_getattr
-from .monitor import VALID_INTERVALS_MS, MonitorConfig, MonitorStats, SystemMonitor, default_node_id
-from .timeline import PHASES, STEP_PHASES, TimelineWriter
+from ..capture.monitor import VALID_INTERVALS_MS, MonitorConfig, MonitorStats, SystemMonitor, default_node_id
+from ..capture.phases import PHASES, STEP_PHASES, TIMELINE_PHASES
+from ..capture.step_timeline import TimelineWriter
 
 _LAZY = {
     "ProfilerTrial": "reader",
     "create_profiler_trial": "reader",
-    "PROFILER_RULES": "rules",
-    "ProfilerRule": "rules",
-    "BatchSize": "rules",
-    "CPUBottleneck": "rules",
-    "Dataloader": "rules",
-    "GPUMemoryIncrease": "rules",
-    "IOBottleneck": "rules",
-    "LoadBalancing": "rules",
-    "LowGPUUtilization": "rules",
-    "MaxInitializationTime": "rules",
-    "OverallSystemUsage": "rules",
-    "StepOutlier": "rules",
-    "from_rulesconfig": "rules",
-    "profiler_report_rules": "rules",
-    "run_profiler_rules": "rules",
+    # The profiler rules live in stepscope.rules.profiler; these names stay importable here
+    # (lazy_getattr prefixes one dot: ".rules.profiler" is stepscope.rules.profiler).
+    "PROFILER_RULES": ".rules.profiler",
+    "ProfilerRule": ".rules.profiler",
+    "BatchSize": ".rules.profiler",
+    "CPUBottleneck": ".rules.profiler",
+    "Dataloader": ".rules.profiler",
+    "GPUMemoryIncrease": ".rules.profiler",
+    "IOBottleneck": ".rules.profiler",
+    "LoadBalancing": ".rules.profiler",
+    "LowGPUUtilization": ".rules.profiler",
+    "MaxInitializationTime": ".rules.profiler",
+    "OverallSystemUsage": ".rules.profiler",
+    "StepOutlier": ".rules.profiler",
+    "from_rulesconfig": ".rules.config",
+    "profiler_report_rules": ".rules.config",
+    "run_profiler_rules": ".rules.profiler",
 }
 
 
@@ -42,5 +47,6 @@ __all__ = [
     "TimelineWriter",
     "PHASES",
     "STEP_PHASES",
+    "TIMELINE_PHASES",
     *_LAZY,
 ]
