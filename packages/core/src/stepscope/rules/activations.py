@@ -3,77 +3,15 @@ PoorWeightInitialization. They need raw activation tensors (batch first)."""
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..health import IO_SUFFIX, InactiveTracker, activation_input, activation_kind, activation_layers, inactive_units, io_side, mode_name
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
 from .tensors import GRADIENT_REGEX, TRAINING_MODES
-
-# Module classes (torch, Keras layer classes) of each activation function, lower case.
-ACTIVATION_CLASSES = {
-    "relu": ("relu", "relu6"),
-    "tanh": ("tanh",),
-    "sigmoid": ("sigmoid",),
-}
-_IO = re.compile(r"_(input|output)_\d+$")  # PyTorch: `<module>_output_0`
-
-
-def io_side(name: str) -> str | None:
-    """"input" or "output" for a layer's saved input/output (PyTorch `net.1_output_0`,
-    Keras `outputs/dense_1`), else None."""
-    found = _IO.search(name)
-    if found is not None:
-        return found.group(1)
-    if name.startswith(("outputs/", "inputs/")):
-        return name.split("/", 1)[0][:-1]
-    return None
-
-
-def activation_kind(module_class: str | None) -> str | None:
-    """"relu", "tanh" or "sigmoid" for a module class name ("ReLU", "Tanh", ...)."""
-    lowered = (module_class or "").lower()
-    for kind, classes in ACTIVATION_CLASSES.items():
-        if lowered in classes:
-            return kind
-    return None
-
-
-def _activation_input(kind: str | None, output: np.ndarray) -> np.ndarray:
-    """The input an activation must have had to give `output`."""
-    y = output.astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if kind == "tanh":
-            return np.arctanh(np.clip(y, -1.0, 1.0))
-        if kind == "sigmoid":
-            y = np.clip(y, 0.0, 1.0)
-            return np.log(y) - np.log1p(-y)
-    return y
-
-
-def activation_layers(trial: Trial, kind: str, io: str | None = None) -> list[str]:
-    """Tensors saved as the input or output (`io`: "input", "output", None for either) of a
-    module whose recorded class is an activation of `kind` ("relu", "tanh", "sigmoid")."""
-    out = []
-    for name in trial.tensor_names():
-        side = io_side(name)
-        if side is None or (io is not None and side != io):
-            continue
-        if activation_kind(trial.module_class(name)) == kind:
-            out.append(name)
-    return out
-
-
-def unit_activity(value: np.ndarray, active: np.ndarray) -> np.ndarray:
-    """Percentage of the batch (axis 0) in which each unit is active; a tensor without a
-    batch axis counts each element as one sample of its own unit."""
-    active = active.astype(np.float64)
-    if value.ndim >= 2:
-        return 100.0 * active.mean(axis=0).reshape(-1)
-    return 100.0 * active.reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -107,13 +45,14 @@ class _InactiveUnits(Rule):
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
-        # Per layer: the inactive-unit masks of its last `persistence` saved steps.
-        self._recent: dict[str, list[np.ndarray]] = {}
+        # Per layer and mode: the inactive-unit masks of its last `persistence` saved steps.
+        self._recent = InactiveTracker(self.params.persistence)
 
     def finish(self) -> None:
-        self.need(self.params.persistence, max((len(v) for v in self._recent.values()), default=0), "saved steps of a layer")
+        self.need(self.params.persistence, self._recent.longest(), "saved steps of a layer")
 
-    def _layers(self) -> list[str]:
+    def layers(self) -> list[str]:
+        """The layers this rule inspects (the app charts the same ones)."""
         chosen = self.select_tensors((), self.params.tensor_regex, all_when_empty=False)
         if self.params.by_module_class:
             by_class = [n for kind in self.kinds for n in activation_layers(self.trial, kind, self.side)]
@@ -121,30 +60,25 @@ class _InactiveUnits(Rule):
         return chosen
 
     def has_inputs(self) -> bool:
-        return bool(self._layers())
+        return bool(self.layers())
 
-    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
+    def active(self, name: str, value: np.ndarray) -> np.ndarray:
+        """Per element of `value` (a saved value of layer `name`), whether its unit is active."""
         raise NotImplementedError
 
     def required_tensors(self, step: int):
-        return [TensorRequest(n, step) for n in self._layers() if self.has_raw(n, step)]
+        return [TensorRequest(n, step) for n in self.layers() if self.has_raw(n, step)]
 
     def invoke_at_step(self, step: int) -> bool:
         p = self.params
         fired = False
-        for name in self._layers():
+        for name in self.layers():
             value = self.value(name, step) if self.has_raw(name, step) else None
             if value is None or value.size == 0:
                 continue
-            activity = unit_activity(value, self._active(name, value))
-            recent = self._recent.setdefault(name, [])
-            if recent and recent[-1].shape != activity.shape:
-                recent.clear()  # another layout: the units are not the same ones
-            recent.append(activity < p.threshold_inactivity)
-            del recent[: -p.persistence]
-            if len(recent) < p.persistence:
+            inactive = self._recent.add(name, mode_name(self.trial, step), inactive_units(value, self.active(name, value), p.threshold_inactivity))
+            if inactive is None:
                 continue
-            inactive = 100.0 * float(np.mean(np.logical_and.reduce(recent)))
             if inactive > p.threshold_layer:
                 over = f" at each of its last {p.persistence} saved steps" if p.persistence > 1 else ""
                 message = f"{name}: {inactive:.1f}% of units {self.state}{over} > {p.threshold_layer:g}%"
@@ -179,7 +113,7 @@ class DeadRelu(_InactiveUnits):
     kinds = ("relu",)
     side = "output"
 
-    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
+    def active(self, name: str, value: np.ndarray) -> np.ndarray:
         return value > 0
 
 
@@ -226,25 +160,25 @@ class SaturatedActivation(_InactiveUnits):
             return self.params.threshold_sigmoid
         return None
 
-    def _layers(self) -> list[str]:
-        layers = [n for n in super()._layers() if self._bounds(n) is not None]
+    def layers(self) -> list[str]:
+        layers = [n for n in super().layers() if self._bounds(n) is not None]
         if self.params.by_module_class:
             # Jobs that saved layer outputs but not inputs: judge the outputs, mapped back to
             # the input the activation saw (arctanh / logit; exact ±1 or 0/1 map to ±inf).
             inputs = set(layers)
             for kind in self.kinds:
                 for name in activation_layers(self.trial, kind, "output"):
-                    if _IO.sub("_input_0", name) not in inputs and name.replace("outputs/", "inputs/", 1) not in inputs:
+                    if IO_SUFFIX.sub("_input_0", name) not in inputs and name.replace("outputs/", "inputs/", 1) not in inputs:
                         layers.append(name)
         return sorted(set(layers))
 
-    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
+    def active(self, name: str, value: np.ndarray) -> np.ndarray:
         bounds = self._bounds(name)
         if bounds is None:
             return np.ones(value.shape, dtype=bool)
         low, high = bounds
         if io_side(name) == "output" and activation_kind(self.trial.module_class(name)) is not None:
-            value = _activation_input(activation_kind(self.trial.module_class(name)), value)
+            value = activation_input(activation_kind(self.trial.module_class(name)), value)
         return (value > low) & (value < high)
 
 
