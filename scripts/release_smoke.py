@@ -38,6 +38,8 @@ def installed_not_checkout(checkout: Path) -> None:
     for dist in ("stepscope", "stepscope-torch", "stepscope-tf"):
         direct_url = importlib.metadata.distribution(dist).read_text("direct_url.json") or ""
         check(".whl" in direct_url and "dir_info" not in direct_url, f"{dist} installed from its wheel, not from a folder")
+        files = [str(f) for f in importlib.metadata.files(dist) or []]
+        check(any(f.endswith("LICENSE") and ".dist-info/" in f for f in files), f"{dist}'s wheel carries its LICENSE")
     tf_files = [str(f) for f in importlib.metadata.files("stepscope-tf") or []]
     check("stepscope_tf/__init__.py" in tf_files and "stepscope_tf/py.typed" in tf_files, "stepscope-tf's wheel holds its package")
 

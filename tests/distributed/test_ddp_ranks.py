@@ -23,7 +23,7 @@ def test_ddp_ranks_all_workers(tmp_path, monkeypatch, world_size):
     import ddp_ranks
 
     import stepscope
-    from stepscope.profiler.rules import StepOutlier, run_profiler_rules
+    from stepscope.rules.profiler import StepOutlier, run_profiler_rules
 
     out = str(tmp_path / "job")
     torch.multiprocessing.spawn(ddp_ranks.train_rank, args=(world_size, str(tmp_path / "init"), out, str(tmp_path / "seen")), nprocs=world_size, join=True)

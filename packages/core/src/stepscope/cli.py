@@ -14,50 +14,24 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from .cli_common import EXIT_ERROR, EXIT_FIRED, EXIT_INTERRUPTED, EXIT_NOT_JUDGED, EXIT_OK, UsageError
 from .exceptions import ConfigError, OutputError, StepscopeError
 
-EXIT_OK, EXIT_FIRED, EXIT_ERROR = 0, 1, 2
-# No rule could judge the job (each said "no data" or "not enough data"): a CI gate must
-# not pass a job that nothing judged.
-EXIT_NOT_JUDGED = 3
 _INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
-
-
-class UsageError(Exception):
-    """Bad arguments or unreadable data: exit status 2 with a one-line message."""
 
 
 # --- rule specifications ----------------------------------------------------------------
 
 
 def parse_rule_spec(spec: str) -> tuple[str, dict[str, str]]:
-    """`NAME`, `NAME:key=value,key=value`, `package.module:ClassName` or
-    `package.module:ClassName:key=value,...` -> (name, parameters). A comma-separated item
-    without `=` continues the previous value, so lists work: `token_values=0,1`."""
-    from .rules.registry import BUILTIN_RULES, profiler_rules
+    """`NAME`, `NAME:key=value,...`, `package.module:ClassName[:key=value,...]` -> (name,
+    parameters); rules.config.parse_rule_spec, with a --rule usage error."""
+    from .rules.config import parse_rule_spec as parse
 
-    parts = spec.split(":")
-    known = parts[0] in BUILTIN_RULES or parts[0] in profiler_rules()
-    if len(parts) >= 2 and "=" not in parts[1] and not known:
-        name, rest = f"{parts[0]}:{parts[1]}", ":".join(parts[2:])
-    else:
-        name, rest = parts[0], ":".join(parts[1:])
-    if not name.strip(":"):
-        raise UsageError(f"--rule {spec!r}: no rule name")
-    params: dict[str, str] = {}
-    last = None
-    for item in rest.split(",") if rest else []:
-        if "=" in item:
-            key, _, value = item.partition("=")
-            last = key.strip()
-            if not last:
-                raise UsageError(f"--rule {spec!r}: empty parameter name in {item!r}")
-            params[last] = value.strip()
-        elif last is not None:
-            params[last] += "," + item.strip()
-        else:
-            raise UsageError(f"--rule {spec!r}: expected key=value, got {item!r}")
-    return name, params
+    try:
+        return parse(spec)
+    except ConfigError as exc:
+        raise UsageError(f"--rule {exc}") from None
 
 
 # --- check ------------------------------------------------------------------------------
@@ -131,8 +105,7 @@ class _Progress:
 def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
     """Rules from --rule and --rules-config, or the default set for `trial`."""
     from .rules import default_rules
-    from .rules.config import load_rules_config, rules_from_config
-    from .rules.registry import build_rule
+    from .rules.config import build_rule, load_rules_config, rules_from_config
 
     if not args.rule and not args.rules_config:
         return default_rules(trial)
@@ -145,7 +118,7 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
     if duplicates:
         raise ConfigError(f"rule name(s) {', '.join(duplicates)} given twice; their reports would overwrite each other")
     if "ProfilerReport" in names:  # the report shows the other rules of this run
-        from .report.rule import with_companions
+        from .report.profiler_report import with_companions
 
         with_companions(rules)
     return rules
@@ -290,18 +263,17 @@ def _run_rules(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-# --- timeline (merge) ---------------------------------------------------------------------
-
-
 # --- entry point ------------------------------------------------------------------------
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
     # `profile` and `timeline` (the merged Perfetto trace: step timeline, system metrics,
     # detailed traces, rule firings) live in stepscope/traces/cli.py.
     from .traces.cli import add_profile, add_timeline
+    from .traces.cluster_cli import add_sql
 
     add_profile(sub)
     add_timeline(sub)
+    add_sql(sub)
 
 
 def _add_export(sub: argparse._SubParsersAction) -> None:
@@ -316,13 +288,19 @@ def _add_report(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _add_diff(sub: argparse._SubParsersAction) -> None:
+    from .diff import add_parser
+
+    add_parser(sub)
+
+
 def _add_ui(sub: argparse._SubParsersAction) -> None:
     from .ui.cli import add_ui  # the app's own module; flask loads only when it runs
 
     add_ui(sub)
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_ui]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_diff, _add_ui]
 
 
 def _version() -> str:
@@ -366,7 +344,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"stepscope {args.command}: bad regular expression {exc.pattern!r}: {exc}", file=sys.stderr)
         return EXIT_ERROR
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
     except (RecursionError, MemoryError) as exc:
         print(f"stepscope {args.command}: input too deeply nested or too large: {type(exc).__name__}", file=sys.stderr)
         return EXIT_ERROR
@@ -376,9 +354,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_ERROR
 
 
-if __name__ == "__main__":
-    # `python -m stepscope.cli`: run the imported module's main, so that the subcommands'
-    # `from ..cli import UsageError` is the class main catches (not __main__'s copy).
-    from stepscope.cli import main as _main
+__all__ = ["main", "build_parser", "parse_rule_spec", "EXIT_OK", "EXIT_FIRED", "EXIT_ERROR", "EXIT_NOT_JUDGED", "UsageError"]
 
-    sys.exit(_main())
+if __name__ == "__main__":
+    sys.exit(main())

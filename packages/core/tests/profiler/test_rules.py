@@ -308,7 +308,7 @@ def test_step_outlier_in_the_default_set_ignores_jitter(tmp_path):
 
 
 def test_too_few_samples_after_patience_is_not_enough_data_not_ok(tmp_path, metrics_job):
-    from stepscope.profiler.rules import LowGPUUtilization
+    from stepscope.rules.profiler import LowGPUUtilization
 
     metrics_job(tmp_path)
     report = LowGPUUtilization(patience=100_000).run(str(tmp_path))

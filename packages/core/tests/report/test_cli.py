@@ -26,7 +26,7 @@ def test_bad_usage_exits_2_with_a_message(tmp_path, write_job, capsys):
     write_job(str(tmp_path / "job"), steps=2, eval_steps=0)
     assert main(["export", str(tmp_path / "job")]) == 2
     assert "--tensorboard DIR and/or --hdf5 FILE" in capsys.readouterr().err
-    assert main(["export", str(tmp_path / "job"), "--hdf5", str(tmp_path / "x.h5"), "--steps", "7"]) == 2
+    assert main(["export", str(tmp_path / "job"), "--hdf5", str(tmp_path / "x.h5"), "--steps", "7:x"]) == 2
     assert "--steps must be A:B" in capsys.readouterr().err
     assert main(["export", str(tmp_path / "nothing"), "--hdf5", str(tmp_path / "x.h5")]) == 2
     assert "no saved" in capsys.readouterr().err

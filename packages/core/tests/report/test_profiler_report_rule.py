@@ -8,8 +8,8 @@ import os
 import re
 
 from stepscope.cli import main
-from stepscope.profiler.rules import run_profiler_rules
-from stepscope.report.rule import REPORT_KEY, ProfilerReport
+from stepscope.report.profiler_report import REPORT_KEY, ProfilerReport
+from stepscope.rules.profiler import run_profiler_rules
 from stepscope.rules.registry import describe_rules, rule_class
 
 

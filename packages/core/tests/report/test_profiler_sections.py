@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from stepscope.profiler import create_profiler_trial
-from stepscope.profiler.rules import OverallSystemUsage
 from stepscope.report import build_report
+from stepscope.rules.profiler import OverallSystemUsage
 
 
 def test_system_usage_equals_the_rule(profiler_job):

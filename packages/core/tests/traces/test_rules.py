@@ -6,8 +6,8 @@ from __future__ import annotations
 import json
 
 from stepscope.cli import main
+from stepscope.rules.traces import HighLaunchLatency, ManySyncsPerStep, MemcpyBoundStep, SmallKernelsDominating
 from stepscope.traces import TraceAnalysis, checks
-from stepscope.traces.rules import HighLaunchLatency, ManySyncsPerStep, MemcpyBoundStep, SmallKernelsDominating
 
 
 def test_rules_report_the_steps_the_checks_flag(synth_job):

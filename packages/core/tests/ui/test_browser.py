@@ -16,7 +16,8 @@ import pytest
 
 from stepscope.modes import ModeKeys
 from stepscope.trial import create_trial
-from stepscope.ui.app import assets_built, create_app
+from stepscope.ui import bundle
+from stepscope.ui.app import create_app
 from stepscope.ui.jobs import JobStore
 from stepscope.ui.users import UserDB
 
@@ -67,7 +68,7 @@ def trained_store(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def served(trained_store, tmp_path_factory):
-    if not assets_built():  # a checkout where nox has not built the bundle yet
+    if bundle.missing():  # a checkout where nox has not built the bundle yet
         subprocess.run([sys.executable, str(REPO / "scripts" / "build_ui.py")], check=True)
     db = UserDB(tmp_path_factory.mktemp("db") / "users.db", argon2_memory_kib=256, argon2_time_cost=1)
     db.add_user("alice", PASSWORD, prefixes=["team-a"])

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from stepscope.profiler import STEP_PHASES
-from stepscope.profiler.rules import OverallSystemUsage, StepOutlier
+from stepscope.rules.profiler import OverallSystemUsage, StepOutlier
 from stepscope.trial import create_trial
 
 from .conftest import T0_NS, login, write_profiler_job
@@ -180,7 +180,7 @@ def test_live_rules_judge_as_stepscope_check_does(app, store_root):
              for i in range(4) for core in range(4)]
     lines += [json.dumps({"Type": "process", "Name": "main", "Dimension": "ChildProcessCount", "Value": 1.0, "NodeId": "algo-1", "Timestamp": T0_NS / 1e9 + i}) for i in range(4)]
     (folder / f"{int(T0_NS / 1e9 // 60 * 60) + 1}.algo-2.json").write_text("\n".join(lines).replace('"algo-1"', '"algo-2"') + "\n")
-    from stepscope.profiler.rules import Dataloader, ProfilerTrial
+    from stepscope.rules.profiler import Dataloader, ProfilerTrial
 
     assert Dataloader().run(ProfilerTrial(job)).fired  # (SageMaker's parameters)
     client = app.test_client()

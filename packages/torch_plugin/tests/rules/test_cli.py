@@ -148,7 +148,7 @@ def test_the_documented_user_rule_is_this_one():
 
 
 def test_profiler_rules_by_name(runs, capsys):
-    pytest.importorskip("stepscope.profiler.rules")
+    pytest.importorskip("stepscope.rules.profiler")
     code = main(["check", str(runs("healthy")), "--rule", "LowGPUUtilization", "--rule", "VanishingGradient", "--json", "--no-write", "--quiet"])
     reports = json.loads(capsys.readouterr().out)
     assert {r["kind"] for r in reports} == {"tensor", "job"}

@@ -6,6 +6,8 @@ import argparse
 import sys
 from typing import Any
 
+from ..cli_common import STEPS_HELP
+
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -21,7 +23,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard runs under DIR")
     parser.add_argument("--hdf5", metavar="FILE", help="write one HDF5 file")
     parser.add_argument("--regex", action="append", default=[], metavar="R", help="only tensors whose name matches R (repeatable)")
-    parser.add_argument("--steps", metavar="A:B", help="only steps A (included) to B (excluded); mode steps with --mode")
+    parser.add_argument("--steps", metavar="A:B", help=f"only {STEPS_HELP}; mode steps with --mode")
     parser.add_argument("--mode", metavar="M", help="only this mode: train, eval, predict or global")
     parser.add_argument("--step-axis", choices=("global", "mode"), default="global", help="TensorBoard x axis: the global step (default) or each mode's step")
     parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr (default: on a terminal)")
@@ -29,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_OK, UsageError
+    from ..cli_common import EXIT_OK, UsageError
     from ..progress import ProgressBar
     from ..store import open_store
     from ..trial import create_trial
@@ -44,6 +46,7 @@ def run(args: argparse.Namespace) -> int:
     trial = create_trial(store)
     if not trial.steps():
         raise UsageError(f"no saved steps at {store.describe()}")
+    _warn_if_end_now_included(args.steps, selection, trial)
     done: list[str] = []
     if args.tensorboard:
         from .tensorboard import export_tensorboard
@@ -59,6 +62,24 @@ def run(args: argparse.Namespace) -> int:
         done.append(f"HDF5: {h5.tensors} tensors, {h5.rows} rows in {h5.path}")
     _print(done, sys.stdout)
     return EXIT_OK
+
+
+def _warn_if_end_now_included(steps: str | None, selection: Any, trial: Any) -> None:
+    """`export --steps A:B` used to leave step B out (a Python slice) where `profile` and
+    `timeline` took it; now every command includes both ends. Where that changes what this
+    command exports (step B is saved), say so, with the spelling of the old selection."""
+    if not steps or ":" not in steps or selection.stop is None:
+        return  # `A` and `A:` meant nothing else before
+    last = selection.stop - 1
+    if last <= (selection.start or 0):
+        return  # `A:A` was refused and `:0` selected nothing: no working command changes meaning
+    if any(selection.position(trial, step) == last for step in selection.global_steps(trial)):
+        first = "" if selection.start is None else selection.start
+        print(
+            f"stepscope export: note: --steps {steps} includes step {last} (both ends are included, as in "
+            f"`stepscope profile`; export used to leave the end out); for the old selection write --steps {first}:{last - 1}",
+            file=sys.stderr,
+        )
 
 
 def _print(lines: list[str], out: Any) -> None:

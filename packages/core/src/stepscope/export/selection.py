@@ -1,4 +1,5 @@
-"""Which tensors and steps an export takes (`--regex`, `--steps A:B`, `--mode`), and the
+"""Which tensors and steps an export takes (`--regex`, `--steps A:B` with both ends
+included, `--mode`), and the
 walk over them: batches of steps read with one `Trial.read_many` each, so an export of a
 large job holds one batch in memory, never the job."""
 
@@ -12,6 +13,7 @@ from typing import Any
 
 import numpy as np
 
+from ..cli_common import parse_steps
 from ..exceptions import ConfigError, StepscopeError
 from ..modes import ModeKeys
 from ..trial import Trial
@@ -33,23 +35,11 @@ class StepValues:
     values: dict[str, np.ndarray]
 
 
-def parse_steps(text: str | None) -> tuple[int | None, int | None]:
-    """`A:B` -> (A, B), both optional (`:B`, `A:`); A included, B excluded."""
-    if text is None or text.strip() in ("", ":"):
-        return None, None
-    start, sep, stop = text.partition(":")
-    if not sep:
-        raise ConfigError(f"--steps must be A:B (A included, B excluded; either may be empty), got {text!r}")
-    try:
-        return (int(start) if start.strip() else None), (int(stop) if stop.strip() else None)
-    except ValueError:
-        raise ConfigError(f"--steps must be A:B with integers, got {text!r}") from None
-
-
 @dataclass(frozen=True)
 class Selection:
     """Tensors matching any of `regex` (all when empty) at steps in [start, stop): global
-    steps, or steps of `mode` when a mode is given."""
+    steps, or steps of `mode` when a mode is given. (`stop` is excluded, as in a Python
+    slice; the CLI's `--steps A:B` includes B and is turned into stop = B + 1.)"""
 
     regex: tuple[str, ...] = ()
     start: int | None = None
@@ -74,8 +64,14 @@ class Selection:
 
     @classmethod
     def from_args(cls, regex: Any = (), steps: str | None = None, mode: str | None = None) -> Selection:
-        start, stop = parse_steps(steps)
-        return cls(tuple(regex or ()), start, stop, mode)  # type: ignore[arg-type]
+        """From the CLI's strings; `steps` is `--steps` (A:B with both ends included)."""
+        first, last = parse_steps(steps) or (None, None)
+        return cls(tuple(regex or ()), first, None if last is None else last + 1, mode)  # type: ignore[arg-type]
+
+    def position(self, trial: Trial, step: int) -> int:
+        """Where global step `step` sits on the axis the selection counts: itself, or its
+        step within `mode`."""
+        return step if self.mode is None else trial.mode_of(step)[1]
 
     def tensor_names(self, trial: Trial) -> list[str]:
         return trial.tensor_names(regex=list(self.regex)) if self.regex else trial.tensor_names()
@@ -87,7 +83,7 @@ class Selection:
             chosen = [trial.global_step(self.mode, s) for s in trial.steps(mode=self.mode)]
         out = []
         for step in chosen:
-            position = step if self.mode is None else trial.mode_of(step)[1]
+            position = self.position(trial, step)
             if (self.start is None or position >= self.start) and (self.stop is None or position < self.stop):
                 out.append(step)
         return out

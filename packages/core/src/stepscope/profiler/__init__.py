@@ -1,4 +1,5 @@
-"""Profiling: the system monitor, the framework step timeline, their reader and the profiler rules.
+"""Profiling: the system monitor, the framework step timeline and their reader (the profiler
+rules, in stepscope.rules.profiler, stay importable from here).
 
 The training side (SystemMonitor, TimelineWriter) imports no pandas; the reader and the rules
 load on first use."""
@@ -12,21 +13,23 @@ from .timeline import PHASES, STEP_PHASES, TimelineWriter
 _LAZY = {
     "ProfilerTrial": "reader",
     "create_profiler_trial": "reader",
-    "PROFILER_RULES": "rules",
-    "ProfilerRule": "rules",
-    "BatchSize": "rules",
-    "CPUBottleneck": "rules",
-    "Dataloader": "rules",
-    "GPUMemoryIncrease": "rules",
-    "IOBottleneck": "rules",
-    "LoadBalancing": "rules",
-    "LowGPUUtilization": "rules",
-    "MaxInitializationTime": "rules",
-    "OverallSystemUsage": "rules",
-    "StepOutlier": "rules",
-    "from_rulesconfig": "rules",
-    "profiler_report_rules": "rules",
-    "run_profiler_rules": "rules",
+    # The profiler rules live in stepscope.rules.profiler; these names stay importable here
+    # (lazy_getattr prefixes one dot: ".rules.profiler" is stepscope.rules.profiler).
+    "PROFILER_RULES": ".rules.profiler",
+    "ProfilerRule": ".rules.profiler",
+    "BatchSize": ".rules.profiler",
+    "CPUBottleneck": ".rules.profiler",
+    "Dataloader": ".rules.profiler",
+    "GPUMemoryIncrease": ".rules.profiler",
+    "IOBottleneck": ".rules.profiler",
+    "LoadBalancing": ".rules.profiler",
+    "LowGPUUtilization": ".rules.profiler",
+    "MaxInitializationTime": ".rules.profiler",
+    "OverallSystemUsage": ".rules.profiler",
+    "StepOutlier": ".rules.profiler",
+    "from_rulesconfig": ".rules.config",
+    "profiler_report_rules": ".rules.config",
+    "run_profiler_rules": ".rules.profiler",
 }
 
 

@@ -9,7 +9,6 @@ import logging
 import math
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
 import numpy as np
@@ -19,42 +18,14 @@ from ..exceptions import ConfigError, CorruptRecord
 from ..layout import SYSTEM_METRICS_DIR
 from ..store import Store, open_store
 from .monitor import ROTATION_S, parse_system_metrics_key
-from .timeline import LEGACY_TIMELINE_DIR, STEP_TIMELINE_DIR, TIMELINE_COLUMNS, ParsedTimeline, is_timeline_key, parse_timeline
+from .step_reader import KeyListing, StepTimelineReader
 
 logger = logging.getLogger("stepscope.profiler")
 
 SYSTEM_COLUMNS = ("timestamp", "node_id", "type", "name", "dimension", "value")
 _CATEGORY_COLUMNS = ("node_id", "type", "name", "dimension")
-_HOUR_FORMAT = "%Y%m%d%H"
 
 TimeLike: TypeAlias = "float | int | _dt.datetime | pd.Timestamp | None"
-
-
-@dataclass
-class _Listing:
-    """What has been listed under one prefix, so that a refresh lists only the recent part."""
-
-    prefix: str
-    keys: set[str] = field(default_factory=set)
-    flat: bool = False  # a legacy layout without hour folders: always list everything
-    latest_hour: str | None = None
-
-    def start_after(self) -> str | None:
-        # Files of other nodes can arrive late, so the listing goes back one hour before
-        # the newest hour folder seen; a node more than an hour late is missed until a
-        # fresh ProfilerTrial.
-        if self.flat or self.latest_hour is None:
-            return None
-        hour = _dt.datetime.strptime(self.latest_hour, _HOUR_FORMAT) - _dt.timedelta(hours=1)
-        return f"{self.prefix}/{hour.strftime(_HOUR_FORMAT)}"
-
-    def note(self, key: str) -> None:
-        self.keys.add(key)
-        first = key[len(self.prefix) + 1 :].split("/", 1)
-        if len(first) == 1:
-            self.flat = True
-        elif len(first[0]) == 10 and first[0].isdigit():
-            self.latest_hour = max(self.latest_hour or first[0], first[0])
 
 
 class ProfilerTrial:
@@ -64,16 +35,13 @@ class ProfilerTrial:
     def __init__(self, path: str | os.PathLike[str] | Store):
         self.store = open_store(path if isinstance(path, Store) else os.fspath(path))
         self.path = self.store.url
-        self._system = _Listing(SYSTEM_METRICS_DIR)
-        self._timelines = [_Listing(STEP_TIMELINE_DIR), _Listing(LEGACY_TIMELINE_DIR)]
+        self._system = KeyListing(SYSTEM_METRICS_DIR)
         self._system_files: dict[str, tuple[int, str]] = {}  # key -> (minute start, node)
         self._system_frames: dict[str, pd.DataFrame] = {}
         # The last concatenation (keys it was built from, frame): rules ask for the whole job
         # many times over, one dimension at a time.
         self._concatenated: tuple[tuple[str, ...], pd.DataFrame] | None = None
-        self._timeline_keys: set[str] = set()
-        self._timeline_parsed: dict[str, ParsedTimeline] = {}
-        self._timeline_frame: pd.DataFrame | None = None
+        self._steps = StepTimelineReader(self.store)
         self._listed = False
         self._traces: Any = None  # stepscope.traces.TraceAnalysis, made on first use
 
@@ -92,21 +60,10 @@ class ProfilerTrial:
                 continue
             self._system_files[key] = parsed
             new += 1
-        for listing in self._timelines:
-            for key in self._list_new(listing):
-                if is_timeline_key(key):
-                    self._timeline_keys.add(key)  # parsed when a query needs it
-                    self._timeline_frame = None
-                    new += 1
-        return new
+        return new + self._steps.refresh()
 
-    def _list_new(self, listing: _Listing) -> list[str]:
-        new = []
-        for key in self.store.list(f"{listing.prefix}/", listing.start_after()):
-            if key not in listing.keys:
-                listing.note(key)
-                new.append(key)
-        return new
+    def _list_new(self, listing: KeyListing) -> list[str]:
+        return listing.list_new(self.store)
 
     def _ensure_listed(self) -> None:
         if not self._listed:
@@ -199,38 +156,12 @@ class ProfilerTrial:
         Columns: node_id, rank (-1 for legacy files), framework, mode (TRAIN, EVAL, ...),
         step, phase, name, start_ns, end_ns (epoch ns), duration_ms, args (extra fields)."""
         self._ensure_listed()
-        if self._timeline_frame is None:
-            rows: list[dict[str, Any]] = []
-            for key in sorted(self._timeline_keys):
-                parsed = self._parse_timeline(key)
-                rows.extend(parsed.rows)
-            frame = pd.DataFrame(rows, columns=list(TIMELINE_COLUMNS))
-            for column in ("rank", "step", "start_ns", "end_ns"):
-                frame[column] = frame[column].astype("int64")
-            frame["duration_ms"] = frame["duration_ms"].astype("float64")
-            self._timeline_frame = frame.sort_values(["start_ns", "end_ns"], ascending=[True, False], kind="stable").reset_index(drop=True)
-        return self._timeline_frame.copy()
+        return self._steps.step_timeline()
 
     def timeline_start_ns(self) -> int | None:
         """When the earliest timeline writer was created (the hook's start), if recorded."""
         self._ensure_listed()
-        starts = [p.writer_start_ns for p in (self._parse_timeline(k) for k in sorted(self._timeline_keys)) if p.writer_start_ns]
-        return min(starts) if starts else None
-
-    def _parse_timeline(self, key: str) -> ParsedTimeline:
-        parsed = self._timeline_parsed.get(key)
-        if parsed is None:
-            where = self.store.describe(key)
-            try:
-                parsed = parse_timeline(self.store.read(key), key, where)
-            except FileNotFoundError:
-                logger.warning("%s: listed but gone; skipped", where)
-                parsed = ParsedTimeline([], None)
-            except CorruptRecord as exc:
-                logger.warning("%s; skipped", exc)
-                parsed = ParsedTimeline([], None)
-            self._timeline_parsed[key] = parsed
-        return parsed
+        return self._steps.timeline_start_ns()
 
     # --- the whole job ---------------------------------------------------------------
 

@@ -28,7 +28,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli import EXIT_OK, UsageError
+    from ..cli_common import EXIT_OK, UsageError
     from ..progress import ProgressBar
     from ..store import open_store
     from ..trial import create_trial

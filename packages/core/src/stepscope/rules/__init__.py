@@ -3,13 +3,26 @@
 One model (see docs/rules.md): `Rule` (step-wise tensor rules) and `JobRule` (whole-job
 rules: profiler data, traces) report `Evidence` into a `RuleReport` with the rule's
 `Explanation`; `run_rules` runs both kinds and triggers their actions; `default_rules`
-is what `stepscope check` runs."""
+is what `stepscope check` runs. Every rule is named in one catalog (rules.registry: tensor,
+profiler, trace, report and plugin rules) and built by one builder (rules.config: command
+lines, rulesconfig, SageMaker configurations)."""
 
 from .actions import Action, Log, StopTraining, Webhook, parse_actions
 from .activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
 from .base import JobRule, Rule, RuleEvaluationConditionMet
 from .classification import ClassImbalance, Confusion
-from .config import collection_configurations, from_config, load_rules_config, rules_from_config
+from .config import (
+    RuleSpec,
+    build_rule,
+    collection_configurations,
+    from_config,
+    from_rulesconfig,
+    load_rules_config,
+    parse_rule_spec,
+    profiler_report_rules,
+    rule_spec,
+    rules_from_config,
+)
 from .engine import invoke_rule, run_rules
 from .inputs import CheckInputImages, NLPSequenceRatio
 from .losses import ChanceLevelLoss, LossDivergence, LossNotDecreasing, Overfit, Overtraining, SlowConvergence, StalledTrainingRule
@@ -18,7 +31,6 @@ from .reading import ReadCache, TensorReader, TensorRequest
 from .registry import (
     BUILTIN_RULES,
     DEFAULT_RULES,
-    build_rule,
     default_profiler_rules,
     default_rules,
     describe_rules,
@@ -34,7 +46,8 @@ __all__ = [
     "Rule", "JobRule", "RuleEvaluationConditionMet", "RuleParams", "ranged", "require",
     "RuleReport", "Evidence", "Explanation", "format_table", "jsonable", "step_label",
     "TensorRequest", "TensorReader", "ReadCache",
-    "from_config", "rules_from_config", "collection_configurations", "load_rules_config",
+    "from_config", "rules_from_config", "collection_configurations", "load_rules_config", "RuleSpec", "rule_spec", "parse_rule_spec",
+    "from_rulesconfig", "profiler_report_rules",
     "invoke_rule", "run_rules",
     "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "default_profiler_rules", "build_rule", "rule_class", "describe_rules", "load_rule_class", "profiler_rules", "judged_line",
     "VanishingGradient", "ExplodingTensor", "DeadRelu", "SaturatedActivation", "PoorWeightInitialization",

@@ -255,6 +255,10 @@ class JobRule(Rule):
         self.base_trial = trial
         self._profiler = trial if isinstance(trial, ProfilerTrial) else trial.profiler
 
+    def parameters(self) -> dict[str, Any]:
+        """The rule's parameters as JSON values."""
+        return self.params.to_json()
+
     @property
     def bound(self) -> bool:
         return self.base_trial is not None

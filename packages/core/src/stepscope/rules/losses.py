@@ -138,9 +138,10 @@ class LossNotDecreasing(_LossRule):
         return self._skip
 
     def finish(self) -> None:
-        """Runs too short for `min_windows` windows of `window` saved losses are judged once
-        here with windows of len // min_windows (at least MIN_WINDOW) values, so that a run
-        of 30 to 150 saved losses is judged rather than left "ok" unjudged."""
+        """Runs too short for `min_windows` windows of `window` saved losses (30 to 150 of
+        them) are judged once here by `_judge_short`; when that test has too little power to
+        tell a falling loss from a flat one, the status is "not enough data (needs
+        min_windows x window, has N)", never a finding and never "ok"."""
         p = self.params
         if self._adversarial():
             self.no_data("not judged: the job declares several optimizers (adversarial and actor-critic losses are not meant to fall)")
@@ -148,19 +149,50 @@ class LossNotDecreasing(_LossRule):
         if not p.window:
             self.need(1, self._compared, f"loss comparisons {p.num_steps} steps apart")
             return
-        most = 0
+        unit = f"saved {self._mode.name} losses" if self._mode else "saved losses"
+        most, undecided = 0, 0
         for (mode, name), series in self._series.items():
             most = max(most, len(series))
-            if len(self._windows[(mode, name)].medians) >= p.min_windows:
+            if len(self._windows[(mode, name)].medians) >= p.min_windows or len(series) < MIN_WINDOW * p.min_windows:
                 continue
-            size = len(series) // p.min_windows
-            if size < MIN_WINDOW:
-                continue
-            windows = _Windows(size)
-            for step, loss in series:
-                windows.add(self.mode_of(step)[1], loss)
-            self._judge(series[-1][0], mode, name, windows)
-        self.need(MIN_WINDOW * p.min_windows, most, f"saved {self._mode.name} losses" if self._mode else "saved losses")
+            if self._judge_short(mode, name, series) is None:
+                undecided = max(undecided, len(series))
+        if undecided and not self.report.violations:
+            self.need(p.window * p.min_windows, undecided, unit)
+            return
+        self.need(MIN_WINDOW * p.min_windows, most, unit)
+
+    def _judge_short(self, mode: ModeKeys, name: str, series: list[tuple[int, float]]) -> bool | None:
+        """A short run's one test: the median of its first sixth of losses against the
+        median of its last third (pooled, so the comparison has the power a sixth-sized
+        window lacks). The noise is estimated from successive differences (1.4826 x MAD of
+        the differences / sqrt 2: a falling trend does not inflate it), each median's
+        standard error is 1.2533 x that / sqrt(n), and s is the standard error of their
+        difference. With the improvement d = first - second: fired when even d + 3 s stays
+        under `min_improvement_percent` % of the first median (the loss did not fall
+        materially, or rose); ok (False) when d exceeds both that share and 3 s; None when
+        neither is shown (the caller says "not enough data")."""
+        p = self.params
+        values = np.asarray([v for _, v in series], dtype=np.float64)
+        head, tail = values[: max(MIN_WINDOW, len(values) // p.min_windows)], values[-max(MIN_WINDOW, len(values) // 3) :]
+        diffs = np.diff(values)
+        sigma = 1.4826 * float(np.median(np.abs(diffs - np.median(diffs)))) / math.sqrt(2.0)
+        first, second = float(np.median(head)), float(np.median(tail))
+        s = 1.2533 * sigma * math.sqrt(1.0 / len(head) + 1.0 / len(tail))
+        improvement, needed = first - second, p.min_improvement_percent / 100.0 * abs(first)
+        if improvement > max(needed, 3.0 * s):
+            return False
+        if improvement + 3.0 * s >= needed:
+            return None
+        start, end = self.mode_of(series[-len(tail)][0])[1], self.mode_of(series[-1][0])[1]
+        self.violation(
+            series[-1][0],
+            f"{name} ({mode.name}): median {second:.4g} over the last {len(tail)} of its {len(values)} saved losses ({mode.name} steps "
+            f"{start}-{end}) has not improved on {first:.4g} over the first {len(head)} by {needed:.3g} "
+            f"({p.min_improvement_percent:g}% of it; change {-improvement:+.3g}, three standard errors {3.0 * s:.2g})",
+            tensor=name, value=second, threshold=first - needed, first_median=first,
+        )
+        return True
 
     def _names(self) -> list[str]:
         p = self.params

@@ -1,14 +1,26 @@
-"""Rules by name: the built-in tensor rules, the profiler rules (stepscope.profiler.rules,
-imported only when asked for: they need pandas), and user rules named
-`package.module:ClassName`. Also the default set `stepscope check` runs.
-When a name is both a tensor rule and a profiler rule, the tensor rule wins."""
+"""The one rule catalog: every rule stepscope knows by name, and the default set
+`stepscope check` runs. Four kinds are registered here:
+
+- the built-in tensor rules (rules.tensors, .losses, .activations, ...);
+- the profiler rules (rules.profiler; they need pandas) and the trace rules (rules.traces;
+  they need pyarrow), imported on first use;
+- rules that live above `rules/` because they write a report (ProfilerReport, in
+  stepscope.report), named here as `module:Class` and imported only when asked for, so
+  `rules/` imports nothing of the report;
+- third-party rules a package registers under the `stepscope.rules` entry-point group
+  (`MyRule = "my_package.rules:MyRule"`), and any `package.module:ClassName`.
+
+When a name is both a tensor rule and a whole-job rule, the tensor rule wins."""
 
 from __future__ import annotations
 
 import importlib
+import logging
+from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
 from ..exceptions import ConfigError
+from ..layout import FRAMEWORK_DIR, PROFILER_DIR
 from .activations import DeadRelu, PoorWeightInitialization, SaturatedActivation
 from .base import Rule
 from .classification import ClassImbalance, Confusion
@@ -18,6 +30,13 @@ from .tensors import AllZero, ExplodingTensor, SimilarAcrossRuns, TensorVariance
 
 if TYPE_CHECKING:
     from ..trial import Trial
+
+logger = logging.getLogger("stepscope")
+
+ENTRY_POINT_GROUP = "stepscope.rules"
+
+# Whole-job rules that write a report and so live in stepscope.report; loaded by name.
+REPORT_RULES: dict[str, str] = {"ProfilerReport": "stepscope.report.profiler_report:ProfilerReport"}
 
 BUILTIN_RULES: dict[str, type[Rule]] = {
     cls.__name__: cls
@@ -38,8 +57,6 @@ DEFAULT_RULES = (
 
 
 def has_profiler_data(trial: Trial) -> bool:
-    from ..layout import PROFILER_DIR
-
     return bool(trial.store.list(PROFILER_DIR + "/"))
 
 
@@ -64,39 +81,70 @@ def default_profiler_rules(trial: Trial) -> list[Rule]:
     if not has_profiler_data(trial):
         return []
     traced = has_trace_data(trial)
-    return [cls(trial, **cls.preset) for cls in profiler_rules().values() if traced or cls.__module__ != "stepscope.traces.rules"]
+    trace_names = set(trace_rules())
+    return [cls(trial, **cls.preset) for name, cls in profiler_rules().items() if traced or name not in trace_names]
 
 
 def has_trace_data(trial: Trial) -> bool:
     """Whether the job holds detailed traces (the trace rules then join the default set)."""
-    from ..layout import FRAMEWORK_DIR
-
     return any(trial.store.list(f"{FRAMEWORK_DIR}/{framework}/detailed/") for framework in ("pytorch", "tensorflow"))
 
 
-def profiler_rules() -> dict[str, type[Rule]]:
-    """stepscope.profiler.rules.PROFILER_RULES, or {} where that module cannot load."""
+def _group(module: str, attribute: str) -> dict[str, type[Rule]]:
+    """The rules `module` registers in `attribute`, or {} where its dependencies are missing."""
     try:
-        module = importlib.import_module("stepscope.profiler.rules")
+        return dict(getattr(importlib.import_module(module), attribute))
     except ImportError:
         return {}
-    rules = dict(getattr(module, "PROFILER_RULES", {}))
-    try:  # the trace rules (stepscope.traces.rules) need pyarrow
-        rules.update(importlib.import_module("stepscope.traces.rules").TRACE_RULES)
-    except ImportError:
-        pass
-    return rules
+
+
+def trace_rules() -> dict[str, type[Rule]]:
+    """The rules over detailed traces (stepscope.rules.traces; {} without pyarrow)."""
+    return _group("stepscope.rules.traces", "TRACE_RULES")
+
+
+def profiler_rules() -> dict[str, type[Rule]]:
+    """The profiler rules (stepscope.rules.profiler; {} without pandas), then the trace rules."""
+    return {**_group("stepscope.rules.profiler", "PROFILER_RULES"), **trace_rules()}
+
+
+def report_rules() -> dict[str, type[Rule]]:
+    """REPORT_RULES loaded ({} where the report's dependencies, matplotlib, are missing)."""
+    out = {}
+    for name, spec in REPORT_RULES.items():
+        try:
+            out[name] = load_rule_class(spec)
+        except ConfigError:
+            logger.debug("stepscope: rule %s unavailable", name, exc_info=True)
+    return out
+
+
+_WARNED: set[str] = set()  # broken entry points already reported (once per process)
+
+
+def plugin_rules() -> dict[str, type[Rule]]:
+    """Rules other packages register under the `stepscope.rules` entry-point group. One that
+    cannot load is left out with a warning naming it (a broken plugin must not stop a check)."""
+    out: dict[str, type[Rule]] = {}
+    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+        try:
+            out[entry.name] = load_rule_class(entry.value)
+        except ConfigError as exc:
+            if entry.value not in _WARNED:
+                _WARNED.add(entry.value)
+                logger.warning("stepscope: rule entry point %s = %s left out: %s", entry.name, entry.value, exc)
+    return out
 
 
 def job_rules() -> dict[str, type[Rule]]:
-    """The profiler rules plus the rules that bundle them (ProfilerReport, which writes the
-    job's report): every whole-job rule known by name. Not in the default set."""
-    rules = profiler_rules()
-    try:
-        from ..report.rule import ProfilerReport
-    except ImportError:  # the report's dependencies (matplotlib) are not installed
-        return rules
-    return {**rules, "ProfilerReport": ProfilerReport}
+    """Every rule known by name besides the built-in tensor rules: profiler, trace, report
+    and plugin rules (ProfilerReport and plugins are not in the default set)."""
+    return {**profiler_rules(), **report_rules(), **{n: c for n, c in plugin_rules().items() if n not in BUILTIN_RULES}}
+
+
+def is_known(name: str) -> bool:
+    """Whether `name` is exactly a built-in tensor, profiler or trace rule's name."""
+    return name in BUILTIN_RULES or name in profiler_rules()
 
 
 def _lookup(registry: dict[str, Any], name: str) -> str | None:
@@ -117,8 +165,10 @@ def rule_kind(name: str) -> str:
         return "custom"
     if _lookup(BUILTIN_RULES, name):
         return "tensor"
-    if _lookup(job_rules(), name):
-        return "profiler"
+    registry = job_rules()
+    found = _lookup(registry, name)
+    if found:
+        return "tensor" if registry[found].kind == "tensor" else "profiler"
     raise ConfigError(f"unknown rule {name!r}; valid: {', '.join(valid_rule_names())} (or package.module:ClassName for your own)")
 
 
@@ -142,32 +192,13 @@ def load_rule_class(spec: str) -> type[Rule]:
 
 
 def rule_class(name: str) -> type[Rule]:
-    """The class of a built-in tensor rule, a profiler rule, or `package.module:ClassName`."""
-    kind = rule_kind(name)
-    if kind == "custom":
+    """The class of a rule of the catalog, or of `package.module:ClassName`."""
+    if rule_kind(name) == "custom":
         return load_rule_class(name)
-    if kind == "tensor":
+    if _lookup(BUILTIN_RULES, name):
         return BUILTIN_RULES[_lookup(BUILTIN_RULES, name) or name]
     registry = job_rules()
     return registry[_lookup(registry, name) or name]
-
-
-def tensor_rule_class(name: str) -> type[Rule]:
-    return rule_class(name)
-
-
-def build_rule(name: str, trial: Any, params: dict[str, Any] | None = None, **kwargs: Any) -> Rule:
-    """A rule by name with (string) parameters, SageMaker's defaults for the rest."""
-    cls = rule_class(name)
-    try:
-        return cls(trial, **kwargs, **dict(params or {}))
-    except TypeError as exc:
-        raise ConfigError(f"{name}: {exc}") from None
-
-
-def build_profiler_rule(name: str, params: dict[str, Any]) -> Rule:
-    """A profiler rule object from its name and (string) parameters, not yet bound to a job."""
-    return build_rule(name, None, params)
 
 
 def describe_rules() -> list[dict[str, Any]]:
@@ -181,6 +212,7 @@ def describe_rules() -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "BUILTIN_RULES", "DEFAULT_RULES", "default_rules", "profiler_rules", "rule_kind", "rule_class", "build_rule",
-    "load_rule_class", "describe_rules", "valid_rule_names", "has_profiler_data", "left_out_of_default",
+    "BUILTIN_RULES", "DEFAULT_RULES", "REPORT_RULES", "ENTRY_POINT_GROUP", "default_rules", "default_profiler_rules", "profiler_rules",
+    "trace_rules", "report_rules", "plugin_rules", "job_rules", "rule_kind", "rule_class", "is_known", "load_rule_class",
+    "describe_rules", "valid_rule_names", "has_profiler_data", "has_trace_data", "left_out_of_default",
 ]

@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 import pandas as pd
 import pyarrow as pa
 
+from ..cli_common import parse_steps as _parse_step_text
 from ..exceptions import StepscopeError
 from ..store import Store
 from . import sources
@@ -173,9 +174,9 @@ class TraceAnalysis:
         """The hooks' step/phase timeline of the job (empty when there is none)."""
         if self._timeline is None:
             try:
-                from ..profiler.reader import ProfilerTrial
+                from ..profiler.step_reader import StepTimelineReader
 
-                self._timeline = ProfilerTrial(self.store).step_timeline()
+                self._timeline = StepTimelineReader(self.store).step_timeline()
             except Exception:  # a folder with traces only
                 self._timeline = pd.DataFrame()
         return self._timeline
@@ -248,22 +249,16 @@ class TraceAnalysis:
 
 
 def parse_steps(text: str | None) -> tuple[int, int] | None:
-    """"A:B" (inclusive) or "A" -> (A, B); None for None."""
-    if text is None:
+    """`A:B` (both included), `A:`, `:B` or `A` -> (first, last) with open ends filled in;
+    None for no range. The one reading of `--steps` (stepscope.cli_common.parse_steps)."""
+    parsed = _parse_step_text(text)
+    if parsed is None:
         return None
-    from ..exceptions import ConfigError
+    first, last = parsed
+    return (0 if first is None else first, _LAST_STEP if last is None else last)
 
-    try:
-        if ":" in text:
-            first, last = text.split(":", 1)
-            result = (int(first) if first else 0, int(last) if last else 2**31 - 1)
-        else:
-            result = (int(text), int(text))
-    except ValueError:
-        raise ConfigError(f"--steps must be A:B or A, got {text!r}") from None
-    if result[1] < result[0]:
-        raise ConfigError(f"--steps {text!r}: the last step is before the first")
-    return result
+
+_LAST_STEP = 2**31 - 1  # an open end: no step of a job is numbered higher
 
 
 steps_module = steps

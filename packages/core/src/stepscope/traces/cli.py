@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-EXIT_OK, EXIT_ERROR = 0, 2
+from ..cli_common import EXIT_OK, STEPS_HELP
 
 
 class _ProgressBar:
@@ -40,9 +40,13 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("profile", help="kernels, launches, memory copies, syncs and GPU idle time from the job's detailed traces")
     parser.add_argument("path", help="a job's folder, a folder of Kineto/XSpace traces (e.g. tensorboard_trace_handler's output), or one trace file; local or s3://")
     parser.add_argument("--rank", type=int, default=None, help="one rank only (default: every rank)")
-    parser.add_argument("--steps", default=None, metavar="A:B", help="profiled steps A to B (inclusive)")
+    parser.add_argument("--steps", default=None, metavar="A:B", help=f"only the profiled {STEPS_HELP}")
     parser.add_argument("--json", action="store_true", help="print the tables as JSON")
     parser.add_argument("--progress", action="store_true", help="show the parsing progress bar even when stderr is not a terminal")
+    parser.add_argument("--job-view", action="store_true", help="the job-wide view from per-rank summaries (ranks, stragglers, top kernels); the default above 16 traces without --rank")
+    from .cluster_cli import add_engine_arguments
+
+    add_engine_arguments(parser)
     parser.set_defaults(run=run_profile)
 
 
@@ -50,7 +54,7 @@ def add_timeline(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser("timeline", help="write one Perfetto-loadable trace of the job: metrics, steps, annotations, CPU ops, GPU streams, rule firings")
     parser.add_argument("path", help="a job's folder, a folder of traces, or one trace file; local or s3://")
     parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="trace.json or trace.json.gz (default timeline.json; - for stdout)")
-    parser.add_argument("--steps", default=None, metavar="A:B", help="only the time of steps A to B (inclusive)")
+    parser.add_argument("--steps", default=None, metavar="A:B", help=f"only the time of {STEPS_HELP}")
     parser.add_argument("--no-cpu-ops", action="store_true", help="leave CPU operators out (a smaller file)")
     parser.set_defaults(run=run_timeline)
 
@@ -84,10 +88,17 @@ def run_profile(args: argparse.Namespace) -> int:
             f"no traces in {args.path}: looked for a job's profiler-output/framework/ and for trace files "
             "(*.json, *.json.gz, *.pt.trace.json[.gz], *.xplane.pb) in the folder and below (see docs/traces.md)"
         )
+    from .cluster_cli import JOB_VIEW_MIN_TRACES, job_view
+
+    if args.rank is None and (args.job_view or args.engine == "ray" or len(analysis.trace_keys()) > JOB_VIEW_MIN_TRACES):
+        return _print_tables(job_view(args), args.json)
     try:
         tables = analysis.summary(rank=args.rank, steps=steps)
     finally:
         analysis.wait_persisted()  # the command is done when the tables are on disk
+    from .fanout import summarise_loaded
+
+    summarise_loaded(analysis)
     for problem in analysis.problems.values():
         print(f"stepscope: skipped an unreadable trace: {problem}", file=sys.stderr)
     if not analysis.ranks:
@@ -96,7 +107,11 @@ def run_profile(args: argparse.Namespace) -> int:
     if unknown is not None and not unknown.empty:  # said on stderr too: a table nobody reads is no warning
         for row in unknown.itertuples():
             print(f"stepscope profile: {row.events:,} events of category {row.category} not analysed (rank {getattr(row, 'rank', 0)})", file=sys.stderr)
-    if args.json:
+    return _print_tables(tables, args.json)
+
+
+def _print_tables(tables: dict[str, Any], as_json: bool) -> int:
+    if as_json:
         json.dump({name: json.loads(frame.to_json(orient="records")) for name, frame in tables.items()}, sys.stdout, indent=1)
         print()
         return EXIT_OK

@@ -23,13 +23,13 @@ from werkzeug.exceptions import HTTPException
 
 from ..exceptions import ConfigError, StepscopeError
 from ..modes import ModeKeys
-from . import auth
+from . import auth, bundle
 from . import users as users_module
 from .jobs import JobNotFound, JobStore, job_id
 from .users import UserDB
 
 logger = logging.getLogger(__name__)
-STATIC_DIR = Path(__file__).parent / "static"
+STATIC_DIR = bundle.STATIC_DIR
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 _PUBLIC_PATHS = ("/login", "/static/", "/healthz", "/favicon.ico")
 _HEADERS = {
@@ -45,10 +45,6 @@ class _HttpError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message
-
-
-def assets_built() -> bool:
-    return (STATIC_DIR / "app.js").is_file() and (STATIC_DIR / "app.css").is_file()
 
 
 def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies: bool = False, limiter: auth.LoginLimiter | None = None,
@@ -206,6 +202,10 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
             raise _HttpError(404, "not found")
         return _shell(g.identity)
 
+    @app.get("/compare")
+    def compare_page() -> Response:
+        return _shell(g.identity)  # the script asks /api/compare, which checks both grants
+
     @app.get("/jobs/<path:job>")
     def job_page(job: str) -> Response:
         _visible(job)  # the view (dashboard, timeline, ...) is the URL's #fragment
@@ -241,6 +241,19 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         with ThreadPoolExecutor(max_workers=min(8, max(1, len(visible)))) as pool:
             rows = list(pool.map(row, visible))
         return jsonify(jobs=_filter_sort(rows, request.args))
+
+    @app.get("/api/compare")
+    def compare_jobs() -> Response:
+        """`?a=JOB&b=JOB`: stepscope.diff's comparison of B with the baseline A (both jobs
+        this user may see; `top` rows of kernels/operators/tensors)."""
+        from ..diff import compare
+
+        a, b = request.args.get("a", ""), request.args.get("b", "")
+        if not a or not b:
+            raise _HttpError(400, "give two jobs: ?a=JOB&b=JOB")
+        (trial_a, _), (trial_b, _) = _open(a), _open(b)
+        diff = compare(trial_a, trial_b, top=_int_arg("top", 15, 1, 200), rules="saved", names=(job_id(a), job_id(b)))
+        return jsonify(diff.to_json())
 
     @app.get("/api/jobs/<path:job>/summary")
     def job_summary(job: str) -> Response:
@@ -599,10 +612,9 @@ def _json_error(status: int, message: str) -> Response:
 
 
 def _shell(identity: auth.Identity) -> Response:
-    if not assets_built():
-        body = ("<!doctype html><title>stepscope</title><p>The app's scripts are not built. Run "
-                "<code>python scripts/build_ui.py</code> (npm) in the source tree, or install a built wheel.</p>")
-        return Response(body, status=503, mimetype="text/html")
+    problem = bundle.missing_message()
+    if problem:  # `stepscope ui` refuses to start without it; this guards an app embedded elsewhere
+        return Response(f"<!doctype html><title>stepscope</title><p>{escape(problem)}</p>", status=503, mimetype="text/html")
     user = identity.user
     page = (
         "<!doctype html><html lang=en><head><meta charset=utf-8><title>stepscope</title>"

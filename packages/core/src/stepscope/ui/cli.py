@@ -10,6 +10,7 @@ import secrets
 import sys
 from pathlib import Path
 
+from ..cli_common import EXIT_OK
 from ..exceptions import ConfigError
 
 DEFAULT_PORT = 8080
@@ -113,7 +114,7 @@ def run_users(argv: list[str], db_default: str | None) -> int:
             print(f"password: {password}")
     elif args.action == "new-token":
         print(db.new_token(args.name))
-    return 0
+    return EXIT_OK
 
 
 def run_ui(args: argparse.Namespace) -> int:
@@ -165,7 +166,7 @@ def run_ui(args: argparse.Namespace) -> int:
         pass
     finally:
         server.stop()
-    return 0
+    return EXIT_OK
 
 
 def allowed_hosts(bound: str, extra: list[str]) -> tuple[str, ...]:

@@ -143,7 +143,7 @@ def _step_series(steps: pd.DataFrame) -> list[dict[str, Any]]:
     """Step time over global steps per node, rank and mode, with the outlier limit and the
     outliers of the StepOutlier rule as `stepscope check` runs it (its default-set
     parameters): the steps above the limit are the outliers the rule counts."""
-    from ..profiler.rules import StepOutlier
+    from ..rules.profiler import StepOutlier
 
     rule = StepOutlier(**StepOutlier.preset)
     judged = set(rule.modes())
@@ -440,7 +440,7 @@ def statistics(trial: Any, stamp: Hashable) -> dict[str, Any]:
 
 
 def _statistics(trial: Any) -> dict[str, Any]:
-    from ..profiler.rules import OverallSystemUsage
+    from ..rules.profiler import OverallSystemUsage
 
     profiler = trial.profiler
     timeline = profiler.step_timeline()

@@ -41,7 +41,7 @@ def _usage(ctx: ReportContext) -> dict:
     if finding is not None and finding.statistics.get("nodes"):
         return finding.statistics["nodes"]
     try:  # the rule did not run (rules read from rule-output/ without it): run it now
-        from ...profiler.rules import OverallSystemUsage
+        from ...rules.profiler import OverallSystemUsage
 
         statistics = OverallSystemUsage().run(ctx.profiler).statistics
         return dict(statistics.get("nodes") or {})
