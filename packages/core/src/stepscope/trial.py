@@ -150,8 +150,7 @@ class Trial:
 
     def __init__(self, path: str | Store, name: str | None = None, *, cache_size: int = 256):
         self.store = open_store(path)
-        root = getattr(self.store, "root", None)
-        if root is not None and not root.is_dir():
+        if not self.store.root_exists():
             raise FileNotFoundError(f"no job folder at {self.store.describe()} (a mistyped path?)")
         self.path = self.store.url
         self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]

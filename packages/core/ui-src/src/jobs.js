@@ -3,7 +3,7 @@ import { api, el, fmt, jobPath } from './api.js';
 
 const COLUMNS = [
   ['id', 'Job'], ['status', 'Status'], ['start', 'Start'], ['duration', 'Duration'],
-  ['framework', 'Framework'], ['workers', 'Workers'], ['steps', 'Steps'], [null, 'Rules fired'],
+  ['framework', 'Framework'], ['workers', 'Workers'], ['steps', 'Steps run'], ['saved_steps', 'Saved steps'], [null, 'Rules fired'],
 ];
 
 export function jobsView(root) {
@@ -45,6 +45,7 @@ export function jobsView(root) {
         el('td', {}, job.framework || '-'),
         el('td', {}, job.workers),
         el('td', {}, job.steps),
+        el('td', {}, job.saved_steps ?? '-'),
         el('td', {}, job.rules_fired.length ? job.rules_fired.join(', ') : '-'),
       ))),
     );

@@ -99,8 +99,9 @@ def _group(module: str, attribute: str) -> dict[str, type[Rule]]:
 
 
 def trace_rules() -> dict[str, type[Rule]]:
-    """The rules over detailed traces (stepscope.rules.traces; {} without pyarrow)."""
-    return _group("stepscope.rules.traces", "TRACE_RULES")
+    """The rules over detailed traces (stepscope.rules.traces) and their allocator events
+    (stepscope.rules.memory); {} without pyarrow."""
+    return {**_group("stepscope.rules.traces", "TRACE_RULES"), **_group("stepscope.rules.memory", "MEMORY_RULES")}
 
 
 def profiler_rules() -> dict[str, type[Rule]]:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from ..exceptions import ConfigError, StoreError
-from .base import Store, check_key
+from .base import FolderListing, Store, check_key
 
 _IOV_MAX = 1024  # buffers per writev call (the POSIX minimum of IOV_MAX)
 
@@ -192,6 +192,20 @@ class LocalStore(Store):
     def _os_path(self, key: str) -> str:
         # Plain strings: pathlib's joins cost more than the reads of small index files.
         return os.path.join(self._root_str, key)
+
+    def local_path(self, key: str = "") -> str:
+        return self._os_path(check_key(key)) if key else self._root_str
+
+    def root_exists(self) -> bool:
+        return os.path.isdir(self._root_str)
+
+    def probe(self) -> None:
+        if not os.path.isdir(self._root_str):
+            raise StoreError(f"{self._root_str} is not a folder (no such folder, or not one)")
+        try:
+            os.close(os.open(self._root_str, _ROOT_FLAGS))
+        except OSError as exc:
+            raise StoreError(f"cannot list {self._root_str}: {exc.strerror or exc}") from exc
 
     # --- folders ---------------------------------------------------------------------
 
@@ -410,6 +424,30 @@ class LocalStore(Store):
                         continue
                     if key.startswith(prefix) and (start_after is None or key > start_after):
                         keys.append(key)
+
+    def list_folder(self, folder: str = "") -> FolderListing:
+        # Reached by the descriptor walk: a linked folder on the way lists as empty, and
+        # in the folder only regular files and real folders count (as in `list`).
+        folder = folder.strip("/")
+        if folder:
+            check_key(folder)
+        try:
+            fd = self._folder_fd(folder, create=False)
+        except (OSError, StoreError):
+            return FolderListing()
+        files, folders = [], []
+        try:
+            with os.scandir(fd) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        folders.append(entry.name)
+                    elif entry.is_file(follow_symlinks=False) and not (entry.name.startswith(".") and entry.name.endswith(".tmp")):
+                        files.append(entry.name)
+        except OSError as exc:
+            raise StoreError(f"cannot list {self.describe(folder)}: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
+        return FolderListing(sorted(files), sorted(folders))
 
     def remove_stale_temporaries(self, marker: str, max_folders: int = 100_000) -> int:
         """Delete temporary files (".NAME.PID.N.tmp") whose NAME contains `marker` (a worker's
