@@ -97,11 +97,11 @@ def test_dead_unit_shares_per_mode_are_the_rules(job):
     trial = create_trial(path)
     rule = DeadRelu(trial, **DeadRelu.preset)
     assert rule.layers() == ["block.relu_output_0"]
-    found = {s.mode: s for s in health.inactive_unit_series(trial, "block.relu_output_0", lambda v: v > 0, 1.0, persistence=3)}
+    found = {s.mode: s for s in health.inactive_unit_series(trial, "block.relu_output_0", lambda v, step: v > 0, 1.0, persistence=3)}
     # from a mode's 3rd saved step on: the chain of 3 never crosses the EVAL steps (and the 2
     # EVAL steps are too few for a share)
     assert set(found) == {"TRAIN"} and found["TRAIN"].steps == [2, 3, 6, 7, 8, 9]
-    per_step = health.inactive_unit_series(trial, "block.relu_output_0", lambda v: v > 0, 1.0)
+    per_step = health.inactive_unit_series(trial, "block.relu_output_0", lambda v, step: v > 0, 1.0)
     assert [(s.mode, s.steps) for s in per_step] == [("TRAIN", [0, 1, 2, 3, 6, 7, 8, 9]), ("EVAL", [4, 5])]
     off = {s: (written[s]["block.relu_output_0"] > 0).mean(axis=0) * 100 < 1.0 for s in written}
     train = [0, 1, 2, 3, 6, 7, 8, 9]

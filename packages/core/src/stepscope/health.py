@@ -228,11 +228,12 @@ class InactiveTracker:
         return max((len(v) for v in self._recent.values()), default=0)
 
 
-def inactive_unit_series(trial: Any, name: str, active: Callable[[np.ndarray], np.ndarray], threshold_inactivity: float,
+def inactive_unit_series(trial: Any, name: str, active: Callable[[np.ndarray, int], np.ndarray | None], threshold_inactivity: float,
                          persistence: int = 1, steps: Iterable[int] | None = None) -> list[Series]:
-    """Per mode, the % of units of layer `name` inactive (`active(value)` false in less than
-    `threshold_inactivity` % of the batch) at each of its last `persistence` saved steps of
-    that mode, at each of its saved steps (from the `persistence`-th on)."""
+    """Per mode, the % of units of layer `name` inactive (active, by `active(value, global
+    step)`, in less than `threshold_inactivity` % of the batch) at each of its last
+    `persistence` saved steps of that mode, at each of its saved steps (from the
+    `persistence`-th on); a step where `active` gives None is not judged."""
     chosen = sorted(trial.tensor(name).steps() if steps is None else steps)
     values = trial.read_many([(name, s, None, None) for s in chosen])
     tracker = InactiveTracker(persistence)
@@ -240,8 +241,11 @@ def inactive_unit_series(trial: Any, name: str, active: Callable[[np.ndarray], n
     for step, value in zip(chosen, values):
         if value is None or value.size == 0:
             continue
+        mask = active(value, step)
+        if mask is None:
+            continue
         mode = mode_name(trial, step)
-        share = tracker.add(name, mode, inactive_units(value, active(value), threshold_inactivity))
+        share = tracker.add(name, mode, inactive_units(value, mask, threshold_inactivity))
         if share is not None:
             out.setdefault(mode, Series(name, mode)).add(step, share)
     return list(out.values())

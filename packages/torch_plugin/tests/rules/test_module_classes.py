@@ -31,7 +31,7 @@ def test_module_classes_reach_the_trial_and_the_default_set(tmp_path):
     assert trial.module_class("1_output_0") == "ReLU" and trial.module_class("0_output_0") == "Linear"
     assert trial.module_class("gradient/2.weight") == "BatchNorm1d" and trial.module_class("3.weight") == "Linear"
     rules = {r.name: r for r in default_rules(trial)}
-    assert "DeadRelu" in rules and "1_output_0" in rules["DeadRelu"].layers()
+    assert "DeadRelu" in rules and "1_output_0" in rules["DeadRelu"]._layers()
     report = run_rules([DeadRelu(trial, **DeadRelu.preset)])[0]
     assert report.fired and {e.tensor for e in report.evidence} == {"1_output_0"}
     assert not run_rules([DeadRelu(trial)])[0].fired  # SageMaker's `.*relu_output` regex finds nothing here

@@ -352,7 +352,7 @@ def _inactive_units(trial: Any) -> dict[str, Any]:
     for rule in (DeadRelu(trial, **DeadRelu.preset), SaturatedActivation(trial, **SaturatedActivation.preset)):
         persistence[rule.state] = rule.params.persistence
         for name in rule.layers():
-            for series in health.inactive_unit_series(trial, name, functools.partial(rule.active, name), rule.params.threshold_inactivity, rule.params.persistence):
+            for series in health.inactive_unit_series(trial, name, functools.partial(rule.active_units, name), rule.params.threshold_inactivity, rule.params.persistence):
                 series.name = f"{name} ({rule.state}, {series.mode})"
                 rows.append(series)
     return {**_heatmap(rows[:MAX_HEATMAP_TENSORS], MAX_HEATMAP_STEPS), "persistence": persistence}
