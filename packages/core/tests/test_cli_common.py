@@ -74,3 +74,12 @@ def test_export_includes_the_end_and_says_so_where_that_changed(tmp_path, write_
         assert cli.main(["export", job, "--hdf5", str(tmp_path / "c.h5"), "--steps", steps, "--no-progress"]) == 0
         assert _exported_steps(tmp_path / "c.h5") == expected, steps
         assert "includes step" not in capsys.readouterr().err, steps
+
+
+def test_check_on_a_missing_folder_says_so_and_creates_nothing(tmp_path, capsys):
+    missing = tmp_path / "typo"
+    assert cli.main(["check", str(missing)]) == cli.EXIT_ERROR
+    assert "no such folder" in capsys.readouterr().err
+    assert cli.main(["check", str(missing), "--watch", "--timeout", "0.3", "--poll-interval", "0.05"]) == cli.EXIT_ERROR
+    assert "no such folder" in capsys.readouterr().err
+    assert not missing.exists()

@@ -112,3 +112,89 @@ def test_listing_a_missing_root_does_not_walk_its_parent(tmp_path):
     (tmp_path / "job_sibling").mkdir()
     (tmp_path / "job_sibling" / "a.json").write_text("{}")
     assert open_store(str(tmp_path / "job")).list("") == []
+
+
+# --- the interface callers use instead of reaching into a backend ----------------------------
+
+
+def _fill(store):
+    keys = ["a.json", "index/000000000/000000000001_worker_0.json", "index/000000000/000000000002_worker_0.json",
+            "index/000000001/000000001000_worker_0.json", "stepscope-traces/r0/t.parquet", "stepscope-traces/r1/t.parquet"]
+    for n, key in enumerate(keys):
+        store.write(key, b"x" * (n + 1))
+    return keys
+
+
+def test_size_folders_prefix_removal_on_both_backends(store):
+    keys = _fill(store)
+    assert [store.size(k) for k in keys] == list(range(1, len(keys) + 1))
+    with pytest.raises(FileNotFoundError):
+        store.size("index/none.json")
+    top = store.list_folder("")
+    assert (top.files, top.folders) == (["a.json"], ["index", "stepscope-traces"])
+    index = store.list_folder("index/")
+    assert (index.files, index.folders) == ([], ["000000000", "000000001"])
+    leaf = store.list_folder("index/000000000")
+    assert leaf.files == ["000000000001_worker_0.json", "000000000002_worker_0.json"] and leaf.folders == []
+    assert store.list_folder("nothing") == type(top)()
+    # The backend's one-level listing agrees with the one derived from a full listing.
+    from stepscope.store import Store
+
+    for folder in ("", "index", "index/000000000", "stepscope-traces"):
+        assert store.list_folder(folder) == Store.list_folder(store, folder), folder
+    assert store.root_exists()
+    store.probe()
+    assert store.delete_prefix("stepscope-traces/") == 2
+    assert store.list("") == keys[:4]
+    assert store.delete_prefix("nothing/") == 0
+    with pytest.raises(StoreError, match="whole|everything"):
+        store.delete_prefix("/")
+    assert store.remove_stale_temporaries("worker_0") == 0
+
+
+def test_local_path_where_there_is_one(store, tmp_path):
+    if store.url.startswith("s3://"):
+        assert store.local_path() is None and store.local_path("a.json") is None
+        return
+    assert store.local_path() == str(tmp_path / "job")
+    store.write("index/a.json", b"{}")
+    assert open(store.local_path("index/a.json"), "rb").read() == b"{}"
+    with pytest.raises(StoreError):
+        store.local_path("../outside")
+
+
+def test_s3_prefix_removal_in_batches(s3_url):
+    store = open_store(s3_url)
+    for n in range(1005):  # DeleteObjects takes 1,000 keys a request: two requests
+        store.write(f"stepscope-traces/{n:05d}.parquet", b"")
+    store.write("kept.json", b"{}")
+    assert store.delete_prefix("stepscope-traces") == 1005
+    assert store.list("") == ["kept.json"]
+
+
+def test_root_existence_and_probe(tmp_path, s3_endpoint):
+    missing = open_store(str(tmp_path / "not-yet"))
+    assert not missing.root_exists() and missing.list_folder("") == type(missing.list_folder(""))()
+    with pytest.raises(StoreError, match="not-yet"):
+        missing.probe()
+    assert not (tmp_path / "not-yet").exists()  # asking created nothing
+    # An S3 prefix exists once its bucket does; a missing bucket fails the probe, named.
+    no_bucket = open_store("s3://no-such-bucket-for-probe/job")
+    assert no_bucket.root_exists() and no_bucket.local_path() is None
+    with pytest.raises(StoreError, match="s3://no-such-bucket-for-probe/job"):
+        no_bucket.probe()
+
+
+def test_local_folder_listing_leaves_links_out(tmp_path):
+    import os
+
+    store = LocalStore(tmp_path / "job")
+    store.write("index/a.json", b"{}")
+    (tmp_path / "elsewhere").mkdir()
+    (tmp_path / "elsewhere" / "secret.json").write_bytes(b"{}")
+    os.symlink(tmp_path / "elsewhere", tmp_path / "job" / "rule-output")
+    os.symlink(tmp_path / "elsewhere" / "secret.json", tmp_path / "job" / "index" / "b.json")
+    os.mkfifo(tmp_path / "job" / "index" / "fifo")
+    assert store.list_folder("").folders == ["index"]
+    assert store.list_folder("index").files == ["a.json"]
+    assert store.list_folder("rule-output") == type(store.list_folder(""))()  # through a link: nothing

@@ -124,16 +124,6 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
     return rules
 
 
-def _write_reports(store: Any, reports: list[Any], path: str) -> None:
-    from .layout import RULE_OUTPUT_DIR, rule_output_key
-
-    for report in reports:
-        # Rule names come from configuration files: escaped so that a report stays in the job.
-        store.write(rule_output_key(report.rule), json.dumps(report.to_json(), indent=1).encode())
-    summary = {"path": path, "time": time.time(), "rules": [report.row() for report in reports]}
-    store.write(f"{RULE_OUTPUT_DIR}/summary.json", json.dumps(summary, indent=1).encode())
-
-
 def _explain(name: str) -> int:
     from .rules.registry import rule_class
 
@@ -150,6 +140,7 @@ def _explain(name: str) -> int:
 
 def _run_check(args: argparse.Namespace) -> int:
     from .rules import format_table, run_rules
+    from .rules.output import save_reports
     from .store import open_store
     from .trial import create_trial
 
@@ -160,14 +151,13 @@ def _run_check(args: argparse.Namespace) -> int:
     if args.end_step is not None and args.end_step <= args.start_step:
         raise UsageError(f"--end-step ({args.end_step}) must be greater than --start-step ({args.start_step})")
     store = open_store(args.path)
-    root = getattr(store, "root", None)
-    if root is not None and not root.is_dir():
+    if not store.root_exists():
         # A job that has not started may not have made its folder yet: --watch waits for it
         # (within --timeout), creating nothing; without --watch a missing folder is a typo.
         deadline = None if args.timeout is None else time.monotonic() + args.timeout
-        while args.watch and not root.is_dir() and (deadline is None or time.monotonic() < deadline):
+        while args.watch and not store.root_exists() and (deadline is None or time.monotonic() < deadline):
             time.sleep(min(args.poll_interval, 0.5))
-        if not root.is_dir():
+        if not store.root_exists():
             raise UsageError(f"no saved data at {store.describe()}: no such folder (a mistyped path?)")
     failed = _failed_hooks(store)
     for worker, cause in failed.items():
@@ -187,7 +177,7 @@ def _run_check(args: argparse.Namespace) -> int:
         max_poll_interval=args.poll_interval, progress=progress,
     )
     if not args.no_write:
-        _write_reports(store, reports, store.describe())
+        save_reports(store, reports, store.describe())
     if args.json:
         json.dump([report.to_json() for report in reports], sys.stdout, indent=1)
         print()

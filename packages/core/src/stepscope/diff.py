@@ -106,13 +106,16 @@ def _plain(value: Any) -> Any:
 class _Side:
     """What one side offers: a job (a Trial with its profiler data) or only traces."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: Any):
         from .store import open_store
         from .traces import sources
 
         self.path = path
         self.trial: Any = None
         self.traces: Any = None
+        if hasattr(path, "tensor_names") and hasattr(path, "profiler"):  # a Trial already open (the app's)
+            self.trial, self.traces = path, path.profiler.traces
+            return
         store = open_store(path) if not sources.is_trace_file(str(path)) else None
         if store is not None and _is_job(store):
             from .trial import create_trial
@@ -373,9 +376,11 @@ def _relative_change(change: Change) -> float:
 SECTIONS = ("steps", "phases", "kernels", "operators", "system", "rules", "tensors")
 
 
-def compare(a: str, b: str, *, top: int = 15, rules: str = "auto", sections: Iterable[str] = SECTIONS) -> JobDiff:
-    """Compare A (the baseline) with B. `a`/`b`: a job (folder or s3:// URL) or traces (a
-    folder of them or one trace file). `rules`: saved (rule-output/ of each job), run (the
+def compare(a: Any, b: Any, *, top: int = 15, rules: str = "auto", sections: Iterable[str] = SECTIONS,
+            names: tuple[str, str] | None = None) -> JobDiff:
+    """Compare A (the baseline) with B. `a`/`b`: a job (folder or s3:// URL, or an open
+    Trial) or traces (a folder of them or one trace file); `names`: how to call them in the
+    result (default: the paths). `rules`: saved (rule-output/ of each job), run (the
     default rules now), auto (saved where there are, else run), none."""
     wanted = list(sections)
     unknown = [s for s in wanted if s not in SECTIONS]
@@ -393,7 +398,8 @@ def compare(a: str, b: str, *, top: int = 15, rules: str = "auto", sections: Ite
         "rules": lambda: _rules(sa, sb, rules),
         "tensors": lambda: _tensors(sa, sb, top),
     }
-    return JobDiff(str(a), str(b), [builders[name]() for name in wanted])
+    name_a, name_b = names or (str(getattr(a, "path", a)), str(getattr(b, "path", b)))
+    return JobDiff(name_a, name_b, [builders[name]() for name in wanted])
 
 
 def _count(values: pd.Series | None) -> float | None:
@@ -442,7 +448,7 @@ def _cell(value: float | str | None) -> str:
         return value
     if value != 0 and (abs(value) >= 1e6 or abs(value) < 1e-3):
         return f"{value:.3g}"
-    return f"{value:,.3f}".rstrip("0").rstrip(".") if abs(value) < 1000 else f"{value:,.0f}"
+    return f"{value:.4g}" if abs(value) < 1000 else f"{value:,.0f}"  # four significant digits, whole numbers above
 
 
 # --- the command ------------------------------------------------------------------------

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from . import job_claim, job_files, layout, records, reductions, step_index
-from .collection_manager import CollectionManager
+from . import job_files, layout, records, reductions, step_index
+from .capture import job_claim
+from .capture.collection_manager import CollectionManager
+from .capture.scopes import Scope, ScopeMap, merge_scope
 from .config import Collection
 from .events import decode_tensor_event, decode_tensor_tag_value
 from .exceptions import (
@@ -30,7 +32,6 @@ from .exceptions import (
     UnknownName,
 )
 from .modes import ModeKeys
-from .scopes import Scope, ScopeMap, merge_scope
 from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
@@ -150,8 +151,7 @@ class Trial:
 
     def __init__(self, path: str | Store, name: str | None = None, *, cache_size: int = 256):
         self.store = open_store(path)
-        root = getattr(self.store, "root", None)
-        if root is not None and not root.is_dir():
+        if not self.store.root_exists():
             raise FileNotFoundError(f"no job folder at {self.store.describe()} (a mistyped path?)")
         self.path = self.store.url
         self.name = name or self.path.rstrip("/").rsplit("/", 1)[-1]
@@ -732,7 +732,7 @@ class Trial:
             worker: f"{body.get('component', '?')}: {body.get('error', '?')}"
             for worker, body in cls.status_in(store).items()
             # degraded: some tensors skipped, the hook runs on; too little data: saved fewer
-            # steps than the default rules need (stepscope.evidence), nothing failed.
+            # steps than the default rules need (stepscope.capture.evidence), nothing failed.
             if body.get("state") not in ("ok", "degraded", "too little data")
         }
 

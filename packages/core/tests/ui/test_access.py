@@ -50,6 +50,21 @@ def test_user_sees_only_jobs_under_granted_prefixes(app):
     assert client.get("/api/jobs?q=secret").get_json()["jobs"] == []
 
 
+def test_errors_are_html_for_a_browser_and_json_for_the_api(app):
+    client = app.test_client()
+    login(client, "alice")
+    browser = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}
+    for url in ("/jobs/team-b/secret-run", "/jobs/team-a/no-such-run", "/no/such/page"):
+        page = client.get(url, headers=browser)
+        assert page.status_code == 404 and page.mimetype == "text/html", url
+        body = page.get_data(as_text=True)
+        assert "<h1>404:" in body and 'href="/"' in body and "secret" not in body
+    api = client.get("/api/jobs/team-b/secret-run/summary", headers=browser)  # the API answers JSON whatever it is asked
+    assert api.status_code == 404 and api.get_json() == {"error": "no such job"}
+    script = client.get("/jobs/team-b/secret-run")  # no Accept: a script, JSON
+    assert script.get_json() == {"error": "no such job"}
+
+
 def test_other_users_job_is_404_like_a_missing_one(app):
     client = app.test_client()
     login(client, "alice")

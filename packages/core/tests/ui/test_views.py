@@ -26,6 +26,8 @@ def test_jobs_list_fields_filter_and_sort(app, store_root):
     timeline = trial.profiler.step_timeline()
     assert run1["status"] == "finished" and run1["framework"] == "pytorch" and run1["workers"] == 1 and run1["steps"] == 40
     assert run1["start"] == trial.profiler.job_start()
+    # steps run (the timeline's step intervals) apart from the steps that saved tensors
+    assert run1["steps"] == int((timeline["phase"] == "step").sum()) and run1["saved_steps"] == len(trial.steps())
     assert run1["end"] == max(timeline["end_ns"].max() / 1e9, trial.profiler.time_range()[1])
     by_steps = [j["id"] for j in client.get("/api/jobs?sort=-steps").get_json()["jobs"]]
     assert by_steps == ["team-a/run-1", "team-b/secret-run", "team-a/run-2"]
@@ -307,9 +309,9 @@ def test_timeline_has_stream_lanes_and_a_kernel_shows_its_launch(app, store_root
 
 
 def test_dead_and_saturated_units_by_the_rules_definitions(app, store_root):
-    from stepscope.collection_manager import CollectionManager
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
 
     rng = np.random.default_rng(3)
     writer = Writer(str(store_root / "team-a" / "acts"), "worker_0")

@@ -1,8 +1,9 @@
 // The app's entry: a header, then the view the URL names. /: jobs; /admin: users;
-// /jobs/<job>#dashboard|health|stats|timeline: one job. A job's page polls the server
+// /jobs/<job>#dashboard|health|stats|timeline: one job; /compare?a=&b=: two jobs. A job's page polls the server
 // for what the job has published and redraws when something new has landed.
 import { api, el } from './api.js';
 import { adminView } from './admin.js';
+import { compareView } from './compare.js';
 import { dashboardView, healthView, statsView } from './job.js';
 import { jobsView } from './jobs.js';
 import { timelineView } from './timeline.js';
@@ -58,6 +59,7 @@ function start() {
   const path = decodeURIComponent(location.pathname);
   if (path.startsWith('/jobs/')) jobPage(root, path.slice('/jobs/'.length));
   else if (path === '/admin') adminView(root);
+  else if (path === '/compare') compareView(root);
   else jobsView(root);
 }
 

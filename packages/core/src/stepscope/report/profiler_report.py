@@ -41,9 +41,9 @@ class ProfilerReport(JobRule):
 
     def __init__(self, base_trial: Any = None, *, name: str | None = None, actions: Sequence[Action] = (), companions: Sequence[Rule] = (), **params: Any):
         from ..rules.config import profiler_report_rules
-        from ..rules.profiler import PROFILER_RULES
+        from ..rules.registry import system_rules
 
-        prefixes = {n.lower() for n in PROFILER_RULES}
+        prefixes = {n.lower() for n in system_rules()}
         overrides = {k: params.pop(k) for k in list(params) if str(k).partition("_")[0].lower() in prefixes}
         super().__init__(base_trial, name=name, actions=actions, **params)
         profiler_report_rules(overrides)  # a wrong override fails now, naming it
@@ -60,7 +60,7 @@ class ProfilerReport(JobRule):
         reports = [rule.report for rule in companions]
         reports += [rule.run(self.base_trial) for rule in profiler_report_rules(self._overrides) if rule.name not in done]
         trial = self.base_trial if isinstance(self.base_trial, Trial) else create_trial(self.profiler.store)
-        written = write_report(trial, findings=[report.to_json() for report in reports], key=REPORT_KEY, pdf=self.params.pdf)
+        written = write_report(trial, findings=reports, key=REPORT_KEY, pdf=self.params.pdf)
         report = self.report
         report.datapoints = sum(int(getattr(r, "datapoints", 0) or 0) + int(getattr(r, "steps_evaluated", 0) or 0) for r in reports)
         report.statistics = {"report": written.html, "pdf": written.pdf, "rules": {r.rule: r.status for r in reports}}

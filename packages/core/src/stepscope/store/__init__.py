@@ -5,7 +5,7 @@ object is PUT whole (or as one multipart upload), so a reader never sees half a 
 
 from __future__ import annotations
 
-from .base import Store, join_key
+from .base import FolderListing, Store, join_key
 from .local import LocalStore
 
 
@@ -23,4 +23,4 @@ def open_store(url: str | Store) -> Store:
     return LocalStore(url)
 
 
-__all__ = ["Store", "LocalStore", "open_store", "join_key"]
+__all__ = ["Store", "FolderListing", "LocalStore", "open_store", "join_key"]

@@ -7,6 +7,7 @@ import builtins
 import io
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from ..exceptions import StoreError
@@ -28,8 +29,22 @@ def check_key(key: str) -> str:
     return key
 
 
+@dataclass(frozen=True)
+class FolderListing:
+    """What sits directly in one folder of a store: file names and sub-folder names (not
+    keys: no folder part), each sorted. A local store leaves out links and special files,
+    which are no part of a job."""
+
+    files: list[str] = field(default_factory=list)
+    folders: list[str] = field(default_factory=list)
+
+
 class Store(abc.ABC):
-    """Keys are relative POSIX paths ("index/000000000/000000000005_worker_0.json")."""
+    """Keys are relative POSIX paths ("index/000000000/000000000005_worker_0.json").
+
+    Everything a caller needs goes through these methods, for a local folder and S3 alike:
+    no caller opens a path, a client or a private attribute of a backend. Where a backend
+    has no such thing (a local path on S3), the method says so (None) rather than fails."""
 
     url: str
 
@@ -49,6 +64,7 @@ class Store(abc.ABC):
         return io.BytesIO(self.read(key, max_size))
 
     def size(self, key: str) -> int:
+        """The object's size in bytes; FileNotFoundError when absent."""
         return len(self.read(key))
 
     @abc.abstractmethod
@@ -64,7 +80,53 @@ class Store(abc.ABC):
     def exists(self, key: str) -> bool: ...
 
     @abc.abstractmethod
-    def delete(self, key: str) -> None: ...
+    def delete(self, key: str) -> None:
+        """Remove the object; nothing happens when it is absent."""
+
+    def delete_prefix(self, prefix: str) -> int:
+        """Remove every object under `prefix` (a folder: "stepscope-traces/"); returns how
+        many. An empty prefix is refused: it would be the whole job."""
+        if not prefix.strip("/"):
+            raise StoreError(f"refusing to delete everything in {self.describe()}: give a folder")
+        keys = self.list(prefix)
+        for key in keys:
+            self.delete(key)
+        return len(keys)
+
+    def list_folder(self, folder: str = "") -> FolderListing:
+        """The files and sub-folders directly in `folder` ("" is the root), for walking a
+        tree of jobs one level at a time. This default derives it from a full listing; the
+        backends list one level only."""
+        base = folder.strip("/") + "/" if folder.strip("/") else ""
+        files: set[str] = set()
+        folders: set[str] = set()
+        for key in self.list(base):
+            name, sep, _rest = key[len(base) :].partition("/")
+            (folders if sep else files).add(name)
+        return FolderListing(sorted(files), sorted(folders))
+
+    def root_exists(self) -> bool:
+        """Whether the store's root is there. A local folder may be missing (a mistyped
+        path, or a job that has not started); an S3 prefix is no object, only a part of
+        keys, so it is there as soon as its bucket is (see `probe`): S3 answers True."""
+        return True
+
+    def probe(self) -> None:
+        """Nothing when the store can be listed; StoreError naming it when it cannot (a
+        missing bucket or folder, no access, an endpoint that does not answer)."""
+        self.list_folder("")
+
+    def local_path(self, key: str = "") -> str | None:
+        """The local filesystem path of `key` (of the root for ""), or None where the store
+        has none (S3). For naming and for caches keyed by location; reading and writing
+        still go through the store, whose path policy a plain open() would bypass."""
+        return None
+
+    def remove_stale_temporaries(self, marker: str) -> int:
+        """Delete temporary files whose name contains `marker`, left by a process that
+        died while publishing; returns how many. Only a local store has any (an S3 object
+        is PUT whole)."""
+        return 0
 
     def read_ranges(self, requests: Iterable[tuple[str, int, int]], max_workers: int = 16) -> builtins.list[bytes]:
         """Several ranged reads, concurrently where the backend gains from it."""

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..exceptions import ConfigError, StoreError, StoreUnavailable
-from .base import Store, join_key
+from .base import FolderListing, Store, join_key
 
 MULTIPART_THRESHOLD = 64 * 1024 * 1024
 MULTIPART_CHUNK = 16 * 1024 * 1024
@@ -291,6 +291,41 @@ class S3Store(Store):
         except Exception as exc:
             raise self._error("list", prefix, exc) from exc
         return sorted(keys)
+
+    def list_folder(self, folder: str = "") -> FolderListing:
+        # One level: S3's delimiter listing returns the "folders" as common prefixes.
+        prefix = self._key(folder.strip("/")) if folder.strip("/") else self.prefix
+        prefix = prefix + "/" if prefix else ""
+        files, folders = [], []
+        try:
+            for page in self._client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix, Delimiter="/"):
+                folders += [common["Prefix"][len(prefix) :].rstrip("/") for common in page.get("CommonPrefixes", ())]
+                files += [item["Key"][len(prefix) :] for item in page.get("Contents", ())]
+        except Exception as exc:
+            raise self._error("list", folder, exc) from exc
+        return FolderListing(sorted(f for f in files if f), sorted(f for f in folders if f))
+
+    def probe(self) -> None:
+        try:
+            self._client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + "/" if self.prefix else "", MaxKeys=1)
+        except Exception as exc:
+            raise self._error("list", "", exc) from exc
+
+    def delete_prefix(self, prefix: str) -> int:
+        if not prefix.strip("/"):
+            raise StoreError(f"refusing to delete everything in {self.describe()}: give a folder")
+        keys = self.list(prefix)
+        # DeleteObjects takes at most 1,000 keys a request.
+        for first in range(0, len(keys), 1000):
+            batch = [{"Key": self._key(key)} for key in keys[first : first + 1000]]
+            try:
+                reply = self._client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            except Exception as exc:
+                raise self._error("delete", prefix, exc) from exc
+            if reply.get("Errors"):
+                failed = reply["Errors"][0]
+                raise StoreError(f"cannot delete s3://{self.bucket}/{failed.get('Key', prefix)} (endpoint {self.endpoint}): {failed.get('Message', failed)}")
+        return len(keys)
 
     def exists(self, key: str) -> bool:
         try:

@@ -18,7 +18,7 @@ from ..cli_common import parse_steps as _parse_step_text
 from ..exceptions import StepscopeError
 from ..store import Store
 from . import sources
-from .analyzers import common, cpu_ops, idle, kernels, launches, memory, steps, syncs
+from .analyzers import allocations, common, cpu_ops, idle, kernels, launches, memory, steps, syncs
 from .tables import TableWriter, TraceInfo, list_trace_keys, load_trace, loose_trace_keys
 
 logger = logging.getLogger("stepscope.traces")
@@ -112,6 +112,45 @@ class TraceAnalysis:
         """Per direction (H2D/D2H/D2D/P2P/memset) and host memory: count, bytes, total_us, bandwidth_gbps."""
         return self._per_rank(rank, steps, lambda e, r: memory.memory_ops(e))
 
+    def memory_timeline(self, rank: int | None = None, steps: StepRange = None, max_points: int = 4000) -> pd.DataFrame:
+        """Allocator totals per device after each [memory] event: ts_ns, step, device,
+        allocated, reserved; at most about `max_points` rows per device (peaks kept)."""
+        return self._per_rank(rank, steps, lambda e, r: allocations.memory_timeline(e, max_points=max_points))
+
+    def memory_steps(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Per step and device: allocations, frees, bytes, start/end/peak allocated, peak
+        reserved, and the op, annotation and module live at the peak."""
+        return self._per_rank(rank, steps, lambda e, r: allocations.memory_steps(e))
+
+    def memory_growth(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Per step and device: allocations that outlive their step, those never freed in
+        the trace, and the step's net change of the total allocated."""
+        return self._per_rank(rank, steps, lambda e, r: allocations.memory_growth(e))
+
+    def allocating_ops(self, k: int | None = 20, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """Per operator: allocations, bytes allocated and freed, self_bytes (torch's self
+        memory usage), the largest allocation, bytes outliving their step."""
+        return self._per_rank(rank, steps, lambda e, r: allocations.top_allocating_ops(e, k=k))
+
+    def memory_peak(self, rank: int | None = None, steps: StepRange = None, device: str | None = None) -> pd.DataFrame:
+        """What was live at the highest peak (of `device`, else the highest device), by op."""
+        return self._per_rank(rank, steps, lambda e, r: allocations.peak_breakdown(e, device=device))
+
+    def memory_ranks(self, steps: StepRange = None) -> pd.DataFrame:
+        """Per rank and device: the highest peak allocated/reserved and its ratio to the
+        median rank's peak."""
+        return allocations.rank_peaks({r: allocations.memory_steps(self._events(r, steps)) for r in self.ranks})
+
+    def device_memory(self) -> pd.DataFrame:
+        """Per rank and GPU: the device's memory in bytes as the traces' `deviceProperties`
+        give it (`totalGlobalMem`): rank, device (cuda:<id>), total_bytes."""
+        rows = {}
+        for info, _ in self._readable():
+            for entry in info.metadata.get("deviceProperties") or ():
+                if isinstance(entry, dict) and isinstance(entry.get("id"), int) and isinstance(entry.get("totalGlobalMem"), int):
+                    rows[(info.rank, f"cuda:{entry['id']}")] = entry["totalGlobalMem"]
+        return pd.DataFrame([{"rank": r, "device": d, "total_bytes": b} for (r, d), b in sorted(rows.items())], columns=["rank", "device", "total_bytes"])
+
     def syncs(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
         """Per synchronize call: count, total/mean/max µs, gpu_wait_us, waited_for."""
         return self._per_rank(rank, steps, lambda e, r: syncs.sync_stats(e))
@@ -164,6 +203,8 @@ class TraceAnalysis:
             "kernels_by_precision": self.kernel_stats("precision", rank, steps),
             "launch_latency": self.launch_latency(rank, steps).head(10),
             "memory_ops": self.memory_ops(rank, steps),
+            "memory_steps": self.memory_steps(rank, steps),
+            "allocating_ops": self.allocating_ops(10, rank, steps),
             "syncs": self.syncs(rank, steps),
             "cpu_ops": self.cpu_ops(10, rank, steps),
             "steps": self.step_breakdown(rank, steps),

@@ -55,6 +55,9 @@ _ARGS_TYPE = pa.struct(
         ("Bytes", pa.int64()),
         ("Total Allocated", pa.int64()),
         ("Device Id", pa.int64()),
+        ("Total Reserved", pa.int64()),
+        ("Addr", pa.int64()),
+        ("Device Type", pa.int64()),
     ]
 )
 # What pyarrow reads of each event; everything else is skipped by its C++ parser.
@@ -630,6 +633,9 @@ def _columns(table: pa.Table) -> _Chunk:
         "stream": _ints(_field(args, "stream")).astype(np.int32),
         "bytes": np.where(transfer == MISSING, allocator, transfer),
         "total_allocated": _ints(_field(args, "Total Allocated")),
+        "total_reserved": _ints(_field(args, "Total Reserved")),
+        "addr": _ints(_field(args, "Addr")),
+        "device_type": np.clip(_ints(_field(args, "Device Type")), -1, 127).astype(np.int8),
     }
     order = np.argsort(kind, kind="stable")
     bounds = np.searchsorted(kind[order], np.arange(len(KINDS) + 1), side="left")

@@ -90,6 +90,9 @@ EVENT_SCHEMA = pa.schema(
         ("stream", pa.int32()),
         ("bytes", pa.int64()),
         ("total_allocated", pa.int64()),
+        ("total_reserved", pa.int64()),
+        ("addr", pa.int64()),
+        ("device_type", pa.int8()),
         ("step", pa.int32()),
         ("category", pa.dictionary(pa.int32(), pa.string())),
     ]

@@ -12,7 +12,7 @@ import os
 import re
 from pathlib import Path
 
-from ..store import LocalStore, Store, open_store
+from ..store import Store, open_store
 from .tables import _TRACE_SUFFIXES, TABLE_DIR
 
 logger = logging.getLogger("stepscope.traces")
@@ -40,7 +40,7 @@ def locate(path: str | os.PathLike[str]) -> tuple[Store, list[str] | None]:
         text = text[len("file://") :]
     local = Path(text).expanduser()
     if local.is_file():
-        return LocalStore(local.parent), [local.name]
+        return open_store(str(local.parent)), [local.name]
     return open_store(text), None
 
 
@@ -62,9 +62,9 @@ def _worker(key: str) -> str:
 def table_store(store: Store) -> Store:
     """Where the tables of `store`'s traces go: the store itself (under stepscope-traces/)
     when it can be written, else a folder of the user's cache named after the store."""
-    if not isinstance(store, LocalStore):
+    root = store.local_path()
+    if root is None:
         return store  # S3: beside the traces, as for a job; a failed write is only logged
-    folder = store.root / TABLE_DIR
     try:
         # Through the store: its path policy refuses a linked stepscope-traces/ (the
         # tables then go to the cache), where a plain mkdir/open would write through it.
@@ -73,10 +73,10 @@ def table_store(store: Store) -> Store:
         store.delete(probe)
         return store
     except OSError as exc:
-        cache = user_cache_dir() / "traces" / hashlib.sha1(str(store.root.resolve()).encode()).hexdigest()[:16]
-        logger.info("%s is not writable (%s); trace tables go to %s", folder, exc.strerror or exc, cache)
+        cache = user_cache_dir() / "traces" / hashlib.sha1(os.path.realpath(root).encode()).hexdigest()[:16]
+        logger.info("%s is not writable (%s); trace tables go to %s", store.describe(TABLE_DIR), exc.strerror or exc, cache)
         cache.mkdir(parents=True, exist_ok=True)
-        return LocalStore(cache)
+        return open_store(str(cache))
 
 
 def user_cache_dir() -> Path:

@@ -50,8 +50,16 @@ class SynthSpec:
     base_time_ns: int = 1_790_000_000_000_000_000
     pid: int = 4242
     tid: int = 4242
+    memory: bool = False  # allocator events ([memory], as profile_memory=True writes them) on cuda:0
+    leak_bytes: int = 0  # with `memory`: bytes each step allocates and never frees (a leak)
+    activation_bytes: int = 4 << 20  # with `memory`: the largest activation a forward op allocates
+    segment_bytes: int = 2 << 20  # with `memory`: the caching allocator reserves in segments of this size
 
     def __post_init__(self) -> None:
+        for name in ("leak_bytes", "activation_bytes", "segment_bytes"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ConfigError(f"SynthSpec.{name} must be an integer >= 0, got {value!r}")
         for name in ("steps", "ops_per_step", "memcpy_every", "memset_every"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -80,6 +88,12 @@ class GroundTruth:
     step_ns: dict[int, int] = field(default_factory=dict)
     cpu_ops: dict[str, dict[str, int]] = field(default_factory=dict)  # name -> count, total_ns
     events: int = 0
+    # Allocator events (SynthSpec.memory), per step on cuda:0: peak_allocated, peak_reserved,
+    # reserved_at_peak, allocations, frees, start_allocated, end_allocated, unfreed_bytes; and the op at the peak.
+    memory_by_step: dict[int, dict[str, int]] = field(default_factory=dict)
+    memory_peak_op: dict[int, str] = field(default_factory=dict)
+    leak_op: dict[int, str] = field(default_factory=dict)  # step -> the op that allocated the leaked block
+    allocated_bytes_by_op: dict[str, int] = field(default_factory=dict)
 
     @property
     def gpu_idle_ns(self) -> int:
@@ -121,6 +135,11 @@ class _Generator:
         self.lines: list[str] = []
         self.first = True
         self.gpu: list[tuple[int, int, int, int]] = []  # (stream, start, end, launch start) of every GPU activity
+        # The allocator's state (SynthSpec.memory): live activations, totals, the next address.
+        self.live: list[tuple[int, int]] = []  # (addr, bytes)
+        self.allocated = 0
+        self.reserved = 0
+        self.next_addr = 140_000_000_000_000
 
     def run(self) -> GroundTruth:
         spec = self.spec
@@ -151,6 +170,8 @@ class _Generator:
                     annotation_start = t
                 op_name = CPU_OPS[self.rng.randrange(len(CPU_OPS))]
                 op_start = t
+                if spec.memory:
+                    self._memory_op(step, op_name, op_start, forward=op_index < half, leak=op_index == 0)
                 launch_start = op_start + self.rng.randint(1_000, 4_000)
                 launch_dur = self.rng.randint(3_000, 9_000)
                 launch_end = launch_start + launch_dur
@@ -212,6 +233,12 @@ class _Generator:
                 t = op_end + self.rng.choice((1_000, 2_000, 50_000)) if self.rng.random() < 0.97 else op_end + 400_000  # host stalls
             self._x("user_annotation", "## backward ##", annotation_start, t - annotation_start, spec.pid, spec.tid, {"External id": external})
             external += 1
+            if spec.memory:  # the step's activations freed outside any op (references dropped)
+                while self.live:
+                    addr, size = self.live.pop()
+                    self._allocator(step, t, -size, addr, "")
+                    t += 100
+                self.truth.memory_by_step[step]["end_allocated"] = self.allocated
             # Synchronize at the end of the step: the host blocks until the GPU is done.
             sync_start = t
             sync_name = "cudaDeviceSynchronize" if step_index % 2 == 0 else "cudaStreamSynchronize"
@@ -230,6 +257,61 @@ class _Generator:
         self._flush(final=True)
         self.out.write('\n],\n"traceName": "synthetic", "displayTimeUnit": "ms"}\n')
         return self.truth
+
+    def _memory_op(self, step: int, op: str, start: int, forward: bool, leak: bool) -> None:
+        """Allocator events inside one op (all before its launch call, 1 µs after its start):
+        a forward op allocates an activation kept until the step ends; a backward op frees
+        the newest activation and allocates and frees a gradient buffer; the step's first op
+        also allocates the leaked block."""
+        truth = self.truth
+        if step not in truth.memory_by_step:
+            truth.memory_by_step[step] = {"peak_allocated": -1, "peak_reserved": -1, "reserved_at_peak": -1, "allocations": 0, "frees": 0, "start_allocated": self.allocated, "end_allocated": 0, "unfreed_bytes": 0}
+        ts = start + 100
+        if leak and self.spec.leak_bytes:
+            self._allocator(step, ts, self.spec.leak_bytes, self._new_addr(self.spec.leak_bytes), op)
+            truth.memory_by_step[step]["unfreed_bytes"] += self.spec.leak_bytes
+            truth.leak_op[step] = op
+            ts += 100
+        if forward:
+            size = self.rng.choice((1, 2, 4, 8)) * (self.spec.activation_bytes // 8) or 512
+            addr = self._new_addr(size)
+            self._allocator(step, ts, size, addr, op)
+            self.live.append((addr, size))
+            return
+        if self.live:
+            addr, size = self.live.pop()
+            self._allocator(step, ts, -size, addr, op)
+            ts += 100
+        size = self.rng.choice((1, 2)) * (self.spec.activation_bytes // 4) or 512
+        addr = self._new_addr(size)
+        self._allocator(step, ts, size, addr, op)
+        self._allocator(step, ts + 100, -size, addr, op)
+
+    def _new_addr(self, size: int) -> int:
+        addr = self.next_addr
+        self.next_addr += -(-size // 512) * 512 + 512
+        return addr
+
+    def _allocator(self, step: int, ts: int, size: int, addr: int, op: str) -> None:
+        """One [memory] instant; the caching allocator's totals by plain arithmetic: reserved
+        grows in segments (SynthSpec.segment_bytes) when the allocated bytes need it and never shrinks."""
+        self.allocated += size
+        segment = max(self.spec.segment_bytes, 1)
+        self.reserved = max(self.reserved, -(-self.allocated // segment) * segment)
+        entry = self.truth.memory_by_step[step]
+        if size > 0:
+            entry["allocations"] += 1
+            self.truth.allocated_bytes_by_op[op or "(no op)"] = self.truth.allocated_bytes_by_op.get(op or "(no op)", 0) + size
+        else:
+            entry["frees"] += 1
+        if self.allocated > entry["peak_allocated"]:
+            entry["peak_allocated"] = self.allocated
+            entry["reserved_at_peak"] = self.reserved
+            self.truth.memory_peak_op[step] = op or "(no op)"
+        entry["peak_reserved"] = max(entry["peak_reserved"], self.reserved)
+        args = {"Total Reserved": self.reserved, "Total Allocated": self.allocated, "Bytes": size, "Device Id": 0, "Device Type": 1, "Addr": addr}
+        self.lines.append(f'{{"ph": "i", "cat": "cpu_instant_event", "s": "t", "name": "[memory]", "pid": {self.spec.pid}, "tid": {self.spec.tid}, "ts": {_us(ts)}, "args": {json.dumps(args)}}}')
+        self.truth.events += 1
 
     def _meta(self) -> None:
         self.lines.append(json.dumps({"ph": "M", "name": "process_name", "pid": self.spec.pid, "tid": 0, "args": {"name": "python"}}))

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("stepscope.traces")
 
 TABLE_DIR = "stepscope-traces"
-TABLE_VERSION = 2  # 2: exact decimal times, gpu_sync and other kinds, the category column
+TABLE_VERSION = 3  # 2: exact decimal times, gpu_sync and other kinds, the category column; 3: allocator columns
 DETAILED_DIRS = (f"{FRAMEWORK_DIR}/pytorch/detailed", f"{FRAMEWORK_DIR}/tensorflow/detailed")
 _SKIPPED_DIRS = (f"{FRAMEWORK_DIR}/steps/", f"{FRAMEWORK_DIR}/pevents/")
 # A job's own top-level folders: smdebug's, and stepscope's (all named stepscope-*).

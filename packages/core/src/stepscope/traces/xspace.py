@@ -158,6 +158,9 @@ def read_xspace(data: bytes, where: str = "<xspace>") -> RawTrace:
                 size = stats.get("memcpy_details") or stats.get("bytes")
                 rows["bytes"].append(_bytes_of(size))
                 rows["total_allocated"].append(MISSING)
+                rows["total_reserved"].append(MISSING)
+                rows["addr"].append(MISSING)
+                rows["device_type"].append(MISSING)
                 rows["step"].append(MISSING)
     arrays = {name: np.asarray(values, dtype=EVENT_SCHEMA.field(name).type.to_pandas_dtype()) for name, values in rows.items() if name != "name"}
     # Line timestamps are relative to the profile's start in the TF releases that record it.

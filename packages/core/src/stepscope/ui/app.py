@@ -72,17 +72,17 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
     def _authenticate() -> Any:
         g.identity = None
         if not host_allowed(request.headers.get("Host", ""), hosts):
-            return _json_error(400, "unknown host name (start the app with --allow-host NAME to answer it)")
+            return _error(400, "unknown host name (start the app with --allow-host NAME to answer it)")
         if request.path.startswith(_PUBLIC_PATHS):
             return None
         identity = auth.authenticate(users, request.cookies.get(auth.SESSION_COOKIE), request.headers.get("Authorization"))
         if identity is None:
             if request.path.startswith("/api/"):
-                return _json_error(401, "authentication required")
+                return _error(401, "authentication required")
             return redirect("/login")
         sent = request.headers.get(auth.CSRF_HEADER) or request.form.get("csrf_token")
         if not auth.csrf_ok(identity, request.method, sent):
-            return _json_error(403, "missing or wrong CSRF token")
+            return _error(403, "missing or wrong CSRF token")
         g.identity = identity
         return None
 
@@ -98,44 +98,44 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
     @app.errorhandler(_HttpError)
     def _http_error(exc: _HttpError) -> Response:
-        return _json_error(exc.status, exc.message)
+        return _error(exc.status, exc.message)
 
     @app.errorhandler(JobNotFound)
     def _not_found(exc: JobNotFound) -> Response:
-        return _json_error(404, "no such job")
+        return _error(404, "no such job")
 
     @app.errorhandler(404)
     def _no_route(exc: Exception) -> Response:
-        return _json_error(404, "not found")
+        return _error(404, "not found")
 
     @app.errorhandler(405)
     def _bad_method(exc: Exception) -> Response:
-        return _json_error(405, "method not allowed")
+        return _error(405, "method not allowed")
 
     @app.errorhandler(413)
     def _too_large(exc: Exception) -> Response:
-        return _json_error(413, "request too large")
+        return _error(413, "request too large")
 
     @app.errorhandler(users_module.Busy)
     def _busy(exc: Exception) -> Response:
-        resp = _json_error(503, "too many sign-ins at once; try again in a few seconds")
+        resp = _error(503, "too many sign-ins at once; try again in a few seconds")
         resp.headers["Retry-After"] = "5"
         return resp
 
     @app.errorhandler(Exception)
     def _internal(exc: Exception) -> Response:
         if isinstance(exc, HTTPException) and exc.code is not None and exc.code < 500:
-            return _json_error(exc.code, (exc.name or "bad request").lower())
+            return _error(exc.code, (exc.name or "bad request").lower())
         # The message may name files of the store: log it here, send nothing of it.
         logger.exception("stepscope ui: %s %s failed", request.method, request.path)
         job = getattr(g, "job", None)
         if job is not None:
             # Raised while reading a job the user may see: that job's data is at fault (a
             # hostile or broken file), not the app. Say so, naming the file inside the job.
-            return _json_error(422, job_error(exc, jobs.job_path(job)))
+            return _error(422, job_error(exc, jobs.job_path(job)))
         if isinstance(exc, (StepscopeError, OSError)):
-            return _json_error(500, "the job's data could not be read")
-        return _json_error(500, "internal error")
+            return _error(500, "the job's data could not be read")
+        return _error(500, "internal error")
 
     # --- login ------------------------------------------------------------------------
 
@@ -164,7 +164,7 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         password = request.form.get("password", "")[:1024]
         token = request.cookies.get(auth.LOGIN_CSRF_COOKIE, "")
         if not token or not secrets.compare_digest(token, request.form.get("csrf_token", "")):
-            return _json_error(403, "missing or wrong CSRF token")
+            return _error(403, "missing or wrong CSRF token")
         address = request.remote_addr or "?"
         if not limiter.begin(address, name):  # checks and takes a slot in one step
             resp = Response(_login_page(token, "Too many failed attempts; wait a minute."), status=429, mimetype="text/html")
@@ -201,6 +201,10 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
             raise _HttpError(404, "not found")
         return _shell(g.identity)
 
+    @app.get("/compare")
+    def compare_page() -> Response:
+        return _shell(g.identity)  # the script asks /api/compare, which checks both grants
+
     @app.get("/jobs/<path:job>")
     def job_page(job: str) -> Response:
         _visible(job)  # the view (dashboard, timeline, ...) is the URL's #fragment
@@ -236,6 +240,19 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         with ThreadPoolExecutor(max_workers=min(8, max(1, len(visible)))) as pool:
             rows = list(pool.map(row, visible))
         return jsonify(jobs=_filter_sort(rows, request.args))
+
+    @app.get("/api/compare")
+    def compare_jobs() -> Response:
+        """`?a=JOB&b=JOB`: stepscope.diff's comparison of B with the baseline A (both jobs
+        this user may see; `top` rows of kernels/operators/tensors)."""
+        from ..diff import compare
+
+        a, b = request.args.get("a", ""), request.args.get("b", "")
+        if not a or not b:
+            raise _HttpError(400, "give two jobs: ?a=JOB&b=JOB")
+        (trial_a, _), (trial_b, _) = _open(a), _open(b)
+        diff = compare(trial_a, trial_b, top=_int_arg("top", 15, 1, 200), rules="saved", names=(job_id(a), job_id(b)))
+        return jsonify(diff.to_json())
 
     @app.get("/api/jobs/<path:job>/summary")
     def job_summary(job: str) -> Response:
@@ -544,7 +561,7 @@ def _float_arg(name: str) -> float | None:
     return value
 
 
-_SORT_KEYS = ("id", "status", "start", "duration", "framework", "workers", "steps")
+_SORT_KEYS = ("id", "status", "start", "duration", "framework", "workers", "steps", "saved_steps")
 
 
 def _filter_sort(rows: list[dict[str, Any]], args: Any) -> list[dict[str, Any]]:
@@ -586,10 +603,23 @@ def _gzip(resp: Response) -> Response:
     return resp
 
 
-def _json_error(status: int, message: str) -> Response:
-    resp = jsonify(error=message)
+def _error(status: int, message: str) -> Response:
+    """JSON `{"error": message}` for the API and scripts; a small HTML page for a browser
+    that navigated to a page (a shared link to a job it may not see, a mistyped URL)."""
+    if request.path.startswith("/api/") or not _wants_html():
+        resp = jsonify(error=message)
+    else:
+        resp = Response(
+            "<!doctype html><html lang=en><head><meta charset=utf-8><title>stepscope: "
+            f"{status}</title></head><body><h1>{status}: {escape(message)}</h1>"
+            "<p><a href=\"/\">Back to the jobs list</a></p></body></html>", mimetype="text/html")
     resp.status_code = status
     return resp
+
+
+def _wants_html() -> bool:
+    best = request.accept_mimetypes.best_match(["application/json", "text/html"])
+    return best == "text/html"
 
 
 def _shell(identity: auth.Identity) -> Response:

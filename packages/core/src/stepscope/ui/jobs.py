@@ -77,9 +77,10 @@ class JobSummary:
     end: float | None
     framework: str | None
     workers: int
-    steps: int
+    steps: int  # steps run (the step timeline's, every mode; the saved steps where there is no timeline)
     rules_fired: tuple[str, ...]
     skipped: tuple[str, ...] = ()  # files the reader could not read and left out, each with why
+    saved_steps: int = 0  # steps with saved tensors
 
     @property
     def duration(self) -> float | None:
@@ -88,8 +89,8 @@ class JobSummary:
     def to_json(self) -> dict[str, Any]:
         return {
             "id": self.id, "status": self.status, "start": self.start, "end": self.end, "duration": self.duration,
-            "framework": self.framework, "workers": self.workers, "steps": self.steps, "rules_fired": list(self.rules_fired),
-            "skipped": list(self.skipped),
+            "framework": self.framework, "workers": self.workers, "steps": self.steps, "saved_steps": self.saved_steps,
+            "rules_fired": list(self.rules_fired), "skipped": list(self.skipped),
         }
 
 
@@ -113,12 +114,13 @@ class JobStore:
         the CLI calls it before it creates anything."""
         if not self.is_s3:
             return
-        from ..store.s3 import S3Store
+        from ..store import open_store
 
         try:
-            root = S3Store(self.url + "/")
-            root._client.list_objects_v2(Bucket=root.bucket, Prefix=root.prefix, MaxKeys=1)
-        except Exception as exc:  # botocore's errors, a bad URL: all mean "not this store"
+            open_store(self.url).probe()
+        except StepscopeError as exc:  # the store's error names the endpoint and the cause
+            raise ConfigError(f"store {self.url!r} cannot be listed: {exc}") from None
+        except Exception as exc:  # a bad URL, boto3 not configured: all mean "not this store"
             raise ConfigError(f"store {self.url!r} cannot be listed ({exc.__class__.__name__})") from None
 
     # --- finding jobs ------------------------------------------------------------------
@@ -146,27 +148,18 @@ class JobStore:
                 stack += [(f"{rel}/{e.name}" if rel else e.name, depth + 1) for e in entries if e.is_dir(follow_symlinks=False) and not e.name.startswith(".")]
 
     def _walk_s3(self) -> Iterator[str]:
-        from ..store.s3 import S3Store
+        from ..store import open_store
 
-        root = S3Store(self.url + "/")
-        client, bucket = root._client, root.bucket
-        base = root.prefix + "/" if root.prefix else ""
+        root = open_store(self.url)
         stack = [("", 0)]
         while stack:
             rel, depth = stack.pop()
-            prefix = base + (rel + "/" if rel else "")
-            names, folders = set(), []
-            for page in client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=prefix, Delimiter="/"):
-                for common in page.get("CommonPrefixes", []):
-                    name = common["Prefix"][len(prefix) :].rstrip("/")
-                    names.add(name)
-                    folders.append(name)
-                names.update(obj["Key"][len(prefix) :] for obj in page.get("Contents", []))
-            if rel and any(_is_marker(n) for n in names):
+            listing = root.list_folder(rel)
+            if rel and any(_is_marker(n) for n in (*listing.files, *listing.folders)):
                 yield rel
                 continue
             if depth < MAX_DEPTH:
-                stack += [(f"{rel}/{n}" if rel else n, depth + 1) for n in folders if n and not n.startswith(".")]
+                stack += [(f"{rel}/{n}" if rel else n, depth + 1) for n in listing.folders if not n.startswith(".")]
 
     # --- opening one ------------------------------------------------------------------
 
@@ -259,28 +252,10 @@ class JobStore:
         return summary
 
 
-def rule_summary(store: Store, problems: list[str] | None = None) -> list[dict[str, Any]]:
-    """The rows `stepscope check` published in rule-output/summary.json (empty when none;
-    when it cannot be read, `problems` gets a line naming it)."""
-    from ..job_files import load_json
-
-    key = f"{layout.RULE_OUTPUT_DIR}/summary.json"
-    try:
-        data = load_json(store.read(key), key)
-    except FileNotFoundError:
-        return []
-    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:  # a hostile summary is no summary
-        if problems is not None:
-            problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {str(exc)[:200]}")
-        return []
-    rows = data.get("rules") if isinstance(data, dict) else None
-    if not isinstance(rows, list) and problems is not None:
-        problems.append(f"{key}: no list of rules")
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
-
-
 def summarize(job: str, trial: Any) -> JobSummary:
     """Status, start, duration, framework, workers and fired rules of one job, from the trial."""
+    from ..rules.output import load_summary
+
     profiler = trial.profiler
     timeline = profiler.step_timeline()
     start = profiler.job_start()
@@ -303,9 +278,21 @@ def summarize(job: str, trial: Any) -> JobSummary:
         status = "running"
     else:
         status = "stopped"
-    fired = tuple(str(r.get("rule")) for r in rule_summary(trial.store) if r.get("fired"))
-    steps = len(trial.steps()) or int((timeline["phase"] == "step").sum()) if len(timeline) else len(trial.steps())
+    fired = tuple(str(r.get("rule")) for r in load_summary(trial.store) if r.get("fired"))
+    saved = len(trial.steps())
+    steps = _steps_run(timeline) or saved
     # Named relative to the job: the viewer may see the job, not where it lies on the machine.
     folder = trial.store.describe().rstrip("/") + "/"
     skipped = tuple(p[len(folder):] if p.startswith(folder) else p for p in trial.problems[:20])
-    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired, skipped)
+    return JobSummary(job, status, start, end, ", ".join(frameworks) or None, workers, steps, fired, skipped, saved)
+
+
+def _steps_run(timeline: Any) -> int:
+    """Steps the job ran, every mode: the step intervals of its busiest rank (ranks run the
+    same steps; a rank that stopped early or joined late must not add or remove any)."""
+    if not len(timeline):
+        return 0
+    steps = timeline[timeline["phase"].isin(("step", "eval_step", "predict_step"))]
+    if not len(steps):
+        return 0
+    return int(steps.groupby(["node_id", "rank"], observed=True)[["mode", "step"]].apply(lambda f: len(f.drop_duplicates())).max())
