@@ -65,7 +65,8 @@ class StragglerParams:
 class JobQuery:
     """A job's summaries (built where missing) in an embedded DuckDB. `path`: a job, a
     folder of traces or one trace, local or s3://; `engine`/`workers`: how missing
-    summaries are built (fanout.build)."""
+    summaries are built (fanout.build); `keys`: the traces, when the caller has listed
+    them already (default: the job's listing)."""
 
     def __init__(
         self,
@@ -75,12 +76,14 @@ class JobQuery:
         workers: int | None = None,
         progress: Callable[[int, int], None] | None = None,
         threads: int | None = None,
+        keys: list[str] | None = None,
     ):
         duckdb = _require_duckdb()
         if isinstance(path, Store):
-            self.store, keys = path, None
+            self.store = path
         else:
-            self.store, keys = sources.locate(path)
+            self.store, located = sources.locate(path)
+            keys = keys if keys is not None else located
         self._trace_keys = sorted(keys) if keys is not None else (list_trace_keys(self.store) or loose_trace_keys(self.store))
         self.manifest, self.tables_store, self.build = fanout.build(self.store, self._trace_keys, engine=engine, workers=workers, progress=progress)
         loaded = summaries.load_tables(self.tables_store, self.manifest, self._trace_keys)
