@@ -16,8 +16,9 @@ from typing import Any
 
 from .cli_common import EXIT_ERROR, EXIT_FIRED, EXIT_INTERRUPTED, EXIT_NOT_JUDGED, EXIT_OK, UsageError
 from .exceptions import ConfigError, OutputError, StepscopeError
+from .layout import INDEX_DIR, STATUS_DIR, status_key
 
-_INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
+_INDEX_PREFIX = f"{INDEX_DIR}/"
 
 
 # --- rule specifications ----------------------------------------------------------------
@@ -125,13 +126,13 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
 
 
 def _write_reports(store: Any, reports: list[Any], path: str) -> None:
-    from .layout import RULE_OUTPUT_DIR, rule_output_key
+    from .layout import RULE_SUMMARY_KEY, rule_output_key
 
     for report in reports:
         # Rule names come from configuration files: escaped so that a report stays in the job.
         store.write(rule_output_key(report.rule), json.dumps(report.to_json(), indent=1).encode())
     summary = {"path": path, "time": time.time(), "rules": [report.row() for report in reports]}
-    store.write(f"{RULE_OUTPUT_DIR}/summary.json", json.dumps(summary, indent=1).encode())
+    store.write(RULE_SUMMARY_KEY, json.dumps(summary, indent=1).encode())
 
 
 def _explain(name: str) -> int:
@@ -171,9 +172,9 @@ def _run_check(args: argparse.Namespace) -> int:
     failed = _failed_hooks(store)
     for worker, cause in failed.items():
         if cause.startswith(_MIXED_PREFIX):  # two trainings wrote this worker's files (job_claim.py)
-            print(f"stepscope check: {cause[len(_MIXED_PREFIX):]} (stepscope-status/{worker}.lock)", file=sys.stderr)
+            print(f"stepscope check: {cause[len(_MIXED_PREFIX):]} ({STATUS_DIR}/{worker}.lock)", file=sys.stderr)
         else:
-            print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
+            print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} ({status_key(worker)})", file=sys.stderr)
     if failed and not store.list(_INDEX_PREFIX):
         return EXIT_ERROR  # not "no data": the job's hook broke before saving anything
     if not args.watch and not store.list(""):

@@ -19,7 +19,7 @@ from ..exceptions import ConfigError, StepscopeError
 from ..store import Store, open_store
 
 # A folder holding any of these is a job; the walk does not look inside a job for more jobs.
-_JOB_MARKERS = frozenset({"index", "collections", "events", "profiler-output", "stepscope-index", layout.END_MARKER})
+_JOB_MARKERS = layout.JOB_MARKERS
 # A folder of a user's own Kineto traces (torch.profiler.tensorboard_trace_handler's output)
 # is a job too: the trace engine reads it (docs/traces.md). Kineto's own file names only, so
 # a folder with some other JSON is not taken for one.
@@ -257,7 +257,7 @@ def rule_summary(store: Store, problems: list[str] | None = None) -> list[dict[s
     when it cannot be read, `problems` gets a line naming it)."""
     from ..job_files import load_json
 
-    key = f"{layout.RULE_OUTPUT_DIR}/summary.json"
+    key = layout.RULE_SUMMARY_KEY
     try:
         data = load_json(store.read(key), key)
     except FileNotFoundError:
