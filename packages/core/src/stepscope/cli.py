@@ -125,16 +125,6 @@ def _build_rules(args: argparse.Namespace, trial: Any) -> list[Any]:
     return rules
 
 
-def _write_reports(store: Any, reports: list[Any], path: str) -> None:
-    from .layout import RULE_SUMMARY_KEY, rule_output_key
-
-    for report in reports:
-        # Rule names come from configuration files: escaped so that a report stays in the job.
-        store.write(rule_output_key(report.rule), json.dumps(report.to_json(), indent=1).encode())
-    summary = {"path": path, "time": time.time(), "rules": [report.row() for report in reports]}
-    store.write(RULE_SUMMARY_KEY, json.dumps(summary, indent=1).encode())
-
-
 def _explain(name: str) -> int:
     from .rules.registry import rule_class
 
@@ -151,6 +141,7 @@ def _explain(name: str) -> int:
 
 def _run_check(args: argparse.Namespace) -> int:
     from .rules import format_table, run_rules
+    from .rules.output import save_reports
     from .store import open_store
     from .trial import create_trial
 
@@ -187,7 +178,7 @@ def _run_check(args: argparse.Namespace) -> int:
         max_poll_interval=args.poll_interval, progress=progress,
     )
     if not args.no_write:
-        _write_reports(store, reports, store.describe())
+        save_reports(store, reports, store.describe())
     if args.json:
         json.dump([report.to_json() for report in reports], sys.stdout, indent=1)
         print()

@@ -14,6 +14,7 @@ from typing import Any
 from ..exceptions import StepscopeError
 from ..layout import REPORT_NAME
 from ..outputs import atomic_output, check_output_target
+from ..rules.report import RuleReport
 from ..store import Store
 from ..trial import Trial, create_trial
 from .context import ReportContext
@@ -34,7 +35,7 @@ class WrittenReport:
 
 
 def build_report(
-    job: Trial | str | Store, findings: Sequence[Finding | dict[str, Any]] | None = None, *,
+    job: Trial | str | Store, findings: Sequence[Finding | RuleReport | dict[str, Any]] | None = None, *,
     rules: str = "auto", progress: Callable[[int, int], None] | None = None,
 ) -> Report:
     """The report of `job`. `findings` (rule reports or their JSON) are shown as given; else
@@ -49,7 +50,7 @@ def build_report(
     if progress:
         progress(0, total)
     if findings is not None:
-        chosen = [f if isinstance(f, Finding) else Finding.from_json(f) for f in findings]
+        chosen = [f if isinstance(f, Finding) else Finding.from_report(f) if isinstance(f, RuleReport) else Finding.from_json(f) for f in findings]
     else:
         chosen = _findings(trial, rules)
     if progress:
@@ -87,7 +88,7 @@ def _guarded(build: Callable[[ReportContext], Section], ctx: ReportContext) -> S
 
 def write_report(
     job: Trial | str | Store, output: str | None = None, *, pdf: bool = False,
-    findings: Sequence[Finding | dict[str, Any]] | None = None, rules: str = "auto",
+    findings: Sequence[Finding | RuleReport | dict[str, Any]] | None = None, rules: str = "auto",
     progress: Callable[[int, int], None] | None = None, key: str = REPORT_NAME,
 ) -> WrittenReport:
     """Build the report and write it to `output` (a local path), or into the job's store

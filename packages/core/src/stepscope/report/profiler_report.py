@@ -60,7 +60,7 @@ class ProfilerReport(JobRule):
         reports = [rule.report for rule in companions]
         reports += [rule.run(self.base_trial) for rule in profiler_report_rules(self._overrides) if rule.name not in done]
         trial = self.base_trial if isinstance(self.base_trial, Trial) else create_trial(self.profiler.store)
-        written = write_report(trial, findings=[report.to_json() for report in reports], key=REPORT_KEY, pdf=self.params.pdf)
+        written = write_report(trial, findings=reports, key=REPORT_KEY, pdf=self.params.pdf)
         report = self.report
         report.datapoints = sum(int(getattr(r, "datapoints", 0) or 0) + int(getattr(r, "steps_evaluated", 0) or 0) for r in reports)
         report.statistics = {"report": written.html, "pdf": written.pdf, "rules": {r.rule: r.status for r in reports}}

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..control import request_stop
+from ..capture.control import request_stop
 from ..exceptions import ConfigError
 
 if TYPE_CHECKING:

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..capture.hook_config import parse_hook_config
 from ..config import Collection
 from ..exceptions import ConfigError
-from ..hook_config import parse_hook_config
 from .actions import Action, parse_actions
 from .base import JobRule, Rule
 from .registry import is_known, profiler_rules, rule_class, rule_kind

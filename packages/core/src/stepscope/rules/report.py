@@ -93,10 +93,25 @@ class Evidence:
     value: float | None = None
     threshold: float | None = None
     data: Mapping[str, Any] = field(default_factory=dict)
+    # The `where` a saved report gave (older ones wrote "step 12"); None: from the step.
+    label: str | None = None
 
     @property
     def where(self) -> str:
-        return step_label(self.step, self.mode, self.mode_step)
+        return self.label or step_label(self.step, self.mode, self.mode_step)
+
+    @classmethod
+    def from_json(cls, item: Mapping[str, Any]) -> Evidence:
+        """One evidence item of a saved report (untrusted: fields of the wrong type are dropped)."""
+        step, mode_step, mode = _int_or_none(item.get("step")), _int_or_none(item.get("mode_step")), item.get("mode")
+        where = item.get("where")
+        label = str(where) if where else (f"step {step}" if step is not None and mode is None else None)
+        tensor = item.get("tensor")
+        data = {k: v for k, v in item.items() if k not in _EVIDENCE_FIELDS}
+        return cls(
+            str(item.get("message", "")), step, str(mode) if isinstance(mode, str) else None, mode_step,
+            str(tensor) if tensor is not None else None, item.get("value"), item.get("threshold"), data, label,
+        )
 
     def to_json(self) -> dict[str, Any]:
         body = {
@@ -137,10 +152,14 @@ class RuleReport:
     available: int | None = None
     evidence_unit: str = ""
     to_save: str = ""
+    # A report read back from its JSON (from_json) keeps the status and summary it was
+    # saved with, whatever version of stepscope wrote it.
+    saved_status: str | None = field(default=None, repr=False)
+    saved_summary: str | None = field(default=None, repr=False)
 
     @property
     def fired(self) -> bool:
-        return self.violations > 0
+        return self.violations > 0 if self.saved_status is None else self.saved_status == "fired"
 
     @property
     def details(self) -> list[dict[str, Any]]:
@@ -149,6 +168,8 @@ class RuleReport:
 
     @property
     def status(self) -> str:
+        if self.saved_status is not None:
+            return self.saved_status
         if self.fired:
             return "fired"
         if self.errors:
@@ -189,6 +210,8 @@ class RuleReport:
 
     def summary(self) -> str:
         """One line: the first violation with its step, or why there is nothing to say."""
+        if self.saved_summary is not None:
+            return self.saved_summary
         status = self.status
         if status == "fired":
             first = self.evidence[0] if self.evidence else None
@@ -230,6 +253,68 @@ class RuleReport:
             return {"to_save": self.to_save} if self.to_save else None
         return {"needed": self.needed, "available": self.available, "unit": self.evidence_unit, "to_save": self.to_save}
 
+    @classmethod
+    def from_json(cls, body: Any) -> RuleReport:
+        """A report back from its JSON: `to_json()`'s, or the shapes older versions wrote
+        (tensor reports with a `details` list, profiler reports with `details` statistics
+        and an `error` string). A saved report is untrusted input: `violations` and
+        `fired_steps` that are not non-negative integers raise ValueError naming them;
+        other fields of the wrong type are dropped. The saved status and summary are kept."""
+        if not isinstance(body, Mapping):
+            raise ValueError(f"a rule report must be a JSON object, got {type(body).__name__}")
+        errors = [str(e) for e in _list(body.get("errors"), "errors")] or ([str(body["error"])] if body.get("error") else [])
+        fired = bool(body.get("fired") or body.get("status") == "fired")
+        status = "fired" if fired else str(body.get("status") or ("error" if errors else "ok"))
+        if status == "ok" and "datapoints" in body and not body.get("datapoints") and "steps_evaluated" not in body:
+            status = "no data"  # a whole-job rule that saw no sample judged nothing
+        details = body.get("details")
+        items = body.get("evidence")
+        items = items if isinstance(items, list) else details if isinstance(details, list) else []
+        statistics = body.get("statistics")
+        statistics = statistics if isinstance(statistics, Mapping) else details if isinstance(details, Mapping) else {}
+        raw_needed = body.get("evidence_needed")
+        needed: Mapping[str, Any] = raw_needed if isinstance(raw_needed, Mapping) else {}
+        parameters = body.get("parameters")
+        report = cls(
+            rule=str(body.get("rule") or body.get("rule_name") or "?"),
+            rule_class=str(body.get("rule_class") or body.get("rule") or "?"),
+            kind=str(body.get("kind") or ("tensor" if "steps_evaluated" in body else "job")),
+            parameters=dict(parameters) if isinstance(parameters, Mapping) else {},
+            explanation=_explanation(body),
+            evidence=[Evidence.from_json(e) for e in items if isinstance(e, Mapping)],
+            violations=_count(body.get("violations") or 0, "violations"),
+            fired_steps=[_count(s, "fired_steps[]") for s in _list(body.get("fired_steps"), "fired_steps")],
+            steps_evaluated=_int_or_none(body.get("steps_evaluated")) or 0,
+            first_step=_int_or_none(body.get("first_step")),
+            last_step=_int_or_none(body.get("last_step")),
+            datapoints=_int_or_none(body.get("datapoints")) or 0,
+            tensors_inspected=_int_or_none(body.get("tensors_inspected")) or 0,
+            statistics=dict(statistics),
+            errors=errors,
+            no_data_reason=str(body["no_data_reason"]) if body.get("no_data_reason") else None,
+            needed=_int_or_none(needed.get("needed")),
+            available=_int_or_none(needed.get("available")),
+            evidence_unit=str(needed.get("unit") or ""),
+            to_save=str(needed.get("to_save") or body.get("to_save") or ""),
+            saved_status=status,
+        )
+        summary = body.get("summary")
+        report.saved_summary = summary if isinstance(summary, str) and summary else report._saved_default_summary()
+        return report
+
+    def _saved_default_summary(self) -> str:
+        """The summary of a saved report that carries none (older versions)."""
+        status = self.status
+        if status == "fired":
+            return f"{self.violations} violation(s)" + (f": {self.evidence[0].message}" if self.evidence else "")
+        if status == "error":
+            return self.errors[0] if self.errors else "error"
+        if status == "no data":
+            return self.no_data_reason or "the data this rule needs was not saved"
+        if self.kind == "tensor" or self.steps_evaluated:
+            return f"ok over {self.steps_evaluated} step(s)"
+        return f"ok over {self.datapoints} datapoint(s)"
+
     def row(self) -> dict[str, Any]:
         """The report's one-line form: rule, kind, status, violations, summary, and for a
         rule that could not judge, what to save for it."""
@@ -237,6 +322,43 @@ class RuleReport:
         if not self.judged and self.to_save:
             row["to_save"] = self.to_save
         return row
+
+
+_EVIDENCE_FIELDS = frozenset(("message", "step", "mode", "mode_step", "tensor", "value", "threshold", "where"))
+
+
+def _int_or_none(value: Any) -> int | None:
+    """A saved integer field: a plain int (not a bool, not a float), else None."""
+    return value if type(value) is int else None
+
+
+def _count(value: Any, what: str) -> int:
+    """A non-negative integer of a saved report, or ValueError (1.5, "many", 1e20, NaN)."""
+    if type(value) is not int or not 0 <= value < 1 << 62:
+        raise ValueError(f"{what} must be a non-negative integer, got {value!r:.60}")
+    return value
+
+
+def _list(value: Any, what: str) -> list[Any]:
+    if value is None:
+        return []
+    if not isinstance(value, list):
+        raise ValueError(f"{what} must be a list, got {type(value).__name__}")
+    return value
+
+
+def _strings(value: Any) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else ()
+
+
+def _explanation(body: Mapping[str, Any]) -> Explanation | None:
+    """A saved report's explanation (advice may sit at the top level in older reports)."""
+    raw = body.get("explanation")
+    raw = raw if isinstance(raw, Mapping) else {}
+    advice = _strings(raw.get("advice") or body.get("advice"))
+    if not raw and not advice:
+        return None
+    return Explanation(str(raw.get("definition") or ""), _strings(raw.get("causes")), advice)
 
 
 def judged_line(reports: Iterable[RuleReport]) -> str:

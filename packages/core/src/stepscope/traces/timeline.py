@@ -20,11 +20,9 @@ from typing import IO, Any
 import numpy as np
 import pandas as pd
 
-from ..exceptions import ConfigError, StepscopeError
-from ..job_files import read_json
-from ..layout import RULE_OUTPUT_DIR
+from ..exceptions import ConfigError
 from ..outputs import atomic_output
-from ..report.findings import MAX_RULE_REPORT_BYTES
+from ..rules.output import load_reports
 from ..store import Store
 from .analysis import StepRange, TraceAnalysis
 from .schema import KIND_CODE, KINDS
@@ -256,28 +254,18 @@ class _Builder:
 
 def _firings(store: Store) -> Iterator[tuple[str, int | None, str, int | None]]:
     """(rule, step, message, time ns or None) of every firing in the job's rule reports."""
-    for key in store.list(RULE_OUTPUT_DIR):
-        if not key.endswith(".json") or key.endswith("summary.json"):
+    for report in load_reports(store) or []:
+        if not report.fired:
             continue
-        try:
-            report = read_json(store, key, MAX_RULE_REPORT_BYTES, allow_nan=True)
-        except (StepscopeError, OSError):
-            continue
-        if not isinstance(report, dict) or not report.get("fired"):
-            continue
-        rule = str(report.get("rule", key.rsplit("/", 1)[-1][:-5]))
-        details = report.get("details") or []
         seen = set()
-        for detail in details if isinstance(details, list) else []:
-            if not isinstance(detail, dict):
-                continue
-            step = detail.get("step") if type(detail.get("step")) is int else None
-            at = detail.get("timestamp_ns") if type(detail.get("timestamp_ns")) is int else None
-            stamp = detail.get("timestamp")
+        for evidence in report.evidence:
+            at = evidence.data.get("timestamp_ns")
+            at = at if type(at) is int else None
+            stamp = evidence.data.get("timestamp")
             if at is None and isinstance(stamp, (int, float)) and 0 <= stamp < 1e11:  # seconds; not NaN, not 1e300
                 at = int(stamp * 1e9)
-            seen.add(step)
-            yield rule, step, str(detail.get("message", "")), at
-        for step in report.get("fired_steps") or []:
+            seen.add(evidence.step)
+            yield report.rule, evidence.step, evidence.message, at
+        for step in report.fired_steps:
             if step not in seen:
-                yield rule, step, "", None
+                yield report.rule, step, "", None

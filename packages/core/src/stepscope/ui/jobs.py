@@ -252,28 +252,10 @@ class JobStore:
         return summary
 
 
-def rule_summary(store: Store, problems: list[str] | None = None) -> list[dict[str, Any]]:
-    """The rows `stepscope check` published in rule-output/summary.json (empty when none;
-    when it cannot be read, `problems` gets a line naming it)."""
-    from ..job_files import load_json
-
-    key = layout.RULE_SUMMARY_KEY
-    try:
-        data = load_json(store.read(key), key)
-    except FileNotFoundError:
-        return []
-    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:  # a hostile summary is no summary
-        if problems is not None:
-            problems.append(str(exc) if str(exc).startswith(key) else f"{key}: {str(exc)[:200]}")
-        return []
-    rows = data.get("rules") if isinstance(data, dict) else None
-    if not isinstance(rows, list) and problems is not None:
-        problems.append(f"{key}: no list of rules")
-    return [r for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
-
-
 def summarize(job: str, trial: Any) -> JobSummary:
     """Status, start, duration, framework, workers and fired rules of one job, from the trial."""
+    from ..rules.output import load_summary
+
     profiler = trial.profiler
     timeline = profiler.step_timeline()
     start = profiler.job_start()
@@ -296,7 +278,7 @@ def summarize(job: str, trial: Any) -> JobSummary:
         status = "running"
     else:
         status = "stopped"
-    fired = tuple(str(r.get("rule")) for r in rule_summary(trial.store) if r.get("fired"))
+    fired = tuple(str(r.get("rule")) for r in load_summary(trial.store) if r.get("fired"))
     saved = len(trial.steps())
     steps = _steps_run(timeline) or saved
     # Named relative to the job: the viewer may see the job, not where it lies on the machine.

@@ -16,10 +16,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import layout
 from ..exceptions import StepscopeError
 from ..modes import ModeKeys
-from .jobs import rule_summary, trial_lock
+from .jobs import trial_lock
 
 MAX_POINTS = 600  # samples per system-metric series sent to a chart
 MAX_CURVE_POINTS = 2000
@@ -241,75 +240,44 @@ def _rules_status(trial: Any) -> dict[str, Any]:
     whole-job rules of its default set run now on what the job has so far (a running job's
     findings as they land), with the same parameters as `stepscope check`; each with its
     evidence and the rule's explanation (definition, likely causes, advice)."""
-    from ..rules import default_profiler_rules, run_rules
+    from ..rules import RuleReport, default_profiler_rules, run_rules
+    from ..rules.output import load_report, load_summary
 
     rows: dict[str, dict[str, Any]] = {}
     problems: list[str] = []  # reports that could not be read, each named: the rest still show
-    for row in rule_summary(trial.store, problems):
+    for row in load_summary(trial.store, problems):
         name = str(row.get("rule"))
-        # The file name `check` gave this rule's report (layout.rule_output_key escapes it).
-        report = _read_json(trial.store, layout.rule_output_key(name), problems) or {}
-        rows[name] = _rule_row({**report, **{k: v for k, v in row.items() if k in ("rule", "kind", "status", "fired", "summary", "to_save")}}, "stepscope check")
+        report = load_report(trial.store, name, problems)
+        if report is None:  # no report file, or an unreadable one: the summary's row still shows
+            try:
+                report = RuleReport.from_json(row)
+            except ValueError as exc:
+                problems.append(f"rule-output/summary.json: rule {name[:80]!r}: {exc}")
+                continue
+        rows[name] = _rule_row(report, "stepscope check")
     live_rules = [rule for rule in default_profiler_rules(trial) if rule.name not in rows and rule.name != "OverallSystemUsage"]
     for live in run_rules(live_rules) if live_rules else []:
-        rows[live.rule] = _rule_row(live.to_json(), "live")
+        rows[live.rule] = _rule_row(live, "live")
     ordered = sorted(rows.values(), key=lambda r: (not r["fired"], r["rule"]))
     return {"rules": ordered, "fired": [r["rule"] for r in ordered if r["fired"]], "problems": problems}
 
 
-def _rule_row(report: dict[str, Any], source: str) -> dict[str, Any]:
-    """A report's JSON (RuleReport.to_json(), as `check` writes it) as one row of the panel."""
-    fired = bool(report.get("fired"))
-    status = str(report.get("status") or ("fired" if fired else "ok"))
-    needed = report.get("evidence_needed")
-    to_save = report.get("to_save") or (needed.get("to_save") if isinstance(needed, dict) else None) or ""
-    to_save = to_save if isinstance(to_save, str) else ""  # a report is untrusted input
-    raw_explanation, raw_evidence = report.get("explanation"), report.get("details")
-    explanation: dict[str, Any] = raw_explanation if isinstance(raw_explanation, dict) else {}
-    evidence: list[Any] = raw_evidence if isinstance(raw_evidence, list) else []
-    named = [e.get("step") if e.get("step") is not None else e.get("mode_step") for e in evidence if isinstance(e, dict)]
-    fired_steps = report.get("fired_steps")
-    steps = [int(s) for s in [*(fired_steps if isinstance(fired_steps, list) else []), *named] if isinstance(s, int)]
-    violations = report.get("violations")
+def _rule_row(report: Any, source: str) -> dict[str, Any]:
+    """A RuleReport (or its JSON, as `check` writes it) as one row of the panel."""
+    from ..rules import RuleReport
+
+    if not isinstance(report, RuleReport):
+        report = RuleReport.from_json(report)
+    explanation = report.explanation
+    named = [e.step if e.step is not None else e.mode_step for e in report.evidence]
+    steps = [s for s in [*report.fired_steps, *named] if isinstance(s, int)]
     return {
-        "rule": str(report.get("rule")), "kind": str(report.get("kind") or "tensor"), "fired": fired,
-        "status": status, "summary": str(report.get("summary") or ""),
-        "judged": status in ("fired", "ok"), "to_save": str(to_save),
-        "violations": violations if isinstance(violations, int) and not isinstance(violations, bool) else 0, "definition": explanation.get("definition"),
-        "causes": _trim(_as_list(explanation.get("causes"))), "advice": _trim(_as_list(explanation.get("advice"))),
-        "evidence": _trim(evidence), "statistics": _trim(report.get("statistics") or {}),
-        "steps": sorted(set(steps))[:200], "source": source,
+        "rule": report.rule, "kind": report.kind, "fired": report.fired, "status": report.status, "summary": report.summary(),
+        "judged": report.judged, "to_save": report.to_save, "violations": report.violations,
+        "definition": explanation.definition if explanation else None,
+        "causes": _trim(list(explanation.causes)) if explanation else [], "advice": _trim(list(explanation.advice)) if explanation else [],
+        "evidence": _trim(report.details), "statistics": _trim(report.statistics), "steps": sorted(set(steps))[:200], "source": source,
     }
-
-
-def _as_list(value: Any) -> list[Any]:
-    return list(value) if isinstance(value, (list, tuple)) else []
-
-
-def _read_json(store: Any, key: str, problems: list[str] | None = None) -> dict[str, Any] | None:
-    """The JSON object at `key`; None when absent or unreadable (a hostile report is no
-    report), and then `problems` gets one line naming the file and what was wrong."""
-    from ..job_files import load_json
-
-    try:
-        data = load_json(store.read(key), key)
-    except FileNotFoundError:
-        return None
-    except (ValueError, StepscopeError, RecursionError, MemoryError) as exc:
-        if problems is not None:
-            problems.append(_problem(key, exc))
-        return None
-    if not isinstance(data, dict):
-        if problems is not None:
-            problems.append(f"{key}: not a JSON object")
-        return None
-    return data
-
-
-def _problem(key: str, exc: BaseException) -> str:
-    """One line naming the job's file and its fault, without a path of the machine."""
-    text = str(exc)
-    return text if text.startswith(key) else f"{key}: {text[:200]}"
 
 
 def _trim(value: Any, depth: int = 0) -> Any:
