@@ -230,7 +230,7 @@ def test_the_hook_wrote_its_report_its_cost_and_live_tensorboard(job, live_tenso
     from tensorboard import context
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
-    from stepscope.cost import read_costs
+    from stepscope.job_files import read_costs
     from stepscope.store import open_store
 
     # report=True: written at close, next to the job, with the rules run then.

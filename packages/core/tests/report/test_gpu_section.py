@@ -42,3 +42,29 @@ def test_without_traces_it_says_what_to_save(tmp_path, write_job):
     write_job(str(tmp_path / "job"), steps=2, eval_steps=0)
     section = build_report(str(tmp_path / "job"), rules="none").section("gpu")
     assert not section.blocks and "detailed traces" in section.missing[0]
+
+
+def test_cpu_only_window_shows_its_operators(tmp_path):
+    """A real torch.profiler window on the CPU (as a CPU-only job records it): the section
+    says there is no GPU activity and shows the operators, with torch's own self times."""
+    torch = pytest.importorskip("torch")
+    model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    x = torch.randn(16, 32)
+    trace = tmp_path / DETAILED / "rank0" / "w.pt.trace.json"
+    trace.parent.mkdir(parents=True)
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        for step in range(2):
+            with torch.profiler.record_function(f"ProfilerStep#{step}"):
+                model(x).sum().backward()
+    prof.export_chrome_trace(str(trace))
+    section = build_report(str(tmp_path), rules="none").section("gpu")
+    assert "no GPU activity" in section.missing[0] and "CPU operators are below" in section.missing[0]
+    table = section.table("cpu-operators")
+    names = [row[table.columns.index("name")] for row in table.rows]
+    assert "aten::addmm" in names
+    selfs = [row[table.columns.index("self_us")] for row in table.rows]
+    assert selfs == sorted(selfs, reverse=True)
+    # torch's own count of addmm calls in the window
+    ours = table.rows[names.index("aten::addmm")][table.columns.index("count")]
+    theirs = next(e.count for e in prof.key_averages() if e.key == "aten::addmm")
+    assert ours == theirs

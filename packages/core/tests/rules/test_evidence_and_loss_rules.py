@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.scopes import Scope
+from stepscope.capture.writer import Writer
 from stepscope.cli import EXIT_NOT_JUDGED, main
-from stepscope.collection_manager import CollectionManager
 from stepscope.modes import ModeKeys
 from stepscope.rules import (
     ChanceLevelLoss,
@@ -26,8 +28,6 @@ from stepscope.rules import (
     judged_line,
     run_rules,
 )
-from stepscope.scopes import Scope
-from stepscope.writer import Writer
 
 BUILTIN = {"weights": [r"^(?!gradient).*weight"], "gradients": ["^gradient"], "losses": ["[Ll]oss"]}
 rng = np.random.default_rng(3)

@@ -11,9 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from ..capture.scopes import WHOLE_JOB, ScopeMap, parameter_of
 from ..exceptions import ConfigError
 from ..modes import ModeKeys
-from ..scopes import WHOLE_JOB, ScopeMap, parameter_of
 from ..trial import Trial, create_trial
 from .base import Rule, RuleParams, TensorRequest, require
 

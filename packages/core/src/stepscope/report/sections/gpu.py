@@ -1,6 +1,8 @@
-"""GPU work, when detailed traces exist: top kernels by time and by launches, the launch
-latency distribution, memory copies (volume, bandwidth), syncs and the idle breakdown, as
-the trace engine (`trial.profiler.traces`, docs/traces.md) computes them."""
+"""Work in the profiled steps, when detailed traces exist: top kernels by time and by
+launches, the launch latency distribution, memory copies (volume, bandwidth), syncs and the
+idle breakdown, and the CPU operators (self and total time), as the trace engine
+(`trial.profiler.traces`, docs/traces.md) computes them. A CPU-only window shows its
+operators and says it has no GPU activity, rather than asking for a window it has."""
 
 from __future__ import annotations
 
@@ -49,9 +51,42 @@ def build(ctx: ReportContext) -> Section:
         section.add(Table(tuple(str(c) for c in head.columns), rows, caption=title + more, key=key))
         if key == "gpu-launch-latency":
             _latency_histogram(section, traces)
-    if not section.blocks:
-        section.missing.append("The traces hold no GPU activity (a CPU-only run?). " + WHAT_TO_SAVE)
+    gpu_tables = len(section.blocks)
+    _cpu_operators(section, traces)
+    if not gpu_tables:
+        steps = _traced_steps(traces)
+        section.missing.append(f"The profiled window ({steps}) holds no GPU activity: a CPU-only run, so there are no kernel, "
+                               "copy or GPU-idle tables; its CPU operators are below." if len(section.blocks) else
+                               f"The profiled window ({steps}) holds no GPU activity and no CPU operators.")
     return section
+
+
+CPU_OPS_KEY = "cpu-operators"
+
+
+def _cpu_operators(section: Section, traces: Any) -> None:
+    """The profiled steps' CPU operators by self time (the time an operator spends outside
+    the operators it calls), the view torch's profiler tables lead with."""
+    frame = _call(section, "CPU operators", lambda t: t.cpu_ops(k=None), traces)
+    if frame is None or not len(frame):
+        return
+    frame = frame.sort_values("self_us", ascending=False, ignore_index=True)
+    columns = [c for c in ("rank", "name", "count", "self_us", "total_us", "mean_us", "p95_us") if c in frame.columns]
+    head = frame[columns].head(MAX_ROWS)
+    rows = tuple(tuple(_cell(v) for v in row) for row in head.itertuples(index=False))
+    more = f" (first {MAX_ROWS} of {len(frame)})" if len(frame) > MAX_ROWS else ""
+    section.add(Table(tuple(columns), rows, caption="CPU operators by self time, in the profiled steps" + more, key=CPU_OPS_KEY))
+
+
+def _traced_steps(traces: Any) -> str:
+    try:
+        steps = traces.step_breakdown()
+    except Exception:
+        return "steps unknown"
+    if not len(steps):
+        return "no ProfilerStep marks"
+    numbers = sorted({int(s) for s in steps["step"]})
+    return f"{len(numbers)} step(s), {numbers[0]}-{numbers[-1]}" if len(numbers) > 1 else f"step {numbers[0]}"
 
 
 def _traces(ctx: ReportContext) -> Any | None:
