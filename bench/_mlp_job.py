@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
-from stepscope.writer import Writer
 
 SHAPES = {"layers.0.weight": (32, 16), "layers.0.bias": (32,), "layers.1.weight": (32, 32), "layers.1.bias": (32,), "layers.2.weight": (1, 32), "layers.2.bias": (1,)}
 BUILTIN_REGEXES = {"weights": [r"^(?!gradient).*weight"], "biases": [r"^(?!gradient).*bias"], "gradients": [r"^gradient"], "losses": [r"[Ll]oss_(?!input).*output"]}

@@ -57,8 +57,8 @@ def run_case(case: Case, endpoint: str, proxy, *, steps: int, rate: float, size:
     import boto3
 
     from stepscope import create_trial
+    from stepscope.capture.hook import HookBase
     from stepscope.config import ProfilerConfig, SaveConfig
-    from stepscope.hook import HookBase
     from stepscope.store.s3 import S3Store
 
     class Hook(HookBase):

@@ -82,8 +82,10 @@ def score(results: list[dict]) -> dict:
             else:
                 per_rule[rule]["fp" if r["fault"] is None else "other"] += 1
         # A planted fault's expected rules that stayed silent; a published defect counts
-        # on the healthy runs (a planted fault may hide it).
-        for rule in (planted | (defect if r["fault"] is None else set())) - set(r["fired"]):
+        # on the healthy runs (a planted fault may hide it) where the rule could judge (the
+        # one-liner defaults save no layer outputs, so DeadRelu cannot see the VAE's).
+        judged = {rule for rule, status in r.get("statuses", {}).items() if status in ("ok", "fired")}
+        for rule in (planted | (defect & judged if r["fault"] is None else set())) - set(r["fired"]):
             per_rule[rule]["fn"] += 1
     table = {}
     for rule, c in sorted(per_rule.items()):

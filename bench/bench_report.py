@@ -25,11 +25,11 @@ from pathlib import Path
 import numpy as np
 from _mlp_job import write_mlp_job
 
+from stepscope.capture.cost import CostMeter, cost_key
+from stepscope.capture.monitor import system_metrics_key
 from stepscope.cli import main as stepscope_cli
-from stepscope.cost import CostMeter, cost_key
 from stepscope.modes import ModeKeys
 from stepscope.profiler import TimelineWriter
-from stepscope.profiler.monitor import system_metrics_key
 from stepscope.store import open_store
 
 STEP_MS = 100.0

@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 
 from stepscope import create_trial
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
-from stepscope.writer import Writer
 
 
 def generate(out: Path, steps: int, tensors: int, payload_crc: str = "crc32c") -> None:

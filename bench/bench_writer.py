@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 
 from stepscope import events, records
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
-from stepscope.writer import Writer
 
 
 def bench_stepscope(root: Path, tensors: list[np.ndarray], steps: int) -> float:

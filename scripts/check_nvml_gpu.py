@@ -16,8 +16,8 @@ import tempfile
 import threading
 import time
 
+from stepscope.capture.nvml import NvmlSampler
 from stepscope.profiler import ProfilerTrial, SystemMonitor
-from stepscope.profiler.nvml import NvmlSampler
 
 
 def _gpu_load(stop: threading.Event) -> None:

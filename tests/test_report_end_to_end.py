@@ -28,7 +28,7 @@ from stepscope_torch import Hook
 pytestmark = pytest.mark.heavy
 
 NAN_STEP = 12
-SECTIONS = ["summary", "rules", "health", "system", "steps", "gpu", "cost"]
+SECTIONS = ["summary", "rules", "health", "system", "steps", "gpu", "memory", "cost"]
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HAVE_CHROMIUM = bool(shutil.which("chromium") or os.path.exists("/usr/bin/chromium"))
 needs_chromium = pytest.mark.skipif(not (HAVE_CHROMIUM and os.path.exists(CHROMEDRIVER)), reason="needs Debian's chromium and chromedriver (nox -s tests installs them)")
@@ -237,7 +237,7 @@ def test_the_hook_wrote_its_report_its_cost_and_live_tensorboard(job, live_tenso
     from tensorboard import context
     from tensorboard.backend.event_processing import data_provider, plugin_event_multiplexer
 
-    from stepscope.cost import read_costs
+    from stepscope.job_files import read_costs
     from stepscope.store import open_store
 
     # report=True: written at close, next to the job, with the rules run then.

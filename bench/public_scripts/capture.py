@@ -2,10 +2,11 @@
 capture configurations:
 
 - `oneliner`: the hook or callback with its defaults (`Hook(out_dir)`,
-  `Trainer(callbacks=[StepscopeCallback(out_dir)])`, Keras' `callbacks=[StepscopeCallback(out_dir)]`);
-- `quickstart`: the README's quick-start configuration (PyTorch and Lightning: weights,
-  biases, gradients, losses and outputs every 100 steps, losses every step; Keras: weights
-  and gradients every 100 steps, losses every step).
+  `Trainer(callbacks=[StepscopeCallback(out_dir)])` for Lightning and for the Hugging Face
+  Trainer, Keras' `callbacks=[StepscopeCallback(out_dir)]`);
+- `quickstart`: the README's quick-start configuration (PyTorch, Lightning and the Hugging Face Trainer: weights,
+  biases, gradients, losses and outputs every 100 steps, losses every step; Keras: weights,
+  gradients and layer outputs every 100 steps, losses every step).
 
 Only these functions know the configurations, so a program reads like its original with a
 hook added."""
@@ -46,6 +47,14 @@ def lightning_callback(out_dir, config: str):
     return StepscopeCallback(str(out_dir)) if config == "oneliner" else StepscopeCallback(str(out_dir), **_torch_quickstart())
 
 
+def hf_callback(out_dir, config: str):
+    """`stepscope_torch.hf.StepscopeCallback` for `transformers.Trainer(callbacks=[...])`."""
+    from stepscope_torch.hf import StepscopeCallback
+
+    _check(config)
+    return StepscopeCallback(str(out_dir)) if config == "oneliner" else StepscopeCallback(str(out_dir), **_torch_quickstart())
+
+
 def keras_callback(out_dir, config: str):
     """`stepscope_tf.StepscopeCallback` for `model.fit(..., callbacks=[...])`."""
     from stepscope_tf import Collection, SaveConfig, StepscopeCallback
@@ -54,9 +63,9 @@ def keras_callback(out_dir, config: str):
     if config == "oneliner":
         return StepscopeCallback(str(out_dir))
     return StepscopeCallback(
-        str(out_dir), save_config=SaveConfig(save_interval=100), include_collections=["weights", "gradients"],
+        str(out_dir), save_config=SaveConfig(save_interval=100), include_collections=["weights", "gradients", "outputs"],
         collections=[Collection("losses", save_config=SaveConfig(save_interval=1))],
     )
 
 
-__all__ = ["CONFIGS", "torch_hook", "lightning_callback", "keras_callback"]
+__all__ = ["CONFIGS", "torch_hook", "lightning_callback", "hf_callback", "keras_callback"]

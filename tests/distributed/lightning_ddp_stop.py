@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
+from stepscope.capture.control import request_stop
 from stepscope.config import ProfilerConfig, SaveConfig
-from stepscope.control import request_stop
 from stepscope_torch.lightning import StepscopeCallback
 
 REQUEST_AT = 3  # rank 0's batch index at which the request is written and seen

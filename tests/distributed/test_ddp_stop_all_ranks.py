@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 import stepscope
-from stepscope.control import request_stop
+from stepscope.capture.control import request_stop
 from stepscope.store import open_store
 
 pytestmark = pytest.mark.heavy

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
 from stepscope.store.s3 import S3Store
 from stepscope.testing.large_jobs import load_into_moto, many_worker_job, step_value, write_worker
 

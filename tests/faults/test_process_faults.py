@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
-from stepscope.writer import Writer
 
 _TRAIN = textwrap.dedent(
     """
     import sys, numpy as np
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
+    from stepscope.capture.writer import Writer
 
     def value(step, i):
         return np.random.default_rng(step * 10 + i).standard_normal((64, 64)).astype(np.float32)

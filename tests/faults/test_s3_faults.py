@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
 from stepscope.store.s3 import S3Store
-from stepscope.writer import Writer
 
 STEPS = 12
 
@@ -86,7 +86,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, time, numpy as np
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
+    from stepscope.capture.writer import Writer
     writer = Writer(sys.argv[1], close_timeout_s=float(sys.argv[2]))
     for step in range(5):
         writer.write_step(step, ModeKeys.TRAIN, step, {"w": np.ones((512, 1024), np.float32) * step})

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
+from stepscope.capture.hook import HookBase
+from stepscope.capture.writer import Writer
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.exceptions import StoreUnavailable
-from stepscope.hook import HookBase
 from stepscope.modes import ModeKeys
 from stepscope.store.s3 import S3Store, worst_case_s
-from stepscope.writer import Writer
 
 # A silent write costs attempts x read timeout before the writer sees it: keep it short.
 FAST = {"STEPSCOPE_S3_CONNECT_TIMEOUT_S": "1", "STEPSCOPE_S3_READ_TIMEOUT_S": "1", "STEPSCOPE_S3_MAX_ATTEMPTS": "2"}
@@ -182,7 +182,7 @@ _CHILD = textwrap.dedent(
     """
     import sys, time
     from stepscope.config import ProfilerConfig, SaveConfig
-    from stepscope.hook import HookBase
+    from stepscope.capture.hook import HookBase
     from stepscope.testing.s3_proxy import FaultProxy
 
     class Hook(HookBase):
@@ -285,7 +285,7 @@ def test_the_proxy_injects_what_it_is_told(s3_url, via_proxy):
 
 @pytest.mark.timeout(60)
 def test_the_system_monitor_keeps_its_samples_through_an_outage(s3_url, fast_s3):
-    from stepscope.profiler.monitor import SystemMonitor
+    from stepscope.capture.monitor import SystemMonitor
 
     store = S3Store(s3_url)
     monitor = SystemMonitor(store, interval_ms=100, node_id="n")
@@ -305,9 +305,9 @@ def test_the_system_monitor_keeps_its_samples_through_an_outage(s3_url, fast_s3)
 
 @pytest.mark.timeout(60)
 def test_a_profiler_window_open_at_close_publishes_within_the_deadline(s3_url, fast_s3):
+    from stepscope.capture.deadline import Deadline
+    from stepscope.capture.detailed import PythonProfileBackend, WindowScheduler
     from stepscope.config import ProfilingWindow
-    from stepscope.deadline import Deadline
-    from stepscope.profiler.detailed import PythonProfileBackend, WindowScheduler
 
     scheduler = WindowScheduler((ProfilingWindow(start_step=0, num_steps=100),), PythonProfileBackend(), S3Store(s3_url), name="cProfile")
     scheduler.step_started(0)

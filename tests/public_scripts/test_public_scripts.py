@@ -28,7 +28,7 @@ KNOWN: dict[tuple[str, str | None], str] = {}
 def test_the_catalogue_is_consistent():
     names = [p.name for p in catalogue.PROGRAMS]
     assert len(names) == len(set(names)) >= 12
-    assert {p.framework for p in catalogue.PROGRAMS} == {"torch", "lightning", "keras"}
+    assert {p.framework for p in catalogue.PROGRAMS} == {"torch", "lightning", "hf", "keras"}
     for program in catalogue.PROGRAMS:
         assert program.faults and all(f in catalogue.FAULTS for f in program.faults), program
         assert callable(program.train())
@@ -69,6 +69,8 @@ def _params():
 def test_default_check_on_a_public_script(program, fault, tmp_path):
     if catalogue.by_name(program).framework == "keras":
         pytest.importorskip("stepscope_tf")
+    if catalogue.by_name(program).framework == "hf":
+        pytest.importorskip("transformers")
     run = catalogue.Run(program, "quickstart", fault)
     verdict = runner.train_and_judge(run, tmp_path / "job")
     if fault is None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
-from stepscope.writer import Writer
 
 
 @pytest.fixture

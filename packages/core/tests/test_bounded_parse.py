@@ -79,7 +79,7 @@ def test_a_rule_report_of_the_wrong_types_is_skipped_and_named(change, tmp_path,
 
 @pytest.mark.parametrize("body", [b"[" * 100_000, b'{"worker": 5}', b'{"worker": "w", "steps": 1.5}', b'{"worker": "w", "step_s": NaN}', b'{"worker": "w", "samples": [[1e20, 0.1, 0.1]]}'])
 def test_a_hostile_cost_file_is_skipped(body, tmp_path):
-    from stepscope.cost import read_costs
+    from stepscope.job_files import read_costs
     from stepscope.store import LocalStore
 
     store = LocalStore(tmp_path)

@@ -8,10 +8,10 @@ import json
 import pytest
 
 from stepscope import create_trial
+from stepscope.capture.evidence import MIN_TRAIN_LOSSES
+from stepscope.capture.hook import HookBase
+from stepscope.capture.hook_options import HookOptions
 from stepscope.config import DENSE_START_STEPS, ProfilerConfig, SaveConfig, default_save_config
-from stepscope.evidence import MIN_TRAIN_LOSSES
-from stepscope.hook import HookBase
-from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
 
 

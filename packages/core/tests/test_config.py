@@ -1,6 +1,6 @@
 import pytest
 
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
 from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from stepscope import ModeKeys, create_trial
+from stepscope.capture.control import request_stop
+from stepscope.capture.hook import HookBase
 from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
-from stepscope.control import request_stop
 from stepscope.exceptions import ConfigError
-from stepscope.hook import HookBase
 
 REGEXES = {"weights": [r"^(?!gradient).*weight"], "gradients": ["^gradient"], "losses": ["loss"]}
 
@@ -129,7 +129,7 @@ def test_a_hook_left_open_is_closed_at_interpreter_exit(tmp_path):
     script = textwrap.dedent(
         f"""
         from stepscope.config import ProfilerConfig, SaveConfig
-        from stepscope.hook import HookBase
+        from stepscope.capture.hook import HookBase
 
         class BareHook(HookBase):
             framework = "test"

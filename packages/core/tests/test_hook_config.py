@@ -2,8 +2,8 @@ import json
 
 import pytest
 
+from stepscope.capture.hook_config import load_hook_config, parse_hook_config
 from stepscope.exceptions import ConfigError
-from stepscope.hook_config import load_hook_config, parse_hook_config
 from stepscope.modes import ModeKeys
 
 SAGEMAKER_CONFIG = {
@@ -102,7 +102,7 @@ def test_deeply_nested_json_is_a_config_error(tmp_path):
 
 
 def test_hook_json_gives_hook_options_directly(tmp_path):
-    from stepscope.hook_options import HookOptions
+    from stepscope.capture.hook_options import HookOptions
 
     path = tmp_path / "debughookconfig.json"
     path.write_text(json.dumps(SAGEMAKER_CONFIG))

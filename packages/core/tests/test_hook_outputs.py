@@ -9,10 +9,10 @@ import time
 import numpy as np
 import pytest
 
-from stepscope.cost import read_costs
-from stepscope.hook_outputs import HookOutputs, imported_versions
+from stepscope.capture.hook_outputs import HookOutputs, imported_versions
+from stepscope.capture.writer import Writer
+from stepscope.job_files import read_costs
 from stepscope.modes import ModeKeys
-from stepscope.writer import Writer
 
 
 def _drive(out_dir, tensorboard_dir=None, report=False, steps=4):
@@ -84,9 +84,9 @@ def test_a_failing_listener_is_dropped_not_fatal(tmp_path):
 def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path):
     # begin_step feeds the meter itself (it runs every step): every BLOCK_STEPS steps where
     # nothing is due, and around each step where something is; the totals count every step.
+    from stepscope.capture.cost import BLOCK_STEPS, MAX_SAMPLES, CostMeter
+    from stepscope.capture.hook import HookBase
     from stepscope.config import ProfilerConfig, SaveConfig
-    from stepscope.cost import BLOCK_STEPS, MAX_SAMPLES, CostMeter
-    from stepscope.hook import HookBase
 
     due_every = 50
     hook = HookBase(str(tmp_path / "job"), profiler_config=ProfilerConfig.disabled(), save_config=SaveConfig(save_interval=due_every), include_collections=["metrics"])
@@ -122,7 +122,7 @@ def test_blocks_grow_while_steps_are_short_and_shrink_back():
     # The timed step costs a call into Python: on microsecond steps a block of BLOCK_STEPS
     # would make that a visible share of the loop, so blocks double until one lasts
     # min_block_s, and halve again (not below BLOCK_STEPS) once one lasts over 4x that.
-    from stepscope.cost import BLOCK_STEPS, MAX_BLOCK_STEPS, CostMeter
+    from stepscope.capture.cost import BLOCK_STEPS, MAX_BLOCK_STEPS, CostMeter
 
     meter = CostMeter("worker_0", min_block_s=0.005)
     step, at, lengths = 0, 0.0, []

@@ -13,11 +13,11 @@ import numpy as np
 import pytest
 
 from stepscope import ModeKeys, create_trial
+from stepscope.capture.hook import HookBase
+from stepscope.capture.job_claim import lock_key
 from stepscope.cli import main as cli_main
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.exceptions import ConfigError
-from stepscope.hook import HookBase
-from stepscope.job_claim import lock_key
 
 
 class BareHook(HookBase):
@@ -76,7 +76,7 @@ def test_a_claim_of_a_dead_process_is_stale_and_the_new_run_is_mixed(tmp_path):
     # A training killed before close: its process is gone, its claim still says open.
     script = (
         "import os, numpy as np\n"
-        "from stepscope.hook import HookBase\n"
+        "from stepscope.capture.hook import HookBase\n"
         "from stepscope.config import ProfilerConfig, SaveConfig\n"
         "class H(HookBase):\n    framework = 'test'\n"
         f"h = H({str(tmp_path)!r}, profiler_config=ProfilerConfig.disabled(), save_config=SaveConfig(save_interval=1))\n"
@@ -95,7 +95,7 @@ def test_a_claim_of_a_dead_process_is_stale_and_the_new_run_is_mixed(tmp_path):
 def test_a_live_hook_in_another_process_is_refused(tmp_path):
     script = (
         "import sys, time\n"
-        "from stepscope.hook import HookBase\n"
+        "from stepscope.capture.hook import HookBase\n"
         "from stepscope.config import ProfilerConfig\n"
         "class H(HookBase):\n    framework = 'test'\n"
         f"h = H({str(tmp_path)!r}, profiler_config=ProfilerConfig.disabled())\n"

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 
 from stepscope import ModeKeys, create_trial
+from stepscope.capture.hook import HookBase, StopTrainingRequested, TensorPlan
+from stepscope.capture.hook_options import HookOptions
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.exceptions import ConfigError
-from stepscope.hook import HookBase, StopTrainingRequested, TensorPlan
-from stepscope.hook_options import HookOptions
 
 
 class NumpyHook(HookBase):
@@ -176,7 +176,7 @@ def test_step_counters_resume_from_a_state(tmp_path):
 
 
 def test_stop_request_raises_once_at_the_end_of_a_train_step(tmp_path):
-    from stepscope.control import request_stop
+    from stepscope.capture.control import request_stop
 
     hook = NumpyHook(str(tmp_path), profiler_config=ProfilerConfig.disabled())
     request_stop(hook.store, "TestRule", "enough")

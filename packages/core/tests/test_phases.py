@@ -6,9 +6,19 @@ import threading
 
 import pytest
 
+from stepscope.capture.phases import (
+    EVENT_CODES,
+    EVENTS,
+    PHASES,
+    STEP_BEGIN_EVENT_RECORD,
+    TRANSITIONS,
+    CpuClock,
+    PhaseLog,
+    PhaseTracker,
+    StepTimer,
+)
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
-from stepscope.phases import EVENT_CODES, EVENTS, PHASES, STEP_BEGIN_EVENT_RECORD, TRANSITIONS, CpuClock, PhaseLog, PhaseTracker, StepTimer
 
 
 def test_the_table_covers_every_event_in_both_kinds_of_step():
@@ -237,7 +247,7 @@ def test_a_train_step_opened_by_its_optimizer_has_no_data_phase():
     # No registered model's forward ran (a GAN's networks in a container whose own forward
     # never runs): the time before optimizer.step() holds the forward and backward, so it is
     # "compute", not a wait for data. A step opened by its forward keeps its "data" phase.
-    from stepscope.phases import COMPUTE, DATA, OPTIMIZER, PhaseLog, first_phase
+    from stepscope.capture.phases import COMPUTE, DATA, OPTIMIZER, PhaseLog, first_phase
 
     assert first_phase(ModeKeys.TRAIN, "optimizer_begin") == COMPUTE
     assert first_phase(ModeKeys.TRAIN, "forward_begin") == DATA

@@ -6,10 +6,10 @@ import json
 import pytest
 
 from stepscope import create_trial, layout
+from stepscope.capture.hook import HookBase
+from stepscope.capture.scopes import WHOLE_JOB, Scope, ScopeMap, make_scope, parameter_of, parse_scopes
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.exceptions import ConfigError
-from stepscope.hook import HookBase
-from stepscope.scopes import WHOLE_JOB, Scope, ScopeMap, make_scope, parameter_of, parse_scopes
 
 
 class BareHook(HookBase):

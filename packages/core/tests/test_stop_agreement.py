@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 
 from stepscope import ModeKeys
+from stepscope.capture.control import request_stop
+from stepscope.capture.hook import HookBase, StopTrainingRequested
 from stepscope.config import ProfilerConfig
-from stepscope.control import request_stop
 from stepscope.exceptions import ConfigError
-from stepscope.hook import HookBase, StopTrainingRequested
 
 
 class AgreeingHook(HookBase):

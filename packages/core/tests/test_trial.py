@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from stepscope import ModeKeys, create_trial
+from stepscope.capture.writer import Writer
 from stepscope.exceptions import CorruptRecord, StepNotYetAvailable, StepUnavailable, TensorUnavailable, TensorUnavailableForStep
 from stepscope.reductions import reduction_tensor_name
-from stepscope.writer import Writer
 
 
 def test_trial_reads_what_was_written(tmp_path, write_job):
@@ -103,7 +103,7 @@ def test_reader_follows_a_writer_process(tmp_path):
     script = textwrap.dedent(
         f"""
         import time, numpy as np
-        from stepscope.writer import Writer
+        from stepscope.capture.writer import Writer
         from stepscope.modes import ModeKeys
         w = Writer({str(tmp_path)!r})
         for step in range(30):

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from stepscope import ModeKeys, create_trial, job_files
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Writer
 from stepscope.store.local import LocalStore
-from stepscope.writer import Writer
 
 
 class RecordingStore(LocalStore):

@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from stepscope import ModeKeys, create_trial
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Deferred, Writer
 from stepscope.exceptions import ConfigError
 from stepscope.records import SMDEBUG_PLACEHOLDER_CRC
 from stepscope.store import LocalStore
-from stepscope.writer import Deferred, Writer
 
 
 class SlowStore(LocalStore):

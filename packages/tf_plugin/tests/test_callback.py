@@ -12,8 +12,8 @@ import pytest
 import tensorflow as tf
 
 import stepscope
+from stepscope.capture.control import request_stop
 from stepscope.config import ProfilerConfig, ReductionConfig, SaveConfig
-from stepscope.control import request_stop
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 from stepscope.reductions import compute

@@ -11,7 +11,7 @@ import pytest
 
 import stepscope
 from stepscope.config import ProfilerConfig, SaveConfig
-from stepscope.cost import read_costs
+from stepscope.job_files import read_costs
 from stepscope.modes import ModeKeys
 from stepscope.store import open_store
 from stepscope_tf import StepscopeCallback

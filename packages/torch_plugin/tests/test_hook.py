@@ -12,8 +12,8 @@ from torch import nn
 
 import stepscope
 from stepscope import reductions
+from stepscope.capture.control import request_stop
 from stepscope.config import Collection, ReductionConfig, SaveConfig
-from stepscope.control import request_stop
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 from stepscope_torch import Hook, StopTrainingRequested

@@ -9,8 +9,8 @@ import torch
 from torch import nn
 
 import stepscope
+from stepscope.capture.control import request_stop
 from stepscope.config import Collection, ProfilerConfig, SaveConfig
-from stepscope.control import request_stop
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 
@@ -142,7 +142,7 @@ def test_a_rule_following_the_job_stops_lightning(out_dir, monkeypatch):
     import time
     from pathlib import Path
 
-    from stepscope.control import STOP_KEY
+    from stepscope.capture.control import STOP_KEY
     from stepscope.rules import ExplodingTensor, StopTraining, invoke_rule
 
     bad_step = 12

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 import stepscope
+from stepscope.capture.detailed import python_stats
 from stepscope.config import ProfilerConfig
-from stepscope.profiler.detailed import python_stats
 from stepscope.store import open_store
 from stepscope.traces import TraceAnalysis
 from stepscope_torch.profiling import create_profiling
@@ -243,7 +243,7 @@ def test_an_annotation_name_with_quotes_and_control_characters_keeps_the_trace_v
     # step timeline (stepscope's own JSON) keeps the exact name.
     name = 'load "batch" \\ tab\there\nline'
     spans: list[tuple[str, int, int]] = []
-    stepscope.annotation.set_sink(lambda *span: spans.append(span))
+    stepscope.capture.annotation.set_sink(lambda *span: spans.append(span))
     profiling = create_profiling(ProfilerConfig(detailed_windows=[(1, 1)]), open_store(str(tmp_path)))
     try:
         torch.manual_seed(0)
@@ -255,11 +255,11 @@ def test_an_annotation_name_with_quotes_and_control_characters_keeps_the_trace_v
             profiling.step_ended(step)
         profiling.close()
     finally:
-        stepscope.annotation.set_sink(None)
+        stepscope.capture.annotation.set_sink(None)
     (key,) = profiling.published
     trace = json.loads(gzip.decompress((tmp_path / key).read_bytes()))  # valid JSON
     names = {e.get("name") for e in trace["traceEvents"]}
-    assert stepscope.annotation.framework_name(name) in names
+    assert stepscope.capture.annotation.framework_name(name) in names
     assert "load 'batch' / tab here line" in names
     annotations = TraceAnalysis(tmp_path).events(kinds=("annotation",)).name.astype(str)
     assert (annotations == "load 'batch' / tab here line").sum() == 1

@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from stepscope.capture.phases import StepTimer
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.modes import ModeKeys
-from stepscope.phases import StepTimer
 from stepscope_torch.timing import device_clock
 
 

@@ -15,8 +15,10 @@ from typing import Any
 
 import numpy as np
 
-from . import job_claim, job_files, layout, records, reductions, step_index
-from .collection_manager import CollectionManager
+from . import job_files, layout, records, reductions, step_index
+from .capture import job_claim
+from .capture.collection_manager import CollectionManager
+from .capture.scopes import Scope, ScopeMap, merge_scope
 from .config import Collection
 from .events import decode_tensor_event, decode_tensor_tag_value
 from .exceptions import (
@@ -30,7 +32,6 @@ from .exceptions import (
     UnknownName,
 )
 from .modes import ModeKeys
-from .scopes import Scope, ScopeMap, merge_scope
 from .store import Store, open_store
 
 logger = logging.getLogger("stepscope")
@@ -731,7 +732,7 @@ class Trial:
             worker: f"{body.get('component', '?')}: {body.get('error', '?')}"
             for worker, body in cls.status_in(store).items()
             # degraded: some tensors skipped, the hook runs on; too little data: saved fewer
-            # steps than the default rules need (stepscope.evidence), nothing failed.
+            # steps than the default rules need (stepscope.capture.evidence), nothing failed.
             if body.get("state") not in ("ok", "degraded", "too little data")
         }
 

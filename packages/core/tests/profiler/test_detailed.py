@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 import stepscope
-from stepscope import annotation
+from stepscope.capture import annotation
+from stepscope.capture.detailed import WindowedProfilers, WindowScheduler, add_distributed_info, python_stats
 from stepscope.config import ProfilerConfig, ProfilingWindow, active_window
 from stepscope.exceptions import ConfigError
-from stepscope.profiler.detailed import WindowedProfilers, WindowScheduler, add_distributed_info, python_stats
 from stepscope.store import open_store
 
 

@@ -10,15 +10,15 @@ import numpy as np
 import psutil
 import pytest
 
-from stepscope.exceptions import ConfigError
-from stepscope.profiler import ProfilerTrial, SystemMonitor
-from stepscope.profiler.monitor import (
+from stepscope.capture.monitor import (
     _LineFormatter,
     _MinuteBuffer,
     default_node_id,
     parse_system_metrics_key,
     system_metrics_key,
 )
+from stepscope.exceptions import ConfigError
+from stepscope.profiler import ProfilerTrial, SystemMonitor
 from stepscope.store import LocalStore
 
 

@@ -7,8 +7,8 @@ import time
 
 import pytest
 
+from stepscope.capture.nvml import NvmlSampler
 from stepscope.profiler import ProfilerTrial, SystemMonitor
-from stepscope.profiler.nvml import NvmlSampler
 
 
 def _by_key(samples):

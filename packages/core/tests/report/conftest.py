@@ -8,9 +8,9 @@ import json
 import numpy as np
 import pytest
 
+from stepscope.capture.monitor import system_metrics_key
 from stepscope.modes import ModeKeys
 from stepscope.profiler import TimelineWriter
-from stepscope.profiler.monitor import system_metrics_key
 from stepscope.store import open_store
 
 T0 = 1_700_000_000

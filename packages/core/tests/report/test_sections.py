@@ -9,8 +9,9 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
-from stepscope.cost import CostMeter, cost_key, read_costs
+from stepscope.capture.cost import CostMeter, cost_key
 from stepscope.exceptions import ConfigError
+from stepscope.job_files import read_costs
 from stepscope.report import build_report
 from stepscope.report.build import _guarded
 from stepscope.report.html import format_value
@@ -19,7 +20,7 @@ from stepscope.report.html import format_value
 def test_a_tensor_only_job(tmp_path, write_job):
     write_job(str(tmp_path / "job"), steps=6, eval_steps=2)
     report = build_report(str(tmp_path / "job"), rules="none")
-    assert [s.key for s in report.sections] == ["summary", "rules", "health", "system", "steps", "gpu", "cost"]
+    assert [s.key for s in report.sections] == ["summary", "rules", "health", "system", "steps", "gpu", "memory", "cost"]
     for key, needle in (("system", "system_monitor"), ("steps", "step_timeline"), ("gpu", "traces"), ("cost", "hook"), ("rules", "stepscope check")):
         assert any(needle in text for text in report.section(key).missing), key
     trial = create_trial(str(tmp_path / "job"))
@@ -54,7 +55,7 @@ def test_cost_section_shows_what_the_hooks_measured(tmp_path, write_job):
 
 
 def test_samples_are_thinned_beyond_the_cap(monkeypatch):
-    import stepscope.cost as cost_module
+    import stepscope.capture.cost as cost_module
 
     monkeypatch.setattr(cost_module, "MAX_SAMPLES", 8)
     meter = CostMeter("w")
@@ -76,9 +77,9 @@ def test_a_failing_section_is_reported_not_raised(tmp_path, write_job):
 
 
 def test_activation_rules_run_when_their_tensors_were_saved(tmp_path):
-    from stepscope.collection_manager import CollectionManager
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
 
     with Writer(str(tmp_path / "job")) as writer:
         writer.write_collections(CollectionManager().dumps())

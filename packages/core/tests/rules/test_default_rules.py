@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
 from stepscope.rules import LossNotDecreasing, Overfit, SaturatedActivation, VanishingGradient, run_rules
 from stepscope.rules.losses import theil_sen_slope
 from stepscope.rules.tensors import parameter_kind
-from stepscope.writer import Writer
 
 BUILTIN = {"weights": [r"^(?!gradient).*weight"], "biases": [r"^(?!gradient).*bias"], "gradients": ["^gradient"], "losses": ["[Ll]oss"]}
 

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
 from stepscope.rules import (
     AllZero,
@@ -22,7 +23,6 @@ from stepscope.rules import (
     run_rules,
 )
 from stepscope.store.local import LocalStore
-from stepscope.writer import Writer
 
 GRADIENTS = [f"gradient/layer{i}.weight" for i in range(4)]
 

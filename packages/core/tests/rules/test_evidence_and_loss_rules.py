@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.scopes import Scope
+from stepscope.capture.writer import Writer
 from stepscope.cli import EXIT_NOT_JUDGED, main
-from stepscope.collection_manager import CollectionManager
 from stepscope.modes import ModeKeys
 from stepscope.rules import (
     ChanceLevelLoss,
@@ -26,8 +28,6 @@ from stepscope.rules import (
     judged_line,
     run_rules,
 )
-from stepscope.scopes import Scope
-from stepscope.writer import Writer
 
 BUILTIN = {"weights": [r"^(?!gradient).*weight"], "gradients": ["^gradient"], "losses": ["[Ll]oss"]}
 rng = np.random.default_rng(3)
@@ -196,6 +196,24 @@ def test_a_small_gradient_whose_weights_move_is_not_vanishing(tmp_path):
     assert moving.status == "ok", moving.summary()
     still = run(VanishingGradient, write(tmp_path / "still", losses, tensors=lambda s: tensors(s, False)))
     assert still.fired and still.evidence[0].data["update_ratio"] == 0.0
+
+
+def test_a_gradient_below_float32_resolution_is_vanishing_even_when_adam_moves_it(tmp_path):
+    # The VAE's deep sigmoid encoder under Adam: its first layer's gradient is 1e-8 of the
+    # network's largest while Adam moves the weights at 3e-3 per step (motion is Adam's).
+    w0 = rng.normal(0, 1, (8, 8)).astype(np.float32)
+
+    def tensors(step):
+        return {"gradient/first.weight": np.full((8, 8), 1e-9, np.float32), "gradient/last.weight": np.full((8, 8), 0.1, np.float32),
+                "first.weight": (w0 + 0.01 * step).astype(np.float32), "last.weight": w0}
+
+    report = run(VanishingGradient, write(tmp_path / "adam", np.linspace(1.0, 0.5, 10), tensors=tensors))
+    assert report.fired, report.summary()
+    evidence = report.evidence[0]
+    assert evidence.tensor == "gradient/first.weight" and evidence.data["update_ratio"] > 1e-4
+    assert "motion is an adaptive optimizer's" in evidence.message
+    # floor_ratio 0 (SageMaker-like, no floor): the motion excuses it again.
+    assert run(VanishingGradient, str(tmp_path / "adam"), floor_ratio=0.0).status == "ok"
 
 
 def test_check_exits_3_when_no_rule_could_judge(tmp_path, capsys):

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 from stepscope import create_trial, modes
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.control import read_stop
+from stepscope.capture.writer import Writer
 from stepscope.cli import main
-from stepscope.collection_manager import CollectionManager
-from stepscope.control import read_stop
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 from stepscope.rules import (
@@ -30,7 +31,6 @@ from stepscope.rules import (
     ranged,
     run_rules,
 )
-from stepscope.writer import Writer
 
 BUILTIN = {"weights": [r"^(?!gradient).*weight"], "biases": [r"^(?!gradient).*bias"], "gradients": ["^gradient"], "losses": ["[Ll]oss"]}
 

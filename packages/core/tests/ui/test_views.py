@@ -309,9 +309,9 @@ def test_timeline_has_stream_lanes_and_a_kernel_shows_its_launch(app, store_root
 
 
 def test_dead_and_saturated_units_by_the_rules_definitions(app, store_root):
-    from stepscope.collection_manager import CollectionManager
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
 
     rng = np.random.default_rng(3)
     writer = Writer(str(store_root / "team-a" / "acts"), "worker_0")

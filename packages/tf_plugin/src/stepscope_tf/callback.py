@@ -15,10 +15,10 @@ from typing import Any
 
 import keras
 
+from stepscope.capture.hook_options import HookOptions
+from stepscope.capture.phases import COMPUTE
 from stepscope.config import CollectionName
-from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
-from stepscope.phases import COMPUTE
 
 from .hook import Hook
 

@@ -14,9 +14,9 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from stepscope.capture.hook import HookBase, TensorPlan
 from stepscope.config import CollectionName
 from stepscope.exceptions import ConfigError
-from stepscope.hook import HookBase, TensorPlan
 from stepscope.modes import ModeKeys
 
 from . import naming

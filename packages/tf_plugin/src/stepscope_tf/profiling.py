@@ -20,9 +20,9 @@ from typing import Any
 
 import tensorflow as tf
 
-from stepscope import annotation
+from stepscope.capture import annotation
+from stepscope.capture.detailed import Payload, WindowedProfilers, detailed_dir
 from stepscope.config import ProfilerConfig
-from stepscope.profiler.detailed import Payload, WindowedProfilers, detailed_dir
 from stepscope.store import Store
 
 TRACE_SUFFIX = ".xplane.pb"

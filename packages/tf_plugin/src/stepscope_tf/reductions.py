@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from stepscope.hook import HookBase, TensorPlan
+from stepscope.capture.hook import HookBase, TensorPlan
 
 
 def reduce(tensor: tf.Tensor, reduction: str, abs: bool = False) -> tf.Tensor:

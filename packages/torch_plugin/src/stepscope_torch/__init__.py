@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from stepscope.capture.hook import StopTrainingRequested
+from stepscope.capture.hook_options import HookOptions
 from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from stepscope.exceptions import ConfigError
-from stepscope.hook import StopTrainingRequested
-from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
 
 from .hook import Hook

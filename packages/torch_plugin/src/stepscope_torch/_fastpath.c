@@ -238,7 +238,7 @@ static PySequenceMethods Words_sequence = {.sq_length = (lenfunc)Words_length};
 static PyTypeObject WordsType = {
     PyVarObject_HEAD_INIT(NULL, 0)
     .tp_name = "stepscope_torch._fastpath.Words",
-    .tp_doc = "The words of a flat phase log as int64s (stepscope.phases.Words, compiled).",
+    .tp_doc = "The words of a flat phase log as int64s (stepscope.capture.phases.Words, compiled).",
     .tp_basicsize = sizeof(Words),
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_new = PyType_GenericNew,
@@ -651,7 +651,7 @@ Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     }
     c->notify = (char)notify;
     c->stop_check_at = 1;
-    c->meter_at = 1LL << 62;  /* NEVER (stepscope.step_counters) */
+    c->meter_at = 1LL << 62;  /* NEVER (stepscope.capture.step_counters) */
     c->train_at = -1;
     for (int i = 0; i < MODES; i++)
         c->begun[i] = c->next_due[i] = 0;

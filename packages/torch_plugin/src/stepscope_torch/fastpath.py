@@ -18,8 +18,7 @@ import logging
 import os
 from typing import Any
 
-from stepscope.modes import ModeKeys
-from stepscope.phases import (
+from stepscope.capture.phases import (
     EVENT_CODES,
     FORWARD_BEGIN,
     FORWARD_END,
@@ -27,12 +26,13 @@ from stepscope.phases import (
     STEP_BEGIN_EVENT_RECORD,
     STEP_END_RECORD,
 )
-from stepscope.step_counters import StepCounters
+from stepscope.capture.step_counters import StepCounters
+from stepscope.modes import ModeKeys
 
 logger = logging.getLogger("stepscope")
 
 PURE_PYTHON_ENV = "STEPSCOPE_PURE_PYTHON"
-# The phase-log vocabulary the compiled code writes (stepscope.phases), given to it rather
+# The phase-log vocabulary the compiled code writes (stepscope.capture.phases), given to it rather
 # than repeated in C.
 _CODES = {
     "forward_begin": EVENT_CODES[FORWARD_BEGIN],
@@ -44,7 +44,7 @@ _CODES = {
 
 
 class TorchCounters(StepCounters):
-    """The hook's per-step state (stepscope.step_counters) and the torch plugin's own:
+    """The hook's per-step state (stepscope.capture.step_counters) and the torch plugin's own:
     `explicit_mode` (the mode `set_mode` gave, else None: `model.training` says),
     `drives_optimizer` (a registered optimizer's step ends TRAIN steps) and `train_at`
     (the global step of the open TRAIN step while it still takes forwards, its optimizer

@@ -33,10 +33,10 @@ from typing import Any
 import torch
 from transformers import TrainerCallback
 
+from stepscope.capture.hook_options import HookOptions
+from stepscope.capture.phases import FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END
 from stepscope.config import CollectionName
-from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
-from stepscope.phases import FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END
 
 from .hook import Hook
 

@@ -28,11 +28,11 @@ import numpy as np
 import torch
 from torch import nn
 
+from stepscope.capture.hook import HookBase, StopTrainingRequested, TensorPlan
+from stepscope.capture.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, Clock
 from stepscope.config import CollectionName
 from stepscope.exceptions import ConfigError, UnsupportedValue
-from stepscope.hook import HookBase, StopTrainingRequested, TensorPlan
 from stepscope.modes import ModeKeys
-from stepscope.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, Clock
 
 from . import fastpath, naming, sharded
 from .driver import drive_forward
@@ -41,7 +41,7 @@ from .transfer import HostTransfer
 
 logger = logging.getLogger("stepscope")
 _TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
-# Phase-log records the hot paths append themselves (stepscope.phases.PhaseLog).
+# Phase-log records the hot paths append themselves (stepscope.capture.phases.PhaseLog).
 _FORWARD_BEGIN, _FORWARD_END, _OPTIMIZER_BEGIN = EVENT_CODES[FORWARD_BEGIN], EVENT_CODES[FORWARD_END], EVENT_CODES[OPTIMIZER_BEGIN]
 _OPTIMIZER_END = EVENT_CODES[OPTIMIZER_END]
 F = TypeVar("F", bound=Callable[..., Any])

@@ -38,10 +38,10 @@ try:
 except ImportError:  # the older distribution name
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
+from stepscope.capture.hook_options import HookOptions
+from stepscope.capture.phases import BACKWARD_BEGIN, FORWARD_BEGIN, OPTIMIZER_END
 from stepscope.config import CollectionName
-from stepscope.hook_options import HookOptions
 from stepscope.modes import ModeKeys
-from stepscope.phases import BACKWARD_BEGIN, FORWARD_BEGIN, OPTIMIZER_END
 
 from .hook import Hook
 

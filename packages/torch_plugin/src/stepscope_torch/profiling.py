@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from stepscope import annotation
+from stepscope.capture import annotation
+from stepscope.capture.detailed import Payload, WindowedProfilers, add_distributed_info, detailed_dir
 from stepscope.config import ProfilerConfig
-from stepscope.profiler.detailed import Payload, WindowedProfilers, add_distributed_info, detailed_dir
 from stepscope.store import Store
 
 TRACE_SUFFIX = ".pt.trace.json.gz"

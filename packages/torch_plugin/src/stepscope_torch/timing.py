@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from stepscope.phases import Clock, CpuClock
+from stepscope.capture.phases import Clock, CpuClock
 
 
 class CudaClock:

@@ -16,9 +16,9 @@ import numpy as np
 import torch
 
 from stepscope import reductions
+from stepscope.capture.hook import TensorPlan
+from stepscope.capture.writer import Deferred
 from stepscope.exceptions import UnsupportedValue
-from stepscope.hook import TensorPlan
-from stepscope.writer import Deferred
 
 from .reductions import reduce_on_device
 

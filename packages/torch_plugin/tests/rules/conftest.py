@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from stepscope.capture.hook import HookBase
 from stepscope.config import Collection, ProfilerConfig, SaveConfig
-from stepscope.hook import HookBase
 from stepscope.modes import ModeKeys
 
 torch = pytest.importorskip("torch")

@@ -189,9 +189,9 @@ def test_watch_follows_a_job_that_starts_writing_later(tmp_path, capsys):
 
     import numpy as np
 
-    from stepscope.collection_manager import CollectionManager
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
 
     job = tmp_path / "job"
 

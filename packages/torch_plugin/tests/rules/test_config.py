@@ -168,8 +168,8 @@ def _job_with_nan(tmp_path):
     import numpy as np
 
     from stepscope import create_trial
+    from stepscope.capture.writer import Writer
     from stepscope.modes import ModeKeys
-    from stepscope.writer import Writer
 
     with Writer(str(tmp_path)) as writer:
         for step in range(3):

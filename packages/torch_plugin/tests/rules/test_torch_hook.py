@@ -10,7 +10,7 @@ import time
 import pytest
 
 from stepscope import create_trial
-from stepscope.control import read_stop
+from stepscope.capture.control import read_stop
 from stepscope.rules import ExplodingTensor, StopTraining, VanishingGradient, invoke_rule, run_rules
 
 st = pytest.importorskip("stepscope_torch")

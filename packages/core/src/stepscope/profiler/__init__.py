@@ -1,14 +1,16 @@
-"""Profiling: the system monitor, the framework step timeline and their reader (the profiler
-rules, in stepscope.rules.profiler, stay importable from here).
+"""Profiling, read side: the reader of system metrics and the step timeline (the profiler
+rules, in stepscope.rules.profiler, stay importable from here). The training side's parts
+(SystemMonitor, TimelineWriter) live in stepscope.capture and are re-exported here.
 
-The training side (SystemMonitor, TimelineWriter) imports no pandas; the reader and the rules
-load on first use."""
+`PHASES` are the parts of a step (stepscope.capture.phases, one definition);
+`TIMELINE_PHASES` every phase name a span of the step timeline may carry."""
 
 from __future__ import annotations
 
 from .._lazy import lazy_getattr
-from .monitor import VALID_INTERVALS_MS, MonitorConfig, MonitorStats, SystemMonitor, default_node_id
-from .timeline import PHASES, STEP_PHASES, TimelineWriter
+from ..capture.monitor import VALID_INTERVALS_MS, MonitorConfig, MonitorStats, SystemMonitor, default_node_id
+from ..capture.phases import PHASES, STEP_PHASES, TIMELINE_PHASES
+from ..capture.step_timeline import TimelineWriter
 
 _LAZY = {
     "ProfilerTrial": "reader",
@@ -45,5 +47,6 @@ __all__ = [
     "TimelineWriter",
     "PHASES",
     "STEP_PHASES",
+    "TIMELINE_PHASES",
     *_LAZY,
 ]

@@ -14,10 +14,10 @@ from typing import Any, TypeAlias
 import numpy as np
 import pandas as pd
 
+from ..capture.monitor import ROTATION_S, parse_system_metrics_key
 from ..exceptions import ConfigError, CorruptRecord
 from ..layout import SYSTEM_METRICS_DIR
 from ..store import Store, open_store
-from .monitor import ROTATION_S, parse_system_metrics_key
 from .step_reader import KeyListing, StepTimelineReader
 
 logger = logging.getLogger("stepscope.profiler")

@@ -1,50 +1,34 @@
-"""The framework step timeline: the plugins' step and phase intervals as Chrome-trace JSON
-files (one schema, documented in docs/profiler.md), the writer the plugins call, and the
-parser the reader uses for our files and for SageMaker's legacy `pythontimeline` files.
-
-Each flush publishes a new immutable file:
-`profiler-output/framework/steps/<YYYYMMDDHH>/<flush µs:016d>_<node>_rank<r>_pid<p>_<seq:06d>.steps.json`
-(UTC hour of the flush), so keys sort by time and a reader follows a job by listing what is new."""
+"""The framework step timeline, read side: the parser of the files the training side's
+writer publishes (stepscope.capture.step_timeline; one schema, documented in
+docs/profiler.md) and of SageMaker's legacy `pythontimeline` files."""
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import re
-import threading
-import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from ..exceptions import ConfigError, CorruptRecord, StoreUnavailable
+from ..capture.phases import STEP_PHASES, TIMELINE_PHASES
+from ..capture.step_timeline import (
+    SCHEMA,
+    SCHEMA_VERSION,
+    STEP_TIMELINE_DIR,
+    TIMELINE_KEY_RE,
+    TimelineConfig,
+    TimelineWriter,
+    encode_timeline,
+    timeline_key,
+)
+from ..exceptions import CorruptRecord
 from ..layout import FRAMEWORK_DIR
-from ..modes import ModeKeys
-from ..safety import WarnOnce
-from ..store import Store, open_store
-from .monitor import default_node_id
 
 logger = logging.getLogger("stepscope.profiler")
 
-STEP_TIMELINE_DIR = f"{FRAMEWORK_DIR}/steps"
 LEGACY_TIMELINE_DIR = f"{FRAMEWORK_DIR}/pevents"  # smdebug's python timeline files
-SCHEMA = "stepscope.step_timeline"
-SCHEMA_VERSION = 1
-
-STEP_PHASES = ("step", "eval_step", "predict_step")  # a whole step of its mode
-# The parts of a step (stepscope.phases, which tile it), then the whole steps.
-PHASES = ("data", "forward", "backward", "optimizer", "compute", "other", *STEP_PHASES)
-# Any plugin may write a timeline: its framework name is a lowercase identifier.
-_FRAMEWORK_RE = re.compile(r"[a-z][a-z0-9_.-]{0,63}")
-
-# Bounds memory when the store is unreachable for a long time; beyond it events are dropped.
-_MAX_BUFFERED_EVENTS = 1_000_000
-_PULL_INTERVAL_S = 1.0  # how often the flush thread pulls from sources between flushes
-_OVERFLOW_TID = 100  # lanes for events that overlap without nesting: 100 * mode + k
-
-_KEY_RE = re.compile(r"^(\d{16})_(.+)_rank(-?\d+)_pid(\d+)_(\d+)\.steps\.json$")
 _LEGACY_KEY_RE = re.compile(r"^(\d+)_(.+?)_(?:python|model)_?timeline\.json$")
 _LEGACY_STEP_RE = re.compile(r"^Step:ModeKeys\.(TRAIN|EVAL|PREDICT|GLOBAL)$")
 # smdebug wrote some timestamps relative to a base given in a metadata event; anything
@@ -52,255 +36,9 @@ _LEGACY_STEP_RE = re.compile(r"^Step:ModeKeys\.(TRAIN|EVAL|PREDICT|GLOBAL)$")
 _RELATIVE_TS_LIMIT_US = 1e14
 
 
-def timeline_key(flush_ns: int, node_id: str, rank: int, pid: int, sequence: int) -> str:
-    hour = time.strftime("%Y%m%d%H", time.gmtime(flush_ns / 1e9))
-    return f"{STEP_TIMELINE_DIR}/{hour}/{flush_ns // 1000:016d}_{node_id}_rank{rank}_pid{pid}_{sequence:06d}.steps.json"
-
-
 def is_timeline_key(key: str) -> bool:
     name = key.rsplit("/", 1)[-1]
-    return bool(_KEY_RE.match(name) or _LEGACY_KEY_RE.match(name))
-
-
-# --- writing ----------------------------------------------------------------------------
-
-# (name, start_ns, end_ns, step, mode, phase, args): a plain tuple keeps add() cheap.
-_Buffered = tuple[str, int, int, int, Any, str, "dict[str, Any] | None"]
-
-
-@dataclass(frozen=True)
-class TimelineConfig:
-    node_id: str
-    rank: int = 0
-    framework: str = "pytorch"
-    flush_interval_s: float = 10.0
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.node_id, str) or not re.fullmatch(r"[A-Za-z0-9._-]+", self.node_id):
-            raise ConfigError(f"node_id: {self.node_id!r} must be non-empty letters, digits, '.', '_' or '-'")
-        if isinstance(self.rank, bool) or not isinstance(self.rank, int) or self.rank < 0:
-            raise ConfigError(f"rank: {self.rank!r} must be an integer >= 0")
-        if not isinstance(self.framework, str) or not _FRAMEWORK_RE.fullmatch(self.framework):
-            raise ConfigError(f"framework: {self.framework!r} must be a lowercase name such as 'pytorch', 'tensorflow', 'jax'")
-        if not isinstance(self.flush_interval_s, (int, float)) or not self.flush_interval_s > 0:
-            raise ConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number > 0")
-
-
-class TimelineWriter:
-    """Collects step/phase intervals (`add` is a locked list append, no I/O) and publishes
-    them as a new Chrome-trace file at every flush: from a background timer every
-    `flush_interval_s`, on `flush()`, and at `close()`. Never raises into training."""
-
-    def __init__(
-        self,
-        out_dir: str | os.PathLike[str] | Store,
-        node_id: str | None = None,
-        rank: int = 0,
-        framework: str = "pytorch",
-        flush_interval_s: float = 10.0,
-    ):
-        self.config = TimelineConfig(node_id or default_node_id(), rank, framework, flush_interval_s)
-        self._store = open_store(out_dir if isinstance(out_dir, Store) else os.fspath(out_dir))
-        self._start_ns = time.time_ns()
-        self._pid = os.getpid()
-        self._events: list[_Buffered] = []
-        self._lock = threading.Lock()
-        self._flush_lock = threading.RLock()
-        self._sequence = 0
-        self._closed = False
-        self._warn_once = WarnOnce()
-        self._sources: list[Callable[[], Iterable[tuple[int, ModeKeys, Sequence[tuple[str, int, int]]]]]] = []
-        self._stop = threading.Event()
-        self._timer = threading.Thread(target=self._flush_periodically, name="stepscope-timeline-flush", daemon=True)
-        self._timer.start()
-
-    def add(
-        self,
-        name: str,
-        start_ns: int,
-        end_ns: int,
-        *,
-        step: int,
-        mode: ModeKeys,
-        phase: str = "step",
-        args: dict[str, Any] | None = None,
-    ) -> None:
-        """Record one interval; times are absolute `time.time_ns()` nanoseconds."""
-        event = (name, start_ns, end_ns, step, mode, phase, args)
-        with self._lock:
-            if self._closed or len(self._events) >= _MAX_BUFFERED_EVENTS:
-                dropped = True
-            else:
-                self._events.append(event)
-                dropped = False
-        if dropped:
-            self._warn_once("dropped", "step timeline: writer closed or buffer full; events dropped")
-
-    def add_spans(self, spans: Sequence[tuple[str, int, int]], *, step: int, mode: ModeKeys) -> None:
-        """Record several phases of one step at once, `(phase, start_ns, end_ns)` each (named
-        after their phase): one lock and one call for a whole step."""
-        events = [(phase, start, end, step, mode, phase, None) for phase, start, end in spans]
-        with self._lock:
-            if not self._closed and len(self._events) + len(events) <= _MAX_BUFFERED_EVENTS:
-                self._events.extend(events)
-                return
-        self._warn_once("dropped", "step timeline: writer closed or buffer full; events dropped")
-
-    def add_source(self, source: Callable[[], Iterable[tuple[int, ModeKeys, Sequence[tuple[str, int, int]]]]]) -> None:
-        """Pull steps' spans, `(step, mode, [(phase, start_ns, end_ns), ...])`, from `source`
-        on this writer's thread (every second) and before each flush: a hook then spends
-        nothing per step on the timeline beyond logging its clock readings."""
-        self._sources.append(source)
-
-    def pull(self) -> None:
-        """Take what the sources have now (never raises). Also after close() began, so that
-        its last flush publishes what the sources still held."""
-        with self._flush_lock:  # a flush in between would publish later steps before these
-            for source in self._sources:
-                try:
-                    events = [(phase, start, end, step, mode, phase, None) for step, mode, spans in source() for phase, start, end in spans]
-                except Exception as exc:
-                    self._warn_once("source", f"step timeline: could not read the hook's step log ({exc!r}); steps are lost")
-                    continue
-                with self._lock:
-                    if len(self._events) + len(events) <= _MAX_BUFFERED_EVENTS:
-                        self._events.extend(events)
-                        continue
-                self._warn_once("dropped", "step timeline: buffer full; events dropped")
-
-    def flush(self) -> str | None:
-        """Publish what is buffered as a new file; returns its key (None when nothing was
-        buffered or the write failed)."""
-        with self._flush_lock:
-            self.pull()
-            with self._lock:
-                events, self._events = self._events, []
-            if not events:
-                return None
-            try:
-                flush_ns = time.time_ns()
-                key = timeline_key(flush_ns, self.config.node_id, self.config.rank, self._pid, self._sequence)
-                self._sequence += 1
-                data = encode_timeline(
-                    events,
-                    node_id=self.config.node_id,
-                    rank=self.config.rank,
-                    framework=self.config.framework,
-                    pid=self._pid,
-                    writer_start_ns=self._start_ns,
-                    sequence=self._sequence - 1,
-                )
-                self._store.write(key, data)
-                return key
-            except StoreUnavailable as exc:
-                # The store is not answering: keep the events (within the buffer's bound)
-                # for the next flush, which comes every flush_interval_s and at close.
-                with self._lock:
-                    kept = len(self._events) + len(events) <= _MAX_BUFFERED_EVENTS
-                    if kept:
-                        self._events[:0] = events
-                self._warn_once("unavailable", f"step timeline: the store is not answering ({exc}); {'events kept for the next flush' if kept else f'{len(events)} events lost (buffer full)'}")
-                return None
-            except Exception as exc:
-                self._warn_once("flush", f"step timeline: could not publish {len(events)} events ({exc!r}); they are lost")
-                return None
-
-    def close(self) -> None:
-        """Stop the timer and publish what is left. Idempotent; never raises."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-        try:
-            self._stop.set()
-            if self._timer is not threading.current_thread():
-                self._timer.join(timeout=30)
-            self.flush()
-        except Exception as exc:
-            self._warn_once("close", f"step timeline: error while closing ({exc!r})")
-
-    def __enter__(self) -> TimelineWriter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
-
-    def _flush_periodically(self) -> None:
-        interval = self.config.flush_interval_s
-        tick = min(interval, _PULL_INTERVAL_S)
-        next_flush = time.monotonic() + interval
-        while not self._stop.wait(tick):
-            if time.monotonic() >= next_flush:
-                next_flush = time.monotonic() + interval
-                self.flush()
-            else:
-                self.pull()
-
-
-def encode_timeline(
-    events: Sequence[_Buffered],
-    *,
-    node_id: str,
-    rank: int,
-    framework: str,
-    pid: int,
-    writer_start_ns: int,
-    sequence: int = 0,
-) -> bytes:
-    """One Chrome-trace file for `events` (tuples as TimelineWriter buffers them)."""
-    slices = []
-    for name, start_ns, end_ns, step, mode, phase, args in events:
-        try:
-            mode = mode if type(mode) is ModeKeys else ModeKeys.parse(mode)
-            slices.append((int(start_ns), max(int(end_ns), int(start_ns)), str(name), int(step), mode, str(phase), args))
-        except (TypeError, ValueError) as exc:
-            logger.warning("step timeline: event %r skipped (%s)", name, exc)
-    slices.sort(key=lambda s: (s[0], -s[1]))
-    tids = _assign_lanes(slices)
-
-    lines = [json.dumps(_meta("process_name", rank, None, {"name": f"rank {rank} ({node_id}, {framework})"}))]
-    lines.append(json.dumps(_meta("process_sort_index", rank, None, {"sort_index": rank})))
-    for tid in sorted(set(tids)):
-        mode = ModeKeys(tid if tid < _OVERFLOW_TID else tid // _OVERFLOW_TID)
-        label = mode.name if tid < _OVERFLOW_TID else f"{mode.name} (overlapping {tid % _OVERFLOW_TID})"
-        lines.append(json.dumps(_meta("thread_name", rank, tid, {"name": label})))
-        lines.append(json.dumps(_meta("thread_sort_index", rank, tid, {"sort_index": tid})))
-    # One dumps per event rather than one for the whole list: the interpreter can switch
-    # threads between events, so a large flush never holds the GIL against training.
-    # Names and phases repeat from step to step: escape each once. This loop is most of the
-    # background CPU the timeline costs a training process.
-    templates: dict[tuple[str, str, ModeKeys, int], str] = {}
-    for (start_ns, end_ns, name, step, mode, phase, args), tid in zip(slices, tids):
-        duration = end_ns - start_ns
-        # ts/dur as exact decimal text: a float of epoch microseconds cannot hold nanoseconds.
-        times = (start_ns // 1000, start_ns % 1000, duration // 1000, duration % 1000)
-        if args:
-            event_args = dict(args)
-            event_args.update(step=step, mode=mode.name, phase=phase)
-            lines.append(_event_template(name, phase, rank, tid, json.dumps(event_args, default=str).replace("%", "%%")) % times)
-            continue
-        # One %-template per (name, phase, mode, track): names repeat from step to step, and
-        # this loop is most of the CPU the timeline costs a training process.
-        key = (name, phase, mode, tid)
-        template = templates.get(key)
-        if template is None:
-            args_json = f'{{"step": %d, "mode": "{mode.name}", "phase": {json.dumps(phase).replace("%", "%%")}}}'
-            template = templates[key] = _event_template(name, phase, rank, tid, args_json)
-        lines.append(template % (*times, step))
-    metadata = {
-        "schema": SCHEMA,
-        "schema_version": SCHEMA_VERSION,
-        "node_id": node_id,
-        "rank": rank,
-        "framework": framework,
-        "pid": pid,
-        "writer_start_ns": writer_start_ns,
-        "sequence": sequence,
-        "first_start_ns": slices[0][0] if slices else None,
-        "last_end_ns": max((s[1] for s in slices), default=None),
-    }
-    body = ",\n".join(lines)
-    return f'{{"traceEvents": [\n{body}\n],\n"displayTimeUnit": "ms",\n"metadata": {json.dumps(metadata)}}}\n'.encode()
+    return bool(TIMELINE_KEY_RE.match(name) or _LEGACY_KEY_RE.match(name))
 
 
 def merge_timeline(profiler_trial: Any) -> bytes:
@@ -338,46 +76,6 @@ def _plain_numbers(value: Any) -> Any:
     if isinstance(value, list):
         return [_plain_numbers(v) for v in value]
     return value
-
-
-def _event_template(name: str, phase: str, pid: int, tid: int, args_json: str) -> str:
-    """A complete event with %-placeholders for ts, dur (and whatever `args_json` holds)."""
-    q_name = json.dumps(name).replace("%", "%%")
-    q_phase = json.dumps(phase).replace("%", "%%")
-    return (
-        f'{{"name": {q_name}, "cat": {q_phase}, "ph": "X", "ts": %d.%03d, "dur": %d.%03d, '
-        f'"pid": {pid}, "tid": {tid}, "args": {args_json}}}'
-    )
-
-
-def _meta(name: str, pid: int, tid: int | None, args: dict[str, Any]) -> dict[str, Any]:
-    event: dict[str, Any] = {"name": name, "ph": "M", "pid": pid}
-    if tid is not None:
-        event["tid"] = tid
-    event["args"] = args
-    return event
-
-
-def _assign_lanes(slices: Sequence[tuple[int, int, str, int, ModeKeys, str, Any]]) -> list[int]:
-    """A track (tid) per mode, where steps contain their phases; an interval that overlaps
-    another without nesting in it (a prefetch crossing a step boundary) goes to an overflow
-    track, because Perfetto needs the slices of one track properly nested. `slices` must be
-    sorted by (start, -end)."""
-    # lanes[mode] is a list of stacks of open end times, one stack per track of that mode.
-    lanes: dict[ModeKeys, list[list[int]]] = {}
-    tids = []
-    for start, end, _name, _step, mode, _phase, _args in slices:
-        stacks = lanes.setdefault(mode, [])
-        for index, stack in enumerate(stacks + [[]]):
-            while stack and stack[-1] <= start:
-                stack.pop()
-            if not stack or end <= stack[-1]:
-                if index == len(stacks):
-                    stacks.append(stack)
-                stack.append(end)
-                tids.append(int(mode) if index == 0 else int(mode) * _OVERFLOW_TID + index)
-                break
-    return tids
 
 
 # --- reading ----------------------------------------------------------------------------
@@ -493,3 +191,10 @@ def _row(node_id: str, rank: int, framework: str, mode: str, step: int, phase: s
         "duration_ms": duration_ns / 1e6,
         "args": args,
     }
+
+
+__all__ = [
+    "LEGACY_TIMELINE_DIR", "SCHEMA", "SCHEMA_VERSION", "STEP_PHASES", "STEP_TIMELINE_DIR", "TIMELINE_COLUMNS", "TIMELINE_PHASES",
+    "ParsedTimeline", "TimelineConfig", "TimelineWriter", "encode_timeline", "is_timeline_key", "merge_timeline", "parse_timeline",
+    "timeline_key",
+]

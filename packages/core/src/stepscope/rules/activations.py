@@ -20,6 +20,8 @@ ACTIVATION_CLASSES = {
     "sigmoid": ("sigmoid",),
 }
 _IO = re.compile(r"_(input|output)_\d+$")  # PyTorch: `<module>_output_0`
+# Module classes whose output is an affine map with a bias (a ReLU's input when the ReLU is a function).
+_AFFINE = re.compile(r"^(Lazy)?(Linear|Conv(Transpose)?[123]d)$")  # torch names: `<module>_output_0`
 
 
 def io_side(name: str) -> str | None:
@@ -31,6 +33,11 @@ def io_side(name: str) -> str | None:
     if name.startswith(("outputs/", "inputs/")):
         return name.split("/", 1)[0][:-1]
     return None
+
+
+def _parent(module: str) -> str:
+    """The enclosing module of a torch module name ("fc1.0" -> "fc1", "fc1" -> "")."""
+    return module.rsplit(".", 1)[0] if "." in module else ""
 
 
 def activation_kind(module_class: str | None) -> str | None:
@@ -109,6 +116,7 @@ class _InactiveUnits(Rule):
         super().__init__(base_trial, **kwargs)
         # Per layer: the inactive-unit masks of its last `persistence` saved steps.
         self._recent: dict[str, list[np.ndarray]] = {}
+        self._affine: tuple[int, dict[str, str]] | None = None
 
     def finish(self) -> None:
         self.need(self.params.persistence, max((len(v) for v in self._recent.values()), default=0), "saved steps of a layer")
@@ -123,8 +131,13 @@ class _InactiveUnits(Rule):
     def has_inputs(self) -> bool:
         return bool(self._layers())
 
-    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
+    def _active(self, name: str, value: np.ndarray, step: int) -> np.ndarray | None:
+        """Which elements of `value` are active; None: not judged at this step."""
         raise NotImplementedError
+
+    def _read_as(self, name: str) -> str:
+        """How a layer's tensor was read, when it is not the activation's own (for messages)."""
+        return ""
 
     def required_tensors(self, step: int):
         return [TensorRequest(n, step) for n in self._layers() if self.has_raw(n, step)]
@@ -136,7 +149,10 @@ class _InactiveUnits(Rule):
             value = self.value(name, step) if self.has_raw(name, step) else None
             if value is None or value.size == 0:
                 continue
-            activity = unit_activity(value, self._active(name, value))
+            active = self._active(name, value, step)
+            if active is None:
+                continue
+            activity = unit_activity(value, active)
             recent = self._recent.setdefault(name, [])
             if recent and recent[-1].shape != activity.shape:
                 recent.clear()  # another layout: the units are not the same ones
@@ -147,7 +163,7 @@ class _InactiveUnits(Rule):
             inactive = 100.0 * float(np.mean(np.logical_and.reduce(recent)))
             if inactive > p.threshold_layer:
                 over = f" at each of its last {p.persistence} saved steps" if p.persistence > 1 else ""
-                message = f"{name}: {inactive:.1f}% of units {self.state}{over} > {p.threshold_layer:g}%"
+                message = f"{name}: {inactive:.1f}% of units {self.state}{over} > {p.threshold_layer:g}%{self._read_as(name)}"
                 extra: dict[str, Any] = {f"percent_{self.state}": inactive}
                 self.violation(step, message, tensor=name, value=inactive, threshold=p.threshold_layer, **extra)
                 fired = True
@@ -164,23 +180,85 @@ class DeadRelu(_InactiveUnits):
     dead: a unit is dead when it is active (> 0) in less than `threshold_inactivity`
     percent (default 1) of the batch at each of the layer's last `persistence` saved steps
     (1: SageMaker's judgement of one batch; the default set uses 3). Inspects tensors
-    matching `tensor_regex` (default `.*relu_output`): save ReLU outputs under such names."""
+    matching `tensor_regex` (default `.*relu_output`): save ReLU outputs under such names.
+
+    With `by_module_class` (the default set) it also inspects the outputs of ReLU modules
+    (and Keras layers with a relu activation), and sees ReLUs applied as functions
+    (`F.relu`, no module to hook) through the layer before them: a torch Linear or Conv
+    output saved at a step whose bias gradient was saved too, where a unit is off when its
+    output is <= 0 on the batch and its bias gradient is exactly 0 (no gradient passed the
+    unit, which for a unit <= 0 on every sample only a ReLU-like zero slope does). Layers
+    beside a ReLU module (same parent module) are left to that module's output."""
 
     Params = DeadReluParams
     params: DeadReluParams
     min_saved_steps = 1
     to_save = "layer outputs"
-    # A unit silent on one batch is not yet dead (healthy VAE and autoencoder layers showed
-    # 52 % and 95 % of units off on one batch, alive on others): dead means off at three
-    # saved steps in a row.
+    # A unit silent on one batch is not yet dead (a healthy MLP autoencoder showed 95 % of
+    # its units off on one batch, alive on others): dead means off at three saved steps in a
+    # row. Half or more of a layer off on every batch is a finding even while the loss falls
+    # (pytorch/examples' VAE: docs/rules.md, "Dead ReLUs over time").
     preset = {"by_module_class": True, "persistence": 3}
 
     state = "dead"
     kinds = ("relu",)
     side = "output"
 
-    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
-        return value > 0
+    def _layers(self) -> list[str]:
+        chosen = super()._layers()
+        if self.params.by_module_class:
+            chosen = sorted(set(chosen) | set(self._pre_activations()))
+        return chosen
+
+    def _pre_activations(self) -> dict[str, str]:
+        """Outputs of torch affine layers (Linear, Conv) whose bias gradient was saved:
+        {output name: bias gradient name}. A ReLU applied as a function (`F.relu`, no module
+        to hook) is seen through them: its input is such an output (see `_active`)."""
+        names = self.trial.tensor_names()
+        if self._affine is None or self._affine[0] != len(names):  # a job being followed gains tensors
+            known, found = set(names), {}
+            # Modules whose ReLUs are modules (their outputs are judged as such): the layers
+            # beside them feed those, not a functional ReLU, and are not judged twice.
+            with_relu_modules = {_parent(_IO.sub("", n)) for n in activation_layers(self.trial, "relu", "output") if _IO.search(n)}
+            for name in names:
+                if io_side(name) == "output" and _IO.search(name) and _AFFINE.match(self.trial.module_class(name) or ""):
+                    module = _IO.sub("", name)
+                    bias = f"gradient/{module}.bias"
+                    if bias in known and _parent(module) not in with_relu_modules:
+                        found[name] = bias
+            self._affine = (len(names), found)
+        return self._affine[1]
+
+    def required_tensors(self, step: int):
+        requests = list(super().required_tensors(step))
+        return requests + [TensorRequest(g, step) for n, g in self._pre_activations().items() if self.has_raw(g, step)]
+
+    def _read_as(self, name: str) -> str:
+        if name in self._pre_activations():
+            return " (read as a functional ReLU's input: <= 0 on the whole batch and no gradient through the unit)"
+        return ""
+
+    def _active(self, name: str, value: np.ndarray, step: int) -> np.ndarray | None:
+        bias = self._pre_activations().get(name)
+        if bias is None:
+            return value > 0
+        # An affine layer's output read as a ReLU's input: a unit is off where its
+        # pre-activation is <= 0, and counts as dead only when it also passed no gradient
+        # (its bias gradient exactly 0 at the same step): a ReLU's zero slope below 0 is the
+        # only way a unit <= 0 on the whole batch gets none, so logits, means and
+        # log-variances (<= 0 but with a gradient) are never counted.
+        gradient = self.value(bias, step) if self.has_raw(bias, step) else None
+        if gradient is None or value.ndim < 2:
+            return None
+        flowing = np.asarray(gradient).reshape(-1) != 0
+        # The unit axis: channels (axis 1) for torch convolutions, the last one for a Linear
+        # (over (batch, ..., features)).
+        axis = 1 if (self.trial.module_class(name) or "").startswith("Conv") else value.ndim - 1
+        if value.shape[axis] != flowing.size:
+            return None
+        shape = [1] * value.ndim
+        shape[axis] = flowing.size
+        return (value > 0) | flowing.reshape(shape)
 
 
 @dataclass(frozen=True)
@@ -238,7 +316,7 @@ class SaturatedActivation(_InactiveUnits):
                         layers.append(name)
         return sorted(set(layers))
 
-    def _active(self, name: str, value: np.ndarray) -> np.ndarray:
+    def _active(self, name: str, value: np.ndarray, step: int) -> np.ndarray | None:
         bounds = self._bounds(name)
         if bounds is None:
             return np.ones(value.shape, dtype=bool)

@@ -44,7 +44,7 @@ def write_job(job: Path, *, steps: int = 12, node: str = "algo-1") -> Path:
 
 
 def _metrics_file(job: Path, node: str = "algo-1", minute: int = T0_NS // 10**9 // 60 * 60) -> Path:
-    from ..profiler.monitor import system_metrics_key
+    from ..capture.monitor import system_metrics_key
 
     path = job / system_metrics_key(minute, node)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -18,8 +18,8 @@ from pathlib import Path
 import numpy as np
 
 from .. import layout
+from ..capture.writer import Writer
 from ..modes import ModeKeys
-from ..writer import Writer
 
 STEPS = 3
 CANARY = b"canary: a reader left the job"
@@ -159,7 +159,7 @@ def _deep_collections(job: Path, outside: Path) -> None:
 
 
 def _bad_system_metrics(job: Path, outside: Path) -> None:
-    from ..profiler.monitor import system_metrics_key
+    from ..capture.monitor import system_metrics_key
 
     path = job / system_metrics_key(1_700_000_000, "node-1")
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -10,10 +10,10 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 
-from ..collection_manager import CollectionManager
+from ..capture.collection_manager import CollectionManager
+from ..capture.writer import Writer
 from ..modes import ModeKeys
 from ..store.base import Store
-from ..writer import Writer
 
 
 class MemoryStore(Store):

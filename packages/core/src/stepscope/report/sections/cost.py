@@ -3,7 +3,7 @@ bytes written, as the hooks measured them during the run (stepscope-cost/)."""
 
 from __future__ import annotations
 
-from ...cost import read_costs
+from ...job_files import read_costs
 from ..context import ReportContext
 from ..figures import line_chart
 from ..model import Figure, Section, Table

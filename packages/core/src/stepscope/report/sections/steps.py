@@ -3,7 +3,7 @@ breakdown (data / forward / backward / optimizer / compute / other) from the ste
 
 from __future__ import annotations
 
-from ...phases import PHASES
+from ...capture.phases import PHASES
 from ...profiler import STEP_PHASES
 from ..context import ReportContext
 from ..figures import histogram, line_chart

@@ -113,7 +113,7 @@ def _writer_version(ctx: ReportContext) -> str | None:
 
 
 def _versions(ctx: ReportContext) -> dict[str, str]:
-    from ...cost import read_costs
+    from ...job_files import read_costs
 
     versions: dict[str, str] = {}
     for cost in read_costs(ctx.trial.store).values():

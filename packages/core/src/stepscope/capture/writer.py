@@ -1,0 +1,605 @@
+"""Background writer of one worker's steps: the training thread only enqueues; a thread
+frames records, writes each step's event file, then its index file (published last).
+
+A store that stops answering (StoreUnavailable: timeouts, resets, 5xx, throttling) is
+waited out however long it takes: the write is tried again with capped exponential
+back-off while the queue holds new steps up to its byte bound; a step that finds the queue
+full during such an outage is dropped rather than holding training, and is listed by step
+in the status file. When the store answers again, saving resumes where it stopped.
+
+`close()` and process exit wait a bounded time (`close_timeout_s`, default 60 s, or the
+STEPSCOPE_CLOSE_TIMEOUT_S variable; one deadline shared with the hook's other parts, see
+deadline.py); what is still unpublished then is logged and named in the worker's status
+file, and the process goes on."""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import logging
+import os
+import queue
+import threading
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+
+from .. import events, layout, records
+from ..exceptions import ConfigError, StoreUnavailable
+from ..modes import ModeKeys
+from ..store import Store, open_store
+from .deadline import CLOSE_TIMEOUT_ENV, DEFAULT_CLOSE_TIMEOUT_S, Deadline, close_timeout_from_env, exit_deadline
+from .safety import FailSafe, WarnOnce, write_status
+
+logger = logging.getLogger("stepscope")
+
+# "smdebug" writes smdebug's constant instead of real payload CRCs, for jobs that must also
+# open in smdebug's own reader; the default "crc32c" lets readers detect corruption.
+PAYLOAD_CRC_ENV = "STEPSCOPE_PAYLOAD_CRC"
+DEFAULT_MAX_QUEUE_BYTES = 512 * 1024 * 1024
+_STATUS_WAIT_S = 5.0  # the most of close()'s bound kept for writing the status file
+# Back-off between tries of a write the store did not take: doubling from the first, capped
+# so that saving resumes within a few seconds of the store answering again.
+RETRY_FIRST_S = 0.25
+RETRY_MAX_S = 4.0
+
+__all__ = ["Writer", "Deferred", "PendingValue", "CLOSE_TIMEOUT_ENV", "DEFAULT_CLOSE_TIMEOUT_S", "close_timeout_from_env"]
+
+
+class PendingValue(Protocol):
+    """A value whose host copy is still in flight (e.g. a non-blocking CUDA copy)."""
+
+    nbytes: int
+
+    def resolve(self) -> np.ndarray: ...
+
+
+@dataclass
+class Deferred:
+    """Wraps a zero-argument function that returns the value, run on the writer thread."""
+
+    fn: Callable[[], Any]
+    nbytes: int = 0
+
+    def resolve(self) -> np.ndarray:
+        return np.asarray(self.fn())
+
+
+@dataclass
+class _StepJob:
+    step: int
+    mode: ModeKeys
+    mode_step: int
+    tensors: Mapping[str, Any]
+    shapes: Mapping[str, Sequence[int]]
+    nbytes: int
+
+
+@dataclass
+class _FileJob:
+    key: str
+    data: Any
+    nbytes: int
+
+
+@dataclass
+class _Barrier:
+    done: threading.Event
+
+
+@dataclass
+class _FinishJob:
+    """Publishes the last step table and (optionally) the end marker, in order."""
+
+    end_marker: bool
+    nbytes: int = 0
+
+
+def _as_array(value: Any) -> np.ndarray:
+    if hasattr(value, "resolve"):
+        value = value.resolve()
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise TypeError(f"cannot save an object array ({array.shape}); convert it to numbers or strings")
+    return array
+
+
+class Writer:
+    """Writes steps of one worker to a store.
+
+    `write_step` hands over a whole step (every tensor of it, raw values and reductions
+    alike); values may be numpy arrays or `PendingValue`s resolved on the writer thread.
+    The queue holds at most `max_queue_bytes`; a producer that would exceed it waits (back
+    pressure rather than silently dropping data), except while the store is not answering:
+    then the step is dropped and listed in the status file (`lost_steps`). A write the
+    store did not take is tried again until it does (module docstring). Any other failure
+    to write is logged once, recorded in `stepscope-status/<worker>.json`, and the writer
+    stops accepting work; it never raises into the training thread."""
+
+    def __init__(
+        self,
+        out_dir: str | Store,
+        worker: str = "worker_0",
+        *,
+        max_queue_bytes: int = DEFAULT_MAX_QUEUE_BYTES,
+        payload_crc: str | None = None,
+        close_timeout_s: float | None = None,
+    ):
+        self.store = open_store(out_dir)
+        self.worker = worker
+        self.max_queue_bytes = int(max_queue_bytes)
+        if close_timeout_s is None:
+            close_timeout_s = close_timeout_from_env()
+        if isinstance(close_timeout_s, bool) or not isinstance(close_timeout_s, (int, float)) or not 0 < close_timeout_s < float("inf"):
+            raise ConfigError(f"Writer.close_timeout_s must be a positive number of seconds, got {close_timeout_s!r}")
+        self.close_timeout_s = float(close_timeout_s)
+        self.payload_crc = payload_crc or os.environ.get(PAYLOAD_CRC_ENV, "crc32c")
+        if self.payload_crc not in ("crc32c", "smdebug"):
+            raise ConfigError(f"payload_crc must be 'crc32c' or 'smdebug', got {self.payload_crc!r} (from {PAYLOAD_CRC_ENV}?)")
+        self._failsafe = FailSafe(f"writer ({worker})", on_failure=lambda status: write_status(self.store, worker, status))
+        self._queue: deque[Any] = deque()
+        self._queued_bytes = 0
+        self._cond = threading.Condition()
+        self._closed = False
+        self._published: set[int] = set()
+        self._table: list[dict[str, Any]] = []  # index entries of the current block of steps
+        self._unpublished: set[int] = set()  # steps handed over and not yet published
+        self._unpublished_files: set[str] = set()
+        self._abandoned = False  # close() gave up waiting: the threads drop what is left
+        # The store's outages (StoreUnavailable) and what they cost: steps and files that
+        # found the queue full while the store was not answering.
+        self._outage_since: float | None = None  # monotonic start of the current outage
+        self.outages = 0
+        self.retries = 0
+        self.longest_outage_s = 0.0
+        self._lost_steps: set[int] = set()
+        self._lost_files: set[str] = set()
+        self._status_due = False  # something new for the status file, published once the store answers
+        self._waited_s = 0.0  # publisher time spent waiting out outages (not work: kept out of busy_s)
+        self._wake = threading.Event()  # ends a retry's back-off early: close() gave up
+        self._warn = WarnOnce()
+        self.dropped_tensors: dict[int, list[str]] = {}  # step -> tensors that could not be encoded
+        # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
+        # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
+        self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
+        # stepscope's own cost, measured here for the report: seconds the two threads spent
+        # working (not waiting) and bytes published.
+        self.busy_s = 0.0
+        self.bytes_written = 0
+        # Called on the writer thread with (step, mode, mode_step, {name: array}) after a step
+        # is framed (the live TensorBoard writer); a failing listener is dropped, not fatal.
+        self.step_listeners: list[Any] = []
+        self._publisher = threading.Thread(target=self._publish_loop, name=f"stepscope-publisher-{worker}", daemon=True)
+        self._publisher.start()
+        self._thread = threading.Thread(target=self._run, name=f"stepscope-writer-{worker}", daemon=True)
+        self._thread.start()
+        # The threads are daemons (a stalled store must not keep the process alive); at
+        # exit, flush what is queued, within the same bound as close().
+        self._atexit = functools.partial(_close_at_exit, weakref.ref(self))
+        atexit.register(self._atexit)
+        self._clean_stale_temporaries()
+
+    def _clean_stale_temporaries(self) -> None:
+        # A killed run leaves ".NAME.PID.N.tmp" files of its own worker behind: harmless to
+        # readers (never listed), but they hold disk space. Removed in the background.
+        remove = getattr(self.store, "remove_stale_temporaries", None)
+        if remove is None:
+            return
+
+        def run() -> None:
+            try:
+                removed = remove(f"_{self.worker}.")
+                if removed:
+                    logger.info("stepscope: removed %d stale temporary file(s) of %s", removed, self.worker)
+            except Exception as exc:  # best effort
+                logger.debug("stepscope: could not clean stale temporary files: %s", exc)
+
+        threading.Thread(target=run, name=f"stepscope-cleanup-{self.worker}", daemon=True).start()
+
+    # --- producer side (training thread) ---------------------------------------------
+
+    @property
+    def failed(self) -> bool:
+        return self._failsafe.error is not None
+
+    @property
+    def error(self) -> BaseException | None:
+        return self._failsafe.error
+
+    @property
+    def accepting(self) -> bool:
+        return not self._closed and self._failsafe.enabled
+
+    def write_step(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]] | None = None) -> bool:
+        """Enqueue one step; returns False (and drops it) once the writer is closed or failed."""
+        nbytes = sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values())
+        return self._put(_StepJob(int(step), ModeKeys.parse(mode), int(mode_step), dict(tensors), dict(shapes or {}), nbytes), nbytes)
+
+    def write_file(self, key: str, data: bytes) -> bool:
+        """Enqueue a whole file (collections JSON, a control or report object)."""
+        return self._put(_FileJob(key, data, len(data)), len(data))
+
+    @property
+    def unpublished_steps(self) -> list[int]:
+        """Steps handed over and not published (yet, or ever after an abandoned close)."""
+        with self._cond:
+            return sorted(self._unpublished)
+
+    def write_collections(self, collections_json: bytes) -> bool:
+        """Publish this worker's collections file, recording how payloads are checksummed
+        (the reader accepts smdebug's placeholder only where the file says so)."""
+        body = json.loads(collections_json)
+        body.setdefault("_meta", {})["payload_crc"] = self.payload_crc
+        return self.write_file(layout.collections_key(self.worker), json.dumps(body, indent=1, sort_keys=True).encode())
+
+    def _put(self, job: Any, nbytes: int) -> bool:
+        if not self.accepting:
+            return False
+        with self._cond:
+            # Back pressure: wait for room, but always admit a job into an empty queue.
+            while self._queued_bytes and self._queued_bytes + nbytes > self.max_queue_bytes and self.accepting:
+                if self._outage_since is not None:
+                    # The store is not answering and the bound is reached: waiting would hold
+                    # training for an outage of unknown length. Dropped, and listed by step.
+                    self._lose(job)
+                    return False
+                self._cond.wait(0.5)
+            if not self.accepting:
+                return False
+            self._queue.append(job)
+            self._queued_bytes += nbytes
+            if isinstance(job, _StepJob):
+                self._unpublished.add(job.step)
+            elif isinstance(job, _FileJob):
+                self._unpublished_files.add(job.key)
+            self._cond.notify_all()
+        return True
+
+    @property
+    def in_outage(self) -> bool:
+        """Whether the store is not answering now (the writer holds its queue and retries)."""
+        return self._outage_since is not None
+
+    @property
+    def lost_steps(self) -> list[int]:
+        """Steps dropped because the queue was full while the store was not answering."""
+        with self._cond:
+            return sorted(self._lost_steps)
+
+    def _lose(self, job: Any) -> None:
+        """(Under the lock.) `job` found the queue full during an outage: dropped."""
+        if isinstance(job, _StepJob):
+            self._lost_steps.add(job.step)
+            what = f"step {job.step}"
+        else:
+            self._lost_files.add(job.key)
+            what = f"file {job.key}"
+        self._status_due = True
+        self._warn(
+            "lost",
+            f"stepscope: writer ({self.worker}): the store is not answering and the queue is full "
+            f"({self._queued_bytes:,} bytes held, max_queue_bytes {self.max_queue_bytes:,}): "
+            f"{what} and later ones are dropped until it answers (listed in the status file)",
+        )
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything enqueued so far is published (or dropped on failure).
+        Returns False, without waiting on, while the store is not answering: the writer
+        keeps what it holds and goes on trying; training is not held for an outage."""
+        if not self._thread.is_alive():
+            return True
+        barrier = _Barrier(threading.Event())
+        with self._cond:
+            self._queue.append(barrier)
+            self._cond.notify_all()
+        end = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            wait = 0.25 if end is None else min(0.25, max(0.0, end - time.monotonic()))
+            if barrier.done.wait(wait):
+                return True
+            if self._outage_since is not None or (end is not None and time.monotonic() >= end):
+                return False
+
+    def close(self, timeout: float | None = None, *, end_marker: bool = True, deadline: Deadline | None = None) -> bool:
+        """Flush, publish the last step table and training_job_end.ts (unless told not to),
+        stop the threads. Waits at most `timeout` seconds (default `close_timeout_s`), or
+        until `deadline` (the hook's one deadline for its whole close); if the store has
+        not taken everything by then, the rest is reported lost (log and status file) and
+        close returns False. Never raises."""
+        if self._closed:
+            return not self._abandoned
+        atexit.unregister(self._atexit)
+        if deadline is None:
+            deadline = Deadline(self.close_timeout_s if timeout is None else max(0.0, float(timeout)))
+        # Keep part of the bound for the status file, which goes to the same store.
+        reserve = min(_STATUS_WAIT_S, deadline.seconds / 4)
+        barrier = _Barrier(threading.Event())
+        with self._cond:
+            if self._thread.is_alive():
+                self._queue.append(_FinishJob(end_marker))
+                self._queue.append(barrier)
+            else:
+                barrier.done.set()
+            self._closed = True
+            self._cond.notify_all()
+        if not barrier.done.wait(max(0.0, deadline.left() - reserve)):
+            self._abandon(deadline)
+            return False
+        self._thread.join(deadline.left())
+        self._publisher.join(deadline.left())
+        return True
+
+    def _abandon(self, deadline: Deadline) -> None:
+        with self._cond:
+            self._abandoned = True
+            self._wake.set()
+            steps = sorted(self._unpublished | self._lost_steps)
+            files = sorted(self._unpublished_files | self._lost_files)
+            self._queue.clear()
+            self._cond.notify_all()
+        shown = ", ".join(map(str, steps[:20])) + (", ..." if len(steps) > 20 else "")
+        reason = f"the store did not take everything within {deadline.seconds:g} s ({CLOSE_TIMEOUT_ENV})"
+        logger.error("stepscope: writer (%s) gave up at close: %s; %d step(s) lost: %s%s", self.worker, reason, len(steps), shown or "none", f"; files lost: {', '.join(files)}" if files else "")
+        status = {**self._status_body(), "state": "incomplete", "error": f"close timed out: {reason}", "lost_steps": steps, "lost_files": files}
+        try:
+            write_status(self.store, self.worker, status, timeout_s=deadline.left())
+        except Exception as exc:
+            logger.error("stepscope: could not record the lost steps in the status file either: %s", exc)
+
+    def __enter__(self) -> Writer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        try:
+            atexit.unregister(self._atexit)
+        except Exception:
+            pass
+
+    # --- consumer side (writer thread) ------------------------------------------------
+
+    def _run(self) -> None:
+        """First stage: frame each step's records, hand them to the publisher in order."""
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                job = self._queue.popleft() if self._queue else None
+            if job is None:
+                # Outside the lock: the publisher takes it to count what it published.
+                self._framed.put(None)  # tells the publisher to stop
+                return
+            framed = None
+            started = time.perf_counter()
+            if isinstance(job, _StepJob) and self._failsafe.enabled and not self._abandoned:
+                framed = self._failsafe.call(self._frame_step, job)
+            self.busy_s += time.perf_counter() - started
+            self._framed.put((job, framed))
+
+    def _publish_loop(self) -> None:
+        """Second stage: publish files in the order jobs were handed over."""
+        while True:
+            item = self._framed.get()
+            if item is None:
+                return
+            job, framed = item
+            if isinstance(job, _Barrier):
+                job.done.set()
+                continue
+            started, waited = time.perf_counter(), self._waited_s
+            if self._failsafe.enabled and not self._abandoned:
+                if isinstance(job, _FileJob):
+                    if self._failsafe.call(self._write, job.key, job.data):
+                        self.bytes_written += len(job.data)
+                elif isinstance(job, _FinishJob):
+                    self._failsafe.call(self._publish_step_table)
+                    if self.dropped_tensors or self._status_due:
+                        self._failsafe.call(self._publish_status)
+                    if job.end_marker and self._failsafe.enabled:
+                        self._failsafe.call(self._write, layout.END_MARKER, b"")
+                elif framed is not None:
+                    self._failsafe.call(self._publish_step, job, *framed)
+                if self._status_due and self._outage_since is None and self._failsafe.enabled:
+                    self._failsafe.call(self._publish_status)  # the store answers again: say what the outage cost
+            self.busy_s += time.perf_counter() - started - (self._waited_s - waited)
+            with self._cond:
+                self._queued_bytes -= job.nbytes
+                if self._failsafe.enabled and not self._abandoned:
+                    # Published (or dropped as a duplicate): no longer at risk.
+                    if isinstance(job, _StepJob):
+                        self._unpublished.discard(job.step)
+                    elif isinstance(job, _FileJob):
+                        self._unpublished_files.discard(job.key)
+                self._cond.notify_all()
+
+    def _frame_step(self, job: _StepJob) -> tuple[list[Any], dict[str, Any]] | None:
+        if job.step in self._published:
+            logger.warning("stepscope: step %d of %s was handed over twice; the second one is dropped", job.step, self.worker)
+            return None
+        self._published.add(job.step)
+        event_key = layout.event_file_key(job.step, self.worker)
+        parts: list[Any] = records.frame([events.file_version_event()])
+        offset = sum(len(p) for p in parts)
+        payload_index = []
+        shapes = dict(job.shapes)
+        arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
+        for name, value in job.tensors.items():
+            try:
+                array = _as_array(value)
+                framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step), placeholder_crc=self.payload_crc == "smdebug")
+                json.dumps(name, ensure_ascii=False).encode()  # the index must hold the name too
+            except Exception as exc:
+                # One value that cannot be saved costs that tensor, never the step or the run.
+                self._drop_tensor(job.step, name, exc)
+                shapes.pop(name, None)
+                continue
+            if arrays is not None:
+                arrays[name] = array
+            length = sum(memoryview(p).nbytes for p in framed)
+            payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
+            parts.extend(framed)
+            offset += length
+        index = {
+            "meta": {"mode": job.mode.name, "mode_step": job.mode_step, "event_file_name": event_key},
+            "tensor_payload": payload_index,
+            "shape_payload": self._shape_payload(job.step, shapes),
+        }
+        if arrays is not None:
+            self._notify(job, arrays)
+        return parts, index
+
+    def _notify(self, job: _StepJob, arrays: dict[str, np.ndarray]) -> None:
+        for listener in list(self.step_listeners):
+            try:
+                listener(job.step, job.mode, job.mode_step, arrays)
+            except Exception as exc:  # an optional output must not stop the tensors being saved
+                logger.warning("stepscope: %r failed and is turned off: %s", listener, exc)
+                self.step_listeners.remove(listener)
+
+    def _shape_payload(self, step: int, shapes: Mapping[str, Sequence[int]]) -> list[dict[str, Any]]:
+        out = []
+        for name, shape in shapes.items():
+            try:
+                json.dumps(name, ensure_ascii=False).encode()
+                out.append({"tensorname": name, "originalname": name, "shape": [int(d) for d in shape]})
+            except Exception as exc:
+                self._drop_tensor(step, name, exc)
+        return out
+
+    def _write(self, key: str, data: Any) -> bool:
+        """Publish one object, waiting out an outage of the store however long it lasts
+        (tries with capped exponential back-off). False when close() gave up first; other
+        errors raise (the fail-safe turns the writer off)."""
+        delay = RETRY_FIRST_S
+        while not self._abandoned:
+            try:
+                self.store.write(key, data)
+            except StoreUnavailable as exc:
+                began = time.perf_counter()
+                self._outage_begins(exc)
+                self._wake.wait(delay)
+                delay = min(2 * delay, RETRY_MAX_S)
+                self._waited_s += time.perf_counter() - began
+                continue
+            if self._outage_since is not None:
+                self._outage_ends()
+            return True
+        return False
+
+    def _outage_begins(self, exc: StoreUnavailable) -> None:
+        with self._cond:
+            self.retries += 1
+            if self._outage_since is not None:
+                return
+            self._outage_since = time.monotonic()
+            self.outages += 1
+            self._cond.notify_all()  # a producer waiting for room now drops instead
+        logger.warning(
+            "stepscope: writer (%s): the store is not answering (%s); holding up to %s bytes of steps (max_queue_bytes) and trying again until it does; training goes on",
+            self.worker, exc, f"{self.max_queue_bytes:,}",
+        )
+
+    def _outage_ends(self) -> None:
+        with self._cond:
+            since, self._outage_since = self._outage_since, None
+            lasted = time.monotonic() - (since or time.monotonic())
+            self.longest_outage_s = max(self.longest_outage_s, lasted)
+            lost = len(self._lost_steps)
+        logger.warning("stepscope: writer (%s): the store answers again after %.1f s; saving resumed (%d step(s) lost so far)", self.worker, lasted, lost)
+
+    def _status_body(self) -> dict[str, Any]:
+        """The worker's status: tensors that could not be encoded, and what outages cost."""
+        with self._cond:
+            lost_steps, lost_files = sorted(self._lost_steps), sorted(self._lost_files)
+        drop_steps = sorted(self.dropped_tensors)
+        names = sorted({_printable(n) for s in drop_steps for n in self.dropped_tensors[s]})
+        problems = []
+        if names:
+            problems.append(f"{len(names)} tensor(s) could not be saved and were skipped (see the training log)")
+        if lost_steps or lost_files:
+            problems.append(f"{len(lost_steps)} step(s) and {len(lost_files)} file(s) were dropped while the store was not answering and the queue was full")
+        status: dict[str, Any] = {
+            "state": "degraded",
+            "component": f"writer ({self.worker})",
+            "error": "; ".join(problems),
+            "time": time.time(),
+            "pid": os.getpid(),
+        }
+        if names:
+            status.update(dropped_tensors=names[:100], steps_with_drops=drop_steps[:1000])
+        if lost_steps or lost_files:
+            status.update(lost_steps=lost_steps, lost_files=lost_files)
+        if self.outages:
+            status["outages"] = {"count": self.outages, "longest_s": round(self.longest_outage_s, 3), "retries": self.retries}
+        return status
+
+    def _publish_status(self) -> None:
+        self._status_due = False
+        self._write(layout.status_key(self.worker), json.dumps(self._status_body(), indent=1).encode())
+
+    def _drop_tensor(self, step: int, name: str, exc: BaseException) -> None:
+        self.dropped_tensors.setdefault(step, []).append(name)
+        shown = _printable(name)
+        self._warn(f"drop:{shown}", f"stepscope: tensor {shown!r} of step {step} ({self.worker}) cannot be saved and is skipped: {type(exc).__name__}: {exc}")
+
+    def _publish_step(self, job: _StepJob, parts: list[Any], index: dict[str, Any]) -> None:
+        if not index["tensor_payload"] and not index["shape_payload"] and job.tensors:
+            return  # every tensor of the step was dropped: nothing to publish
+        if not self._write(index["meta"]["event_file_name"], parts):
+            return
+        index_bytes = json.dumps(index).encode()
+        if not self._write(layout.index_file_key(job.step, self.worker), index_bytes):
+            return
+        self.bytes_written += sum(memoryview(p).nbytes for p in parts) + len(index_bytes)
+        self._add_to_step_table(job.step, index)
+
+    # A step table repeats the index entries of up to STEPS_PER_TABLE steps in one file, so
+    # that a reader opens a long job with a few reads instead of one per step. The per-step
+    # index files stay the source of truth (smdebug reads those); tables are published
+    # after the index files they repeat, and never rewritten.
+    def _add_to_step_table(self, step: int, index: dict[str, Any]) -> None:
+        if self._table and step // layout.STEPS_PER_TABLE != self._table[0]["step"] // layout.STEPS_PER_TABLE:
+            self._publish_step_table()
+        payload = index["tensor_payload"]
+        entry = {
+            "step": step,
+            "mode": index["meta"]["mode"],
+            "mode_step": index["meta"]["mode_step"],
+            "names": [p["tensorname"] for p in payload],
+            "starts": [p["start_idx"] for p in payload],
+            "lengths": [p["length"] for p in payload],
+        }
+        if index["shape_payload"]:
+            entry["shapes"] = {s["tensorname"]: s["shape"] for s in index["shape_payload"]}
+        self._table.append(entry)
+
+    def _publish_step_table(self) -> None:
+        if not self._table:
+            return
+        table, self._table = self._table, []
+        # Steps of a block usually save the same tensors: store each name list once.
+        layouts: dict[tuple[str, ...], int] = {}
+        for entry in table:
+            entry["layout"] = layouts.setdefault(tuple(entry.pop("names")), len(layouts))
+        body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
+        key = layout.step_table_key(self.worker, table[0]["step"], table[-1]["step"])
+        self._write(key, json.dumps(body, separators=(",", ":")).encode())
+
+
+def _printable(name: Any) -> str:
+    return name.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(name, str) else repr(name)
+
+
+def _close_at_exit(ref: weakref.ReferenceType[Writer]) -> None:
+    writer = ref()
+    if writer is not None and not writer._closed:
+        # No end marker: only the hook knows whether the job ended (and rank 0 writes it).
+        writer.close(end_marker=False, deadline=exit_deadline().within(writer.close_timeout_s))
