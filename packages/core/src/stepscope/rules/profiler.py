@@ -86,28 +86,28 @@ class ProfilerRule(JobRule):
 
 
 @dataclass(frozen=True)
-class _BottleneckParams(RuleParams):
+class CPUBottleneckParams(RuleParams):
     threshold: float = ranged(50, "percent")
     gpu_threshold: float = ranged(10, "percent")
+    cpu_threshold: float = ranged(90, "percent")
     patience: int = ranged(1000, "count")
     scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
 
 
 @dataclass(frozen=True)
-class CPUBottleneckParams(_BottleneckParams):
-    cpu_threshold: float = ranged(90, "percent")
-
-
-@dataclass(frozen=True)
-class IOBottleneckParams(_BottleneckParams):
+class IOBottleneckParams(RuleParams):
+    threshold: float = ranged(50, "percent")
+    gpu_threshold: float = ranged(10, "percent")
     io_threshold: float = ranged(50, "percent")
+    patience: int = ranged(1000, "count")
+    scan_interval_us: int = ranged(_SCAN_INTERVAL_US, "positive_int")
 
 
 class _Bottleneck(ProfilerRule):
     """GPUs idle while the node's `dimension` is above the `busy` parameter, for more than
     `threshold` % of the samples."""
 
-    params: _BottleneckParams
+    params: CPUBottleneckParams | IOBottleneckParams
     dimension: ClassVar[str]
     busy: ClassVar[str]  # the parameter holding the threshold of `dimension`
 

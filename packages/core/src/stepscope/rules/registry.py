@@ -104,9 +104,15 @@ def trace_rules() -> dict[str, type[Rule]]:
     return {**_group("stepscope.rules.traces", "TRACE_RULES"), **_group("stepscope.rules.memory", "MEMORY_RULES")}
 
 
+def system_rules() -> dict[str, type[Rule]]:
+    """The ten profiler rules over system metrics and the step timeline (stepscope.rules.profiler;
+    {} without pandas): what SageMaker's ProfilerReport bundles."""
+    return _group("stepscope.rules.profiler", "PROFILER_RULES")
+
+
 def profiler_rules() -> dict[str, type[Rule]]:
     """The profiler rules (stepscope.rules.profiler; {} without pandas), then the trace rules."""
-    return {**_group("stepscope.rules.profiler", "PROFILER_RULES"), **trace_rules()}
+    return {**system_rules(), **trace_rules()}
 
 
 def report_rules() -> dict[str, type[Rule]]:
@@ -213,7 +219,7 @@ def describe_rules() -> list[dict[str, Any]]:
 
 
 __all__ = [
-    "BUILTIN_RULES", "DEFAULT_RULES", "REPORT_RULES", "ENTRY_POINT_GROUP", "default_rules", "default_profiler_rules", "profiler_rules",
+    "BUILTIN_RULES", "DEFAULT_RULES", "REPORT_RULES", "ENTRY_POINT_GROUP", "default_rules", "default_profiler_rules", "profiler_rules", "system_rules",
     "trace_rules", "report_rules", "plugin_rules", "job_rules", "rule_kind", "rule_class", "is_known", "load_rule_class",
     "describe_rules", "valid_rule_names", "has_profiler_data", "has_trace_data", "left_out_of_default",
 ]

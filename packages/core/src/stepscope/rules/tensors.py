@@ -57,9 +57,11 @@ class VanishingGradientParams(RuleParams):
     skip_kinds: tuple[str, ...] = ()
     patience: int = 1
     healthy_update_ratio: float = 0.0
+    floor_ratio: float = 0.0
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold", self.threshold, self.threshold >= 0, ">= 0")
+        require(owner, "floor_ratio", self.floor_ratio, 0 <= self.floor_ratio < 1, "in [0, 1) (0: not used)")
         require(owner, "relative_threshold", self.relative_threshold, 0 <= self.relative_threshold < 1, "in [0, 1)")
         bad = [k for k in self.skip_kinds if k not in PARAMETER_KINDS]
         require(owner, "skip_kinds", self.skip_kinds, not bad, f"kinds among {', '.join(PARAMETER_KINDS)}")
@@ -112,7 +114,11 @@ class VanishingGradient(Rule):
     gradient that is small at initialisation and grows is not vanishing. With
     `healthy_update_ratio` r > 0, a layer whose weights (saved in the weights collection)
     moved by more than r of their norm per step since their previous saved step is learning
-    and is not judged vanishing (adaptive optimizers move small gradients fine). Gradients
+    and is not judged vanishing (adaptive optimizers move small gradients fine), unless its
+    mean |gradient| is below `floor_ratio` of its scope's largest: Adam and its kin move
+    every weight at about the learning rate whatever its gradient, so motion there says
+    nothing, and a layer whose gradient is 1e-7 of its network's largest changes the loss
+    1e7 times less per unit of motion than that layer: it is disconnected. Gradients
     of the kinds in `skip_kinds` ("bias", "vector", "norm", "embedding", "attention",
     "head") are not judged: a conv bias before BatchNorm has a zero gradient by design, an
     embedding table's unused rows get none, and attention query/key projections start
@@ -128,6 +134,9 @@ class VanishingGradient(Rule):
     preset = {
         "relative_threshold": 1e-3, "skip_kinds": ("bias", "vector", "norm", "embedding", "attention"),
         "patience": 3, "healthy_update_ratio": 1e-4,
+        # float32's machine epsilon: a deep sigmoid stack's first layer under Adam sits at
+        # 5e-9-2e-8 of its network's largest gradient while Adam moves it at 3e-3 per step.
+        "floor_ratio": float(np.finfo(np.float32).eps),
     }
     to_save = "gradients and weights"
 
@@ -197,7 +206,8 @@ class VanishingGradient(Rule):
                 self._below[name] = 0
                 continue
             moving = self._update_ratio(name, step) if p.healthy_update_ratio else None
-            if moving is not None and moving >= p.healthy_update_ratio:
+            disconnected = largest > 0 and abs_mean / largest < p.floor_ratio
+            if moving is not None and moving >= p.healthy_update_ratio and not disconnected:
                 self._below[name] = 0  # small gradient, weights still learning
                 continue
             run = self._below[name] = self._below.get(name, 0) + 1
@@ -205,6 +215,8 @@ class VanishingGradient(Rule):
                 continue
             held = f" for {run} saved steps" if p.patience > 1 else ""
             moved = f"; its weights moved {moving:.2g} of their norm per step" if moving is not None else ""
+            if disconnected and moving is not None and moving >= p.healthy_update_ratio:
+                moved += f" (under {p.floor_ratio:.3g} of the largest, motion is an adaptive optimizer's, not the loss's)"
             if absolute:
                 self.violation(
                     step, f"{name}: mean |gradient| {abs_mean:.3g} < {p.threshold:g}{held}{moved}",
