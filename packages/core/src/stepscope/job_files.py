@@ -14,10 +14,13 @@ import logging
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from operator import attrgetter
+from typing import Annotated, Any
+
+import msgspec
 
 from . import layout
-from .capture.cost import COST_DIR, MAX_COST_BYTES, HookCost
+from .capture.cost import MAX_COST_BYTES, HookCost
 from .capture.scopes import Scope, parse_scopes
 from .exceptions import ConfigError, CorruptRecord, StepscopeError
 from .modes import ModeKeys
@@ -222,8 +225,70 @@ def event_key_of(name: Any, where: str) -> str:
     return key
 
 
+# --- index files decoded and validated in one pass, in C ------------------------------------
+# The schema below accepts a strict subset of what _parse_index_checked accepts (exact JSON
+# types, every bound, no unknown field, so nesting is bounded by the schema itself) and
+# yields the same IndexEntry. Anything else (a digit string for an integer, an extra field,
+# a malformed file) is parsed again by _parse_index_checked, which says what is wrong.
+_Offset = Annotated[int, msgspec.Meta(ge=0, le=MAX_RECORD_BYTES)]
+_Length = Annotated[int, msgspec.Meta(ge=1, le=MAX_RECORD_BYTES)]
+_Dimension = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+_NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class _Meta(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    mode: str | int = "GLOBAL"
+    mode_step: Annotated[int, msgspec.Meta(ge=-1, le=1 << 62)] | None = -1
+    event_file_name: str | None = None
+
+
+class _Payload(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    tensorname: _NonEmpty
+    start_idx: _Offset
+    length: _Length
+
+
+class _ShapeEntry(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    tensorname: _NonEmpty
+    shape: list[_Dimension]  # required, as _parse_index_checked has it
+    originalname: str | None = None
+
+
+class _Index(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    meta: _Meta
+    tensor_payload: list[_Payload] | None = None
+    shape_payload: list[_ShapeEntry] | None = None
+
+
+_MODES_BY_TEXT: dict[Any, ModeKeys] = {m.name: m for m in ModeKeys} | {int(m): m for m in ModeKeys}
+
+
+_index_decoder = msgspec.json.Decoder(_Index)
+_names_of = attrgetter("tensorname")
+_starts_of = attrgetter("start_idx")
+_lengths_of = attrgetter("length")
+
+
 def parse_index(data: bytes, where: str) -> IndexEntry:
     """One per-step index file (smdebug's format)."""
+    try:
+        body = _index_decoder.decode(data)
+    except Exception:  # not the plain schema (or not JSON): the checked parse says why
+        return _parse_index_checked(data, where)
+    meta = body.meta
+    mode = _MODES_BY_TEXT.get(meta.mode)
+    if mode is None or type(meta.mode) is bool:
+        return _parse_index_checked(data, where)
+    mode_step = -1 if meta.mode_step is None else meta.mode_step
+    event_key = event_key_of(meta.event_file_name, where)
+    payload = body.tensor_payload or ()
+    shapes = {s.tensorname: tuple(s.shape) for s in body.shape_payload} if body.shape_payload else {}
+    return IndexEntry(mode, mode_step, event_key, tuple(map(_names_of, payload)), tuple(map(_starts_of, payload)), tuple(map(_lengths_of, payload)), shapes)
+
+
+def _parse_index_checked(data: bytes, where: str) -> IndexEntry:
+    """parse_index for whatever the C schema does not take, one check at a time, so that
+    a malformed file gets an error naming the file and the field."""
     body = _mapping(load_json(data, where), where, "the index file")
     meta = _mapping(body.get("meta"), where, "meta")
     mode = _mode(meta.get("mode", "GLOBAL"), where)
@@ -239,11 +304,8 @@ def parse_index(data: bytes, where: str) -> IndexEntry:
     shapes = {}
     for i, entry in enumerate(_list(body.get("shape_payload") or [], where, "shape_payload")):
         entry = _mapping(entry, where, f"shape_payload[{i}]")
-        shapes[_name(entry.get("tensorname"), where, f"shape_payload[{i}].tensorname")] = _shape(entry.get("shape", ()), where, f"shape_payload[{i}].shape")
+        shapes[_name(entry.get("tensorname"), where, f"shape_payload[{i}].tensorname")] = _shape(entry.get("shape"), where, f"shape_payload[{i}].shape")
     return IndexEntry(mode, mode_step, event_key, tuple(names), tuple(starts), tuple(lengths), shapes)
-
-
-_MODES_BY_TEXT: dict[Any, ModeKeys] = {m.name: m for m in ModeKeys} | {int(m): m for m in ModeKeys}
 
 
 def _plain_int(value: Any, minimum: int = 0) -> bool:
@@ -390,7 +452,7 @@ def read_costs(store: Any) -> dict[str, HookCost]:
     """{worker: HookCost} of every cost file in the job (empty when the hooks wrote none;
     an unreadable one is skipped with a warning naming it)."""
     out = {}
-    for key in store.list(COST_DIR + "/"):
+    for key in store.list(layout.COST_DIR + "/"):
         try:
             cost = HookCost.from_json(read_json(store, key, MAX_COST_BYTES, allow_nan=True))
         except (StepscopeError, ValueError, KeyError, TypeError, AttributeError, OverflowError, OSError) as exc:

@@ -10,6 +10,8 @@ import itertools
 import os
 import stat
 import sys
+import threading
+from collections import OrderedDict
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -98,10 +100,15 @@ def _openat2_function() -> Any:
     except (OSError, AttributeError):
         return None
     syscall.restype = ctypes.c_long
+    syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
+    # One `open_how` per set of flags, made once: reads are the hot path.
+    hows: dict[int, _OpenHow] = {}
 
     def openat2(dir_fd: int, rel: str, flags: int) -> int:
-        how = _OpenHow(flags, 0, _RESOLVE)
-        fd = syscall(_SYS_OPENAT2, ctypes.c_int(dir_fd), os.fsencode(rel), ctypes.byref(how), ctypes.c_size_t(ctypes.sizeof(how)))
+        how = hows.get(flags)
+        if how is None:
+            how = hows[flags] = _OpenHow(flags, 0, _RESOLVE)
+        fd = syscall(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.addressof(how), ctypes.sizeof(how))
         return int(fd) if fd >= 0 else -ctypes.get_errno()
 
     try:
@@ -119,6 +126,81 @@ def _openat2_function() -> Any:
 
 
 _openat2 = _openat2_function()
+
+
+class _HeldRoot:
+    __slots__ = ("fd", "users", "retired")
+
+    def __init__(self, fd: int):
+        self.fd, self.users, self.retired = fd, 0, False
+
+
+class _RootDescriptors:
+    """Descriptors of job roots kept open between reads, shared by the stores of a process
+    and bounded in number (a server holds a store per job: one descriptor each would run
+    out). Each read resolves its key below a held root (openat2, or the folder walk), so
+    the root is opened once per job instead of once per read, and the folders below it
+    are still checked by the kernel on every read (a folder swapped for a link is refused).
+    A root evicted while a read uses it is closed when that read is done. A held root
+    that no longer is the folder at its path (the job deleted and made again, or moved)
+    is noticed on a missing file or a listing, and opened again."""
+
+    def __init__(self, capacity: int):
+        self.capacity = capacity
+        self._lock = threading.Lock()
+        self._held: OrderedDict[str, _HeldRoot] = OrderedDict()
+
+    def acquire(self, root: str) -> _HeldRoot:
+        """The held root of `root`, opened if need be (OSError when it cannot be)."""
+        with self._lock:
+            held = self._held.get(root)
+            if held is not None:
+                self._held.move_to_end(root)
+                held.users += 1
+                return held
+        fresh = _HeldRoot(os.open(root, _ROOT_FLAGS))
+        with self._lock:
+            held = self._held.get(root)
+            if held is None:  # else another thread opened it meanwhile: use that one
+                held = self._held[root] = fresh
+                while len(self._held) > self.capacity:
+                    self._retire(self._held.popitem(last=False)[1])
+            held.users += 1
+        if held is not fresh:
+            os.close(fresh.fd)
+        return held
+
+    def release(self, held: _HeldRoot) -> None:
+        with self._lock:
+            held.users -= 1
+            if held.retired and held.users == 0:
+                os.close(held.fd)
+
+    def is_current(self, root: str, held: _HeldRoot) -> bool:
+        """Whether `held` is still the folder at `root`; if not, it is let go."""
+        try:
+            now, then = os.stat(root), os.fstat(held.fd)
+            if (now.st_dev, now.st_ino) == (then.st_dev, then.st_ino):
+                return True
+        except OSError:
+            pass
+        self.forget(root, held)
+        return False
+
+    def forget(self, root: str, held: _HeldRoot | None = None) -> None:
+        with self._lock:
+            current = self._held.get(root)
+            if current is not None and (held is None or current is held):
+                del self._held[root]
+                self._retire(current)
+
+    def _retire(self, held: _HeldRoot) -> None:  # under the lock
+        held.retired = True
+        if held.users == 0:
+            os.close(held.fd)
+
+
+_roots = _RootDescriptors(capacity=64)
 
 
 class PathRefused(StoreError):
@@ -196,6 +278,9 @@ class LocalStore(Store):
     def local_path(self, key: str = "") -> str:
         return self._os_path(check_key(key)) if key else self._root_str
 
+    def reopenable_url(self) -> str:
+        return self._root_str
+
     def root_exists(self) -> bool:
         return os.path.isdir(self._root_str)
 
@@ -269,29 +354,30 @@ class LocalStore(Store):
 
     # --- reading ---------------------------------------------------------------------
 
-    def _open_regular(self, key: str) -> int:
-        """A descriptor for reading `key`, which must be a regular file inside the job:
-        no symbolic link (at the name or in a folder above it), no FIFO or device (opening
-        one could block forever or read without end). Reads are the hot path (a job may
-        have 10^5 index files): where Linux has openat2, one system call resolves the key
-        below the root refusing every link on the way (RESOLVE_NO_SYMLINKS | BENEATH);
-        elsewhere the folders are walked one by one. Either way nothing outside the job is
-        ever opened, not even to be checked and closed."""
+    def _open_regular(self, key: str) -> tuple[int, int]:
+        """A descriptor for reading `key` and its size; `key` must be a regular file inside
+        the job: no symbolic link (at the name or in a folder above it), no FIFO or device
+        (opening one could block forever or read without end). Reads are the hot path (a
+        job may have 10^5 index files): the key is resolved below the job's held root
+        (see _RootDescriptors), where Linux has openat2 in one system call that refuses
+        every link on the way (RESOLVE_NO_SYMLINKS | BENEATH), elsewhere folder by folder.
+        Either way nothing outside the job is ever opened, not even to be checked."""
         path = self._os_path(check_key(key))
-        if _openat2 is not None:
+        for fresh in (False, True):
             try:
-                root_fd = os.open(self._root_str, _ROOT_FLAGS)
+                held = _roots.acquire(self._root_str)
             except OSError:
-                root_fd = -1  # the walk below says what is wrong
-            if root_fd >= 0:
-                try:
-                    fd = _openat2(root_fd, key, _READ_FLAGS)
-                finally:
-                    os.close(root_fd)
-                if fd >= 0:
-                    return self._regular(fd, path)
-                if fd == -errno.ENOENT:
-                    raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+                break  # the walk below says what is wrong
+            try:
+                fd = self._open_below(held.fd, key, path)
+            except FileNotFoundError:
+                # A held root may be a folder since deleted or moved: one look, one retry.
+                if fresh or _roots.is_current(self._root_str, held):
+                    raise
+                continue
+            finally:
+                _roots.release(held)
+            return self._regular(fd, path)
         try:
             fd = self._with_folder(key, False, functools.partial(self._open_in, path))
         except (FileNotFoundError, StoreError):
@@ -299,6 +385,28 @@ class LocalStore(Store):
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
         return self._regular(fd, path)
+
+    def _open_below(self, root_fd: int, key: str, path: str) -> int:
+        if _openat2 is not None:
+            fd = _openat2(root_fd, key, _READ_FLAGS)
+            if fd >= 0:
+                return fd
+            if fd == -errno.ENOENT:
+                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
+            # ELOOP (a link on the way), ENOTDIR, EACCES ...: the walk names the culprit.
+        folder, _, name = key.rpartition("/")
+        try:
+            folder_fd = _open_folder(root_fd, self._root_str, folder, create=False)
+        except FileNotFoundError:
+            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
+        except StoreError:
+            raise
+        except OSError as exc:
+            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
+        try:
+            return self._open_in(path, folder_fd, name)
+        finally:
+            os.close(folder_fd)
 
     @staticmethod
     def _open_in(path: str, folder_fd: int, name: str) -> int:
@@ -318,44 +426,45 @@ class LocalStore(Store):
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
     @staticmethod
-    def _regular(fd: int, path: str) -> int:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+    def _regular(fd: int, path: str) -> tuple[int, int]:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
             os.close(fd)
             raise StoreError(f"{path} is not a regular file; stepscope reads only regular files")
-        return fd
+        return fd, info.st_size
 
     def open_file(self, key: str, max_size: int | None = None) -> BinaryIO:
-        fd = self._open_regular(key)
-        size = os.fstat(fd).st_size
+        fd, size = self._open_regular(key)
         if max_size is not None and size > max_size:
             os.close(fd)
             raise StoreError(f"{self._os_path(key)} is {size} bytes, more than the {max_size} a file of its kind may have")
         return os.fdopen(fd, "rb")
 
     def size(self, key: str) -> int:
-        fd = self._open_regular(key)
-        try:
-            return os.fstat(fd).st_size
-        finally:
-            os.close(fd)
+        fd, size = self._open_regular(key)
+        os.close(fd)
+        return size
 
     def read(self, key: str, max_size: int | None = None) -> bytes:
-        fd = self._open_regular(key)
+        fd, size = self._open_regular(key)
         try:
-            size = os.fstat(fd).st_size
             if max_size is not None and size > max_size:
                 raise StoreError(f"{self._os_path(key)} is {size} bytes, more than the {max_size} a file of its kind may have")
-            chunks = []
-            total = 0
+            # One byte more than the size: a short read is the end of a published (never
+            # rewritten) file, so a small file costs one read call; a file that grows
+            # while read is read on, within its bound.
+            data = os.read(fd, size + 1)
+            if len(data) <= size:
+                return data
+            chunks, total = [data], len(data)
             while True:
-                chunk = os.read(fd, max(size, 1 << 16))
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                total += len(chunk)
                 if max_size is not None and total > max_size:
                     raise StoreError(f"{self._os_path(key)} grew past {max_size} bytes while being read")
-            return b"".join(chunks)
+                chunk = os.read(fd, 1 << 16)
+                if not chunk:
+                    return b"".join(chunks)
+                chunks.append(chunk)
+                total += len(chunk)
         finally:
             os.close(fd)
 
@@ -364,10 +473,10 @@ class LocalStore(Store):
             raise StoreError(f"cannot read {self._os_path(key)} from byte {start}")
         if length <= 0:
             return b""
-        fd = self._open_regular(key)
+        fd, size = self._open_regular(key)
         try:
             # Never allocate more than the file holds (a crafted index may ask for a terabyte).
-            length = min(length, max(0, os.fstat(fd).st_size - start))
+            length = min(length, max(0, size - start))
             return os.pread(fd, length, start) if length else b""
         finally:
             os.close(fd)
@@ -375,6 +484,8 @@ class LocalStore(Store):
     def list(self, prefix: str = "", start_after: str | None = None) -> list[str]:
         # A prefix may name a folder or the start of file names inside one. A missing job
         # root has no keys: its parent folder is someone else's. (The root may be a link.)
+        # A listing starts a new look at the job: the reads after it open its root afresh.
+        _roots.forget(self._root_str)
         base = self._path(prefix) if prefix else self.root
         folder = self.root if not prefix else base if base.is_dir() and not base.is_symlink() else base.parent
         if not folder.is_dir():

@@ -22,6 +22,7 @@ from markupsafe import escape
 from werkzeug.exceptions import HTTPException
 
 from ..exceptions import ConfigError, StepscopeError
+from ..modes import ModeKeys
 from . import auth, bundle
 from . import users as users_module
 from .jobs import JobNotFound, JobStore, job_id
@@ -290,7 +291,8 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         from .views import tensor_histograms
 
         name = request.args.get("tensor", "")
-        return jsonify(tensor_histograms(*_open(job), name, bins=_int_arg("bins", 30, 5, 200)))
+        mode = request.args.get("mode", "").upper()  # one mode per ridge; unknown: the default one
+        return jsonify(tensor_histograms(*_open(job), name, bins=_int_arg("bins", 30, 5, 200), mode=mode if mode in ModeKeys.__members__ else None))
 
     @app.get("/api/jobs/<path:job>/stats")
     def job_stats(job: str) -> Response:
