@@ -198,3 +198,12 @@ def test_local_folder_listing_leaves_links_out(tmp_path):
     assert store.list_folder("").folders == ["index"]
     assert store.list_folder("index").files == ["a.json"]
     assert store.list_folder("rule-output") == type(store.list_folder(""))()  # through a link: nothing
+
+
+def test_reopenable_url_opens_the_same_store(store):
+    store.write("a/b.json", b"{}")
+    again = open_store(store.reopenable_url())
+    assert again.read("a/b.json") == b"{}" and type(again) is type(store)
+    from stepscope.testing.large_jobs import MemoryStore
+
+    assert MemoryStore().reopenable_url() is None  # nothing another process could open

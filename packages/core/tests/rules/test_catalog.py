@@ -156,3 +156,16 @@ def test_rules_import_nothing_above_them():
             if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[:2] in ([["stepscope", a] for a in ABOVE]):
                 offending.append(f"{source.name}:{node.lineno} from {node.module}")
     assert offending == []
+
+
+def test_no_import_cycle_among_the_rules_modules():
+    """actions <-> base <-> engine and the builder <-> profiler rules no longer import each other both ways."""
+    grimp = pytest.importorskip("grimp")
+    graph = grimp.build_graph("stepscope", include_external_packages=False)
+    modules = sorted(m for m in graph.modules if m.startswith("stepscope.rules."))
+    cycles = [
+        (a, b) for a in modules for b in graph.find_modules_directly_imported_by(a)
+        if b.startswith("stepscope.rules.") and graph.chain_exists(importer=b, imported=a)
+    ]
+    assert cycles == []
+    assert not graph.chain_exists(importer="stepscope.rules", imported="stepscope.report", as_packages=True)

@@ -198,6 +198,24 @@ def test_a_small_gradient_whose_weights_move_is_not_vanishing(tmp_path):
     assert still.fired and still.evidence[0].data["update_ratio"] == 0.0
 
 
+def test_a_gradient_below_float32_resolution_is_vanishing_even_when_adam_moves_it(tmp_path):
+    # The VAE's deep sigmoid encoder under Adam: its first layer's gradient is 1e-8 of the
+    # network's largest while Adam moves the weights at 3e-3 per step (motion is Adam's).
+    w0 = rng.normal(0, 1, (8, 8)).astype(np.float32)
+
+    def tensors(step):
+        return {"gradient/first.weight": np.full((8, 8), 1e-9, np.float32), "gradient/last.weight": np.full((8, 8), 0.1, np.float32),
+                "first.weight": (w0 + 0.01 * step).astype(np.float32), "last.weight": w0}
+
+    report = run(VanishingGradient, write(tmp_path / "adam", np.linspace(1.0, 0.5, 10), tensors=tensors))
+    assert report.fired, report.summary()
+    evidence = report.evidence[0]
+    assert evidence.tensor == "gradient/first.weight" and evidence.data["update_ratio"] > 1e-4
+    assert "motion is an adaptive optimizer's" in evidence.message
+    # floor_ratio 0 (SageMaker-like, no floor): the motion excuses it again.
+    assert run(VanishingGradient, str(tmp_path / "adam"), floor_ratio=0.0).status == "ok"
+
+
 def test_check_exits_3_when_no_rule_could_judge(tmp_path, capsys):
     path = write(tmp_path / "short", [2.3, 2.2, 2.1])
     # The default set: ExplodingTensor judges 3 losses (no NaN); the loss rules cannot.

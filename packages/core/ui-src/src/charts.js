@@ -17,7 +17,7 @@ function follow(container, chart, height) {
   return chart;
 }
 
-export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', xTime = false, points = null, logY = false, height = 220 }) {
+export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', xTime = false, points = null, logY = false, height = 220, marks = [] }) {
   const names = Object.keys(series);
   exposeChart(id, { x, series, points });
   const data = [x, ...names.map((n) => series[n])];
@@ -27,11 +27,27 @@ export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', 
     axes: [{ label: xLabel }, { label: yLabel }],
     series: [{ label: xLabel || 'x' }, ...names.map((n, i) => ({ label: n, stroke: color(i), width: 1.5, spanGaps: true, points: { show: x.length < 60 } }))],
   };
+  // Vertical dashed lines at the x values of `marks` (step starts, say).
+  if (marks.length) opts.hooks = { draw: [(u) => drawMarks(u, marks)] };
   if (points) {
     data.push(points.y);
     opts.series.push({ label: points.label, stroke: '#dc2626', fill: '#dc2626', width: 0, paths: () => null, points: { show: true, size: 8, fill: '#dc2626' } });
   }
   return follow(container, new uPlot(opts, data, container), height);
+}
+
+function drawMarks(u, marks) {
+  const { ctx } = u;
+  const { top, height } = u.bbox;
+  ctx.save();
+  ctx.strokeStyle = '#9ca3af';
+  ctx.setLineDash([4, 4]);
+  ctx.lineWidth = 1;
+  for (const x of marks) {
+    const px = Math.round(u.valToPos(x, 'x', true));
+    ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + height); ctx.stroke();
+  }
+  ctx.restore();
 }
 
 export function barChart(container, id, { edges, counts, xLabel = '', height = 200 }) {
@@ -116,8 +132,8 @@ export function heatmap(container, id, { rows, columns, values, log = true }) {
 }
 
 // TensorBoard-style histograms over steps: one outline per step, later steps lower and darker.
-export function ridgeline(container, id, { steps, edges, counts }) {
-  exposeChart(id, { steps, edges, counts });
+export function ridgeline(container, id, { steps, edges, counts, mode = null }) {
+  exposeChart(id, { steps, edges, counts, mode });
   if (!steps.length) { container.append(el('p', { class: 'muted' }, 'no values')); return; }
   const w = width(container), rowH = 14, peakH = 48;
   const h = steps.length * rowH + peakH + 24;

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import ConfigError, StoreUnavailable
-from ..layout import FRAMEWORK_DIR
+from ..layout import STEP_TIMELINE_DIR
 from ..modes import ModeKeys
 from ..store import Store, open_store
 from .monitor import default_node_id
@@ -28,7 +28,6 @@ from .safety import WarnOnce
 
 logger = logging.getLogger("stepscope.profiler")
 
-STEP_TIMELINE_DIR = f"{FRAMEWORK_DIR}/steps"
 SCHEMA = "stepscope.step_timeline"
 SCHEMA_VERSION = 1
 

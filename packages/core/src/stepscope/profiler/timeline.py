@@ -24,11 +24,10 @@ from ..capture.step_timeline import (
     timeline_key,
 )
 from ..exceptions import CorruptRecord
-from ..layout import FRAMEWORK_DIR
+from ..layout import LEGACY_TIMELINE_DIR
 
 logger = logging.getLogger("stepscope.profiler")
 
-LEGACY_TIMELINE_DIR = f"{FRAMEWORK_DIR}/pevents"  # smdebug's python timeline files
 _LEGACY_KEY_RE = re.compile(r"^(\d+)_(.+?)_(?:python|model)_?timeline\.json$")
 _LEGACY_STEP_RE = re.compile(r"^Step:ModeKeys\.(TRAIN|EVAL|PREDICT|GLOBAL)$")
 # smdebug wrote some timestamps relative to a base given in a metadata event; anything

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,7 @@ import pandas as pd
 
 from ..trial import Trial
 from .findings import Finding
+from .model import Section
 
 logger = logging.getLogger("stepscope")
 
@@ -40,6 +42,13 @@ class ReportContext:
         except Exception as exc:
             logger.warning("stepscope report: cannot read system metrics: %s", exc)
             return pd.DataFrame(columns=["timestamp", "node_id", "type", "name", "dimension", "value"])
+
+    def fill(self, section: Section, *parts: Callable[[ReportContext, Section], None]) -> Section:
+        """`section` with each part (a function adding figures, tables or missing-data lines)
+        run on it in order."""
+        for part in parts:
+            part(self, section)
+        return section
 
     def finding(self, rule: str) -> Finding | None:
         return next((f for f in self.findings if f.rule == rule), None)

@@ -41,9 +41,9 @@ class ProfilerReport(JobRule):
 
     def __init__(self, base_trial: Any = None, *, name: str | None = None, actions: Sequence[Action] = (), companions: Sequence[Rule] = (), **params: Any):
         from ..rules.config import profiler_report_rules
-        from ..rules.profiler import PROFILER_RULES
+        from ..rules.registry import system_rules
 
-        prefixes = {n.lower() for n in PROFILER_RULES}
+        prefixes = {n.lower() for n in system_rules()}
         overrides = {k: params.pop(k) for k in list(params) if str(k).partition("_")[0].lower() in prefixes}
         super().__init__(base_trial, name=name, actions=actions, **params)
         profiler_report_rules(overrides)  # a wrong override fails now, naming it

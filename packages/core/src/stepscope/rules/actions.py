@@ -12,13 +12,28 @@ import time
 import urllib.parse
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..capture.control import request_stop
 from ..exceptions import ConfigError
 
 if TYPE_CHECKING:
-    from .base import Rule
+    from ..store import Store
+    from .report import RuleReport
+
+
+class FiredRule(Protocol):
+    """What an action sees of the rule that fired (rules.base.Rule is one): its name, its
+    report so far, and the job's store and path."""
+
+    name: str
+    report: RuleReport
+
+    @property
+    def store(self) -> Store: ...
+
+    @property
+    def path(self) -> str: ...
 
 logger = logging.getLogger("stepscope")
 
@@ -28,7 +43,7 @@ UNSUPPORTED = ("email", "sms")
 class Action:
     """Run once, the first time its rule fires."""
 
-    def trigger(self, rule: Rule, step: int | None) -> None:
+    def trigger(self, rule: FiredRule, step: int | None) -> None:
         """`step`: the global step the rule fired at; None for a whole-job rule."""
         raise NotImplementedError
 
@@ -42,7 +57,7 @@ class StopTraining(Action):
 
     training_job_prefix: str | None = None
 
-    def trigger(self, rule: Rule, step: int | None) -> None:
+    def trigger(self, rule: FiredRule, step: int | None) -> None:
         reason = _last_message(rule) or f"fired at step {step}"
         request_stop(rule.store, rule.name, reason, step=step)
         logger.warning("stepscope: rule %s asked %s to stop training (step %s)", rule.name, rule.path, step)
@@ -54,7 +69,7 @@ class Log(Action):
 
     level: int = logging.WARNING
 
-    def trigger(self, rule: Rule, step: int | None) -> None:
+    def trigger(self, rule: FiredRule, step: int | None) -> None:
         where = rule.report.evidence[-1].where if rule.report.evidence else f"step {step}"
         logger.log(self.level, "stepscope: rule %s fired at %s on %s: %s", rule.name, where, rule.path, _last_message(rule))
 
@@ -91,11 +106,11 @@ class Webhook(Action):
         if isinstance(self.backoff, bool) or not isinstance(self.backoff, (int, float)) or not 0 <= self.backoff <= self.timeout:
             raise ConfigError(f"Webhook.backoff must be in [0, timeout] seconds, got {self.backoff!r}")
 
-    def payload(self, rule: Rule, step: int | None) -> bytes:
+    def payload(self, rule: FiredRule, step: int | None) -> bytes:
         body = {"rule": rule.name, "step": step, "trial": rule.path, "report": rule.report.to_json()}
         return json.dumps(body, default=str).encode()
 
-    def trigger(self, rule: Rule, step: int | None) -> None:
+    def trigger(self, rule: FiredRule, step: int | None) -> None:
         self.post(self.payload(rule, step))
 
     def post(self, data: bytes) -> None:
@@ -162,7 +177,7 @@ def _post_once(url: str, data: bytes, headers: Mapping[str, str], limit: float) 
     return outcome[0] if outcome else (None, "no answer")
 
 
-def _last_message(rule: Rule) -> str:
+def _last_message(rule: FiredRule) -> str:
     return rule.report.evidence[-1].message if rule.report.evidence else ""
 
 
@@ -223,4 +238,4 @@ def parse_actions(spec: Any) -> list[Action]:
     raise ConfigError(f"actions: cannot read {spec!r}")
 
 
-__all__ = ["Action", "StopTraining", "Log", "Webhook", "parse_actions", "action_from_json"]
+__all__ = ["Action", "FiredRule", "StopTraining", "Log", "Webhook", "parse_actions", "action_from_json"]

@@ -6,6 +6,7 @@ runs both and triggers their actions. See docs/rules.md."""
 
 from __future__ import annotations
 
+import logging
 import os
 import re
 from collections.abc import Iterable, Mapping, Sequence
@@ -13,7 +14,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
-from ..exceptions import StepscopeError
+from ..exceptions import CorruptRecord, StepscopeError, StoreError
 from ..modes import ModeKeys
 from ..reductions import parse_reduction_tensor_name
 from .params import RuleParams, require
@@ -27,6 +28,7 @@ if TYPE_CHECKING:
     from .actions import Action
 
 _DIRECT = TensorReader()
+logger = logging.getLogger("stepscope")
 
 
 class RuleEvaluationConditionMet(StepscopeError):
@@ -279,11 +281,20 @@ class JobRule(Rule):
         """Evaluate over `trial` (or the bound one) now, without actions; a fresh report."""
         if trial is not None:
             self.bind(trial)
-        from .engine import evaluate_job_rule
-
         self.report = self._new_report()
-        evaluate_job_rule(self, run_actions=False)
+        self.evaluate_guarded()
         return self.report
+
+    def evaluate_guarded(self) -> None:
+        """`evaluate()`, a crash becoming an error in the report: a broken (custom) rule or
+        an unreadable file must not stop the other rules."""
+        try:
+            self.evaluate()
+        except (CorruptRecord, StoreError) as exc:
+            self.report.error(f"unreadable data: {exc}")
+        except Exception as exc:
+            logger.warning("stepscope: rule %s failed", self.name, exc_info=True)
+            self.report.error(f"{type(exc).__name__}: {exc}")
 
 
 def _number(value: Any) -> Any:

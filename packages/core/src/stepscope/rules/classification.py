@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,14 +24,6 @@ def as_classes(labels: np.ndarray, predictions: np.ndarray, argmax: bool = False
     if labels.shape != predictions.shape:
         raise ValueError(f"labels ({labels.shape[0]}) and predictions ({predictions.shape[0]}) do not pair up")
     return labels, predictions
-
-
-def find_pair(trial: Trial, labels_regex: str = ".*labels", predictions_regex: str = ".*predictions") -> tuple[str, str] | None:
-    """The first tensors matching `labels_regex` and `predictions_regex`, or None."""
-    names = trial.tensor_names()
-    labels = [n for n in names if re.search(labels_regex, n)]
-    predictions = [n for n in names if re.search(predictions_regex, n)]
-    return (labels[0], predictions[0]) if labels and predictions else None
 
 
 class _PairRule(Rule):

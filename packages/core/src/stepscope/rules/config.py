@@ -17,7 +17,7 @@ from ..config import Collection
 from ..exceptions import ConfigError
 from .actions import Action, parse_actions
 from .base import JobRule, Rule
-from .registry import is_known, profiler_rules, rule_class, rule_kind
+from .registry import is_known, profiler_rules, rule_class, rule_kind, system_rules
 
 if TYPE_CHECKING:
     from ..trial import Trial
@@ -201,22 +201,22 @@ def profiler_report_rules(config: Any = None) -> list[JobRule]:
     """All the profiler rules, as SageMaker's ProfilerReport ran them, with its overrides:
     parameters named `<rule>_<parameter>` (rule name in any case), from a ProfilerReport
     object, a rulesconfig dict, or a plain dict of those parameters."""
-    from .profiler import PROFILER_RULES
-
+    bundled = system_rules()
     parameters: Mapping[str, Any] = {}
     if config is not None:
         looks_like_rule = hasattr(config, "rule_parameters") or (
             isinstance(config, Mapping) and ({"rule_name", "RuleParameters", "rule_to_invoke", "DebugRuleConfiguration"} & set(config))
         )
         parameters = rule_spec(config).parameters if looks_like_rule else config
-    by_lower = {name.lower(): name for name in PROFILER_RULES}
-    overrides: dict[str, dict[str, Any]] = {name: {} for name in PROFILER_RULES}
+    by_lower = {name.lower(): name for name in bundled}
+    overrides: dict[str, dict[str, Any]] = {name: {} for name in bundled}
     for key, value in parameters.items():
         rule, _, parameter = str(key).partition("_")
         if rule.lower() not in by_lower or not parameter:
-            raise ConfigError(f"{key}: not <rule>_<parameter> with rule one of {', '.join(PROFILER_RULES)}")
+            raise ConfigError(f"{key}: not <rule>_<parameter> with rule one of {', '.join(bundled)}")
         overrides[by_lower[rule.lower()]][parameter.lower()] = value
-    return [cls(None, **overrides[name]) for name, cls in PROFILER_RULES.items()]
+    rules = [cls(None, **overrides[name]) for name, cls in bundled.items()]
+    return [rule for rule in rules if isinstance(rule, JobRule)]
 
 
 def _param_names(cls: type[Rule]) -> set[str]:

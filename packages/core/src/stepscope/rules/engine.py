@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from ..exceptions import CorruptRecord, StoreError
 from .base import JobRule, Rule, RuleEvaluationConditionMet
@@ -23,23 +24,10 @@ _MISSING = MISSING
 _DIRECT = TensorReader()  # what Rule.finish reads through: the walk's cache holds only its last steps
 
 
-def invoke_rule(
-    rule: Rule,
-    start_step: int = 0,
-    end_step: int | None = None,
-    raise_on_fire: bool = False,
-    *,
-    watch: bool = False,
-    poll_interval: float = 0.1,
-    max_poll_interval: float = 5.0,
-    timeout: float | None = None,
-    progress: ProgressCallback | None = None,
-) -> RuleReport:
-    """Run one rule over global steps [start_step, end_step); see `run_rules`."""
-    return run_rules(
-        [rule], start_step, end_step, raise_on_fire=raise_on_fire, watch=watch,
-        poll_interval=poll_interval, max_poll_interval=max_poll_interval, timeout=timeout, progress=progress,
-    )[0]
+def invoke_rule(rule: Rule, start_step: int = 0, end_step: int | None = None, raise_on_fire: bool = False, **options: Any) -> RuleReport:
+    """Run one rule over global steps [start_step, end_step); `options` are run_rules'
+    (watch, poll_interval, max_poll_interval, timeout, progress)."""
+    return run_rules([rule], start_step, end_step, raise_on_fire=raise_on_fire, **options)[0]
 
 
 def run_rules(
@@ -103,17 +91,11 @@ def _finish(rule: Rule, last_step: int | None, raise_on_fire: bool) -> None:
 
 
 def evaluate_job_rule(rule: JobRule, *, run_actions: bool = True, raise_on_fire: bool = False) -> None:
-    """Evaluate a whole-job rule once; a crash becomes an error in its report."""
-    report = rule.report
-    before = report.violations
-    try:
-        rule.evaluate()
-    except (CorruptRecord, StoreError) as exc:
-        report.error(f"unreadable data: {exc}")
-    except Exception as exc:  # a broken (custom) rule must not stop the others
-        logger.warning("stepscope: rule %s failed", rule.name, exc_info=True)
-        report.error(f"{type(exc).__name__}: {exc}")
-    if report.violations > before and run_actions:
+    """Evaluate a whole-job rule once (a crash becomes an error in its report), then run its
+    actions if it fired."""
+    before = rule.report.violations
+    rule.evaluate_guarded()
+    if rule.report.violations > before and run_actions:
         _fired(rule, None, raise_on_fire)
 
 

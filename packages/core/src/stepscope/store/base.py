@@ -123,6 +123,11 @@ class Store(abc.ABC):
         still go through the store, whose path policy a plain open() would bypass."""
         return None
 
+    def reopenable_url(self) -> str | None:
+        """A URL that `open_store` in another process turns into this same store (a child
+        process handed the job), or None where there is none (a store held in memory)."""
+        return None
+
     def remove_stale_temporaries(self, marker: str) -> int:
         """Delete temporary files whose name contains `marker`, left by a process that
         died while publishing; returns how many. Only a local store has any (an S3 object

@@ -279,6 +279,9 @@ class LocalStore(Store):
     def local_path(self, key: str = "") -> str:
         return self._os_path(check_key(key)) if key else self._root_str
 
+    def reopenable_url(self) -> str:
+        return self._root_str
+
     def root_exists(self) -> bool:
         return os.path.isdir(self._root_str)
 
