@@ -8,10 +8,10 @@ import pytest
 
 from stepscope import health
 from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
 from stepscope.rules import DeadRelu, WeightUpdateRatio, run_rules
 from stepscope.trial import create_trial
-from stepscope.capture.writer import Writer
 
 # (mode, mode step) of each global step: 4 TRAIN, 2 EVAL, 4 TRAIN.
 SCHEDULE = [(ModeKeys.TRAIN, i) for i in range(4)] + [(ModeKeys.EVAL, i) for i in range(2)] + [(ModeKeys.TRAIN, i) for i in range(4, 8)]
