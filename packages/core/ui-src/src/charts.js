@@ -46,7 +46,7 @@ export function topSeries(series, n, keep = []) {
   return { named: names.filter((k) => chosen.has(k)), caption: `legend: top ${chosen.size} of ${names.length} by max` + (forced.length ? `, with the ${forced.length} a rule flagged` : '') };
 }
 
-export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', xTime = false, points = null, logY = false, height = 220, named = null }) {
+export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', xTime = false, points = null, logY = false, height = 220, named = null, marks = [] }) {
   const names = Object.keys(series);
   exposeChart(id, { x, series, points, logY, named });
   const data = [x, ...names.map((n) => series[n])];
@@ -63,6 +63,8 @@ export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', 
     series: [{ label: xLabel || (xTime ? 'time' : 'x'), value: xTime ? (u, v) => (v === null ? '-' : new Date(v * 1000).toISOString().slice(11, 23)) : undefined }, ...names.map(line)],
   };
   if (x.length === 1) opts.scales.x = { time: xTime, range: (u, lo, hi) => [lo - 1, hi + 1] };  // one sample: a point in the middle, not an empty axis
+  // Vertical dashed lines at the x values of `marks` (step starts, say).
+  if (marks.length) opts.hooks = { draw: [(u) => drawMarks(u, marks)] };
   if (points) {
     data.push(points.y);
     opts.series.push({ label: points.label, stroke: '#dc2626', fill: '#dc2626', width: 0, paths: () => null, points: { show: true, size: 8, fill: '#dc2626' } });
@@ -72,6 +74,20 @@ export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', 
     chart.root.querySelectorAll('.u-legend .u-series').forEach((row, i) => { if (i > 0 && i <= names.length && !shown.has(names[i - 1])) row.style.display = 'none'; });
   }
   return chart;
+}
+
+function drawMarks(u, marks) {
+  const { ctx } = u;
+  const { top, height } = u.bbox;
+  ctx.save();
+  ctx.strokeStyle = '#9ca3af';
+  ctx.setLineDash([4, 4]);
+  ctx.lineWidth = 1;
+  for (const x of marks) {
+    const px = Math.round(u.valToPos(x, 'x', true));
+    ctx.beginPath(); ctx.moveTo(px, top); ctx.lineTo(px, top + height); ctx.stroke();
+  }
+  ctx.restore();
 }
 
 export function barChart(container, id, { edges, counts, xLabel = '', height = 200, apart = [] }) {
@@ -178,8 +194,8 @@ export function heatmap(container, id, { rows, columns, values, log = true }) {
 }
 
 // TensorBoard-style histograms over steps: one outline per step, later steps lower and darker.
-export function ridgeline(container, id, { steps, edges, counts }) {
-  exposeChart(id, { steps, edges, counts });
+export function ridgeline(container, id, { steps, edges, counts, mode = null }) {
+  exposeChart(id, { steps, edges, counts, mode });
   if (!steps.length) { container.append(el('p', { class: 'muted' }, 'no values')); return; }
   const w = width(container), rowH = 14, peakH = 48;
   const h = steps.length * rowH + peakH + 24;

@@ -286,6 +286,12 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
         return jsonify(training_health(*_open(job)))
 
+    @app.get("/api/jobs/<path:job>/memory")
+    def job_memory(job: str) -> Response:
+        from .memory import memory
+
+        return jsonify(memory(*_open(job)))
+
     @app.get("/api/jobs/<path:job>/tensor-histograms")
     def job_tensor_histograms(job: str) -> Response:
         from .views import tensor_histograms
