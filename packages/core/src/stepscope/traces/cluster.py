@@ -304,22 +304,34 @@ class JobQuery:
 
     def _has_phases(self) -> bool:
         self._views_for("phases")
-        return bool(self.connection.execute("SELECT count(*) FROM phases").fetchone()[0])
+        return bool(self.connection.execute("SELECT count(*) FROM phases").fetchall()[0][0])
 
     def _kernel_excess(self, slow: pd.DataFrame, by: str) -> dict[tuple[int, int], tuple[str, float]]:
         """The kernel class (or kernel name) that makes each slow (step, rank) slow, chosen as
-        in _part_excess; ranks without that kernel count as 0."""
+        in _part_excess (ranks without that kernel count as 0); computed in DuckDB, which
+        returns one row per slow (step, rank): ranks x kernels never reach pandas."""
         column = '"class"' if by == "class" else "name"
         steps = _steps(slow)
-        frame = self.connection.execute(
-            f"""
-            WITH r AS (SELECT DISTINCT step, rank FROM summary_steps WHERE step IN ({steps})),
-                 g AS (SELECT step, rank, {column} AS part, sum(total_ns) AS ns FROM summary_kernels WHERE step IN ({steps}) GROUP BY step, rank, {column})
-            SELECT r.step, r.rank, l.part, coalesce(g.ns, 0) AS ns
-            FROM r JOIN (SELECT DISTINCT step, part FROM g) l USING (step) LEFT JOIN g USING (step, rank, part)
-            """
-        ).df()
-        return _most_unusual(frame, slow)
+        pairs = pd.DataFrame({"step": slow["step"].astype("int64").to_numpy(), "rank": slow["rank"].astype("int64").to_numpy()})
+        self.connection.register("slow_pairs", pairs)
+        try:
+            frame = self.connection.execute(
+                f"""
+                WITH r AS (SELECT DISTINCT step, rank FROM summary_steps WHERE step IN ({steps})),
+                     g AS (SELECT step, rank, {column} AS part, sum(total_ns) AS ns FROM summary_kernels WHERE step IN ({steps}) GROUP BY step, rank, {column}),
+                     grid AS (SELECT r.step, r.rank, l.part, coalesce(g.ns, 0) AS ns
+                              FROM r JOIN (SELECT DISTINCT step, part FROM g) l USING (step) LEFT JOIN g USING (step, rank, part)),
+                     m AS (SELECT step, part, median(ns) AS med FROM grid GROUP BY step, part),
+                     d AS (SELECT grid.step, grid.part, median(abs(ns - med)) AS mad FROM grid JOIN m USING (step, part) GROUP BY grid.step, grid.part)
+                SELECT grid.step, grid.rank, grid.part, ns - med AS excess
+                FROM grid JOIN m USING (step, part) JOIN d USING (step, part) JOIN slow_pairs USING (step, rank)
+                WHERE ns > med
+                QUALIFY row_number() OVER (PARTITION BY grid.step, grid.rank ORDER BY (ns - med) / greatest(1.4826 * mad, {_MIN_SPREAD_NS}) DESC, grid.part) = 1
+                """
+            ).df()
+        finally:
+            self.connection.unregister("slow_pairs")
+        return {(int(row.step), int(row.rank)): (str(row.part), float(row.excess)) for row in frame.itertuples(index=False)}
 
     def straggler_ranks(self, params: StragglerParams | None = None) -> pd.DataFrame:
         """Per straggling rank: how many of its steps were slow, the median excess, and the
