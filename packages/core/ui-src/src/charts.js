@@ -132,8 +132,8 @@ export function heatmap(container, id, { rows, columns, values, log = true }) {
 }
 
 // TensorBoard-style histograms over steps: one outline per step, later steps lower and darker.
-export function ridgeline(container, id, { steps, edges, counts }) {
-  exposeChart(id, { steps, edges, counts });
+export function ridgeline(container, id, { steps, edges, counts, mode = null }) {
+  exposeChart(id, { steps, edges, counts, mode });
   if (!steps.length) { container.append(el('p', { class: 'muted' }, 'no values')); return; }
   const w = width(container), rowH = 14, peakH = 48;
   const h = steps.length * rowH + peakH + 24;

@@ -24,9 +24,9 @@ export async function dashboardView(root, job) {
     const outlierSet = new Set(s.outliers);
     const points = { label: 'outliers', y: s.steps.map((step, i) => (outlierSet.has(step) ? s.duration_ms[i] : null)) };
     wrap.append(section(`Step time: ${s.key}`, `steps-${s.key}`, box,
-      el('p', { class: 'muted', 'data-outliers': s.outliers.join(',') },
+      el('p', { class: 'muted step-outliers', 'data-outliers': s.outliers.join(','), 'data-limit-ms': s.limit_ms === null ? '' : String(s.limit_ms) },
         `${s.steps.length} steps; outliers (> ${s.limit_ms === null ? '-' : fmt.ms(s.limit_ms)}, StepOutlier): ${s.outliers.length ? s.outliers.join(', ') : 'none'}`)));
-    lineChart(box, `steps:${s.key}`, { x: s.steps, series: { 'step time (ms)': s.duration_ms }, xLabel: 'step', yLabel: 'ms', points });
+    lineChart(box, `steps:${s.key}`, { x: s.steps, series: { 'step time (ms)': s.duration_ms }, xLabel: `global step (${s.mode} steps)`, yLabel: 'ms', points });
   }
 
   const hist = el('div', { class: 'chart' });
@@ -114,33 +114,39 @@ export async function healthView(root, job) {
     for (const c of curves) {
       const box = el('div', { class: 'chart' });
       wrap.append(section(`${tensor} (${c.mode})`, `curve-${tensor}-${c.mode}`, box));
-      lineChart(box, `curve:${tensor}:${c.mode}`, { x: c.steps, series: { [tensor]: c.values }, xLabel: `${c.mode} step` });
+      lineChart(box, `curve:${tensor}:${c.mode}`, { x: c.steps, series: { [tensor]: c.values }, xLabel: `global step (${c.mode} steps)` });
     }
   }
   if (!h.curves.length) wrap.append(section('Loss and metrics', 'curves', el('p', { class: 'muted' }, 'no losses or metrics saved')));
   const hm = el('div');
-  wrap.append(section('Gradient norm per layer (L2)', 'gradient-norms', hm));
+  wrap.append(section('Gradient norm per layer (L2), at TRAIN steps (global step)', 'gradient-norms', hm));
   heatmap(hm, 'gradient-norms', { rows: h.gradient_norms.tensors, columns: h.gradient_norms.steps, values: h.gradient_norms.values });
   const ur = el('div', { class: 'chart' });
-  wrap.append(section('Weight update ratio |Δw| / |w|', 'update-ratios', ur));
+  wrap.append(section('Weight update ratio |Δw| / max(|w|, 1e-3·√n), between saved TRAIN steps', 'update-ratios', ur));
   if (h.update_ratios.series.length) {
     const steps = [...new Set(h.update_ratios.series.flatMap((s) => s.steps))].sort((a, b) => a - b);
     const series = {};
     for (const s of h.update_ratios.series) { const m = new Map(s.steps.map((st, i) => [st, s.values[i]])); series[s.tensor] = steps.map((st) => m.get(st) ?? null); }
     const positive = Object.values(series).flat().every((v) => v === null || v > 0);
-    lineChart(ur, 'update-ratios', { x: steps, series, xLabel: 'step', logY: positive });
+    lineChart(ur, 'update-ratios', { x: steps, series, xLabel: 'global step (TRAIN steps)', logY: positive });
     if (!positive) ur.append(el('p', { class: 'muted' }, 'some ratios are 0 (weights that did not move): linear scale'));
+    // the latest ratio of each weight, as the report's table and the WeightUpdateRatio rule have it
+    ur.append(simpleTable(['tensor', 'mode', 'last global step', 'last ratio'],
+      h.update_ratios.series.map((s) => [s.tensor, s.mode, s.steps[s.steps.length - 1], s.values[s.values.length - 1]]), null, 'update-ratio-last'));
   } else ur.append(el('p', { class: 'muted' }, 'needs weights saved at two or more steps'));
   const iu = el('div');
-  wrap.append(section('Dead / saturated units (% of each layer)', 'inactive-units', iu));
+  wrap.append(section('Dead / saturated units (% of each layer, per mode; global step)', 'inactive-units', iu));
   if (h.inactive_units.tensors.length) heatmap(iu, 'inactive-units', { rows: h.inactive_units.tensors, columns: h.inactive_units.steps, values: h.inactive_units.values, log: false });
   else iu.append(el('p', { class: 'muted' }, 'no activations saved (save ReLU outputs as *relu_output, tanh/sigmoid inputs as *tanh_input / *sigmoid_input)'));
   const hist = el('div');
   const picker = el('select', { id: 'tensor-picker', onchange: () => drawHist() }, h.tensors.map((n) => el('option', { value: n }, n)));
-  wrap.append(section('Tensor histograms over steps', 'tensor-histograms', el('label', {}, 'tensor ', picker), hist));
-  async function drawHist() {
+  // one mode per ridge (TRAIN first): an EVAL step's values are never drawn among TRAIN steps
+  const modePicker = el('select', { id: 'histogram-mode', onchange: () => drawHist(modePicker.value) });
+  wrap.append(section('Tensor histograms over the steps of one mode (global step)', 'tensor-histograms', el('label', {}, 'tensor ', picker), el('label', {}, ' mode ', modePicker), hist));
+  async function drawHist(mode) {
     if (!picker.value) return;
-    const data = await api(`${base}/tensor-histograms?tensor=${encodeURIComponent(picker.value)}`);
+    const data = await api(`${base}/tensor-histograms?tensor=${encodeURIComponent(picker.value)}${mode ? `&mode=${mode}` : ''}`);
+    modePicker.replaceChildren(...(data.modes || []).map((m) => el('option', { value: m, selected: m === data.mode }, m)));
     hist.replaceChildren();
     ridgeline(hist, 'tensor-histogram', data);
   }

@@ -24,7 +24,8 @@ def check_key(key: str) -> str:
     files too (an index's event_file_name), and a crafted one must not leave the job."""
     if not isinstance(key, str) or not key or "\x00" in key or "\\" in key or key.startswith("/"):
         raise StoreError(f"invalid key {key!r}: not a relative path inside the job")
-    if any(part in ("", ".", "..") for part in key.rstrip("/").split("/")):
+    rest = key.rstrip("/")  # an empty, "." or ".." part (string tests: every read checks a key)
+    if rest in (".", "..") or rest.startswith(("./", "../")) or rest.endswith(("/.", "/..")) or "//" in rest or "/./" in rest or "/../" in rest:
         raise StoreError(f"invalid key {key!r}: empty, '.' or '..' parts would leave or alias the job's folder")
     return key
 
