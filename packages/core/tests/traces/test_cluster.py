@@ -245,7 +245,7 @@ def test_rank_straggler_rule(tmp_path, capsys):
 def _start_ray(ray) -> None:
     """A local Ray cluster of 2 CPUs. Ray gives its raylet a fixed 30 s to register, which
     a machine loaded by parallel test suites can miss: tried twice, then skipped as such."""
-    for attempt in range(2):
+    for _attempt in range(2):
         try:
             ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
             return
