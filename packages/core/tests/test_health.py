@@ -7,11 +7,11 @@ import numpy as np
 import pytest
 
 from stepscope import health
-from stepscope.collection_manager import CollectionManager
+from stepscope.capture.collection_manager import CollectionManager
+from stepscope.capture.writer import Writer
 from stepscope.modes import ModeKeys
 from stepscope.rules import DeadRelu, WeightUpdateRatio, run_rules
 from stepscope.trial import create_trial
-from stepscope.writer import Writer
 
 # (mode, mode step) of each global step: 4 TRAIN, 2 EVAL, 4 TRAIN.
 SCHEDULE = [(ModeKeys.TRAIN, i) for i in range(4)] + [(ModeKeys.EVAL, i) for i in range(2)] + [(ModeKeys.TRAIN, i) for i in range(4, 8)]

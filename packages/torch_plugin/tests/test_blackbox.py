@@ -7,6 +7,10 @@ is recorded as a stop; the writes are bounded in time and size."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -92,3 +96,47 @@ def test_the_black_box_is_bounded_in_time_and_size(tmp_path):
     assert sorted(k.rsplit("/", 1)[1] for k in keys) == ["record.json", "small.txt"]
     with pytest.raises(ConfigError, match="budget_s"):
         BlackBoxConfig(budget_s=0)
+
+
+_WORKER = textwrap.dedent(
+    """
+    import sys, time, torch
+    from stepscope.config import ProfilerConfig
+    from stepscope_torch import Hook, black_box
+    fail_at = int(sys.argv[2])
+    model = torch.nn.Linear(16, 4)
+    hook = Hook(sys.argv[1], profiler_config=ProfilerConfig(system_monitor=False))
+    hook.register_module(model)
+    try:
+        with black_box(hook):
+            for step in range(400):
+                model(torch.randn(8, 16)).sum().backward()
+                if step == fail_at:
+                    torch.empty(1 << 50, dtype=torch.uint8)  # the CPU allocator refuses
+                time.sleep(0.05)
+    except Exception as exc:
+        print(type(exc).__name__, flush=True)
+        sys.exit(3)
+    """
+)
+
+
+def test_the_other_workers_learn_of_a_failure_and_stop_with_their_own_black_box(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    job = tmp_path / "job"
+    env = {**os.environ, "WORLD_SIZE": "2", "STEPSCOPE_STOP_POLL_S": "0.2", "PYTHONWARNINGS": "ignore"}
+    workers = [
+        subprocess.Popen([sys.executable, str(script), str(job), str(fail_at)], env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for rank, fail_at in ((0, 10_000), (1, 3))  # rank 0 would run 400 steps; rank 1 fails at step 3
+    ]
+    outputs = [w.communicate(timeout=240)[0].strip() for w in workers]
+    assert [w.returncode for w in workers] == [3, 3]
+    assert outputs == ["StopTrainingRequested", "RuntimeError"]
+    records = {path.parent.name: json.loads(path.read_text()) for path in job.glob(f"{BLACKBOX_DIR}/*/record.json")}
+    assert len(records) == 2
+    failed = next(r for r in records.values() if r["rank"] == 1)
+    stopped = next(r for r in records.values() if r["rank"] == 0)
+    assert failed["reason"] == "oom" and failed["step"] == 3
+    assert stopped["reason"] == "stop" and failed["worker"] in stopped["message"] and "oom" in stopped["message"]
+    assert stopped["step"] < 300  # it stopped long before its 400 steps
