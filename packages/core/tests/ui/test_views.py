@@ -380,6 +380,11 @@ def test_dead_and_saturated_units_by_the_rules_definitions(app, store_root):
 
     report = run_rules([DeadRelu(create_trial(str(store_root / "team-a" / "acts")), **{**DeadRelu.preset, "threshold_layer": 25.0})])[0]
     assert [(e.step, e.value) for e in report.evidence] == [(3, units["values"][0][3])]
+    # and the report's table shows the same last shares
+    from stepscope.report import build_report
+
+    table = build_report(str(store_root / "team-a" / "acts"), rules="none").section("health").table("inactive-units")
+    assert [(r[0], r[2], r[3]) for r in table.rows] == [(name, 3, values[-1]) for name, values in zip(units["tensors"], units["values"])]
 
 
 def test_statistics_tables_filter_sort_and_page_on_the_server(app, store_root):

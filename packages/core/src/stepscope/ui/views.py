@@ -8,7 +8,6 @@ cheap listing, and a running job is recomputed only when something new has lande
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -345,16 +344,9 @@ def _inactive_units(trial: Any) -> dict[str, Any]:
     """Per layer the DeadRelu / SaturatedActivation rules inspect (their default set), the %
     of units dead or saturated at each of the layer's last `persistence` saved steps of a
     mode: the figure those rules judge (stepscope.health.inactive_unit_series)."""
-    from ..rules.activations import DeadRelu, SaturatedActivation
+    from ..rules.activations import default_inactive_series
 
-    rows: list[health.Series] = []
-    persistence = {}
-    for rule in (DeadRelu(trial, **DeadRelu.preset), SaturatedActivation(trial, **SaturatedActivation.preset)):
-        persistence[rule.state] = rule.params.persistence
-        for name in rule.layers():
-            for series in health.inactive_unit_series(trial, name, functools.partial(rule.active_units, name), rule.params.threshold_inactivity, rule.params.persistence):
-                series.name = f"{name} ({rule.state}, {series.mode})"
-                rows.append(series)
+    rows, persistence = default_inactive_series(trial)
     return {**_heatmap(rows[:MAX_HEATMAP_TENSORS], MAX_HEATMAP_STEPS), "persistence": persistence}
 
 

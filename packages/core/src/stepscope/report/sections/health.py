@@ -90,7 +90,16 @@ def _update_ratios(ctx: ReportContext, section: Section) -> None:
 
 
 def _activations(ctx: ReportContext, section: Section) -> None:
-    shown = False
+    from ...rules.activations import default_inactive_series
+
+    rows, persistence = default_inactive_series(ctx.trial)
+    rows = [r for r in rows if r.steps]
+    if rows:
+        section.add(Table(("layer (state, mode)", "shares", "last global step", "last % of units"), tuple((r.name, len(r.steps), r.steps[-1], r.values[-1]) for r in rows[:MAX_LAYERS * 2]),
+                          caption=f"Dead / saturated units: % of each layer's units off at each of its last {persistence.get('dead', 1)} (dead) / "
+                                  f"{persistence.get('saturated', 1)} (saturated) saved steps of a mode, as DeadRelu and SaturatedActivation judge them",
+                          key="inactive-units"))
+    shown = bool(rows)
     for rule in ("DeadRelu", "SaturatedActivation"):
         finding = ctx.finding(rule)
         if finding is None or finding.status == "no data":
