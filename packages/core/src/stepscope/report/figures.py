@@ -125,15 +125,3 @@ def histogram(values: Sequence[float], *, xlabel: str, bins: int = 40, width: fl
     ax.set_ylabel("count")
     ax.grid(alpha=0.3)
     return _svg(fig)
-
-
-@_styled
-def bar_chart(labels: Sequence[str], values: Sequence[float], *, xlabel: str, width: float = 7.5) -> str:
-    """Horizontal bars, largest first as given."""
-    fig, ax = _figure(width, max(1.2, 0.28 * len(labels) + 0.6))
-    positions = np.arange(len(labels))[::-1]
-    ax.barh(positions, values, color=_COLORS[0])
-    ax.set_yticks(positions, [label if len(label) <= 50 else label[:47] + "..." for label in labels])
-    ax.set_xlabel(xlabel)
-    ax.grid(alpha=0.3, axis="x")
-    return _svg(fig)
