@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import ConfigError, StepscopeError
-from ..store import LocalStore, Store, open_store
+from ..store import Store, open_store
 from . import sources, summaries
 from .tables import list_trace_keys, load_trace, loose_trace_keys
 
@@ -71,7 +71,9 @@ def summarise_one(task: Task) -> tuple[str, dict[str, Any] | None, str | None]:
 
 
 def _store_url(store: Store) -> str:
-    return str(store.root) if isinstance(store, LocalStore) else store.url
+    # What a worker process reopens (open_store); a store held in memory has no such URL,
+    # and its own url then names it in the worker's error.
+    return store.reopenable_url() or store.url
 
 
 def build(
