@@ -28,7 +28,7 @@ from stepscope_torch import Hook
 pytestmark = pytest.mark.heavy
 
 NAN_STEP = 12
-SECTIONS = ["summary", "rules", "health", "system", "steps", "gpu", "cost"]
+SECTIONS = ["summary", "rules", "health", "system", "steps", "gpu", "memory", "cost"]
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HAVE_CHROMIUM = bool(shutil.which("chromium") or os.path.exists("/usr/bin/chromium"))
 needs_chromium = pytest.mark.skipif(not (HAVE_CHROMIUM and os.path.exists(CHROMEDRIVER)), reason="needs Debian's chromium and chromedriver (nox -s tests installs them)")
@@ -78,7 +78,10 @@ def written(job, tmp_path_factory):
 
 
 def _table(html: str, key: str) -> list[list[str]]:
-    body = re.search(rf'<table data-table="{re.escape(key)}">.*?<tbody>(.*?)</tbody>', html, re.S).group(1)
+    found = re.search(rf'<table data-table="{re.escape(key)}">.*?<tbody>(.*?)</tbody>', html, re.S)
+    if found is None:
+        return []
+    body = found.group(1)
     return [[re.sub(r"<[^>]+>", "", c).replace("&#x27;", "'").replace("&quot;", '"').replace("&amp;", "&") for c in re.findall(r"<td[^>]*>(.*?)</td>", row, re.S)]
             for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
 
@@ -90,8 +93,12 @@ def test_sections_numbers_and_the_fired_rule(job, written):
 
     # Rules: the same statuses and violation counts as running the default rules directly.
     direct = {r.rule: r for r in run_rules(default_rules(stepscope.create_trial(job)))}
-    rows = {row[0]: row for row in _table(html, "rules")}
+    # the rules that could judge in one table, the ones that could not folded in a second
+    rows = {row[0]: row for key in ("rules", "rules-not-judged") for row in _table(html, key)}
+    assert {row[0] for row in _table(html, "rules")} == {n for n, r in direct.items() if r.status in ("fired", "ok", "error")}
     assert set(rows) == set(direct)
+    if _table(html, "rules-not-judged"):  # folded under its caption, which says how many and why
+        assert re.search(r'<details><summary>The \d+ rule\(s\) that could not judge[^<]*</summary>(<div class="wide">)?<table data-table="rules-not-judged">', html)
     for name, report in direct.items():
         assert rows[name][2] == report.status and rows[name][3] == str(report.violations)
     assert direct["ExplodingTensor"].fired and direct["ExplodingTensor"].fired_steps[0] == NAN_STEP

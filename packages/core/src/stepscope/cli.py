@@ -16,8 +16,9 @@ from typing import Any
 
 from .cli_common import EXIT_ERROR, EXIT_FIRED, EXIT_INTERRUPTED, EXIT_NOT_JUDGED, EXIT_OK, UsageError
 from .exceptions import ConfigError, OutputError, StepscopeError
+from .layout import INDEX_DIR, STATUS_DIR, status_key
 
-_INDEX_PREFIX = "index/"  # layout.INDEX_DIR; the CLI imports nothing heavy at start
+_INDEX_PREFIX = f"{INDEX_DIR}/"
 
 
 # --- rule specifications ----------------------------------------------------------------
@@ -162,9 +163,9 @@ def _run_check(args: argparse.Namespace) -> int:
     failed = _failed_hooks(store)
     for worker, cause in failed.items():
         if cause.startswith(_MIXED_PREFIX):  # two trainings wrote this worker's files (job_claim.py)
-            print(f"stepscope check: {cause[len(_MIXED_PREFIX):]} (stepscope-status/{worker}.lock)", file=sys.stderr)
+            print(f"stepscope check: {cause[len(_MIXED_PREFIX):]} ({STATUS_DIR}/{worker}.lock)", file=sys.stderr)
         else:
-            print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} (stepscope-status/{worker}.json)", file=sys.stderr)
+            print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} ({status_key(worker)})", file=sys.stderr)
     if failed and not store.list(_INDEX_PREFIX):
         return EXIT_ERROR  # not "no data": the job's hook broke before saving anything
     if not args.watch and not store.list(""):

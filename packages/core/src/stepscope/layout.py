@@ -1,21 +1,46 @@
-"""Where each file of a job lives, relative to the job's root (smdebug-compatible)."""
+"""Where each file of a job lives, relative to the job's root: every folder and file kind
+stepscope writes or reads is named here, once, and writers and readers alike take the name
+from here (docs/format.md describes each). The tensor part is smdebug's layout, unchanged."""
 
 from __future__ import annotations
 
 import re
 
+# --- the tensor part (smdebug-compatible) -------------------------------------------------
 EVENTS_DIR = "events"
 INDEX_DIR = "index"
 COLLECTIONS_DIR = "collections/000000000"
 END_MARKER = "training_job_end.ts"
-STATUS_DIR = "stepscope-status"
-STEP_TABLE_DIR = "stepscope-index"
+
+# --- stepscope's own folders --------------------------------------------------------------
+STATUS_DIR = "stepscope-status"  # a worker's health (<worker>.json), claim (.lock), evidence
+STEP_TABLE_DIR = "stepscope-index"  # step tables: many steps' index entries in one file
 STEPS_PER_TABLE = 1000
-CONTROL_DIR = "stepscope-control"
+CONTROL_DIR = "stepscope-control"  # requests to the training (a rule's stop)
+STOP_KEY = f"{CONTROL_DIR}/stop_training.json"
+COST_DIR = "stepscope-cost"  # the hooks' own cost, per worker
+COST_WINDOWS_DIR = f"{COST_DIR}/profiler-windows"  # the profiling windows' cost
+TRACE_TABLE_DIR = "stepscope-traces"  # the trace engine's per-trace event tables (parquet)
+TRACE_SUMMARY_DIR = "stepscope-summaries"  # its compact per-rank summaries, with a manifest
+REPORT_NAME = "stepscope-report.html"  # `stepscope report`'s default output, beside the job
+# A name starting with this is stepscope's, never a user's traces.
+OWN_DIR_PREFIX = "stepscope-"
+
+# --- profiler data (SageMaker's layout, plus our step timeline) ---------------------------
 PROFILER_DIR = "profiler-output"
 SYSTEM_METRICS_DIR = f"{PROFILER_DIR}/system/incremental"
 FRAMEWORK_DIR = f"{PROFILER_DIR}/framework"
+STEP_TIMELINE_DIR = f"{FRAMEWORK_DIR}/steps"  # our step/phase timeline
+LEGACY_TIMELINE_DIR = f"{FRAMEWORK_DIR}/pevents"  # smdebug's python timeline files
+PYTHON_PROFILE_DIR = f"{FRAMEWORK_DIR}/python"  # cProfile / pyinstrument windows
+DETAILED_FRAMEWORKS = ("pytorch", "tensorflow")  # the frameworks whose detailed traces we write
+
+# --- rule output ----------------------------------------------------------------------------
 RULE_OUTPUT_DIR = "rule-output"
+RULE_SUMMARY_KEY = f"{RULE_OUTPUT_DIR}/summary.json"  # `stepscope check`'s table of every rule
+
+# The top-level names whose presence makes a folder a job (a tree of jobs is walked to them).
+JOB_MARKERS = frozenset({INDEX_DIR, COLLECTIONS_DIR.split("/")[0], EVENTS_DIR, PROFILER_DIR, STEP_TABLE_DIR, END_MARKER})
 
 INDEX_KEY_RE = re.compile(r"^index/(\d{9})/(\d{12})_([^/]+)\.json$")
 _UNSAFE_NAME = re.compile(r"[^A-Za-z0-9_.=+@-]")
@@ -51,6 +76,15 @@ def rule_output_key(rule_name: str) -> str:
 
 def status_key(worker: str) -> str:
     return f"{STATUS_DIR}/{worker}.json"
+
+
+def detailed_dir(framework: str) -> str:
+    """Where a framework's detailed traces go (one folder per rank below it)."""
+    return f"{FRAMEWORK_DIR}/{framework}/detailed"
+
+
+def cost_key(worker: str) -> str:
+    return f"{COST_DIR}/{worker}.json"
 
 
 def parse_index_key(key: str) -> tuple[int, str] | None:

@@ -43,7 +43,7 @@ def test_long_series_are_thinned():
 
 
 def test_format_value_and_table_validation():
-    assert [format_value(v) for v in (1.0, 0.123456789, 3, None, float("nan"), "a")] == ["1.0", "0.123457", "3", "", "nan", "a"]
+    assert [format_value(v) for v in (1.0, 0.123456789, 3, None, float("nan"), "a")] == ["1.0", "0.1235", "3", "", "nan", "a"]
     with pytest.raises(ValueError, match="expected 2"):
         Table(("a", "b"), ((1,),), key="bad")
     with pytest.raises(ValueError, match="level"):

@@ -14,8 +14,12 @@ from stepscope.rules.registry import describe_rules, rule_class
 
 
 def _rules_table(html: str) -> dict[str, list[str]]:
-    body = re.search(r'<table data-table="rules">.*?<tbody>(.*?)</tbody>', html, re.S).group(1)
-    rows = [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in re.findall(r"<tr>(.*?)</tr>", body, re.S)]
+    """Both rule tables: those that could judge, and those that could not (folded)."""
+    rows = []
+    for key in ("rules", "rules-not-judged"):
+        found = re.search(rf'<table data-table="{key}">.*?<tbody>(.*?)</tbody>', html, re.S)
+        if found:
+            rows += [re.findall(r"<td[^>]*>(.*?)</td>", row, re.S) for row in re.findall(r"<tr>(.*?)</tr>", found.group(1), re.S)]
     return {row[0]: row for row in rows}
 
 

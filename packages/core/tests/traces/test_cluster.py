@@ -229,3 +229,27 @@ def test_rank_straggler_rule(tmp_path, capsys):
     assert main(["check", str(tmp_path / "slow"), "--rule", "RankStraggler:min_excess=0.1", "--json", "--no-write", "--quiet"]) == 1
     reports = {r["rule"]: r for r in json.loads(capsys.readouterr().out)}
     assert reports["RankStraggler"]["fired"] is True
+
+
+def test_ray_engine_gives_the_local_engine_results(tmp_path):
+    """`--engine ray` on a local Ray cluster the test starts (2 CPUs): the same summaries,
+    stragglers and tables as the local engine."""
+    ray = pytest.importorskip("ray")
+    _same_work_job(tmp_path / "local", ranks=5, straggler=2)
+    _same_work_job(tmp_path / "ray", ranks=5, straggler=2)
+    local = JobQuery(tmp_path / "local", engine="local")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    try:
+        remote = JobQuery(tmp_path / "ray", engine="ray")
+    finally:
+        ray.shutdown()
+    assert remote.build.summarised == 5 and not remote.problems
+    for table in ("summary_steps", "summary_kernels"):
+        query = f"SELECT * EXCLUDE (trace) FROM {table} ORDER BY ALL"
+        pd.testing.assert_frame_equal(remote.sql(query), local.sql(query))
+    pd.testing.assert_frame_equal(remote.stragglers(), local.stragglers())
+    # Each Ray task wrote its trace's event table, as the local engine does.
+    tables = sorted(p.relative_to(tmp_path / "ray") for p in (tmp_path / "ray").glob("stepscope-traces/**/*.parquet"))
+    assert len(tables) == 5
+    code, text = _cli("profile", str(tmp_path / "ray"), "--engine", "ray", "--workers", "2", "--json")
+    assert code == 0 and [r["rank"] for r in json.loads(text)["stragglers"]] == [2]

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import StepscopeError
+from ..layout import REPORT_NAME
 from ..outputs import atomic_output, check_output_target
 from ..rules.report import RuleReport
 from ..store import Store
@@ -24,7 +25,6 @@ from .sections import BUILDERS
 
 logger = logging.getLogger("stepscope")
 
-REPORT_NAME = "stepscope-report.html"
 
 
 @dataclass(frozen=True)

@@ -99,7 +99,10 @@ def _block(block: Any) -> str:
         body = "".join("<tr>" + "".join(_cell(v) for v in row) + "</tr>" for row in block.rows)
         caption = f"<caption>{escape(block.caption)}</caption>" if block.caption else ""
         table = f'<table data-table="{escape(block.key)}">{caption}<thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
-        return f'<div class="wide">{table}</div>' if len(block.columns) > 7 else table
+        table = f'<div class="wide">{table}</div>' if len(block.columns) > 7 else table
+        if block.collapsed:
+            return f"<details><summary>{escape(block.caption)}</summary>{table}</details>"
+        return table
     if isinstance(block, Figure):
         caption = f"<figcaption>{escape(block.caption)}</figcaption>" if block.caption else ""
         return f'<figure data-figure="{escape(block.key)}">{block.svg}{caption}</figure>'
@@ -115,7 +118,7 @@ def format_value(value: Any) -> str:
             return str(value)
         if value == int(value) and abs(value) < 1e15:
             return f"{value:.1f}"
-        return f"{value:.6g}"
+        return f"{value:.4g}"  # four significant digits: 0.7356 ms, 313.4 ms, 5.88e+13
     return str(value)
 
 

@@ -33,6 +33,7 @@ class Table:
     rows: tuple[tuple[Any, ...], ...]
     caption: str = ""
     key: str = ""  # a stable id (data-table attribute) so tests and readers can find it
+    collapsed: bool = False  # shown folded under its caption (secondary detail a reader opens)
 
     def __post_init__(self) -> None:
         for row in self.rows:

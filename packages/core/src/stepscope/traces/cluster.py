@@ -17,7 +17,7 @@ import pandas as pd
 import pyarrow as pa
 
 from ..exceptions import ConfigError
-from ..store import LocalStore, Store
+from ..store import Store
 from . import fanout, sources, summaries
 from .tables import TABLE_DIR, list_trace_keys, loose_trace_keys
 
@@ -180,8 +180,9 @@ class JobQuery:
         """The raw event tables, scanned lazily by DuckDB (local jobs: a glob; S3: the
         tables are not reachable by DuckDB without its httpfs extension, so the view is
         empty and says so)."""
-        if isinstance(self.tables_store, LocalStore) and (self.tables_store.root / TABLE_DIR).is_dir():
-            pattern = str(self.tables_store.root / TABLE_DIR / "**" / "*.parquet").replace("'", "''")
+        tables = self.tables_store.local_path(TABLE_DIR)  # DuckDB reads the files itself
+        if tables is not None and self.tables_store.exists(TABLE_DIR):
+            pattern = os.path.join(tables, "**", "*.parquet").replace("'", "''")
             self.connection.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{pattern}', union_by_name = true)")
         else:
             logger.warning("the events view reads local trace tables only; %s is empty here (use the summary views)", self.tables_store.url)

@@ -32,6 +32,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from ..layout import TRACE_SUMMARY_DIR
 from ..store import Store
 from .analyzers import idle, launches
 from .analyzers.common import of_kind, union_ns
@@ -41,7 +42,7 @@ from .schema import BEFORE_FIRST_STEP, KIND_CODE, precision_class
 
 logger = logging.getLogger("stepscope.traces")
 
-SUMMARY_DIR = "stepscope-summaries"
+SUMMARY_DIR = TRACE_SUMMARY_DIR
 MANIFEST_KEY = f"{SUMMARY_DIR}/manifest.json"
 SUMMARY_VERSION = 1
 _MAX_MANIFEST_BYTES = 256 << 20

@@ -26,7 +26,20 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from ..layout import COLLECTIONS_DIR, EVENTS_DIR, FRAMEWORK_DIR, INDEX_DIR, PROFILER_DIR, RULE_OUTPUT_DIR
+from ..layout import (
+    COLLECTIONS_DIR,
+    DETAILED_FRAMEWORKS,
+    EVENTS_DIR,
+    FRAMEWORK_DIR,
+    INDEX_DIR,
+    LEGACY_TIMELINE_DIR,
+    OWN_DIR_PREFIX,
+    PROFILER_DIR,
+    RULE_OUTPUT_DIR,
+    STEP_TIMELINE_DIR,
+    TRACE_TABLE_DIR,
+    detailed_dir,
+)
 from ..store import Store
 from .schema import EVENT_SCHEMA, KINDS
 
@@ -35,12 +48,12 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger("stepscope.traces")
 
-TABLE_DIR = "stepscope-traces"
+TABLE_DIR = TRACE_TABLE_DIR
 TABLE_VERSION = 3  # 2: exact decimal times, gpu_sync and other kinds, the category column; 3: allocator columns
-DETAILED_DIRS = (f"{FRAMEWORK_DIR}/pytorch/detailed", f"{FRAMEWORK_DIR}/tensorflow/detailed")
-_SKIPPED_DIRS = (f"{FRAMEWORK_DIR}/steps/", f"{FRAMEWORK_DIR}/pevents/")
+DETAILED_DIRS = tuple(detailed_dir(framework) for framework in DETAILED_FRAMEWORKS)
+_SKIPPED_DIRS = (f"{STEP_TIMELINE_DIR}/", f"{LEGACY_TIMELINE_DIR}/")
 # A job's own top-level folders: smdebug's, and stepscope's (all named stepscope-*).
-_JOB_DIRS = tuple(f"{folder.split('/')[0]}/" for folder in (EVENTS_DIR, INDEX_DIR, COLLECTIONS_DIR, PROFILER_DIR, RULE_OUTPUT_DIR)) + ("stepscope-",)
+_JOB_DIRS = tuple(f"{folder.split('/')[0]}/" for folder in (EVENTS_DIR, INDEX_DIR, COLLECTIONS_DIR, PROFILER_DIR, RULE_OUTPUT_DIR)) + (OWN_DIR_PREFIX,)
 _TRACE_SUFFIXES = (".json", ".json.gz", ".xplane.pb")
 _MAX_RANK = 1 << 31  # ranks are stored as int32
 _RANK_IN_KEY = re.compile(r"rank[_-]?(\d+)")

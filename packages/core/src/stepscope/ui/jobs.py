@@ -19,7 +19,7 @@ from ..exceptions import ConfigError, StepscopeError
 from ..store import Store, open_store
 
 # A folder holding any of these is a job; the walk does not look inside a job for more jobs.
-_JOB_MARKERS = frozenset({"index", "collections", "events", "profiler-output", "stepscope-index", layout.END_MARKER})
+_JOB_MARKERS = layout.JOB_MARKERS
 # A folder of a user's own Kineto traces (torch.profiler.tensorboard_trace_handler's output)
 # is a job too: the trace engine reads it (docs/traces.md). Kineto's own file names only, so
 # a folder with some other JSON is not taken for one.

@@ -17,11 +17,19 @@ def build(ctx: ReportContext) -> Section:
         section.missing.append("No rule results: run `stepscope check PATH` (it writes rule-output/), or save tensors so the default rules have data.")
         return section
     findings = ranked(ctx.findings)
-    section.add(Table(
-        ("rule", "kind", "status", "violations", "summary", "parameters"),
-        tuple((f.rule, f.kind, f.status, f.violations, f.summary, _parameters(f.parameters)) for f in findings),
-        caption="Every rule that ran", key="rules",
-    ))
+    shown = [f for f in findings if f.judged or f.status == "error"]  # a rule that failed stays in sight
+    unjudged = [f for f in findings if f not in shown]
+    errors = sum(f.status == "error" for f in shown)
+    columns = ("rule", "kind", "status", "violations", "summary", "parameters")
+    if shown:
+        caption = f"The {len(shown) - errors} rule(s) that could judge" + (f", and {errors} that failed" if errors else "")
+        section.add(Table(columns, tuple(_row(f) for f in shown), caption=caption, key="rules"))
+    else:
+        section.add(Paragraph("No rule could judge this job: each lacked the data it needs (below)."))
+    if unjudged:
+        # what they need is in their summary: "not enough data (needs 30 saved TRAIN losses, has 12)"
+        section.add(Table(columns, tuple(_row(f) for f in unjudged), key="rules-not-judged", collapsed=bool(shown),
+                          caption=f"The {len(unjudged)} rule(s) that could not judge (no data / not enough data), with what each needs"))
     for finding in findings:
         if finding.status not in ("fired", "error"):
             continue  # the table says all there is about rules that found nothing
@@ -36,6 +44,10 @@ def build(ctx: ReportContext) -> Section:
             caption = f"{finding.rule}: evidence" + (f" (first {len(rows)}, {more} more)" if more > 0 else "")
             section.add(Table(("where", "tensor / resource", "value", "threshold", "evidence"), rows, caption=caption, key=f"evidence-{finding.rule}"))
     return section
+
+
+def _row(f) -> tuple:
+    return (f.rule, f.kind, f.status, f.violations, f.summary, _parameters(f.parameters))
 
 
 def _plain(value: object) -> object:
