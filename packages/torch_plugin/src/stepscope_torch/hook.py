@@ -118,6 +118,7 @@ class Hook(HookBase):
         self._models: list[tuple[str | None, nn.Module]] = []  # every registered model, with the name it was given
         self._params: list[tuple[str, nn.Parameter]] = []
         self._scalar_params: bool | None = None  # whether a parameter or gradient name is in a scalar collection
+        self._scalar_states: dict[int, tuple[int, bool]] = {}  # per optimizer: (parameters with state, whether a state is in a scalar collection)
         self._param_names: dict[int, str] = {}
         self._modules: list[tuple[str, nn.Module]] = []
         self._losses: list[tuple[str, nn.Module]] = []
@@ -717,6 +718,21 @@ class Hook(HookBase):
             self.failsafe.call(self._save_optimizer_state, optimizer)
 
     def _save_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._only_scalars_due():
+            # Known (for this many parameters with state) to hold no name of a scalar collection.
+            known = self._scalar_states.get(id(optimizer))
+            if known is not None and known == (len(optimizer.state), False):
+                return
+        states = self._optimizer_states(optimizer)
+        if self._only_scalars_due() and not self._scalar_states[id(optimizer)][1]:
+            return
+        for name, value in states:
+            self.save_value(name, value, (CollectionName.OPTIMIZER_VARIABLES,))
+
+    def _optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of `optimizer`'s per-parameter state; notes (per optimizer and
+        number of parameters with state) whether a name is in a scalar collection."""
+        states = []
         for group in optimizer.param_groups:
             for param in group["params"]:
                 name = self._param_names.get(id(param))
@@ -724,7 +740,10 @@ class Hook(HookBase):
                     continue
                 for key, value in optimizer.state.get(param, {}).items():
                     if isinstance(value, torch.Tensor):
-                        self.save_value(naming.optimizer_state_name(name, key), value, (CollectionName.OPTIMIZER_VARIABLES,))
+                        states.append((naming.optimizer_state_name(name, key), value))
+        scalar = any(c.name in _SCALAR_COLLECTIONS for n, _ in states for c in self._matching(n, (CollectionName.OPTIMIZER_VARIABLES,)))
+        self._scalar_states[id(optimizer)] = (len(optimizer.state), scalar)
+        return states
 
     def _save_io(self, module_name: str, args: Any, output: Any, module_class: str) -> None:
         for kind, value in (("input", args), ("output", output)):
