@@ -19,6 +19,7 @@ import torch
 from stepscope.capture.blackbox import BLACKBOX_DIR, BlackBoxConfig, write_black_box
 from stepscope.config import ProfilerConfig
 from stepscope.exceptions import ConfigError
+from stepscope.layout import STOP_KEY
 from stepscope.profiler.reader import ProfilerTrial
 from stepscope.store import open_store
 from stepscope_torch import Hook, StopTrainingRequested
@@ -140,3 +141,31 @@ def test_the_other_workers_learn_of_a_failure_and_stop_with_their_own_black_box(
     assert failed["reason"] == "oom" and failed["step"] == 3
     assert stopped["reason"] == "stop" and failed["worker"] in stopped["message"] and "oom" in stopped["message"]
     assert stopped["step"] < 300  # it stopped long before its 400 steps
+
+
+def test_lightning_writes_the_black_box_when_fit_fails(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from stepscope_torch import StepscopeCallback
+
+    class Failing(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(6, 3)
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 3:
+                torch.empty(1 << 50, dtype=torch.uint8)  # the CPU allocator refuses
+            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(40, 6), torch.randint(0, 3, (40,)))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[StepscopeCallback(str(tmp_path), profiler_config=ProfilerConfig.disabled())])
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        trainer.fit(Failing(), torch.utils.data.DataLoader(data, batch_size=4))
+    (record_file,) = tmp_path.glob(f"{BLACKBOX_DIR}/*/record.json")
+    record = json.loads(record_file.read_text())
+    assert record["reason"] == "oom" and record["step"] == 3 and record["mode"] == "TRAIN"
+    assert json.loads((tmp_path / STOP_KEY).read_text())["rule"] == "BlackBox"  # the other workers are told

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import health
+from .. import chart_scales, health
 from ..health import STEP_PHASES
 from .jobs import trial_lock
 
@@ -81,11 +81,16 @@ def _dashboard(trial: Any, phase: str | None, bins: int, k: int) -> dict[str, An
     return {
         "system": _system_series(metrics),
         "steps": _step_series(steps),
-        "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins),
+        "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins, _step_names(steps)),
         "cpu_time": _phase_shares(steps, phases),
         "annotation": {"names": annotation_names, "chosen": phase, "histogram": _histogram(chosen, bins)},
         "gpu": _gpu_views(trial, k),
     }
+
+
+def _step_names(steps: pd.DataFrame) -> list[str]:
+    """Each step row as a person names it: its mode and global step ("TRAIN step 0")."""
+    return [f"{m} step {int(s)}" for m, s in zip(steps["mode"].astype(str), steps["step"])]
 
 
 TRACE_PREFIX = "trace: "
@@ -149,17 +154,27 @@ def _step_series(steps: pd.DataFrame) -> list[dict[str, Any]]:
     for group in health.step_groups(steps, rule.criterion()):
         limit = group.limit_ms if group.mode in judged else None
         series.append({"key": group.key, "node": group.node, "rank": group.rank, "mode": group.mode, "steps": group.steps,
-                       "duration_ms": _floats(np.asarray(group.duration_ms)), "limit_ms": limit, "outliers": group.outliers if limit is not None else []})
+                       "duration_ms": _floats(np.asarray(group.duration_ms)), "limit_ms": limit, "outliers": group.outliers if limit is not None else [],
+                       "log_y": chart_scales.wants_log(group.duration_ms)})
     return series
 
 
-def _histogram(values: np.ndarray, bins: int) -> dict[str, Any]:
-    values = values[np.isfinite(values)] if len(values) else values
+def _histogram(values: np.ndarray, bins: int, names: list[str] | None = None) -> dict[str, Any]:
+    """Counts over the range of all but the few far-out values (a compile step would put every
+    other step into one bin; chart_scales.split_far): those are listed under `apart` and stated
+    next to the chart. The summary figures (mean, percentiles, max) are over every value."""
+    values = np.asarray(values, dtype=float)
+    finite = np.isfinite(values) if len(values) else np.zeros(0, dtype=bool)
+    names = [names[i] for i in np.flatnonzero(finite)] if names is not None else None
+    values = values[finite]
     if not len(values):
-        return {"edges": [], "counts": [], "n": 0}
-    counts, edges = np.histogram(values, bins=bins)
+        return {"edges": [], "counts": [], "n": 0, "apart": [], "apart_note": ""}
+    split = chart_scales.split_far(values)
+    counts, edges = np.histogram(values[split.keep], bins=bins)
     return {"edges": _floats(edges), "counts": [int(c) for c in counts], "n": int(len(values)),
-            "mean": float(values.mean()), "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)), "max": float(values.max())}
+            "mean": float(values.mean()), "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)), "max": float(values.max()),
+            "apart": [{"value": v, "name": names[i] if names is not None else None} for i, v in split.apart],
+            "apart_note": split.statement("ms", "step" if names is not None else "value", names)}
 
 
 def _phase_shares(steps: pd.DataFrame, phases: pd.DataFrame) -> dict[str, float]:
@@ -213,7 +228,10 @@ def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
             "Memory operations": table(traces.memory_ops()),
             "Synchronizations": table(traces.syncs()),
             "Launch delay": table(traces.launch_latency().head(k)),
+            # torch's profiler tables lead with these; on a CPU-only job they are the window's work
+            "CPU operators by self time": table(traces.cpu_ops(k=k)),
         },
+        "gpu_activity": bool(len(active)) and float(active["kernel_us"].sum() + active["memory_us"].sum()) > 0,
     }
 
 
