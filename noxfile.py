@@ -28,7 +28,7 @@ PACKAGES = (
     "-e", "packages/torch_plugin[lightning,hf]",
     "-e", "packages/tf_plugin[tf-cpu]",
 )
-TOOLS = ("ruff", "mypy", "pytest-xdist")  # versions pinned in constraints/ci.txt
+TOOLS = ("ruff", "mypy", "import-linter", "pytest-xdist")  # versions pinned in constraints/ci.txt
 # What the shared virtualenv is filled from (with PACKAGES and TOOLS): a change to any of
 # these fills it again.
 INSTALL_INPUTS = (
@@ -131,14 +131,18 @@ def _serial_files(paths: list[str]) -> list[str]:
 
 @nox.session(venv_backend="none")
 def lint(session: nox.Session) -> None:
-    """ruff, then mypy over the three packages' sources (settings in pyproject.toml; the
-    frameworks are installed so that the plugins are checked against their real types)."""
+    """ruff, mypy over the three packages' sources (settings in pyproject.toml; the
+    frameworks are installed so that the plugins are checked against their real types), then
+    the import layers: import-linter's contracts (pyproject.toml) and no module-level import
+    cycle (stepscope.testing.import_graph)."""
     env = _shared_venv(session)
     session.run(SHARED_PYTHON, "-m", "ruff", "check", "packages", "tests", "bench", "demo", "scripts", "noxfile.py", "conftest.py", env=env, external=True)
     session.run(
         SHARED_PYTHON, "-m", "mypy", "packages/core/src/stepscope", "packages/torch_plugin/src/stepscope_torch", "packages/tf_plugin/src/stepscope_tf",
         env=env, external=True,
     )
+    session.run(str(SHARED_VENV / "bin" / "lint-imports"), "--config", "pyproject.toml", "--no-cache", env=env, external=True)
+    session.run(SHARED_PYTHON, "-m", "stepscope.testing.import_graph", env=env, external=True)
 
 
 @nox.session(venv_backend="none")

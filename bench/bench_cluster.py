@@ -59,35 +59,44 @@ def generate(root: Path, ranks: int, straggler: int) -> float:
 def run_profile(target: str, env: dict[str, str]) -> dict[str, object]:
     """`stepscope profile --job-view --json` in its own process; wall time and memory."""
     start = time.perf_counter()
-    process = subprocess.Popen([sys.executable, "-m", "stepscope.cli", "profile", target, "--job-view", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    watched = psutil.Process(process.pid)
-    peak_total = peak_driver = 0
-    while process.poll() is None:
-        try:
-            driver = watched.memory_info().rss
-            total = driver + sum(child.memory_info().rss for child in watched.children(recursive=True))
-        except psutil.Error:
-            continue
-        peak_total, peak_driver = max(peak_total, total), max(peak_driver, driver)
-        time.sleep(0.05)
-    out, err = process.communicate()
-    seconds = time.perf_counter() - start
+    # Output to files, not pipes: a pipe left unread while the child writes more than its
+    # buffer would block the child.
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        process = subprocess.Popen([sys.executable, "-m", "stepscope.cli", "profile", target, "--job-view", "--json"], stdout=out, stderr=err, env=env)
+        watched = psutil.Process(process.pid)
+        peak_total = peak_driver = 0
+        while process.poll() is None:
+            try:
+                driver = watched.memory_info().rss
+                total = driver + sum(child.memory_info().rss for child in watched.children(recursive=True))
+            except psutil.Error:
+                continue
+            peak_total, peak_driver = max(peak_total, total), max(peak_driver, driver)
+            time.sleep(0.05)
+        seconds = time.perf_counter() - start
+        out.seek(0)
+        err.seek(0)
+        text, errors = out.read(), err.read()
     if process.returncode != 0:
-        raise SystemExit(f"stepscope profile failed ({process.returncode}): {err.decode()[-2000:]}")
-    tables = json.loads(out)
+        raise SystemExit(f"stepscope profile failed ({process.returncode}): {errors.decode()[-2000:]}")
+    tables = json.loads(text)
     return {
         "seconds": seconds,
         "driver_mb": peak_driver / 2**20,
         "total_mb": peak_total / 2**20,
-        "stragglers": [row["rank"] for row in tables["stragglers"]],
+        "stragglers": [(row["rank"], row["slow_steps"]) for row in tables["stragglers"]],
         "ranks": len(tables["ranks"]),
     }
 
 
 def s3_job(root: Path, env: dict[str, str]) -> tuple[str, object]:
     """Copy the job's traces to a fresh bucket on a loopback moto server."""
+    import logging
+
     import boto3
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
@@ -126,9 +135,12 @@ def main() -> None:
             results[ranks] = (first, second)
             print(f"{ranks} ranks, {megabytes:,.0f} MB of traces ({megabytes / ranks:.2f} MB each; generated in {generated:.0f} s), straggler rank {straggler}, load {load:.1f}")
             for label, run in (("first (parse + summarise + query)", first), ("second (from the summaries)", second)):
-                named = "named" if run["stragglers"] == [straggler] else "NOT named"
+                found = run["stragglers"]
+                named = "named first" if found and found[0] == (straggler, STEPS) else "NOT named first"
+                others = found[1:]
                 print(f"  {label:36s} {run['seconds']:7.2f} s  driver {run['driver_mb']:6.0f} MB  with workers {run['total_mb']:6.0f} MB  "
-                      f"(goal {GOAL_MB:.0f} MB: {run['total_mb'] / GOAL_MB:.2f}x)  stragglers {run['stragglers']} ({named})")
+                      f"(goal {GOAL_MB:.0f} MB: {run['total_mb'] / GOAL_MB:.2f}x)  straggler {found[:1]} (rank, slow steps) {named}; "
+                      f"{len(others)} other ranks with a slow step (at most {max((n for _, n in others), default=0)} of {STEPS})")
             print(f"  second / first: {second['seconds'] / first['seconds']:.3f} (goal <= {GOAL_AGAIN})")
             if args.s3:
                 target, server = s3_job(root, env)
@@ -137,7 +149,7 @@ def main() -> None:
                     again = run_profile(target, env)
                 finally:
                     server.stop()
-                print(f"  S3 first {remote['seconds']:7.2f} s, {remote['total_mb']:6.0f} MB, stragglers {remote['stragglers']}; second {again['seconds']:.2f} s")
+                print(f"  S3 first {remote['seconds']:7.2f} s, {remote['total_mb']:6.0f} MB, straggler {remote['stragglers'][:1]}; second {again['seconds']:.2f} s")
         if len(sizes) > 1:
             small, large = results[min(sizes)][0], results[max(sizes)][0]
             print(f"memory growth {min(sizes)} -> {max(sizes)} ranks: driver {large['driver_mb'] / small['driver_mb']:.2f}x, "

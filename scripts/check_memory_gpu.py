@@ -6,7 +6,9 @@ line per check; exits 1 when a check fails, 2 when there is no GPU.
 
 1. Allocator events in a real Kineto trace (profile_memory=True through stepscope's torch
    window): the `cuda:0` rows of memory_steps, whose highest peak must equal
-   torch.cuda.max_memory_allocated() over the steady-state steps (reset after the first).
+   torch.cuda.max_memory_allocated() over the steady-state steps (reset after the first);
+   the same window with memory_history=True publishes an allocator snapshot whose history
+   peaks at the same bytes.
 2. A real allocator snapshot (`_record_memory_history` + `_dump_snapshot`, in a
    subprocess): AllocatorSnapshot's reserved / allocated equal torch.cuda's
    memory_reserved() / memory_allocated() at the dump, its live bytes by user frame name
@@ -92,7 +94,7 @@ def check_trace(out: Path, check: Checks) -> None:
 
     model = torch.nn.Sequential(torch.nn.Linear(512, 2048), torch.nn.ReLU(), torch.nn.Linear(2048, 10)).cuda()
     optimizer = torch.optim.Adam(model.parameters())
-    profiling = create_profiling(ProfilerConfig(detailed_windows=[(2, 3)]), open_store(str(out / "job")))
+    profiling = create_profiling(ProfilerConfig(detailed_windows=[(2, 3)], memory_history=True), open_store(str(out / "job")))
     assert profiling is not None
     for step in range(6):
         if step == 1:  # after Adam made its state: every later step has the same peak
@@ -113,6 +115,15 @@ def check_trace(out: Path, check: Checks) -> None:
     check(len(gpu) >= 2 and set(gpu["step"]) <= {2, 3, 4}, "memory_steps has the window's recorded steps on cuda:0")
     check(int(gpu["peak_allocated"].max()) == peak, f"trace peak {int(gpu['peak_allocated'].max()):,} == max_memory_allocated {peak:,}")
     check(bool((gpu["peak_reserved"] >= gpu["peak_allocated"]).all()), "reserved >= allocated at every step")
+    from stepscope.traces.snapshot import AllocatorSnapshot
+
+    snapshots = sorted((out / "job").glob("profiler-output/framework/pytorch/memory/rank0/*.pickle.gz"))
+    check(len(snapshots) == 1, "memory_history=True published the window's allocator snapshot")
+    if snapshots:
+        snap = AllocatorSnapshot.load(snapshots[0])
+        at, _ = snap.peak(0)
+        check(int(snap.summary().set_index("device").loc[0, "trace_entries"]) > 0, "the window's snapshot holds the allocator's history")
+        check(at["allocated"] == peak, f"the window snapshot's history peak {at['allocated']:,} == max_memory_allocated {peak:,}")
 
 
 def check_snapshot(out: Path, check: Checks) -> None:

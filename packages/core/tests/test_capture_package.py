@@ -120,3 +120,14 @@ def test_hook_base_is_the_one_exported():
     import stepscope
 
     assert stepscope.HookBase is HookBase
+
+
+def test_the_plugin_contract_is_what_a_plugin_adds():
+    from stepscope.capture.plugin import FrameworkPlugin, missing_parts
+
+    assert isinstance(HookBase("unused", validate_only=True), FrameworkPlugin)
+    # HookBase alone sees no framework: every part is missing.
+    assert missing_parts(HookBase) == [
+        "_detect_rank", "_capture", "_is_framework_value", "_on_close", "framework", "builtin_regexes",
+        "one of _on_step_begin / _on_step_end / _on_phase_event",
+    ]

@@ -110,3 +110,23 @@ def test_held_roots_are_bounded_and_survive_eviction_during_reads(tmp_path, monk
     assert errors == []
     assert len(local._roots._held) <= 3
     assert _open_descriptors() <= before + 3
+
+
+def test_check_key_refuses_exactly_the_keys_with_an_empty_dot_or_dot_dot_part():
+    import itertools
+
+    from stepscope.exceptions import StoreError
+    from stepscope.store.base import check_key
+
+    def by_parts(key):
+        return not key.startswith("/") and not any(part in ("", ".", "..") for part in key.rstrip("/").split("/"))
+
+    for length in range(1, 8):
+        for letters in itertools.product("a./", repeat=length):
+            key = "".join(letters)
+            try:
+                check_key(key)
+                accepted = True
+            except StoreError:
+                accepted = False
+            assert accepted == by_parts(key), key

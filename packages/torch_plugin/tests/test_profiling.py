@@ -264,3 +264,16 @@ def test_an_annotation_name_with_quotes_and_control_characters_keeps_the_trace_v
     annotations = TraceAnalysis(tmp_path).events(kinds=("annotation",)).name.astype(str)
     assert (annotations == "load 'batch' / tab here line").sum() == 1
     assert [s[0] for s in spans] == [name] * 3
+
+
+def test_memory_history_is_validated_and_a_no_op_without_cuda(tmp_path):
+    from stepscope.exceptions import ConfigError
+
+    with pytest.raises(ConfigError, match="memory_history_entries"):
+        ProfilerConfig(memory_history=True, memory_history_entries=0)
+    config = ProfilerConfig(detailed_windows=[(1, 2)], memory_history=True)
+    profiling = create_profiling(config, open_store(str(tmp_path)))
+    _train(profiling, steps=4)
+    assert not torch.cuda.is_available()  # this machine: the window's trace only, no snapshot
+    assert [k.split("/")[3] for k in profiling.published] == ["detailed"]
+    assert not list(tmp_path.glob("profiler-output/framework/pytorch/memory/**/*"))

@@ -494,6 +494,11 @@ class ProfilerConfig:
     record_shapes: bool = True
     profile_memory: bool = True
     with_stack: bool = False
+    # CUDA only: inside each detailed window, the caching allocator's history with stacks
+    # (torch.cuda.memory._record_memory_history, at most `memory_history_entries` entries),
+    # published at the window's end as an allocator snapshot (docs/traces.md).
+    memory_history: bool = False
+    memory_history_entries: int = 100_000
     # Steps profiled before each detailed window and thrown away (torch.profiler's
     # schedule(warmup=...)): the profiler's start-up (CUPTI initialisation) lands there.
     warmup_steps: int = 1
@@ -504,7 +509,8 @@ class ProfilerConfig:
         if interval not in _MONITOR_INTERVALS_MS:
             raise ConfigError(f"ProfilerConfig.monitor_interval_ms must be one of {_MONITOR_INTERVALS_MS}, got {self.monitor_interval_ms!r}")
         object.__setattr__(self, "monitor_interval_ms", interval)
-        for flag in ("system_monitor", "monitor_every_rank", "step_timeline", "record_shapes", "profile_memory", "with_stack"):
+        object.__setattr__(self, "memory_history_entries", _int_field("ProfilerConfig", "memory_history_entries", self.memory_history_entries, minimum=1))
+        for flag in ("system_monitor", "monitor_every_rank", "step_timeline", "record_shapes", "profile_memory", "with_stack", "memory_history"):
             object.__setattr__(self, flag, parse_bool(f"ProfilerConfig.{flag}", getattr(self, flag)))
         windows: Any = self.detailed_windows
         if isinstance(windows, (ProfilingWindow, Mapping)) or (isinstance(windows, (tuple, list)) and len(windows) == 2 and all(isinstance(v, int) for v in windows)):

@@ -484,7 +484,7 @@ def add_parser(sub: Any) -> None:
 def _run(args: Any) -> int:
     import json
 
-    from .cli import EXIT_FIRED, EXIT_OK, UsageError
+    from .cli_common import EXIT_FIRED, EXIT_OK, UsageError
 
     if args.fail_if_slower is not None and not (math.isfinite(args.fail_if_slower) and args.fail_if_slower >= 0):
         raise UsageError(f"--fail-if-slower must be a percentage >= 0, got {args.fail_if_slower}")

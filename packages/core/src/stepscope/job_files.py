@@ -20,7 +20,7 @@ from typing import Annotated, Any
 import msgspec
 
 from . import layout
-from .capture.cost import COST_DIR, MAX_COST_BYTES, HookCost
+from .capture.cost import MAX_COST_BYTES, HookCost
 from .capture.scopes import Scope, parse_scopes
 from .exceptions import ConfigError, CorruptRecord, StepscopeError
 from .modes import ModeKeys
@@ -452,7 +452,7 @@ def read_costs(store: Any) -> dict[str, HookCost]:
     """{worker: HookCost} of every cost file in the job (empty when the hooks wrote none;
     an unreadable one is skipped with a warning naming it)."""
     out = {}
-    for key in store.list(COST_DIR + "/"):
+    for key in store.list(layout.COST_DIR + "/"):
         try:
             cost = HookCost.from_json(read_json(store, key, MAX_COST_BYTES, allow_nan=True))
         except (StepscopeError, ValueError, KeyError, TypeError, AttributeError, OverflowError, OSError) as exc:

@@ -21,10 +21,6 @@ class Entries:
     def __init__(self, positions: dict[str, int], starts: Sequence[int], lengths: Sequence[int]):
         self.positions, self.starts, self.lengths = positions, starts, lengths
 
-    @classmethod
-    def from_entry(cls, entry: job_files.IndexEntry) -> Entries:
-        return cls({name: i for i, name in enumerate(entry.names)}, entry.starts, entry.lengths)
-
     def __contains__(self, name: str) -> bool:
         return name in self.positions
 

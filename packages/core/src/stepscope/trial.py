@@ -176,6 +176,7 @@ class Trial:
         self._profiler = None
         self._problems: dict[str, str] = {}  # file -> why it was skipped
         self._positions: dict[tuple[str, ...], dict[str, int]] = {}  # shared by steps of one layout
+        self._last_layout: tuple[tuple[str, ...], dict[str, int]] = ((), {})  # the last index file's
         self.refresh()
 
     @property
@@ -463,7 +464,18 @@ class Trial:
         if info is None:
             info = self._steps[step] = step_index.StepInfo(step, mode, mode_step)
             self._mode_steps.setdefault(mode, {})[mode_step] = step
-        payload = step_index.Entries.from_entry(entry)
+        # Steps of one layout share one name -> position map (as a step table's rows do).
+        # Most steps repeat the step before's layout: comparing with it costs less than
+        # hashing the names (new strings each file) to look the layout up.
+        last_names, positions = self._last_layout
+        if entry.names != last_names:
+            known = self._positions.get(entry.names)
+            if known is None:
+                known = self._positions[entry.names] = {name: i for i, name in enumerate(entry.names)}
+                self._tensor_names.update(known)
+            positions = known
+            self._last_layout = (entry.names, positions)
+        payload = step_index.Entries(positions, entry.starts, entry.lengths)
         self._seen_workers.add(worker)
         info.tables.pop(worker, None)  # the index file replaces what a step table said
         info.index_keys[worker] = key
@@ -476,8 +488,8 @@ class Trial:
             info.shapes[worker] = dict(entry.shapes)
         else:
             info.shapes.pop(worker, None)
-        self._tensor_names.update(payload.positions)
-        self._tensor_names.update(entry.shapes)
+        if entry.shapes:
+            self._tensor_names.update(entry.shapes)
 
     def _reload_from_index(self, step: int, worker: str) -> bool:
         """Replace what a step table said about (step, worker) by its index file, the source

@@ -167,7 +167,7 @@ def test_step_outlier_on_a_real_loop_with_one_slow_step(tmp_path):
     trial = ProfilerTrial(tmp_path)
     report = StepOutlier(n_outliers=0).run(trial).to_json()
     assert report["fired"] is True and report["status"] == "fired"
-    assert report["details"][0]["where"].startswith("TRAIN step")
+    assert report["details"][0]["where"] == "global step 15 (TRAIN)"  # the timeline's steps are global steps
     assert 15 in [o["step"] for o in report["statistics"]["outliers"]]
     # With smdebug's default of ten tolerated outliers one slow step is reported, not fired.
     default = StepOutlier().run(trial)

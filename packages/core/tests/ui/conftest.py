@@ -24,15 +24,17 @@ PASSWORD = "correct horse battery"
 
 
 def write_profiler_job(root: Path, *, steps: int = 40, step_ms: float = 100.0, outliers: tuple[int, ...] = (), seed: int = 0,
-                       start_ns: int = T0_NS, samples: int = 20, node: str = "algo-1", close: bool = True) -> Path:
+                       start_ns: int = T0_NS, samples: int = 20, node: str = "algo-1", close: bool = True, durations_ms: list[float] | None = None) -> Path:
     """A job with a step timeline (steps with data/forward/backward/optimizer phases, written by
-    the real TimelineWriter) and system metrics (SageMaker JSON lines), `outliers` steps 5x slower."""
+    the real TimelineWriter) and system metrics (SageMaker JSON lines), `outliers` steps 5x
+    slower; `durations_ms`, when given, are the steps' durations."""
     rng = np.random.default_rng(seed)
+    steps = len(durations_ms) if durations_ms is not None else steps
     root.mkdir(parents=True, exist_ok=True)
     writer = TimelineWriter(root, node_id=node, rank=0, framework="pytorch", flush_interval_s=3600)
     t = start_ns
     for step in range(steps):
-        duration = step_ms * (5 if step in outliers else 1) * (1 + 0.05 * rng.random())
+        duration = step_ms * (5 if step in outliers else 1) * (1 + 0.05 * rng.random()) if durations_ms is None else durations_ms[step]
         end = t + int(duration * 1e6)
         writer.add(f"Step {step}", t, end, step=step, mode=ModeKeys.TRAIN, phase="step")
         cursor = t

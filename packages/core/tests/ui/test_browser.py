@@ -113,7 +113,13 @@ def test_browser_end_to_end(served):
     assert chart["x"] == [int(s) for s in steps["step"]]
     np.testing.assert_allclose(chart["series"]["step time (ms)"], steps["duration_ms"].to_numpy(), rtol=1e-9)
     histogram = _chart(driver, "step-histogram")
-    counts, edges = np.histogram(steps["duration_ms"].to_numpy(), bins=30)
+    # the bins span every step but the far-out ones (a slow first step), each named beside the chart
+    durations = steps["duration_ms"].to_numpy()
+    q1, median, q3 = np.percentile(durations, [25, 50, 75])
+    far = (durations > max(q3 + 3 * (q3 - q1), 2 * median)) | (durations < min(q1 - 3 * (q3 - q1), median / 2))
+    far = far if far.sum() <= max(1, int(0.05 * len(durations))) else np.zeros_like(far)
+    assert [a["value"] for a in histogram["apart"]] == pytest.approx(sorted(durations[far], key=lambda v: -abs(v - median)))
+    counts, edges = np.histogram(durations[~far], bins=30)
     assert histogram["counts"] == counts.tolist()
     np.testing.assert_allclose(histogram["edges"], edges)
     system = trial.profiler.system_metrics()
@@ -341,3 +347,108 @@ def test_a_hostile_job_is_listed_with_what_was_skipped_and_the_others_still_read
     assert "rule-output/StepOutlier.json" in problem.text
     assert driver.find_elements("css selector", "#rules-list li.rule")
     screenshot(driver, "12-unreadable-rule-report")
+
+
+def _train_with_evaluation(out_dir: str) -> None:
+    """A real torch loop: 6 TRAIN steps, 2 EVAL steps, 6 TRAIN steps; weights, losses and
+    ReLU outputs saved at every step."""
+    torch = pytest.importorskip("torch")
+    from stepscope.config import ProfilerConfig, SaveConfig
+    from stepscope_torch import Hook
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.LayerNorm(16), torch.nn.ReLU(), torch.nn.Linear(16, 3))
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    loss_fn = torch.nn.CrossEntropyLoss()
+    hook = Hook(out_dir, save_config=SaveConfig(save_interval=1), include_collections=["weights", "losses", "outputs"],
+                profiler_config=ProfilerConfig.disabled())
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    generator = torch.Generator().manual_seed(1)
+
+    def batch():
+        return torch.randn(32, 8, generator=generator), torch.randint(0, 3, (32,), generator=generator)
+
+    try:
+        for phase in ("train", "eval", "train"):
+            model.train(phase == "train")
+            for _ in range(6 if phase == "train" else 2):
+                x, y = batch()
+                if phase == "train":
+                    optimizer.zero_grad()
+                    loss_fn(model(x), y).backward()
+                    optimizer.step()
+                else:
+                    with torch.no_grad():
+                        loss_fn(model(x), y)
+    finally:
+        hook.close()
+
+
+def test_dom_figures_are_the_trials_rules_and_reports(served):
+    """The numbers a person reads equal the trial's, the rule's and the report's for the same
+    thing, on global steps with every series of one mode: the dashboard's outliers are
+    StepOutlier's (6 steps over mean + 3 std, under its limit, are not marked), the last
+    update ratio is numpy's on the saved weights and the report's, EVAL steps appear only
+    in EVAL series."""
+    from stepscope.report import build_report
+    from stepscope.rules import WeightUpdateRatio, run_rules
+    from stepscope.rules.profiler import StepOutlier
+
+    server, driver, root = served
+    rng = np.random.default_rng(4)
+    durations = [float(d) for d in 70 + 5 * rng.random(300)]
+    durations[0] = 900.0
+    for step in (40, 80, 120, 160, 200, 240):
+        durations[step] = 170.0
+    durations[280] = 320.0
+    jittery = write_profiler_job(root / "team-a" / "jittery", durations_ms=durations)
+    job = root / "team-a" / "with-eval"
+    _train_with_evaluation(str(job))
+    driver.get(server.url + "/")
+    if driver.current_url.endswith("/login"):
+        _login(driver, server.url)
+    driver.get_log("browser")  # what earlier tests logged (a refused login) is theirs
+
+    driver.get(f"{server.url}/jobs/team-a/jittery#dashboard")
+    shown = wait_for(lambda: driver.find_elements("css selector", "#dashboard .step-outliers, .step-outliers"), what="outlier line")[0]
+    rule = StepOutlier(**StepOutlier.preset).run(create_trial(str(jittery)).profiler)
+    group = rule.statistics["groups"]["algo-1/rank0/TRAIN"]
+    assert shown.get_attribute("data-outliers") == ",".join(str(o["step"]) for o in rule.statistics["outliers"]) == "280"
+    assert float(shown.get_attribute("data-limit-ms")) == group["limit_ms"]
+    naive = np.array(durations[1:]).mean() + 3 * np.array(durations[1:]).std()
+    assert sum(d > naive for d in durations[1:]) == 7  # what the dashboard used to mark
+    screenshot(driver, "12-outliers-are-the-rules")
+
+    trial = create_trial(str(job))
+    modes = {s: trial.mode_of(s)[0].name for s in trial.steps()}
+    assert list(modes.values()) == ["TRAIN"] * 6 + ["EVAL"] * 2 + ["TRAIN"] * 6
+    driver.get(f"{server.url}/jobs/team-a/with-eval#health")
+    ratios = _chart(driver, "update-ratios")
+    assert ratios["x"] and all(modes[s] == "TRAIN" for s in ratios["x"])  # no EVAL-step weights: no dip to 0
+    last = wait_for(lambda: driver.find_elements("css selector", "#update-ratio-last tbody tr"), what="last update ratios")
+    cells = {row.find_elements("css selector", "td")[0].text: row.find_elements("css selector", "td") for row in last}
+    weight = "0.weight"
+    step = int(cells[weight][2].get_attribute("data-value"))
+    train = [s for s in trial.tensor(weight).steps() if modes[s] == "TRAIN"]
+    before = trial.tensor(weight).value(train[train.index(step) - 1]).astype(np.float64)
+    after = trial.tensor(weight).value(step).astype(np.float64)
+    expected = np.sqrt(((after - before) ** 2).sum()) / max(np.sqrt((before ** 2).sum()), 1e-3 * np.sqrt(before.size))
+    in_dom = float(cells[weight][3].get_attribute("data-value"))
+    assert step == train[-1] and in_dom == pytest.approx(expected, rel=1e-9)
+    # the rule judges that number, the report shows it
+    (report,) = run_rules([WeightUpdateRatio(trial, small_threshold=1e6, large_threshold=1e7)])
+    assert [e.data["ratio"] for e in report.evidence if e.tensor == weight and e.step == step] == [pytest.approx(in_dom, rel=1e-12)]
+    rows = {r[0]: r for r in build_report(str(job), rules="none").section("health").table("update-ratios").rows}
+    assert rows[weight][3] == step and rows[weight][4] == pytest.approx(in_dom, rel=1e-12)
+    # curves on global steps, one mode each; the ridge of one mode
+    loss = trial.tensor_names(collection="losses")[0]
+    assert _chart(driver, f"curve:{loss}:EVAL")["x"] == [s for s in modes if modes[s] == "EVAL"] == [6, 7]
+    assert _chart(driver, f"curve:{loss}:TRAIN")["x"] == [s for s in modes if modes[s] == "TRAIN"]
+    ridge = wait_for(lambda: driver.execute_script("const c = window.stepscope.charts['tensor-histogram']; return c && c.mode ? c : null"), what="ridge")
+    assert ridge["mode"] == "TRAIN" and all(modes[s] == "TRAIN" for s in ridge["steps"])
+    units = _chart(driver, "inactive-units")
+    assert units["rows"] and all(r.endswith("TRAIN)") or r.endswith("EVAL)") for r in units["rows"])
+    screenshot(driver, "13-health-global-steps")
+    severe = [entry["message"] for entry in driver.get_log("browser") if entry["level"] == "SEVERE"]
+    assert not severe, severe

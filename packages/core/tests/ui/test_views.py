@@ -64,13 +64,19 @@ def test_dashboard_numbers_are_the_trials(app, store_root):
     (series,) = data["steps"]
     assert series["steps"] == steps["step"].tolist()
     np.testing.assert_allclose(series["duration_ms"], steps["duration_ms"])
-    limit = StepOutlier().run(profiler).statistics["groups"]["algo-1/rank0/TRAIN"]["limit_ms"]
+    limit = StepOutlier(**StepOutlier.preset).run(profiler).statistics["groups"]["algo-1/rank0/TRAIN"]["limit_ms"]
     assert series["limit_ms"] == limit and series["outliers"] == [10, 20]
-    counts, edges = np.histogram(steps["duration_ms"], bins=12)
+    # the two 5x steps are drawn apart (named), the bins span the others; the summary counts all
+    slow = steps["step"].isin([10, 20]).to_numpy()
+    assert sorted(a["name"] for a in data["step_histogram"]["apart"]) == ["TRAIN step 10", "TRAIN step 20"]
+    assert data["step_histogram"]["max"] == pytest.approx(steps["duration_ms"].max()) and data["step_histogram"]["n"] == 40
+    counts, edges = np.histogram(steps["duration_ms"].to_numpy()[~slow], bins=12)
     assert data["step_histogram"]["counts"] == counts.tolist()
     np.testing.assert_allclose(data["step_histogram"]["edges"], edges)
-    backward = timeline[timeline["phase"] == "backward"]["duration_ms"]
-    assert data["annotation"]["chosen"] == "backward" and data["annotation"]["histogram"]["counts"] == np.histogram(backward, bins=12)[0].tolist()
+    backward = timeline[timeline["phase"] == "backward"]
+    slow_backward = backward["step"].isin([10, 20]).to_numpy()  # the slow steps' phases are drawn apart too
+    assert len(data["annotation"]["histogram"]["apart"]) == 2
+    assert data["annotation"]["chosen"] == "backward" and data["annotation"]["histogram"]["counts"] == np.histogram(backward["duration_ms"].to_numpy()[~slow_backward], bins=12)[0].tolist()
     forward = client.get("/api/jobs/team-a/run-1/dashboard?phase=forward&bins=12").get_json()["annotation"]["histogram"]
     assert forward["n"] == 40
     # Each phase's total, and the step time no phase covers as "other" (nothing counted twice).
@@ -88,6 +94,35 @@ def test_dashboard_numbers_are_the_trials(app, store_root):
     np.testing.assert_allclose(system["series"]["CPU"], cpu["value"])
     gpu = metrics[(metrics["name"] == "gpu0") & (metrics["dimension"] == "GPUUtilization")].sort_values("timestamp")
     np.testing.assert_allclose(system["series"]["gpu0"], gpu["value"])
+
+
+def test_outliers_are_the_rules_in_app_rule_and_report(app, store_root):
+    """The dashboard's outliers are StepOutlier's as `stepscope check` runs it (the default
+    set: limit max(mean + 3 std, 3 x median, median + 50 ms)); the report lists the same: six
+    steps over mean + 3 std alone are not outliers there, and not here either."""
+    from stepscope.report import build_report
+
+    rng = np.random.default_rng(4)
+    durations = [float(d) for d in 70 + 5 * rng.random(300)]
+    durations[0] = 900.0  # the first step: left out of the statistics
+    for step in (40, 80, 120, 160, 200, 240):
+        durations[step] = 170.0
+    durations[280] = 320.0
+    job = write_profiler_job(store_root / "team-a" / "jittery", durations_ms=durations)
+    rest = np.array(durations[1:])
+    naive = rest.mean() + 3 * rest.std()
+    limit = max(naive, 3 * np.median(rest), np.median(rest) + 50)
+    assert naive < 170 < limit < 320  # the case where the two definitions disagree
+    client = app.test_client()
+    login(client, "alice")
+    (series,) = client.get("/api/jobs/team-a/jittery/dashboard").get_json()["steps"]
+    assert series["limit_ms"] == pytest.approx(limit) and series["outliers"] == [280]
+    rule = StepOutlier(**StepOutlier.preset).run(create_trial(str(job)).profiler)
+    assert [e.step for e in rule.evidence] == [] and rule.statistics["groups"]["algo-1/rank0/TRAIN"]["limit_ms"] == series["limit_ms"]
+    assert [o["step"] for o in rule.statistics["outliers"]] == series["outliers"]
+    report = build_report(str(job), rules="run")
+    rows = report.section("steps").table("step-outliers").rows
+    assert [r[2] for r in rows] == series["outliers"] and rows[0][4] == pytest.approx(limit)
 
 
 def test_system_series_are_averaged_down_to_600_points(tmp_path):
@@ -200,15 +235,19 @@ def test_health_on_a_tensor_job(app, store_root, write_job):
     train = curves[("loss", "TRAIN")]
     assert train["steps"] == list(range(6))
     np.testing.assert_allclose(train["values"], [float(written[s]["loss"]) for s in range(6)], rtol=1e-6)
-    assert curves[("loss", "EVAL")]["steps"] == [0, 1]
+    assert curves[("loss", "EVAL")]["steps"] == [6, 7]  # global steps, each curve of one mode
     assert health["default_tensor"] == "fc.weight"
     ratios = health["update_ratios"]["series"][0]
-    w = [written[s]["fc.weight"] for s in range(8)]
-    expected = [np.linalg.norm(w[i] - w[i - 1]) / (np.linalg.norm(w[i - 1]) + 1e-9) for i in range(1, 6)]  # TRAIN steps only
-    np.testing.assert_allclose(ratios["values"], expected, rtol=1e-5)
+    assert ratios["mode"] == "TRAIN" and ratios["steps"] == [1, 2, 3, 4, 5]  # EVAL-step weights left out
+    w = [written[s]["fc.weight"].astype(np.float64) for s in range(8)]
+    expected = [np.sqrt(((w[i] - w[i - 1]) ** 2).sum()) / max(np.sqrt((w[i - 1] ** 2).sum()), 1e-3 * np.sqrt(12)) for i in range(1, 6)]
+    np.testing.assert_allclose(ratios["values"], expected, rtol=1e-6)
     hist = client.get("/api/jobs/team-a/tensors/tensor-histograms?tensor=fc.weight&bins=8").get_json()
-    edges = np.linspace(min(x.min() for x in w), max(x.max() for x in w), 9)
+    assert hist["mode"] == "TRAIN" and hist["steps"] == list(range(6)) and hist["modes"] == ["TRAIN", "EVAL"]
+    edges = np.linspace(min(x.min() for x in w[:6]), max(x.max() for x in w[:6]), 9)
     assert hist["counts"][3] == np.histogram(w[3], bins=edges)[0].tolist()
+    evals = client.get("/api/jobs/team-a/tensors/tensor-histograms?tensor=fc.weight&bins=8&mode=eval").get_json()
+    assert evals["mode"] == "EVAL" and evals["steps"] == [6, 7]
     assert client.get("/api/jobs/team-a/tensors/tensor-histograms?tensor=nope").get_json()["error"] == "no such tensor"
 
 
@@ -328,10 +367,30 @@ def test_dead_and_saturated_units_by_the_rules_definitions(app, store_root):
     client = app.test_client()
     login(client, "alice")
     units = client.get("/api/jobs/team-a/acts/health").get_json()["inactive_units"]
-    assert units["tensors"] == ["fc1.relu_output (dead)", "fc2.tanh_input (saturated)"] and units["steps"] == [0, 1, 2, 3]
-    expected_dead = [100 * np.mean((relus[s] > 0).mean(axis=0) * 100 < 1.0) for s in range(4)]
-    np.testing.assert_allclose(units["values"][0], expected_dead)
-    np.testing.assert_allclose(units["values"][1], [100 * 3 / 8] * 4)
+    # the default set's definitions: DeadRelu counts a unit dead when it is off (> 0 in < 1 % of
+    # the batch) at each of the last 3 saved steps (charted from the 3rd saved step on);
+    # SaturatedActivation when its input is inside (-4, 4) in < 10 % of the batch
+    assert units["tensors"] == ["fc1.relu_output (dead, TRAIN)", "fc2.tanh_input (saturated, TRAIN)"] and units["steps"] == [0, 1, 2, 3]
+    assert units["persistence"] == {"dead": 3, "saturated": 1}
+    off = {s: (relus[s] > 0).mean(axis=0) * 100 < 1.0 for s in range(4)}
+    expected_dead = [100 * np.mean(off[s - 2] & off[s - 1] & off[s]) for s in (2, 3)]
+    assert expected_dead == [20.0, 30.0]  # units 0-1, then 0-2, were off at all three
+    assert units["values"][0][:2] == [None, None]
+    np.testing.assert_allclose(units["values"][0][2:], expected_dead)
+    inside = {s: ((tanhs[s] > -4) & (tanhs[s] < 4)).mean(axis=0) * 100 < 10.0 for s in range(4)}
+    np.testing.assert_allclose(units["values"][1], [100 * np.mean(inside[s]) for s in range(4)])
+    assert units["values"][1][0] == 100 * 3 / 8
+    # the same figure the rule reports at the step where it judges
+    from stepscope.rules import DeadRelu, run_rules
+    from stepscope.trial import create_trial
+
+    report = run_rules([DeadRelu(create_trial(str(store_root / "team-a" / "acts")), **{**DeadRelu.preset, "threshold_layer": 25.0})])[0]
+    assert [(e.step, e.value) for e in report.evidence] == [(3, units["values"][0][3])]
+    # and the report's table shows the same last shares
+    from stepscope.report import build_report
+
+    table = build_report(str(store_root / "team-a" / "acts"), rules="none").section("health").table("inactive-units")
+    assert [(r[0], r[2], r[3]) for r in table.rows] == [(name, 3, values[-1]) for name, values in zip(units["tensors"], units["values"])]
 
 
 def test_statistics_tables_filter_sort_and_page_on_the_server(app, store_root):

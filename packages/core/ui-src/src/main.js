@@ -1,15 +1,16 @@
 // The app's entry: a header, then the view the URL names. /: jobs; /admin: users;
-// /jobs/<job>#dashboard|health|stats|timeline: one job; /compare?a=&b=: two jobs. A job's page polls the server
+// /jobs/<job>#dashboard|health|stats|memory|timeline: one job; /compare?a=&b=: two jobs. A job's page polls the server
 // for what the job has published and redraws when something new has landed.
 import { api, el } from './api.js';
 import { adminView } from './admin.js';
 import { compareView } from './compare.js';
 import { dashboardView, healthView, statsView } from './job.js';
 import { jobsView } from './jobs.js';
+import { memoryView } from './memory.js';
 import { timelineView } from './timeline.js';
 
 const POLL_MS = 3000;
-const VIEWS = { dashboard: ['Dashboard', dashboardView], health: ['Training health', healthView], stats: ['Statistics', statsView], timeline: ['Timeline', timelineView] };
+const VIEWS = { dashboard: ['Dashboard', dashboardView], health: ['Training health', healthView], stats: ['Statistics', statsView], memory: ['Memory', memoryView], timeline: ['Timeline', timelineView] };
 
 function header() {
   const user = document.body.dataset.user;

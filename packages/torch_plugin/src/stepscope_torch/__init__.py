@@ -11,6 +11,7 @@ from stepscope.config import Collection, CollectionName, ProfilerConfig, Reducti
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 
+from .blackbox import black_box
 from .hook import Hook
 
 __version__ = "0.1.0"
@@ -28,6 +29,7 @@ __all__ = [
     "SaveConfigMode",
     "StepscopeCallback",
     "StopTrainingRequested",
+    "black_box",
 ]
 
 

@@ -338,7 +338,7 @@ class Hook(HookBase):
         if not self.enabled or not any(m is model for _, m in self._models):
             return
         base = naming.unwrap(model)
-        self._scopes.pop(name or type(base).__name__, None)  # (HookBase's table of declared scopes)
+        self._saver.forget_scope(name or type(base).__name__)
         owned: set[str] = set()
         for child_name, child in base.named_children():
             params = [naming.prefixed(name, naming.clean_name(f"{child_name}.{p}")) for p, _ in child.named_parameters()]

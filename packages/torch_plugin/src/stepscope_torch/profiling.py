@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import gzip
 import os
+import pickle
 import tempfile
 import time
 from collections.abc import Callable
@@ -25,9 +26,12 @@ import torch
 from stepscope.capture import annotation
 from stepscope.capture.detailed import Payload, WindowedProfilers, add_distributed_info, detailed_dir
 from stepscope.config import ProfilerConfig
+from stepscope.layout import MEMORY_SNAPSHOT_DIR
 from stepscope.store import Store
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
+SNAPSHOT_SUFFIX = ".pickle.gz"
+MEMORY_DIR = MEMORY_SNAPSHOT_DIR  # allocator snapshots of the windows (memory_history)
 
 
 def _record_function(name: str) -> Any:
@@ -57,6 +61,7 @@ class KinetoBackend:
         self._profile: Any = None
         self._step_marker: Any = None
         self._steps = 0
+        self._history = False  # recording the CUDA allocator's history (memory_history)
 
     def start(self, step: int, warmup_steps: int = 0) -> None:
         activities = [torch.profiler.ProfilerActivity.CPU]
@@ -71,6 +76,9 @@ class KinetoBackend:
         )
         self._profile.record_steps = False  # our ProfilerStep#<global step> markers instead of its #0, #1...
         self._steps = 0
+        self._history = self.config.memory_history and torch.cuda.is_available()
+        if self._history:  # the allocator's actions with stacks, until the window stops
+            torch.cuda.memory._record_memory_history(max_entries=self.config.memory_history_entries)
         self._profile.__enter__()
         annotation.set_backend(_record_function, True)
 
@@ -97,7 +105,19 @@ class KinetoBackend:
             return []
         profile.__exit__(None, None, None)  # on this thread: Kineto stops and hands its events over
         backend = torch.distributed.get_backend() if torch.distributed.is_available() and torch.distributed.is_initialized() else "nccl" if torch.cuda.is_available() else "gloo"
-        return [(detailed_dir("pytorch"), TRACE_SUFFIX, functools.partial(_export, profile, backend, self.rank, self.world_size))]
+        files: list[tuple[str, str, Payload]] = [(detailed_dir("pytorch"), TRACE_SUFFIX, functools.partial(_export, profile, backend, self.rank, self.world_size))]
+        if self._history:
+            self._history = False
+            snapshot = torch.cuda.memory._snapshot()  # on this thread: the allocator's state now
+            torch.cuda.memory._record_memory_history(enabled=None)
+            files.append((MEMORY_DIR, SNAPSHOT_SUFFIX, functools.partial(_pickled, snapshot)))
+        return files
+
+
+def _pickled(snapshot: Any) -> bytes:
+    """An allocator snapshot as `_dump_snapshot` writes it (a pickle), gzip-compressed (on
+    the publisher's thread); stepscope.traces.snapshot reads it."""
+    return gzip.compress(pickle.dumps(snapshot), compresslevel=3)
 
 
 def _export(profile: Any, backend: str, rank: int, world_size: int) -> bytes:

@@ -49,9 +49,27 @@ def set_backend(factory: Callable[[str], AbstractContextManager[Any]], active: b
 
 
 def set_sink(sink: Callable[[str, int, int], None] | None) -> None:
-    """The running hook's timeline (None when no hook runs)."""
+    """The running hook's timeline (None when no hook runs): `sink(name, start_ns, end_ns)`
+    gets every annotation outside a detailed window."""
     global _sink
-    _sink = sink
+    with _lock:
+        _sink = sink
+
+
+def clear_sink(sink: Callable[[str, int, int], None]) -> bool:
+    """Remove `sink` if it is still the one set (a hook closing must not remove the sink
+    of a hook started after it). True when it was."""
+    global _sink
+    with _lock:
+        if _sink != sink:  # (==: bound methods of one object compare equal, not identical)
+            return False
+        _sink = None
+        return True
+
+
+def current_sink() -> Callable[[str, int, int], None] | None:
+    """The sink set now, if any."""
+    return _sink
 
 
 class annotate:  # noqa: N801 - used like a function, as torch.profiler.record_function is

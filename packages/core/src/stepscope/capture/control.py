@@ -10,10 +10,9 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ..layout import CONTROL_DIR
+from ..layout import STOP_KEY
 from ..store import Store
 
-STOP_KEY = f"{CONTROL_DIR}/stop_training.json"
 logger = logging.getLogger("stepscope")
 
 

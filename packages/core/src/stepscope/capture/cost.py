@@ -12,9 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..layout import COST_DIR as COST_DIR  # re-exported: the format is described here
+from ..layout import cost_key as cost_key
+
 logger = logging.getLogger("stepscope")
 
-COST_DIR = "stepscope-cost"
 MAX_COST_BYTES = 16 << 20  # a cost file holds at most MAX_SAMPLES samples
 MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
 # Steps where nothing is due are accounted in blocks (their mean is the sample): the hook
@@ -26,10 +28,6 @@ MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
 BLOCK_STEPS = 32
 MIN_BLOCK_S = 0.005
 MAX_BLOCK_STEPS = 1 << 14
-
-
-def cost_key(worker: str) -> str:
-    return f"{COST_DIR}/{worker}.json"
 
 
 @dataclass

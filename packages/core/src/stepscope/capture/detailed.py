@@ -23,19 +23,13 @@ from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol, Union
 
 from ..config import ProfilingWindow, active_window
-from ..layout import FRAMEWORK_DIR
+from ..layout import COST_WINDOWS_DIR, PYTHON_PROFILE_DIR
+from ..layout import detailed_dir as detailed_dir  # the plugins name their traces folder with it
 from ..store import Store
 from .deadline import Deadline
 from .safety import WarnOnce
 
 logger = logging.getLogger("stepscope.profiler")
-
-PYTHON_PROFILE_DIR = f"{FRAMEWORK_DIR}/python"
-
-
-def detailed_dir(framework: str) -> str:
-    return f"{FRAMEWORK_DIR}/{framework}/detailed"
-
 
 def output_key(folder: str, rank: int, first_step: int, pid: int, suffix: str) -> str:
     """`<folder>/rank<r>/<first step:012d>_pid<pid><suffix>`: one file per window per rank."""
@@ -45,7 +39,6 @@ def output_key(folder: str, rank: int, first_step: int, pid: int, suffix: str) -
 # What a backend hands over at a window's end: the bytes, or a function making them, which
 # the publisher calls on its own thread (torch's trace export and gzip run there).
 Payload = Union[bytes, Callable[[], bytes]]
-COST_WINDOWS_DIR = "stepscope-cost/profiler-windows"
 PUBLISH_WAIT_S = 300.0  # at close, how long the publisher may still take with a window's files
 
 

@@ -205,6 +205,15 @@ _MODES = {int(mode): mode for mode in ModeKeys}
 _MAX_LOGGED_WORDS = 1 << 21  # bounds memory when nothing drains the log (then the oldest go)
 
 
+def _event_code(event: str | int) -> int:
+    if type(event) is int:
+        return event
+    code = EVENT_CODES.get(event)  # type: ignore[arg-type]
+    if code is None:
+        raise ConfigError(f"unknown phase event {event!r}; events: {', '.join(EVENTS)}")
+    return code
+
+
 class Words(list[int]):
     """The words of a flat PhaseLog: a list of ints whose `take()` removes and returns the
     words so far. The training thread appends a whole record in one C call (`extend`), only
@@ -229,7 +238,9 @@ class PhaseLog:
     `words` given, of the same methods) and `append` is its `extend`; otherwise (GPU events
     as tokens) each record is a tuple in a deque. Either way `append(record)` takes the
     record as a tuple (see the *_RECORD constants). `bound()` drops the oldest records
-    beyond `maxlen` words (flat) or records (a deque bounds itself)."""
+    beyond `maxlen` words (flat) or records (a deque bounds itself). `begin` / `event` /
+    `enter` / `end` append one record each (what the step driver calls; a compiled hot path
+    appends the same records itself)."""
 
     def __init__(self, maxlen: int = _MAX_LOGGED_WORDS, flat: bool = True, words: Any = None) -> None:
         self.flat = flat
@@ -240,17 +251,22 @@ class PhaseLog:
         self._open: tuple[int, ModeKeys] | None = None
         self._lock = threading.Lock()  # drains come from the flush thread and from close()
 
-    def begin(self, step: int, mode: ModeKeys, token: Any) -> None:
-        self.append((_BEGIN, step, mode, token))
+    # The records, one call each: the step driver writes them (on the training thread) and
+    # tests replay them. Events and phases by name or by code (EVENT_CODES, PHASE_CODES).
 
-    def event(self, name: str, token: Any) -> None:
-        code = EVENT_CODES.get(name)
-        if code is None:
-            raise ConfigError(f"unknown phase event {name!r}; events: {', '.join(EVENTS)}")
-        self.append((code, token))
+    def begin(self, step: int, mode: ModeKeys, token: Any, event: str | int | None = None, event_token: Any = None) -> None:
+        """Step `step` of `mode` begins at `token` (in "data"); with `event`, that event
+        happens at `event_token` (one record for both)."""
+        if event is None:
+            self.append((_BEGIN, step, mode, token))
+        else:
+            self.append((_BEGIN_EVENT, step, mode, token, _event_code(event), event_token))
 
-    def enter(self, phase: str, token: Any) -> None:
-        self.append((_ENTER, PHASE_CODES[phase], token))
+    def event(self, event: str | int, token: Any) -> None:
+        self.append((_event_code(event), token))
+
+    def enter(self, phase: str | int, token: Any) -> None:
+        self.append((_ENTER, phase if type(phase) is int else PHASE_CODES[phase], token))  # type: ignore[index]
 
     def end(self, token: Any) -> None:
         self.append((_END, token))

@@ -64,6 +64,11 @@ class FailSafe:
         self._on_failure = on_failure
         self._lock = threading.Lock()
 
+    def set_on_failure(self, on_failure: Callable[[dict[str, Any]], None] | None) -> None:
+        """What runs with the failure's status (`failure_status`) at the first failure, e.g.
+        writing the worker's status file once the job's store is open; None: nothing."""
+        self._on_failure = on_failure
+
     def call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T | None:
         if not self.enabled:
             return None

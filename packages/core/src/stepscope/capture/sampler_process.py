@@ -32,8 +32,8 @@ class SamplerProcess:
 
     @classmethod
     def start(cls, store: Store, config: Any, stats: Any) -> SamplerProcess:
-        url = getattr(store, "url", None)
-        if not isinstance(url, str) or not url:
+        url = store.reopenable_url()
+        if not url:
             raise RuntimeError(f"store {store!r} has no URL a sampler process could open")
         env = dict(os.environ)
         # The child imports stepscope from wherever this process did (sys.path included).

@@ -188,9 +188,9 @@ class Writer:
     def _clean_stale_temporaries(self) -> None:
         # A killed run leaves ".NAME.PID.N.tmp" files of its own worker behind: harmless to
         # readers (never listed), but they hold disk space. Removed in the background.
-        remove = getattr(self.store, "remove_stale_temporaries", None)
-        if remove is None:
-            return
+        if self.store.local_path() is None:
+            return  # only a local folder holds temporaries (an S3 object is PUT whole)
+        remove = self.store.remove_stale_temporaries
 
         def run() -> None:
             try:

@@ -3,84 +3,27 @@ PoorWeightInitialization. They need raw activation tensors (batch first)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..health import IO_SUFFIX as _IO
+from ..health import InactiveTracker, Series, activation_kind, activation_layers, inactive_unit_series, inactive_units, io_side, mode_name
+from ..health import activation_input as _activation_input
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
 from .tensors import GRADIENT_REGEX, TRAINING_MODES
 
-# Module classes (torch, Keras layer classes) of each activation function, lower case.
-ACTIVATION_CLASSES = {
-    "relu": ("relu", "relu6"),
-    "tanh": ("tanh",),
-    "sigmoid": ("sigmoid",),
-}
-_IO = re.compile(r"_(input|output)_\d+$")  # PyTorch: `<module>_output_0`
 # Module classes whose output is an affine map with a bias (a ReLU's input when the ReLU is a function).
 _AFFINE = re.compile(r"^(Lazy)?(Linear|Conv(Transpose)?[123]d)$")  # torch names: `<module>_output_0`
-
-
-def io_side(name: str) -> str | None:
-    """"input" or "output" for a layer's saved input/output (PyTorch `net.1_output_0`,
-    Keras `outputs/dense_1`), else None."""
-    found = _IO.search(name)
-    if found is not None:
-        return found.group(1)
-    if name.startswith(("outputs/", "inputs/")):
-        return name.split("/", 1)[0][:-1]
-    return None
 
 
 def _parent(module: str) -> str:
     """The enclosing module of a torch module name ("fc1.0" -> "fc1", "fc1" -> "")."""
     return module.rsplit(".", 1)[0] if "." in module else ""
-
-
-def activation_kind(module_class: str | None) -> str | None:
-    """"relu", "tanh" or "sigmoid" for a module class name ("ReLU", "Tanh", ...)."""
-    lowered = (module_class or "").lower()
-    for kind, classes in ACTIVATION_CLASSES.items():
-        if lowered in classes:
-            return kind
-    return None
-
-
-def _activation_input(kind: str | None, output: np.ndarray) -> np.ndarray:
-    """The input an activation must have had to give `output`."""
-    y = output.astype(np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        if kind == "tanh":
-            return np.arctanh(np.clip(y, -1.0, 1.0))
-        if kind == "sigmoid":
-            y = np.clip(y, 0.0, 1.0)
-            return np.log(y) - np.log1p(-y)
-    return y
-
-
-def activation_layers(trial: Trial, kind: str, io: str | None = None) -> list[str]:
-    """Tensors saved as the input or output (`io`: "input", "output", None for either) of a
-    module whose recorded class is an activation of `kind` ("relu", "tanh", "sigmoid")."""
-    out = []
-    for name in trial.tensor_names():
-        side = io_side(name)
-        if side is None or (io is not None and side != io):
-            continue
-        if activation_kind(trial.module_class(name)) == kind:
-            out.append(name)
-    return out
-
-
-def unit_activity(value: np.ndarray, active: np.ndarray) -> np.ndarray:
-    """Percentage of the batch (axis 0) in which each unit is active; a tensor without a
-    batch axis counts each element as one sample of its own unit."""
-    active = active.astype(np.float64)
-    if value.ndim >= 2:
-        return 100.0 * active.mean(axis=0).reshape(-1)
-    return 100.0 * active.reshape(-1)
 
 
 @dataclass(frozen=True)
@@ -114,12 +57,21 @@ class _InactiveUnits(Rule):
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
-        # Per layer: the inactive-unit masks of its last `persistence` saved steps.
-        self._recent: dict[str, list[np.ndarray]] = {}
+        # Per layer and mode: the inactive-unit masks of its last `persistence` saved steps.
+        self._recent = InactiveTracker(self.params.persistence)
         self._affine: tuple[int, dict[str, str]] | None = None
 
     def finish(self) -> None:
-        self.need(self.params.persistence, max((len(v) for v in self._recent.values()), default=0), "saved steps of a layer")
+        self.need(self.params.persistence, self._recent.longest(), "saved steps of a layer")
+
+    def layers(self) -> list[str]:
+        """The layers this rule inspects (the app charts the same ones)."""
+        return self._layers()
+
+    def active_units(self, name: str, value: np.ndarray, step: int) -> np.ndarray | None:
+        """Which elements of `value` (layer `name` at global `step`) are active; None: not
+        judged at this step. The app's dead / saturated shares use the same."""
+        return self._active(name, value, step)
 
     def _layers(self) -> list[str]:
         chosen = self.select_tensors((), self.params.tensor_regex, all_when_empty=False)
@@ -152,15 +104,11 @@ class _InactiveUnits(Rule):
             active = self._active(name, value, step)
             if active is None:
                 continue
-            activity = unit_activity(value, active)
-            recent = self._recent.setdefault(name, [])
-            if recent and recent[-1].shape != activity.shape:
-                recent.clear()  # another layout: the units are not the same ones
-            recent.append(activity < p.threshold_inactivity)
-            del recent[: -p.persistence]
-            if len(recent) < p.persistence:
+            # stepscope.health: the share of units inactive at each of the last `persistence`
+            # saved steps of this mode (a chain never joins TRAIN and EVAL batches)
+            inactive = self._recent.add(name, mode_name(self.trial, step), inactive_units(value, active, p.threshold_inactivity))
+            if inactive is None:
                 continue
-            inactive = 100.0 * float(np.mean(np.logical_and.reduce(recent)))
             if inactive > p.threshold_layer:
                 over = f" at each of its last {p.persistence} saved steps" if p.persistence > 1 else ""
                 message = f"{name}: {inactive:.1f}% of units {self.state}{over} > {p.threshold_layer:g}%{self._read_as(name)}"
@@ -324,6 +272,21 @@ class SaturatedActivation(_InactiveUnits):
         if io_side(name) == "output" and activation_kind(self.trial.module_class(name)) is not None:
             value = _activation_input(activation_kind(self.trial.module_class(name)), value)
         return (value > low) & (value < high)
+
+
+def default_inactive_series(trial: Trial) -> tuple[list[Series], dict[str, int]]:
+    """The dead / saturated unit shares the default set's DeadRelu and SaturatedActivation
+    judge, as stepscope.health series (one per layer they inspect and mode, named
+    "layer (dead, TRAIN)"), with each rule's `persistence`: what the app and the report show."""
+    rows: list[Series] = []
+    persistence = {}
+    for rule in (DeadRelu(trial, **DeadRelu.preset), SaturatedActivation(trial, **SaturatedActivation.preset)):
+        persistence[rule.state] = rule.params.persistence
+        for name in rule.layers():
+            for series in inactive_unit_series(trial, name, functools.partial(rule.active_units, name), rule.params.threshold_inactivity, rule.params.persistence):
+                series.name = f"{name} ({rule.state}, {series.mode})"
+                rows.append(series)
+    return rows, persistence
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from typing import Any, ClassVar
 import numpy as np
 import pandas as pd
 
+from ..health import OutlierCriterion, step_groups
 from ..profiler.reader import ProfilerTrial
 from ..profiler.timeline import STEP_PHASES
 from ..store import Store
@@ -73,8 +74,8 @@ class ProfilerRule(JobRule):
             return
         if outcome.items:
             for item in outcome.items:
-                item = dict(item)
-                self.violation(None, item.pop("message"), **item)
+                item = dict(item)  # "step": a global step, when the item names one
+                self.violation(item.pop("step", None), item.pop("message"), **item)
         else:
             self.violation(None, outcome.message, value=outcome.value, threshold=outcome.threshold, count=int(outcome.violations))
 
@@ -330,34 +331,31 @@ class StepOutlier(ProfilerRule):
     params: StepOutlierParams
     preset: ClassVar[Mapping[str, Any]] = {"min_ratio": 3.0, "min_excess_ms": 50.0}
 
+    def criterion(self) -> OutlierCriterion:
+        """Which steps are outliers (stepscope.health.OutlierCriterion): the app marks the same."""
+        return OutlierCriterion(self.params.stddev, self.params.min_ratio, self.params.min_excess_ms)
+
+    def modes(self) -> list[str]:
+        """The modes whose steps this rule judges."""
+        return [self.params.mode] if self.params.mode else ["TRAIN", "EVAL", "GLOBAL"]
+
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
-        steps = trial.step_timeline()
-        steps = steps[steps["phase"].isin(STEP_PHASES)]
-        modes = [self.params.mode] if self.params.mode else ["TRAIN", "EVAL", "GLOBAL"]
-        steps = steps[steps["mode"].isin(modes)]
-        if steps.empty:
+        every = step_groups(trial.step_timeline(), self.criterion(), self.modes())
+        if not every:
             return _no_data("no step events in the timeline")
         details: dict[str, Any] = {"groups": {}, "outliers": []}
         violations = datapoints = 0
-        for (node, rank, mode), group in steps.groupby(["node_id", "rank", "mode"], sort=True):
-            group = group.sort_values("start_ns").iloc[1:]
-            if len(group) < 2:
-                continue
-            durations = group["duration_ms"].to_numpy()
-            datapoints += len(durations)
-            mean, std = float(durations.mean()), float(durations.std())
-            median = float(np.median(durations))
-            limit = max(mean + self.params.stddev * std, self.params.min_ratio * median, median + self.params.min_excess_ms)
-            outliers = group[durations > limit]
-            violations += len(outliers)
-            details["groups"][f"{node}/rank{rank}/{mode}"] = {"steps": len(durations), "mean_ms": mean, "std_ms": std, "limit_ms": limit, "outliers": len(outliers)}
-            for row in outliers.itertuples():
+        for group in (g for g in every if g.limit_ms is not None):
+            datapoints += group.judged
+            violations += len(group.outliers)
+            details["groups"][group.key] = {"steps": group.judged, "mean_ms": group.mean_ms, "std_ms": group.std_ms, "limit_ms": group.limit_ms, "outliers": len(group.outliers)}
+            for step, duration in zip(group.outliers, group.outlier_ms):
                 if len(details["outliers"]) < _MAX_LISTED:
-                    details["outliers"].append({"node_id": node, "rank": int(rank), "mode": mode, "step": int(row.step), "duration_ms": float(row.duration_ms)})
+                    details["outliers"].append({"node_id": group.node, "rank": group.rank, "mode": group.mode, "step": step, "duration_ms": duration})
         items = [
             {
                 "message": f"{o['node_id']}/rank{o['rank']}: step took {o['duration_ms']:.1f} ms, over mean + {self.params.stddev:g} std",
-                "mode": o["mode"], "mode_step": o["step"], "tensor": f"{o['node_id']}/rank{o['rank']}", "value": o["duration_ms"],
+                "step": o["step"], "mode": o["mode"], "tensor": f"{o['node_id']}/rank{o['rank']}", "value": o["duration_ms"],
                 "threshold": details["groups"][f"{o['node_id']}/rank{o['rank']}/{o['mode']}"]["limit_ms"],
             }
             for o in details["outliers"]

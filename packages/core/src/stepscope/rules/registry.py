@@ -14,8 +14,10 @@ When a name is both a tensor rule and a whole-job rule, the tensor rule wins."""
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
+import sys
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -126,21 +128,28 @@ def report_rules() -> dict[str, type[Rule]]:
     return out
 
 
-_WARNED: set[str] = set()  # broken entry points already reported (once per process)
-
-
 def plugin_rules() -> dict[str, type[Rule]]:
     """Rules other packages register under the `stepscope.rules` entry-point group. One that
     cannot load is left out with a warning naming it (a broken plugin must not stop a check)."""
     out: dict[str, type[Rule]] = {}
-    for entry in metadata.entry_points(group=ENTRY_POINT_GROUP):
+    for name, spec in _entry_points(tuple(sys.path)):
         try:
-            out[entry.name] = load_rule_class(entry.value)
+            out[name] = load_rule_class(spec)
         except ConfigError as exc:
-            if entry.value not in _WARNED:
-                _WARNED.add(entry.value)
-                logger.warning("stepscope: rule entry point %s = %s left out: %s", entry.name, entry.value, exc)
+            _warn_once(name, spec, str(exc))
     return out
+
+
+@functools.cache
+def _entry_points(path: tuple[str, ...]) -> tuple[tuple[str, str], ...]:
+    """(name, module:Class) of the group's entry points: scanning the installed
+    distributions takes tens of ms, so once per sys.path (`path` is the cache key)."""
+    return tuple((entry.name, entry.value) for entry in metadata.entry_points(group=ENTRY_POINT_GROUP))
+
+
+@functools.cache
+def _warn_once(name: str, spec: str, error: str) -> None:
+    logger.warning("stepscope: rule entry point %s = %s left out: %s", name, spec, error)
 
 
 def job_rules() -> dict[str, type[Rule]]:

@@ -50,11 +50,14 @@ def jsonable(value: Any) -> Any:
 
 
 def step_label(step: int | None, mode: str | None = None, mode_step: int | None = None) -> str:
-    """`TRAIN step 250 (global 270)`; `global step 270` when the mode is not known."""
+    """`TRAIN step 250 (global 270)`; `global step 270 (TRAIN)` when only the global step
+    is known; `global step 270` when the mode is not known."""
     if step is None:
         return f"{mode} step {mode_step}" if mode is not None and mode_step is not None else "the whole job"
-    if mode is None or mode_step is None or mode == "GLOBAL":
+    if mode is None or mode == "GLOBAL":
         return f"global step {step}"
+    if mode_step is None:  # a timeline's step: its global step, with its mode
+        return f"global step {step} ({mode})"
     return f"{mode} step {mode_step} (global {step})"
 
 

@@ -13,12 +13,10 @@ import numpy as np
 
 from ..capture.scopes import WHOLE_JOB, ScopeMap, parameter_of
 from ..exceptions import ConfigError
-from ..modes import ModeKeys
+from ..health import TRAINING_MODES, training_steps, update_ratio
 from ..trial import Trial, create_trial
 from .base import Rule, RuleParams, TensorRequest, require
 
-# Weights change only while training: EVAL/PREDICT steps would look "unchanged".
-TRAINING_MODES = (ModeKeys.TRAIN, ModeKeys.GLOBAL)
 # Used when a job has no collections file (an old or partial one).
 GRADIENT_REGEX = ("^gradient",)
 WEIGHT_REGEX = ("^(?!gradient).*weight",)
@@ -45,6 +43,15 @@ class _SelectingRule(Rule):
 
 def _is_float(array: np.ndarray) -> bool:
     return array.dtype.kind in "fc"
+
+
+def _training_values(rule: Rule, names: list[str], step: int, kinds: str) -> list[tuple[str, np.ndarray]]:
+    """(name, raw value) of each of `names` saved at `step` with a dtype kind in `kinds`; none
+    at a step outside the training modes."""
+    if rule.mode_of(step)[0] not in TRAINING_MODES:
+        return []
+    values = ((name, rule.value(name, step) if rule.has_raw(name, step) else None) for name in names)
+    return [(name, value) for name, value in values if value is not None and value.dtype.kind in kinds]
 
 
 # --- VanishingGradient ---------------------------------------------------------------------
@@ -231,26 +238,21 @@ class VanishingGradient(Rule):
                 )
 
     def _update_ratio(self, gradient: str, step: int) -> float | None:
-        """||w_s - w_prev|| / ||w_prev|| per step for the weight of `gradient`, w_prev at
-        its previous saved step; None when the weights were not saved at both."""
+        """The weight-update ratio (stepscope.health.update_ratio) of the weight of `gradient`
+        against its previous saved TRAIN step, divided by the steps between them; None when
+        the weights were not saved at both."""
         weight = parameter_of(gradient)
         if weight == gradient or not self.trial.has_tensor(weight):
             return None
         steps = self._weight_steps.get(weight)
         if steps is None or (steps and steps[-1] < step):
-            # TRAIN steps only: weights saved at an EVAL step equal the last TRAIN step's.
-            steps = self._weight_steps[weight] = [s for s in self.trial.tensor(weight).steps() if self.mode_of(s)[0] in TRAINING_MODES]
+            steps = self._weight_steps[weight] = training_steps(self.trial, weight)
         at = bisect.bisect_left(steps, step)
         if at >= len(steps) or steps[at] != step or at == 0:
             return None
         previous = steps[at - 1]
-        now, before = self.value(weight, step), self.value(weight, previous)
-        if now is None or before is None or now.shape != before.shape or not _is_float(now):
-            return None
-        norm = float(np.linalg.norm(before))
-        if norm == 0.0:
-            return None
-        return float(np.linalg.norm(now.astype(np.float64) - before)) / norm / (step - previous)
+        ratio = update_ratio(self.value(weight, previous), self.value(weight, step))
+        return None if ratio is None else ratio / (step - previous)
 
     def finish(self) -> None:
         self.need(self.params.patience, self._judged_steps, "saved TRAIN steps with gradients")
@@ -409,14 +411,9 @@ class UnchangedTensor(_SelectingRule):
         return [TensorRequest(n, step) for n in self.tensors() if self.has_raw(n, step)]
 
     def invoke_at_step(self, step: int) -> bool:
-        if self.mode_of(step)[0] not in TRAINING_MODES:
-            return False
         p = self.params
         fired = False
-        for name in self.tensors():
-            value = self.value(name, step) if self.has_raw(name, step) else None
-            if value is None or value.dtype.kind not in "fciub":
-                continue
+        for name, value in _training_values(self, self.tensors(), step, "fciub"):
             history = self._history.setdefault(name, deque(maxlen=p.num_steps))
             history.append(np.array(value, copy=True))
             if len(history) < p.num_steps:
@@ -490,10 +487,11 @@ class WeightUpdateRatioParams(RuleParams):
 
 
 class WeightUpdateRatio(Rule):
-    """Fires when the ratio of a weight's update to the weight, ||w_s - w_prev|| /
-    (||w_prev|| + epsilon), is above `large_threshold` (10) or below `small_threshold`
-    (1e-8); epsilon is 1e-9. w_prev is the previous saved training step, or with
-    `num_steps` the earliest saved step >= s - num_steps (skipped when there is none).
+    """Fires when the weight-update ratio (stepscope.health.update_ratio: ||w_s - w_prev|| /
+    max(||w_prev||, 1e-3 * sqrt(n)); SageMaker's `epsilon` is accepted and not used) is
+    above `large_threshold` (10) or below `small_threshold` (1e-8). w_prev is the previous
+    saved TRAIN step, or with `num_steps` the earliest saved step >= s - num_steps (skipped
+    when there is none).
     Save weights at close steps (save_interval 1) for a meaningful ratio. Inspects the
     `weights` collection; a weight that was all zero has no meaningful ratio and is skipped.
     With `skip_frozen` (the default set), weights whose gradient (`gradient/<name>`) the job
@@ -547,27 +545,18 @@ class WeightUpdateRatio(Rule):
         return None
 
     def invoke_at_step(self, step: int) -> bool:
-        if self.mode_of(step)[0] not in TRAINING_MODES:
-            return False
         p = self.params
         fired = False
-        for name in self._weights():
-            value = self.value(name, step) if self.has_raw(name, step) else None
-            if value is None or not _is_float(value):
-                continue
+        for name, value in _training_values(self, self._weights(), step, "fc"):
             history = self._history.setdefault(name, deque())
             previous = self._previous(history, step)
             history.append((step, np.array(value, dtype=np.float64, copy=True)))
-            window = p.num_steps or 0
-            while len(history) > 1 and (p.num_steps is None or history[0][0] < step - window):
+            while len(history) > 1 and (p.num_steps is None or history[0][0] < step - p.num_steps):
                 history.popleft()
-            if previous is None or previous[1].shape != value.shape:
+            ratio = None if previous is None else update_ratio(previous[1], value)
+            if previous is None or ratio is None:
                 continue
             self._ratios += 1
-            prev_norm = float(np.linalg.norm(previous[1]))
-            if prev_norm == 0.0:
-                continue
-            ratio = float(np.linalg.norm(value - previous[1])) / (prev_norm + p.epsilon)
             if ratio > p.large_threshold or ratio < p.small_threshold:
                 bound = f"> large_threshold {p.large_threshold:g}" if ratio > p.large_threshold else f"< small_threshold {p.small_threshold:g}"
                 self.violation(step, f"{name}: update/weight ratio {ratio:.3g} {bound} (vs step {previous[0]})", tensor=name, ratio=ratio, previous_step=previous[0])

@@ -197,7 +197,10 @@ class RankStraggler(JobRule):
             "slow_rank_steps": len(slow),
             "straggler_ranks": [int(r) for r in by_rank["rank"]] if not slow.empty else [],
         }
-        for row in slow.sort_values("excess_us", ascending=False).head(_MAX_LISTED).itertuples(index=False):
+        # The ranks slow in the most steps first (a straggler), then single slow steps.
+        if not slow.empty:
+            slow = slow.assign(rank_slow_steps=slow["rank"].map(slow["rank"].value_counts())).sort_values(["rank_slow_steps", "excess_us"], ascending=False)
+        for row in slow.head(_MAX_LISTED).itertuples(index=False):
             where = f"; most of it in {row.slowest_part} (+{row.part_excess_us:,.0f} us)" if row.slowest_part else ""
             kernel = f"; kernel class {row.kernel_class} (+{row.class_excess_us:,.0f} us), kernel {row.kernel}" if row.kernel_class else ""
             self.violation(

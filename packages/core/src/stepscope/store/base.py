@@ -24,7 +24,8 @@ def check_key(key: str) -> str:
     files too (an index's event_file_name), and a crafted one must not leave the job."""
     if not isinstance(key, str) or not key or "\x00" in key or "\\" in key or key.startswith("/"):
         raise StoreError(f"invalid key {key!r}: not a relative path inside the job")
-    if any(part in ("", ".", "..") for part in key.rstrip("/").split("/")):
+    rest = key.rstrip("/")  # an empty, "." or ".." part (string tests: every read checks a key)
+    if rest in (".", "..") or rest.startswith(("./", "../")) or rest.endswith(("/.", "/..")) or "//" in rest or "/./" in rest or "/../" in rest:
         raise StoreError(f"invalid key {key!r}: empty, '.' or '..' parts would leave or alias the job's folder")
     return key
 
@@ -120,6 +121,11 @@ class Store(abc.ABC):
         """The local filesystem path of `key` (of the root for ""), or None where the store
         has none (S3). For naming and for caches keyed by location; reading and writing
         still go through the store, whose path policy a plain open() would bypass."""
+        return None
+
+    def reopenable_url(self) -> str | None:
+        """A URL that `open_store` in another process turns into this same store (a child
+        process handed the job), or None where there is none (a store held in memory)."""
         return None
 
     def remove_stale_temporaries(self, marker: str) -> int:

@@ -103,12 +103,13 @@ def _openat2_function() -> Any:
     syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
     # One `open_how` per set of flags, made once: reads are the hot path.
     hows: dict[int, _OpenHow] = {}
+    encoding, errors = sys.getfilesystemencoding(), sys.getfilesystemencodeerrors()  # os.fsencode's
 
     def openat2(dir_fd: int, rel: str, flags: int) -> int:
         how = hows.get(flags)
         if how is None:
             how = hows[flags] = _OpenHow(flags, 0, _RESOLVE)
-        fd = syscall(_SYS_OPENAT2, dir_fd, os.fsencode(rel), ctypes.addressof(how), ctypes.sizeof(how))
+        fd = syscall(_SYS_OPENAT2, dir_fd, rel.encode(encoding, errors), ctypes.addressof(how), ctypes.sizeof(how))
         return int(fd) if fd >= 0 else -ctypes.get_errno()
 
     try:
@@ -278,6 +279,9 @@ class LocalStore(Store):
     def local_path(self, key: str = "") -> str:
         return self._os_path(check_key(key)) if key else self._root_str
 
+    def reopenable_url(self) -> str:
+        return self._root_str
+
     def root_exists(self) -> bool:
         return os.path.isdir(self._root_str)
 
@@ -355,55 +359,37 @@ class LocalStore(Store):
         """A descriptor for reading `key` and its size; `key` must be a regular file inside
         the job: no symbolic link (at the name or in a folder above it), no FIFO or device
         (opening one could block forever or read without end). Reads are the hot path (a
-        job may have 10^5 index files): the key is resolved below the job's held root
-        (see _RootDescriptors), where Linux has openat2 in one system call that refuses
-        every link on the way (RESOLVE_NO_SYMLINKS | BENEATH), elsewhere folder by folder.
-        Either way nothing outside the job is ever opened, not even to be checked."""
-        path = self._os_path(check_key(key))
-        for fresh in (False, True):
+        job may have 10^5 index files): where Linux has openat2, one system call resolves
+        the key below the job's held root (see _RootDescriptors) refusing every link on the
+        way (RESOLVE_NO_SYMLINKS | BENEATH); elsewhere, and to name what is wrong, the
+        folders are walked one by one. Either way nothing outside the job is ever opened,
+        not even to be checked and closed."""
+        check_key(key)
+        if _openat2 is not None:
             try:
                 held = _roots.acquire(self._root_str)
             except OSError:
-                break  # the walk below says what is wrong
-            try:
-                fd = self._open_below(held.fd, key, path)
-            except FileNotFoundError:
-                # A held root may be a folder since deleted or moved: one look, one retry.
-                if fresh or _roots.is_current(self._root_str, held):
-                    raise
-                continue
-            finally:
-                _roots.release(held)
-            return self._regular(fd, path)
+                held = None  # the walk below says what is wrong
+            if held is not None:
+                try:
+                    fd = _openat2(held.fd, key, _READ_FLAGS)
+                    # A held root may be a folder since deleted or moved: then the walk,
+                    # from the folder now at the root's path, answers.
+                    if fd == -errno.ENOENT and _roots.is_current(self._root_str, held):
+                        raise FileNotFoundError(errno.ENOENT, "No such file or directory", self._os_path(key))
+                finally:
+                    _roots.release(held)
+                if fd >= 0:
+                    return self._regular(fd, key)
+                # ELOOP (a link on the way), ENOTDIR, EACCES...: the walk names the culprit.
+        path = self._os_path(key)
         try:
             fd = self._with_folder(key, False, functools.partial(self._open_in, path))
         except (FileNotFoundError, StoreError):
             raise
         except OSError as exc:
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        return self._regular(fd, path)
-
-    def _open_below(self, root_fd: int, key: str, path: str) -> int:
-        if _openat2 is not None:
-            fd = _openat2(root_fd, key, _READ_FLAGS)
-            if fd >= 0:
-                return fd
-            if fd == -errno.ENOENT:
-                raise FileNotFoundError(errno.ENOENT, "No such file or directory", path)
-            # ELOOP (a link on the way), ENOTDIR, EACCES ...: the walk names the culprit.
-        folder, _, name = key.rpartition("/")
-        try:
-            folder_fd = _open_folder(root_fd, self._root_str, folder, create=False)
-        except FileNotFoundError:
-            raise FileNotFoundError(errno.ENOENT, "No such file or directory", path) from None
-        except StoreError:
-            raise
-        except OSError as exc:
-            raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
-        try:
-            return self._open_in(path, folder_fd, name)
-        finally:
-            os.close(folder_fd)
+        return self._regular(fd, key)
 
     @staticmethod
     def _open_in(path: str, folder_fd: int, name: str) -> int:
@@ -422,12 +408,11 @@ class LocalStore(Store):
                 raise StoreError(f"cannot read {path}: not a regular file") from None
             raise StoreError(f"cannot read {path}: {exc.strerror or exc}") from exc
 
-    @staticmethod
-    def _regular(fd: int, path: str) -> tuple[int, int]:
+    def _regular(self, fd: int, key: str) -> tuple[int, int]:
         info = os.fstat(fd)
         if not stat.S_ISREG(info.st_mode):
             os.close(fd)
-            raise StoreError(f"{path} is not a regular file; stepscope reads only regular files")
+            raise StoreError(f"{self._os_path(key)} is not a regular file; stepscope reads only regular files")
         return fd, info.st_size
 
     def open_file(self, key: str, max_size: int | None = None) -> BinaryIO:

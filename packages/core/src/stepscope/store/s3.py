@@ -305,6 +305,9 @@ class S3Store(Store):
             raise self._error("list", folder, exc) from exc
         return FolderListing(sorted(f for f in files if f), sorted(f for f in folders if f))
 
+    def reopenable_url(self) -> str:
+        return self.url
+
     def probe(self) -> None:
         try:
             self._client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + "/" if self.prefix else "", MaxKeys=1)

@@ -117,6 +117,10 @@ class TraceAnalysis:
         allocated, reserved; at most about `max_points` rows per device (peaks kept)."""
         return self._per_rank(rank, steps, lambda e, r: allocations.memory_timeline(e, max_points=max_points))
 
+    def step_spans(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
+        """The profiled steps' ProfilerStep#N intervals: step, ts_ns, dur_ns."""
+        return self._per_rank(rank, steps, lambda e, r: steps_module.profiler_steps(e) if not e.empty else pd.DataFrame(columns=["step", "ts_ns", "dur_ns"]))
+
     def memory_steps(self, rank: int | None = None, steps: StepRange = None) -> pd.DataFrame:
         """Per step and device: allocations, frees, bytes, start/end/peak allocated, peak
         reserved, and the op, annotation and module live at the peak."""

@@ -91,7 +91,7 @@ def run_profile(args: argparse.Namespace) -> int:
     from .cluster_cli import JOB_VIEW_MIN_TRACES, job_view
 
     if args.rank is None and (args.job_view or args.engine == "ray" or len(analysis.trace_keys()) > JOB_VIEW_MIN_TRACES):
-        return _print_tables(job_view(args), args.json)
+        return _print_tables(job_view(args, analysis), args.json)
     try:
         tables = analysis.summary(rank=args.rank, steps=steps)
     finally:

@@ -65,7 +65,8 @@ class StragglerParams:
 class JobQuery:
     """A job's summaries (built where missing) in an embedded DuckDB. `path`: a job, a
     folder of traces or one trace, local or s3://; `engine`/`workers`: how missing
-    summaries are built (fanout.build)."""
+    summaries are built (fanout.build); `keys`: the traces, when the caller has listed
+    them already (default: the job's listing)."""
 
     def __init__(
         self,
@@ -75,12 +76,14 @@ class JobQuery:
         workers: int | None = None,
         progress: Callable[[int, int], None] | None = None,
         threads: int | None = None,
+        keys: list[str] | None = None,
     ):
         duckdb = _require_duckdb()
         if isinstance(path, Store):
-            self.store, keys = path, None
+            self.store = path
         else:
-            self.store, keys = sources.locate(path)
+            self.store, located = sources.locate(path)
+            keys = keys if keys is not None else located
         self._trace_keys = sorted(keys) if keys is not None else (list_trace_keys(self.store) or loose_trace_keys(self.store))
         self.manifest, self.tables_store, self.build = fanout.build(self.store, self._trace_keys, engine=engine, workers=workers, progress=progress)
         loaded = summaries.load_tables(self.tables_store, self.manifest, self._trace_keys)
@@ -268,7 +271,7 @@ class JobQuery:
         slow = judged[judged["slow_step"].fillna(False).astype(bool) | judged["slow_kernels"].fillna(False).astype(bool)]
         if slow.empty:
             return pd.DataFrame(columns=columns)
-        parts = self._part_excess(slow)
+        parts = self._part_excess(judged, slow)
         classes = self._kernel_excess(slow, "class")
         names = self._kernel_excess(slow, "name")
         rows = []
@@ -287,60 +290,48 @@ class JobQuery:
             })
         return pd.DataFrame(rows, columns=columns).sort_values(["step", "excess_us"], ascending=[True, False], ignore_index=True)
 
-    def _part_excess(self, slow: pd.DataFrame) -> dict[tuple[int, int], tuple[str, float]]:
-        """The part with the largest excess over the step's median, per slow (step, rank)."""
-        best: dict[tuple[int, int], tuple[str, float]] = {}
-        for row in slow.itertuples(index=False):
-            for label, column in PARTS.items():
-                excess = float(getattr(row, column) - getattr(row, "med_" + column[:-3]))
-                key = (int(row.step), int(row.rank))
-                if excess > best.get(key, ("", 0.0))[1]:
-                    best[key] = (label, excess)
-        phases = self._phase_excess(slow)
-        for key, (label, excess) in phases.items():
-            if excess > best.get(key, ("", 0.0))[1]:
-                best[key] = (label, excess)
-        return best
+    def _part_excess(self, judged: pd.DataFrame, slow: pd.DataFrame) -> dict[tuple[int, int], tuple[str, float]]:
+        """The part that makes each slow (step, rank) slow: of the parts above their step's
+        median, the most unusual one (the largest excess in robust standard deviations of
+        that part across the step's ranks), so that a part that varies a lot from rank to
+        rank anyway (memcpy of varying batches) does not hide the one that is off."""
+        frame = judged[["step", "rank", *PARTS.values()]].melt(id_vars=["step", "rank"], var_name="part", value_name="ns")
+        frame["part"] = frame["part"].map({column: label for label, column in PARTS.items()})
+        phases = self.connection.execute(
+            f"SELECT step, rank, phase || ' phase' AS part, sum(phase_ns) AS ns FROM phases WHERE mode = 'TRAIN' AND step IN ({_steps(slow)}) GROUP BY ALL"
+        ).df() if self._has_phases() else pd.DataFrame(columns=["step", "rank", "part", "ns"])
+        return _most_unusual(pd.concat([frame, phases], ignore_index=True), slow)
 
-    def _phase_excess(self, slow: pd.DataFrame) -> dict[tuple[int, int], tuple[str, float]]:
-        """Phases of the step timeline (data, forward, backward, optimizer), where there is one."""
+    def _has_phases(self) -> bool:
         self._views_for("phases")
-        steps = ", ".join(str(int(s)) for s in sorted(set(slow["step"])))
-        frame = self.connection.execute(
-            f"""
-            WITH p AS (SELECT rank, step, phase, sum(phase_ns) AS ns FROM phases WHERE mode = 'TRAIN' AND step IN ({steps}) GROUP BY rank, step, phase)
-            SELECT rank, step, phase, ns - median(ns) OVER (PARTITION BY step, phase) AS excess FROM p
-            """
-        ).df()
-        wanted = {(int(s), int(r)) for s, r in zip(slow["step"], slow["rank"])}
-        best: dict[tuple[int, int], tuple[str, float]] = {}
-        for row in frame.itertuples(index=False):
-            key = (int(row.step), int(row.rank))
-            if key in wanted and float(row.excess) > best.get(key, ("", 0.0))[1]:
-                best[key] = (f"{row.phase} phase", float(row.excess))
-        return best
+        return bool(self.connection.execute("SELECT count(*) FROM phases").fetchall()[0][0])
 
     def _kernel_excess(self, slow: pd.DataFrame, by: str) -> dict[tuple[int, int], tuple[str, float]]:
-        """The kernel class (or kernel name) with the largest excess of the slow rank's time
-        over the step's median rank (ranks without that kernel count as 0)."""
-        steps = ", ".join(str(int(s)) for s in sorted(set(slow["step"])))
+        """The kernel class (or kernel name) that makes each slow (step, rank) slow, chosen as
+        in _part_excess (ranks without that kernel count as 0); computed in DuckDB, which
+        returns one row per slow (step, rank): ranks x kernels never reach pandas."""
         column = '"class"' if by == "class" else "name"
-        frame = self.connection.execute(
-            f"""
-            WITH r AS (SELECT DISTINCT step, rank FROM summary_steps WHERE step IN ({steps})),
-                 g AS (SELECT step, rank, {column} AS label, sum(total_ns) AS ns FROM summary_kernels WHERE step IN ({steps}) GROUP BY step, rank, {column}),
-                 grid AS (SELECT r.step, r.rank, l.label, coalesce(g.ns, 0) AS ns
-                          FROM r JOIN (SELECT DISTINCT step, label FROM g) l USING (step) LEFT JOIN g USING (step, rank, label))
-            SELECT step, rank, label, ns - median(ns) OVER (PARTITION BY step, label) AS excess FROM grid
-            """
-        ).df()
-        wanted = {(int(s), int(r)) for s, r in zip(slow["step"], slow["rank"])}
-        best: dict[tuple[int, int], tuple[str, float]] = {}
-        for row in frame.itertuples(index=False):
-            key = (int(row.step), int(row.rank))
-            if key in wanted and float(row.excess) > best.get(key, ("", 0.0))[1]:
-                best[key] = (str(row.label), float(row.excess))
-        return best
+        steps = _steps(slow)
+        pairs = pd.DataFrame({"step": slow["step"].astype("int64").to_numpy(), "rank": slow["rank"].astype("int64").to_numpy()})
+        self.connection.register("slow_pairs", pairs)
+        try:
+            frame = self.connection.execute(
+                f"""
+                WITH r AS (SELECT DISTINCT step, rank FROM summary_steps WHERE step IN ({steps})),
+                     g AS (SELECT step, rank, {column} AS part, sum(total_ns) AS ns FROM summary_kernels WHERE step IN ({steps}) GROUP BY step, rank, {column}),
+                     grid AS (SELECT r.step, r.rank, l.part, coalesce(g.ns, 0) AS ns
+                              FROM r JOIN (SELECT DISTINCT step, part FROM g) l USING (step) LEFT JOIN g USING (step, rank, part)),
+                     m AS (SELECT step, part, median(ns) AS med FROM grid GROUP BY step, part),
+                     d AS (SELECT grid.step, grid.part, median(abs(ns - med)) AS mad FROM grid JOIN m USING (step, part) GROUP BY grid.step, grid.part)
+                SELECT grid.step, grid.rank, grid.part, ns - med AS excess
+                FROM grid JOIN m USING (step, part) JOIN d USING (step, part) JOIN slow_pairs USING (step, rank)
+                WHERE ns > med
+                QUALIFY row_number() OVER (PARTITION BY grid.step, grid.rank ORDER BY (ns - med) / greatest(1.4826 * mad, {_MIN_SPREAD_NS}) DESC, grid.part) = 1
+                """
+            ).df()
+        finally:
+            self.connection.unregister("slow_pairs")
+        return {(int(row.step), int(row.rank)): (str(row.part), float(row.excess)) for row in frame.itertuples(index=False)}
 
     def straggler_ranks(self, params: StragglerParams | None = None) -> pd.DataFrame:
         """Per straggling rank: how many of its steps were slow, the median excess, and the
@@ -369,6 +360,32 @@ class JobQuery:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+# Spreads below a microsecond are no spread: a part that is equal on every rank (the same
+# work) and one nanosecond off is not what makes a step slow.
+_MIN_SPREAD_NS = 1000.0
+
+
+def _steps(slow: pd.DataFrame) -> str:
+    return ", ".join(str(int(s)) for s in sorted(set(slow["step"])))
+
+
+def _most_unusual(frame: pd.DataFrame, slow: pd.DataFrame) -> dict[tuple[int, int], tuple[str, float]]:
+    """For each slow (step, rank): the part (column `part`, time `ns`, one row per step,
+    rank and part) above its step's median by the most robust standard deviations, with
+    its excess in ns."""
+    if frame.empty:
+        return {}
+    frame = frame.astype({"ns": "float64"})
+    grouped = frame.groupby(["step", "part"])["ns"]
+    frame["excess"] = frame["ns"] - grouped.transform("median")
+    frame["spread"] = (frame["excess"].abs().groupby([frame["step"], frame["part"]]).transform("median") * 1.4826).clip(lower=_MIN_SPREAD_NS)
+    frame["score"] = frame["excess"] / frame["spread"]
+    wanted = pd.MultiIndex.from_arrays([slow["step"].astype(int), slow["rank"].astype(int)])
+    frame = frame[(frame["excess"] > 0) & pd.MultiIndex.from_arrays([frame["step"].astype(int), frame["rank"].astype(int)]).isin(wanted)]
+    best = frame.sort_values("score", ascending=False, kind="stable").drop_duplicates(["step", "rank"])
+    return {(int(row.step), int(row.rank)): (str(row.part), float(row.excess)) for row in best.itertuples(index=False)}
 
 
 def _mode(values: pd.Series) -> str:

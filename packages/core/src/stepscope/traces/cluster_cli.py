@@ -30,11 +30,14 @@ def add_sql(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_sql)
 
 
-def _query(args: argparse.Namespace) -> Any:
+def _query(args: argparse.Namespace, analysis: Any = None) -> Any:
     from .cluster import JobQuery
     from .fanout import progress_printer
 
-    return JobQuery(args.path, engine=args.engine, workers=args.workers, progress=progress_printer() if sys.stderr.isatty() else None)
+    progress = progress_printer() if sys.stderr.isatty() else None
+    if analysis is not None:  # the traces listed already
+        return JobQuery(analysis.store, engine=args.engine, workers=args.workers, progress=progress, keys=analysis.trace_keys())
+    return JobQuery(args.path, engine=args.engine, workers=args.workers, progress=progress)
 
 
 def _say_problems(query: Any, command: str) -> None:
@@ -72,9 +75,9 @@ def write_frame(frame: Any, fmt: str) -> None:
             print(frame.to_string(index=False) if not frame.empty else "(no rows)")
 
 
-def job_view(args: argparse.Namespace) -> dict[str, Any]:
+def job_view(args: argparse.Namespace, analysis: Any = None) -> dict[str, Any]:
     """The tables `stepscope profile` prints for a many-rank job."""
-    query = _query(args)
+    query = _query(args, analysis)
     _say_problems(query, "profile")
     try:
         steps = getattr(args, "steps", None)

@@ -22,6 +22,7 @@ from markupsafe import escape
 from werkzeug.exceptions import HTTPException
 
 from ..exceptions import ConfigError, StepscopeError
+from ..modes import ModeKeys
 from . import auth, bundle
 from . import users as users_module
 from .jobs import JobNotFound, JobStore, job_id
@@ -285,12 +286,19 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
         return jsonify(training_health(*_open(job)))
 
+    @app.get("/api/jobs/<path:job>/memory")
+    def job_memory(job: str) -> Response:
+        from .memory import memory
+
+        return jsonify(memory(*_open(job)))
+
     @app.get("/api/jobs/<path:job>/tensor-histograms")
     def job_tensor_histograms(job: str) -> Response:
         from .views import tensor_histograms
 
         name = request.args.get("tensor", "")
-        return jsonify(tensor_histograms(*_open(job), name, bins=_int_arg("bins", 30, 5, 200)))
+        mode = request.args.get("mode", "").upper()  # one mode per ridge; unknown: the default one
+        return jsonify(tensor_histograms(*_open(job), name, bins=_int_arg("bins", 30, 5, 200), mode=mode if mode in ModeKeys.__members__ else None))
 
     @app.get("/api/jobs/<path:job>/stats")
     def job_stats(job: str) -> Response:

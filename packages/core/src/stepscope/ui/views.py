@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..exceptions import StepscopeError
-from ..modes import ModeKeys
+from .. import chart_scales, health
+from ..health import STEP_PHASES
 from .jobs import trial_lock
 
 MAX_POINTS = 600  # samples per system-metric series sent to a chart
@@ -25,7 +25,6 @@ MAX_CURVE_POINTS = 2000
 MAX_HEATMAP_STEPS = 120
 MAX_HEATMAP_TENSORS = 60
 MAX_HISTOGRAM_STEPS = 50
-STEP_PHASES = ("step", "eval_step", "predict_step")
 
 # Per trial (weakly: a trial the app drops takes its entries with it): {what: (stamp, value)}.
 _cache: weakref.WeakKeyDictionary[Any, dict[str, tuple[Any, Any]]] = weakref.WeakKeyDictionary()
@@ -81,12 +80,17 @@ def _dashboard(trial: Any, phase: str | None, bins: int, k: int) -> dict[str, An
         chosen = phases[phases["phase"] == phase]["duration_ms"].to_numpy() if phase else np.array([])
     return {
         "system": _system_series(metrics),
-        "steps": _step_series(profiler, steps),
-        "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins),
+        "steps": _step_series(steps),
+        "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins, _step_names(steps)),
         "cpu_time": _phase_shares(steps, phases),
         "annotation": {"names": annotation_names, "chosen": phase, "histogram": _histogram(chosen, bins)},
         "gpu": _gpu_views(trial, k),
     }
+
+
+def _step_names(steps: pd.DataFrame) -> list[str]:
+    """Each step row as a person names it: its mode and global step ("TRAIN step 0")."""
+    return [f"{m} step {int(s)}" for m, s in zip(steps["mode"].astype(str), steps["step"])]
 
 
 TRACE_PREFIX = "trace: "
@@ -138,31 +142,39 @@ def _system_series(metrics: pd.DataFrame) -> dict[str, Any]:
     return out
 
 
-def _step_series(profiler: Any, steps: pd.DataFrame) -> list[dict[str, Any]]:
-    """Step time over steps per node, rank and mode, with the StepOutlier rule's limit: the
-    steps above it are the outliers the rule counts."""
+def _step_series(steps: pd.DataFrame) -> list[dict[str, Any]]:
+    """Step time over global steps per node, rank and mode, with the outlier limit and the
+    outliers of the StepOutlier rule as `stepscope check` runs it (its default-set
+    parameters): the steps above the limit are the outliers the rule counts."""
     from ..rules.profiler import StepOutlier
 
-    limits = StepOutlier().run(profiler).statistics.get("groups", {}) if len(steps) else {}
+    rule = StepOutlier(**StepOutlier.preset)
+    judged = set(rule.modes())
     series = []
-    for (node, rank, mode), group in steps.groupby(["node_id", "rank", "mode"], sort=True):
-        group = group.sort_values("start_ns")
-        key = f"{node}/rank{rank}/{mode}"
-        limit = limits.get(key, {}).get("limit_ms")
-        durations = group["duration_ms"].to_numpy()
-        outliers = [] if limit is None else [int(s) for s, d in zip(group["step"].iloc[1:], durations[1:]) if d > limit]
-        series.append({"key": key, "node": str(node), "rank": int(rank), "mode": str(mode), "steps": [int(s) for s in group["step"]],
-                       "duration_ms": _floats(durations), "limit_ms": limit, "outliers": outliers})
+    for group in health.step_groups(steps, rule.criterion()):
+        limit = group.limit_ms if group.mode in judged else None
+        series.append({"key": group.key, "node": group.node, "rank": group.rank, "mode": group.mode, "steps": group.steps,
+                       "duration_ms": _floats(np.asarray(group.duration_ms)), "limit_ms": limit, "outliers": group.outliers if limit is not None else [],
+                       "log_y": chart_scales.wants_log(group.duration_ms)})
     return series
 
 
-def _histogram(values: np.ndarray, bins: int) -> dict[str, Any]:
-    values = values[np.isfinite(values)] if len(values) else values
+def _histogram(values: np.ndarray, bins: int, names: list[str] | None = None) -> dict[str, Any]:
+    """Counts over the range of all but the few far-out values (a compile step would put every
+    other step into one bin; chart_scales.split_far): those are listed under `apart` and stated
+    next to the chart. The summary figures (mean, percentiles, max) are over every value."""
+    values = np.asarray(values, dtype=float)
+    finite = np.isfinite(values) if len(values) else np.zeros(0, dtype=bool)
+    names = [names[i] for i in np.flatnonzero(finite)] if names is not None else None
+    values = values[finite]
     if not len(values):
-        return {"edges": [], "counts": [], "n": 0}
-    counts, edges = np.histogram(values, bins=bins)
+        return {"edges": [], "counts": [], "n": 0, "apart": [], "apart_note": ""}
+    split = chart_scales.split_far(values)
+    counts, edges = np.histogram(values[split.keep], bins=bins)
     return {"edges": _floats(edges), "counts": [int(c) for c in counts], "n": int(len(values)),
-            "mean": float(values.mean()), "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)), "max": float(values.max())}
+            "mean": float(values.mean()), "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)), "max": float(values.max()),
+            "apart": [{"value": v, "name": names[i] if names is not None else None} for i, v in split.apart],
+            "apart_note": split.statement("ms", "step" if names is not None else "value", names)}
 
 
 def _phase_shares(steps: pd.DataFrame, phases: pd.DataFrame) -> dict[str, float]:
@@ -216,7 +228,10 @@ def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
             "Memory operations": table(traces.memory_ops()),
             "Synchronizations": table(traces.syncs()),
             "Launch delay": table(traces.launch_latency().head(k)),
+            # torch's profiler tables lead with these; on a CPU-only job they are the window's work
+            "CPU operators by self time": table(traces.cpu_ops(k=k)),
         },
+        "gpu_activity": bool(len(active)) and float(active["kernel_us"].sum() + active["memory_us"].sum()) > 0,
     }
 
 
@@ -306,16 +321,17 @@ def _collection_names(trial: Any, collection: str) -> list[str]:
 
 
 def _training_health(trial: Any) -> dict[str, Any]:
+    """Every series over global steps, each of one mode (named with it): losses and metrics
+    per mode, and the health series of stepscope.health at the TRAIN steps."""
     scalars = sorted(set(_collection_names(trial, "losses")) | set(_collection_names(trial, "metrics")))
     curves = []
     for name in scalars:
-        for mode in trial.modes():
-            steps = trial.tensor(name).steps(mode)
-            steps = _subsample(steps, MAX_CURVE_POINTS)
-            values = trial.read_many([(name, s, mode, None) for s in steps])
+        for mode, steps in health.steps_by_mode(trial, name).items():
+            steps = health.subsample(steps, MAX_CURVE_POINTS)
+            values = trial.read_many([(name, s, None, None) for s in steps])
             kept = [(s, float(np.asarray(v).reshape(-1)[0])) for s, v in zip(steps, values) if v is not None and np.asarray(v).size == 1]
             if kept:
-                curves.append({"tensor": name, "mode": ModeKeys(mode).name, "steps": [s for s, _ in kept], "values": _floats(np.array([v for _, v in kept]))})
+                curves.append({"tensor": name, "mode": mode, "steps": [s for s, _ in kept], "values": _floats(np.array([v for _, v in kept]))})
     gradients = [n for n in _collection_names(trial, "gradients") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
     raw = [n for n in trial.tensor_names() if not n.startswith("smdebug/")]
     return {"curves": curves, "gradient_norms": _norm_heatmap(trial, gradients), "update_ratios": _update_ratios(trial),
@@ -331,104 +347,67 @@ def _default_tensor(trial: Any, names: list[str]) -> str | None:
     return names[0] if names else None
 
 
+def _heatmap(rows: list[health.Series], limit: int) -> dict[str, Any]:
+    """Series as a heatmap: one row per series (named "tensor (MODE)" where modes differ),
+    one column per global step any of them has (at most `limit`, evenly spread)."""
+    steps = health.subsample(sorted({s for row in rows for s in row.steps}), limit)
+    values = []
+    for row in rows:
+        at = dict(zip(row.steps, row.values))
+        values.append(_floats(np.array([at.get(s, np.nan) for s in steps], dtype=float)))
+    return {"tensors": [row.name for row in rows], "modes": [row.mode for row in rows], "steps": steps, "values": values}
+
+
 def _inactive_units(trial: Any) -> dict[str, Any]:
-    """Per saved activation and step, the % of units dead (ReLU outputs) or saturated (tanh /
-    sigmoid inputs), by the DeadRelu / SaturatedActivation rules' definitions and defaults."""
-    from ..rules.activations import DeadReluParams, SaturatedActivationParams, unit_activity
+    """Per layer the DeadRelu / SaturatedActivation rules inspect (their default set), the %
+    of units dead or saturated at each of the layer's last `persistence` saved steps of a
+    mode: the figure those rules judge (stepscope.health.inactive_unit_series)."""
+    from ..rules.activations import default_inactive_series
 
-    dead, saturated = DeadReluParams(), SaturatedActivationParams()
-    def positive(v: np.ndarray) -> np.ndarray:
-        return v > 0
-
-    def inside(low: float, high: float) -> Callable[[np.ndarray], np.ndarray]:
-        return lambda v: (v > low) & (v < high)
-
-    layers: list[tuple[str, str, Callable[[np.ndarray], np.ndarray], float]] = []
-    for name in trial.tensor_names(regex=list(dead.tensor_regex)):
-        layers.append((name, "dead", positive, dead.threshold_inactivity))
-    for name in trial.tensor_names(regex=list(saturated.tensor_regex)):
-        low, high = saturated.threshold_tanh if "tanh" in name.lower() else saturated.threshold_sigmoid
-        layers.append((name, "saturated", inside(low, high), saturated.threshold_inactivity))
-    layers = layers[:MAX_HEATMAP_TENSORS]
-    steps = _subsample(sorted({s for name, *_ in layers for s in trial.tensor(name).steps()}), MAX_HEATMAP_STEPS)
-    rows: list[list[float | None]] = []
-    for name, _, active, threshold in layers:
-        values = trial.read_many([(name, s, None, None) for s in steps])
-        row: list[float | None] = []
-        for value in values:
-            if value is None or value.size == 0:
-                row.append(None)
-                continue
-            activity = unit_activity(value, active(value))
-            row.append(100.0 * float(np.mean(activity < threshold)))
-        rows.append(row)
-    return {"tensors": [f"{name} ({state})" for name, state, *_ in layers], "steps": steps, "values": rows}
+    rows, persistence = default_inactive_series(trial)
+    return {**_heatmap(rows[:MAX_HEATMAP_TENSORS], MAX_HEATMAP_STEPS), "persistence": persistence}
 
 
 def _norm_heatmap(trial: Any, names: list[str]) -> dict[str, Any]:
-    """L2 norm of each gradient at each saved step (the saved l2 reduction where there is one)."""
-    steps = _subsample(sorted({s for n in names for s in trial.tensor(n).steps()}), MAX_HEATMAP_STEPS)
-    rows = []
-    for name in names:
-        tensor = trial.tensor(name)
-        row = []
-        for step in steps:
-            try:
-                row.append(tensor.reduction_value(step, "l2"))
-            except (StepscopeError, KeyError):
-                row.append(None)
-        rows.append(_floats(np.array(row, dtype=float)))
-    return {"tensors": names, "steps": steps, "values": rows}
+    """L2 norm of each gradient at its saved TRAIN steps (stepscope.health.gradient_norm)."""
+    return _heatmap([health.gradient_norm_series(trial, name, MAX_HEATMAP_STEPS) for name in names], MAX_HEATMAP_STEPS)
 
 
 def _update_ratios(trial: Any) -> dict[str, Any]:
-    """|w_t - w_prev| / |w_prev| between consecutive saved training steps of each weight, with
-    the WeightUpdateRatio rule's epsilon (the quantity that rule checks; EVAL steps do not
-    update weights, so they are left out as the rule leaves them out)."""
-    from ..rules.tensors import WeightUpdateRatioParams
-
-    epsilon = WeightUpdateRatioParams().epsilon
+    """Each weight's update ratio between consecutive saved TRAIN steps
+    (stepscope.health.update_ratio: the figure the WeightUpdateRatio rule judges)."""
     names = [n for n in _collection_names(trial, "weights") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
-    training = (ModeKeys.TRAIN, ModeKeys.GLOBAL)
-    series = []
-    for name in names:
-        steps = _subsample([s for s in trial.tensor(name).steps() if trial.mode_of(s)[0] in training], MAX_HEATMAP_STEPS + 1)
-        values = trial.read_many([(name, s, None, None) for s in steps])
-        xs, ys = [], []
-        for i in range(1, len(steps)):
-            before, after = values[i - 1], values[i]
-            if before is None or after is None or before.shape != after.shape:
-                continue
-            xs.append(steps[i])
-            ys.append(float(np.linalg.norm((after - before).ravel())) / (float(np.linalg.norm(before.ravel())) + epsilon))
-        if xs:
-            series.append({"tensor": name, "steps": xs, "values": _floats(np.array(ys))})
-    return {"series": series}
+    found = [health.update_ratio_series(trial, name, MAX_HEATMAP_STEPS) for name in names]
+    return {"series": [s.to_json() for s in found if s.steps]}
 
 
-def tensor_histograms(trial: Any, stamp: Hashable, name: str, bins: int = 30) -> dict[str, Any]:
-    """Histograms of one tensor at its saved steps, on common bin edges (TensorBoard's
-    histogram view): counts[step index][bin]."""
+def tensor_histograms(trial: Any, stamp: Hashable, name: str, bins: int = 30, mode: str | None = None) -> dict[str, Any]:
+    """Histograms of one tensor at its saved steps of one mode (`mode`, else TRAIN when it has
+    TRAIN steps, else its first mode), on common bin edges (TensorBoard's histogram view):
+    counts[step index][bin], steps as global steps; `modes` lists the modes it has."""
     if not trial.has_tensor(name):
         return {"tensor": name, "steps": [], "edges": [], "counts": [], "error": "no such tensor"}
-    return _cached(trial, stamp, f"hist:{name}:{bins}", lambda: _tensor_histograms(trial, name, bins))
+    return _cached(trial, stamp, f"hist:{name}:{bins}:{mode}", lambda: _tensor_histograms(trial, name, bins, mode))
 
 
-def _tensor_histograms(trial: Any, name: str, bins: int) -> dict[str, Any]:
-    steps = _subsample(trial.tensor(name).steps(), MAX_HISTOGRAM_STEPS)
+def _tensor_histograms(trial: Any, name: str, bins: int, mode: str | None) -> dict[str, Any]:
+    by_mode = health.steps_by_mode(trial, name)
+    if mode not in by_mode:
+        mode = "TRAIN" if "TRAIN" in by_mode else next(iter(by_mode), None)
+    steps = health.subsample(by_mode.get(mode, []) if mode else [], MAX_HISTOGRAM_STEPS)
     values = trial.read_many([(name, s, None, None) for s in steps])
     kept = [(s, np.asarray(v, dtype=float).ravel()) for s, v in zip(steps, values) if v is not None]
     kept = [(s, v[np.isfinite(v)]) for s, v in kept]
     kept = [(s, v) for s, v in kept if len(v)]
     if not kept:
-        return {"tensor": name, "steps": [], "edges": [], "counts": []}
+        return {"tensor": name, "mode": mode, "modes": list(by_mode), "steps": [], "edges": [], "counts": []}
     low = min(float(v.min()) for _, v in kept)
     high = max(float(v.max()) for _, v in kept)
     if high <= low:
         high = low + 1.0
     edges = np.linspace(low, high, bins + 1)
     counts = [[int(c) for c in np.histogram(v, bins=edges)[0]] for _, v in kept]
-    return {"tensor": name, "steps": [s for s, _ in kept], "edges": _floats(edges), "counts": counts}
+    return {"tensor": name, "mode": mode, "modes": list(by_mode), "steps": [s for s, _ in kept], "edges": _floats(edges), "counts": counts}
 
 
 # --- statistical summary ----------------------------------------------------------------
@@ -494,13 +473,6 @@ def table_page(table: dict[str, Any], *, query: str = "", sort: str | None = Non
 
 
 # --- helpers ----------------------------------------------------------------------------
-
-
-def _subsample(items: list[int], limit: int) -> list[int]:
-    if len(items) <= limit:
-        return list(items)
-    picks = np.linspace(0, len(items) - 1, limit).round().astype(int)
-    return [items[i] for i in sorted(set(picks.tolist()))]
 
 
 def _floats(values: np.ndarray) -> list[float | None]:

@@ -5,23 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from ...exceptions import StepscopeError
-from ...reductions import compute
+from ... import health
 from ..context import ReportContext
 from ..figures import line_chart
 from ..model import Callout, Figure, Section, Table
 
 MAX_LAYERS = 10
-MAX_POINTS_PER_LAYER = 200  # gradient norms and update ratios are read at this many steps at most
+MAX_POINTS_PER_LAYER = 200  # gradient norms and update ratios are read at this many TRAIN steps at most
 
 
 def build(ctx: ReportContext) -> Section:
-    section = Section("health", "Training health")
-    _curves(ctx, section)
-    _gradient_norms(ctx, section)
-    _update_ratios(ctx, section)
-    _activations(ctx, section)
-    return section
+    return ctx.fill(Section("health", "Training health"), _curves, _gradient_norms, _update_ratios, _activations)
 
 
 def _collection_names(ctx: ReportContext, collection: str, fallback: str) -> list[str]:
@@ -65,65 +59,47 @@ def _curves(ctx: ReportContext, section: Section) -> None:
     section.add(Table(("tensor", "mode", "points", "first step", "first value", "last step", "last value"), tuple(rows), caption="Loss and metric values", key="curves"))
 
 
-def _sample(steps: list[int]) -> list[int]:
-    if len(steps) <= MAX_POINTS_PER_LAYER:
-        return steps
-    keep = np.linspace(0, len(steps) - 1, MAX_POINTS_PER_LAYER).astype(int)
-    return [steps[i] for i in keep]
-
-
 def _gradient_norms(ctx: ReportContext, section: Section) -> None:
-    trial = ctx.trial
     names = _collection_names(ctx, "gradients", r"^gradient")
     if not names:
         section.missing.append("Gradient norms need the gradients collection: include_collections=['gradients'] (raw or with reductions=['l2']).")
         return
-    series = {}
-    for name in names[:MAX_LAYERS]:
-        tensor = trial.tensor(name)
-        steps, values = [], []
-        for step in _sample(tensor.steps()):
-            try:
-                values.append(tensor.reduction_value(step, "l2"))
-                steps.append(step)
-            except StepscopeError:
-                continue
-        if steps:
-            series[name] = (steps, values)
+    found = [health.gradient_norm_series(ctx.trial, name, MAX_POINTS_PER_LAYER) for name in ctx.flagged_first(names)[:MAX_LAYERS]]
+    series = {s.name: (s.steps, s.values) for s in found if s.steps}
     if not series:
-        section.missing.append("No gradient value or l2 reduction could be read.")
+        section.missing.append("No gradient value or l2 reduction could be read at a TRAIN step.")
         return
-    more = f" (first {MAX_LAYERS} of {len(names)})" if len(names) > MAX_LAYERS else ""
-    section.add(Figure(line_chart(series, xlabel="global step", ylabel="l2 norm", marks=ctx.fired_marks(), logy=True), caption=f"Gradient l2 norm per layer{more}", key="gradient-norms"))
-    section.add(Table(("tensor", "steps", "last step", "last l2"), tuple((n, len(s), s[-1], v[-1]) for n, (s, v) in series.items()), caption="Gradient norms", key="gradient-norms"))
+    more = f" ({MAX_LAYERS} of {len(names)}: those a rule flagged, then the first)" if len(names) > MAX_LAYERS else ""
+    section.add(Figure(line_chart(series, xlabel="global step (TRAIN steps)", ylabel="l2 norm", marks=ctx.fired_marks(), logy=True, flagged=ctx.flagged_tensors()),
+                       caption=f"Gradient l2 norm per layer at the saved TRAIN steps{more}", key="gradient-norms"))
+    section.add(Table(("tensor", "mode", "steps", "last global step", "last l2"), tuple((n, "TRAIN", len(s), s[-1], v[-1]) for n, (s, v) in series.items()),
+                      caption="Gradient norms", key="gradient-norms"))
 
 
 def _update_ratios(ctx: ReportContext, section: Section) -> None:
-    trial = ctx.trial
     names = [n for n in _collection_names(ctx, "weights", r"weight") if not n.startswith("gradient")]
-    series = {}
-    for name in names[:MAX_LAYERS]:
-        tensor = trial.tensor(name)
-        steps = _sample(tensor.steps())
-        arrays = trial.read_many((name, s, None, None) for s in steps)
-        xs, ratios = [], []
-        for (step, before), after in zip(zip(steps, arrays), arrays[1:]):
-            if before is None or after is None or before.shape != after.shape:
-                continue
-            norm = float(compute(before, "l2"))
-            if norm > 0:
-                xs.append(step)
-                ratios.append(float(compute(after - before, "l2")) / norm)
-        if xs:
-            series[name] = (xs, ratios)
+    found = [health.update_ratio_series(ctx.trial, name, MAX_POINTS_PER_LAYER) for name in ctx.flagged_first(names)[:MAX_LAYERS]]
+    series = {s.name: (s.steps, s.values) for s in found if s.steps}
     if not series:
-        section.missing.append("Weight-update ratios need raw weights at two or more steps: include_collections=['weights'].")
+        section.missing.append("Weight-update ratios need raw weights at two or more TRAIN steps: include_collections=['weights'].")
         return
-    section.add(Figure(line_chart(series, xlabel="global step", ylabel="|w' - w| / |w|", marks=ctx.fired_marks(), logy=True), caption="Weight-update ratio between consecutive saved steps", key="update-ratios"))
+    section.add(Figure(line_chart(series, xlabel="global step (TRAIN steps)", ylabel="|w' - w| / max(|w|, 1e-3 sqrt(n))", marks=ctx.fired_marks(), logy=True, flagged=ctx.flagged_tensors()),
+                       caption="Weight-update ratio between consecutive saved TRAIN steps", key="update-ratios"))
+    section.add(Table(("tensor", "mode", "ratios", "last global step", "last ratio"), tuple((n, "TRAIN", len(s), s[-1], v[-1]) for n, (s, v) in series.items()),
+                      caption="Weight-update ratios", key="update-ratios"))
 
 
 def _activations(ctx: ReportContext, section: Section) -> None:
-    shown = False
+    from ...rules.activations import default_inactive_series
+
+    rows, persistence = default_inactive_series(ctx.trial)
+    rows = [r for r in rows if r.steps]
+    if rows:
+        section.add(Table(("layer (state, mode)", "shares", "last global step", "last % of units"), tuple((r.name, len(r.steps), r.steps[-1], r.values[-1]) for r in rows[:MAX_LAYERS * 2]),
+                          caption=f"Dead / saturated units: % of each layer's units off at each of its last {persistence.get('dead', 1)} (dead) / "
+                                  f"{persistence.get('saturated', 1)} (saturated) saved steps of a mode, as DeadRelu and SaturatedActivation judge them",
+                          key="inactive-units"))
+    shown = bool(rows)
     for rule in ("DeadRelu", "SaturatedActivation"):
         finding = ctx.finding(rule)
         if finding is None or finding.status == "no data":

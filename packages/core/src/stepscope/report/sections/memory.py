@@ -72,8 +72,8 @@ def _timeline(section: Section, traces: Any, rank: int) -> None:
         series[f"{device} allocated"] = (seconds, (rows["allocated"] / _MIB).tolist())
         if (rows["reserved"] > 0).any():
             series[f"{device} reserved"] = (seconds, (rows["reserved"] / _MIB).tolist())
-    starts = line.groupby("step")["ts_ns"].min()
-    marks = [((int(ts) - origin) / 1e9, "step start") for step, ts in starts.items() if step >= 0]
+    spans = traces.step_spans(rank=rank)
+    marks = [((int(ts) - origin) / 1e9, "step start") for ts in spans["ts_ns"].tolist()]
     svg = line_chart(series, xlabel="seconds into the profiled window", ylabel="MiB", marks=marks)
     section.add(Figure(svg, caption=f"Memory of rank {rank} per device (dashed: step starts)", key=f"memory-timeline-rank{rank}"))
 

@@ -38,8 +38,8 @@ def build(ctx: ReportContext) -> Section:
         if finding.definition:
             section.add(Paragraph(finding.definition))
         if finding.evidence:
-            shown = finding.evidence[:MAX_EVIDENCE_ROWS]
-            rows = tuple((e.where, e.tensor or "", _plain(e.value), _plain(e.threshold), e.message) for e in shown)
+            listed = finding.evidence[:MAX_EVIDENCE_ROWS]
+            rows = tuple((e.where, e.tensor or "", _plain(e.value), _plain(e.threshold), e.message) for e in listed)
             more = len(finding.evidence) - len(rows)
             caption = f"{finding.rule}: evidence" + (f" (first {len(rows)}, {more} more)" if more > 0 else "")
             section.add(Table(("where", "tensor / resource", "value", "threshold", "evidence"), rows, caption=caption, key=f"evidence-{finding.rule}"))

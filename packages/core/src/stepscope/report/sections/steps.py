@@ -3,6 +3,7 @@ breakdown (data / forward / backward / optimizer / compute / other) from the ste
 
 from __future__ import annotations
 
+from ... import chart_scales
 from ...capture.phases import PHASES
 from ...profiler import STEP_PHASES
 from ..context import ReportContext
@@ -29,8 +30,16 @@ def build(ctx: ReportContext) -> Section:
         series[label] = (group["step"].tolist(), durations.tolist())
         rows.append((mode, int(rank), len(group), float(durations.mean()), float(durations.median()), float(durations.quantile(0.95)), float(durations.max())))
     section.add(Table(("mode", "rank", "steps", "mean ms", "p50 ms", "p95 ms", "max ms"), tuple(rows), caption="Step durations", key="step-durations"))
-    section.add(Figure(histogram(steps["duration_ms"].tolist(), xlabel="step duration (ms)"), caption="Step duration histogram (all modes and ranks)", key="step-histogram"))
-    section.add(Figure(line_chart(series, xlabel="step", ylabel="duration (ms)"), caption="Step duration over steps", key="step-over-time"))
+    durations = steps["duration_ms"].to_numpy(dtype=float)
+    split = chart_scales.split_far(durations)
+    names = [f"{m} step {int(s)}" for m, s in zip(steps["mode"].astype(str), steps["step"])]
+    apart = split.statement("ms", "step", names)
+    section.add(Figure(histogram(durations[split.keep].tolist(), xlabel="step duration (ms)"),
+                       caption="Step duration histogram (all modes and ranks)" + (f"; {apart}" if apart else ""), key="step-histogram"))
+    logy = chart_scales.wants_log(durations)
+    section.add(Figure(line_chart(series, xlabel="global step", ylabel="duration (ms)", logy=logy),
+                       caption="Step duration over global steps, per mode and rank" + (" (log scale: the durations span more than two decades)" if logy else ""),
+                       key="step-over-time"))
     _outliers(ctx, section)
     _phases(ctx, section, timeline)
     return section
@@ -42,14 +51,20 @@ def _outliers(ctx: ReportContext, section: Section) -> None:
         section.missing.append("Outliers come from the StepOutlier rule: run `stepscope check PATH` (it runs with profiler data).")
         return
     outliers = finding.statistics.get("outliers") or []
-    rows = tuple((o.get("mode"), o.get("rank"), o.get("step"), o.get("duration_ms")) for o in outliers[:20])
+    groups = finding.statistics.get("groups") or {}
+
+    def limit(o: dict) -> float | None:
+        return (groups.get(f"{o.get('node_id')}/rank{o.get('rank')}/{o.get('mode')}") or {}).get("limit_ms")
+
+    rows = tuple((o.get("mode"), o.get("rank"), o.get("step"), o.get("duration_ms"), limit(o)) for o in outliers[:20])
     # The rule lists every outlier in its statistics; it fires only above n_outliers of them.
-    count = len(outliers)
+    p = finding.parameters
     caption = (
-        f"Step outliers: {count} step(s) beyond mean + {finding.parameters.get('stddev', 3)} std "
-        f"(StepOutlier {finding.status}; it fires above {finding.parameters.get('n_outliers', 10)})"
+        f"Step outliers: {len(outliers)} step(s) over their rank and mode's limit, max(mean + {p.get('stddev', 3)} std, "
+        f"{p.get('min_ratio', 0)} x median, median + {p.get('min_excess_ms', 0)} ms) without the first step "
+        f"(StepOutlier {finding.status}; it fires above {p.get('n_outliers', 10)})"
     )
-    section.add(Table(("mode", "rank", "step", "duration ms"), rows, caption=caption, key="step-outliers"))
+    section.add(Table(("mode", "rank", "global step", "duration ms", "limit ms"), rows, caption=caption, key="step-outliers"))
 
 
 def _phases(ctx: ReportContext, section: Section, timeline) -> None:

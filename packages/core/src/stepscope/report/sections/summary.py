@@ -19,12 +19,7 @@ logger = logging.getLogger("stepscope")
 
 
 def build(ctx: ReportContext) -> Section:
-    section = Section("summary", "Summary")
-    _verdict(ctx, section)
-    _times(ctx, section)
-    _job(ctx, section)
-    _saved(ctx, section)
-    return section
+    return ctx.fill(Section("summary", "Summary"), _verdict, _times, _job, _saved)
 
 
 def judged_text(findings: list[Finding]) -> str:
