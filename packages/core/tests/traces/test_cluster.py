@@ -88,8 +88,11 @@ class _CountingStore(LocalStore):
 
 def test_manifest_makes_a_second_open_read_three_objects(tmp_path):
     _same_work_job(tmp_path, ranks=5)
-    first = JobQuery(LocalStore(tmp_path))
+    counting = _CountingStore(tmp_path)
+    first = JobQuery(counting)
     assert first.build.summarised == 5
+    # The compaction uses the tables the tasks handed back: no summary file is read back.
+    assert not [key for key in counting.reads if key.startswith(f"{summaries.SUMMARY_DIR}/steps/")]
     expected = first.sql("SELECT * FROM summary_steps ORDER BY rank, step")
     store = _CountingStore(tmp_path)
     second = JobQuery(store)
@@ -102,8 +105,11 @@ def test_manifest_makes_a_second_open_read_three_objects(tmp_path):
     moved = tmp_path / DETAILED / "rank9"
     (tmp_path / "extra" / DETAILED / "rank0").rename(moved)
     (moved / "window_000000.pt.trace.json").write_bytes((moved / "window_000000.pt.trace.json").read_bytes().replace(b'"rank": 0,', b'"rank": 9,', 1))
-    third = JobQuery(LocalStore(tmp_path))
+    counting = _CountingStore(tmp_path)
+    third = JobQuery(counting)
     assert (third.build.summarised, third.build.reused) == (1, 5)
+    # The five earlier traces come from the previous compaction, not from their files.
+    assert not [key for key in counting.reads if key.startswith((f"{summaries.SUMMARY_DIR}/steps/", f"{summaries.SUMMARY_DIR}/kernels/"))]
     assert third.ranks == [0, 1, 2, 3, 4, 9]
     assert summaries.read_manifest(LocalStore(tmp_path)).compact["covers"] == summaries.read_manifest(LocalStore(tmp_path)).covered()
 
