@@ -91,8 +91,12 @@ def run_profile(target: str, env: dict[str, str]) -> dict[str, object]:
 
 def s3_job(root: Path, env: dict[str, str]) -> tuple[str, object]:
     """Copy the job's traces to a fresh bucket on a loopback moto server."""
+    import logging
+
     import boto3
     from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # not a line per request
 
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()

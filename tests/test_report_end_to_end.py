@@ -120,7 +120,8 @@ def test_sections_numbers_and_the_fired_rule(job, written):
         assert first_value == format_value(float(values[steps[0]])) and last_value == format_value(float(values[steps[-1]]))
         assert int(first_step) == trial.global_step(mode, steps[0])
     # Gradient norms: the last l2 equals the trial's reduction.
-    for name, _count, last_step, last_l2 in _table(html, "gradient-norms"):
+    for name, mode, _count, last_step, last_l2 in _table(html, "gradient-norms"):
+        assert mode == "TRAIN" and trial.mode_of(int(last_step))[0].name == "TRAIN"  # a gradient at an EVAL step is stale
         assert last_l2 == format_value(trial.tensor(name).reduction_value(int(last_step), "l2"))
     # Steps: the count per mode equals the step timeline's.
     timeline = trial.profiler.step_timeline()

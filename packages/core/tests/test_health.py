@@ -74,6 +74,9 @@ def test_update_ratios_are_consecutive_train_steps_only(job):
         before, after = written[prev]["fc.weight"].astype(np.float64), written[step]["fc.weight"].astype(np.float64)
         assert value == pytest.approx(_norm(after - before) / max(_norm(before), 1e-3 * np.sqrt(before.size)), rel=1e-9)
     assert min(series.values) > 0
+    # fewer points for a long job: still each against the TRAIN step saved just before it
+    few = health.update_ratio_series(trial, "fc.weight", max_points=3)
+    assert few.steps == [1, 6, 9] and few.values == pytest.approx([series.values[series.steps.index(s)] for s in few.steps], rel=1e-12)
     beta = health.update_ratio_series(trial, "ln.beta")
     assert beta.steps == train[2:]  # the all-zero start has no ratio
     assert max(beta.values) < 10  # bounded: ||w|| + 1e-9 gave 1e7-scale ratios here

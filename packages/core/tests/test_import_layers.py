@@ -10,7 +10,7 @@ import pytest
 
 pytest.importorskip("importlinter")
 
-from importlinter import cli as importlinter_cli  # noqa: E402
+from importlinter.application import use_cases  # noqa: E402
 from importlinter.application.app_config import settings  # noqa: E402
 from importlinter.configuration import configure  # noqa: E402
 
@@ -38,7 +38,10 @@ def _lint(contract: str, planted: tuple[str, str] | None = None) -> int:
 
     settings.configure(GRAPH_BUILDER=Planting())
     try:
-        return importlinter_cli.lint_imports(config_filename=CONFIG, limit_to_contracts=(contract,), no_cache=True, no_logo=True)
+        # The use case, not the command line's entry: that one reconfigures logging and
+        # would silence every logger the other tests of this process capture.
+        kept = use_cases.lint_imports(config_filename=CONFIG, limit_to_contracts=(contract,), cache_dir=None, no_logo=True)
+        return 0 if kept else 1
     finally:
         settings.configure(GRAPH_BUILDER=real)
 

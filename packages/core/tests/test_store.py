@@ -207,3 +207,54 @@ def test_reopenable_url_opens_the_same_store(store):
     from stepscope.testing.large_jobs import MemoryStore
 
     assert MemoryStore().reopenable_url() is None  # nothing another process could open
+
+
+def test_nothing_reaches_around_the_store():
+    # Outside store/, code goes through the Store interface: no backend type checks, no
+    # private attribute of a backend, no getattr probing for a method.
+    import ast
+    from pathlib import Path
+
+    import stepscope
+
+    core = Path(stepscope.__file__).parent
+    roots = [core, core.parents[2] / "torch_plugin" / "src", core.parents[2] / "tf_plugin" / "src"]
+    private = {"_client", "_os_path", "_root_str", "_folder_fd", "_with_folder", "_open_regular", "_key"}
+    store_methods = {name for name in dir(open_store.__globals__["Store"]) if not name.startswith("__")}
+    found = []
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            if path.is_relative_to(core / "store"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text())):
+                where = f"{path.relative_to(root)}:{getattr(node, 'lineno', 0)}"
+                if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "isinstance" and len(node.args) == 2:
+                    if any(isinstance(n, ast.Name) and n.id in ("LocalStore", "S3Store") for n in ast.walk(node.args[1])):
+                        found.append(f"{where}: isinstance(..., {ast.unparse(node.args[1])})")
+                elif isinstance(node, ast.Attribute) and node.attr in private and "store" in ast.unparse(node.value).lower():
+                    found.append(f"{where}: {ast.unparse(node)}")
+                elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr" and len(node.args) >= 2:
+                    target, name = ast.unparse(node.args[0]).lower(), node.args[1]
+                    if "store" in target and isinstance(name, ast.Constant) and (name.value in store_methods or name.value in private or name.value == "root"):
+                        found.append(f"{where}: {ast.unparse(node)}")
+    assert found == [], "use the Store interface (store/base.py):\n" + "\n".join(found)
+
+
+def test_is_empty_stops_at_the_first_object(store, tmp_path):
+    assert store.is_empty()
+    store.write("index/000000000/000000000001_worker_0.json", b"{}")
+    assert not store.is_empty()
+    store.delete("index/000000000/000000000001_worker_0.json")
+    assert store.is_empty() == (store.list("") == [])
+    if store.url.startswith("s3://"):
+        return
+    import os
+
+    # Locally, what a listing leaves out does not count: a temporary file, a link, a folder.
+    root = tmp_path / "job"
+    (root / "deep" / "er").mkdir(parents=True)
+    (root / "index" / ".x.json.1.1.tmp").write_bytes(b"")
+    os.symlink(tmp_path, root / "link")
+    assert store.is_empty() and store.list("") == []
+    (root / "deep" / "er" / "f.json").write_bytes(b"{}")
+    assert not store.is_empty() and LocalStore(tmp_path / "missing").is_empty()

@@ -7,6 +7,10 @@ is recorded as a stop; the writes are bounded in time and size."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 import time
 
 import pytest
@@ -15,6 +19,7 @@ import torch
 from stepscope.capture.blackbox import BLACKBOX_DIR, BlackBoxConfig, write_black_box
 from stepscope.config import ProfilerConfig
 from stepscope.exceptions import ConfigError
+from stepscope.layout import STOP_KEY
 from stepscope.profiler.reader import ProfilerTrial
 from stepscope.store import open_store
 from stepscope_torch import Hook, StopTrainingRequested
@@ -92,3 +97,75 @@ def test_the_black_box_is_bounded_in_time_and_size(tmp_path):
     assert sorted(k.rsplit("/", 1)[1] for k in keys) == ["record.json", "small.txt"]
     with pytest.raises(ConfigError, match="budget_s"):
         BlackBoxConfig(budget_s=0)
+
+
+_WORKER = textwrap.dedent(
+    """
+    import sys, time, torch
+    from stepscope.config import ProfilerConfig
+    from stepscope_torch import Hook, black_box
+    fail_at = int(sys.argv[2])
+    model = torch.nn.Linear(16, 4)
+    hook = Hook(sys.argv[1], profiler_config=ProfilerConfig(system_monitor=False))
+    hook.register_module(model)
+    try:
+        with black_box(hook):
+            for step in range(400):
+                model(torch.randn(8, 16)).sum().backward()
+                if step == fail_at:
+                    torch.empty(1 << 50, dtype=torch.uint8)  # the CPU allocator refuses
+                time.sleep(0.05)
+    except Exception as exc:
+        print(type(exc).__name__, flush=True)
+        sys.exit(3)
+    """
+)
+
+
+def test_the_other_workers_learn_of_a_failure_and_stop_with_their_own_black_box(tmp_path):
+    script = tmp_path / "worker.py"
+    script.write_text(_WORKER)
+    job = tmp_path / "job"
+    env = {**os.environ, "WORLD_SIZE": "2", "STEPSCOPE_STOP_POLL_S": "0.2", "PYTHONWARNINGS": "ignore"}
+    workers = [
+        subprocess.Popen([sys.executable, str(script), str(job), str(fail_at)], env={**env, "RANK": str(rank)}, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        for rank, fail_at in ((0, 10_000), (1, 3))  # rank 0 would run 400 steps; rank 1 fails at step 3
+    ]
+    outputs = [w.communicate(timeout=240)[0].strip() for w in workers]
+    assert [w.returncode for w in workers] == [3, 3]
+    assert outputs == ["StopTrainingRequested", "RuntimeError"]
+    records = {path.parent.name: json.loads(path.read_text()) for path in job.glob(f"{BLACKBOX_DIR}/*/record.json")}
+    assert len(records) == 2
+    failed = next(r for r in records.values() if r["rank"] == 1)
+    stopped = next(r for r in records.values() if r["rank"] == 0)
+    assert failed["reason"] == "oom" and failed["step"] == 3
+    assert stopped["reason"] == "stop" and failed["worker"] in stopped["message"] and "oom" in stopped["message"]
+    assert stopped["step"] < 300  # it stopped long before its 400 steps
+
+
+def test_lightning_writes_the_black_box_when_fit_fails(tmp_path):
+    pl = pytest.importorskip("lightning.pytorch")
+    from stepscope_torch import StepscopeCallback
+
+    class Failing(pl.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.net = torch.nn.Linear(6, 3)
+
+        def training_step(self, batch, batch_idx):
+            if batch_idx == 3:
+                torch.empty(1 << 50, dtype=torch.uint8)  # the CPU allocator refuses
+            return torch.nn.functional.cross_entropy(self.net(batch[0]), batch[1])
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    data = torch.utils.data.TensorDataset(torch.randn(40, 6), torch.randint(0, 3, (40,)))
+    trainer = pl.Trainer(accelerator="cpu", devices=1, max_epochs=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                         enable_model_summary=False, callbacks=[StepscopeCallback(str(tmp_path), profiler_config=ProfilerConfig.disabled())])
+    with pytest.raises(RuntimeError, match="can't allocate memory"):
+        trainer.fit(Failing(), torch.utils.data.DataLoader(data, batch_size=4))
+    (record_file,) = tmp_path.glob(f"{BLACKBOX_DIR}/*/record.json")
+    record = json.loads(record_file.read_text())
+    assert record["reason"] == "oom" and record["step"] == 3 and record["mode"] == "TRAIN"
+    assert json.loads((tmp_path / STOP_KEY).read_text())["rule"] == "BlackBox"  # the other workers are told

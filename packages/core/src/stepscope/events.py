@@ -308,11 +308,6 @@ def _value_array(value: Any) -> np.ndarray:
     raise ValueError(f"record value {value.tag!r} holds a {value.WhichOneof('value')}, not a tensor")
 
 
-def decode_tensor_value(payload: bytes | memoryview) -> np.ndarray:
-    """Only the tensor of a record (what a reader that knows the step from the index needs)."""
-    return _value_array(_summary_value(Event.FromString(bytes(payload))))
-
-
 def decode_tensor_tag_value(payload: bytes | memoryview) -> tuple[str, np.ndarray]:
     """The name (tag) and tensor of a record: a reader checks the name against its index."""
     value = _summary_value(Event.FromString(bytes(payload)))

@@ -93,13 +93,17 @@ def update_ratio(before: np.ndarray | None, after: np.ndarray | None, rms_floor:
 def update_ratio_series(trial: Any, name: str, max_points: int | None = None) -> Series:
     """The update ratio of weight `name` at each saved TRAIN step after its first, against its
     previous saved TRAIN step (consecutive saved steps, whatever their distance: save every
-    step for a per-step figure). The step axis is the later step's global step."""
+    step for a per-step figure). The step axis is the later step's global step. With
+    `max_points`, at most that many ratios, evenly spread; each still against the step
+    saved just before it, so a long job's chart shows the figure the rule judges."""
     steps = training_steps(trial, name)
+    later = list(range(1, len(steps)))
     if max_points is not None:
-        steps = subsample(steps, max_points + 1)
-    values = trial.read_many([(name, s, None, None) for s in steps])
+        later = subsample(later, max_points)
+    needed = sorted({i - 1 for i in later} | set(later))
+    values = dict(zip(needed, trial.read_many([(name, steps[i], None, None) for i in needed])))
     series = Series(name, ModeKeys.TRAIN.name)
-    for i in range(1, len(steps)):
+    for i in later:
         ratio = update_ratio(values[i - 1], values[i])
         if ratio is not None:
             series.add(steps[i], ratio)

@@ -22,6 +22,7 @@ COST_DIR = "stepscope-cost"  # the hooks' own cost, per worker
 COST_WINDOWS_DIR = f"{COST_DIR}/profiler-windows"  # the profiling windows' cost
 TRACE_TABLE_DIR = "stepscope-traces"  # the trace engine's per-trace event tables (parquet)
 TRACE_SUMMARY_DIR = "stepscope-summaries"  # its compact per-rank summaries, with a manifest
+BLACKBOX_DIR = "stepscope-blackbox"  # what a worker wrote when training failed (<worker>/record.json)
 REPORT_NAME = "stepscope-report.html"  # `stepscope report`'s default output, beside the job
 # A name starting with this is stepscope's, never a user's traces.
 OWN_DIR_PREFIX = "stepscope-"
@@ -33,6 +34,7 @@ FRAMEWORK_DIR = f"{PROFILER_DIR}/framework"
 STEP_TIMELINE_DIR = f"{FRAMEWORK_DIR}/steps"  # our step/phase timeline
 LEGACY_TIMELINE_DIR = f"{FRAMEWORK_DIR}/pevents"  # smdebug's python timeline files
 PYTHON_PROFILE_DIR = f"{FRAMEWORK_DIR}/python"  # cProfile / pyinstrument windows
+MEMORY_SNAPSHOT_DIR = f"{FRAMEWORK_DIR}/pytorch/memory"  # CUDA allocator snapshots of the windows
 DETAILED_FRAMEWORKS = ("pytorch", "tensorflow")  # the frameworks whose detailed traces we write
 
 # --- rule output ----------------------------------------------------------------------------

@@ -66,11 +66,17 @@ def test_dashboard_numbers_are_the_trials(app, store_root):
     np.testing.assert_allclose(series["duration_ms"], steps["duration_ms"])
     limit = StepOutlier(**StepOutlier.preset).run(profiler).statistics["groups"]["algo-1/rank0/TRAIN"]["limit_ms"]
     assert series["limit_ms"] == limit and series["outliers"] == [10, 20]
-    counts, edges = np.histogram(steps["duration_ms"], bins=12)
+    # the two 5x steps are drawn apart (named), the bins span the others; the summary counts all
+    slow = steps["step"].isin([10, 20]).to_numpy()
+    assert sorted(a["name"] for a in data["step_histogram"]["apart"]) == ["TRAIN step 10", "TRAIN step 20"]
+    assert data["step_histogram"]["max"] == pytest.approx(steps["duration_ms"].max()) and data["step_histogram"]["n"] == 40
+    counts, edges = np.histogram(steps["duration_ms"].to_numpy()[~slow], bins=12)
     assert data["step_histogram"]["counts"] == counts.tolist()
     np.testing.assert_allclose(data["step_histogram"]["edges"], edges)
-    backward = timeline[timeline["phase"] == "backward"]["duration_ms"]
-    assert data["annotation"]["chosen"] == "backward" and data["annotation"]["histogram"]["counts"] == np.histogram(backward, bins=12)[0].tolist()
+    backward = timeline[timeline["phase"] == "backward"]
+    slow_backward = backward["step"].isin([10, 20]).to_numpy()  # the slow steps' phases are drawn apart too
+    assert len(data["annotation"]["histogram"]["apart"]) == 2
+    assert data["annotation"]["chosen"] == "backward" and data["annotation"]["histogram"]["counts"] == np.histogram(backward["duration_ms"].to_numpy()[~slow_backward], bins=12)[0].tolist()
     forward = client.get("/api/jobs/team-a/run-1/dashboard?phase=forward&bins=12").get_json()["annotation"]["histogram"]
     assert forward["n"] == 40
     # Each phase's total, and the step time no phase covers as "other" (nothing counted twice).
@@ -380,6 +386,11 @@ def test_dead_and_saturated_units_by_the_rules_definitions(app, store_root):
 
     report = run_rules([DeadRelu(create_trial(str(store_root / "team-a" / "acts")), **{**DeadRelu.preset, "threshold_layer": 25.0})])[0]
     assert [(e.step, e.value) for e in report.evidence] == [(3, units["values"][0][3])]
+    # and the report's table shows the same last shares
+    from stepscope.report import build_report
+
+    table = build_report(str(store_root / "team-a" / "acts"), rules="none").section("health").table("inactive-units")
+    assert [(r[0], r[2], r[3]) for r in table.rows] == [(name, 3, values[-1]) for name, values in zip(units["tensors"], units["values"])]
 
 
 def test_statistics_tables_filter_sort_and_page_on_the_server(app, store_root):

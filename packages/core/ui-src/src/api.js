@@ -41,6 +41,8 @@ export const fmt = {
   ms: (v) => (v === null || v === undefined ? '-' : v >= 1000 ? `${(v / 1000).toFixed(2)} s` : `${v.toFixed(v < 10 ? 2 : 1)} ms`),
   num: (v, d = 2) => (v === null || v === undefined ? '-' : Number.isInteger(v) ? String(v) : v.toFixed(d)),
   time: (s) => (s ? new Date(s * 1000).toISOString().replace('T', ' ').slice(0, 19) + ' UTC' : '-'),
+  // a wall-clock time with milliseconds (the steps table's start column holds epoch seconds)
+  clock: (s) => (s ? new Date(s * 1000).toISOString().replace('T', ' ').slice(0, 23) + ' UTC' : '-'),
   duration: (s) => {
     if (s === null || s === undefined) return '-';
     const h = Math.floor(s / 3600), m = Math.floor((s % 3600) / 60), sec = Math.round(s % 60);

@@ -17,23 +17,63 @@ function follow(container, chart, height) {
   return chart;
 }
 
-export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', xTime = false, points = null, logY = false, height = 220, marks = [] }) {
+// Wall-clock ticks as HH:MM:SS (UTC), spaced so that two labels never touch.
+const clockTicks = (u, splits) => splits.map((v) => (v === null ? '' : new Date(v * 1000).toISOString().slice(11, 19)));
+
+// Values on a log axis: zeros, negatives and denormals are not drawn (counted instead).
+const TINY = 1.1754943508222875e-38;
+export function forLog(values) {
+  let dropped = 0;
+  const out = values.map((v) => { if (v === null || v === undefined || !Number.isFinite(v)) return null; if (v <= TINY) { dropped += 1; return null; } return v; });
+  return { values: out, dropped };
+}
+
+// Whether positive values span more than two decades (then a log axis reads better).
+export function spansDecades(values) {
+  const pos = values.filter((v) => v !== null && Number.isFinite(v) && v > TINY);
+  return pos.length >= 2 && Math.max(...pos) / Math.min(...pos) > 100;
+}
+
+// At most n series named in a legend: every `keep` one (the tensors a rule flagged), then the
+// largest by their maximum; the rest are still drawn, thin and grey, without a legend entry.
+export function topSeries(series, n, keep = []) {
   const names = Object.keys(series);
-  exposeChart(id, { x, series, points });
+  if (names.length <= n) return { named: names, caption: '' };
+  const score = (vs) => Math.max(-Infinity, ...vs.filter((v) => v !== null && Number.isFinite(v)));
+  const forced = names.filter((k) => keep.includes(k));
+  const ranked = names.filter((k) => !forced.includes(k)).sort((a, b) => score(series[b]) - score(series[a]));
+  const chosen = new Set([...forced, ...ranked.slice(0, Math.max(0, n - forced.length))]);
+  return { named: names.filter((k) => chosen.has(k)), caption: `legend: top ${chosen.size} of ${names.length} by max` + (forced.length ? `, with the ${forced.length} a rule flagged` : '') };
+}
+
+export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', xTime = false, points = null, logY = false, height = 220, named = null, marks = [] }) {
+  const names = Object.keys(series);
+  exposeChart(id, { x, series, points, logY, named });
   const data = [x, ...names.map((n) => series[n])];
+  const shown = named ? new Set(named) : null;
+  let colour = 0;
+  const line = (n) => {
+    if (shown && !shown.has(n)) return { label: n, stroke: '#cbd5e1', width: 0.75, spanGaps: true, points: { show: false }, class: 'unnamed' };
+    return { label: n, stroke: color(colour++), width: 1.5, spanGaps: true, points: { show: x.length < 60, size: x.length === 1 ? 9 : 5 } };
+  };
   const opts = {
     width: width(container), height,
     scales: { x: { time: xTime }, y: logY ? { distr: 3 } : {} },
-    axes: [{ label: xLabel }, { label: yLabel }],
-    series: [{ label: xLabel || 'x' }, ...names.map((n, i) => ({ label: n, stroke: color(i), width: 1.5, spanGaps: true, points: { show: x.length < 60 } }))],
+    axes: [xTime ? { label: xLabel || 'time (UTC)', space: 90, values: clockTicks } : { label: xLabel }, { label: yLabel, size: 60 }],
+    series: [{ label: xLabel || (xTime ? 'time' : 'x'), value: xTime ? (u, v) => (v === null ? '-' : new Date(v * 1000).toISOString().slice(11, 23)) : undefined }, ...names.map(line)],
   };
+  if (x.length === 1) opts.scales.x = { time: xTime, range: (u, lo, hi) => [lo - 1, hi + 1] };  // one sample: a point in the middle, not an empty axis
   // Vertical dashed lines at the x values of `marks` (step starts, say).
   if (marks.length) opts.hooks = { draw: [(u) => drawMarks(u, marks)] };
   if (points) {
     data.push(points.y);
     opts.series.push({ label: points.label, stroke: '#dc2626', fill: '#dc2626', width: 0, paths: () => null, points: { show: true, size: 8, fill: '#dc2626' } });
   }
-  return follow(container, new uPlot(opts, data, container), height);
+  const chart = follow(container, new uPlot(opts, data, container), height);
+  if (shown) {  // the legend names only the top series: hide the others' entries
+    chart.root.querySelectorAll('.u-legend .u-series').forEach((row, i) => { if (i > 0 && i <= names.length && !shown.has(names[i - 1])) row.style.display = 'none'; });
+  }
+  return chart;
 }
 
 function drawMarks(u, marks) {
@@ -50,8 +90,8 @@ function drawMarks(u, marks) {
   ctx.restore();
 }
 
-export function barChart(container, id, { edges, counts, xLabel = '', height = 200 }) {
-  exposeChart(id, { edges, counts });
+export function barChart(container, id, { edges, counts, xLabel = '', height = 200, apart = [] }) {
+  exposeChart(id, { edges, counts, apart });
   if (!counts.length) { container.append(el('p', { class: 'muted' }, 'no data')); return null; }
   const centers = counts.map((_, i) => (edges[i] + edges[i + 1]) / 2);
   const opts = {
@@ -95,13 +135,35 @@ export function pieChart(container, id, shares, { title = '' } = {}) {
 }
 
 // A heatmap on a canvas: rows x columns of values, colour on a log scale when asked.
+// Beyond HEATMAP_ROWS rows the labels would overlap: rows are merged per module (the name
+// without its last part, "layer3.0.conv1.weight" -> "layer3.0.conv1"... up a level until
+// they fit), each cell the largest of its members, and the note says so.
+const HEATMAP_ROWS = 30;
+function byModule(rows, values) {
+  for (let cut = 1; cut < 8; cut++) {
+    const groups = new Map();
+    rows.forEach((name, r) => { const parts = name.split(/[./]/); const key = parts.slice(0, Math.max(1, parts.length - cut)).join('.'); (groups.get(key) || groups.set(key, []).get(key)).push(r); });
+    if (groups.size <= HEATMAP_ROWS || cut === 7) {
+      const names = [...groups.keys()];
+      return { rows: names.map((k) => `${k} (${groups.get(k).length})`), values: names.map((k) => values[0].map((_, c) => {
+        const vs = groups.get(k).map((r) => values[r][c]).filter((v) => v !== null);
+        return vs.length ? Math.max(...vs) : null;
+      })) };
+    }
+  }
+  return { rows, values };
+}
+
 export function heatmap(container, id, { rows, columns, values, log = true }) {
   exposeChart(id, { rows, columns, values });
   if (!rows.length || !columns.length) { container.append(el('p', { class: 'muted' }, 'no data')); return; }
+  let merged = null;
+  if (rows.length > HEATMAP_ROWS) { const total = rows.length; ({ rows, values } = byModule(rows, values)); merged = `${total} tensors merged into ${rows.length} rows by module (each cell: the largest of the module's tensors)`; }
+  window.stepscope.charts[id].drawnRows = rows;
   const flat = values.flat().filter((v) => v !== null && (log ? v > 0 : true));
   const tr = (v) => (log ? Math.log10(v) : v);
   const lo = Math.min(...flat.map(tr)), hi = Math.max(...flat.map(tr));
-  const labelW = 180, cellH = Math.max(8, Math.min(18, 360 / rows.length));
+  const labelW = 220, cellH = Math.max(13, Math.min(18, 360 / rows.length));
   const canvas = el('canvas', { class: 'heatmap' });
   const w = width(container), h = rows.length * cellH + 24;
   canvas.width = w; canvas.height = h;
@@ -110,7 +172,7 @@ export function heatmap(container, id, { rows, columns, values, log = true }) {
   ctx.font = '11px sans-serif';
   rows.forEach((name, r) => {
     ctx.fillStyle = '#111';
-    ctx.fillText(name.length > 28 ? '…' + name.slice(-27) : name, 2, r * cellH + cellH * 0.75);
+    ctx.fillText(name.length > 34 ? '…' + name.slice(-33) : name, 2, r * cellH + cellH * 0.75);
     values[r].forEach((v, c) => {
       if (v === null || (log && !(v > 0))) { ctx.fillStyle = '#eee'; }
       else {
@@ -128,7 +190,7 @@ export function heatmap(container, id, { rows, columns, values, log = true }) {
     canvas.title = c >= 0 && r >= 0 && r < rows.length && c < columns.length ? `${rows[r]} @ step ${columns[c]}: ${values[r][c]}` : '';
   });
   const shown = (v) => Number(log ? 10 ** v : v).toPrecision(3);
-  container.append(canvas, el('p', { class: 'muted' }, `colour: ${log ? 'log scale' : 'linear'}, blue ${shown(lo)} … red ${shown(hi)}`));
+  container.append(canvas, el('p', { class: 'muted' }, `colour: ${log ? 'log scale' : 'linear'}, blue ${shown(lo)} … red ${shown(hi)}` + (merged ? `; ${merged}` : '')));
 }
 
 // TensorBoard-style histograms over steps: one outline per step, later steps lower and darker.

@@ -1,6 +1,6 @@
 // One job's pages: dashboard, training health, statistics (the timeline has its own module).
 import { api, el, fmt, jobPath } from './api.js';
-import { barChart, heatmap, lineChart, pieChart, ridgeline } from './charts.js';
+import { barChart, forLog, heatmap, lineChart, pieChart, ridgeline, spansDecades, topSeries } from './charts.js';
 
 const section = (title, id, ...body) => el('section', { class: 'card', id }, el('h3', {}, title), ...body);
 
@@ -26,11 +26,13 @@ export async function dashboardView(root, job) {
     wrap.append(section(`Step time: ${s.key}`, `steps-${s.key}`, box,
       el('p', { class: 'muted step-outliers', 'data-outliers': s.outliers.join(','), 'data-limit-ms': s.limit_ms === null ? '' : String(s.limit_ms) },
         `${s.steps.length} steps; outliers (> ${s.limit_ms === null ? '-' : fmt.ms(s.limit_ms)}, StepOutlier): ${s.outliers.length ? s.outliers.join(', ') : 'none'}`)));
-    lineChart(box, `steps:${s.key}`, { x: s.steps, series: { 'step time (ms)': s.duration_ms }, xLabel: `global step (${s.mode} steps)`, yLabel: 'ms', points });
+    lineChart(box, `steps:${s.key}`, { x: s.steps, series: { 'step time (ms)': s.duration_ms }, xLabel: `global step (${s.mode} steps)`, yLabel: s.log_y ? 'ms (log)' : 'ms', points, logY: s.log_y });
+    if (s.log_y) box.after(el('p', { class: 'muted scale-note' }, 'log scale: the step times span more than two decades (a compile or first step)'));
   }
 
   const hist = el('div', { class: 'chart' });
-  wrap.append(section('Step-time histogram', 'step-histogram', hist, summaryLine(d.step_histogram)));
+  wrap.append(section('Step-time histogram', 'step-histogram', hist, summaryLine(d.step_histogram),
+    d.step_histogram.apart_note ? el('p', { class: 'muted apart', id: 'step-histogram-apart' }, d.step_histogram.apart_note) : null));
   barChart(hist, 'step-histogram', { ...d.step_histogram, xLabel: 'step time (ms)' });
 
   const pie = el('div');
@@ -43,18 +45,21 @@ export async function dashboardView(root, job) {
     const next = await api(`${base}/dashboard?phase=${encodeURIComponent(picker.value)}`);
     annot.replaceChildren();
     barChart(annot, 'annotation-histogram', { ...next.annotation.histogram, xLabel: `${picker.value} (ms)` });
+    if (next.annotation.histogram.apart_note) annot.append(el('p', { class: 'muted apart' }, next.annotation.histogram.apart_note));
   } }, d.annotation.names.map((n) => el('option', { value: n, selected: n === d.annotation.chosen }, n)));
   wrap.append(section('Annotation durations', 'annotation', el('label', {}, 'annotation ', picker), annot));
   if (d.annotation.chosen) barChart(annot, 'annotation-histogram', { ...d.annotation.histogram, xLabel: `${d.annotation.chosen} (ms)` });
+  if (d.annotation.histogram.apart_note) annot.append(el('p', { class: 'muted apart' }, d.annotation.histogram.apart_note));
 
   const gpu = el('div');
   wrap.append(section('GPU: active time, kernels, memory operations, precision', 'gpu', gpu));
   const drawGpu = (g) => {
     gpu.replaceChildren();
-    if (!g.available) { gpu.append(el('p', { class: 'muted' }, g.reason)); return; }
+    if (!g.available) { gpu.append(el('p', { class: 'muted empty-section' }, g.reason)); return; }
     const k = el('input', { type: 'number', id: 'top-k', min: '1', max: '100', value: String(g.k), onchange: async () => drawGpu((await api(`${base}/dashboard?k=${k.value}`)).gpu) });
     gpu.append(el('label', {}, 'top k ', k));
-    for (const [rank, p] of Object.entries(g.pies)) {
+    if (g.gpu_activity === false) gpu.append(el('p', { class: 'muted', id: 'gpu-none' }, 'The profiled window has no GPU activity (a CPU-only job): its CPU operators are below. Profile on a GPU for kernels, copies and GPU idle time.'));
+    for (const [rank, p] of Object.entries(g.gpu_activity === false ? {} : g.pies)) {
       const a = el('div'), b = el('div'), c = el('div');
       gpu.append(el('h4', {}, rank), el('div', { class: 'pies' }, el('div', {}, el('p', { class: 'muted' }, 'GPU time'), a),
         el('div', {}, el('p', { class: 'muted' }, 'GPU idle, by cause'), b), el('div', {}, el('p', { class: 'muted' }, 'kernel time by precision'), c)));
@@ -62,10 +67,13 @@ export async function dashboardView(root, job) {
       pieChart(b, `gpu-idle:${rank}`, p.idle);
       pieChart(c, `gpu-precision:${rank}`, p.precision);
     }
+    const empty = [];
     for (const [name, t] of Object.entries(g.tables)) {
       window.stepscope.charts[`gpu-table:${name}`] = t;
+      if (!t.rows.length) { empty.push(name); continue; }  // one line for all of them, below
       gpu.append(el('h4', {}, name), el('div', { class: 'table-scroll' }, simpleTable(t.columns, t.rows)));
     }
+    if (empty.length) gpu.append(el('p', { class: 'muted empty-section', id: 'gpu-empty' }, `No rows in this job's traces: ${empty.join(', ')}` + (g.gpu_activity === false ? ' (they need GPU activity in a profiled window)' : '')));
   };
   drawGpu(d.gpu);
 
@@ -103,6 +111,14 @@ export function rulesList(rules) {
   ))));
 }
 
+// The tensors the rules' evidence names, so a chart that names only some always names these.
+async function flaggedTensors(base) {
+  try {
+    const { rules } = await api(`${base}/rules`);
+    return [...new Set(rules.filter((r) => r.fired).flatMap((r) => r.evidence.map((e) => e.tensor)).filter(Boolean))];
+  } catch { return []; }
+}
+
 export async function healthView(root, job) {
   const base = `/api/jobs/${jobPath(job)}`;
   const h = await api(`${base}/health`);
@@ -127,9 +143,15 @@ export async function healthView(root, job) {
     const steps = [...new Set(h.update_ratios.series.flatMap((s) => s.steps))].sort((a, b) => a - b);
     const series = {};
     for (const s of h.update_ratios.series) { const m = new Map(s.steps.map((st, i) => [st, s.values[i]])); series[s.tensor] = steps.map((st) => m.get(st) ?? null); }
-    const positive = Object.values(series).flat().every((v) => v === null || v > 0);
-    lineChart(ur, 'update-ratios', { x: steps, series, xLabel: 'global step (TRAIN steps)', logY: positive });
-    if (!positive) ur.append(el('p', { class: 'muted' }, 'some ratios are 0 (weights that did not move): linear scale'));
+    const all = Object.values(series).flat();
+    const log = spansDecades(all);
+    let dropped = 0;
+    if (log) for (const name of Object.keys(series)) { const r = forLog(series[name]); series[name] = r.values; dropped += r.dropped; }
+    const flagged = await flaggedTensors(base);
+    const { named, caption } = topSeries(series, 8, flagged);
+    lineChart(ur, 'update-ratios', { x: steps, series, xLabel: 'global step (TRAIN steps)', yLabel: log ? 'ratio (log)' : 'ratio', logY: log, named: caption ? named : null });
+    const notes = [log ? 'log scale: the ratios span more than two decades' : '', dropped ? `${dropped} ratio(s) of 0 (weights that did not move) not drawn on the log axis` : '', caption].filter(Boolean);
+    if (notes.length) ur.append(el('p', { class: 'muted scale-note', id: 'update-ratios-note' }, notes.join('; ')));
     // the latest ratio of each weight, as the report's table and the WeightUpdateRatio rule have it
     ur.append(simpleTable(['tensor', 'mode', 'last global step', 'last ratio'],
       h.update_ratios.series.map((s) => [s.tensor, s.mode, s.steps[s.steps.length - 1], s.values[s.values.length - 1]]), null, 'update-ratio-last'));
@@ -157,7 +179,10 @@ export async function healthView(root, job) {
 export async function statsView(root, job) {
   const base = `/api/jobs/${jobPath(job)}`;
   const { tables } = await api(`${base}/stats`);
+  // tables this job has no rows for (the GPU ones of a CPU-only job): one line, not empty grids
+  const empty = Object.entries(tables).filter(([, t]) => !t.total).map(([, t]) => t.title);
   for (const [name, t] of Object.entries(tables)) {
+    if (!t.total) continue;
     // filtering and sorting run on the server, over every row
     const filter = el('input', { type: 'search', placeholder: 'filter rows', 'data-table': name });
     const holder = el('div', { class: 'table-scroll' });
@@ -178,10 +203,18 @@ export async function statsView(root, job) {
     holder.replaceChildren(simpleTable(t.columns, t.rows, null, `stats-${name}`));
     draw();
   }
+  if (empty.length) root.append(el('p', { class: 'muted empty-section', id: 'stats-empty' }, `No rows for this job: ${empty.join(', ')}`));
 }
 
 export function simpleTable(columns, rows, onSort, id) {
   return el('table', { class: 'grid', id },
     el('thead', {}, el('tr', {}, columns.map((c, i) => el('th', { class: onSort ? 'sortable' : '', onclick: onSort ? () => onSort(i) : undefined }, c)))),
-    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((v) => el('td', { 'data-value': v, title: typeof v === 'string' && v.length > 40 ? v : undefined }, typeof v === 'number' ? fmt.num(v, 3) : v))))));
+    el('tbody', {}, rows.map((r) => el('tr', {}, r.map((v, i) => el('td', { 'data-value': v, title: typeof v === 'string' && v.length > 40 ? v : undefined }, cell(columns[i], v)))))));
+}
+
+// Epoch seconds (the steps table's start) as a UTC time; other numbers with 3 decimals.
+function cell(column, v) {
+  if (typeof v !== 'number') return v;
+  if (column === 'start_s' && v > 1e8) return fmt.clock(v);
+  return fmt.num(v, 3);
 }

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from stepscope.capture.blackbox import BlackBoxConfig, host_memory, write_black_box
+from stepscope.capture.control import request_stop
 from stepscope.capture.hook import StopTrainingRequested
 
 logger = logging.getLogger("stepscope")
@@ -99,10 +100,22 @@ def dump(hook: Any, exc: BaseException, config: BlackBoxConfig | None = None) ->
         return []
 
 
+def tell_peers(hook: Any, exc: BaseException) -> None:
+    """Ask the job's other workers to stop (the stop request their hooks poll for, as a
+    rule's stop): they leave their loops at the end of their current step, each writing its
+    own black box (reason stop) when its loop runs inside `black_box`. Never raises."""
+    try:
+        request_stop(hook.store, "BlackBox", f"{hook.worker} failed at step {hook.global_step}: {failure_reason(exc)} ({type(exc).__qualname__})",
+                     worker=hook.worker, failure=failure_reason(exc), step=hook.global_step)  # fmt: skip
+    except Exception:
+        logger.warning("stepscope: could not ask the other workers to stop", exc_info=True)
+
+
 @contextmanager
-def black_box(hook: Any, *, budget_s: float = 10.0, max_bytes: int = 256 << 20, close: bool = True) -> Iterator[Any]:
-    """Around a training loop: an exception leaving it writes the black box (`dump`) and,
-    with `close`, closes the hook (publishing what it holds) before it propagates."""
+def black_box(hook: Any, *, budget_s: float = 10.0, max_bytes: int = 256 << 20, close: bool = True, stop_peers: bool = True) -> Iterator[Any]:
+    """Around a training loop: an exception leaving it writes the black box (`dump`), with
+    `stop_peers` asks the other workers to stop (unless it is itself a stop), and with
+    `close` closes the hook (publishing what it holds), before it propagates."""
     config = BlackBoxConfig(budget_s=budget_s, max_bytes=max_bytes)
     try:
         yield hook
@@ -110,6 +123,8 @@ def black_box(hook: Any, *, budget_s: float = 10.0, max_bytes: int = 256 << 20, 
         raise
     except BaseException as exc:
         dump(hook, exc, config)
+        if stop_peers and failure_reason(exc) != "stop" and getattr(hook, "store", None) is not None:
+            tell_peers(hook, exc)
         if close:
             try:
                 hook.close()

@@ -39,6 +39,9 @@ from .driver import drive_forward
 from .timing import device_clock
 from .transfer import HostTransfer
 
+# Collections of scalars (losses, metrics): due every step under the capture defaults.
+_SCALAR_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METRICS})
+
 logger = logging.getLogger("stepscope")
 _TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
 # Phase-log records the hot paths append themselves (stepscope.capture.phases.PhaseLog).
@@ -114,6 +117,8 @@ class Hook(HookBase):
         self._model: nn.Module | None = None  # the first registered model (it alone may open steps of every mode)
         self._models: list[tuple[str | None, nn.Module]] = []  # every registered model, with the name it was given
         self._params: list[tuple[str, nn.Parameter]] = []
+        self._scalar_params: bool | None = None  # whether a parameter or gradient name is in a scalar collection
+        self._scalar_states: dict[int, tuple[int, bool]] = {}  # per optimizer: (parameters with state, whether a state is in a scalar collection)
         self._param_names: dict[int, str] = {}
         self._modules: list[tuple[str, nn.Module]] = []
         self._losses: list[tuple[str, nn.Module]] = []
@@ -198,7 +203,7 @@ class Hook(HookBase):
             # (Not the driven model: its forward is under way; _forward_ends saves its IO.)
             watched += [(n, m) for n, m in self._modules if m is not self._driven]
         self._step_handles += [m.register_forward_hook(functools.partial(self._on_module_io, n)) for n, m in watched]
-        if step.mode == ModeKeys.TRAIN and not self._optimizers:
+        if step.mode == ModeKeys.TRAIN and not self._optimizers and not self._only_scalars_due():
             self._step_handles += [
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, n)) for n, p in self._params if p.requires_grad
             ]
@@ -284,6 +289,7 @@ class Hook(HookBase):
         if clashes:
             raise ConfigError(f"register_module: parameter names {clashes[:3]} are already taken by a registered model; give this model a name")
         self._params += params
+        self._scalar_params = None
         self._param_names.update({id(p): n for n, p in params})
         self._modules += modules
         self.claim_names(n for n, _ in params)
@@ -649,7 +655,25 @@ class Hook(HookBase):
 
     # --- what is saved -------------------------------------------------------------------
 
+    def _only_scalars_due(self) -> bool:
+        """Whether only losses and metrics are due at the open step (every step under the
+        capture defaults) and no parameter or gradient belongs to them: the walks over the
+        parameters and gradients then have nothing to save and are skipped."""
+        step = self._counters.step
+        if step is None or not step.due_names <= _SCALAR_COLLECTIONS:
+            return False
+        if self._scalar_params is None:
+            self._scalar_params = any(
+                c.name in _SCALAR_COLLECTIONS
+                for name, _ in self._params
+                for tensor, collections in ((name, ()), (naming.gradient_name(name), (CollectionName.GRADIENTS,)))
+                for c in self._matching(tensor, collections)
+            )
+        return not self._scalar_params
+
     def _save_parameters(self) -> None:
+        if self._only_scalars_due():
+            return
         for name, param in self._params:
             self.save_value(name, param)
 
@@ -662,6 +686,8 @@ class Hook(HookBase):
         return [(names[id(p)], p) for group in optimizer.param_groups for p in group["params"] if id(p) in names]
 
     def _save_gradients(self, params: list[tuple[str, nn.Parameter]] | None = None) -> None:
+        if self._only_scalars_due():
+            return
         for name, param in self._params if params is None else params:
             if param.grad is not None:
                 self.save_value(naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
@@ -692,6 +718,21 @@ class Hook(HookBase):
             self.failsafe.call(self._save_optimizer_state, optimizer)
 
     def _save_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._only_scalars_due():
+            # Known (for this many parameters with state) to hold no name of a scalar collection.
+            known = self._scalar_states.get(id(optimizer))
+            if known is not None and known == (len(optimizer.state), False):
+                return
+        states = self._optimizer_states(optimizer)
+        if self._only_scalars_due() and not self._scalar_states[id(optimizer)][1]:
+            return
+        for name, value in states:
+            self.save_value(name, value, (CollectionName.OPTIMIZER_VARIABLES,))
+
+    def _optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
+        """(name, tensor) of `optimizer`'s per-parameter state; notes (per optimizer and
+        number of parameters with state) whether a name is in a scalar collection."""
+        states = []
         for group in optimizer.param_groups:
             for param in group["params"]:
                 name = self._param_names.get(id(param))
@@ -699,7 +740,10 @@ class Hook(HookBase):
                     continue
                 for key, value in optimizer.state.get(param, {}).items():
                     if isinstance(value, torch.Tensor):
-                        self.save_value(naming.optimizer_state_name(name, key), value, (CollectionName.OPTIMIZER_VARIABLES,))
+                        states.append((naming.optimizer_state_name(name, key), value))
+        scalar = any(c.name in _SCALAR_COLLECTIONS for n, _ in states for c in self._matching(n, (CollectionName.OPTIMIZER_VARIABLES,)))
+        self._scalar_states[id(optimizer)] = (len(optimizer.state), scalar)
+        return states
 
     def _save_io(self, module_name: str, args: Any, output: Any, module_class: str) -> None:
         for kind, value in (("input", args), ("output", output)):

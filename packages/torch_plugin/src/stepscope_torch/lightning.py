@@ -112,6 +112,12 @@ class StepscopeCallback(pl.Callback):
             self.hook.flush()  # what this stage recorded is readable when fit/test returns
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        if self.hook is not None and isinstance(exception, Exception):  # the black box first (docs/pytorch.md)
+            from .blackbox import dump, failure_reason, tell_peers
+
+            dump(self.hook, exception)
+            if failure_reason(exception) != "stop":
+                tell_peers(self.hook, exception)
         self.close()
 
     def close(self) -> None:

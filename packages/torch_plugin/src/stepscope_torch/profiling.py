@@ -26,12 +26,12 @@ import torch
 from stepscope.capture import annotation
 from stepscope.capture.detailed import Payload, StepMarker, WindowedProfilers, add_distributed_info, detailed_dir
 from stepscope.config import ProfilerConfig
-from stepscope.layout import FRAMEWORK_DIR
+from stepscope.layout import MEMORY_SNAPSHOT_DIR
 from stepscope.store import Store
 
 TRACE_SUFFIX = ".pt.trace.json.gz"
 SNAPSHOT_SUFFIX = ".pickle.gz"
-MEMORY_DIR = f"{FRAMEWORK_DIR}/pytorch/memory"  # allocator snapshots of the windows (memory_history)
+MEMORY_DIR = MEMORY_SNAPSHOT_DIR  # allocator snapshots of the windows (memory_history)
 
 
 def _record_function(name: str) -> Any:

@@ -6,7 +6,8 @@ Each rank reduces its local shard in float64 to partial sums (count, sum, sum of
 of squares), extremes and products; one all-reduce per kind (SUM, MIN, MAX, PROD) combines
 them over the mesh dimensions the tensor is sharded along (replicated dimensions hold
 copies and are not combined), and a second SUM gives the variance about the global mean
-(two passes, as numpy computes it). The definitions are those of
+(two passes, as numpy computes it). All of it stays on the device until one copy brings
+the tensor's statistics to the host. The definitions are those of
 `stepscope.reductions.compute` on the whole tensor: an l2 norm is the square root of the
 summed squares, never a norm of norms. Every rank must take part in the same collectives
 in the same order, so the hook of every rank saves (`include_workers="all"`).
@@ -84,15 +85,15 @@ def combined_reductions(tensor: Any, wanted: tuple[tuple[str, bool], ...]) -> di
     products = torch.stack([one, one] if empty else [x.prod(), absolute.prod()])
     if any(normalize_reduction(name) == "prod" for name, _ in wanted):  # (the same on every rank)
         _all_reduce(products, ReduceOp.PRODUCT, groups)
-    n, total, total_abs, squares = (float(v) for v in sums.cpu())
+    # The global means stay on the device (0-d tensors, the same float64 division as on the
+    # host): the whole tensor's statistics come back in one device-to-host copy, one sync.
+    deviations = _all_reduce(torch.stack([(x - sums[1] / sums[0]).square().sum(), (absolute - sums[2] / sums[0]).square().sum()]), ReduceOp.SUM, groups)
+    host = torch.cat([sums, deviations, lows, highs, products]).cpu().tolist()
+    n, total, total_abs, squares, deviation, deviation_abs, low, low_abs, high, high_abs, prod, prod_abs = host
     if n == 0:
         raise UnsupportedValue("cannot reduce an empty tensor")
     mean, mean_abs = total / n, total_abs / n
-    deviations = _all_reduce(torch.stack([(x - mean).square().sum(), (absolute - mean_abs).square().sum()]), ReduceOp.SUM, groups)
-    variance, variance_abs = (float(v) / n for v in deviations.cpu())
-    low, low_abs = (float(v) for v in lows.cpu())
-    high, high_abs = (float(v) for v in highs.cpu())
-    prod, prod_abs = (float(v) for v in products.cpu())
+    variance, variance_abs = deviation / n, deviation_abs / n
     table = {
         False: {"min": low, "max": high, "mean": mean, "std": math.sqrt(variance), "variance": variance, "sum": total,
                 "prod": prod, "l1": total_abs, "l2": math.sqrt(squares)},

@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import ConfigError
+from ..layout import BLACKBOX_DIR
 from ..store import Store
 
 logger = logging.getLogger("stepscope")
 
-BLACKBOX_DIR = "stepscope-blackbox"
 RECORD = "record.json"
 Attachment = bytes | Callable[[], bytes]
 

@@ -5,7 +5,12 @@ analysis side's (stepscope.profiler.timeline).
 
 Each flush publishes a new immutable file:
 `profiler-output/framework/steps/<YYYYMMDDHH>/<flush µs:016d>_<node>_rank<r>_pid<p>_<seq:06d>.steps.json`
-(UTC hour of the flush), so keys sort by time and a reader follows a job by listing what is new."""
+(UTC hour of the flush), so keys sort by time and a reader follows a job by listing what is new.
+
+Four things are called "timeline": the hook's phase records (capture/phases.py); the step
+timeline files, written by capture/step_timeline.py, parsed by profiler/timeline.py and read
+for a job by profiler/step_reader.py; the merged Perfetto trace of `stepscope timeline`
+(traces/timeline.py); and the app's timeline view (ui/timeline.py). This module is the step timeline's writer."""
 
 from __future__ import annotations
 

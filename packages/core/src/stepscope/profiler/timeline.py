@@ -1,6 +1,11 @@
 """The framework step timeline, read side: the parser of the files the training side's
 writer publishes (stepscope.capture.step_timeline; one schema, documented in
-docs/profiler.md) and of SageMaker's legacy `pythontimeline` files."""
+docs/profiler.md) and of SageMaker's legacy `pythontimeline` files.
+
+Four things are called "timeline": the hook's phase records (capture/phases.py); the step
+timeline files, written by capture/step_timeline.py, parsed by profiler/timeline.py and read
+for a job by profiler/step_reader.py; the merged Perfetto trace of `stepscope timeline`
+(traces/timeline.py); and the app's timeline view (ui/timeline.py). This module is the step timeline's parser."""
 
 from __future__ import annotations
 
@@ -38,26 +43,6 @@ _RELATIVE_TS_LIMIT_US = 1e14
 def is_timeline_key(key: str) -> bool:
     name = key.rsplit("/", 1)[-1]
     return bool(TIMELINE_KEY_RE.match(name) or _LEGACY_KEY_RE.match(name))
-
-
-def merge_timeline(profiler_trial: Any) -> bytes:
-    """The whole step timeline of a job as one Chrome trace: every file of every worker
-    (one logical stream per worker, however many flushes wrote it), a process per rank.
-    For Perfetto / chrome://tracing (`stepscope timeline` writes it merged with the
-    detailed traces, system metrics and rule firings: stepscope.traces.timeline)."""
-    frame = profiler_trial.step_timeline()
-    bodies: list[str] = []
-    for (node_id, rank, framework), rows in frame.groupby(["node_id", "rank", "framework"], sort=True):
-        events = [
-            (str(r.name), int(r.start_ns), int(r.end_ns), int(r.step), str(r.mode), str(r.phase), r.args if isinstance(r.args, dict) else None)
-            for r in rows.itertuples(index=False)
-        ]
-        pid = int(rank) if int(rank) >= 0 else 0
-        text = encode_timeline(events, node_id=str(node_id), rank=pid, framework=str(framework), pid=pid, writer_start_ns=0).decode()
-        start, end = text.index("[\n") + 2, text.rindex("\n],\n")
-        bodies.append(text[start:end])
-    body = ",\n".join(b for b in bodies if b)
-    return f'{{"traceEvents": [\n{body}\n],\n"displayTimeUnit": "ms"}}\n'.encode()
 
 
 def _us_as_ns(value: Any) -> int:
@@ -194,6 +179,6 @@ def _row(node_id: str, rank: int, framework: str, mode: str, step: int, phase: s
 
 __all__ = [
     "LEGACY_TIMELINE_DIR", "SCHEMA", "SCHEMA_VERSION", "STEP_PHASES", "STEP_TIMELINE_DIR", "TIMELINE_COLUMNS", "TIMELINE_PHASES",
-    "ParsedTimeline", "TimelineConfig", "TimelineWriter", "encode_timeline", "is_timeline_key", "merge_timeline", "parse_timeline",
+    "ParsedTimeline", "TimelineConfig", "TimelineWriter", "encode_timeline", "is_timeline_key", "parse_timeline",
     "timeline_key",
 ]

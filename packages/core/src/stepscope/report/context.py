@@ -60,3 +60,17 @@ class ReportContext:
             if finding.fired and finding.kind == "tensor":
                 marks += [(float(step), f"{finding.rule} fired") for step in finding.fired_steps[:5]]
         return marks
+
+    def flagged_tensors(self) -> list[str]:
+        """The tensors the rules' evidence names (fired rules first), so a chart that shows
+        only some tensors always shows these."""
+        names: list[str] = []
+        for finding in sorted(self.findings, key=lambda f: not f.fired):
+            names += [e.tensor for e in finding.evidence if e.tensor and e.tensor not in names]
+        return names
+
+    def flagged_first(self, names: list[str]) -> list[str]:
+        """`names` with the flagged tensors among them moved to the front (a chart keeps the
+        first N)."""
+        flagged = set(self.flagged_tensors())
+        return [n for n in names if n in flagged] + [n for n in names if n not in flagged]

@@ -11,6 +11,8 @@ from typing import Any
 
 import numpy as np
 
+from .. import chart_scales
+
 MAX_POINTS = 2000  # a line holds at most this many points; more would only add bytes
 _COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 
@@ -74,23 +76,44 @@ _ids = _counter()
 def line_chart(
     series: Mapping[str, tuple[Sequence[float], Sequence[float]]], *, xlabel: str, ylabel: str,
     marks: Iterable[tuple[float, str]] = (), logy: bool = False, width: float = 7.5, height: float = 2.6,
+    flagged: Iterable[str] = (), legend_max: int = chart_scales.LEGEND_MAX, criterion: str = "max",
 ) -> str:
-    """Lines (label -> (x, y)); `marks` are vertical lines (x, label) such as fired steps."""
+    """Lines (label -> (x, y)); `marks` are vertical lines (x, label) such as fired steps.
+
+    The legend sits right of the plot, never over the data; beyond `legend_max` series only the
+    top ones by `criterion` (and every `flagged` one, the tensors a rule named) are coloured and
+    named, the others drawn thin and grey, and the legend's title says so. A log axis shows
+    zeros and denormals (a weight that did not move) at a linear band below the smallest
+    positive value (symlog) instead of dropping them."""
     fig, ax = _figure(width, height)
-    for i, (label, (x, y)) in enumerate(series.items()):
+    named, cap = chart_scales.top_series({k: list(v[1]) for k, v in series.items()}, legend_max, keep=flagged, criterion=criterion)
+    shown = set(named)
+    colour = 0
+    for label, (x, y) in series.items():
         xs, ys = _thin(np.asarray(x, dtype=float), np.asarray(y, dtype=float))
-        ax.plot(xs, ys, label=label, color=_COLORS[i % len(_COLORS)], linewidth=1.2, marker="o" if len(xs) < 40 else None, markersize=2.5)
+        if label in shown:
+            ax.plot(xs, ys, label=label, color=_COLORS[colour % len(_COLORS)], linewidth=1.2, marker="o" if len(xs) < 40 else None, markersize=2.5 if len(xs) > 1 else 5)
+            colour += 1
+        else:
+            ax.plot(xs, ys, color="#bbbbbb", linewidth=0.6, zorder=0)
     labelled = set()
     for at, mark in marks:
         ax.axvline(at, color="#d62728", linestyle="--", linewidth=0.9, alpha=0.8, label=None if mark in labelled else mark)
         labelled.add(mark)
     if logy:
-        ax.set_yscale("symlog" if any(np.nanmin(np.asarray(y, dtype=float), initial=1.0) <= 0 for _, y in series.values()) else "log")
+        values = np.concatenate([np.asarray(y, dtype=float).reshape(-1) for _, y in series.values()] or [np.zeros(0)])
+        values = values[np.isfinite(values)]
+        positive = values[values > chart_scales.TINY]
+        if len(values) and (len(positive) < len(values)):
+            ax.set_yscale("symlog", linthresh=float(positive.min()) if len(positive) else 1.0, linscale=0.3)
+        elif len(positive):
+            ax.set_yscale("log")
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     if len(series) > 1 or labelled:
-        ax.legend(fontsize=7, loc="best", ncol=2 if len(series) > 6 else 1)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0.0, frameon=False,
+                  title=cap or None, title_fontsize=7, ncol=1)
     return _svg(fig)
 
 
@@ -101,16 +124,4 @@ def histogram(values: Sequence[float], *, xlabel: str, bins: int = 40, width: fl
     ax.set_xlabel(xlabel)
     ax.set_ylabel("count")
     ax.grid(alpha=0.3)
-    return _svg(fig)
-
-
-@_styled
-def bar_chart(labels: Sequence[str], values: Sequence[float], *, xlabel: str, width: float = 7.5) -> str:
-    """Horizontal bars, largest first as given."""
-    fig, ax = _figure(width, max(1.2, 0.28 * len(labels) + 0.6))
-    positions = np.arange(len(labels))[::-1]
-    ax.barh(positions, values, color=_COLORS[0])
-    ax.set_yticks(positions, [label if len(label) <= 50 else label[:47] + "..." for label in labels])
-    ax.set_xlabel(xlabel)
-    ax.grid(alpha=0.3, axis="x")
     return _svg(fig)

@@ -3,6 +3,7 @@ PoorWeightInitialization. They need raw activation tensors (batch first)."""
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from typing import Any
@@ -10,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..health import IO_SUFFIX as _IO
-from ..health import InactiveTracker, activation_kind, activation_layers, inactive_units, io_side, mode_name
+from ..health import InactiveTracker, Series, activation_kind, activation_layers, inactive_unit_series, inactive_units, io_side, mode_name
 from ..health import activation_input as _activation_input
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
@@ -271,6 +272,21 @@ class SaturatedActivation(_InactiveUnits):
         if io_side(name) == "output" and activation_kind(self.trial.module_class(name)) is not None:
             value = _activation_input(activation_kind(self.trial.module_class(name)), value)
         return (value > low) & (value < high)
+
+
+def default_inactive_series(trial: Trial) -> tuple[list[Series], dict[str, int]]:
+    """The dead / saturated unit shares the default set's DeadRelu and SaturatedActivation
+    judge, as stepscope.health series (one per layer they inspect and mode, named
+    "layer (dead, TRAIN)"), with each rule's `persistence`: what the app and the report show."""
+    rows: list[Series] = []
+    persistence = {}
+    for rule in (DeadRelu(trial, **DeadRelu.preset), SaturatedActivation(trial, **SaturatedActivation.preset)):
+        persistence[rule.state] = rule.params.persistence
+        for name in rule.layers():
+            for series in inactive_unit_series(trial, name, functools.partial(rule.active_units, name), rule.params.threshold_inactivity, rule.params.persistence):
+                series.name = f"{name} ({rule.state}, {series.mode})"
+                rows.append(series)
+    return rows, persistence
 
 
 @dataclass(frozen=True)

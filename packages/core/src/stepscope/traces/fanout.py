@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..exceptions import ConfigError, StepscopeError
-from ..store import LocalStore, Store, open_store
+from ..store import Store, open_store
 from . import sources, summaries
 from .tables import list_trace_keys, load_trace, loose_trace_keys
 
@@ -54,24 +54,31 @@ def cpu_count() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
 
-def summarise_one(task: Task) -> tuple[str, dict[str, Any] | None, str | None]:
+Result = tuple[str, dict[str, Any] | None, str | None, dict[str, Any] | None]
+
+
+def summarise_one(task: Task) -> Result:
     """Parse (or read the table of) one trace, write its table and summary; returns
-    (key, manifest entry or None, problem or None). Runs in a worker."""
+    (key, manifest entry or None, problem or None, the summary tables): the tables come
+    back too (kilobytes), so that compacting them does not read every summary file again.
+    Runs in a worker."""
     try:
         store = open_store(task.store_url)
         tables = store if task.tables_url == task.store_url else open_store(task.tables_url)
         info, events = load_trace(store, task.key, persist=True, tables=tables, default_rank=task.default_rank)
         tables_out = summaries.summarize(events, info.rank, task.key)
         del events
-        return task.key, summaries.write_summary(tables, task.key, info.rank, tables_out, info.events), None
+        return task.key, summaries.write_summary(tables, task.key, info.rank, tables_out, info.events), None, tables_out
     except (StepscopeError, OSError, ValueError, MemoryError, RecursionError) as exc:
-        return task.key, None, str(exc)
+        return task.key, None, str(exc), None
     except Exception as exc:  # pyarrow's errors, a reader's bug on hostile input: named, never fatal to the job
-        return task.key, None, f"{type(exc).__name__}: {exc}"
+        return task.key, None, f"{type(exc).__name__}: {exc}", None
 
 
 def _store_url(store: Store) -> str:
-    return str(store.root) if isinstance(store, LocalStore) else store.url
+    # What a worker process reopens (open_store); a store held in memory has no such URL,
+    # and its own url then names it in the worker's error.
+    return store.reopenable_url() or store.url
 
 
 def build(
@@ -97,17 +104,19 @@ def build(
     store_url, tables_url = _store_url(store), _store_url(tables)
     tasks = [Task(store_url, tables_url, key, ranks.get(key, 0)) for key in todo]
     problems: dict[str, str] = {}
+    fresh: dict[str, dict[str, Any]] = {}
     if tasks:
         results = _run_ray(tasks, workers, progress) if engine == "ray" else _run_local(tasks, workers, progress)
-        for key, entry, problem in results:
+        for key, entry, problem, made in results:
             if entry is not None:
                 manifest.entries[key] = entry
+                fresh[key] = made or {}
             else:
                 problems[key] = problem or "unknown error"
                 logger.warning("skipping trace %s: %s", store.describe(key), problem)
     if tasks or manifest.compact.get("covers") != manifest.covered():
         if manifest.entries:
-            summaries.compact(tables, manifest)
+            summaries.compact(tables, manifest, fresh)
         try:
             summaries.write_manifest(tables, manifest)
         except OSError as exc:  # a read-only job: the summaries are used this time all the same
@@ -116,7 +125,7 @@ def build(
     return manifest, tables, result
 
 
-def _run_local(tasks: list[Task], workers: int | None, progress: Progress | None) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+def _run_local(tasks: list[Task], workers: int | None, progress: Progress | None) -> list[Result]:
     count = min(workers or cpu_count(), len(tasks))
     results = []
     # A worker process costs its start and its imports (a second or more): a few traces
@@ -139,7 +148,7 @@ def _run_local(tasks: list[Task], workers: int | None, progress: Progress | None
     return results
 
 
-def _run_ray(tasks: list[Task], workers: int | None, progress: Progress | None) -> list[tuple[str, dict[str, Any] | None, str | None]]:
+def _run_ray(tasks: list[Task], workers: int | None, progress: Progress | None) -> list[Result]:
     try:
         import ray
     except ImportError:
@@ -185,13 +194,16 @@ def summarise_loaded(analysis: Any) -> int:
         tables = sources.table_store(analysis.store)
         manifest = summaries.read_manifest(tables)
         new = 0
+        fresh: dict[str, dict[str, Any]] = {}
         for key, (info, events) in list(loaded.items()):
             if key in manifest.entries:
                 continue
-            manifest.entries[key] = summaries.write_summary(tables, key, info.rank, summaries.summarize(events, info.rank, key), info.events)
+            made = summaries.summarize(events, info.rank, key)
+            manifest.entries[key] = summaries.write_summary(tables, key, info.rank, made, info.events)
+            fresh[key] = made
             new += 1
         if new:
-            summaries.compact(tables, manifest)
+            summaries.compact(tables, manifest, fresh)
             summaries.write_manifest(tables, manifest)
         return new
     except Exception as exc:  # a read-only job, a store error: the analysis stands without them

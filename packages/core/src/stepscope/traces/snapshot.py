@@ -253,16 +253,23 @@ class _Stacks:
         self.index: dict[tuple[str, ...], int] = {}
         self.stacks: list[tuple[str, ...]] = []
         self.user: list[str] = []  # per stack: its innermost user frame
+        self.by_id: dict[int, int] = {}
 
     def add(self, frames: Any) -> int:
         if not isinstance(frames, list) or not frames:
             return -1
+        # The same list object (a pickle shares repeated values) is keyed once; the raw
+        # snapshot holds every list alive while it is read, so an id is not reused meanwhile.
+        seen = self.by_id.get(id(frames))
+        if seen is not None:
+            return seen
         key = tuple(_frame_text(f) for f in frames)
         found = self.index.get(key)
         if found is None:
             found = self.index[key] = len(self.stacks)
             self.stacks.append(key)
             self.user.append(_user_frame(frames, key))
+        self.by_id[id(frames)] = found
         return found
 
 

@@ -298,10 +298,18 @@ def load_tables(store: Store, manifest: Manifest, keys: Iterable[str] | None = N
     return {name: pa.concat_tables(parts) if parts else SCHEMAS[name].empty_table() for name, parts in out.items()}
 
 
-def compact(store: Store, manifest: Manifest) -> None:
+def compact(store: Store, manifest: Manifest, fresh: dict[str, dict[str, pa.Table]] | None = None) -> None:
     """Write every rank's rows of each table into one file, so that a later analysis of an
-    unchanged job reads one object per table instead of two per trace."""
-    tables = load_tables(store, Manifest(manifest.entries, {}))
+    unchanged job reads one object per table instead of two per trace. `fresh`: tables
+    just made (trace key -> table name -> table), used instead of reading their files."""
+    fresh = fresh or {}
+    # The earlier traces from the previous compaction when it covers exactly them (two
+    # reads), else from their files.
+    tables = load_tables(store, Manifest({k: v for k, v in manifest.entries.items() if k not in fresh}, dict(manifest.compact)))
+    for name in SCHEMAS:
+        made = [parts[name] for parts in fresh.values() if name in parts]
+        if made:
+            tables[name] = pa.concat_tables([tables[name], *made])
     digest = manifest.covered()
     files = {}
     for name, table in tables.items():

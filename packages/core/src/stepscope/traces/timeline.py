@@ -4,7 +4,12 @@ GPU activity per stream with launch -> GPU flow arrows, and rule firings as inst
 
 Perfetto misdraws slices that overlap on one track without nesting, so every track's
 slices are laid out on lanes (extra tracks named "... (overlap k)") where each lane is
-properly nested; flows are bound to the lane their slice landed on."""
+properly nested; flows are bound to the lane their slice landed on.
+
+Four things are called "timeline": the hook's phase records (capture/phases.py); the step
+timeline files, written by capture/step_timeline.py, parsed by profiler/timeline.py and read
+for a job by profiler/step_reader.py; the merged Perfetto trace of `stepscope timeline`
+(traces/timeline.py); and the app's timeline view (ui/timeline.py). This module is the merged Perfetto trace."""
 
 from __future__ import annotations
 

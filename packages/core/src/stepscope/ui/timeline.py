@@ -6,7 +6,12 @@ columns per lane. A request names a time range and a width in pixels; each lane 
 with the intervals at least `MIN_SLICE_PX` wide as they are, and everything smaller summed
 into pixel buckets (count, busy fraction, the first name). So the answer's size depends on
 the width, not on how many events the range holds: a 1,000,000-event job zooms and pans as
-smoothly as a small one."""
+smoothly as a small one.
+
+Four things are called "timeline": the hook's phase records (capture/phases.py); the step
+timeline files, written by capture/step_timeline.py, parsed by profiler/timeline.py and read
+for a job by profiler/step_reader.py; the merged Perfetto trace of `stepscope timeline`
+(traces/timeline.py); and the app's timeline view (ui/timeline.py). This module is the app's timeline view."""
 
 from __future__ import annotations
 

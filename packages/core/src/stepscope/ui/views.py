@@ -8,7 +8,6 @@ cheap listing, and a running job is recomputed only when something new has lande
 
 from __future__ import annotations
 
-import functools
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -17,7 +16,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from .. import health
+from .. import chart_scales, health
 from ..health import STEP_PHASES
 from .jobs import trial_lock
 
@@ -82,11 +81,16 @@ def _dashboard(trial: Any, phase: str | None, bins: int, k: int) -> dict[str, An
     return {
         "system": _system_series(metrics),
         "steps": _step_series(steps),
-        "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins),
+        "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins, _step_names(steps)),
         "cpu_time": _phase_shares(steps, phases),
         "annotation": {"names": annotation_names, "chosen": phase, "histogram": _histogram(chosen, bins)},
         "gpu": _gpu_views(trial, k),
     }
+
+
+def _step_names(steps: pd.DataFrame) -> list[str]:
+    """Each step row as a person names it: its mode and global step ("TRAIN step 0")."""
+    return [f"{m} step {int(s)}" for m, s in zip(steps["mode"].astype(str), steps["step"])]
 
 
 TRACE_PREFIX = "trace: "
@@ -150,17 +154,27 @@ def _step_series(steps: pd.DataFrame) -> list[dict[str, Any]]:
     for group in health.step_groups(steps, rule.criterion()):
         limit = group.limit_ms if group.mode in judged else None
         series.append({"key": group.key, "node": group.node, "rank": group.rank, "mode": group.mode, "steps": group.steps,
-                       "duration_ms": _floats(np.asarray(group.duration_ms)), "limit_ms": limit, "outliers": group.outliers if limit is not None else []})
+                       "duration_ms": _floats(np.asarray(group.duration_ms)), "limit_ms": limit, "outliers": group.outliers if limit is not None else [],
+                       "log_y": chart_scales.wants_log(group.duration_ms)})
     return series
 
 
-def _histogram(values: np.ndarray, bins: int) -> dict[str, Any]:
-    values = values[np.isfinite(values)] if len(values) else values
+def _histogram(values: np.ndarray, bins: int, names: list[str] | None = None) -> dict[str, Any]:
+    """Counts over the range of all but the few far-out values (a compile step would put every
+    other step into one bin; chart_scales.split_far): those are listed under `apart` and stated
+    next to the chart. The summary figures (mean, percentiles, max) are over every value."""
+    values = np.asarray(values, dtype=float)
+    finite = np.isfinite(values) if len(values) else np.zeros(0, dtype=bool)
+    names = [names[i] for i in np.flatnonzero(finite)] if names is not None else None
+    values = values[finite]
     if not len(values):
-        return {"edges": [], "counts": [], "n": 0}
-    counts, edges = np.histogram(values, bins=bins)
+        return {"edges": [], "counts": [], "n": 0, "apart": [], "apart_note": ""}
+    split = chart_scales.split_far(values)
+    counts, edges = np.histogram(values[split.keep], bins=bins)
     return {"edges": _floats(edges), "counts": [int(c) for c in counts], "n": int(len(values)),
-            "mean": float(values.mean()), "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)), "max": float(values.max())}
+            "mean": float(values.mean()), "p50": float(np.percentile(values, 50)), "p95": float(np.percentile(values, 95)), "max": float(values.max()),
+            "apart": [{"value": v, "name": names[i] if names is not None else None} for i, v in split.apart],
+            "apart_note": split.statement("ms", "step" if names is not None else "value", names)}
 
 
 def _phase_shares(steps: pd.DataFrame, phases: pd.DataFrame) -> dict[str, float]:
@@ -214,7 +228,10 @@ def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
             "Memory operations": table(traces.memory_ops()),
             "Synchronizations": table(traces.syncs()),
             "Launch delay": table(traces.launch_latency().head(k)),
+            # torch's profiler tables lead with these; on a CPU-only job they are the window's work
+            "CPU operators (inclusive time, with self time)": table(traces.cpu_ops(k=k)),
         },
+        "gpu_activity": bool(len(active)) and float(active["kernel_us"].sum() + active["memory_us"].sum()) > 0,
     }
 
 
@@ -345,16 +362,9 @@ def _inactive_units(trial: Any) -> dict[str, Any]:
     """Per layer the DeadRelu / SaturatedActivation rules inspect (their default set), the %
     of units dead or saturated at each of the layer's last `persistence` saved steps of a
     mode: the figure those rules judge (stepscope.health.inactive_unit_series)."""
-    from ..rules.activations import DeadRelu, SaturatedActivation
+    from ..rules.activations import default_inactive_series
 
-    rows: list[health.Series] = []
-    persistence = {}
-    for rule in (DeadRelu(trial, **DeadRelu.preset), SaturatedActivation(trial, **SaturatedActivation.preset)):
-        persistence[rule.state] = rule.params.persistence
-        for name in rule.layers():
-            for series in health.inactive_unit_series(trial, name, functools.partial(rule.active_units, name), rule.params.threshold_inactivity, rule.params.persistence):
-                series.name = f"{name} ({rule.state}, {series.mode})"
-                rows.append(series)
+    rows, persistence = default_inactive_series(trial)
     return {**_heatmap(rows[:MAX_HEATMAP_TENSORS], MAX_HEATMAP_STEPS), "persistence": persistence}
 
 
@@ -444,7 +454,32 @@ def _statistics(trial: Any) -> dict[str, Any]:
             ("launch_latency", "Kernel launch delay", traces.launch_latency()),
         ):
             tables[name] = {"title": title, **table(frame)}
+        tables.update(_detail_tables(traces))
     return {"tables": tables}
+
+
+MAX_DETAIL_TRACES = 8  # the operator/kernel views read trace files again: a few ranks' worth
+
+
+def _detail_tables(traces: Any) -> dict[str, dict[str, Any]]:
+    """Operators by name, by input shapes and by call stack, and kernels by name and by
+    launching operator with their launch configuration (stepscope.traces.details), over the
+    first MAX_DETAIL_TRACES Kineto traces; an unreadable trace is named in the title."""
+    from ..traces import details
+
+    keys = [k for k in traces.trace_keys() if k.endswith((".json", ".json.gz"))]
+    if not keys:
+        return {}
+    shown = keys[:MAX_DETAIL_TRACES]
+    note = f" (first {len(shown)} of {len(keys)} traces)" if len(keys) > len(shown) else ""
+    try:
+        found = details.views(traces.store, shown)
+    except details.TraceDetailError as exc:
+        return {"operators": {"title": f"Operators: not available ({exc})", "columns": [], "rows": []}}
+    titles = {"operators": "Operators by name", "operators_by_shapes": "Operators by name and input shapes",
+              "operators_by_stack": "Operators by name and call stack", "kernels": "Kernels by name, with launch configuration",
+              "kernels_by_op": "Kernels by launching operator"}
+    return {name: {"title": titles[name] + note, **table(frame)} for name, frame in found.items() if len(frame)}
 
 
 def table_page(table: dict[str, Any], *, query: str = "", sort: str | None = None, descending: bool = False, offset: int = 0,

@@ -64,13 +64,13 @@ def _gradient_norms(ctx: ReportContext, section: Section) -> None:
     if not names:
         section.missing.append("Gradient norms need the gradients collection: include_collections=['gradients'] (raw or with reductions=['l2']).")
         return
-    found = [health.gradient_norm_series(ctx.trial, name, MAX_POINTS_PER_LAYER) for name in names[:MAX_LAYERS]]
+    found = [health.gradient_norm_series(ctx.trial, name, MAX_POINTS_PER_LAYER) for name in ctx.flagged_first(names)[:MAX_LAYERS]]
     series = {s.name: (s.steps, s.values) for s in found if s.steps}
     if not series:
         section.missing.append("No gradient value or l2 reduction could be read at a TRAIN step.")
         return
-    more = f" (first {MAX_LAYERS} of {len(names)})" if len(names) > MAX_LAYERS else ""
-    section.add(Figure(line_chart(series, xlabel="global step (TRAIN steps)", ylabel="l2 norm", marks=ctx.fired_marks(), logy=True),
+    more = f" ({MAX_LAYERS} of {len(names)}: those a rule flagged, then the first)" if len(names) > MAX_LAYERS else ""
+    section.add(Figure(line_chart(series, xlabel="global step (TRAIN steps)", ylabel="l2 norm", marks=ctx.fired_marks(), logy=True, flagged=ctx.flagged_tensors()),
                        caption=f"Gradient l2 norm per layer at the saved TRAIN steps{more}", key="gradient-norms"))
     section.add(Table(("tensor", "mode", "steps", "last global step", "last l2"), tuple((n, "TRAIN", len(s), s[-1], v[-1]) for n, (s, v) in series.items()),
                       caption="Gradient norms", key="gradient-norms"))
@@ -78,19 +78,28 @@ def _gradient_norms(ctx: ReportContext, section: Section) -> None:
 
 def _update_ratios(ctx: ReportContext, section: Section) -> None:
     names = [n for n in _collection_names(ctx, "weights", r"weight") if not n.startswith("gradient")]
-    found = [health.update_ratio_series(ctx.trial, name, MAX_POINTS_PER_LAYER) for name in names[:MAX_LAYERS]]
+    found = [health.update_ratio_series(ctx.trial, name, MAX_POINTS_PER_LAYER) for name in ctx.flagged_first(names)[:MAX_LAYERS]]
     series = {s.name: (s.steps, s.values) for s in found if s.steps}
     if not series:
         section.missing.append("Weight-update ratios need raw weights at two or more TRAIN steps: include_collections=['weights'].")
         return
-    section.add(Figure(line_chart(series, xlabel="global step (TRAIN steps)", ylabel="|w' - w| / max(|w|, 1e-3 sqrt(n))", marks=ctx.fired_marks(), logy=True),
+    section.add(Figure(line_chart(series, xlabel="global step (TRAIN steps)", ylabel="|w' - w| / max(|w|, 1e-3 sqrt(n))", marks=ctx.fired_marks(), logy=True, flagged=ctx.flagged_tensors()),
                        caption="Weight-update ratio between consecutive saved TRAIN steps", key="update-ratios"))
     section.add(Table(("tensor", "mode", "ratios", "last global step", "last ratio"), tuple((n, "TRAIN", len(s), s[-1], v[-1]) for n, (s, v) in series.items()),
                       caption="Weight-update ratios", key="update-ratios"))
 
 
 def _activations(ctx: ReportContext, section: Section) -> None:
-    shown = False
+    from ...rules.activations import default_inactive_series
+
+    rows, persistence = default_inactive_series(ctx.trial)
+    rows = [r for r in rows if r.steps]
+    if rows:
+        section.add(Table(("layer (state, mode)", "shares", "last global step", "last % of units"), tuple((r.name, len(r.steps), r.steps[-1], r.values[-1]) for r in rows[:MAX_LAYERS * 2]),
+                          caption=f"Dead / saturated units: % of each layer's units off at each of its last {persistence.get('dead', 1)} (dead) / "
+                                  f"{persistence.get('saturated', 1)} (saturated) saved steps of a mode, as DeadRelu and SaturatedActivation judge them",
+                          key="inactive-units"))
+    shown = bool(rows)
     for rule in ("DeadRelu", "SaturatedActivation"):
         finding = ctx.finding(rule)
         if finding is None or finding.status == "no data":

@@ -3,6 +3,7 @@ breakdown (data / forward / backward / optimizer / compute / other) from the ste
 
 from __future__ import annotations
 
+from ... import chart_scales
 from ...capture.phases import PHASES
 from ...profiler import STEP_PHASES
 from ..context import ReportContext
@@ -29,8 +30,16 @@ def build(ctx: ReportContext) -> Section:
         series[label] = (group["step"].tolist(), durations.tolist())
         rows.append((mode, int(rank), len(group), float(durations.mean()), float(durations.median()), float(durations.quantile(0.95)), float(durations.max())))
     section.add(Table(("mode", "rank", "steps", "mean ms", "p50 ms", "p95 ms", "max ms"), tuple(rows), caption="Step durations", key="step-durations"))
-    section.add(Figure(histogram(steps["duration_ms"].tolist(), xlabel="step duration (ms)"), caption="Step duration histogram (all modes and ranks)", key="step-histogram"))
-    section.add(Figure(line_chart(series, xlabel="global step", ylabel="duration (ms)"), caption="Step duration over global steps, per mode and rank", key="step-over-time"))
+    durations = steps["duration_ms"].to_numpy(dtype=float)
+    split = chart_scales.split_far(durations)
+    names = [f"{m} step {int(s)}" for m, s in zip(steps["mode"].astype(str), steps["step"])]
+    apart = split.statement("ms", "step", names)
+    section.add(Figure(histogram(durations[split.keep].tolist(), xlabel="step duration (ms)"),
+                       caption="Step duration histogram (all modes and ranks)" + (f"; {apart}" if apart else ""), key="step-histogram"))
+    logy = chart_scales.wants_log(durations)
+    section.add(Figure(line_chart(series, xlabel="global step", ylabel="duration (ms)", logy=logy),
+                       caption="Step duration over global steps, per mode and rank" + (" (log scale: the durations span more than two decades)" if logy else ""),
+                       key="step-over-time"))
     _outliers(ctx, section)
     _phases(ctx, section, timeline)
     return section
