@@ -108,8 +108,8 @@ class TensorSaver:
         self.scopes.pop(name, None)
 
     def matching(self, name: str, collections: tuple[str, ...]) -> tuple[Collection, ...]:
-        """The included collections tensor `name` belongs to (named in `collections`, or
-        matching a collection's regex); remembered per (name, collections)."""
+        """The included collections tensor `name` belongs to (`collections` by the plugin's
+        knowledge, or by regex); the name is added to each (once: the answer is kept)."""
         key = (name, collections)
         found = self._matching_cache.get(key)
         if found is None:
