@@ -238,3 +238,23 @@ def test_nothing_reaches_around_the_store():
                     if "store" in target and isinstance(name, ast.Constant) and (name.value in store_methods or name.value in private or name.value == "root"):
                         found.append(f"{where}: {ast.unparse(node)}")
     assert found == [], "use the Store interface (store/base.py):\n" + "\n".join(found)
+
+
+def test_is_empty_stops_at_the_first_object(store, tmp_path):
+    assert store.is_empty()
+    store.write("index/000000000/000000000001_worker_0.json", b"{}")
+    assert not store.is_empty()
+    store.delete("index/000000000/000000000001_worker_0.json")
+    assert store.is_empty() == (store.list("") == [])
+    if store.url.startswith("s3://"):
+        return
+    import os
+
+    # Locally, what a listing leaves out does not count: a temporary file, a link, a folder.
+    root = tmp_path / "job"
+    (root / "deep" / "er").mkdir(parents=True)
+    (root / "index" / ".x.json.1.1.tmp").write_bytes(b"")
+    os.symlink(tmp_path, root / "link")
+    assert store.is_empty() and store.list("") == []
+    (root / "deep" / "er" / "f.json").write_bytes(b"{}")
+    assert not store.is_empty() and LocalStore(tmp_path / "missing").is_empty()

@@ -14,7 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .cli_common import EXIT_ERROR, EXIT_FIRED, EXIT_INTERRUPTED, EXIT_NOT_JUDGED, EXIT_OK, UsageError
+from .cli_common import EXIT_ERROR, EXIT_FIRED, EXIT_INTERRUPTED, EXIT_NOT_JUDGED, EXIT_OK, UsageError, require_saved_data
 from .exceptions import ConfigError, OutputError, StepscopeError
 from .layout import INDEX_DIR, STATUS_DIR, status_key
 
@@ -168,8 +168,8 @@ def _run_check(args: argparse.Namespace) -> int:
             print(f"stepscope check: the hook of {worker} failed and switched itself off: {cause} ({status_key(worker)})", file=sys.stderr)
     if failed and not store.list(_INDEX_PREFIX):
         return EXIT_ERROR  # not "no data": the job's hook broke before saving anything
-    if not args.watch and not store.list(""):
-        raise UsageError(f"no saved data at {store.describe()} (wrong path? use --watch for a job that has not written yet)")
+    if not args.watch:
+        require_saved_data(store, "wrong path? use --watch for a job that has not written yet")
     trial = create_trial(store)
     rules = _build_rules(args, trial)
     progress = _Progress(enabled=not args.quiet)

@@ -5,6 +5,8 @@ ui) all stand on it without importing each other."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from .exceptions import ConfigError
 
 EXIT_OK = 0
@@ -18,6 +20,13 @@ EXIT_INTERRUPTED = 130  # Ctrl-C, as a shell reports SIGINT
 
 class UsageError(Exception):
     """Bad arguments or unreadable data: exit status 2 with a one-line message."""
+
+
+def require_saved_data(store: Any, hint: str = "wrong path?") -> None:
+    """UsageError naming the store when nothing at all is saved there (one cheap look, not
+    a listing of the whole job)."""
+    if store.is_empty():
+        raise UsageError(f"no saved data at {store.describe()} ({hint})")
 
 
 STEPS_HELP = "steps A to B, both included; either end may be left out (A:, :B), and A alone is one step"
@@ -49,5 +58,5 @@ def parse_steps(text: str | None, option: str = "--steps") -> tuple[int | None, 
 
 __all__ = [
     "EXIT_OK", "EXIT_FIRED", "EXIT_ERROR", "EXIT_NOT_JUDGED", "EXIT_INTERRUPTED",
-    "UsageError", "STEPS_HELP", "parse_steps",
+    "UsageError", "STEPS_HELP", "parse_steps", "require_saved_data",
 ]

@@ -106,7 +106,7 @@ def test_a_cpu_only_job_shows_its_cpu_operators_and_one_line_for_the_gpu_tables(
     pytest.importorskip("pyarrow")
     server, driver, root = served
     driver.get(f"{server.url}/jobs/team-a/cpu-only#dashboard")
-    table = _chart(driver, "gpu-table:CPU operators by self time")
+    table = _chart(driver, "gpu-table:CPU operators (inclusive time, with self time)")
     traces = create_trial(str(root / "team-a" / "cpu-only")).profiler.traces
     expected = traces.cpu_ops(k=10)
     assert [r[table["columns"].index("name")] for r in table["rows"]] == expected["name"].tolist()
@@ -115,7 +115,7 @@ def test_a_cpu_only_job_shows_its_cpu_operators_and_one_line_for_the_gpu_tables(
     assert "Top kernels by time" in empty and "GPU activity" in empty
     assert driver.find_element("id", "gpu-none").is_displayed()
     headings = [h.text for h in driver.find_elements("css selector", "#gpu h4")]
-    assert "Top kernels by time" not in headings and "CPU operators by self time" in headings
+    assert "Top kernels by time" not in headings and "CPU operators (inclusive time, with self time)" in headings
     # a rule that could not judge: its badge is not the green "ok" one
     wait_for(lambda: driver.find_elements("css selector", "#rules-list li.rule"), what="rules")
     judged = driver.find_element("id", "rules-judged").text
@@ -132,6 +132,34 @@ def test_a_cpu_only_job_shows_its_cpu_operators_and_one_line_for_the_gpu_tables(
 def test_the_steps_table_shows_wall_clock_times_not_epoch_seconds(served):
     server, driver, root = served
     driver.get(f"{server.url}/jobs/team-a/compiled#stats")
+    # the first rows come with the page, then the server's page replaces them
+    wait_for(lambda: driver.find_elements("css selector", "#stats-section-steps .table-scroll[data-matched]"), what="steps table from the server")
     cell = wait_for(lambda: driver.find_element("css selector", "#stats-steps tbody tr td:nth-child(5)"), what="steps table")
     raw = float(cell.get_attribute("data-value"))
     assert raw > 1e9 and cell.text.endswith(" UTC") and cell.text.startswith("2023-11-14 22:13:")
+
+
+def test_the_operator_views_of_a_real_trace_are_on_the_statistics_tab(served):
+    """Operators by name, by input shapes and by call stack from the CPU job's real
+    torch.profiler trace, the same rows as stepscope.traces.details gives."""
+    pytest.importorskip("pyarrow")
+    from stepscope.store import open_store
+    from stepscope.traces import details
+
+    server, driver, root = served
+    driver.get(f"{server.url}/jobs/team-a/cpu-only#stats")
+    wait_for(lambda: driver.find_elements("css selector", "#stats-section-operators_by_shapes .table-scroll[data-matched]"), what="operators by shapes")
+    job = root / "team-a" / "cpu-only"
+    events = details.read_events(open_store(str(job)), "profiler-output/framework/pytorch/detailed/rank0/window_000000.pt.trace.json")
+    expected = details.operator_table(events, "shapes")
+    table = driver.find_element("id", "stats-operators_by_shapes")
+    header = [th.text for th in table.find_elements("css selector", "thead th")]
+    first = [td.get_attribute("data-value") for td in table.find_elements("css selector", "tbody tr:first-child td")]
+    assert header[:3] == ["name", "input_shapes", "calls"]
+    assert first[0] == expected["name"].iloc[0] and first[1] == expected["input_shapes"].iloc[0] and int(first[2]) == expected["calls"].iloc[0]
+    stacks = [td.get_attribute("data-value") for td in driver.find_elements("css selector", "#stats-operators tbody td:last-child")]
+    assert any("_cpu_trace" in s for s in stacks)  # the call stack names this test's function that trained
+    assert not driver.find_elements("id", "stats-kernels_by_op")  # no kernels on CPU: no empty table
+    empty = driver.find_element("id", "stats-empty").text  # the engine's GPU tables: one line
+    assert "GPU kernels" in empty and "Memory operations" in empty and not driver.find_elements("id", "stats-kernels")
+    screenshot(driver, "22-operator-views")

@@ -179,7 +179,10 @@ export async function healthView(root, job) {
 export async function statsView(root, job) {
   const base = `/api/jobs/${jobPath(job)}`;
   const { tables } = await api(`${base}/stats`);
+  // tables this job has no rows for (the GPU ones of a CPU-only job): one line, not empty grids
+  const empty = Object.entries(tables).filter(([, t]) => !t.total).map(([, t]) => t.title);
   for (const [name, t] of Object.entries(tables)) {
+    if (!t.total) continue;
     // filtering and sorting run on the server, over every row
     const filter = el('input', { type: 'search', placeholder: 'filter rows', 'data-table': name });
     const holder = el('div', { class: 'table-scroll' });
@@ -200,6 +203,7 @@ export async function statsView(root, job) {
     holder.replaceChildren(simpleTable(t.columns, t.rows, null, `stats-${name}`));
     draw();
   }
+  if (empty.length) root.append(el('p', { class: 'muted empty-section', id: 'stats-empty' }, `No rows for this job: ${empty.join(', ')}`));
 }
 
 export function simpleTable(columns, rows, onSort, id) {

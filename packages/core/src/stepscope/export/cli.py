@@ -31,7 +31,7 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli_common import EXIT_OK, UsageError
+    from ..cli_common import EXIT_OK, UsageError, require_saved_data
     from ..progress import ProgressBar
     from ..store import open_store
     from ..trial import create_trial
@@ -41,8 +41,7 @@ def run(args: argparse.Namespace) -> int:
         raise UsageError("say where to export: --tensorboard DIR and/or --hdf5 FILE")
     selection = Selection.from_args(args.regex, args.steps, args.mode)
     store = open_store(args.path)
-    if not store.list(""):
-        raise UsageError(f"no saved data at {store.describe()} (wrong path?)")
+    require_saved_data(store)
     trial = create_trial(store)
     if not trial.steps():
         raise UsageError(f"no saved steps at {store.describe()}")

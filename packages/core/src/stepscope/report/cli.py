@@ -28,15 +28,14 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..cli_common import EXIT_OK, UsageError
+    from ..cli_common import EXIT_OK, require_saved_data
     from ..progress import ProgressBar
     from ..store import open_store
     from ..trial import create_trial
     from .build import write_report
 
     store = open_store(args.path)
-    if not store.list(""):
-        raise UsageError(f"no saved data at {store.describe()} (wrong path?)")
+    require_saved_data(store)
     with ProgressBar("stepscope report", args.progress) as bar:
         written = write_report(create_trial(store), args.output, pdf=args.pdf, rules=args.rules, progress=bar)
     print(f"report: {written.html}", file=sys.stdout)

@@ -106,6 +106,11 @@ class Store(abc.ABC):
             (folders if sep else files).add(name)
         return FolderListing(sorted(files), sorted(folders))
 
+    def is_empty(self) -> bool:
+        """Whether nothing at all is stored (a mistyped path, a job not started). The
+        backends stop at the first object instead of listing the whole job."""
+        return not self.list("")
+
     def root_exists(self) -> bool:
         """Whether the store's root is there. A local folder may be missing (a mistyped
         path, or a job that has not started); an S3 prefix is no object, only a part of

@@ -486,7 +486,15 @@ class LocalStore(Store):
         keys.sort()
         return keys
 
-    def _walk(self, top: str, top_rel: str, prefix: str, start_after: str | None, keys: builtins.list[str]) -> None:
+    def is_empty(self) -> bool:
+        _roots.forget(self._root_str)  # a look at the job, as a listing is
+        if not os.path.isdir(self._root_str):
+            return True
+        first: builtins.list[str] = []
+        self._walk(self._root_str, "", "", None, first, first_only=True)
+        return not first
+
+    def _walk(self, top: str, top_rel: str, prefix: str, start_after: str | None, keys: builtins.list[str], first_only: bool = False) -> None:
         # Only regular files and real folders (d_type: no extra system call per entry);
         # symbolic links, FIFOs and sockets are not part of a job. A stack, not recursion,
         # and a depth bound: a 1,400-deep folder chain is skipped, not a RecursionError.
@@ -517,6 +525,8 @@ class LocalStore(Store):
                         continue
                     if key.startswith(prefix) and (start_after is None or key > start_after):
                         keys.append(key)
+                        if first_only:
+                            return
 
     def list_folder(self, folder: str = "") -> FolderListing:
         # Reached by the descriptor walk: a linked folder on the way lists as empty, and

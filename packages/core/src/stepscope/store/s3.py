@@ -308,6 +308,13 @@ class S3Store(Store):
     def reopenable_url(self) -> str:
         return self.url
 
+    def is_empty(self) -> bool:
+        try:
+            reply = self._client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + "/" if self.prefix else "", MaxKeys=1)
+        except Exception as exc:
+            raise self._error("list", "", exc) from exc
+        return not reply.get("Contents")
+
     def probe(self) -> None:
         try:
             self._client.list_objects_v2(Bucket=self.bucket, Prefix=self.prefix + "/" if self.prefix else "", MaxKeys=1)

@@ -44,6 +44,10 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the tables as JSON")
     parser.add_argument("--progress", action="store_true", help="show the parsing progress bar even when stderr is not a terminal")
     parser.add_argument("--job-view", action="store_true", help="the job-wide view from per-rank summaries (ranks, stragglers, top kernels); the default above 16 traces without --rank")
+    parser.add_argument("--view", choices=("summary", "operators", "kernels"), default="summary",
+                        help="operators: CPU operators by name, by name and input shapes, by call stack (record_shapes / with_stack traces); "
+                             "kernels: by name and by launching operator, with grid, block, registers, occupancy, tensor-core use")
+    parser.add_argument("--top", type=int, default=20, metavar="N", help="rows per table of --view operators|kernels (0: all)")
     from .cluster_cli import add_engine_arguments
 
     add_engine_arguments(parser)
@@ -88,6 +92,8 @@ def run_profile(args: argparse.Namespace) -> int:
             f"no traces in {args.path}: looked for a job's profiler-output/framework/ and for trace files "
             "(*.json, *.json.gz, *.pt.trace.json[.gz], *.xplane.pb) in the folder and below (see docs/traces.md)"
         )
+    if getattr(args, "view", "summary") != "summary":
+        return _print_tables(_detail_view(analysis, args), args.json)
     from .cluster_cli import JOB_VIEW_MIN_TRACES, job_view
 
     if args.rank is None and (args.job_view or args.engine == "ray" or len(analysis.trace_keys()) > JOB_VIEW_MIN_TRACES):
@@ -108,6 +114,31 @@ def run_profile(args: argparse.Namespace) -> int:
         for row in unknown.itertuples():
             print(f"stepscope profile: {row.events:,} events of category {row.category} not analysed (rank {getattr(row, 'rank', 0)})", file=sys.stderr)
     return _print_tables(tables, args.json)
+
+
+def _detail_view(analysis: Any, args: argparse.Namespace) -> dict[str, Any]:
+    """`--view operators|kernels`: the tables of stepscope.traces.details over the Kineto
+    traces (of `--rank` only when given)."""
+    from ..exceptions import ConfigError
+    from . import details
+
+    keys = [k for k in analysis.trace_keys() if k.endswith((".json", ".json.gz"))]
+    if args.rank is not None:  # the ranks the trace engine reads from each trace
+        traces = analysis.traces()
+        keys = [k for k in traces.loc[traces["rank"] == args.rank, "key"] if k in set(keys)]
+    if not keys:
+        raise ConfigError(f"--view {args.view}: no Kineto JSON trace under {args.path}" + (f" for rank {args.rank}" if args.rank is not None else ""))
+    try:
+        tables = details.views(analysis.store, keys, k=args.top or None)
+    except details.TraceDetailError as exc:
+        raise ConfigError(f"--view {args.view}: {exc}") from None
+    wanted = ("operators", "operators_by_shapes", "operators_by_stack") if args.view == "operators" else ("kernels", "kernels_by_op")
+    out = {name: tables[name] for name in wanted}
+    if not args.json:  # C++ kernel signatures run to hundreds of characters: a terminal gets their start
+        for frame in out.values():
+            if "name" in frame:
+                frame["name"] = [n if len(n) <= 70 else n[:67] + "..." for n in frame["name"].astype(str)]
+    return out
 
 
 def _print_tables(tables: dict[str, Any], as_json: bool) -> int:

@@ -229,7 +229,7 @@ def _gpu_views(trial: Any, k: int = 10) -> dict[str, Any]:
             "Synchronizations": table(traces.syncs()),
             "Launch delay": table(traces.launch_latency().head(k)),
             # torch's profiler tables lead with these; on a CPU-only job they are the window's work
-            "CPU operators by self time": table(traces.cpu_ops(k=k)),
+            "CPU operators (inclusive time, with self time)": table(traces.cpu_ops(k=k)),
         },
         "gpu_activity": bool(len(active)) and float(active["kernel_us"].sum() + active["memory_us"].sum()) > 0,
     }
@@ -454,7 +454,32 @@ def _statistics(trial: Any) -> dict[str, Any]:
             ("launch_latency", "Kernel launch delay", traces.launch_latency()),
         ):
             tables[name] = {"title": title, **table(frame)}
+        tables.update(_detail_tables(traces))
     return {"tables": tables}
+
+
+MAX_DETAIL_TRACES = 8  # the operator/kernel views read trace files again: a few ranks' worth
+
+
+def _detail_tables(traces: Any) -> dict[str, dict[str, Any]]:
+    """Operators by name, by input shapes and by call stack, and kernels by name and by
+    launching operator with their launch configuration (stepscope.traces.details), over the
+    first MAX_DETAIL_TRACES Kineto traces; an unreadable trace is named in the title."""
+    from ..traces import details
+
+    keys = [k for k in traces.trace_keys() if k.endswith((".json", ".json.gz"))]
+    if not keys:
+        return {}
+    shown = keys[:MAX_DETAIL_TRACES]
+    note = f" (first {len(shown)} of {len(keys)} traces)" if len(keys) > len(shown) else ""
+    try:
+        found = details.views(traces.store, shown)
+    except details.TraceDetailError as exc:
+        return {"operators": {"title": f"Operators: not available ({exc})", "columns": [], "rows": []}}
+    titles = {"operators": "Operators by name", "operators_by_shapes": "Operators by name and input shapes",
+              "operators_by_stack": "Operators by name and call stack", "kernels": "Kernels by name, with launch configuration",
+              "kernels_by_op": "Kernels by launching operator"}
+    return {name: {"title": titles[name] + note, **table(frame)} for name, frame in found.items() if len(frame)}
 
 
 def table_page(table: dict[str, Any], *, query: str = "", sort: str | None = None, descending: bool = False, offset: int = 0,
