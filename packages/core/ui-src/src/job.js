@@ -31,7 +31,7 @@ export async function dashboardView(root, job) {
   }
 
   const hist = el('div', { class: 'chart' });
-  wrap.append(section('Step-time histogram', 'step-histogram', hist, summaryLine(d.step_histogram),
+  wrap.append(section(`Step-time histogram${d.step_histogram.mode ? ` (${d.step_histogram.mode} steps, every rank)` : ''}`, 'step-histogram', hist, summaryLine(d.step_histogram),
     d.step_histogram.apart_note ? el('p', { class: 'muted apart', id: 'step-histogram-apart' }, d.step_histogram.apart_note) : null));
   barChart(hist, 'step-histogram', { ...d.step_histogram, xLabel: 'step time (ms)' });
 
