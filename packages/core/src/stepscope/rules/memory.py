@@ -26,13 +26,9 @@ def _mib(value: float) -> str:
 class MemoryRule(JobRule):
     """Base: the job's memory tables, or "no data" when its traces hold no allocator events."""
 
-    def parameters(self) -> dict[str, Any]:
-        return self.params.to_json()
-
     def evaluate(self) -> None:
-        analysis = self.profiler.traces
-        if not analysis.trace_keys():
-            self.no_data("no detailed traces in the job (set ProfilerConfig.detailed_windows; see docs/traces.md)")
+        analysis = self.detailed_traces()
+        if analysis is None:
             return
         steps = analysis.memory_steps()
         if steps.empty:
