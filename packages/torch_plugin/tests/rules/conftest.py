@@ -211,6 +211,19 @@ def train_classifier(out_dir: Path, *, seed: int = 0, weights=(1, 1, 1), merge_c
     return out_dir
 
 
+def _input_step(rec: Recorder, opt: torch.optim.Optimizer, forward, inputs: torch.Tensor, labels: torch.Tensor, name: str, value) -> None:
+    """One recorded SGD step on the cross-entropy of `forward(inputs)`, saving the loss and
+    the model's input `value` as `name` (collection "data"), for the input rules."""
+    rec.begin()
+    loss = nn.functional.cross_entropy(forward(inputs), labels)
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    rec.loss(loss, "CrossEntropyLoss_output_0")
+    rec.tensor(name, value, "data")
+    rec.end()
+
+
 def train_images(out_dir: Path, *, normalized: bool, seed: int = 0, steps: int = 10, batch: int = 64) -> Path:
     """A small CNN on random 3x8x8 images whose class is the brightest channel; images are
     in [0, 1] or normalized to mean 0. Saves the input as "model_input_0"."""
@@ -223,14 +236,7 @@ def train_images(out_dir: Path, *, normalized: bool, seed: int = 0, steps: int =
         labels = images.mean(dim=(2, 3)).argmax(dim=1)
         if normalized:
             images = (images - 0.5) / 0.29
-        rec.begin()
-        loss = nn.functional.cross_entropy(model(images), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        rec.loss(loss, "CrossEntropyLoss_output_0")
-        rec.tensor("model_input_0", images, "data")
-        rec.end()
+        _input_step(rec, opt, model, images, labels, "model_input_0", images)
     rec.close()
     return out_dir
 
@@ -245,19 +251,15 @@ def train_tokens(out_dir: Path, *, padding: float, seed: int = 0, steps: int = 1
     opt = torch.optim.SGD([*embed.parameters(), *head.parameters()], lr=0.1)
     rec = Recorder(out_dir)
     keep = int(round(length * (1 - padding)))
+
+    def forward(tokens: torch.Tensor) -> torch.Tensor:
+        return head(embed(tokens).mean(dim=1))
+
     for _ in range(steps):
         tokens = rng.integers(1, 50, size=(batch, length))
         tokens[:, keep:] = 0
-        tokens_t = torch.tensor(tokens)
         labels = torch.tensor((tokens[:, 0] > 25).astype(np.int64))
-        rec.begin()
-        loss = nn.functional.cross_entropy(head(embed(tokens_t).mean(dim=1)), labels)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        rec.loss(loss, "CrossEntropyLoss_output_0")
-        rec.tensor("embedding0_input_0", tokens, "data")
-        rec.end()
+        _input_step(rec, opt, forward, torch.tensor(tokens), labels, "embedding0_input_0", tokens)
     rec.close()
     return out_dir
 
