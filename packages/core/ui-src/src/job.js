@@ -216,5 +216,7 @@ export function simpleTable(columns, rows, onSort, id) {
 function cell(column, v) {
   if (typeof v !== 'number') return v;
   if (column === 'start_s' && v > 1e8) return fmt.clock(v);
+  // small ratios (update ratios of 1e-5) would all read 0.000: four significant digits
+  if (v !== 0 && Math.abs(v) < 0.01) return Number(v.toPrecision(4)).toExponential();
   return fmt.num(v, 3);
 }
