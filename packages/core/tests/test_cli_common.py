@@ -83,3 +83,18 @@ def test_check_on_a_missing_folder_says_so_and_creates_nothing(tmp_path, capsys)
     assert cli.main(["check", str(missing), "--watch", "--timeout", "0.3", "--poll-interval", "0.05"]) == cli.EXIT_ERROR
     assert "no such folder" in capsys.readouterr().err
     assert not missing.exists()
+
+
+def test_the_cli_starts_without_the_analysis_libraries():
+    """`stepscope --help` (and every command's argument parsing) loads no pandas, pyarrow,
+    matplotlib or DuckDB: each command imports what it needs when it runs (it took ~3 s
+    when the report package imported its sections to register its arguments)."""
+    import ast
+    import subprocess
+    import sys
+
+    code = ("import sys; from stepscope.cli import build_parser; build_parser(); "
+            "print(sorted(m for m in ('pandas', 'pyarrow', 'matplotlib', 'duckdb', 'numpy') if m in sys.modules))")
+    loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    heavy = ast.literal_eval(loaded)  # a list literal printed by the child
+    assert not set(heavy) & {"pandas", "pyarrow", "matplotlib", "duckdb"}, heavy

@@ -106,12 +106,16 @@ _WORKER = textwrap.dedent(
     from stepscope_torch import Hook, black_box
     fail_at = int(sys.argv[2])
     model = torch.nn.Linear(16, 4)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     hook = Hook(sys.argv[1], profiler_config=ProfilerConfig(system_monitor=False))
     hook.register_module(model)
+    hook.register_optimizer(optimizer)
     try:
         with black_box(hook):
             for step in range(400):
+                optimizer.zero_grad()
                 model(torch.randn(8, 16)).sum().backward()
+                optimizer.step()
                 if step == fail_at:
                     torch.empty(1 << 50, dtype=torch.uint8)  # the CPU allocator refuses
                 time.sleep(0.05)

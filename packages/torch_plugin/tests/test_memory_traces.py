@@ -1,5 +1,5 @@
 """The engine's memory tables on real torch.profiler traces recorded here (CPU,
-profile_memory=True, with_stack and with_modules): peaks, counts and growth per step equal
+profile_memory=True and with_stack): peaks, counts and growth per step equal
 what plain Python computes from the trace's raw [memory] events, the op / module of each
 allocation equal a brute-force search of the raw events, and the bytes per operator equal
 torch's own `key_averages()` self memory column."""
@@ -31,7 +31,7 @@ def recorded(tmp_path_factory):
     model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 10))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     kept = []
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True, with_modules=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as prof:
         for step in range(STEPS):
             with record_function(f"ProfilerStep#{step}"):  # the markers stepscope's window writes
                 x = torch.randn(16, 32)
@@ -41,9 +41,9 @@ def recorded(tmp_path_factory):
                 out.sum().backward()
                 optimizer.step()
                 optimizer.zero_grad()
+    averages = {event.key: event.self_cpu_memory_usage for event in prof.key_averages()}
     path = folder / "trace.pt.trace.json"
     prof.export_chrome_trace(str(path))
-    averages = {event.key: event.self_cpu_memory_usage for event in prof.key_averages()}
     raw = json.loads(path.read_text())["traceEvents"]
     return TraceAnalysis(path, persist=False), raw, averages
 

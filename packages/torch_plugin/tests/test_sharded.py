@@ -47,3 +47,14 @@ def test_one_copy_to_the_host_per_sharded_tensor(one_rank, monkeypatch):
         expected = {"min": v.min(), "max": v.max(), "mean": v.mean(), "std": v.std(), "variance": v.var(), "sum": v.sum(), "prod": v.prod(), "l1": np.abs(x).sum(), "l2": np.sqrt((x * x).sum())}
         for name, number in expected.items():
             np.testing.assert_allclose(reduced[(name, is_abs)], number, rtol=1e-12, atol=1e-300, err_msg=f"{name} abs={is_abs}")
+
+
+def test_importing_the_plugin_leaves_dtensor_unimported():
+    # torch.distributed.tensor takes seconds to import; a job without FSDP2 never needs it.
+    import subprocess
+    import sys
+
+    code = "import sys, torch, stepscope_torch; print('torch.distributed.tensor' in sys.modules)"
+    reply = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert reply.stdout.strip() == "False"
+    assert not sharded.is_sharded(torch.ones(2))

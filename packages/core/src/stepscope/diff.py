@@ -17,13 +17,14 @@ import math
 import sys
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any
-
-import numpy as np
-import pandas as pd
+from typing import TYPE_CHECKING, Any
 
 from .exceptions import StepscopeError
 from .modes import ModeKeys
+
+if TYPE_CHECKING:  # numpy and pandas load when a comparison runs, not with the CLI's parser
+    import numpy as np
+    import pandas as pd
 
 logger = logging.getLogger("stepscope.diff")
 
@@ -95,7 +96,7 @@ class JobDiff:
 def _plain(value: Any) -> Any:
     if isinstance(value, float) and not math.isfinite(value):
         return None
-    if isinstance(value, np.generic):
+    if hasattr(value, "item") and not isinstance(value, (str, bytes)):  # a numpy scalar
         return value.item()
     return value
 
@@ -358,6 +359,8 @@ def _tensors(a: _Side, b: _Side, top: int) -> Section:
 
 
 def _norm(value: np.ndarray) -> float:
+    import numpy as np
+
     return float(np.linalg.norm(np.asarray(value, dtype=np.float64).ravel()))
 
 

@@ -56,28 +56,30 @@ class TensorUnavailableForStep(StepscopeError, KeyError):
         return f"tensor {self.name!r} is not available at {where}{extra}"
 
 
-class StepUnavailable(StepscopeError, KeyError):
+class _StepMissing(StepscopeError, KeyError):
+    """A step (of a mode) a reader asked for and did not find; `_why` says what became of it."""
+
+    _why = ""
+
+    def __init__(self, step: int, mode=None):
+        super().__init__(step)
+        self.step, self.mode = step, mode
+
+    def __str__(self) -> str:
+        mode = f" in mode {getattr(self.mode, 'name', self.mode)}" if self.mode is not None else ""
+        return f"step {self.step}{mode} {self._why}"
+
+
+class StepUnavailable(_StepMissing):
     """The step was never saved and the job has finished, so it never will be."""
 
-    def __init__(self, step: int, mode=None):
-        super().__init__(step)
-        self.step, self.mode = step, mode
-
-    def __str__(self) -> str:
-        mode = f" in mode {getattr(self.mode, 'name', self.mode)}" if self.mode is not None else ""
-        return f"step {self.step}{mode} was not saved"
+    _why = "was not saved"
 
 
-class StepNotYetAvailable(StepscopeError, KeyError):
+class StepNotYetAvailable(_StepMissing):
     """The step is not there yet, but the job is still running and may write it."""
 
-    def __init__(self, step: int, mode=None):
-        super().__init__(step)
-        self.step, self.mode = step, mode
-
-    def __str__(self) -> str:
-        mode = f" in mode {getattr(self.mode, 'name', self.mode)}" if self.mode is not None else ""
-        return f"step {self.step}{mode} is not available yet (the job is still running)"
+    _why = "is not available yet (the job is still running)"
 
 
 class NoMoreData(StepscopeError):

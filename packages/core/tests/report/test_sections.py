@@ -20,7 +20,7 @@ from stepscope.report.html import format_value
 def test_a_tensor_only_job(tmp_path, write_job):
     write_job(str(tmp_path / "job"), steps=6, eval_steps=2)
     report = build_report(str(tmp_path / "job"), rules="none")
-    assert [s.key for s in report.sections] == ["summary", "rules", "health", "system", "steps", "gpu", "memory", "cost"]
+    assert [s.key for s in report.sections] == ["summary", "rules", "health", "system", "steps", "gpu", "distributed", "memory", "cost"]
     for key, needle in (("system", "system_monitor"), ("steps", "step_timeline"), ("gpu", "traces"), ("cost", "hook"), ("rules", "stepscope check")):
         assert any(needle in text for text in report.section(key).missing), key
     trial = create_trial(str(tmp_path / "job"))

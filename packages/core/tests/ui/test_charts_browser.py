@@ -39,10 +39,32 @@ def _cpu_trace(path) -> None:
     prof.export_chrome_trace(str(path))
 
 
+def _train_deep(out_dir: str) -> None:
+    """A 12-layer MLP, weights saved every step: 12 update-ratio series for one chart."""
+    torch = pytest.importorskip("torch")
+    from stepscope.config import SaveConfig
+    from stepscope_torch import Hook
+
+    torch.manual_seed(0)
+    layers = [m for _ in range(12) for m in (torch.nn.Linear(8, 8), torch.nn.ReLU())]
+    model = torch.nn.Sequential(*layers)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Hook(out_dir, save_config=SaveConfig(save_interval=1), include_collections=["weights", "losses"]) as hook:
+        hook.register_module(model)
+        hook.register_optimizer(optimizer)
+        for _ in range(6):
+            optimizer.zero_grad()
+            loss = model(torch.randn(16, 8)).pow(2).mean()
+            hook.save_loss(loss)
+            loss.backward()
+            optimizer.step()
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     chromium_paths()
     root = tmp_path_factory.mktemp("store")
+    _train_deep(str(root / "team-a" / "deep"))
     rng = np.random.default_rng(4)
     write_profiler_job(root / "team-a" / "compiled", durations_ms=[8300.0] + list(10 + rng.random(120)))
     cpu_job = write_profiler_job(root / "team-a" / "cpu-only", steps=6)
@@ -163,3 +185,21 @@ def test_the_operator_views_of_a_real_trace_are_on_the_statistics_tab(served):
     empty = driver.find_element("id", "stats-empty").text  # the engine's GPU tables: one line
     assert "GPU kernels" in empty and "Memory operations" in empty and not driver.find_elements("id", "stats-kernels")
     screenshot(driver, "22-operator-views")
+
+
+def test_a_chart_of_many_series_names_the_top_eight_in_a_legend_below_the_plot(served):
+    server, driver, root = served
+    driver.get(f"{server.url}/jobs/team-a/deep#health")
+    chart = _chart(driver, "update-ratios")
+    series = chart["series"]
+    assert len(series) == 12
+    top = sorted(series, key=lambda name: -max(v for v in series[name] if v is not None))[:8]
+    assert sorted(chart["named"]) == sorted(top)
+    note = wait_for(lambda: driver.find_element("id", "update-ratios-note"), what="legend note").text
+    assert "legend: top 8 of 12 by max" in note
+    plot = driver.find_element("css selector", "#update-ratios .uplot")
+    shown = [row for row in plot.find_elements("css selector", ".u-legend .u-series") if row.is_displayed()]
+    assert len(shown) == 1 + 8  # the x value and the eight named series
+    area = _rect(plot.find_element("css selector", ".u-over"))
+    assert not _overlap(area, _rect(plot.find_element("css selector", ".u-legend")))
+    screenshot(driver, "23-capped-legend")

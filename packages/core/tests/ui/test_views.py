@@ -135,6 +135,10 @@ def test_system_series_are_averaged_down_to_600_points(tmp_path):
     out = _system_series(frame)["n"]
     assert len(out["t"]) == MAX_POINTS
     assert out["series"]["CPU"][0] == np.mean(np.arange(n)[np.arange(n) * MAX_POINTS // n == 0])
+    # each bucket's time is its samples' mean time (not the bucket's number)
+    bucket = np.arange(n) * MAX_POINTS // n
+    np.testing.assert_allclose(out["t"], [np.mean(np.arange(n)[bucket == b] * 0.1) for b in range(MAX_POINTS)])
+    assert "timestamp" not in out["series"]
 
 
 def test_statistics_tables_and_csv(app, store_root):

@@ -20,6 +20,12 @@ function follow(container, chart, height) {
 // Wall-clock ticks as HH:MM:SS (UTC), spaced so that two labels never touch.
 const clockTicks = (u, splits) => splits.map((v) => (v === null ? '' : new Date(v * 1000).toISOString().slice(11, 19)));
 
+// Steps are whole numbers: no tick at step 1.5.
+const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
+
+// Log-axis ticks that stay readable across decades (uPlot's default rounds 1e-5 to "0").
+const logTicks = (u, splits) => splits.map((v) => (v === null || v === undefined ? '' : v >= 1e4 || v < 1e-2 ? v.toExponential(0) : String(Number(v.toPrecision(3)))));
+
 // Values on a log axis: zeros, negatives and denormals are not drawn (counted instead).
 const TINY = 1.1754943508222875e-38;
 export function forLog(values) {
@@ -59,7 +65,7 @@ export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', 
   const opts = {
     width: width(container), height,
     scales: { x: { time: xTime }, y: logY ? { distr: 3 } : {} },
-    axes: [xTime ? { label: xLabel || 'time (UTC)', space: 90, values: clockTicks } : { label: xLabel }, { label: yLabel, size: 60 }],
+    axes: [xTime ? { label: xLabel || 'time (UTC)', space: 90, values: clockTicks } : x.every(Number.isInteger) ? { label: xLabel, incrs: STEP_INCRS } : { label: xLabel }, logY ? { label: yLabel, size: 60, values: logTicks } : { label: yLabel, size: 60 }],
     series: [{ label: xLabel || (xTime ? 'time' : 'x'), value: xTime ? (u, v) => (v === null ? '-' : new Date(v * 1000).toISOString().slice(11, 23)) : undefined }, ...names.map(line)],
   };
   if (x.length === 1) opts.scales.x = { time: xTime, range: (u, lo, hi) => [lo - 1, hi + 1] };  // one sample: a point in the middle, not an empty axis

@@ -31,7 +31,7 @@ export async function dashboardView(root, job) {
   }
 
   const hist = el('div', { class: 'chart' });
-  wrap.append(section('Step-time histogram', 'step-histogram', hist, summaryLine(d.step_histogram),
+  wrap.append(section(`Step-time histogram${d.step_histogram.mode ? ` (${d.step_histogram.mode} steps, every rank)` : ''}`, 'step-histogram', hist, summaryLine(d.step_histogram),
     d.step_histogram.apart_note ? el('p', { class: 'muted apart', id: 'step-histogram-apart' }, d.step_histogram.apart_note) : null));
   barChart(hist, 'step-histogram', { ...d.step_histogram, xLabel: 'step time (ms)' });
 
@@ -216,5 +216,7 @@ export function simpleTable(columns, rows, onSort, id) {
 function cell(column, v) {
   if (typeof v !== 'number') return v;
   if (column === 'start_s' && v > 1e8) return fmt.clock(v);
+  // small ratios (update ratios of 1e-5) would all read 0.000: four significant digits
+  if (v !== 0 && Math.abs(v) < 0.01) return Number(v.toPrecision(4)).toExponential();
   return fmt.num(v, 3);
 }

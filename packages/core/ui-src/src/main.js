@@ -1,5 +1,5 @@
 // The app's entry: a header, then the view the URL names. /: jobs; /admin: users;
-// /jobs/<job>#dashboard|health|stats|memory|timeline: one job; /compare?a=&b=: two jobs. A job's page polls the server
+// /jobs/<job>#dashboard|health|stats|memory|ranks|timeline: one job; /compare?a=&b=: two jobs. A job's page polls the server
 // for what the job has published and redraws when something new has landed.
 import { api, el } from './api.js';
 import { adminView } from './admin.js';
@@ -7,10 +7,11 @@ import { compareView } from './compare.js';
 import { dashboardView, healthView, statsView } from './job.js';
 import { jobsView } from './jobs.js';
 import { memoryView } from './memory.js';
+import { ranksView } from './ranks.js';
 import { timelineView } from './timeline.js';
 
 const POLL_MS = 3000;
-const VIEWS = { dashboard: ['Dashboard', dashboardView], health: ['Training health', healthView], stats: ['Statistics', statsView], memory: ['Memory', memoryView], timeline: ['Timeline', timelineView] };
+const VIEWS = { dashboard: ['Dashboard', dashboardView], health: ['Training health', healthView], stats: ['Statistics', statsView], memory: ['Memory', memoryView], ranks: ['Ranks', ranksView], timeline: ['Timeline', timelineView] };
 
 function header() {
   const user = document.body.dataset.user;

@@ -21,7 +21,7 @@ from typing import Any
 import tensorflow as tf
 
 from stepscope.capture import annotation
-from stepscope.capture.detailed import Payload, WindowedProfilers, detailed_dir
+from stepscope.capture.detailed import Payload, StepMarker, WindowedProfilers, detailed_dir
 from stepscope.config import ProfilerConfig
 from stepscope.store import Store
 
@@ -38,7 +38,7 @@ class XSpaceBackend:
     def __init__(self, config: ProfilerConfig):
         self.config = config
         self._folder: str | None = None
-        self._marker: Any = None
+        self._marker = StepMarker()
         self._warmup_left = 0
 
     def start(self, step: int, warmup_steps: int = 0) -> None:
@@ -52,13 +52,10 @@ class XSpaceBackend:
         # TraceMe encodes keyword arguments as stats: the reader turns this into ProfilerStep#<step>.
         name = "ProfilerWarmup" if self._warmup_left > 0 else "ProfilerStep"
         self._warmup_left -= 1
-        self._marker = tf.profiler.experimental.Trace(name, step_num=int(step), _r=1)
-        self._marker.__enter__()
+        self._marker.enter(tf.profiler.experimental.Trace(name, step_num=int(step), _r=1))
 
     def step_end(self, step: int) -> None:
-        marker, self._marker = self._marker, None
-        if marker is not None:
-            marker.__exit__(None, None, None)
+        self._marker.exit()
 
     def stop(self) -> list[tuple[str, str, Payload]]:
         annotation.set_backend(_trace, False)

@@ -5,32 +5,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from stepscope.capture.hook import StopTrainingRequested
-from stepscope.capture.hook_options import HookOptions
-from stepscope.config import Collection, CollectionName, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
-from stepscope.exceptions import ConfigError
-from stepscope.modes import ModeKeys
+from stepscope.capture import public
+from stepscope.capture.public import *  # noqa: F403 - the core names every plugin re-exports
 
 from .blackbox import black_box
 from .hook import Hook
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "Collection",
-    "CollectionName",
-    "ConfigError",
-    "Hook",
-    "HookOptions",
-    "ModeKeys",
-    "ProfilerConfig",
-    "ReductionConfig",
-    "SaveConfig",
-    "SaveConfigMode",
-    "StepscopeCallback",
-    "StopTrainingRequested",
-    "black_box",
-]
+__all__ = [*public.__all__, "Hook", "StepscopeCallback", "black_box"]  # noqa: F405 - StepscopeCallback: __getattr__ below
 
 
 def __getattr__(name: str) -> Any:

@@ -667,7 +667,7 @@ class Hook(HookBase):
                 c.name in _SCALAR_COLLECTIONS
                 for name, _ in self._params
                 for tensor, collections in ((name, ()), (naming.gradient_name(name), (CollectionName.GRADIENTS,)))
-                for c in self._saver._matching(tensor, collections)
+                for c in self._saver.matching(tensor, collections)
             )
         return not self._scalar_params
 
@@ -741,7 +741,7 @@ class Hook(HookBase):
                 for key, value in optimizer.state.get(param, {}).items():
                     if isinstance(value, torch.Tensor):
                         states.append((naming.optimizer_state_name(name, key), value))
-        scalar = any(c.name in _SCALAR_COLLECTIONS for n, _ in states for c in self._saver._matching(n, (CollectionName.OPTIMIZER_VARIABLES,)))
+        scalar = any(c.name in _SCALAR_COLLECTIONS for n, _ in states for c in self._saver.matching(n, (CollectionName.OPTIMIZER_VARIABLES,)))
         self._scalar_states[id(optimizer)] = (len(optimizer.state), scalar)
         return states
 

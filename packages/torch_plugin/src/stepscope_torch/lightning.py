@@ -234,17 +234,11 @@ class StepscopeCallback(pl.Callback):
     def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         self._eval_end(trainer)
 
-    def on_test_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._loop_start(trainer)
-
-    def on_test_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_batch_start(trainer, ModeKeys.EVAL)
-
-    def on_test_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_batch_end(trainer, outputs)
-
-    def on_test_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self._eval_end(trainer)
+    # The test loop is an evaluation loop like validation's: the same callbacks.
+    on_test_start = on_validation_start
+    on_test_batch_start = on_validation_batch_start
+    on_test_batch_end = on_validation_batch_end
+    on_test_end = on_validation_end
 
     def on_predict_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_batch_start(trainer, ModeKeys.PREDICT)

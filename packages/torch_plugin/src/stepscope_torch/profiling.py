@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from stepscope.capture import annotation
-from stepscope.capture.detailed import Payload, WindowedProfilers, add_distributed_info, detailed_dir
+from stepscope.capture.detailed import Payload, StepMarker, WindowedProfilers, add_distributed_info, detailed_dir
 from stepscope.config import ProfilerConfig
 from stepscope.layout import MEMORY_SNAPSHOT_DIR
 from stepscope.store import Store
@@ -59,7 +59,7 @@ class KinetoBackend:
         self.rank = rank
         self.world_size = world_size
         self._profile: Any = None
-        self._step_marker: Any = None
+        self._step_marker = StepMarker()
         self._steps = 0
         self._history = False  # recording the CUDA allocator's history (memory_history)
 
@@ -86,20 +86,14 @@ class KinetoBackend:
         if self._steps and self._profile is not None:
             self._profile.step()  # torch's schedule moves on (warm-up -> record) at the step boundary
         self._steps += 1
-        self._step_marker = _record_function(f"ProfilerStep#{step}")
-        self._step_marker.__enter__()
+        self._step_marker.enter(_record_function(f"ProfilerStep#{step}"))
 
     def step_end(self, step: int) -> None:
-        # No device synchronization: a kernel belongs to the step whose runtime call launched
-        # it (its correlation id), so the step can end while its kernels still run.
-        marker, self._step_marker = self._step_marker, None
-        if marker is not None:
-            marker.__exit__(None, None, None)
+        self._step_marker.exit()
 
     def stop(self) -> list[tuple[str, str, Payload]]:
         annotation.set_backend(_record_function, False)
-        if self._step_marker is not None:
-            self.step_end(-1)
+        self._step_marker.exit()
         profile, self._profile = self._profile, None
         if profile is None:
             return []

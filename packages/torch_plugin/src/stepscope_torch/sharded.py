@@ -20,6 +20,7 @@ tensor."""
 from __future__ import annotations
 
 import math
+import sys
 from typing import Any
 
 import numpy as np
@@ -28,16 +29,18 @@ import torch
 from stepscope.exceptions import UnsupportedValue
 from stepscope.reductions import normalize_reduction
 
-try:
-    from torch.distributed.tensor import DTensor, Partial, Shard
-except ImportError:  # a torch without DTensor
-    DTensor = None  # type: ignore[assignment,misc]
-
 SHARD_PREFIX = "stepscope/shard/"
+
+# torch.distributed.tensor is not imported here: importing it costs seconds, and a DTensor
+# exists only once its module was imported (by FSDP2 or the user), so until then no value
+# can be one.
+_DTENSOR_MODULE = "torch.distributed.tensor"
 
 
 def is_sharded(value: Any) -> bool:
-    return DTensor is not None and isinstance(value, DTensor)
+    module = sys.modules.get(_DTENSOR_MODULE)
+    dtensor = getattr(module, "DTensor", None) if module is not None else None
+    return dtensor is not None and isinstance(value, dtensor)
 
 
 def shard_name(name: str) -> str:
@@ -46,6 +49,8 @@ def shard_name(name: str) -> str:
 
 def _groups(tensor: Any) -> list[Any]:
     """The process groups of the mesh dimensions `tensor` is sharded along."""
+    from torch.distributed.tensor import Partial, Shard
+
     mesh = tensor.device_mesh
     groups = []
     for dim, placement in enumerate(tensor.placements):
@@ -106,6 +111,8 @@ def combined_reductions(tensor: Any, wanted: tuple[tuple[str, bool], ...]) -> di
 def shard_place(tensor: Any) -> np.ndarray | None:
     """[dim, offset, length, global length] of this rank's shard of a tensor sharded along
     one dimension over one mesh dimension (FSDP2's Shard(0)); None otherwise."""
+    from torch.distributed.tensor import Shard
+
     sharded = [(mesh_dim, p) for mesh_dim, p in enumerate(tensor.placements) if isinstance(p, Shard)]
     if len(sharded) != 1:
         return None

@@ -57,6 +57,27 @@ class ProfilerBackend(Protocol):
     def stop(self) -> list[tuple[str, str, Payload]]: ...
 
 
+class StepMarker:
+    """The open step's span in a framework profiler (torch's `record_function`, TF's
+    `Trace`): a context entered when the step starts and left when it ends, or at stop."""
+
+    __slots__ = ("_open",)
+
+    def __init__(self) -> None:
+        self._open: Any = None
+
+    def enter(self, marker: Any) -> None:
+        self._open = marker
+        marker.__enter__()
+
+    def exit(self) -> None:
+        """Leave the open step's span, if any (no device synchronisation: a kernel belongs
+        to the step whose runtime call launched it, so the step may end while it runs)."""
+        marker, self._open = self._open, None
+        if marker is not None:
+            marker.__exit__(None, None, None)
+
+
 @dataclass
 class WindowCost:
     """One window's cost: seconds on the training thread (start, the per-step calls, stop)

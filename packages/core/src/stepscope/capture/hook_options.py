@@ -15,16 +15,21 @@ from .hook_config import load_hook_config, option_values
 INCLUDE_WORKERS = ("one", "all")
 
 
+def _one_or_many(field_name: str, value: Any, single: type, what: str) -> tuple[Any, ...]:
+    """`value` as a tuple, where one `single` is one item (a string is never its characters)."""
+    if isinstance(value, single):
+        return (value,)
+    try:
+        return tuple(value)
+    except TypeError:
+        raise ConfigError(f"{field_name} must be {what}, got {value!r}") from None
+
+
 def name_tuple(field_name: str, value: Any) -> tuple[str, ...]:
     """A list of names where a single string is one name (never its characters)."""
     if value is None:
         return ()
-    if isinstance(value, str):
-        value = (value,)
-    try:
-        items = tuple(value)
-    except TypeError:
-        raise ConfigError(f"{field_name} must be a name or a list of names, got {value!r}") from None
+    items = _one_or_many(field_name, value, str, "a name or a list of names")
     for item in items:
         if not isinstance(item, str) or not item:
             raise ConfigError(f"{field_name} must hold non-empty strings, got {item!r} in {value!r}")
@@ -89,13 +94,7 @@ class HookOptions:
         if not isinstance(workers, str) or workers.strip().lower() not in INCLUDE_WORKERS:
             raise ConfigError(f"include_workers must be 'one' or 'all', got {workers!r}")
         set_(self, "include_workers", workers.strip().lower())
-        collections = self.collections
-        if isinstance(collections, Collection):
-            collections = (collections,)
-        try:
-            collections = tuple(collections)
-        except TypeError:
-            raise ConfigError(f"collections must be a list of Collection, got {self.collections!r}") from None
+        collections = _one_or_many("collections", self.collections, Collection, "a list of Collection")
         for c in collections:
             if not isinstance(c, Collection):
                 raise ConfigError(f"collections must hold Collection objects, got {c!r}")

@@ -219,14 +219,7 @@ class _HostSampler:
         counters = psutil.disk_io_counters(perdisk=False)
         if counters is None:  # no block devices visible (some containers)
             raise OSError("no disk counters on this host")
-        now = (counters.read_bytes, counters.write_bytes)
-        last, self._last_disk = self._last_disk, now
-        if prime or last is None:
-            return []
-        return [
-            ("disk", "total", "DiskReadBytesPerSecond", _rate(now[0], last[0], elapsed)),
-            ("disk", "total", "DiskWriteBytesPerSecond", _rate(now[1], last[1], elapsed)),
-        ]
+        return self._rates("_last_disk", "disk", ("DiskReadBytesPerSecond", "DiskWriteBytesPerSecond"), (counters.read_bytes, counters.write_bytes), elapsed, prime)
 
     def _network(self, elapsed: float, prime: bool = False) -> list[Metric]:
         received = sent = 0
@@ -235,14 +228,16 @@ class _HostSampler:
                 continue
             received += counters.bytes_recv
             sent += counters.bytes_sent
-        now = (received, sent)
-        last, self._last_net = self._last_net, now
+        return self._rates("_last_net", "network", ("NetworkReceiveBytesPerSecond", "NetworkTransmitBytesPerSecond"), (received, sent), elapsed, prime)
+
+    def _rates(self, last_attribute: str, kind: str, names: tuple[str, ...], now: tuple[int, ...], elapsed: float, prime: bool) -> list[Metric]:
+        """Per-second rates of counters `now` since the reading kept in `last_attribute`
+        (kept now in its place); none at the priming reading or the first."""
+        last = getattr(self, last_attribute)
+        setattr(self, last_attribute, now)
         if prime or last is None:
             return []
-        return [
-            ("network", "total", "NetworkReceiveBytesPerSecond", _rate(now[0], last[0], elapsed)),
-            ("network", "total", "NetworkTransmitBytesPerSecond", _rate(now[1], last[1], elapsed)),
-        ]
+        return [(kind, "total", name, _rate(current, previous, elapsed)) for name, current, previous in zip(names, now, last)]
 
 
 def _cpu_delta(before: Any, after: Any) -> tuple[float, float, float]:

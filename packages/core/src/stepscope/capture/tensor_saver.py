@@ -107,7 +107,9 @@ class TensorSaver:
         """Drop scope `name` (a plugin splitting one network into several declares them anew)."""
         self.scopes.pop(name, None)
 
-    def _matching(self, name: str, collections: tuple[str, ...]) -> tuple[Collection, ...]:
+    def matching(self, name: str, collections: tuple[str, ...]) -> tuple[Collection, ...]:
+        """The included collections tensor `name` belongs to (`collections` by the plugin's
+        knowledge, or by regex); the name is added to each (once: the answer is kept)."""
         key = (name, collections)
         found = self._matching_cache.get(key)
         if found is None:
@@ -122,7 +124,7 @@ class TensorSaver:
         if step is None or not step.due:
             return None
         due = step.due_names
-        matched = [c for c in self._matching(name, tuple(collections)) if c.name in due]
+        matched = [c for c in self.matching(name, tuple(collections)) if c.name in due]
         if not matched:
             return None
         save_raw, save_shape, wanted = False, False, []

@@ -261,6 +261,15 @@ class JobRule(Rule):
         """The rule's parameters as JSON values."""
         return self.params.to_json()
 
+    def detailed_traces(self) -> Any:
+        """The job's trace analysis, or None after reporting "no data" when the job has no
+        detailed traces (the rules over traces all start here)."""
+        analysis = self.profiler.traces
+        if not analysis.trace_keys():
+            self.no_data("no detailed traces in the job (set ProfilerConfig.detailed_windows; see docs/traces.md)")
+            return None
+        return analysis
+
     @property
     def bound(self) -> bool:
         return self.base_trial is not None

@@ -26,13 +26,9 @@ def _mib(value: float) -> str:
 class MemoryRule(JobRule):
     """Base: the job's memory tables, or "no data" when its traces hold no allocator events."""
 
-    def parameters(self) -> dict[str, Any]:
-        return self.params.to_json()
-
     def evaluate(self) -> None:
-        analysis = self.profiler.traces
-        if not analysis.trace_keys():
-            self.no_data("no detailed traces in the job (set ProfilerConfig.detailed_windows; see docs/traces.md)")
+        analysis = self.detailed_traces()
+        if analysis is None:
             return
         steps = analysis.memory_steps()
         if steps.empty:
@@ -42,6 +38,14 @@ class MemoryRule(JobRule):
 
     def _judge(self, analysis: Any, steps: pd.DataFrame) -> None:
         raise NotImplementedError
+
+    def _judged(self, judged: int, statistics: dict[str, Any], none_judged: str) -> None:
+        """Record how many steps / devices / ranks were judged and the statistics, or say
+        why none could be (`none_judged`)."""
+        self.report.datapoints = judged
+        self.report.statistics.update(statistics)
+        if not judged:
+            self.no_data(none_judged)
 
     def _listed(self, count: int) -> bool:
         """Whether one more violation is listed (the rest are counted in statistics)."""
@@ -98,10 +102,11 @@ class MemoryNearLimit(MemoryRule):
                         value=share, threshold=self.params.max_fraction, rank=int(row.rank), device=str(row.device),
                         peak_bytes=peak, limit_bytes=limit, op=str(row.peak_op), module=str(row.peak_module), annotation=str(row.peak_annotation),
                     )  # fmt: skip
-        self.report.datapoints = judged
-        self.report.statistics.update({"steps_judged": judged, "steps_over_threshold": fired, "highest_share": highest if judged else None})
-        if not judged:
-            self.no_data("no device with a known memory limit (GPU traces carry it; for the host set limit_bytes)")
+        self._judged(
+            judged,
+            {"steps_judged": judged, "steps_over_threshold": fired, "highest_share": highest if judged else None},
+            "no device with a known memory limit (GPU traces carry it; for the host set limit_bytes)",
+        )
 
 
 @dataclass(frozen=True)
@@ -158,10 +163,11 @@ class MemoryGrowth(MemoryRule):
                 value=total, threshold=self.params.min_growth_bytes, rank=int(rank), device=str(device), growing_share=share,
                 outliving_bytes=int(kept["outliving_bytes"].sum()), op=str(culprit["op"]) if culprit is not None else "",
             )  # fmt: skip
-        self.report.datapoints = judged
-        self.report.statistics.update({"devices_judged": judged, "devices_growing": self.report.violations})
-        if not judged:
-            self.no_data(f"fewer than {self.params.min_steps + 1} profiled steps per device (a longer detailed window)")
+        self._judged(
+            judged,
+            {"devices_judged": judged, "devices_growing": self.report.violations},
+            f"fewer than {self.params.min_steps + 1} profiled steps per device (a longer detailed window)",
+        )
 
 
 @dataclass(frozen=True)
@@ -203,10 +209,11 @@ class MemoryFragmentation(MemoryRule):
                     value=share, threshold=self.params.max_share, rank=int(rank), device=str(device), reserved_bytes=reserved,
                     allocated_bytes=int(top["peak_allocated"]),
                 )  # fmt: skip
-        self.report.datapoints = judged
-        self.report.statistics.update({"devices_judged": judged, "devices_over_threshold": self.report.violations})
-        if not judged:
-            self.no_data(f"no device with a reserved pool of {_mib(self.params.min_reserved_bytes)} or more at its peak (CUDA's caching allocator)")
+        self._judged(
+            judged,
+            {"devices_judged": judged, "devices_over_threshold": self.report.violations},
+            f"no device with a reserved pool of {_mib(self.params.min_reserved_bytes)} or more at its peak (CUDA's caching allocator)",
+        )
 
 
 @dataclass(frozen=True)
@@ -242,10 +249,7 @@ class RankMemoryImbalance(MemoryRule):
                         f"rank {row.rank} {row.device}: peak {_mib(row.peak_allocated)} is {row.vs_median:.2f}x the median rank's",
                         value=float(row.vs_median), threshold=self.params.max_ratio, rank=int(row.rank), device=str(row.device), peak_bytes=int(row.peak_allocated),
                     )  # fmt: skip
-        self.report.datapoints = judged
-        self.report.statistics["ranks_judged"] = judged
-        if not judged:
-            self.no_data("fewer than two ranks with allocator events")
+        self._judged(judged, {"ranks_judged": judged}, "fewer than two ranks with allocator events")
 
 
 MEMORY_RULES: dict[str, type[MemoryRule]] = {rule.__name__: rule for rule in (MemoryNearLimit, MemoryGrowth, MemoryFragmentation, RankMemoryImbalance)}

@@ -28,9 +28,8 @@ class TraceRule(JobRule):
     check: ClassVar[str]
 
     def evaluate(self) -> None:
-        analysis = self.profiler.traces
-        if not analysis.trace_keys():
-            self.no_data("no detailed traces in the job (set ProfilerConfig.detailed_windows; see docs/traces.md)")
+        analysis = self.detailed_traces()
+        if analysis is None:
             return
         rows = self._measure(analysis)
         report = self.report
@@ -161,17 +160,13 @@ class RankStraggler(JobRule):
         ),
     )
 
-    def parameters(self) -> dict[str, Any]:
-        return self.params.to_json()
-
     def evaluate(self) -> None:
         from ..exceptions import ConfigError
         from ..traces.cluster import JobQuery, StragglerParams
         from ..traces.fanout import summarise_loaded
 
-        analysis = self.profiler.traces
-        if not analysis.trace_keys():
-            self.no_data("no detailed traces in the job (set ProfilerConfig.detailed_windows; see docs/traces.md)")
+        analysis = self.detailed_traces()
+        if analysis is None:
             return
         try:
             settings = StragglerParams(z=self.params.z, min_excess=self.params.min_excess, min_ranks=self.params.min_ranks)

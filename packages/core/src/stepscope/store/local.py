@@ -25,14 +25,21 @@ _IOV_MAX = 1024  # buffers per writev call (the POSIX minimum of IOV_MAX)
 _PREALLOCATE_FROM = 8 * 1024 * 1024
 
 
-def _fallocate_function():
-    """Linux's fallocate(2), which os does not expose with FALLOC_FL_KEEP_SIZE."""
+def _libc_function(name: str) -> Any:
+    """The C library's function `name` (errno kept), or None off Linux or where the library
+    does not have it."""
     if not sys.platform.startswith("linux"):
         return None
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        function = libc.fallocate
+        return getattr(ctypes.CDLL(None, use_errno=True), name)
     except (OSError, AttributeError):
+        return None
+
+
+def _fallocate_function():
+    """Linux's fallocate(2), which os does not expose with FALLOC_FL_KEEP_SIZE."""
+    function = _libc_function("fallocate")
+    if function is None:
         return None
     function.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_longlong, ctypes.c_longlong]
     return function
@@ -92,12 +99,8 @@ _RESOLVE = 0x02 | 0x04 | 0x08  # RESOLVE_NO_MAGICLINKS | RESOLVE_NO_SYMLINKS | R
 def _openat2_function() -> Any:
     """openat2(2) as `f(dir_fd, relative_path, flags) -> fd or -errno`, or None where the
     kernel (before 5.6), the C library or a sandbox does not offer it."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        syscall = libc.syscall
-    except (OSError, AttributeError):
+    syscall = _libc_function("syscall")
+    if syscall is None:
         return None
     syscall.restype = ctypes.c_long
     syscall.argtypes = [ctypes.c_long, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p, ctypes.c_size_t]
@@ -200,8 +203,17 @@ class _RootDescriptors:
         if held.users == 0:
             os.close(held.fd)
 
+    def after_fork_in_child(self) -> None:
+        """A forked child has one thread: reads under way in the parent's others never end
+        there, and the lock may have been held by one of them."""
+        self._lock = threading.Lock()
+        for held in self._held.values():
+            held.users = 0
+
 
 _roots = _RootDescriptors(capacity=64)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _roots.after_fork_in_child())
 
 
 class PathRefused(StoreError):

@@ -156,7 +156,7 @@ ENDPOINTS = (
     "/api/jobs/{job}/health", "/api/jobs/{job}/tensor-histograms?tensor=x", "/api/jobs/{job}/stats",
     "/api/jobs/{job}/stats/steps?sort=step", "/api/jobs/{job}/stats/steps.csv", "/api/jobs/{job}/timeline",
     "/api/jobs/{job}/timeline?start=0&end=4e18&width=400", "/api/jobs/{job}/timeline/event?lane=x&i=0",
-    "/api/jobs/{job}/perfetto", "/api/jobs/{job}/timeline?start=0&end=1e30", "/jobs/{job}",
+    "/api/jobs/{job}/perfetto", "/api/jobs/{job}/ranks", "/api/jobs/{job}/timeline?start=0&end=1e30", "/jobs/{job}",
 )
 
 

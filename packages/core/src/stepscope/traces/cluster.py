@@ -228,6 +228,22 @@ class JobQuery:
             """
         )
 
+    def rank_comparison(self) -> pd.DataFrame:
+        """Per rank over its profiled steps (the report's Distributed section and the app's
+        Ranks view): steps, mean step, compute- and communication-kernel and GPU idle µs
+        per step, and the mean step's gap to the median rank's in percent."""
+        return self.sql(
+            """
+            WITH r AS (SELECT rank, count(DISTINCT step) AS steps, sum(step_ns) / count(DISTINCT step) / 1e3 AS mean_step_us,
+                              sum(compute_kernel_ns) / count(DISTINCT step) / 1e3 AS compute_kernel_us,
+                              sum(comm_kernel_ns) / count(DISTINCT step) / 1e3 AS comm_kernel_us,
+                              sum(gpu_idle_ns) / count(DISTINCT step) / 1e3 AS gpu_idle_us
+                       FROM summary_steps WHERE step >= 0 GROUP BY rank)
+            SELECT *, 100 * (mean_step_us - median(mean_step_us) OVER ()) / nullif(median(mean_step_us) OVER (), 0) AS vs_median_pct
+            FROM r ORDER BY rank
+            """
+        )
+
     def top_kernels(self, k: int = 10) -> pd.DataFrame:
         """The job's k kernels with the most time over every rank and step."""
         return self.sql(

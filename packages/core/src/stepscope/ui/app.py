@@ -292,6 +292,12 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
 
         return jsonify(memory(*_open(job)))
 
+    @app.get("/api/jobs/<path:job>/ranks")
+    def job_ranks(job: str) -> Response:
+        from .ranks import ranks
+
+        return jsonify(ranks(*_open(job)))
+
     @app.get("/api/jobs/<path:job>/tensor-histograms")
     def job_tensor_histograms(job: str) -> Response:
         from .views import tensor_histograms

@@ -12,7 +12,6 @@ the idle timeout and blocks nobody (the accept loop never waits on a client)."""
 from __future__ import annotations
 
 import logging
-import os
 import ssl
 import threading
 import time
@@ -233,11 +232,3 @@ def _server_class() -> Any:
 
     _CLASS = _Server
     return _CLASS
-
-
-def pid_descriptors() -> int | None:
-    """Open descriptors of this process (Linux), for tests and the probe."""
-    try:
-        return len(os.listdir("/proc/self/fd"))
-    except OSError:
-        return None

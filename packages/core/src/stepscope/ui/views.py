@@ -78,10 +78,13 @@ def _dashboard(trial: Any, phase: str | None, bins: int, k: int) -> dict[str, An
         chosen = traced[phase[len(TRACE_PREFIX):]]
     else:
         chosen = phases[phases["phase"] == phase]["duration_ms"].to_numpy() if phase else np.array([])
+    # one mode per histogram (an EVAL step is a whole validation pass): TRAIN when there is any
+    histogram_mode = "TRAIN" if (steps["mode"] == "TRAIN").any() else (str(steps["mode"].iloc[0]) if len(steps) else None)
+    histogram_steps = steps[steps["mode"] == histogram_mode] if histogram_mode else steps
     return {
         "system": _system_series(metrics),
         "steps": _step_series(steps),
-        "step_histogram": _histogram(steps["duration_ms"].to_numpy(), bins, _step_names(steps)),
+        "step_histogram": {**_histogram(histogram_steps["duration_ms"].to_numpy(), bins, _step_names(histogram_steps)), "mode": histogram_mode},
         "cpu_time": _phase_shares(steps, phases),
         "annotation": {"names": annotation_names, "chosen": phase, "histogram": _histogram(chosen, bins)},
         "gpu": _gpu_views(trial, k),
@@ -134,7 +137,9 @@ def _system_series(metrics: pd.DataFrame) -> dict[str, Any]:
         wide = merged.pivot_table(index="timestamp", columns="series", values="value", aggfunc="mean").sort_index()
         if len(wide) > MAX_POINTS:
             buckets = np.arange(len(wide)) * MAX_POINTS // len(wide)
-            wide = wide.groupby(buckets).mean()
+            # the timestamp as a column, so each bucket keeps its mean time (grouping the
+            # index away put bucket numbers 0..599 on the time axis)
+            wide = wide.reset_index().groupby(buckets).mean()
         out[str(node)] = {"t": [float(t) for t in wide.index] if "timestamp" not in wide else wide["timestamp"].tolist(),
                           "series": {str(c): _floats(wide[c].to_numpy()) for c in wide.columns if c != "timestamp"}}
         if "timestamp" in wide:

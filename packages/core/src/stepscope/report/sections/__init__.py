@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from . import cost, gpu, health, memory, rules, steps, summary, system
+from . import cost, distributed, gpu, health, memory, rules, steps, summary, system
 
-BUILDERS = (summary.build, rules.build, health.build, system.build, steps.build, gpu.build, memory.build, cost.build)
+BUILDERS = (summary.build, rules.build, health.build, system.build, steps.build, gpu.build, distributed.build, memory.build, cost.build)
 
 __all__ = ["BUILDERS"]

@@ -56,7 +56,7 @@ def _curves(ctx: ReportContext, section: Section) -> None:
         for mode, (steps, values) in series.items():
             rows.append((name, mode, len(values), steps[0], values[0], steps[-1], values[-1]))
         section.add(Figure(line_chart(series, xlabel="global step", ylabel=name, marks=marks), caption=f"{name} per mode" + (" (dashed: steps where rules fired)" if marks else ""), key=f"curve-{name}"))
-    section.add(Table(("tensor", "mode", "points", "first step", "first value", "last step", "last value"), tuple(rows), caption="Loss and metric values", key="curves"))
+    section.add(Table(("tensor", "mode", "points", "first global step", "first value", "last global step", "last value"), tuple(rows), caption="Loss and metric values", key="curves"))
 
 
 def _gradient_norms(ctx: ReportContext, section: Section) -> None:

@@ -30,13 +30,16 @@ def build(ctx: ReportContext) -> Section:
         series[label] = (group["step"].tolist(), durations.tolist())
         rows.append((mode, int(rank), len(group), float(durations.mean()), float(durations.median()), float(durations.quantile(0.95)), float(durations.max())))
     section.add(Table(("mode", "rank", "steps", "mean ms", "p50 ms", "p95 ms", "max ms"), tuple(rows), caption="Step durations", key="step-durations"))
-    durations = steps["duration_ms"].to_numpy(dtype=float)
+    # one mode per histogram (an EVAL step is a whole validation pass): TRAIN when there is any
+    mode = "TRAIN" if (steps["mode"] == "TRAIN").any() else str(steps["mode"].iloc[0])
+    of_mode = steps[steps["mode"] == mode]
+    durations = of_mode["duration_ms"].to_numpy(dtype=float)
     split = chart_scales.split_far(durations)
-    names = [f"{m} step {int(s)}" for m, s in zip(steps["mode"].astype(str), steps["step"])]
+    names = [f"{m} step {int(s)}" for m, s in zip(of_mode["mode"].astype(str), of_mode["step"])]
     apart = split.statement("ms", "step", names)
     section.add(Figure(histogram(durations[split.keep].tolist(), xlabel="step duration (ms)"),
-                       caption="Step duration histogram (all modes and ranks)" + (f"; {apart}" if apart else ""), key="step-histogram"))
-    logy = chart_scales.wants_log(durations)
+                       caption=f"Step duration histogram ({mode} steps, every rank)" + (f"; {apart}" if apart else ""), key="step-histogram"))
+    logy = chart_scales.wants_log(steps["duration_ms"].to_numpy(dtype=float))
     section.add(Figure(line_chart(series, xlabel="global step", ylabel="duration (ms)", logy=logy),
                        caption="Step duration over global steps, per mode and rank" + (" (log scale: the durations span more than two decades)" if logy else ""),
                        key="step-over-time"))
