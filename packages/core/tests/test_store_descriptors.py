@@ -130,3 +130,19 @@ def test_check_key_refuses_exactly_the_keys_with_an_empty_dot_or_dot_dot_part():
             except StoreError:
                 accepted = False
             assert accepted == by_parts(key), key
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork")
+def test_a_forked_child_reads_through_the_held_root(tmp_path):
+    store = _job(tmp_path / "job", files=2)
+    assert store.read("index/000000000/000000000001_worker_0.json") == b'{"i": 1}'
+    local._roots._lock.acquire()  # as if another thread were inside it at the fork
+    try:
+        pid = os.fork()
+        if pid == 0:  # the child: exit status 0 when its read worked
+            ok = store.read("index/000000000/000000000001_worker_0.json") == b'{"i": 1}'
+            os._exit(0 if ok else 1)
+    finally:
+        local._roots._lock.release()
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0

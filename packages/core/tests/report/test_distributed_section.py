@@ -63,3 +63,21 @@ def test_even_job_has_no_straggler_and_single_rank_says_so(tmp_path):
     single, _ = _job(tmp_path / "one", ranks=1)
     section = build_report(single, rules="none").section("distributed")
     assert [type(b).__name__ for b in section.blocks] == ["Paragraph"] and "Single-rank" in section.blocks[0].text
+
+
+def test_ranks_view_data_equals_the_report_and_says_why_when_unavailable(tmp_path):
+    from stepscope import create_trial
+    from stepscope.ui.ranks import _ranks
+
+    job, _ = _job(tmp_path / "four", ranks=4, straggler=1)
+    data = _ranks(create_trial(job))
+    table = build_report(job, rules="none").section("distributed").table("distributed-ranks")
+    assert data["available"] and [row[0] for row in data["ranks"]["rows"]] == [row[0] for row in table.rows]
+    mean_step = data["ranks"]["columns"].index("mean_step_us")
+    assert [row[mean_step] for row in data["ranks"]["rows"]] == pytest.approx([row[2] for row in table.rows])
+    assert [row[0] for row in data["stragglers"]["rows"]] == [1]
+    single, _ = _job(tmp_path / "one", ranks=1)
+    assert "single-rank" in _ranks(create_trial(single))["reason"]
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "training_job_end.ts").write_text("")
+    assert "no detailed traces" in _ranks(create_trial(str(tmp_path / "empty")))["reason"]

@@ -203,8 +203,17 @@ class _RootDescriptors:
         if held.users == 0:
             os.close(held.fd)
 
+    def after_fork_in_child(self) -> None:
+        """A forked child has one thread: reads under way in the parent's others never end
+        there, and the lock may have been held by one of them."""
+        self._lock = threading.Lock()
+        for held in self._held.values():
+            held.users = 0
+
 
 _roots = _RootDescriptors(capacity=64)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=lambda: _roots.after_fork_in_child())
 
 
 class PathRefused(StoreError):
