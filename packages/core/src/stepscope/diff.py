@@ -235,27 +235,29 @@ def _ranked_changes(ma: dict[str, tuple[float, float]], mb: dict[str, tuple[floa
 
 def _kernels(a: _Side, b: _Side, top: int) -> Section:
     section = Section("kernels", f"GPU kernels: time per traced step, the {top} largest changes")
-
-    def compute() -> None:
-        ka, kb = a.traces.kernel_stats(by="name"), b.traces.kernel_stats(by="name")
-        if not len(ka) and not len(kb):
-            section.note = "no GPU kernels in either side's traces (CPU-only, or no profiling window)"
-            return
-        ma, mb = _by_name(ka, "total_us", _per_traced_step(a)), _by_name(kb, "total_us", _per_traced_step(b))
-        section.rows = _ranked_changes(ma, mb, "us/step", top)
-
-    return _guarded(section, compute)
+    # One side without kernels still compares (a kernel that vanished is a change).
+    return _named_times(section, a, b, top, lambda t: t.kernel_stats(by="name"), "total_us", need_both=False,
+                        empty_note="no GPU kernels in either side's traces (CPU-only, or no profiling window)")
 
 
 def _operators(a: _Side, b: _Side, top: int) -> Section:
     section = Section("operators", f"CPU operators: self time per traced step, the {top} largest changes")
+    return _named_times(section, a, b, top, lambda t: t.cpu_ops(k=None), "self_us", need_both=True,
+                        empty_note="needs operators in both sides' traces (a profiling window on each)")
+
+
+def _named_times(section: Section, a: _Side, b: _Side, top: int, table: Callable[[Any], pd.DataFrame], value: str,
+                 *, need_both: bool, empty_note: str) -> Section:
+    """Fills `section` with the largest changes of `value` per traced step, by name, of the
+    trace table `table` returns; `empty_note` when one side (need_both) or both lack rows."""
 
     def compute() -> None:
-        oa, ob = a.traces.cpu_ops(k=None), b.traces.cpu_ops(k=None)
-        if not len(oa) or not len(ob):
-            section.note = "needs operators in both sides' traces (a profiling window on each)"
+        fa, fb = table(a.traces), table(b.traces)
+        empty = (not len(fa) or not len(fb)) if need_both else (not len(fa) and not len(fb))
+        if empty:
+            section.note = empty_note
             return
-        ma, mb = _by_name(oa, "self_us", _per_traced_step(a)), _by_name(ob, "self_us", _per_traced_step(b))
+        ma, mb = _by_name(fa, value, _per_traced_step(a)), _by_name(fb, value, _per_traced_step(b))
         section.rows = _ranked_changes(ma, mb, "us/step", top)
 
     return _guarded(section, compute)

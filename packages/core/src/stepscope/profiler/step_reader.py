@@ -4,10 +4,8 @@ profiler/timeline.py's parser and hands every step and phase interval over as on
 DataFrame. ProfilerTrial and the trace engine (TraceAnalysis.step_timeline) both read it
 from here, so neither has to import the other for it.
 
-Four things are called "timeline": the hook's phase records (capture/phases.py); the step
-timeline files, written by capture/step_timeline.py, parsed by profiler/timeline.py and read
-for a job by profiler/step_reader.py; the merged Perfetto trace of `stepscope timeline`
-(traces/timeline.py); and the app's timeline view (ui/timeline.py). This module is the step timeline's reader."""
+This module is the step timeline's reader; capture/step_timeline.py's docstring lists the
+four things called "timeline" and where each lives."""
 
 from __future__ import annotations
 

@@ -194,17 +194,17 @@ class UserDB:
             return self._conn.execute("SELECT 1 FROM users WHERE is_admin = 1 LIMIT 1").fetchone() is not None
 
     def grant(self, name: str, prefixes: Iterable[str]) -> User:
-        user = self.user(name)
-        cleaned = {normalize_prefix(p) for p in prefixes}
-        with self._lock:
-            self._conn.executemany("INSERT OR IGNORE INTO prefixes VALUES (?, ?)", [(user.id, p) for p in sorted(cleaned)])
-        return self.user(name)
+        return self._edit_prefixes(name, prefixes, "INSERT OR IGNORE INTO prefixes VALUES (?, ?)")
 
     def revoke(self, name: str, prefixes: Iterable[str]) -> User:
+        return self._edit_prefixes(name, prefixes, "DELETE FROM prefixes WHERE user_id = ? AND prefix = ?")
+
+    def _edit_prefixes(self, name: str, prefixes: Iterable[str], statement: str) -> User:
+        """Runs `statement` once per (user id, normalised prefix); returns the updated user."""
         user = self.user(name)
         cleaned = {normalize_prefix(p) for p in prefixes}
         with self._lock:
-            self._conn.executemany("DELETE FROM prefixes WHERE user_id = ? AND prefix = ?", [(user.id, p) for p in sorted(cleaned)])
+            self._conn.executemany(statement, [(user.id, p) for p in sorted(cleaned)])
         return self.user(name)
 
     def set_password(self, name: str, password: str) -> None:

@@ -36,10 +36,8 @@ WHAT_TO_SAVE = (
 
 
 def build(ctx: ReportContext) -> Section:
-    section = Section("gpu", "GPU work")
-    traces = _traces(ctx)
+    section, traces = _open(ctx, "gpu", "GPU work", WHAT_TO_SAVE)
     if traces is None:
-        section.missing.append(WHAT_TO_SAVE)
         return section
     for key, title, call in _TABLES:
         frame = _call(section, title, call, traces)
@@ -100,9 +98,19 @@ def _traces(ctx: ReportContext) -> Any | None:
     return traces if len(listed) else None
 
 
-def _call(section: Section, title: str, call: Any, traces: Any) -> Any:
+def _open(ctx: ReportContext, name: str, title: str, what_to_save: str) -> tuple[Section, Any | None]:
+    """A new section and the job's traces; without traces the section says what to save."""
+    section = Section(name, title)
+    traces = _traces(ctx)
+    if traces is None:
+        section.missing.append(what_to_save)
+    return section, traces
+
+
+def _call(section: Section, title: str, call: Any, *args: Any) -> Any:
+    """call(*args), or None with the failure named in the section (the report goes on)."""
     try:
-        return call(traces)
+        return call(*args)
     except Exception as exc:
         logger.warning("stepscope report: trace analysis %r failed: %s", title, exc)
         section.missing.append(f"{title}: the trace engine could not compute it ({type(exc).__name__}: {exc}).")

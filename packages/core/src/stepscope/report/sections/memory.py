@@ -5,15 +5,12 @@ as the trace engine computes them (docs/traces.md "Memory")."""
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from ..context import ReportContext
 from ..figures import line_chart
 from ..model import Figure, Paragraph, Section, Table
-from .gpu import _cell, _traces
-
-logger = logging.getLogger("stepscope")
+from .gpu import _call, _cell, _open
 
 MAX_ROWS = 15
 MAX_TIMELINES = 4  # ranks drawn (the highest peaks first); the table lists every rank
@@ -27,16 +24,11 @@ WHAT_TO_SAVE = (
 
 
 def build(ctx: ReportContext) -> Section:
-    section = Section("memory", "Memory")
-    traces = _traces(ctx)
+    section, traces = _open(ctx, "memory", "Memory", WHAT_TO_SAVE)
     if traces is None:
-        section.missing.append(WHAT_TO_SAVE)
         return section
-    try:
-        ranks = traces.memory_ranks()
-    except Exception as exc:  # unreadable traces: say so, keep the report going
-        logger.warning("stepscope report: memory analysis failed: %s", exc)
-        section.missing.append(f"Memory: the trace engine could not compute it ({type(exc).__name__}: {exc}).")
+    ranks = _call(section, "Memory", lambda: traces.memory_ranks())
+    if ranks is None:  # unreadable traces: said so, the report goes on
         return section
     if ranks.empty:
         section.missing.append("The detailed traces hold no allocator events. " + WHAT_TO_SAVE)
@@ -82,15 +74,6 @@ def _add(section: Section, title: str, key: str, call: Any) -> None:
     frame = _call(section, title, call)
     if frame is not None and len(frame):
         section.add(_table(frame, title, key))
-
-
-def _call(section: Section, title: str, call: Any) -> Any:
-    try:
-        return call()
-    except Exception as exc:
-        logger.warning("stepscope report: memory analysis %r failed: %s", title, exc)
-        section.missing.append(f"{title}: the trace engine could not compute it ({type(exc).__name__}: {exc}).")
-        return None
 
 
 def _table(frame: Any, title: str, key: str) -> Table:
