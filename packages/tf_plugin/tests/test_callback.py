@@ -235,6 +235,19 @@ def _plain_run(make_model, x, y):
     return model.get_weights(), history.history
 
 
+def _train_with(make_model, x, y, callback, *before):
+    """A fresh model fitted for two epochs with `before` callbacks then `callback`, closed."""
+    model = make_model()
+    history = _fit(model, x, y, [*before, callback], epochs=2)
+    callback.close()
+    return model, history
+
+
+def _assert_same_weights(model, expected_weights):
+    for got, want in zip(model.get_weights(), expected_weights):
+        np.testing.assert_array_equal(got, want)
+
+
 @pytest.mark.heavy
 def test_unwritable_store_mid_run_leaves_training_unchanged(make_model, data, tmp_path, caplog):
     import keras
@@ -251,13 +264,10 @@ def test_unwritable_store_mid_run_leaves_training_unchanged(make_model, data, tm
                 shutil.rmtree(out_dir)
                 out_dir.write_text("not a folder any more")  # root ignores chmod: make it a file
 
-    model = make_model()
-    history = _fit(model, x, y, [BreakStore(), callback], epochs=2)
-    callback.close()
+    model, history = _train_with(make_model, x, y, callback, BreakStore())
     assert not callback.hook.enabled
     assert "failed and is now disabled" in caplog.text
-    for got, want in zip(model.get_weights(), expected_weights):
-        np.testing.assert_array_equal(got, want)
+    _assert_same_weights(model, expected_weights)
     assert history.history == expected_history
 
 
@@ -268,13 +278,10 @@ def test_stepscope_disable_leaves_training_unchanged_and_writes_nothing(make_mod
     monkeypatch.setenv("STEPSCOPE_DISABLE", "1")
     out_dir = tmp_path / "job"
     callback = StepscopeCallback(str(out_dir), save_config=SaveConfig(save_interval=1), include_collections=["weights", "gradients"])
-    model = make_model()
-    history = _fit(model, x, y, [callback], epochs=2)
-    callback.close()
+    model, history = _train_with(make_model, x, y, callback)
     assert not out_dir.exists() or not any(out_dir.iterdir())
     assert "apply" not in vars(model.optimizer)
-    for got, want in zip(model.get_weights(), expected_weights):
-        np.testing.assert_array_equal(got, want)
+    _assert_same_weights(model, expected_weights)
     assert history.history == expected_history
 
 
@@ -284,11 +291,8 @@ def test_training_with_stepscope_gives_the_same_weights(make_model, data, tmp_pa
     x, y = data
     expected_weights, _ = _plain_run(make_model, x, y)
     callback = StepscopeCallback(str(tmp_path), save_config=SaveConfig(save_interval=1), save_all=True, profiler_config=no_profiler)
-    model = make_model()
-    _fit(model, x, y, [callback], epochs=2)
-    callback.close()
-    for got, want in zip(model.get_weights(), expected_weights):
-        np.testing.assert_array_equal(got, want)
+    model, _ = _train_with(make_model, x, y, callback)
+    _assert_same_weights(model, expected_weights)
     assert os.path.exists(tmp_path / "training_job_end.ts")
     assert tf.executing_eagerly()
 

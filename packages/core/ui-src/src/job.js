@@ -1,8 +1,15 @@
 // One job's pages: dashboard, training health, statistics (the timeline has its own module).
-import { api, el, fmt, jobPath } from './api.js';
+import { api, el, exposeChart, fmt, jobPath } from './api.js';
 import { barChart, forLog, heatmap, lineChart, pieChart, ridgeline, spansDecades, topSeries } from './charts.js';
 
-const section = (title, id, ...body) => el('section', { class: 'card', id }, el('h3', {}, title), ...body);
+export const section = (title, id, ...body) => el('section', { class: 'card', id }, el('h3', {}, title), ...body);
+
+// A card holding one table of the trace engine ({columns, rows}), exposed to the tests as
+// `${page}-table:${id}`; the memory and ranks pages share it.
+export function tableCard(page, title, id, t) {
+  exposeChart(`${page}-table:${id}`, t);
+  return section(title, `${page}-${id}`, el('div', { class: 'table-scroll' }, simpleTable(t.columns, t.rows, null, `${page}-table-${id}`)));
+}
 
 export async function dashboardView(root, job) {
   const base = `/api/jobs/${jobPath(job)}`;

@@ -3,14 +3,9 @@
 // was live at the highest peak, per-step peaks, growth, allocating operators).
 import { api, el, exposeChart, fmt, jobPath } from './api.js';
 import { lineChart } from './charts.js';
-import { simpleTable } from './job.js';
+import { section, tableCard as pageTableCard } from './job.js';
 
-const section = (title, id, ...body) => el('section', { class: 'card', id }, el('h3', {}, title), ...body);
-
-function tableCard(title, id, t) {
-  exposeChart(`memory-table:${id}`, t);
-  return section(title, `memory-${id}`, el('div', { class: 'table-scroll' }, simpleTable(t.columns, t.rows, null, `memory-table-${id}`)));
-}
+const tableCard = (title, id, t) => pageTableCard('memory', title, id, t);
 
 export async function memoryView(root, job) {
   const m = await api(`/api/jobs/${jobPath(job)}/memory`);

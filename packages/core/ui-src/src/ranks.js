@@ -1,15 +1,10 @@
 // A job's Ranks page: the ranks side by side (mean step, compute / communication kernel and
 // GPU idle time per profiled step, gap to the median rank) and the straggling ranks, from the
 // per-rank trace summaries (the report's Distributed section shows the same numbers).
-import { api, el, exposeChart, jobPath } from './api.js';
-import { simpleTable } from './job.js';
+import { api, el, jobPath } from './api.js';
+import { section, tableCard as pageTableCard } from './job.js';
 
-const section = (title, id, ...body) => el('section', { class: 'card', id }, el('h3', {}, title), ...body);
-
-function tableCard(title, id, t) {
-  exposeChart(`ranks-table:${id}`, t);
-  return section(title, `ranks-${id}`, el('div', { class: 'table-scroll' }, simpleTable(t.columns, t.rows, null, `ranks-table-${id}`)));
-}
+const tableCard = (title, id, t) => pageTableCard('ranks', title, id, t);
 
 export async function ranksView(root, job) {
   const r = await api(`/api/jobs/${jobPath(job)}/ranks`);
