@@ -4,6 +4,18 @@ import { barChart, forLog, heatmap, lineChart, pieChart, ridgeline, spansDecades
 
 export const section = (title, id, ...body) => el('section', { class: 'card', id }, el('h3', {}, title), ...body);
 
+// The start of a page over one trace-engine endpoint (`/api/jobs/<job>/<page>`): its cards
+// container, or a card with the engine's reason when the job has no such data. Resolves to
+// [data, wrap], or null when there is nothing more to draw.
+export async function tracePage(root, job, page, title) {
+  const data = await api(`/api/jobs/${jobPath(job)}/${page}`);
+  const wrap = el('div', { class: 'cards' });
+  root.append(wrap);
+  if (data.available) return [data, wrap];
+  wrap.append(section(title, `${page}-none`, el('p', { class: 'muted' }, data.reason)));
+  return null;
+}
+
 // A card holding one table of the trace engine ({columns, rows}), exposed to the tests as
 // `${page}-table:${id}`; the memory and ranks pages share it.
 export function tableCard(page, title, id, t) {

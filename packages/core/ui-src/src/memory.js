@@ -1,17 +1,16 @@
 // A job's Memory page: what the trace engine computes from the allocator events of the
 // detailed traces (per-rank peaks, a timeline per rank and device with the step starts, what
 // was live at the highest peak, per-step peaks, growth, allocating operators).
-import { api, el, exposeChart, fmt, jobPath } from './api.js';
+import { el, exposeChart, fmt } from './api.js';
 import { lineChart } from './charts.js';
-import { section, tableCard as pageTableCard } from './job.js';
+import { section, tableCard as pageTableCard, tracePage } from './job.js';
 
 const tableCard = (title, id, t) => pageTableCard('memory', title, id, t);
 
 export async function memoryView(root, job) {
-  const m = await api(`/api/jobs/${jobPath(job)}/memory`);
-  const wrap = el('div', { class: 'cards' });
-  root.append(wrap);
-  if (!m.available) { wrap.append(section('Memory', 'memory-none', el('p', { class: 'muted' }, m.reason))); return; }
+  const opened = await tracePage(root, job, 'memory', 'Memory');
+  if (!opened) return;
+  const [m, wrap] = opened;
   wrap.append(tableCard('Peak memory per rank and device (MiB; the highest profiled step)', 'ranks', m.ranks));
   for (const [rank, line] of Object.entries(m.timelines)) {
     for (const [device, d] of Object.entries(line.devices)) {
