@@ -6,7 +6,9 @@ operators and says it has no GPU activity, rather than asking for a window it ha
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from ..context import ReportContext
@@ -35,10 +37,28 @@ WHAT_TO_SAVE = (
 )
 
 
-def build(ctx: ReportContext) -> Section:
-    section, traces = _open(ctx, "gpu", "GPU work", WHAT_TO_SAVE)
-    if traces is None:
-        return section
+def needs_traces(name: str, title: str, what_to_save: str) -> Callable[[Callable[[Section, Any], None]], Callable[[ReportContext], Section]]:
+    """Turns `fill(section, traces)` into a section builder: a job without detailed traces
+    gets the section with `what_to_save` instead (the gpu and memory sections share it)."""
+
+    def wrap(fill: Callable[[Section, Any], None]) -> Callable[[ReportContext], Section]:
+        @functools.wraps(fill)
+        def build(ctx: ReportContext) -> Section:
+            section = Section(name, title)
+            traces = _traces(ctx)
+            if traces is None:
+                section.missing.append(what_to_save)
+            else:
+                fill(section, traces)
+            return section
+
+        return build
+
+    return wrap
+
+
+@needs_traces("gpu", "GPU work", WHAT_TO_SAVE)
+def build(section: Section, traces: Any) -> None:
     for key, title, call in _TABLES:
         frame = _call(section, title, call, traces)
         if frame is None or not len(frame):
@@ -56,7 +76,6 @@ def build(ctx: ReportContext) -> Section:
         section.missing.append(f"The profiled window ({steps}) holds no GPU activity: a CPU-only run, so there are no kernel, "
                                "copy or GPU-idle tables; its CPU operators are below." if len(section.blocks) else
                                f"The profiled window ({steps}) holds no GPU activity and no CPU operators.")
-    return section
 
 
 CPU_OPS_KEY = "cpu-operators"
@@ -96,15 +115,6 @@ def _traces(ctx: ReportContext) -> Any | None:
         logger.warning("stepscope report: cannot open the detailed traces: %s", exc)
         return None
     return traces if len(listed) else None
-
-
-def _open(ctx: ReportContext, name: str, title: str, what_to_save: str) -> tuple[Section, Any | None]:
-    """A new section and the job's traces; without traces the section says what to save."""
-    section = Section(name, title)
-    traces = _traces(ctx)
-    if traces is None:
-        section.missing.append(what_to_save)
-    return section, traces
 
 
 def _call(section: Section, title: str, call: Any, *args: Any) -> Any:

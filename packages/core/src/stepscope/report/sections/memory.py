@@ -7,10 +7,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..context import ReportContext
 from ..figures import line_chart
 from ..model import Figure, Paragraph, Section, Table
-from .gpu import _call, _cell, _open
+from .gpu import _call, _cell, needs_traces
 
 MAX_ROWS = 15
 MAX_TIMELINES = 4  # ranks drawn (the highest peaks first); the table lists every rank
@@ -23,16 +22,14 @@ WHAT_TO_SAVE = (
 )
 
 
-def build(ctx: ReportContext) -> Section:
-    section, traces = _open(ctx, "memory", "Memory", WHAT_TO_SAVE)
-    if traces is None:
-        return section
+@needs_traces("memory", "Memory", WHAT_TO_SAVE)
+def build(section: Section, traces: Any) -> None:
     ranks = _call(section, "Memory", lambda: traces.memory_ranks())
     if ranks is None:  # unreadable traces: said so, the report goes on
-        return section
+        return
     if ranks.empty:
         section.missing.append("The detailed traces hold no allocator events. " + WHAT_TO_SAVE)
-        return section
+        return
     mib = ranks.assign(peak_allocated_mib=ranks["peak_allocated"] / _MIB, peak_reserved_mib=ranks["peak_reserved"] / _MIB)
     section.add(_table(mib[["rank", "device", "step", "peak_allocated_mib", "peak_reserved_mib", "vs_median"]], "Peak memory per rank and device (the highest step)", "memory-ranks"))
     drawn = ranks.sort_values("peak_allocated", ascending=False)["rank"].drop_duplicates().head(MAX_TIMELINES)
@@ -50,7 +47,6 @@ def build(ctx: ReportContext) -> Section:
         else:
             section.add(Paragraph("No profiled step kept memory past its end: every allocation made in a step was freed within it."))
     _add(section, "Operators that allocate most", "memory-ops", lambda: traces.allocating_ops(k=MAX_ROWS))
-    return section
 
 
 def _timeline(section: Section, traces: Any, rank: int) -> None:
