@@ -248,12 +248,19 @@ def _assert_same_weights(model, expected_weights):
         np.testing.assert_array_equal(got, want)
 
 
+def _assert_same_run(model, history, expected):
+    """Bit-identical weights and the same Keras history as `_plain_run`'s (weights, history)."""
+    expected_weights, expected_history = expected
+    _assert_same_weights(model, expected_weights)
+    assert history.history == expected_history
+
+
 @pytest.mark.heavy
 def test_unwritable_store_mid_run_leaves_training_unchanged(make_model, data, tmp_path, caplog):
     import keras
 
     x, y = data
-    expected_weights, expected_history = _plain_run(make_model, x, y)
+    expected = _plain_run(make_model, x, y)
     out_dir = tmp_path / "job"
     callback = StepscopeCallback(str(out_dir), save_config=SaveConfig(save_interval=1), include_collections=["weights", "gradients"], include_regex=["outputs/"], profiler_config=ProfilerConfig(system_monitor=False))
 
@@ -267,22 +274,20 @@ def test_unwritable_store_mid_run_leaves_training_unchanged(make_model, data, tm
     model, history = _train_with(make_model, x, y, callback, BreakStore())
     assert not callback.hook.enabled
     assert "failed and is now disabled" in caplog.text
-    _assert_same_weights(model, expected_weights)
-    assert history.history == expected_history
+    _assert_same_run(model, history, expected)
 
 
 @pytest.mark.heavy
 def test_stepscope_disable_leaves_training_unchanged_and_writes_nothing(make_model, data, tmp_path, monkeypatch):
     x, y = data
-    expected_weights, expected_history = _plain_run(make_model, x, y)
+    expected = _plain_run(make_model, x, y)
     monkeypatch.setenv("STEPSCOPE_DISABLE", "1")
     out_dir = tmp_path / "job"
     callback = StepscopeCallback(str(out_dir), save_config=SaveConfig(save_interval=1), include_collections=["weights", "gradients"])
     model, history = _train_with(make_model, x, y, callback)
     assert not out_dir.exists() or not any(out_dir.iterdir())
     assert "apply" not in vars(model.optimizer)
-    _assert_same_weights(model, expected_weights)
-    assert history.history == expected_history
+    _assert_same_run(model, history, expected)
 
 
 @pytest.mark.heavy
