@@ -28,7 +28,7 @@ from stepscope_torch import Hook
 pytestmark = pytest.mark.heavy
 
 NAN_STEP = 12
-SECTIONS = ["summary", "rules", "health", "system", "steps", "gpu", "memory", "cost"]
+SECTIONS = ["summary", "rules", "health", "system", "steps", "gpu", "distributed", "memory", "cost"]
 CHROMEDRIVER = shutil.which("chromedriver") or "/usr/bin/chromedriver"
 HAVE_CHROMIUM = bool(shutil.which("chromium") or os.path.exists("/usr/bin/chromium"))
 needs_chromium = pytest.mark.skipif(not (HAVE_CHROMIUM and os.path.exists(CHROMEDRIVER)), reason="needs Debian's chromium and chromedriver (nox -s tests installs them)")

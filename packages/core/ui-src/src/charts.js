@@ -165,7 +165,7 @@ export function heatmap(container, id, { rows, columns, values, log = true }) {
   if (!rows.length || !columns.length) { container.append(el('p', { class: 'muted' }, 'no data')); return; }
   let merged = null;
   if (rows.length > HEATMAP_ROWS) { const total = rows.length; ({ rows, values } = byModule(rows, values)); merged = `${total} tensors merged into ${rows.length} rows by module (each cell: the largest of the module's tensors)`; }
-  window.stepscope.charts[id].drawnRows = rows;
+  Object.assign(window.stepscope.charts[id], { drawnRows: rows, drawnValues: values });
   const flat = values.flat().filter((v) => v !== null && (log ? v > 0 : true));
   const tr = (v) => (log ? Math.log10(v) : v);
   const lo = Math.min(...flat.map(tr)), hi = Math.max(...flat.map(tr));
