@@ -24,6 +24,18 @@ def graph():
     return build_graph()
 
 
+_CACHE: list[str] = []  # grimp's cache of parsed modules, one per test session (not in the checkout)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _grimp_cache(tmp_path_factory):
+    # Sixteen lint runs each parsing every module took ~20 s apiece on a busy 2-core machine;
+    # with the parsed modules cached, the graph builds from the cache after the first.
+    _CACHE[:] = [str(tmp_path_factory.mktemp("import-linter-cache"))]
+    yield
+    _CACHE.clear()
+
+
 def _lint(contract: str, planted: tuple[str, str] | None = None) -> int:
     """lint-imports' exit status for one contract, on the real graph plus `planted`."""
     configure()
@@ -40,7 +52,7 @@ def _lint(contract: str, planted: tuple[str, str] | None = None) -> int:
     try:
         # The use case, not the command line's entry: that one reconfigures logging and
         # would silence every logger the other tests of this process capture.
-        kept = use_cases.lint_imports(config_filename=CONFIG, limit_to_contracts=(contract,), cache_dir=None, no_logo=True)
+        kept = use_cases.lint_imports(config_filename=CONFIG, limit_to_contracts=(contract,), cache_dir=_CACHE[0] if _CACHE else None, no_logo=True)
         return 0 if kept else 1
     finally:
         settings.configure(GRAPH_BUILDER=real)
