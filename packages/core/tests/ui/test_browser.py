@@ -137,6 +137,12 @@ def test_browser_end_to_end(served):
     report = json.loads(trial.store.read("rule-output/WeightUpdateRatio.json"))
     advice = rule.find_element("css selector", ".advice").text
     assert report["explanation"]["advice"] and all(a in advice for a in report["explanation"]["advice"])
+    # its evidence, opened, stays inside the rule's card (long names and messages wrap or scroll)
+    edges = driver.execute_script(
+        "const r = arguments[0]; const d = r.querySelector('details'); d.open = true;"
+        "const t = d.querySelector('table.evidence').getBoundingClientRect(); const c = r.closest('.card').getBoundingClientRect();"
+        "return [t.left, t.right, c.left, c.right]", rule)
+    assert edges[2] <= edges[0] and edges[1] <= edges[3], edges
     screenshot(driver, "02-dashboard")
 
     # training health: the loss curve is the saved loss
