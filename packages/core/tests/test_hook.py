@@ -119,6 +119,25 @@ def test_stop_request_is_seen_by_the_poller(tmp_path, monkeypatch):
     core.close()
 
 
+def test_an_earlier_runs_stop_request_does_not_stop_a_new_run(tmp_path, monkeypatch):
+    """A rule (or a black box) stopped the last run in this folder; a new run there trains,
+    and still stops on a request made during it."""
+    monkeypatch.setenv("STEPSCOPE_STOP_POLL_S", "0.05")
+    first = make_core(tmp_path)
+    request_stop(first.store, "ExplodingTensor", "NaN in gradients")
+    first.close()
+    core = make_core(tmp_path)
+    time.sleep(0.3)  # several polls
+    assert not core.stop_requested
+    time.sleep(0.01)  # a later time stamp: a new request differs from the old one's bytes
+    request_stop(core.store, "LossNotDecreasing", "flat")
+    deadline = time.monotonic() + 5
+    while not core.stop_requested and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert core.stop_requested and core.stop_poller.request["rule"] == "LossNotDecreasing"
+    core.close()
+
+
 def test_a_hook_left_open_is_closed_at_interpreter_exit(tmp_path):
     # The job ends with the process: what was saved is published and the end marker is
     # written, as close() would (the writer's own exit handler must not close it first).
