@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import os
 import shutil
+import subprocess
+import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -85,3 +89,40 @@ def wait_for(predicate, timeout: float = 15.0, interval: float = 0.1, what: str 
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out waiting for {what}; last: {last!r}")
+
+
+@contextmanager
+def app_in_browser(store_root: Path, db_dir: Path, grants: dict[str, list[str]]) -> Iterator[tuple[LiveServer, object]]:
+    """The app over the jobs under `store_root` (its bundle built first where a checkout
+    lacks it), one user per `grants` entry (name -> job prefixes, the tests' PASSWORD), and a
+    browser; both stopped on exit."""
+    from stepscope.ui import bundle
+    from stepscope.ui.app import create_app
+    from stepscope.ui.jobs import JobStore
+    from stepscope.ui.users import UserDB
+
+    from .conftest import PASSWORD
+
+    if bundle.missing():
+        subprocess.run([sys.executable, str(REPO / "scripts" / "build_ui.py")], check=True)
+    db = UserDB(db_dir / "users.db", argon2_memory_kib=256, argon2_time_cost=1)
+    for name, prefixes in grants.items():
+        db.add_user(name, PASSWORD, prefixes=prefixes)
+    server = LiveServer(create_app(JobStore(str(store_root)), db))
+    driver = start_browser()
+    try:
+        yield server, driver
+    finally:
+        quit_browser(driver)
+        server.stop()
+
+
+def sign_in(driver, url: str, name: str = "alice") -> None:
+    """Sign in on the login page; returns once the jobs list has rows."""
+    from .conftest import PASSWORD
+
+    driver.get(url + "/login")
+    driver.find_element("id", "username").send_keys(name)
+    driver.find_element("id", "password").send_keys(PASSWORD)
+    driver.find_element("id", "login").click()
+    wait_for(lambda: driver.find_elements("css selector", "#jobs-table tbody tr"), what="jobs list")

@@ -6,20 +6,13 @@ not judge wears a badge unlike "ok". Screenshots land in artifacts/ui/."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from stepscope.trial import create_trial
-from stepscope.ui import bundle
-from stepscope.ui.app import create_app
-from stepscope.ui.jobs import JobStore
-from stepscope.ui.users import UserDB
 
-from .browser import REPO, LiveServer, chromium_paths, quit_browser, screenshot, start_browser, wait_for
-from .conftest import PASSWORD, write_profiler_job
+from .browser import app_in_browser, chromium_paths, screenshot, sign_in, wait_for
+from .conftest import write_profiler_job
 
 pytestmark = pytest.mark.heavy
 
@@ -69,20 +62,9 @@ def served(tmp_path_factory):
     write_profiler_job(root / "team-a" / "compiled", durations_ms=[8300.0] + list(10 + rng.random(120)))
     cpu_job = write_profiler_job(root / "team-a" / "cpu-only", steps=6)
     _cpu_trace(cpu_job / "profiler-output/framework/pytorch/detailed/rank0/window_000000.pt.trace.json")
-    if bundle.missing():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "build_ui.py")], check=True)
-    db = UserDB(tmp_path_factory.mktemp("db") / "users.db", argon2_memory_kib=256, argon2_time_cost=1)
-    db.add_user("alice", PASSWORD, prefixes=["team-a"])
-    server = LiveServer(create_app(JobStore(str(root)), db))
-    driver = start_browser()
-    driver.get(server.url + "/login")
-    driver.find_element("id", "username").send_keys("alice")
-    driver.find_element("id", "password").send_keys(PASSWORD)
-    driver.find_element("id", "login").click()
-    wait_for(lambda: driver.find_elements("css selector", "#jobs-table tbody tr"), what="jobs list")
-    yield server, driver, root
-    quit_browser(driver)
-    server.stop()
+    with app_in_browser(root, tmp_path_factory.mktemp("db"), {"alice": ["team-a"]}) as (server, driver):
+        sign_in(driver, server.url)
+        yield server, driver, root
 
 
 def _chart(driver, chart_id: str):

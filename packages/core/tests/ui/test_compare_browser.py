@@ -4,19 +4,11 @@ cannot be compared (the API checks both grants). Screenshots land in artifacts/u
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from stepscope.diff import compare
-from stepscope.ui import bundle
-from stepscope.ui.app import create_app
-from stepscope.ui.jobs import JobStore
-from stepscope.ui.users import UserDB
 
-from .browser import REPO, LiveServer, chromium_paths, quit_browser, screenshot, start_browser, wait_for
-from .conftest import PASSWORD
+from .browser import app_in_browser, chromium_paths, screenshot, sign_in, wait_for
 
 pytestmark = pytest.mark.heavy
 
@@ -53,15 +45,8 @@ def served(tmp_path_factory):
     _train(str(root / "team-b" / "theirs"), lr=0.1, width=16)
     for job in ("team-a/lr0", "team-a/lr01"):
         main(["check", str(root / job), "--rule", "WeightUpdateRatio", "--quiet"])
-    if bundle.missing():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "build_ui.py")], check=True)
-    db = UserDB(tmp_path_factory.mktemp("db") / "users.db", argon2_memory_kib=256, argon2_time_cost=1)
-    db.add_user("alice", PASSWORD, prefixes=["team-a"])
-    server = LiveServer(create_app(JobStore(str(root)), db))
-    driver = start_browser()
-    yield server, driver, root
-    quit_browser(driver)
-    server.stop()
+    with app_in_browser(root, tmp_path_factory.mktemp("db"), {"alice": ["team-a"]}) as (server, driver):
+        yield server, driver, root
 
 
 def _cell_number(text: str) -> float:
@@ -70,10 +55,7 @@ def _cell_number(text: str) -> float:
 
 def test_compare_two_jobs_in_the_browser(served):
     server, driver, root = served
-    driver.get(server.url + "/")
-    driver.find_element("id", "username").send_keys("alice")
-    driver.find_element("id", "password").send_keys(PASSWORD)
-    driver.find_element("id", "login").click()
+    sign_in(driver, server.url)
     wait_for(lambda: len(driver.find_elements("css selector", "#jobs-table tbody tr")) == 2, what="alice's two jobs")
     button = driver.find_element("id", "jobs-compare")
     assert not button.is_enabled()

@@ -5,20 +5,13 @@ module's tensors, and the page says so. Screenshot in artifacts/ui/."""
 from __future__ import annotations
 
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 
 from stepscope.trial import create_trial
-from stepscope.ui import bundle
-from stepscope.ui.app import create_app
-from stepscope.ui.jobs import JobStore
-from stepscope.ui.users import UserDB
 
-from .browser import REPO, LiveServer, chromium_paths, quit_browser, screenshot, start_browser, wait_for
-from .conftest import PASSWORD
+from .browser import app_in_browser, chromium_paths, screenshot, sign_in, wait_for
 
 pytestmark = pytest.mark.heavy
 
@@ -49,24 +42,13 @@ def served(tmp_path_factory):
     chromium_paths()
     root = tmp_path_factory.mktemp("store")
     _train(str(root / "team-a" / "deep"))
-    if bundle.missing():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "build_ui.py")], check=True)
-    db = UserDB(tmp_path_factory.mktemp("db") / "users.db", argon2_memory_kib=256, argon2_time_cost=1)
-    db.add_user("alice", PASSWORD, prefixes=["team-a"])
-    server = LiveServer(create_app(JobStore(str(root)), db))
-    driver = start_browser()
-    yield server, driver, root
-    quit_browser(driver)
-    server.stop()
+    with app_in_browser(root, tmp_path_factory.mktemp("db"), {"alice": ["team-a"]}) as (server, driver):
+        yield server, driver, root
 
 
 def test_a_deep_networks_heatmap_merges_rows_by_module(served):
     server, driver, root = served
-    driver.get(server.url + "/login")
-    driver.find_element("id", "username").send_keys("alice")
-    driver.find_element("id", "password").send_keys(PASSWORD)
-    driver.find_element("id", "login").click()
-    wait_for(lambda: driver.find_elements("css selector", "#jobs-table tbody tr"), what="jobs list")
+    sign_in(driver, server.url)
     driver.get(server.url + "/jobs/team-a/deep#health")
     chart = wait_for(lambda: driver.execute_script("const c = window.stepscope.charts['gradient-norms']; return c && c.drawnRows ? c : null"),
                      what="gradient-norm heatmap")

@@ -6,19 +6,11 @@ allocator events says what to record. A screenshot lands in artifacts/ui/."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
-
 import pytest
 
 from stepscope.trial import create_trial
-from stepscope.ui import bundle
-from stepscope.ui.app import create_app
-from stepscope.ui.jobs import JobStore
-from stepscope.ui.users import UserDB
 
-from .browser import REPO, LiveServer, chromium_paths, quit_browser, screenshot, start_browser, wait_for
-from .conftest import PASSWORD
+from .browser import app_in_browser, chromium_paths, screenshot, sign_in, wait_for
 
 pytest.importorskip("pyarrow")
 pytestmark = pytest.mark.heavy
@@ -39,23 +31,8 @@ def served(tmp_path_factory):
     write_trace(SynthSpec(steps=2), root / "team-a" / "nomem" / f"{DETAILED}/rank0/window.pt.trace.json.gz")
     for job in ("mem", "nomem"):
         (root / "team-a" / job / "training_job_end.ts").write_text("")
-    if bundle.missing():
-        subprocess.run([sys.executable, str(REPO / "scripts" / "build_ui.py")], check=True)
-    db = UserDB(tmp_path_factory.mktemp("db") / "users.db", argon2_memory_kib=256, argon2_time_cost=1)
-    db.add_user("alice", PASSWORD, prefixes=["team-a"])
-    server = LiveServer(create_app(JobStore(str(root)), db))
-    driver = start_browser()
-    yield server, driver, root
-    quit_browser(driver)
-    server.stop()
-
-
-def _login(driver, url: str) -> None:
-    driver.get(url + "/")
-    driver.find_element("id", "username").send_keys("alice")
-    driver.find_element("id", "password").send_keys(PASSWORD)
-    driver.find_element("id", "login").click()
-    wait_for(lambda: driver.find_elements("css selector", "#jobs-table tbody tr"), what="jobs list")
+    with app_in_browser(root, tmp_path_factory.mktemp("db"), {"alice": ["team-a"]}) as (server, driver):
+        yield server, driver, root
 
 
 def _chart(driver, chart_id: str):
@@ -64,7 +41,7 @@ def _chart(driver, chart_id: str):
 
 def test_memory_page_shows_the_engine_numbers(served):
     server, driver, root = served
-    _login(driver, server.url)
+    sign_in(driver, server.url)
     driver.get(f"{server.url}/jobs/team-a/mem#memory")
     traces = create_trial(str(root / "team-a" / "mem")).profiler.traces
     ranks = _chart(driver, "memory-table:ranks")
