@@ -8,6 +8,7 @@ are the same either way (tests/traces/test_native.py checks it)."""
 
 from __future__ import annotations
 
+import importlib
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -27,10 +28,10 @@ def compiled() -> Any:
     if os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0"):
         return None
     try:
-        from . import _kineto
+        # (by name: `from . import _kineto` would read as an import of the package itself)
+        return importlib.import_module(f"{__package__}._kineto")
     except ImportError:
         return None
-    return _kineto
 
 
 @dataclass
