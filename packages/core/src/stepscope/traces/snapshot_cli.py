@@ -10,11 +10,15 @@ import time
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("memory", help="CUDA allocator snapshots: ask a running job for one, summarise one")
+    from ..cli_common import add_command
+
+    parser = add_command(sub, "memory", lambda args: _usage(parser), summary="CUDA allocator snapshots: ask a running job for one, summarise one")
     commands = parser.add_subparsers(dest="memory_command", metavar="SUBCOMMAND")
-    ask = commands.add_parser(
+    ask = add_command(
+        commands,
         "snapshot",
-        help="ask a running job's hooks for an allocator snapshot",
+        run_snapshot,
+        summary="ask a running job's hooks for an allocator snapshot",
         description=(
             "Leave a request in the job (stepscope-control/request.json) that every hook of the running job honours at its "
             "next TRAIN step end: it writes torch.cuda.memory._snapshot() under profiler-output/framework/pytorch/memory/ "
@@ -24,16 +28,15 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     ask.add_argument("path", help="the running job's folder or s3:// URL")
     ask.add_argument("--wait", type=float, default=60.0, metavar="S", help="seconds to wait for the answers (default 60; 0: do not wait)")
     ask.add_argument("--workers", type=int, default=1, metavar="N", help="stop waiting once N workers answered (default 1)")
-    ask.set_defaults(run=run_snapshot)
-    summary = commands.add_parser(
+    summary = add_command(
+        commands,
         "summary",
-        help="summarise an allocator snapshot file of any size (streamed)",
+        run_summary,
+        summary="summarise an allocator snapshot file of any size (streamed)",
         description="Per device reserved, allocated, fragmentation, largest free block, OOMs; live bytes by user frame; the history's peak.",
     )
     summary.add_argument("file", help="a snapshot (.pickle, .pickle.gz), local or s3://")
     summary.add_argument("--top", type=int, default=10, help="frames to list (default 10)")
-    summary.set_defaults(run=run_summary)
-    parser.set_defaults(run=lambda args: _usage(parser))
 
 
 def _usage(parser: argparse.ArgumentParser) -> int:
