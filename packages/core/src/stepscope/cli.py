@@ -265,9 +265,11 @@ def _run_rules(args: argparse.Namespace) -> int:
 # --- entry point ------------------------------------------------------------------------
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
-    # `profile` and `timeline` (the merged Perfetto trace: step timeline, system metrics,
-    # detailed traces, rule firings) live in stepscope/traces/cli.py.
-    from .traces.cli import add_profile, add_timeline
+    # `profile` lives in stepscope/traces/cli.py, `sql` in traces/cluster_cli.py, `timeline`
+    # (the merged Perfetto trace: step timeline, system metrics, detailed traces, rule
+    # firings) with the other exports in stepscope/export/cli.py.
+    from .export.cli import add_timeline
+    from .traces.cli import add_profile
     from .traces.cluster_cli import add_sql
 
     add_profile(sub)

@@ -25,6 +25,34 @@ def add_parser(sub: argparse._SubParsersAction) -> None:
     add_progress_option(parser)
 
 
+def add_timeline(sub: argparse._SubParsersAction) -> None:
+    parser = add_command(sub, "timeline", run_timeline, summary="write one Perfetto-loadable trace of the job: metrics, steps, annotations, CPU ops, GPU streams, rule firings")
+    parser.add_argument("path", help="a job's folder, a folder of traces, or one trace file; local or s3://")
+    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="trace.json or trace.json.gz (default timeline.json; - for stdout)")
+    parser.add_argument("--steps", default=None, metavar="A:B", help=f"only the time of {STEPS_HELP}")
+    parser.add_argument("--no-cpu-ops", action="store_true", help="leave CPU operators out (a smaller file)")
+
+
+def run_timeline(args: argparse.Namespace) -> int:
+    from ..traces.cli import open_analysis, require_pyarrow
+
+    require_pyarrow()  # before anything of the trace engine is imported
+    from ..cli_common import EXIT_OK
+    from ..exceptions import ConfigError
+    from ..traces.analysis import parse_steps
+    from .perfetto import write_timeline
+
+    if args.output != "-" and not args.output.endswith((".json", ".json.gz")):
+        raise ConfigError(f"-o must end in .json or .json.gz (or be -), got {args.output!r}")
+    analysis = open_analysis(args)
+    try:
+        counts = write_timeline(analysis.store, args.output, steps=parse_steps(args.steps), analysis=analysis, include_cpu_ops=not args.no_cpu_ops)
+    finally:
+        analysis.wait_persisted()
+    print(f"wrote {args.output}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " (open it in https://ui.perfetto.dev)", file=sys.stderr)
+    return EXIT_OK
+
+
 def run(args: argparse.Namespace) -> int:
     from ..cli_common import EXIT_OK, UsageError, require_saved_data
     from ..progress import ProgressBar
