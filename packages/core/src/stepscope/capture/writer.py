@@ -30,12 +30,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .. import events, layout, records
+from .. import layout
 from ..exceptions import ConfigError, StoreUnavailable
 from ..modes import ModeKeys
 from ..store import Store, open_store
 from .deadline import CLOSE_TIMEOUT_ENV, DEFAULT_CLOSE_TIMEOUT_S, Deadline, close_timeout_from_env, exit_deadline
 from .safety import FailSafe, WarnOnce, write_status
+from .step_framing import StepFramer, StepTables, as_array
 
 logger = logging.getLogger("stepscope")
 
@@ -101,13 +102,7 @@ class _FinishJob:
     nbytes: int = 0
 
 
-def _as_array(value: Any) -> np.ndarray:
-    if hasattr(value, "resolve"):
-        value = value.resolve()
-    array = np.asarray(value)
-    if array.dtype == object:
-        raise TypeError(f"cannot save an object array ({array.shape}); convert it to numbers or strings")
-    return array
+_as_array = as_array  # (its old name here)
 
 
 class Writer:
@@ -148,7 +143,8 @@ class Writer:
         self._cond = threading.Condition()
         self._closed = False
         self._published: set[int] = set()
-        self._table: list[dict[str, Any]] = []  # index entries of the current block of steps
+        self._framer = StepFramer(worker, self._drop_tensor, placeholder_crc=self.payload_crc == "smdebug")
+        self._tables = StepTables(worker)
         self._unpublished: set[int] = set()  # steps handed over and not yet published
         self._unpublished_files: set[str] = set()
         self._abandoned = False  # close() gave up waiting: the threads drop what is left
@@ -425,33 +421,8 @@ class Writer:
             logger.warning("stepscope: step %d of %s was handed over twice; the second one is dropped", job.step, self.worker)
             return None
         self._published.add(job.step)
-        event_key = layout.event_file_key(job.step, self.worker)
-        parts: list[Any] = records.frame([events.file_version_event()])
-        offset = sum(len(p) for p in parts)
-        payload_index = []
-        shapes = dict(job.shapes)
         arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
-        for name, value in job.tensors.items():
-            try:
-                array = _as_array(value)
-                framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step), placeholder_crc=self.payload_crc == "smdebug")
-                json.dumps(name, ensure_ascii=False).encode()  # the index must hold the name too
-            except Exception as exc:
-                # One value that cannot be saved costs that tensor, never the step or the run.
-                self._drop_tensor(job.step, name, exc)
-                shapes.pop(name, None)
-                continue
-            if arrays is not None:
-                arrays[name] = array
-            length = sum(memoryview(p).nbytes for p in framed)
-            payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
-            parts.extend(framed)
-            offset += length
-        index = {
-            "meta": {"mode": job.mode.name, "mode_step": job.mode_step, "event_file_name": event_key},
-            "tensor_payload": payload_index,
-            "shape_payload": self._shape_payload(job.step, shapes),
-        }
+        parts, index = self._framer.frame(job.step, job.mode, job.mode_step, job.tensors, job.shapes, arrays)
         if arrays is not None:
             self._notify(job, arrays)
         return parts, index
@@ -463,16 +434,6 @@ class Writer:
             except Exception as exc:  # an optional output must not stop the tensors being saved
                 logger.warning("stepscope: %r failed and is turned off: %s", listener, exc)
                 self.step_listeners.remove(listener)
-
-    def _shape_payload(self, step: int, shapes: Mapping[str, Sequence[int]]) -> list[dict[str, Any]]:
-        out = []
-        for name, shape in shapes.items():
-            try:
-                json.dumps(name, ensure_ascii=False).encode()
-                out.append({"tensorname": name, "originalname": name, "shape": [int(d) for d in shape]})
-            except Exception as exc:
-                self._drop_tensor(step, name, exc)
-        return out
 
     def _write(self, key: str, data: Any) -> bool:
         """Publish one object, waiting out an outage of the store however long it lasts
@@ -561,37 +522,15 @@ class Writer:
         self.bytes_written += sum(memoryview(p).nbytes for p in parts) + len(index_bytes)
         self._add_to_step_table(job.step, index)
 
-    # A step table repeats the index entries of up to STEPS_PER_TABLE steps in one file, so
-    # that a reader opens a long job with a few reads instead of one per step. The per-step
-    # index files stay the source of truth (smdebug reads those); tables are published
-    # after the index files they repeat, and never rewritten.
     def _add_to_step_table(self, step: int, index: dict[str, Any]) -> None:
-        if self._table and step // layout.STEPS_PER_TABLE != self._table[0]["step"] // layout.STEPS_PER_TABLE:
-            self._publish_step_table()
-        payload = index["tensor_payload"]
-        entry = {
-            "step": step,
-            "mode": index["meta"]["mode"],
-            "mode_step": index["meta"]["mode_step"],
-            "names": [p["tensorname"] for p in payload],
-            "starts": [p["start_idx"] for p in payload],
-            "lengths": [p["length"] for p in payload],
-        }
-        if index["shape_payload"]:
-            entry["shapes"] = {s["tensorname"]: s["shape"] for s in index["shape_payload"]}
-        self._table.append(entry)
+        done = self._tables.add(step, index)
+        if done is not None:
+            self._write(*done)
 
     def _publish_step_table(self) -> None:
-        if not self._table:
-            return
-        table, self._table = self._table, []
-        # Steps of a block usually save the same tensors: store each name list once.
-        layouts: dict[tuple[str, ...], int] = {}
-        for entry in table:
-            entry["layout"] = layouts.setdefault(tuple(entry.pop("names")), len(layouts))
-        body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
-        key = layout.step_table_key(self.worker, table[0]["step"], table[-1]["step"])
-        self._write(key, json.dumps(body, separators=(",", ":")).encode())
+        done = self._tables.take()
+        if done is not None:
+            self._write(*done)
 
 
 def _printable(name: Any) -> str:
