@@ -37,9 +37,8 @@ INSTALL_INPUTS = (
     "packages/core/src/stepscope/traces/_kineto.c",
 )
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDONTWRITEBYTECODE": ""}
-# The cross-package tests first: their distributed ones are the slowest files (DDP ranks in
-# processes of their own), and pytest-xdist hands out files in this order, so they start
-# early instead of leaving one worker busy at the end.
+# The order in which the workers get the files is the root conftest.py's: the longest first
+# (.ci/test_durations.json), whatever the order here.
 TEST_PATHS = ["tests", "packages/torch_plugin/tests", "packages/tf_plugin/tests", "packages/core/tests"]
 _apt_updated = False
 
@@ -102,22 +101,29 @@ def _workers() -> str:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Every package's tests and the cross-package ones (`nox -s tests -- FILES` for some)."""
+    """Every package's tests and the cross-package ones (`nox -s tests -- FILES` for some;
+    `nox -s tests -- --record-durations` refreshes .ci/test_durations.json)."""
     # The browser tests (report PDF, app) drive Debian's Chromium.
     env = _shared_venv(session, apt={"chromium": "chromium", "chromium-driver": "chromedriver"})
     # The torch plugin's compiled hot path is built by the install (a C compiler is there):
     # a test fails if it fell back to the Python path silently.
     env |= {"STEPSCOPE_EXPECT_COMPILED": "1"}
-    paths = session.posargs or TEST_PATHS
-    options = ["-q", "-p", "no:cacheprovider", "--durations=10"]
-    # Files run in parallel (--dist loadfile keeps a file's module fixtures in one worker);
-    # the tests marked `serial` (timing-sensitive, or busy on every core) run after, alone.
-    # One torch thread per worker: workers x cores threads would only contend for the cores.
+    paths = [arg for arg in session.posargs if not arg.startswith("-")] or TEST_PATHS
+    options = ["-q", "-p", "no:cacheprovider", "--durations=10", *(arg for arg in session.posargs if arg.startswith("-"))]
+    # Files run in parallel (--dist loadfile keeps a file's module fixtures in one worker),
+    # in the conftest's order, not re-sorted by their number of tests (xdist's default puts
+    # the one-test files, DDP jobs among them, last); the tests marked `serial`
+    # (timing-sensitive, or busy on every core) run after, alone. One torch thread per
+    # worker: workers x cores threads would only contend for the cores.
     parallel_env = env | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    session.run(SHARED_PYTHON, "-m", "pytest", "-n", _workers(), "--dist", "loadfile", "-m", "not serial", *options, *paths, env=parallel_env, external=True)
+    session.run(
+        SHARED_PYTHON, "-m", "pytest", "-n", _workers(), "--dist", "loadfile", "--no-loadscope-reorder", "-m", "not serial", *options, *paths,
+        env=parallel_env, external=True,
+    )
     serial = _serial_files(paths)
     if serial:
-        session.run(SHARED_PYTHON, "-m", "pytest", "-m", "serial", *options, *serial, env=env, external=True)
+        serial_options = [arg for arg in options if arg != "--record-durations"]  # the table keeps the parallel run's seconds
+        session.run(SHARED_PYTHON, "-m", "pytest", "-m", "serial", *serial_options, *serial, env=env, external=True)
 
 
 def _serial_files(paths: list[str]) -> list[str]:

@@ -51,7 +51,8 @@ from stepscope.traces.snapshot_stream import summarize
 floor = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 snap = summarize(sys.argv[1])
 at, frames = snap.peak(0)
-print(f"streamed: {time.perf_counter() - started:.1f} s, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB "
+usage = resource.getrusage(resource.RUSAGE_SELF)
+print(f"streamed: {time.perf_counter() - started:.1f} s wall, {usage.ru_utime + usage.ru_stime:.1f} s CPU, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MB "
       f"(after imports {floor:.0f} MB); {snap.stats()}; peak {at['allocated']:,} bytes (expected {sys.argv[2]})")
 """
 

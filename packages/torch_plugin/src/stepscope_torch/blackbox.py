@@ -212,6 +212,8 @@ class BlackBox:
         if request.get("action") == MEMORY_SNAPSHOT:
             self.snapshots.take(request)
         elif request.get("action") == BLACK_BOX:
+            if request.get("worker") == hook.worker:
+                return  # its own call to the others: its box is written already
             event = f"request-{request.get('id')}"
             keys = dump(hook, None, self.config, reason="request", event=event, details={"request": request})
             write_response(hook.store, request, hook.worker, rank=hook.rank, step=hook.global_step, written=keys, error=None if keys else "not written")

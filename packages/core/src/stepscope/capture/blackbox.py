@@ -111,11 +111,13 @@ class SavedValues:
     keeps the last saved step's statistics (min / max / mean of at most `max_tensors`
     small tensors: losses, metrics, reductions) for the black box, and calls
     `on_non_finite` once, for the first saved step holding a NaN or an infinity (each
-    float tensor is checked by its float64 sum, one pass without a copy)."""
+    float tensor of at most `max_checked` elements is checked by its float64 sum, one pass
+    without a copy; larger raw tensors are left to the losses and reductions they feed)."""
 
-    def __init__(self, on_non_finite: Callable[[dict[str, Any]], None] | None = None, max_tensors: int = 64, small: int = 4096):
+    def __init__(self, on_non_finite: Callable[[dict[str, Any]], None] | None = None, max_tensors: int = 64, small: int = 4096,
+                 max_checked: int = 1 << 20):  # fmt: skip
         self.on_non_finite = on_non_finite
-        self.max_tensors, self.small = max_tensors, small
+        self.max_tensors, self.small, self.max_checked = max_tensors, small, max_checked
         self.last: dict[str, Any] = {}
         self.non_finite: dict[str, Any] | None = None
 
@@ -125,7 +127,7 @@ class SavedValues:
         stats: dict[str, Any] = {}
         bad: dict[str, Any] = {}
         for name, array in arrays.items():
-            if getattr(array, "dtype", None) is None or array.dtype.kind != "f" or array.size == 0:
+            if getattr(array, "dtype", None) is None or array.dtype.kind != "f" or array.size == 0 or array.size > self.max_checked:
                 continue
             if not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
                 bad[name] = {"nan": int(np.count_nonzero(np.isnan(array))), "inf": int(np.count_nonzero(np.isinf(array))), "size": int(array.size)}
