@@ -2,7 +2,9 @@
 known) loaded and analysed (kernel statistics, launch latency, temporal and idle
 breakdown) by stepscope and by Holistic Trace Analysis, side by side, each in its own
 process so that peak RSS is its own. Then stepscope again from the persisted Parquet
-tables. Goals: stepscope <= 5 s and <= 600 MB; from Parquet <= 1 s.
+tables. Goals: stepscope <= 5 s and <= 600 MB; from Parquet <= 1 s; the parse alone (read_trace,
+JSON to the event table) >= 200 MB/s per CPU core, measured on the compiled parser and on
+the pyarrow fallback.
 
     python bench/bench_traces.py            # the full trace (HTA needs ~3.5 GB and 15 minutes on 2 cores)
     python bench/bench_traces.py --quick    # a ~25 MB trace
@@ -31,6 +33,7 @@ from stepscope.traces.synth import SynthSpec, write_trace
 
 DETAILED = "profiler-output/framework/pytorch/detailed/rank0"
 GOAL_S, GOAL_MB, GOAL_AGAIN_S = 5.0, 600.0, 1.0
+GOAL_PARSE_MB_S_PER_CORE = 200.0
 
 OURS = textwrap.dedent(
     """
@@ -48,6 +51,22 @@ OURS = textwrap.dedent(
     print(json.dumps({"seconds": seconds, "cpu_s": usage.ru_utime + usage.ru_stime, "rss_mb": usage.ru_maxrss / 1024,
                       "kernel_total_us": float(kernels.total_us.sum()), "launches": int(latency.launches.sum()),
                       "idle_us": float(breakdown.idle_us.iloc[0]), "streams": len(idle)}))
+    """
+)
+
+# The parse alone (read_trace: JSON to the event table), on the compiled parser or on the
+# pyarrow fallback (STEPSCOPE_PURE_PYTHON=1): the figure of issue 25's parse goal.
+PARSE = textwrap.dedent(
+    """
+    import json, os, resource, sys, time
+    from stepscope.traces import native
+    from stepscope.traces.reader import read_trace
+    usage0, start = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
+    trace = read_trace(sys.argv[1])
+    seconds, usage = time.perf_counter() - start, resource.getrusage(resource.RUSAGE_SELF)
+    cpu = (usage.ru_utime - usage0.ru_utime) + (usage.ru_stime - usage0.ru_stime)
+    print(json.dumps({"seconds": seconds, "cpu_s": cpu, "rss_mb": usage.ru_maxrss / 1024, "rows": trace.table.num_rows,
+                      "native_chunks": trace.native_chunks, "compiled": native.compiled() is not None}))
     """
 )
 
@@ -71,8 +90,8 @@ HTA = textwrap.dedent(
 )
 
 
-def _run(script: str, path: Path, timeout: float) -> dict:
-    reply = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=timeout)
+def _run(script: str, path: Path, timeout: float, env: dict[str, str] | None = None) -> dict:
+    reply = subprocess.run([sys.executable, "-c", script, str(path)], capture_output=True, text=True, timeout=timeout, env=None if env is None else {**os.environ, **env})
     if reply.returncode != 0:
         raise RuntimeError(reply.stderr[-2000:])
     return json.loads(reply.stdout.strip().splitlines()[-1])
@@ -113,11 +132,20 @@ def main() -> None:
             assert abs(ours["idle_us"] * 1000 - truth["idle_ns"]) < 1, (ours, truth)
             assert abs(ours["kernel_total_us"] * 1000 - truth["kernel_ns"]) < 1, (ours, truth)
             assert again["idle_us"] == ours["idle_us"] and again["kernel_total_us"] == ours["kernel_total_us"], (ours, again)
+            parses = {path: _run(PARSE, trace, 600, {"STEPSCOPE_PURE_PYTHON": flag}) for path, flag in (("compiled", "0"), ("pyarrow", "1"))}
+            assert parses["compiled"]["rows"] == parses["pyarrow"]["rows"], parses
             firsts.append(ours)
             agains.append(again)
             print(f"  run {run + 1} (load average {load:.2f} at its start)")
             print(f"    stepscope, parse + persist + analyse: {_figures(ours, GOAL_S)}, peak RSS {ours['rss_mb']:.0f} MB = {ours['rss_mb'] / GOAL_MB:.2f} x goal")
             print(f"    stepscope, from Parquet + analyse:    {_figures(again, GOAL_AGAIN_S)}, peak RSS {again['rss_mb']:.0f} MB")
+            for path, parse in parses.items():
+                per_core = size_mb / parse["cpu_s"]
+                built = "" if path == "pyarrow" or parse["compiled"] else " (NOT BUILT: the pyarrow path ran)"
+                print(
+                    f"    parse only (read_trace), {path + ':':9} {parse['seconds']:.2f} s wall, {parse['cpu_s']:.2f} CPU s = {per_core:.0f} MB/s per core "
+                    f"= {per_core / GOAL_PARSE_MB_S_PER_CORE:.2f} x goal, peak RSS {parse['rss_mb']:.0f} MB{built}"
+                )
         if args.repeat > 1:
             print(f"  over {args.repeat} runs (goals: parse + persist + analyse <= {GOAL_S:.0f} s and <= {GOAL_MB:.0f} MB; from Parquet <= {GOAL_AGAIN_S:.0f} s)")
             for label, runs, goal in (("parse + persist + analyse", firsts, GOAL_S), ("from Parquet + analyse   ", agains, GOAL_AGAIN_S)):

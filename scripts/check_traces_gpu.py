@@ -173,7 +173,7 @@ def _known_gap(base: Path, steps: int, device: str, check: Checks) -> list[Path]
 
 
 def _timeline(base: Path, check: Checks) -> None:
-    from stepscope.traces.timeline import write_timeline
+    from stepscope.export.perfetto import write_timeline
 
     out = base / "warmup1"
     target = out / "timeline.json"

@@ -4,7 +4,8 @@ virtualenv holding only the wheels, from a folder outside the checkout:
     python release_smoke.py CHECKOUT
 
 It checks that nothing is imported from CHECKOUT, that stepscope-torch's compiled hot path
-is in its wheel and drives a hook, `stepscope --version`, a tiny hooked torch job read back
+(which drives a hook) and stepscope's compiled trace parser are in their wheels, `stepscope
+--version`, a tiny hooked torch job read back
 (values compared with the model's own), `stepscope ui` serving its bundle over HTTP, and
 `stepscope report` writing its HTML."""
 
@@ -45,10 +46,13 @@ def installed_not_checkout(checkout: Path) -> None:
 
 
 def compiled_path() -> None:
+    from stepscope.traces import native
     from stepscope_torch import fastpath
 
     module = fastpath.compiled()
     check(module is not None and Path(module.__file__).suffix in (".so", ".pyd"), f"compiled hot path in the wheel ({getattr(module, '__file__', None)})")
+    parser = native.compiled()
+    check(parser is not None and Path(parser.__file__).suffix in (".so", ".pyd"), f"compiled trace parser in stepscope's wheel ({getattr(parser, '__file__', None)})")
 
 
 def version() -> None:

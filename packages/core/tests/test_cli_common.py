@@ -98,3 +98,19 @@ def test_the_cli_starts_without_the_analysis_libraries():
     loaded = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
     heavy = ast.literal_eval(loaded)  # a list literal printed by the child
     assert not set(heavy) & {"pandas", "pyarrow", "matplotlib", "duckdb"}, heavy
+
+
+def test_every_subcommand_registers_a_run_a_summary_and_a_description():
+    # add_command: each subcommand's line in `stepscope --help`, its own --help and the
+    # function main calls; a module docstring used as the description is reflowed.
+    parser = cli.build_parser()
+    sub = next(action for action in parser._actions if action.dest == "command")
+    summaries = {choice.dest: choice.help for choice in sub._choices_actions}
+    for name, subparser in sub.choices.items():
+        assert callable(subparser.get_default("run")), name
+        assert summaries[name], name
+    for name in ("export", "report", "ui", "check"):
+        text = sub.choices[name].format_help()
+        description = text.split("\n\n")[1]
+        assert description.split()[0] in ("Export", "Write", "Serve", "Run"), (name, description)
+        assert "  " not in description.replace("\n", " "), (name, description)  # reflowed, no docstring indent

@@ -107,15 +107,20 @@ def test_only_rank_zero_saves_with_include_workers_one(tmp_path):
     every.close()
 
 
+def _rule_that_stopped(core, seconds: float = 5.0) -> str | None:
+    """Waits for the hook's poller to see a stop request: the requesting rule (None: none came)."""
+    deadline = time.monotonic() + seconds
+    while not core.stop_requested and time.monotonic() < deadline:
+        time.sleep(0.01)
+    return core.stop_poller.request["rule"] if core.stop_requested else None
+
+
 def test_stop_request_is_seen_by_the_poller(tmp_path, monkeypatch):
     monkeypatch.setenv("STEPSCOPE_STOP_POLL_S", "0.05")
     core = make_core(tmp_path)
     assert not core.stop_requested
     request_stop(core.store, "ExplodingTensor", "NaN in gradients")
-    deadline = time.monotonic() + 5
-    while not core.stop_requested and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert core.stop_requested and core.stop_poller.request["rule"] == "ExplodingTensor"
+    assert _rule_that_stopped(core) == "ExplodingTensor"
     core.close()
 
 
@@ -131,10 +136,7 @@ def test_an_earlier_runs_stop_request_does_not_stop_a_new_run(tmp_path, monkeypa
     assert not core.stop_requested
     time.sleep(0.01)  # a later time stamp: a new request differs from the old one's bytes
     request_stop(core.store, "LossNotDecreasing", "flat")
-    deadline = time.monotonic() + 5
-    while not core.stop_requested and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert core.stop_requested and core.stop_poller.request["rule"] == "LossNotDecreasing"
+    assert _rule_that_stopped(core) == "LossNotDecreasing"
     core.close()
 
 

@@ -118,3 +118,12 @@ def test_large_tensor_is_not_copied():
 def test_unsupported_dtype_is_named():
     with pytest.raises(TypeError, match="datetime64"):
         events.encode_tensor_event("t", np.array(["2020-01-01"], dtype="datetime64[D]"), 0, ModeKeys.TRAIN, 0)
+
+
+def test_frame_sized_gives_the_length_of_the_whole_record():
+    payload = [b"head", memoryview(np.arange(100, dtype=np.float32)).cast("B"), b"tail"]
+    framed, length = records.frame_sized(payload)
+    assert length == sum(memoryview(p).nbytes for p in framed) == 12 + 4 + 400 + 4 + 4
+    joined = b"".join(bytes(p) for p in framed)
+    body, end = records.parse_record(joined)
+    assert end == length and bytes(body) == b"head" + np.arange(100, dtype=np.float32).tobytes() + b"tail"

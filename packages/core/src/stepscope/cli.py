@@ -14,7 +14,17 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from .cli_common import EXIT_ERROR, EXIT_FIRED, EXIT_INTERRUPTED, EXIT_NOT_JUDGED, EXIT_OK, UsageError, require_saved_data
+from .cli_common import (
+    EXIT_ERROR,
+    EXIT_FIRED,
+    EXIT_INTERRUPTED,
+    EXIT_NOT_JUDGED,
+    EXIT_OK,
+    JOB_PATH_HELP,
+    UsageError,
+    add_command,
+    require_saved_data,
+)
 from .exceptions import ConfigError, OutputError, StepscopeError
 from .layout import INDEX_DIR, STATUS_DIR, status_key
 
@@ -39,9 +49,9 @@ def parse_rule_spec(spec: str) -> tuple[str, dict[str, str]]:
 
 
 def _add_check(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "check",
-        help="run rules over a job (after or during training)",
+    parser = add_command(
+        sub, "check", _run_check,
+        summary="run rules over a job (after or during training)",
         description=(
             "Run rules over the job at PATH (a folder or s3:// URL). Without --rule or --rules-config it runs "
             "stepscope's default set: every built-in rule whose inputs the job saved (NaN/inf, vanishing gradients, "
@@ -56,7 +66,7 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
             "3 no rule fired and none could judge the job (not enough saved data). `--explain RULE` prints what a rule checks and what to do when it fires."
         ),
     )
-    parser.add_argument("path", nargs="?", help="the job's folder or s3:// URL")
+    parser.add_argument("path", nargs="?", help=JOB_PATH_HELP)
     parser.add_argument(
         "--rule", action="append", default=[], metavar="NAME[:key=value,...]",
         help="a rule to run (repeatable): a built-in or profiler rule name, or package.module:ClassName",
@@ -71,7 +81,6 @@ def _add_check(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--json", action="store_true", help="print the reports as JSON instead of a table")
     parser.add_argument("--no-write", action="store_true", help="do not write reports to PATH/rule-output/")
     parser.add_argument("--quiet", action="store_true", help="no progress on stderr")
-    parser.set_defaults(run=_run_check)
 
 
 def _seconds(text: str) -> float:
@@ -231,9 +240,8 @@ def _failed_hooks(store: Any) -> dict[str, str]:
 
 
 def _add_rules(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("rules", help="list the rules `check` knows, with their parameters and defaults")
+    parser = add_command(sub, "rules", _run_rules, summary="list the rules `check` knows, with their parameters and defaults")
     parser.add_argument("--json", action="store_true")
-    parser.set_defaults(run=_run_rules)
 
 
 def _run_rules(args: argparse.Namespace) -> int:
@@ -257,9 +265,11 @@ def _run_rules(args: argparse.Namespace) -> int:
 # --- entry point ------------------------------------------------------------------------
 
 def _add_trace_commands(sub: argparse._SubParsersAction) -> None:
-    # `profile` and `timeline` (the merged Perfetto trace: step timeline, system metrics,
-    # detailed traces, rule firings) live in stepscope/traces/cli.py.
-    from .traces.cli import add_profile, add_timeline
+    # `profile` lives in stepscope/traces/cli.py, `sql` in traces/cluster_cli.py, `timeline`
+    # (the merged Perfetto trace: step timeline, system metrics, detailed traces, rule
+    # firings) with the other exports in stepscope/export/cli.py.
+    from .export.cli import add_timeline
+    from .traces.cli import add_profile
     from .traces.cluster_cli import add_sql
 
     add_profile(sub)
@@ -285,13 +295,19 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _add_memory(sub: argparse._SubParsersAction) -> None:
+    from .traces.snapshot_cli import add_parser
+
+    add_parser(sub)
+
+
 def _add_ui(sub: argparse._SubParsersAction) -> None:
     from .ui.cli import add_ui  # the app's own module; flask loads only when it runs
 
     add_ui(sub)
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_diff, _add_ui]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_diff, _add_memory, _add_ui]
 
 
 def _version() -> str:

@@ -1,10 +1,12 @@
 """What every `stepscope` subcommand shares: its exit statuses, the error that means "bad
-arguments", and the one reading of `--steps A:B`. Imports nothing of stepscope but its
-exceptions, so that the top-level CLI and the sub-CLIs (export, report, profile, timeline,
-ui) all stand on it without importing each other."""
+arguments", how a subcommand registers, and the one reading of `--steps A:B`. Imports nothing
+of stepscope but its exceptions, so that the top-level CLI and the sub-CLIs (export, report,
+profile, timeline, ui) all stand on it without importing each other."""
 
 from __future__ import annotations
 
+import argparse
+from collections.abc import Callable
 from typing import Any
 
 from .exceptions import ConfigError
@@ -27,6 +29,25 @@ def require_saved_data(store: Any, hint: str = "wrong path?") -> None:
     a listing of the whole job)."""
     if store.is_empty():
         raise UsageError(f"no saved data at {store.describe()} ({hint})")
+
+
+JOB_PATH_HELP = "the job's folder or s3:// URL"
+
+
+def add_command(
+    sub: argparse._SubParsersAction, name: str, run: Callable[[argparse.Namespace], int], *, summary: str, description: str | None = None,
+) -> argparse.ArgumentParser:
+    """Registers the subcommand NAME: `summary` is its line in `stepscope --help`, `description`
+    heads its own --help (reflowed, so a module docstring serves), and `stepscope.cli.main`
+    returns `run(args)` as the exit status."""
+    parser = sub.add_parser(name, help=summary, description=description)
+    parser.set_defaults(run=run)
+    return parser
+
+
+def add_progress_option(parser: argparse.ArgumentParser) -> None:
+    """--progress / --no-progress, for the commands that read a whole job."""
+    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr (default: on a terminal)")
 
 
 STEPS_HELP = "steps A to B, both included; either end may be left out (A:, :B), and A alone is one step"
@@ -58,5 +79,5 @@ def parse_steps(text: str | None, option: str = "--steps") -> tuple[int | None, 
 
 __all__ = [
     "EXIT_OK", "EXIT_FIRED", "EXIT_ERROR", "EXIT_NOT_JUDGED", "EXIT_INTERRUPTED",
-    "UsageError", "STEPS_HELP", "parse_steps", "require_saved_data",
+    "UsageError", "STEPS_HELP", "parse_steps", "require_saved_data", "JOB_PATH_HELP", "add_command", "add_progress_option",
 ]

@@ -460,9 +460,11 @@ def _cell(value: float | str | None) -> str:
 
 
 def add_parser(sub: Any) -> None:
-    parser = sub.add_parser(
-        "diff",
-        help="compare two jobs or two traces: what got slower, what changed",
+    from .cli_common import add_command
+
+    parser = add_command(
+        sub, "diff", _run,
+        summary="compare two jobs or two traces: what got slower, what changed",
         description=(
             "Compare B with A (the baseline): step time and phases, GPU kernels and CPU operators per traced step "
             "(new, vanished, largest changes), system utilisation and memory peaks, rule verdicts, saved tensors' "
@@ -483,7 +485,6 @@ def add_parser(sub: Any) -> None:
     parser.add_argument("--fail-if-slower", type=float, metavar="PCT",
                         help="exit 1 when B's median TRAIN step is more than PCT percent slower than A's")
     parser.add_argument("--fail-on-new-findings", action="store_true", help="exit 1 when a rule finds an issue in B that it did not find in A")
-    parser.set_defaults(run=_run)
 
 
 def _run(args: Any) -> int:

@@ -14,6 +14,14 @@ DATA = pathlib.Path(__file__).parent / "data"
 DETAILED = "profiler-output/framework/pytorch/detailed"
 
 
+def assert_counts_and_totals(table, truth: dict, count: str = "count", total: str = "total_us") -> None:
+    """Per row (a kernel, operator, direction...): the generator's count, and its total time
+    (ns) as the table's microseconds."""
+    for name, expected in truth.items():
+        assert table.loc[name, count] == expected["count"], name
+        assert table.loc[name, total] == pytest.approx(expected["total_ns"] / 1000), name
+
+
 def test_kernel_stats_match_truth(synth_job):
     job, truths = synth_job()
     analysis = TraceAnalysis(job)
@@ -21,9 +29,8 @@ def test_kernel_stats_match_truth(synth_job):
     for rank, truth in truths.items():
         stats = analysis.kernel_stats(rank=rank).set_index("name")
         assert set(stats.index) == set(truth.kernels)
+        assert_counts_and_totals(stats, truth.kernels)
         for name, expected in truth.kernels.items():
-            assert stats.loc[name, "count"] == expected["count"]
-            assert stats.loc[name, "total_us"] == pytest.approx(expected["total_ns"] / 1000)
             assert stats.loc[name, "max_us"] == pytest.approx(expected["max_ns"] / 1000)
         by_stream = analysis.kernel_stats(by="stream", rank=rank).groupby("stream").total_us.sum()
         assert by_stream.to_dict() == pytest.approx({s: v / 1000 for s, v in truth.kernel_ns_by_stream.items()})
@@ -45,27 +52,24 @@ def test_top_kernels_order(synth_job):
 def test_launch_latency_matches_truth(synth_job):
     job, truths = synth_job()
     latency = TraceAnalysis(job).launch_latency(rank=1).set_index("name")
+    assert_counts_and_totals(latency, truths[1].launch_delay, count="launches", total="total_delay_us")
     for name, expected in truths[1].launch_delay.items():
-        assert latency.loc[name, "launches"] == expected["count"]
-        assert latency.loc[name, "total_delay_us"] == pytest.approx(expected["total_ns"] / 1000)
         assert latency.loc[name, "max_delay_us"] == pytest.approx(expected["max_ns"] / 1000)
 
 
 def test_memory_ops_match_truth(synth_job):
     job, truths = synth_job()
     ops = TraceAnalysis(job).memory_ops(rank=0).groupby("direction")[["count", "bytes", "total_us"]].sum()
+    assert_counts_and_totals(ops, truths[0].memcpy)
     for direction, expected in truths[0].memcpy.items():
-        assert ops.loc[direction, "count"] == expected["count"]
         assert ops.loc[direction, "bytes"] == expected["bytes"]
-        assert ops.loc[direction, "total_us"] == pytest.approx(expected["total_ns"] / 1000)
 
 
 def test_syncs_match_truth(synth_job):
     job, truths = synth_job()
     syncs = TraceAnalysis(job).syncs(rank=0).set_index("name")
-    for name, expected in truths[0].syncs.items():
-        assert syncs.loc[name, "count"] == expected["count"]
-        assert syncs.loc[name, "total_us"] == pytest.approx(expected["total_ns"] / 1000)
+    assert_counts_and_totals(syncs, truths[0].syncs)
+    for name in truths[0].syncs:
         assert 0 < syncs.loc[name, "gpu_wait_us"] <= syncs.loc[name, "total_us"]
         assert syncs.loc[name, "waited_for"]
 
@@ -101,9 +105,7 @@ def test_steps_and_ranks(synth_job):
 def test_cpu_ops_match_truth(synth_job):
     job, truths = synth_job(world_size=1)
     ops = TraceAnalysis(job).cpu_ops(k=None, rank=0).set_index("name")
-    for name, expected in truths[0].cpu_ops.items():
-        assert ops.loc[name, "count"] == expected["count"]
-        assert ops.loc[name, "total_us"] == pytest.approx(expected["total_ns"] / 1000)
+    assert_counts_and_totals(ops, truths[0].cpu_ops)
 
 
 def test_tables_are_persisted_and_reused(synth_job):

@@ -284,3 +284,30 @@ def test_ray_engine_gives_the_local_engine_results(tmp_path):
     assert len(tables) == 5
     code, text = _cli("profile", str(tmp_path / "ray"), "--engine", "ray", "--workers", "2", "--json")
     assert code == 0 and [r["rank"] for r in json.loads(text)["stragglers"]] == [2]
+
+
+def test_event_views_on_s3_match_local(s3_url, tmp_path):
+    """`events` and `kernels` read the persisted tables through the Store on S3 (a pyarrow
+    dataset of ranged reads), the same rows as DuckDB's own glob over a local job."""
+    from stepscope.store import open_store
+
+    _same_work_job(tmp_path, ranks=2, straggler=1)
+    store = open_store(s3_url)
+    for path in sorted(tmp_path.rglob("*.json")):
+        store.write(str(path.relative_to(tmp_path)), path.read_bytes())
+    remote, local = JobQuery(s3_url), JobQuery(tmp_path)
+    for query in (
+        "SELECT rank, kind, name, ts_ns, dur_ns, correlation, stream, step FROM events ORDER BY rank, kind, ts_ns, name",
+        "SELECT rank, step, name, stream, ts_ns, dur_ns, correlation FROM kernels ORDER BY rank, ts_ns, name",
+        "SELECT rank, count(*) AS n, sum(dur_ns) AS total FROM kernels GROUP BY rank ORDER BY rank",
+    ):
+        expected = local.sql(query)
+        assert len(expected) > 0
+        pd.testing.assert_frame_equal(remote.sql(query), expected)
+    kernels = local.sql("SELECT rank, count(*) AS n FROM kernels GROUP BY rank ORDER BY rank")
+    from stepscope.traces.reader import read_trace
+
+    for rank, count in zip(kernels["rank"], kernels["n"]):  # against a parse of the trace itself
+        (key,) = [k for k in store.list("profiler-output/") if f"/rank{rank}/" in k and k.endswith(".json")]
+        table = read_trace(key, store).table
+        assert int((table.column("kind").to_numpy() == 0).sum()) == count

@@ -4,18 +4,22 @@ every flow has both ends inside a slice of its track."""
 from __future__ import annotations
 
 import gzip
+import importlib
 import json
+import sys
 import time
 from collections import defaultdict
 
 import numpy as np
+import pytest
 
+import stepscope.traces
 from stepscope.cli import main
+from stepscope.export import perfetto
 from stepscope.modes import ModeKeys
 from stepscope.profiler import TimelineWriter
 from stepscope.traces import TraceAnalysis
 from stepscope.traces.analyzers.steps import profiler_steps
-from stepscope.traces.timeline import nest_lanes
 
 
 def _decorate(job, analysis):
@@ -103,7 +107,7 @@ def test_nest_lanes_properly():
     rng = np.random.default_rng(0)
     starts = rng.integers(0, 1000, 300)
     ends = starts + rng.integers(0, 200, 300)
-    lanes = nest_lanes(starts, ends)
+    lanes = perfetto.nest_lanes(starts, ends)
     for lane in np.unique(lanes):
         stack: list[int] = []
         for start, end in sorted(zip(starts[lanes == lane], ends[lanes == lane]), key=lambda s: (s[0], -s[1])):
@@ -144,3 +148,13 @@ def test_timeline_shows_real_rule_firings(synth_job, tmp_path):
     instants = [e for e in document["traceEvents"] if e["ph"] == "i"]
     assert sorted(e["args"]["step"] for e in instants) == sorted(steps.step.tolist())
     assert all(e["name"] == "ManySyncsPerStep" and "synchronize" in e["args"]["message"] for e in instants)
+
+
+def test_the_old_paths_reach_the_merged_trace_that_moved_to_export():
+    # stepscope.export.perfetto since it left the trace engine (it draws rule firings);
+    # stepscope.traces.write_timeline and the module stepscope.traces.timeline still work.
+    assert stepscope.traces.write_timeline is perfetto.write_timeline
+    sys.modules.pop("stepscope.traces.timeline", None)
+    with pytest.warns(DeprecationWarning, match="stepscope.export.perfetto"):
+        old = importlib.import_module("stepscope.traces.timeline")
+    assert old.write_timeline is perfetto.write_timeline and old.nest_lanes is perfetto.nest_lanes

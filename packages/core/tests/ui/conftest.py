@@ -23,6 +23,27 @@ T0_NS = 1_700_000_000 * 10**9
 PASSWORD = "correct horse battery"
 
 
+def train_deep_mlp(out_dir: str, *, layers: int, width: int, activation: str, steps: int, batch: int, collections: list[str]) -> None:
+    """A deep MLP (`layers` times Linear(width, width) + `activation`, e.g. "ReLU") trained
+    on random inputs with the torch hook, `collections` saved every step."""
+    torch = pytest.importorskip("torch")
+    from stepscope.config import SaveConfig
+    from stepscope_torch import Hook
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[m for _ in range(layers) for m in (torch.nn.Linear(width, width), getattr(torch.nn, activation)())])
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    with Hook(out_dir, save_config=SaveConfig(save_interval=1), include_collections=collections) as hook:
+        hook.register_module(model)
+        hook.register_optimizer(optimizer)
+        for _ in range(steps):
+            optimizer.zero_grad()
+            loss = model(torch.randn(batch, width)).pow(2).mean()
+            hook.save_loss(loss)
+            loss.backward()
+            optimizer.step()
+
+
 def write_profiler_job(root: Path, *, steps: int = 40, step_ms: float = 100.0, outliers: tuple[int, ...] = (), seed: int = 0,
                        start_ns: int = T0_NS, samples: int = 20, node: str = "algo-1", close: bool = True, durations_ms: list[float] | None = None) -> Path:
     """A job with a step timeline (steps with data/forward/backward/optimizer phases, written by

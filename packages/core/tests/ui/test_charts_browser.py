@@ -12,7 +12,7 @@ import pytest
 from stepscope.trial import create_trial
 
 from .browser import app_in_browser, chromium_paths, screenshot, sign_in, wait_for
-from .conftest import write_profiler_job
+from .conftest import train_deep_mlp, write_profiler_job
 
 pytestmark = pytest.mark.heavy
 
@@ -32,32 +32,12 @@ def _cpu_trace(path) -> None:
     prof.export_chrome_trace(str(path))
 
 
-def _train_deep(out_dir: str) -> None:
-    """A 12-layer MLP, weights saved every step: 12 update-ratio series for one chart."""
-    torch = pytest.importorskip("torch")
-    from stepscope.config import SaveConfig
-    from stepscope_torch import Hook
-
-    torch.manual_seed(0)
-    layers = [m for _ in range(12) for m in (torch.nn.Linear(8, 8), torch.nn.ReLU())]
-    model = torch.nn.Sequential(*layers)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with Hook(out_dir, save_config=SaveConfig(save_interval=1), include_collections=["weights", "losses"]) as hook:
-        hook.register_module(model)
-        hook.register_optimizer(optimizer)
-        for _ in range(6):
-            optimizer.zero_grad()
-            loss = model(torch.randn(16, 8)).pow(2).mean()
-            hook.save_loss(loss)
-            loss.backward()
-            optimizer.step()
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     chromium_paths()
     root = tmp_path_factory.mktemp("store")
-    _train_deep(str(root / "team-a" / "deep"))
+    # A 12-layer MLP, weights saved every step: 12 update-ratio series for one chart.
+    train_deep_mlp(str(root / "team-a" / "deep"), layers=12, width=8, activation="ReLU", steps=6, batch=16, collections=["weights", "losses"])
     rng = np.random.default_rng(4)
     write_profiler_job(root / "team-a" / "compiled", durations_ms=[8300.0] + list(10 + rng.random(120)))
     cpu_job = write_profiler_job(root / "team-a" / "cpu-only", steps=6)

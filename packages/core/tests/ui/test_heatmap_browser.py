@@ -12,36 +12,18 @@ import pytest
 from stepscope.trial import create_trial
 
 from .browser import app_in_browser, chromium_paths, screenshot, sign_in, wait_for
+from .conftest import train_deep_mlp
 
 pytestmark = pytest.mark.heavy
 
 LAYERS = 20  # 40 gradient tensors (weight and bias of each Linear)
 
 
-def _train(out_dir: str) -> None:
-    torch = pytest.importorskip("torch")
-    from stepscope.config import SaveConfig
-    from stepscope_torch import Hook
-
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[m for _ in range(LAYERS) for m in (torch.nn.Linear(6, 6), torch.nn.Tanh())])
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
-    with Hook(out_dir, save_config=SaveConfig(save_interval=1), include_collections=["gradients", "losses"]) as hook:
-        hook.register_module(model)
-        hook.register_optimizer(optimizer)
-        for _ in range(4):
-            optimizer.zero_grad()
-            loss = model(torch.randn(8, 6)).pow(2).mean()
-            hook.save_loss(loss)
-            loss.backward()
-            optimizer.step()
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     chromium_paths()
     root = tmp_path_factory.mktemp("store")
-    _train(str(root / "team-a" / "deep"))
+    train_deep_mlp(str(root / "team-a" / "deep"), layers=LAYERS, width=6, activation="Tanh", steps=4, batch=8, collections=["gradients", "losses"])
     with app_in_browser(root, tmp_path_factory.mktemp("db"), {"alice": ["team-a"]}) as (server, driver):
         yield server, driver, root
 

@@ -10,7 +10,7 @@ Each flush publishes a new immutable file:
 Four things are called "timeline": the hook's phase records (capture/phases.py); the step
 timeline files, written by capture/step_timeline.py, parsed by profiler/timeline.py and read
 for a job by profiler/step_reader.py; the merged Perfetto trace of `stepscope timeline`
-(traces/timeline.py); and the app's timeline view (ui/timeline.py). This module is the step timeline's writer."""
+(export/perfetto.py); and the app's timeline view (ui/timeline.py). This module is the step timeline's writer."""
 
 from __future__ import annotations
 

@@ -30,12 +30,13 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .. import events, layout, records
+from .. import layout
 from ..exceptions import ConfigError, StoreUnavailable
 from ..modes import ModeKeys
 from ..store import Store, open_store
 from .deadline import CLOSE_TIMEOUT_ENV, DEFAULT_CLOSE_TIMEOUT_S, Deadline, close_timeout_from_env, exit_deadline
 from .safety import FailSafe, WarnOnce, write_status
+from .step_framing import StepFramer, StepTables, as_array
 
 logger = logging.getLogger("stepscope")
 
@@ -110,13 +111,7 @@ class _FinishJob:
     nbytes: int = 0
 
 
-def _as_array(value: Any) -> np.ndarray:
-    if hasattr(value, "resolve"):
-        value = value.resolve()
-    array = np.asarray(value)
-    if array.dtype == object:
-        raise TypeError(f"cannot save an object array ({array.shape}); convert it to numbers or strings")
-    return array
+_as_array = as_array  # (its old name here)
 
 
 class Writer:
@@ -157,7 +152,8 @@ class Writer:
         self._cond = threading.Condition()
         self._closed = False
         self._published: set[int] = set()
-        self._table: list[dict[str, Any]] = []  # index entries of the current block of steps
+        self._framer = StepFramer(worker, self._drop_tensor, placeholder_crc=self.payload_crc == "smdebug")
+        self._tables = StepTables(worker)
         self._unpublished: set[int] = set()  # steps handed over and not yet published
         self._unpublished_files: set[str] = set()
         self._abandoned = False  # close() gave up waiting: the threads drop what is left
@@ -241,7 +237,8 @@ class Writer:
         ]
         if not jobs:
             return True
-        return self._put(_StepBatch(jobs, sum(j.nbytes for j in jobs)), sum(j.nbytes for j in jobs))
+        nbytes = sum(j.nbytes for j in jobs)
+        return self._put(_StepBatch(jobs, nbytes), nbytes)
 
     def write_file(self, key: str, data: bytes) -> bool:
         """Enqueue a whole file (collections JSON, a control or report object)."""
@@ -404,7 +401,7 @@ class Writer:
                 # Outside the lock: the publisher takes it to count what it published.
                 self._framed.put(None)  # tells the publisher to stop
                 return
-            framed: Any = None
+            framed = None
             started = time.perf_counter()
             if isinstance(job, _StepJob) and self._failsafe.enabled and not self._abandoned:
                 framed = self._failsafe.call(self._frame_step, job)
@@ -454,60 +451,34 @@ class Writer:
                         self._unpublished_files.discard(job.key)
                 self._cond.notify_all()
 
-    def _frame_step(self, job: _StepJob) -> tuple[list[Any], dict[str, Any]] | None:
+    def _frame_step(self, job: _StepJob, parts: list[Any] | None = None, event_key: str | None = None, offset: int = 0) -> tuple[list[Any], dict[str, Any]] | None:
+        """(the event file's buffers, the step's index); with `parts` (`offset` bytes), the
+        step's records are appended to those of event file `event_key` (a batch)."""
         if job.step in self._published:
             logger.warning("stepscope: step %d of %s was handed over twice; the second one is dropped", job.step, self.worker)
             return None
         self._published.add(job.step)
-        parts: list[Any] = records.frame([events.file_version_event()])
-        index = self._frame_into(job, layout.event_file_key(job.step, self.worker), parts)
+        arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
+        parts, index = self._framer.frame(job.step, job.mode, job.mode_step, job.tensors, job.shapes, arrays, parts=parts, event_key=event_key, offset=offset)
+        if arrays is not None:
+            self._notify(job, arrays)
         return parts, index
 
     def _frame_batch(self, batch: _StepBatch) -> tuple[list[Any], list[tuple[_StepJob, dict[str, Any]]]] | None:
         """One event file for the batch's steps (named by the first), one index per step."""
-        jobs = []
+        parts: list[Any] | None = None
+        event_key = None
+        offset = 0
+        indexed = []
         for job in batch.steps:
-            if job.step in self._published:
-                logger.warning("stepscope: step %d of %s was handed over twice; the second one is dropped", job.step, self.worker)
-                continue
-            self._published.add(job.step)
-            jobs.append(job)
-        if not jobs:
-            return None
-        parts: list[Any] = records.frame([events.file_version_event()])
-        event_key = layout.event_file_key(jobs[0].step, self.worker)
-        return parts, [(job, self._frame_into(job, event_key, parts)) for job in jobs]
-
-    def _frame_into(self, job: _StepJob, event_key: str, parts: list[Any]) -> dict[str, Any]:
-        """Frame `job`'s tensors onto the end of `parts` (event file `event_key`); its index."""
-        offset = sum(memoryview(p).nbytes for p in parts)
-        payload_index = []
-        shapes = dict(job.shapes)
-        arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
-        for name, value in job.tensors.items():
-            try:
-                array = _as_array(value)
-                framed = records.frame(events.encode_tensor_event(name, array, job.step, job.mode, job.mode_step), placeholder_crc=self.payload_crc == "smdebug")
-                json.dumps(name, ensure_ascii=False).encode()  # the index must hold the name too
-            except Exception as exc:
-                # One value that cannot be saved costs that tensor, never the step or the run.
-                self._drop_tensor(job.step, name, exc)
-                shapes.pop(name, None)
-                continue
-            if arrays is not None:
-                arrays[name] = array
-            length = sum(memoryview(p).nbytes for p in framed)
-            payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
-            parts.extend(framed)
-            offset += length
-        index = {
-            "meta": {"mode": job.mode.name, "mode_step": job.mode_step, "event_file_name": event_key},
-            "tensor_payload": payload_index,
-            "shape_payload": self._shape_payload(job.step, shapes),
-        }
-        if arrays is not None:
-            self._notify(job, arrays)
-        return index
+            before = len(parts) if parts is not None else 0
+            framed = self._frame_step(job, parts, event_key, offset)
+            if framed is not None:
+                parts, index = framed
+                offset = (offset if before else 0) + sum(memoryview(p).nbytes for p in parts[before:])
+                event_key = index["meta"]["event_file_name"]
+                indexed.append((job, index))
+        return (parts, indexed) if parts is not None else None
 
     def _notify(self, job: _StepJob, arrays: dict[str, np.ndarray]) -> None:
         for listener in list(self.step_listeners):
@@ -516,16 +487,6 @@ class Writer:
             except Exception as exc:  # an optional output must not stop the tensors being saved
                 logger.warning("stepscope: %r failed and is turned off: %s", listener, exc)
                 self.step_listeners.remove(listener)
-
-    def _shape_payload(self, step: int, shapes: Mapping[str, Sequence[int]]) -> list[dict[str, Any]]:
-        out = []
-        for name, shape in shapes.items():
-            try:
-                json.dumps(name, ensure_ascii=False).encode()
-                out.append({"tensorname": name, "originalname": name, "shape": [int(d) for d in shape]})
-            except Exception as exc:
-                self._drop_tensor(step, name, exc)
-        return out
 
     def _write(self, key: str, data: Any) -> bool:
         """Publish one object, waiting out an outage of the store however long it lasts
@@ -628,40 +589,15 @@ class Writer:
             self.bytes_written += len(index_bytes)
             self._add_to_step_table(job.step, index)
 
-    # A step table repeats the index entries of up to STEPS_PER_TABLE steps in one file, so
-    # that a reader opens a long job with a few reads instead of one per step. The per-step
-    # index files stay the source of truth (smdebug reads those); tables are published
-    # after the index files they repeat, and never rewritten.
     def _add_to_step_table(self, step: int, index: dict[str, Any]) -> None:
-        if self._table and step // layout.STEPS_PER_TABLE != self._table[0]["step"] // layout.STEPS_PER_TABLE:
-            self._publish_step_table()
-        payload = index["tensor_payload"]
-        entry = {
-            "step": step,
-            "mode": index["meta"]["mode"],
-            "mode_step": index["meta"]["mode_step"],
-            "names": [p["tensorname"] for p in payload],
-            "starts": [p["start_idx"] for p in payload],
-            "lengths": [p["length"] for p in payload],
-        }
-        if index["shape_payload"]:
-            entry["shapes"] = {s["tensorname"]: s["shape"] for s in index["shape_payload"]}
-        event_key = index["meta"]["event_file_name"]
-        if event_key != layout.event_file_key(step, self.worker):  # a batch's shared event file
-            entry["event"] = event_key
-        self._table.append(entry)
+        done = self._tables.add(step, index)
+        if done is not None:
+            self._write(*done)
 
     def _publish_step_table(self) -> None:
-        if not self._table:
-            return
-        table, self._table = self._table, []
-        # Steps of a block usually save the same tensors: store each name list once.
-        layouts: dict[tuple[str, ...], int] = {}
-        for entry in table:
-            entry["layout"] = layouts.setdefault(tuple(entry.pop("names")), len(layouts))
-        body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
-        key = layout.step_table_key(self.worker, table[0]["step"], table[-1]["step"])
-        self._write(key, json.dumps(body, separators=(",", ":")).encode())
+        done = self._tables.take()
+        if done is not None:
+            self._write(*done)
 
 
 def _printable(name: Any) -> str:

@@ -1,8 +1,10 @@
-"""Exports of a job's saved tensors to other tools: TensorBoard event files (scalars and
-histograms, one run per mode) and one HDF5 file (datasets stacked over steps).
+"""Exports of a job to other tools: its saved tensors as TensorBoard event files (scalars
+and histograms, one run per mode) or one HDF5 file (datasets stacked over steps), and the
+merged timeline (step timeline, system metrics, detailed traces, rule firings) as one
+Perfetto trace.
 
-Both read through the public Trial API only, step batch by step batch, so memory stays
-bounded on large jobs. Modules load on first use, so `stepscope --help` stays fast."""
+The tensor exports read through the public Trial API only, step batch by step batch, so
+memory stays bounded on large jobs. Modules load on first use, so `stepscope --help` stays fast."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ _LAZY = {
     "hdf5_key": "hdf5",
     "TensorBoardWriter": "tb_writer",
     "histogram_proto": "tb_writer",
+    "write_timeline": "perfetto",
 }
 
 

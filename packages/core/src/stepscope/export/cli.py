@@ -1,4 +1,8 @@
-"""`stepscope export PATH (--tensorboard DIR | --hdf5 FILE) [--regex R] [--steps A:B] [--mode M]`."""
+"""Export the job at PATH (a folder or s3:// URL). --tensorboard DIR writes losses, metrics and saved
+reductions as scalars and other saved tensors as histograms, one run per mode (tensorboard --logdir DIR).
+--hdf5 FILE writes the chosen tensors stacked over steps with step/mode/mode_step/worker index datasets.
+"""
+# The docstring above is `stepscope export --help`'s description.
 
 from __future__ import annotations
 
@@ -6,28 +10,47 @@ import argparse
 import sys
 from typing import Any
 
-from ..cli_common import STEPS_HELP
+from ..cli_common import JOB_PATH_HELP, STEPS_HELP, add_command, add_progress_option
 
 
 def add_parser(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "export",
-        help="export saved tensors to TensorBoard event files or one HDF5 file",
-        description=(
-            "Export the job at PATH (a folder or s3:// URL). --tensorboard DIR writes losses, metrics and saved "
-            "reductions as scalars and other saved tensors as histograms, one run per mode (tensorboard --logdir DIR). "
-            "--hdf5 FILE writes the chosen tensors stacked over steps with step/mode/mode_step/worker index datasets."
-        ),
-    )
-    parser.add_argument("path", help="the job's folder or s3:// URL")
+    parser = add_command(sub, "export", run, summary="export saved tensors to TensorBoard event files or one HDF5 file", description=__doc__)
+    parser.add_argument("path", help=JOB_PATH_HELP)
     parser.add_argument("--tensorboard", metavar="DIR", help="write TensorBoard runs under DIR")
     parser.add_argument("--hdf5", metavar="FILE", help="write one HDF5 file")
     parser.add_argument("--regex", action="append", default=[], metavar="R", help="only tensors whose name matches R (repeatable)")
     parser.add_argument("--steps", metavar="A:B", help=f"only {STEPS_HELP}; mode steps with --mode")
     parser.add_argument("--mode", metavar="M", help="only this mode: train, eval, predict or global")
     parser.add_argument("--step-axis", choices=("global", "mode"), default="global", help="TensorBoard x axis: the global step (default) or each mode's step")
-    parser.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar on stderr (default: on a terminal)")
-    parser.set_defaults(run=run)
+    add_progress_option(parser)
+
+
+def add_timeline(sub: argparse._SubParsersAction) -> None:
+    parser = add_command(sub, "timeline", run_timeline, summary="write one Perfetto-loadable trace of the job: metrics, steps, annotations, CPU ops, GPU streams, rule firings")
+    parser.add_argument("path", help="a job's folder, a folder of traces, or one trace file; local or s3://")
+    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="trace.json or trace.json.gz (default timeline.json; - for stdout)")
+    parser.add_argument("--steps", default=None, metavar="A:B", help=f"only the time of {STEPS_HELP}")
+    parser.add_argument("--no-cpu-ops", action="store_true", help="leave CPU operators out (a smaller file)")
+
+
+def run_timeline(args: argparse.Namespace) -> int:
+    from ..traces.cli import open_analysis, require_pyarrow
+
+    require_pyarrow()  # before anything of the trace engine is imported
+    from ..cli_common import EXIT_OK
+    from ..exceptions import ConfigError
+    from ..traces.analysis import parse_steps
+    from .perfetto import write_timeline
+
+    if args.output != "-" and not args.output.endswith((".json", ".json.gz")):
+        raise ConfigError(f"-o must end in .json or .json.gz (or be -), got {args.output!r}")
+    analysis = open_analysis(args)
+    try:
+        counts = write_timeline(analysis.store, args.output, steps=parse_steps(args.steps), analysis=analysis, include_cpu_ops=not args.no_cpu_ops)
+    finally:
+        analysis.wait_persisted()
+    print(f"wrote {args.output}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " (open it in https://ui.perfetto.dev)", file=sys.stderr)
+    return EXIT_OK
 
 
 def run(args: argparse.Namespace) -> int:

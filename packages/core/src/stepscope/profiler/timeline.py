@@ -5,7 +5,7 @@ docs/profiler.md) and of SageMaker's legacy `pythontimeline` files.
 Four things are called "timeline": the hook's phase records (capture/phases.py); the step
 timeline files, written by capture/step_timeline.py, parsed by profiler/timeline.py and read
 for a job by profiler/step_reader.py; the merged Perfetto trace of `stepscope timeline`
-(traces/timeline.py); and the app's timeline view (ui/timeline.py). This module is the step timeline's parser."""
+(export/perfetto.py); and the app's timeline view (ui/timeline.py). This module is the step timeline's parser."""
 
 from __future__ import annotations
 

@@ -20,7 +20,9 @@ _LAZY = {
     "SynthSpec": "synth",
     "GroundTruth": "synth",
     "write_trace": "synth",
-    "write_timeline": "timeline",
+    # The merged Perfetto trace moved to stepscope.export.perfetto; the name stays importable
+    # here (lazy_getattr prefixes one dot: ".export.perfetto" is stepscope.export.perfetto).
+    "write_timeline": ".export.perfetto",
     "KINDS": "schema",
     "EVENT_SCHEMA": "schema",
 }

@@ -1,5 +1,6 @@
-"""`stepscope profile` (the trace analyses as tables) and `stepscope timeline` (the merged
-Perfetto trace); registered in stepscope/cli.py's `_SUBCOMMANDS`."""
+"""`stepscope profile` (the trace analyses as tables), registered in stepscope/cli.py's
+`_SUBCOMMANDS`, and what the commands reading traces share (`stepscope timeline`, the
+merged Perfetto trace, is export/cli.py's)."""
 
 from __future__ import annotations
 
@@ -54,16 +55,7 @@ def add_profile(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=run_profile)
 
 
-def add_timeline(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser("timeline", help="write one Perfetto-loadable trace of the job: metrics, steps, annotations, CPU ops, GPU streams, rule firings")
-    parser.add_argument("path", help="a job's folder, a folder of traces, or one trace file; local or s3://")
-    parser.add_argument("-o", "--output", default="timeline.json", metavar="FILE", help="trace.json or trace.json.gz (default timeline.json; - for stdout)")
-    parser.add_argument("--steps", default=None, metavar="A:B", help=f"only the time of {STEPS_HELP}")
-    parser.add_argument("--no-cpu-ops", action="store_true", help="leave CPU operators out (a smaller file)")
-    parser.set_defaults(run=run_timeline)
-
-
-def _require_pyarrow() -> None:
+def require_pyarrow() -> None:
     """Before anything of the engine is imported (its modules import pyarrow)."""
     from ..exceptions import ConfigError
 
@@ -73,7 +65,7 @@ def _require_pyarrow() -> None:
         raise ConfigError("the trace engine needs pyarrow, which is not installed: pip install 'stepscope[traces]'") from None
 
 
-def _analysis(args: argparse.Namespace) -> Any:
+def open_analysis(args: argparse.Namespace) -> Any:
     from .analysis import TraceAnalysis
 
     progress = _ProgressBar(sys.stderr.isatty() or getattr(args, "progress", False))
@@ -81,12 +73,12 @@ def _analysis(args: argparse.Namespace) -> Any:
 
 
 def run_profile(args: argparse.Namespace) -> int:
-    _require_pyarrow()
+    require_pyarrow()
     from ..exceptions import ConfigError
     from .analysis import parse_steps
 
     steps = parse_steps(args.steps)
-    analysis = _analysis(args)
+    analysis = open_analysis(args)
     if not analysis.trace_keys():
         raise ConfigError(
             f"no traces in {args.path}: looked for a job's profiler-output/framework/ and for trace files "
@@ -153,21 +145,4 @@ def _print_tables(tables: dict[str, Any], as_json: bool) -> int:
             print(f"== {name.replace('_', ' ')}")
             print(frame.to_string(index=False) if not frame.empty else "(none)")
             print()
-    return EXIT_OK
-
-
-def run_timeline(args: argparse.Namespace) -> int:
-    _require_pyarrow()
-    from ..exceptions import ConfigError
-    from .analysis import parse_steps
-    from .timeline import write_timeline
-
-    if args.output != "-" and not args.output.endswith((".json", ".json.gz")):
-        raise ConfigError(f"-o must end in .json or .json.gz (or be -), got {args.output!r}")
-    analysis = _analysis(args)
-    try:
-        counts = write_timeline(analysis.store, args.output, steps=parse_steps(args.steps), analysis=analysis, include_cpu_ops=not args.no_cpu_ops)
-    finally:
-        analysis.wait_persisted()
-    print(f"wrote {args.output}: " + ", ".join(f"{v} {k}" for k, v in counts.items()) + " (open it in https://ui.perfetto.dev)", file=sys.stderr)
     return EXIT_OK

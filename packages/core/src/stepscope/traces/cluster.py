@@ -19,7 +19,7 @@ import pyarrow as pa
 from ..exceptions import ConfigError
 from ..store import Store
 from . import fanout, sources, summaries
-from .tables import TABLE_DIR, list_trace_keys, loose_trace_keys
+from .tables import TABLE_DIR, list_trace_keys, loose_trace_keys, table_key
 
 logger = logging.getLogger("stepscope.traces")
 
@@ -180,20 +180,26 @@ class JobQuery:
         self._register("tensors", tensor_reductions(self.store))
 
     def _view_events(self) -> None:
-        """The raw event tables, scanned lazily by DuckDB (local jobs: a glob; S3: the
-        tables are not reachable by DuckDB without its httpfs extension, so the view is
-        empty and says so)."""
-        tables = self.tables_store.local_path(TABLE_DIR)  # DuckDB reads the files itself
+        """The raw event tables, scanned lazily by DuckDB: a local job's by a glob (DuckDB
+        reads the files itself), a job elsewhere (S3) as a pyarrow dataset read through the
+        Store (store_fs.py: ranged reads of what a query needs)."""
+        tables = self.tables_store.local_path(TABLE_DIR)
         if tables is not None and self.tables_store.exists(TABLE_DIR):
             pattern = os.path.join(tables, "**", "*.parquet").replace("'", "''")
             self.connection.execute(f"CREATE VIEW events AS SELECT * FROM read_parquet('{pattern}', union_by_name = true)")
+            self._registered.add("events")
+            return
+        stored = set(self.tables_store.list(f"{TABLE_DIR}/")) if tables is None else set()
+        keys = [table_key(key) for key in self._trace_keys if table_key(key) in stored]
+        if keys:
+            from .store_fs import parquet_dataset  # (pyarrow.dataset: imported when asked for)
+
+            self._register("events_tables", parquet_dataset(self.tables_store, keys))
         else:
-            logger.warning("the events view reads local trace tables only; %s is empty here (use the summary views)", self.tables_store.url)
             from .schema import EVENT_SCHEMA
 
-            self._objects["events_empty"] = EVENT_SCHEMA.append(pa.field("rank", pa.int32())).empty_table()
-            self.connection.register("events_empty", self._objects["events_empty"])
-            self.connection.execute("CREATE VIEW events AS SELECT * FROM events_empty")
+            self._register("events_tables", EVENT_SCHEMA.append(pa.field("rank", pa.int32())).empty_table())
+        self.connection.execute("CREATE VIEW events AS SELECT * FROM events_tables")
         self._registered.add("events")
 
     def _view_kernels(self) -> None:

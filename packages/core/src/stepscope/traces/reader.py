@@ -37,6 +37,7 @@ import pyarrow.json as pj
 
 from ..exceptions import CorruptRecord
 from ..store import Store
+from . import native
 from .schema import BEFORE_FIRST_STEP, CATEGORY_KIND, EVENT_SCHEMA, KIND_CODE, KINDS, MISSING, STEP_NAME_RE, SYNC_CALLS
 
 logger = logging.getLogger("stepscope.traces")
@@ -98,6 +99,7 @@ class RawTrace:
     base_ns: int = 0
     source: str = ""
     slow_chunks: int = 0  # chunks the exact fallback parser had to read (0 for Kineto's own files)
+    native_chunks: int = 0  # chunks the compiled parser read (native.py; 0 where it is not built)
 
 
 def read_trace(
@@ -275,6 +277,7 @@ class _Chunk:
     slow: int = 0
     category_codes: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     categories: list[str] = field(default_factory=list)
+    native: int = 0
 
 
 class _Parser:
@@ -294,6 +297,7 @@ class _Parser:
         self.names: dict[str, int] = {}
         self.categories: dict[str, int] = {}
         self.slow_chunks = 0
+        self.native_chunks = 0
         self.offset = 0  # position in the decompressed text of the carried-over bytes
         self._pool: ThreadPoolExecutor | None = None
         self._pending: deque[Future[list[_Chunk]]] = deque()
@@ -301,7 +305,8 @@ class _Parser:
     def run(self, chunks: Iterator[tuple[bytearray, int, int | None]]) -> RawTrace:
         self._pool = ThreadPoolExecutor(max_workers=PARSE_WORKERS, thread_name_prefix="stepscope-trace-parse")
         try:
-            return self._run(chunks)
+            with _small_pages():
+                return self._run(chunks)
         finally:
             self._pool.shutdown(wait=True, cancel_futures=True)
             self._pending.clear()
@@ -372,7 +377,7 @@ class _Parser:
             if len(carry) > 4 * self.chunk_bytes:
                 # Not a layout the fast path knows: parse exactly, one event at a time.
                 self._wait_all()
-                chunk, used = _slow(carry, 0, len(carry), self.where, self.offset, final=False)
+                chunk, used = _parse_regions_slowly(carry, self.where, self.offset)
                 self._merge(chunk)
                 self.offset += used
                 del carry[:used]
@@ -434,6 +439,7 @@ class _Parser:
     def _merge(self, chunk: _Chunk) -> None:
         """Keep a chunk's columns, its names recoded into the trace's one dictionary."""
         self.slow_chunks += chunk.slow
+        self.native_chunks += chunk.native
         if chunk.codes.size == 0:
             return
         chunk.codes = _recode(self.names, chunk.names, chunk.codes)
@@ -467,7 +473,45 @@ class _Parser:
         _assign_steps(arrays, dictionary, codes)
         categories = np.array(list(self.categories), dtype=object)
         table = _to_table(arrays, codes, dictionary, category_codes, categories)
-        return RawTrace(table, self.metadata, base_ns, self.where, self.slow_chunks)
+        return RawTrace(table, self.metadata, base_ns, self.where, self.slow_chunks, self.native_chunks)
+
+
+class _small_pages:
+    """numpy asks the kernel for transparent huge pages for every array of 4 MB or more.
+    Where THP defrag is `madvise` (Ubuntu's and Debian's default), a fault on such an array
+    may stall on compaction: a parse allocates a few hundred MB of fresh columns, and that
+    cost 0.75 CPU-s of kernel time on the 479 MB bench trace (as much as the compiled scan
+    of the whole trace). Off while parses run (a count: parses in threads overlap), back
+    as it was after the last one; without numpy's switch (a private function), a no-op."""
+
+    _lock = threading.Lock()
+    _active = 0
+    _before: bool | None = None
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if _small_pages._active == 0 and _SET_HUGE_PAGES is not None:
+                _small_pages._before = bool(_SET_HUGE_PAGES(False))
+            _small_pages._active += 1
+
+    def __exit__(self, *exc: object) -> None:
+        with self._lock:
+            _small_pages._active -= 1
+            if _small_pages._active == 0 and _SET_HUGE_PAGES is not None and _small_pages._before is not None:
+                _SET_HUGE_PAGES(_small_pages._before)
+                _small_pages._before = None
+
+
+def _huge_pages_switch() -> Any:
+    for module in ("numpy._core.multiarray", "numpy.core.multiarray"):
+        try:
+            return getattr(__import__(module, fromlist=["_set_madvise_hugepage"]), "_set_madvise_hugepage", None)
+        except ImportError:
+            continue
+    return None
+
+
+_SET_HUGE_PAGES = _huge_pages_switch()
 
 
 def _recode(trace_codes: dict[str, int], chunk_values: list[str], chunk_codes: np.ndarray) -> np.ndarray:
@@ -506,13 +550,32 @@ _CHUNK_COLUMNS = tuple(name for name in EVENT_SCHEMA.names if name not in ("name
 
 def _parse_regions(regions: list[tuple[bytearray, int, int, int]], where: str) -> list[_Chunk]:
     """One worker task: (text, start, end, offset) regions, parsed in order."""
-    return [_parse_chunk(text, start, end, where, offset) for text, start, end, offset in regions]
+    chunks = []
+    for text, start, end, offset in regions:
+        try:
+            chunks.append(_parse_chunk(text, start, end, where, offset))
+        except _TimeOverflow:
+            raise CorruptRecord(where, offset, "a time beyond int64 nanoseconds in the events from this byte on") from None
+    return chunks
+
+
+def _parse_regions_slowly(text: bytearray, where: str, offset: int) -> tuple[_Chunk, int]:
+    """The whole events at the start of `text`, read exactly (an event larger than a chunk)."""
+    try:
+        return _slow(text, 0, len(text), where, offset, final=False)
+    except _TimeOverflow:
+        raise CorruptRecord(where, offset, "a time beyond int64 nanoseconds in the events from this byte on") from None
 
 
 def _parse_chunk(text: bytearray, start: int, end: int, where: str, offset: int) -> _Chunk:
     """The events of `text[start:end]` (whole events, separated by commas) as columns. The
     fast path: separators become newlines, pyarrow parses the newline-delimited JSON.
     Anything it cannot read sends the chunk to the exact, slow parser."""
+    module = native.compiled()
+    if module is not None:
+        chunk = _native_chunk(module, text, start, end, where, offset)
+        if chunk is not None:
+            return chunk
     view = np.frombuffer(text, dtype=np.uint8)[start:end]
     read_options, in_blocks = _read_options(end - start)
     separators = _separators(view, in_blocks)
@@ -530,13 +593,16 @@ def _parse_chunk(text: bytearray, start: int, end: int, where: str, offset: int)
                 if renamed:
                     continue
         break
-    if table is None:
-        view[separators] = ord(",")  # undo the trick, then read this chunk exactly
-        for position, original in renamed:
-            text[position : position + len(original)] = original
-        chunk, _ = _slow(text, start, end, where, offset, final=True)
-        return chunk
-    return _columns(table)
+    if table is not None:
+        try:
+            return _columns(table)
+        except UnicodeDecodeError:  # a kept name that is not UTF-8: the exact parser replaces its bad bytes
+            logger.debug("%s: a name near byte %d is not UTF-8", where, offset)
+    view[separators] = ord(",")  # undo the trick, then read this chunk exactly
+    for position, original in renamed:
+        text[position : position + len(original)] = original
+    chunk, _ = _slow(text, start, end, where, offset, final=True)
+    return chunk
 
 
 _SPACE_OR_COMMA = re.compile(r"[ \t\r\n,]*")
@@ -583,10 +649,10 @@ def _slow(text: bytearray, start: int, end: int, where: str, offset: int, final:
 
 def _columns(table: pa.Table) -> _Chunk:
     """The kept events of a raw table (durations, instants, allocator records of a known
-    category) as numpy columns sorted by kind, names coded against the chunk's own list."""
-    empty = _Chunk({}, np.zeros(0, dtype=np.int32), [], np.zeros(len(KINDS) + 1, dtype=np.int64))
+    category) as numpy columns sorted by kind, names coded against the chunk's own list.
+    (The extension's path, _native_chunk, reads the same columns from the text.)"""
     if table.num_rows == 0:
-        return empty
+        return _empty_chunk()
     # Kept: complete events ("X") of any category (an unknown one becomes an `other` row,
     # its category kept), and instants of known categories (allocator records).
     phase, category = table.column("ph"), table.column("cat")
@@ -596,51 +662,90 @@ def _columns(table: pa.Table) -> _Chunk:
     if not pc.all(keep).as_py():  # Kineto's own files: nearly always all kept, no copy then
         table, kind_index = table.filter(keep), kind_index.filter(keep)
     if table.num_rows == 0:
-        return empty
+        return _empty_chunk()
     kind = _CATEGORY_CODES[pc.fill_null(kind_index, len(_CATEGORY_CODES) - 1).to_numpy(zero_copy_only=False)]
     encoded_category = pc.dictionary_encode(table.column("cat").combine_chunks())
     encoded = pc.dictionary_encode(pc.fill_null(table.column("name").combine_chunks(), ""))
     names: list[str] = encoded.dictionary.to_pylist()
+    categories: list[str] = encoded_category.dictionary.to_pylist()
     codes = encoded.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    # Instant events are only kept when they are allocator records.
-    is_memory = kind == KIND_CODE["memory"]
-    if is_memory.any():
-        memory_code = names.index("[memory]") if "[memory]" in names else -2
-        kind_keep = ~is_memory | (codes == memory_code)
-        if not kind_keep.all():
-            table = table.filter(pa.array(kind_keep))
-            kind, codes = kind[kind_keep], codes[kind_keep]
-            encoded_category = encoded_category.filter(pa.array(kind_keep))
+    category_codes = encoded_category.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
+    kept = _allocator_rows(kind, codes, names)
+    if kept is not None:
+        table = table.filter(pa.array(kept))
+        kind, codes, category_codes = kind[kept], codes[kept], category_codes[kept]
     if table.num_rows == 0:
-        return empty
+        return _empty_chunk()
+    args = table.column("args").combine_chunks()
+    ints = {name: _ints(_field(args, name)) for name in _ARGS_TYPE.names}
+    ints["ts"] = _micros_to_ns(table.column("ts"))
+    ints["dur"] = _micros_to_ns(table.column("dur"))
+    ints["pid"] = _ints(table.column("pid"))
+    ints["tid"] = _ints(table.column("tid"))
+    return _kineto_columns(kind, codes, names, category_codes, categories, ints)
+
+
+def _empty_chunk() -> _Chunk:
+    return _Chunk({}, np.zeros(0, dtype=np.int32), [], np.zeros(len(KINDS) + 1, dtype=np.int64))
+
+
+def _allocator_rows(kind: np.ndarray, codes: np.ndarray, names: list[str]) -> np.ndarray | None:
+    """Which rows stay, where some instants are not allocator records (None: all stay).
+    Instant events are only kept when they are allocator records (named [memory])."""
+    is_memory = kind == KIND_CODE["memory"]
+    if not is_memory.any():
+        return None
+    memory_code = names.index("[memory]") if "[memory]" in names else -2
+    kept = ~is_memory | (codes == memory_code)
+    return None if kept.all() else kept
+
+
+def _kineto_columns(kind: np.ndarray, codes: np.ndarray, names: list[str], category_codes: np.ndarray, categories: list[str], ints: dict[str, np.ndarray]) -> _Chunk:
+    """A chunk's kept rows (either parser's) as the table's columns: sync calls told apart
+    from other runtime calls, the `args` fields Kineto spells two ways merged, rows sorted
+    by kind. `ints`: the raw integer columns (times in ns, MISSING where absent)."""
+    if kind.size == 0:
+        return _empty_chunk()
     sync_codes = np.array([code for code, name in enumerate(names) if name in _SYNC_SET], dtype=np.int32)
     if sync_codes.size:
         kind = np.where((kind == KIND_CODE["runtime"]) & np.isin(codes, sync_codes), np.int8(KIND_CODE["sync"]), kind)
-    args = table.column("args").combine_chunks()
-    device = _ints(_field(args, "device"))
-    device_id = _ints(_field(args, "Device Id"))
-    transfer = _ints(_field(args, "bytes"))
-    allocator = _ints(_field(args, "Bytes"))
+    device, transfer = ints["device"], ints["bytes"]
     columns = {
-        "kind": kind.astype(np.int8),
-        "ts_ns": _micros_to_ns(table.column("ts")),
-        "dur_ns": np.maximum(_micros_to_ns(table.column("dur")), 0),
-        "pid": _ints(table.column("pid")),
-        "tid": _ints(table.column("tid")),
-        "correlation": _ints(_field(args, "correlation")),
-        "external_id": _ints(_field(args, "External id")),
-        "device": np.where(device == MISSING, device_id, device).astype(np.int32),
-        "stream": _ints(_field(args, "stream")).astype(np.int32),
-        "bytes": np.where(transfer == MISSING, allocator, transfer),
-        "total_allocated": _ints(_field(args, "Total Allocated")),
-        "total_reserved": _ints(_field(args, "Total Reserved")),
-        "addr": _ints(_field(args, "Addr")),
-        "device_type": np.clip(_ints(_field(args, "Device Type")), -1, 127).astype(np.int8),
+        "kind": kind.astype(np.int8, copy=False),
+        "ts_ns": ints["ts"],
+        "dur_ns": np.maximum(ints["dur"], 0),
+        "pid": ints["pid"],
+        "tid": ints["tid"],
+        "correlation": ints["correlation"],
+        "external_id": ints["External id"],
+        "device": np.where(device == MISSING, ints["Device Id"], device).astype(np.int32),
+        "stream": ints["stream"].astype(np.int32),
+        "bytes": np.where(transfer == MISSING, ints["Bytes"], transfer),
+        "total_allocated": ints["Total Allocated"],
+        "total_reserved": ints["Total Reserved"],
+        "addr": ints["Addr"],
+        "device_type": np.clip(ints["Device Type"], -1, 127).astype(np.int8),
     }
     order = np.argsort(kind, kind="stable")
     bounds = np.searchsorted(kind[order], np.arange(len(KINDS) + 1), side="left")
-    category_codes = encoded_category.indices.to_numpy(zero_copy_only=False).astype(np.int32, copy=False)
-    return _Chunk({name: values[order] for name, values in columns.items()}, codes[order], names, bounds, 0, category_codes[order], encoded_category.dictionary.to_pylist())
+    return _Chunk({name: values[order] for name, values in columns.items()}, codes[order], names, bounds, 0, category_codes[order], categories)
+
+
+def _native_chunk(module: Any, text: bytearray, start: int, end: int, where: str, offset: int) -> _Chunk | None:
+    """The chunk parsed by the compiled extension, or None where it leaves the region to
+    the pyarrow path (native.py)."""
+    scanned = native.scan(module, text, start, end)
+    if isinstance(scanned, native.Declined):
+        logger.debug("%s: the compiled parser left the chunk at byte %d to pyarrow (%s at byte %d)", where, offset, scanned.reason, offset + scanned.position - start)
+        return None
+    kept = _allocator_rows(scanned.kind, scanned.codes, scanned.names)
+    kind, codes, category_codes, ints = scanned.kind, scanned.codes, scanned.category_codes, scanned.ints
+    if kept is not None:
+        kind, codes, category_codes = kind[kept], codes[kept], category_codes[kept]
+        ints = {name: values[kept] for name, values in ints.items()}
+    chunk = _kineto_columns(kind, codes, scanned.names, category_codes, scanned.categories, ints)
+    chunk.native = 1
+    return chunk
 
 
 _INSTANT_PHASES = pa.array(["i", "I"])
@@ -833,8 +938,12 @@ def _micros_to_ns(column: pa.ChunkedArray | pa.Array) -> np.ndarray:
     words = np.frombuffer(array.buffers()[1], dtype=np.int64)[2 * array.offset : 2 * (array.offset + len(array))]
     low, high = words[0::2], words[1::2]
     if not bool(np.array_equal(high, low >> 63)):
-        raise ValueError("a time beyond int64 nanoseconds")
+        raise _TimeOverflow("a time beyond int64 nanoseconds")
     return low.copy()
+
+
+class _TimeOverflow(ValueError):
+    pass
 
 
 _ZERO_MICROS = pa.scalar(decimal.Decimal(0), type=_MICROS)
@@ -936,6 +1045,18 @@ def _micros(value: Any) -> decimal.Decimal | None:
         return None
 
 
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+def _utf8(text: str) -> str:
+    """`text`, its lone surrogates (a `\\ud800` escape alone) replaced: Arrow strings are UTF-8."""
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return text.encode("utf-8", "replace").decode()
+    return text
+
+
 def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
     """The slow path's events in the fast path's raw schema (bad values become nulls)."""
 
@@ -943,15 +1064,16 @@ def _rows_to_table(rows: list[dict[str, Any]]) -> pa.Table:
         if isinstance(value, bool) or value is None:
             return None
         try:
-            return kind(value)
-        except (TypeError, ValueError):
+            number = kind(value)
+        except (TypeError, ValueError, ArithmeticError):
             return None
+        return number if _INT64_MIN <= number <= _INT64_MAX else None  # beyond int64: not a value Kineto writes
 
     columns: dict[str, list[Any]] = {name: [] for name in _RAW_SCHEMA.names}
     for row in rows:
         for key in ("ph", "cat", "name"):
             value = row.get(key)
-            columns[key].append(value if isinstance(value, str) else None)
+            columns[key].append(_utf8(value) if isinstance(value, str) else None)
         for key in ("pid", "tid"):
             columns[key].append(number(row.get(key), int))
         for key in ("ts", "dur"):

@@ -8,10 +8,12 @@ that does not exist (404), and no error message carries a file path."""
 from __future__ import annotations
 
 import csv
+import importlib
 import io
 import logging
 import secrets
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +47,16 @@ class _HttpError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message
+
+
+@contextmanager
+def _refused_with(status: int) -> Iterator[None]:
+    """The user database's ConfigError (no such user, a bad name or prefix) answered as an
+    HTTP error with its message."""
+    try:
+        yield
+    except ConfigError as exc:
+        raise _HttpError(status, str(exc)) from None
 
 
 def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies: bool = False, limiter: auth.LoginLimiter | None = None,
@@ -274,29 +286,19 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         trial, stamp = _open(job)
         return jsonify(dashboard(trial, stamp, phase=request.args.get("phase"), bins=_int_arg("bins", 30, 5, 200), k=_int_arg("k", 10, 1, 100)))
 
-    @app.get("/api/jobs/<path:job>/rules")
-    def job_rules(job: str) -> Response:
-        from .views import rules_status
+    def plain_view(module: str, function: str) -> Any:
+        """A job view that takes nothing but the opened job: `module.function(trial, stamp)`
+        as JSON, its module (and what it imports) loaded on the first request."""
 
-        return jsonify(rules_status(*_open(job)))
+        def view(job: str) -> Response:
+            return jsonify(getattr(importlib.import_module(module, __package__), function)(*_open(job)))
 
-    @app.get("/api/jobs/<path:job>/health")
-    def job_health(job: str) -> Response:
-        from .views import training_health
+        return view
 
-        return jsonify(training_health(*_open(job)))
-
-    @app.get("/api/jobs/<path:job>/memory")
-    def job_memory(job: str) -> Response:
-        from .memory import memory
-
-        return jsonify(memory(*_open(job)))
-
-    @app.get("/api/jobs/<path:job>/ranks")
-    def job_ranks(job: str) -> Response:
-        from .ranks import ranks
-
-        return jsonify(ranks(*_open(job)))
+    # /api/jobs/<job>/<name> -> (module, function); the endpoint is job_<name>.
+    plain_views = {"rules": (".views", "rules_status"), "health": (".views", "training_health"), "memory": (".memory", "memory"), "ranks": (".ranks", "ranks")}
+    for name, (module, function) in plain_views.items():
+        app.add_url_rule(f"/api/jobs/<path:job>/{name}", f"job_{name}", plain_view(module, function), methods=["GET"])
 
     @app.get("/api/jobs/<path:job>/tensor-histograms")
     def job_tensor_histograms(job: str) -> Response:
@@ -391,10 +393,8 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         admin()
         body = _json_body(_NEW_USER, required=("name",))
         password = body.get("password") or secrets.token_urlsafe(12)
-        try:
+        with _refused_with(400):
             user = users.add_user(body["name"], password, admin=body.get("admin", False), prefixes=body.get("prefixes", []))
-        except ConfigError as exc:
-            raise _HttpError(400, str(exc)) from None
         return jsonify(user=user.to_json(), password=None if body.get("password") else password), 201
 
     @app.delete("/api/users/<name>")
@@ -402,41 +402,33 @@ def create_app(store: str | JobStore, db: str | Path | UserDB, *, secure_cookies
         admin()
         if name == g.identity.user.name:
             raise _HttpError(400, "you cannot remove yourself")
-        try:
+        with _refused_with(404):
             users.remove_user(name)
-        except ConfigError as exc:
-            raise _HttpError(404, str(exc)) from None
         return jsonify(removed=name)
 
     @app.post("/api/users/<name>/grant")
     def grant(name: str) -> Response:
         admin()
         body = _json_body(_GRANT)
-        try:
+        with _refused_with(400):
             user = users.grant(name, body.get("prefixes", []))
             if body.get("revoke"):
                 user = users.revoke(name, body["revoke"])
-        except ConfigError as exc:
-            raise _HttpError(400, str(exc)) from None
         return jsonify(user=user.to_json())
 
     @app.post("/api/users/<name>/password")
     def reset_password(name: str) -> Response:
         admin()
         password = secrets.token_urlsafe(12)
-        try:
+        with _refused_with(404):
             users.set_password(name, password)  # closes the user's sessions and revokes its API tokens
-        except ConfigError as exc:
-            raise _HttpError(404, str(exc)) from None
         return jsonify(password=password)
 
     @app.post("/api/users/<name>/token")
     def new_token(name: str) -> Response:
         admin()
-        try:
+        with _refused_with(404):
             return jsonify(token=users.new_token(name))
-        except ConfigError as exc:
-            raise _HttpError(404, str(exc)) from None
 
     # --- helpers ------------------------------------------------------------------------
 

@@ -1,4 +1,9 @@
-"""`stepscope ui STORE` (serve the app) and `stepscope ui users ...` (manage its users)."""
+"""Serve the web app (jobs, dashboard, training health, statistics, timeline) over STORE, a folder
+or s3:// prefix holding jobs. `stepscope ui users add|remove|list|grant|revoke|reset-password|new-token`
+manages the users (see `stepscope ui users --help`). On first start an `admin` user is created and its
+password printed once.
+"""
+# The docstring above is `stepscope ui --help`'s description.
 
 from __future__ import annotations
 
@@ -10,7 +15,7 @@ import secrets
 import sys
 from pathlib import Path
 
-from ..cli_common import EXIT_OK
+from ..cli_common import EXIT_OK, add_command
 from ..exceptions import ConfigError
 
 DEFAULT_PORT = 8080
@@ -22,21 +27,11 @@ def default_db_path() -> Path:
 
 
 def add_ui(sub: argparse._SubParsersAction) -> None:
-    parser = sub.add_parser(
-        "ui",
-        help="serve the web app over a store of jobs; `ui users ...` manages its users",
-        description=(
-            "Serve the web app (jobs, dashboard, training health, statistics, timeline) over STORE, a folder "
-            "or s3:// prefix holding jobs. `stepscope ui users add|remove|list|grant|revoke|reset-password|new-token` "
-            "manages the users (see `stepscope ui users --help`). On first start an `admin` user is created and its "
-            "password printed once."
-        ),
-    )
+    parser = add_command(sub, "ui", run_ui, summary="serve the web app over a store of jobs; `ui users ...` manages its users", description=__doc__)
     parser.add_argument("store", help="a folder or s3:// prefix of jobs, or `users`")
     # Everything after STORE is parsed by run_ui: the serving options, or `users`' own.
     parser.add_argument("rest", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     _serve_options(parser)
-    parser.set_defaults(run=run_ui)
 
 
 def _serve_options(parser: argparse.ArgumentParser, defaults: bool = True) -> None:

@@ -11,7 +11,7 @@ smoothly as a small one.
 Four things are called "timeline": the hook's phase records (capture/phases.py); the step
 timeline files, written by capture/step_timeline.py, parsed by profiler/timeline.py and read
 for a job by profiler/step_reader.py; the merged Perfetto trace of `stepscope timeline`
-(traces/timeline.py); and the app's timeline view (ui/timeline.py). This module is the app's timeline view."""
+(export/perfetto.py); and the app's timeline view (ui/timeline.py). This module is the app's timeline view."""
 
 from __future__ import annotations
 
@@ -513,12 +513,12 @@ def timeline_view(jobs: Any, job: str, start_ns: float | None, end_ns: float | N
 
 
 def perfetto_trace(jobs: Any, job: str, start_ns: float | None, end_ns: float | None) -> bytes:
-    """The trace engine's merged timeline (stepscope.traces.timeline: metrics, steps and
+    """The merged Perfetto timeline (stepscope.export.perfetto: metrics, steps and
     phases, annotations, CPU ops, GPU streams with launch flows, rule firings) of the steps
     the visible range covers."""
     import tempfile
 
-    from ..traces.timeline import write_timeline
+    from ..export.perfetto import write_timeline
     from .jobs import trial_lock
 
     index = job_index(jobs, job)

@@ -1,0 +1,174 @@
+"""The writer's first stage, apart from its threads: one step's tensors framed as records
+(`StepFramer`), and the step tables that repeat a block of steps' index entries in one
+file (`StepTables`). Both run on the writer's threads; neither touches the store.
+
+Framing is Python per tensor holding the GIL, while the training thread wants it back
+after every framework op: so the framer hands the GIL over on purpose once it has held it
+for `yield_every_s` (see `_GilYield`), instead of making the training thread wait out the
+interpreter's 5 ms switch interval. Checksums and the buffers' bytes are C work with the
+GIL released (crc32c releases it for large buffers)."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from .. import events, layout, records
+from ..modes import ModeKeys
+
+# The most the framer holds the GIL between hand-overs, and the pause that hands it over:
+# long enough for a waiting thread to wake and take it (a zero sleep is re-won by the
+# thread that released it before the waiter is scheduled).
+YIELD_EVERY_S = 0.0002
+YIELD_PAUSE_S = 0.00005
+
+
+class _GilYield:
+    """Counts the time the calling thread has run Python since its last pause and pauses
+    once it passes the bound."""
+
+    __slots__ = ("_every", "_since")
+
+    def __init__(self, every_s: float) -> None:
+        self._every = every_s
+        self._since = time.perf_counter()
+
+    def __call__(self) -> None:
+        now = time.perf_counter()
+        if now - self._since >= self._every:
+            time.sleep(YIELD_PAUSE_S)
+            self._since = time.perf_counter()
+
+
+def as_array(value: Any) -> np.ndarray:
+    """A step value as a numpy array (a PendingValue or Deferred resolved here)."""
+    if hasattr(value, "resolve"):
+        value = value.resolve()
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise TypeError(f"cannot save an object array ({array.shape}); convert it to numbers or strings")
+    return array
+
+
+class StepFramer:
+    """Frames one step's tensors into an event file's buffers and its index entries.
+    `drop(step, name, exc)` is told of each value that cannot be saved (that value only is
+    skipped); `placeholder_crc` writes smdebug's constant instead of payload CRCs."""
+
+    def __init__(self, worker: str, drop: Callable[[int, str, BaseException], None], *, placeholder_crc: bool = False, yield_every_s: float = YIELD_EVERY_S):
+        self.worker = worker
+        self._drop = drop
+        self._placeholder_crc = placeholder_crc
+        self._yield_every_s = yield_every_s
+        self._json_names: set[str] = set()  # names known to go into the index's JSON
+
+    def _checked_name(self, name: str) -> str:
+        # The index must hold the name too: refuse what JSON cannot encode (a lone
+        # surrogate) before the record is kept. Checked once per name.
+        if name not in self._json_names:
+            json.dumps(name, ensure_ascii=False).encode()
+            self._json_names.add(name)
+        return name
+
+    def frame(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
+              arrays: dict[str, np.ndarray] | None = None, *, parts: list[Any] | None = None, event_key: str | None = None,
+              offset: int = 0) -> tuple[list[Any], dict[str, Any]]:
+        """(the event file's buffers, its index). `arrays`, when given, receives each saved
+        tensor's array (for step listeners). With `parts` (the buffers of event file
+        `event_key` so far, `offset` bytes), the step's records are appended to them:
+        several steps in one file (Writer.write_steps)."""
+        if parts is None or event_key is None:
+            event_key = layout.event_file_key(step, self.worker)
+            parts = records.frame([events.file_version_event()])
+            offset = sum(len(p) for p in parts)
+        payload_index = []
+        kept_shapes = dict(shapes)
+        wall_time = time.time()  # one time for the step's records: they are framed together
+        pause = _GilYield(self._yield_every_s)
+        for name, value in tensors.items():
+            try:
+                array = as_array(value)
+                framed, length = records.frame_sized(
+                    events.encode_tensor_event(name, array, step, mode, mode_step, wall_time), placeholder_crc=self._placeholder_crc,
+                )
+                self._checked_name(name)
+            except Exception as exc:
+                # One value that cannot be saved costs that tensor, never the step or the run.
+                self._drop(step, name, exc)
+                kept_shapes.pop(name, None)
+                continue
+            if arrays is not None:
+                arrays[name] = array
+            payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
+            parts.extend(framed)
+            offset += length
+            pause()
+        index = {
+            "meta": {"mode": mode.name, "mode_step": mode_step, "event_file_name": event_key},
+            "tensor_payload": payload_index,
+            "shape_payload": self._shape_payload(step, kept_shapes),
+        }
+        return parts, index
+
+    def _shape_payload(self, step: int, shapes: Mapping[str, Sequence[int]]) -> list[dict[str, Any]]:
+        out = []
+        for name, shape in shapes.items():
+            try:
+                out.append({"tensorname": self._checked_name(name), "originalname": name, "shape": [int(d) for d in shape]})
+            except Exception as exc:
+                self._drop(step, name, exc)
+        return out
+
+
+class StepTables:
+    """A step table repeats the index entries of up to STEPS_PER_TABLE steps in one file, so
+    that a reader opens a long job with a few reads instead of one per step. The per-step
+    index files stay the source of truth (smdebug reads those); a table is published after
+    the index files it repeats, and never rewritten."""
+
+    def __init__(self, worker: str) -> None:
+        self.worker = worker
+        self._entries: list[dict[str, Any]] = []  # index entries of the current block of steps
+
+    def add(self, step: int, index: dict[str, Any]) -> tuple[str, bytes] | None:
+        """Add a published step; returns the finished block's table (key, body) when `step`
+        begins a new block, for the caller to publish."""
+        done = None
+        if self._entries and step // layout.STEPS_PER_TABLE != self._entries[0]["step"] // layout.STEPS_PER_TABLE:
+            done = self.take()
+        payload = index["tensor_payload"]
+        entry = {
+            "step": step,
+            "mode": index["meta"]["mode"],
+            "mode_step": index["meta"]["mode_step"],
+            "names": [p["tensorname"] for p in payload],
+            "starts": [p["start_idx"] for p in payload],
+            "lengths": [p["length"] for p in payload],
+        }
+        if index["shape_payload"]:
+            entry["shapes"] = {s["tensorname"]: s["shape"] for s in index["shape_payload"]}
+        event_key = index["meta"]["event_file_name"]
+        if event_key != layout.event_file_key(step, self.worker):  # a batch's shared event file (Writer.write_steps)
+            entry["event"] = event_key
+        self._entries.append(entry)
+        return done
+
+    def take(self) -> tuple[str, bytes] | None:
+        """The current block's table (key, body), emptied; None when it holds no step."""
+        if not self._entries:
+            return None
+        table, self._entries = self._entries, []
+        # Steps of a block usually save the same tensors: store each name list once.
+        layouts: dict[tuple[str, ...], int] = {}
+        for entry in table:
+            entry["layout"] = layouts.setdefault(tuple(entry.pop("names")), len(layouts))
+        body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
+        key = layout.step_table_key(self.worker, table[0]["step"], table[-1]["step"])
+        return key, json.dumps(body, separators=(",", ":")).encode()
+
+
+__all__ = ["StepFramer", "StepTables", "as_array", "YIELD_EVERY_S"]
