@@ -34,7 +34,7 @@ from stepscope.config import CollectionName
 from stepscope.exceptions import ConfigError, UnsupportedValue
 from stepscope.modes import ModeKeys
 
-from . import fastpath, naming, sharded
+from . import blackbox, fastpath, naming, sharded
 from .driver import drive_forward
 from .timing import device_clock
 from .transfer import HostTransfer
@@ -142,6 +142,8 @@ class Hook(HookBase):
         )
         # The routine case of the four entry points below, compiled (fastpath.py); None: Python.
         self._fast = fastpath.attach(self) if self.enabled else None
+        # The black box (blackbox.py): excepthooks, the stop's, NaNs, on-demand memory snapshots.
+        self._black_box = blackbox.attach(self) if self.enabled else None
 
     def _make_counters(self) -> fastpath.TorchCounters:
         return fastpath.make_counters(self.failsafe, self.profiler_failsafe, self.notify_every_step)
@@ -227,6 +229,9 @@ class Hook(HookBase):
                 self._remove(self._step_handles)  # activations after the update belong to no step
 
     def _on_close(self) -> None:
+        box = getattr(self, "_black_box", None)
+        if box is not None:
+            box.remove()
         self._remove(self._step_handles)
         self._remove(self._handles)
         for handles in self._optimizer_handles.values():
@@ -463,6 +468,18 @@ class Hook(HookBase):
             raise ConfigError("register_grad_scaler: a GradScaler is already registered with this hook")
         self._scaler = scaler
         self._handles.append(_ScalerUpdateHook(scaler, self._on_scaler_update))
+
+    def snapshot_memory(self, timeout: float = 60.0) -> str | None:
+        """Write the CUDA allocator's snapshot now (memory.py): taken on this thread, written
+        in the background, waited for at most `timeout` seconds. Returns the key written
+        under the job, or None (logged: no CUDA in this process, one still being written,
+        over its size bound). `stepscope memory snapshot JOB` asks the same from outside."""
+        box = getattr(self, "_black_box", None)
+        if box is None:
+            return None
+        result = box.snapshots.take()
+        result.done.wait(timeout)
+        return result.key if result.done.is_set() and not result.error else None
 
     def set_mode(self, mode: ModeKeys | str | None) -> None:
         """Set the mode of the following steps; None goes back to `model.training`."""
