@@ -140,6 +140,12 @@ HOSTILE = {
     "many spaces between events": [GOOD + " " * 40, GOOD],
     "a missing comma": [GOOD + " " + GOOD],
     "leading zeros": [GOOD.replace("10.5", "010.5")],
+    "leading zeros in an int": [GOOD.replace('"stream": 7', '"stream": 007')],
+    "a dot without decimals": [GOOD.replace("10.5", "10.")],
+    "a minus alone": [GOOD.replace('"stream": 7', '"stream": -')],
+    "negative zeros": [GOOD.replace("10.5", "-0.0").replace('"stream": 7', '"stream": -0')],
+    "long numbers": [GOOD.replace("10.5", "123456789012345.678").replace('"stream": 7', '"stream": 12345678901234567, "Addr": 9223372036854775807, "Total Allocated": -9223372036854775808')],
+    "longer numbers": [GOOD.replace("10.5", "1234567890123456.5").replace('"stream": 7', '"stream": 123456789012345678')],
     "a broken literal": [GOOD.replace('"device": 0', '"device": 0, "x": tru')],
 }
 
@@ -155,7 +161,7 @@ def test_hostile_events_give_the_same_outcome(case: str, monkeypatch: pytest.Mon
 def test_plain_events_are_read_by_the_compiled_parser(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
     """What Kineto writes (names with escapes and UTF-8, string pids) stays on the fast path."""
     caplog.set_level(logging.DEBUG, logger="stepscope.traces")
-    for case in ("plain", "escapes in names", "raw utf-8 in a name", "string pids, Kineto's spacing", "instants, known and unknown", "a null everything", "device ids past int32"):
+    for case in ("plain", "escapes in names", "raw utf-8 in a name", "string pids, Kineto's spacing", "instants, known and unknown", "a null everything", "device ids past int32", "long numbers", "negative zeros"):
         caplog.clear()
         compiled, _ = _same(_trace(*HOSTILE[case]), monkeypatch)
         assert compiled[5] >= 1, case

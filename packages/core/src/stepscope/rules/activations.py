@@ -138,7 +138,6 @@ class DeadRelu(_InactiveUnits):
     unit, which for a unit <= 0 on every sample only a ReLU-like zero slope does). Layers
     beside a ReLU module (same parent module) are left to that module's output."""
 
-    Params = DeadReluParams
     params: DeadReluParams
     min_saved_steps = 1
     to_save = "layer outputs"
@@ -230,7 +229,6 @@ class SaturatedActivation(_InactiveUnits):
     activations, `tensor_regex` (default `.*tanh_input`, `.*sigmoid_input`); the name says
     which function it is."""
 
-    Params = SaturatedActivationParams
     params: SaturatedActivationParams
     min_saved_steps = 1
     to_save = "layer outputs"
@@ -311,7 +309,6 @@ class PoorWeightInitialization(Rule):
     (2) some gradient's 5th-to-95th percentile spread is below `distribution_range`
     (0.001), or (3) the loss did not reach a new minimum for `patience` (5) saved steps."""
 
-    Params = PoorWeightInitializationParams
     params: PoorWeightInitializationParams
     to_save = "layer outputs, gradients and losses at the start"
 

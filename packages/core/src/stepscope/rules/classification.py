@@ -72,7 +72,6 @@ class ClassImbalance(_PairRule):
     `labels_regex` (`.*labels`) and `predictions_regex` (`.*predictions`); scores are
     reduced with argmax (`argmax`, or automatically when they have a class axis)."""
 
-    Params = ClassImbalanceParams
     params: ClassImbalanceParams
     to_save = "labels and predictions"
 
@@ -140,7 +139,6 @@ class Confusion(_PairRule):
     `labels_collection` / `predictions_collection` collections, else those matching
     `.*labels` / `.*predictions`."""
 
-    Params = ConfusionParams
     params: ConfusionParams
     min_saved_steps = 1
     to_save = "labels and predictions"

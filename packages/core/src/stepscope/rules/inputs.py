@@ -30,7 +30,6 @@ class CheckInputImages(Rule):
     MXNet default `.*hybridsequential0_input_0`: set it to your input's name, e.g.
     `.*model_input_0`), batch first, channels on axis `channel` (1: NCHW; 3 or -1: NHWC)."""
 
-    Params = CheckInputImagesParams
     params: CheckInputImagesParams
     min_saved_steps = 1
     to_save = "model inputs"
@@ -93,7 +92,6 @@ class NLPSequenceRatio(Rule):
     with the i-th token, the last one with any extra tokens) of a step's input sequences.
     Inspects tensors matching `tensor_regex` (`.*embedding0_input_0`: the embedding's input)."""
 
-    Params = NLPSequenceRatioParams
     params: NLPSequenceRatioParams
     min_saved_steps = 1
     to_save = "model inputs"

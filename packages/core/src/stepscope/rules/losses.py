@@ -116,7 +116,6 @@ class LossNotDecreasing(_LossRule):
     GAN's generator and discriminator, PPO's actor and critic) that are not meant to fall,
     and the job does not say which loss belongs to which optimizer."""
 
-    Params = LossNotDecreasingParams
     params: LossNotDecreasingParams
     preset = {"window": 25, "mode": "TRAIN"}
     to_save = "losses every step"
@@ -344,7 +343,6 @@ class Overfit(_LossRule):
     between validation and training loss widened. Inspects the `losses` collection plus
     `tensor_regex`."""
 
-    Params = OverfitParams
     params: OverfitParams
     preset = {"trend_evaluations": 5}
     to_save = "EVAL losses from validation during training"
@@ -503,7 +501,6 @@ class LossDivergence(_LossSeriesRule):
     once per loss, at the first window over the bound, with the peak. NaN/inf losses are
     ExplodingTensor's."""
 
-    Params = LossDivergenceParams
     params: LossDivergenceParams
     to_save = "losses every step"
 
@@ -582,7 +579,6 @@ class ChanceLevelLoss(_LossSeriesRule):
     `min_evaluations` (3) of them) never did (the model memorises the training set and
     learns nothing that generalises: labels shuffled or unrelated to the inputs)."""
 
-    Params = ChanceLevelLossParams
     params: ChanceLevelLossParams
     modes = (ModeKeys.TRAIN, ModeKeys.EVAL)
     to_save = "losses every step"
@@ -677,7 +673,6 @@ class SlowConvergence(_LossSeriesRule):
     median and 0.1 % of the first median. A loss that does not fall at all is
     LossNotDecreasing's."""
 
-    Params = SlowConvergenceParams
     params: SlowConvergenceParams
     to_save = "losses every step"
 
@@ -734,7 +729,6 @@ class Overtraining(_LossRule):
     for `patience_validation` (10) saved EVAL steps. Inspects the `losses` collection plus
     `tensor_regex`."""
 
-    Params = OvertrainingParams
     params: OvertrainingParams
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
@@ -781,7 +775,6 @@ class StalledTrainingRule(Rule):
     the job to stop (a StopTraining action); `training_job_name_prefix` is accepted for
     SageMaker configurations and ignored: the job is the one the trial reads."""
 
-    Params = StalledTrainingRuleParams
     params: StalledTrainingRuleParams
 
     def __init__(self, base_trial: Trial, **kwargs: Any):

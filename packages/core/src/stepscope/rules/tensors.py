@@ -132,7 +132,6 @@ class VanishingGradient(Rule):
     small. Inspects the `gradients` collection (tensors named `gradient*` in jobs without a
     collections file); uses the saved abs_mean reduction when there is one."""
 
-    Params = VanishingGradientParams
     params: VanishingGradientParams
     # Judge weight matrices only, against the other layers of the same network, over time,
     # and together with how fast the weights move: deep sigmoid stacks sit at 1e-8 of
@@ -271,7 +270,6 @@ class ExplodingTensor(_SelectingRule):
     Inspects `collection_names` / `tensor_regex`, or every tensor when neither is given.
     When only reductions were saved, a NaN or infinite min/max/mean gives it away."""
 
-    Params = ExplodingTensorParams
     params: ExplodingTensorParams
     min_saved_steps = 1
     to_save = "any tensors"
@@ -333,7 +331,6 @@ class AllZero(_SelectingRule):
     Inspects `collection_names` / `tensor_regex`, or every tensor when neither is given.
     Without the raw value, an abs max of 0 counts as all zero."""
 
-    Params = AllZeroParams
     params: AllZeroParams
     to_save = "weights"
 
@@ -394,7 +391,6 @@ class UnchangedTensor(_SelectingRule):
     need not be consecutive. Inspects `collection_names` / `tensor_regex`, or every tensor.
     Only TRAIN (and GLOBAL) steps count: nothing is meant to change during evaluation."""
 
-    Params = UnchangedTensorParams
     params: UnchangedTensorParams
     to_save = "the tensors it inspects"
 
@@ -445,7 +441,6 @@ class TensorVariance(_SelectingRule):
     (no defaults: give at least one). Inspects `collection_names` / `tensor_regex`, or
     every tensor; uses a saved variance reduction when there is one."""
 
-    Params = TensorVarianceParams
     params: TensorVarianceParams
     min_saved_steps = 1
     to_save = "the tensors it inspects"
@@ -497,7 +492,6 @@ class WeightUpdateRatio(Rule):
     With `skip_frozen` (the default set), weights whose gradient (`gradient/<name>`) the job
     never saved while saving others' are frozen on purpose and not judged."""
 
-    Params = WeightUpdateRatioParams
     params: WeightUpdateRatioParams
     to_save = "weights"
 
@@ -584,7 +578,6 @@ class SimilarAcrossRuns(_SelectingRule):
     Inspects `collection_names` / `tensor_regex`, or every tensor; steps or tensors the other
     run lacks are skipped."""
 
-    Params = SimilarAcrossRunsParams
     params: SimilarAcrossRunsParams
     min_saved_steps = 1
     to_save = "the same tensors at the same steps in both runs"

@@ -180,6 +180,7 @@ typedef struct {
 
 static uint8_t IS_SPACE[256];
 static uint8_t STRING_STOP[256]; /* '"', '\\', '}' and control characters */
+static uint8_t PLAIN_KEY[256];   /* printable ASCII but '"', '\\' and '}' */
 
 static inline void skip_space(Scan *S) {
     const uint8_t *p = S->p, *end = S->end;
@@ -548,6 +549,18 @@ static int read_int_value(Scan *S, int64_t *out, int strings, const uint8_t *aft
         return 0;
     }
     if (c != '-' && (c < '0' || c > '9')) GIVE_UP(S, "an integer field that is not an integer");
+    {
+        /* the usual: at most 18 digits, no fraction, no exponent (else the general path) */
+        const uint8_t *p = S->p + (c == '-'), *end = S->end, *first = p;
+        uint64_t value = 0;
+        while (p < end && (unsigned)(*p - '0') < 10 && p - first < 18) value = value * 10 + (uint64_t)(*p++ - '0');
+        Py_ssize_t digits = p - first;
+        if (digits > 0 && digits < 18 && !(first[0] == '0' && digits > 1) && (p >= end || (*p != '.' && *p != 'e' && *p != 'E' && (unsigned)(*p - '0') >= 10))) {
+            *out = c == '-' ? -(int64_t)value : (int64_t)value;
+            S->p = p;
+            return 0;
+        }
+    }
     Number n;
     const uint8_t *at = S->p;
     if (scan_number(S, &n) < 0) return -1;
@@ -563,6 +576,26 @@ static int read_time_value(Scan *S, int64_t *out) {
         return expect_literal(S, "null", 4);
     }
     if (c != '-' && (c < '0' || c > '9')) GIVE_UP(S, "a time that is not a number");
+    {
+        /* the usual: at most 15 integer digits and 1-3 decimals, no exponent */
+        const uint8_t *p = S->p + (c == '-'), *end = S->end, *first = p;
+        uint64_t value = 0;
+        while (p < end && (unsigned)(*p - '0') < 10 && p - first < 16) value = value * 10 + (uint64_t)(*p++ - '0');
+        Py_ssize_t digits = p - first;
+        if (digits > 0 && digits < 16 && !(first[0] == '0' && digits > 1)) {
+            int places = 0;
+            if (p + 1 < end && *p == '.' && (unsigned)(p[1] - '0') < 10) {
+                p++;
+                while (p < end && (unsigned)(*p - '0') < 10 && places < 4) { value = value * 10 + (uint64_t)(*p++ - '0'); places++; }
+            }
+            if (places < 4 && (p >= end || (*p != '.' && *p != 'e' && *p != 'E' && (unsigned)(*p - '0') >= 10))) {
+                for (; places < 3; places++) value *= 10;
+                *out = c == '-' ? -(int64_t)value : (int64_t)value;
+                S->p = p;
+                return 0;
+            }
+        }
+    }
     Number n;
     const uint8_t *at = S->p;
     if (scan_number(S, &n) < 0) return -1;
@@ -585,12 +618,26 @@ static int arg_index(const Str *key) {
 /* Member name and ':' at S->p; leaves S->p at the value. */
 static int read_key(Scan *S, Str *key, const uint8_t **after_key) {
     if (S->p >= S->end || *S->p != '"') GIVE_UP(S, "an object member without a name");
-    if (scan_string(S, key) < 0) return -1;
-    if (key->escaped) GIVE_UP(S, "a member name with escapes");
+    /* Kineto's keys are short plain ASCII: found without scan_string's general loop */
+    const uint8_t *q = S->p + 1;
+    while (q < S->end && PLAIN_KEY[*q]) q++;
+    if (q < S->end && *q == '"') {
+        key->p = S->p + 1;
+        key->length = q - key->p;
+        key->escaped = 0;
+        key->present = 1;
+        S->p = q + 1;
+    } else {
+        if (scan_string(S, key) < 0) return -1;
+        if (key->escaped) GIVE_UP(S, "a member name with escapes");
+    }
     *after_key = S->p;
-    skip_space(S);
-    if (S->p >= S->end || *S->p != ':') GIVE_UP(S, "a missing ':'");
-    S->p++;
+    if (S->p < S->end && *S->p == ':') S->p++;
+    else {
+        skip_space(S);
+        if (S->p >= S->end || *S->p != ':') GIVE_UP(S, "a missing ':'");
+        S->p++;
+    }
     skip_space(S);
     if (S->p >= S->end) GIVE_UP(S, "a value runs past the region");
     return 0;
@@ -979,6 +1026,7 @@ PyMODINIT_FUNC PyInit__kineto(void) {
     IS_SPACE[' '] = IS_SPACE['\t'] = IS_SPACE['\n'] = IS_SPACE['\r'] = 1;
     for (int c = 0; c < 0x20; c++) STRING_STOP[c] = 1;
     STRING_STOP['"'] = STRING_STOP['\\'] = STRING_STOP['}'] = 1;
+    for (int c = 0x20; c < 0x7F; c++) PLAIN_KEY[c] = !STRING_STOP[c];
     if (PyType_Ready(&ColumnType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m && PyModule_AddIntConstant(m, "INT_COLUMNS", N_INT) < 0) {
