@@ -173,8 +173,9 @@ class TensorSaver:
         plugin's `_capture_many`, where it has one, copies the due values in one batch, and
         the values it leaves are saved one by one."""
         planned = []
+        plan_of = self._hook.plan  # (the hook's: what a plugin or a test sees of planning)
         for name, value, collections in items:
-            plan = self.plan(name, collections)
+            plan = plan_of(name, collections)
             if plan is not None:
                 planned.append((plan, value))
         if not planned:
