@@ -401,7 +401,7 @@ class Writer:
                 # Outside the lock: the publisher takes it to count what it published.
                 self._framed.put(None)  # tells the publisher to stop
                 return
-            framed = None
+            framed: Any = None
             started = time.perf_counter()
             if isinstance(job, _StepJob) and self._failsafe.enabled and not self._abandoned:
                 framed = self._failsafe.call(self._frame_step, job)
