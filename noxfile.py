@@ -1,5 +1,6 @@
 """Sessions: tests (everything CI runs), lint (ruff + mypy), demo (the README's main job), bench,
-release-check (build the wheels, test them installed away from the checkout).
+release-check (build the wheels, test them installed away from the checkout), install (only
+fill the shared virtualenv: .ci/run, before it runs lint and release-check beside the tests).
 
 lint, tests, demo and bench install the same pinned packages, so they share one virtualenv,
 .nox/tests, made and filled here rather than by nox (nox gives each session its own): it is
@@ -7,6 +8,7 @@ filled once, and again only when what it was filled from changes."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -37,9 +39,8 @@ INSTALL_INPUTS = (
     "packages/core/src/stepscope/traces/_kineto.c",
 )
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDONTWRITEBYTECODE": ""}
-# The cross-package tests first: their distributed ones are the slowest files (DDP ranks in
-# processes of their own), and pytest-xdist hands out files in this order, so they start
-# early instead of leaving one worker busy at the end.
+# The order in which the workers get the files is the root conftest.py's: the longest first
+# (.ci/test_durations.json), whatever the order here.
 TEST_PATHS = ["tests", "packages/torch_plugin/tests", "packages/tf_plugin/tests", "packages/core/tests"]
 _apt_updated = False
 
@@ -102,22 +103,42 @@ def _workers() -> str:
 
 @nox.session(venv_backend="none")
 def tests(session: nox.Session) -> None:
-    """Every package's tests and the cross-package ones (`nox -s tests -- FILES` for some)."""
+    """Every package's tests and the cross-package ones (`nox -s tests -- FILES` for some;
+    `nox -s tests -- --record-durations` refreshes .ci/test_durations.json)."""
     # The browser tests (report PDF, app) drive Debian's Chromium.
     env = _shared_venv(session, apt={"chromium": "chromium", "chromium-driver": "chromedriver"})
     # The torch plugin's compiled hot path is built by the install (a C compiler is there):
     # a test fails if it fell back to the Python path silently.
     env |= {"STEPSCOPE_EXPECT_COMPILED": "1"}
-    paths = session.posargs or TEST_PATHS
-    options = ["-q", "-p", "no:cacheprovider", "--durations=10"]
-    # Files run in parallel (--dist loadfile keeps a file's module fixtures in one worker);
-    # the tests marked `serial` (timing-sensitive, or busy on every core) run after, alone.
-    # One torch thread per worker: workers x cores threads would only contend for the cores.
+    paths = [arg for arg in session.posargs if not arg.startswith("-")] or TEST_PATHS
+    options = ["-q", "-p", "no:cacheprovider", "--durations=10", *(arg for arg in session.posargs if arg.startswith("-"))]
+    # Files run in parallel (--dist loadfile keeps a file's module fixtures in one worker),
+    # in the conftest's order, not re-sorted by their number of tests (xdist's default puts
+    # the one-test files, DDP jobs among them, last); the tests marked `serial`
+    # (timing-sensitive, or busy on every core) run after, alone. One torch thread per
+    # worker: workers x cores threads would only contend for the cores.
     parallel_env = env | {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-    session.run(SHARED_PYTHON, "-m", "pytest", "-n", _workers(), "--dist", "loadfile", "-m", "not serial", *options, *paths, env=parallel_env, external=True)
+    session.run(
+        SHARED_PYTHON, "-m", "pytest", "-n", _workers(), "--dist", "loadfile", "--no-loadscope-reorder", "-m", "not serial", *options, *paths,
+        env=parallel_env, external=True,
+    )
     serial = _serial_files(paths)
     if serial:
-        session.run(SHARED_PYTHON, "-m", "pytest", "-m", "serial", *options, *serial, env=env, external=True)
+        _wait_for_background(session)
+        serial_options = [arg for arg in options if arg != "--record-durations"]  # the table keeps the parallel run's seconds
+        session.run(SHARED_PYTHON, "-m", "pytest", "-m", "serial", *serial_options, *serial, env=env, external=True)
+
+
+def _wait_for_background(session: nox.Session) -> None:
+    """.ci/run runs lint and release-check beside the parallel tests, each holding a shared
+    lock on the file named by STEPSCOPE_SERIAL_AFTER: the serial tests wait for them to end
+    (they are timing-sensitive, or busy on every core)."""
+    lock = os.environ.get("STEPSCOPE_SERIAL_AFTER")
+    if not lock:
+        return
+    session.log(f"serial tests: waiting for the sessions that .ci/run runs beside the tests ({lock})")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
 
 
 def _serial_files(paths: list[str]) -> list[str]:
@@ -128,6 +149,13 @@ def _serial_files(paths: list[str]) -> list[str]:
         files = [path] if path.is_file() else sorted(path.rglob("test_*.py")) if path.is_dir() else []
         found += [str(f) for f in files if "mark.serial" in f.read_text(errors="replace")]
     return found
+
+
+@nox.session(venv_backend="none")
+def install(session: nox.Session) -> None:
+    """Only fill the shared virtualenv (what the tests session needs, Chromium included), so
+    that lint, tests and release-check can then run side by side (.ci/run)."""
+    _shared_venv(session, apt={"chromium": "chromium", "chromium-driver": "chromedriver"})
 
 
 @nox.session(venv_backend="none")

@@ -16,12 +16,21 @@ line per check; exits 1 when a check fails, 2 when there is no GPU.
 3. A real OOM in a subprocess: a loop that allocates until CUDA runs out, with the history
    recorded and the snapshot dumped in the `except torch.cuda.OutOfMemoryError`: the
    snapshot has an `oom` entry whose size is the failed request (the exception message
-   names it) and whose user frame is this script's allocating line."""
+   names it) and whose user frame is this script's allocating line.
+4. The streamed reader (stepscope.traces.snapshot_stream) gives the in-memory reader's
+   summary and peak on the real snapshots of 2 and 3.
+5. The black box a hook installs by itself, in a subprocess: a plain loop with a Hook (no
+   `black_box` wrapping) runs out of CUDA memory with the history recorded; the process
+   exits 1 with the traceback, and stepscope-blackbox/worker_0/ holds reason `oom`, the
+   device's allocator counts (num_ooms >= 1) and the allocator snapshot.
+6. On demand: `hook.snapshot_memory()` in a real loop writes a snapshot whose reserved
+   bytes equal torch.cuda.memory_reserved() at the call."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -29,8 +38,10 @@ import textwrap
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-for package in ("core", "torch_plugin"):
-    sys.path.insert(0, str(ROOT / "packages" / package / "src"))
+SOURCES = [str(ROOT / "packages" / package / "src") for package in ("core", "torch_plugin")]
+sys.path[:0] = SOURCES
+# The children that import stepscope find it where this script does.
+CHILD_ENV = {**os.environ, "PYTHONPATH": os.pathsep.join([*SOURCES, os.environ.get("PYTHONPATH", "")])}
 
 _SNAPSHOT_CHILD = textwrap.dedent(
     """
@@ -61,6 +72,50 @@ _OOM_CHILD = textwrap.dedent(
     except torch.cuda.OutOfMemoryError as error:
         torch.cuda.memory._dump_snapshot(sys.argv[1])
         print(json.dumps({"message": str(error).splitlines()[0], "blocks": len(blocks)}))
+    """
+)
+
+_BLACKBOX_CHILD = textwrap.dedent(
+    """
+    import sys, torch
+    from stepscope.config import ProfilerConfig
+    from stepscope_torch import Hook
+    torch.cuda.memory._record_memory_history(max_entries=20000)
+    model = torch.nn.Linear(1024, 1024).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook = Hook(sys.argv[1], profiler_config=ProfilerConfig(system_monitor=False))
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    blocks = []
+    for step in range(100000):
+        loss = model(torch.randn(64, 1024, device="cuda")).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        blocks.append(torch.empty(1 << 30, dtype=torch.uint8, device="cuda"))  # CHECK-BLACKBOX-OOM
+    """
+)
+
+_ON_DEMAND_CHILD = textwrap.dedent(
+    """
+    import json, sys, torch
+    from stepscope.config import ProfilerConfig
+    from stepscope_torch import Hook
+    model = torch.nn.Linear(1024, 1024).cuda()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    hook = Hook(sys.argv[1], profiler_config=ProfilerConfig(system_monitor=False))
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+    for step in range(4):
+        loss = model(torch.randn(64, 1024, device="cuda")).sum()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+    torch.cuda.synchronize()
+    reserved = torch.cuda.memory_reserved()
+    key = hook.snapshot_memory()
+    hook.close()
+    print(json.dumps({"key": key, "reserved": reserved}))
     """
 )
 
@@ -156,6 +211,52 @@ def check_oom(out: Path, check: Checks) -> None:
     check(window["action"].iloc[-1] == "oom" and "oom.py" in window["frame"].iloc[-1], "the entries around the OOM end with it, at this script's line")
 
 
+def check_streamed(out: Path, check: Checks) -> None:
+    from stepscope.traces.snapshot import AllocatorSnapshot
+    from stepscope.traces.snapshot_stream import summarize
+
+    for name in ("snapshot", "oom"):
+        path = out / f"{name}.pickle"
+        if not path.exists():
+            check(False, f"{name}.pickle was not written (its check failed above)")
+            continue
+        whole, streamed = AllocatorSnapshot.load(path), summarize(path)
+        same = whole.summary().astype(str).equals(streamed.summary.astype(str))
+        check(same, f"{name}: the streamed summary equals the in-memory one")
+        check(whole.peak(0)[0] == streamed.peak(0)[0], f"{name}: the streamed peak {streamed.peak(0)[0]} equals the in-memory one")
+
+
+def check_black_box(out: Path, check: Checks) -> None:
+    script = out / "blackbox_loop.py"
+    script.write_text(_BLACKBOX_CHILD)
+    job = out / "blackbox_job"
+    done = subprocess.run([sys.executable, str(script), str(job)], capture_output=True, text=True, timeout=600, env=CHILD_ENV)
+    check(done.returncode == 1 and "OutOfMemoryError" in done.stderr, f"the OOM propagated (exit {done.returncode}, traceback printed)")
+    record_path = job / "stepscope-blackbox" / "worker_0" / "record.json"
+    check(record_path.exists(), "the hook's own black box wrote record.json")
+    if record_path.exists():
+        record = json.loads(record_path.read_text())
+        device = (record.get("devices") or [{}])[0]
+        check(record["reason"] == "oom" and device.get("num_ooms", 0) >= 1, f"reason {record['reason']}, num_ooms {device.get('num_ooms')}")
+        check("snapshot.pickle.gz" in record.get("attachments", []), f"the allocator snapshot is attached ({record.get('attachments')})")
+
+
+def check_on_demand(out: Path, check: Checks) -> None:
+    from stepscope.traces.snapshot import AllocatorSnapshot
+
+    job = out / "on_demand_job"
+    script = out / "on_demand.py"
+    script.write_text(_ON_DEMAND_CHILD)
+    done = subprocess.run([sys.executable, str(script), str(job)], capture_output=True, text=True, timeout=600, env=CHILD_ENV)
+    if done.returncode != 0:
+        raise RuntimeError(f"on_demand failed: {done.stderr[-2000:]}")
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    check(answer["key"] is not None, f"snapshot_memory() wrote {answer['key']}")
+    if answer["key"]:
+        reserved = int(AllocatorSnapshot.load(job / answer["key"]).summary().set_index("device").loc[0, "reserved"])
+        check(reserved == answer["reserved"], f"its reserved {reserved:,} == memory_reserved {answer['reserved']:,}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", type=Path, default=None)
@@ -168,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
     out = args.out or Path(tempfile.mkdtemp(prefix="stepscope-memcheck-"))
     out.mkdir(parents=True, exist_ok=True)
     check = Checks()
-    for part in (check_trace, check_snapshot, check_oom):
+    for part in (check_trace, check_snapshot, check_oom, check_streamed, check_black_box, check_on_demand):
         try:
             part(out, check)
         except Exception as exc:  # one part failing must not hide the others' results

@@ -75,6 +75,10 @@ def _mutations():
     yield "lone surrogate in a name", plain.replace(b"fc1.weight", b"fc1.\\ud800", 1)
     yield "escaped name", plain.replace(b"fc1.weight", b"fc1.\\u00e9\\ud83d\\ude00", 1)
     yield "NaN", plain.replace(b"532,", b"NaN,", 1)
+    yield "meta again after the payloads", plain[:-1] + b', "meta": {"mode": "EVAL"}}'
+    yield "payloads twice", plain[:-1] + b', "tensor_payload": []}'
+    yield "split inside the meta", json.dumps({**VALID, "meta": {**VALID["meta"], "tensor_payload": 1}}).encode()
+    yield "the split's text inside a string", plain.replace(b'"mode": "TRAIN"', b'"mode": "TRAIN, \\"tensor_payload\\": []"', 1)
     yield "a list", b"[1, 2]"
     yield "empty", b""
     yield "null payloads", json.dumps({"meta": {}, "tensor_payload": None, "shape_payload": None}).encode()
@@ -87,6 +91,29 @@ def _mutations():
 def test_the_fast_parse_agrees_with_the_checked_parse(label, data):
     fast, checked = _outcome(job_files.parse_index, data), _outcome(job_files._parse_index_checked, data)
     assert fast == checked, label
+
+
+@pytest.mark.parametrize(("label", "data"), list(_mutations()), ids=lambda v: v if isinstance(v, str) else None)
+def test_the_parser_that_keeps_payloads_agrees_with_the_checked_parse(label, data):
+    """IndexParser decodes a file's payloads once and shares them with later files that
+    repeat those bytes: every mutation, read by a parser that has seen the valid file's
+    payloads (and by a fresh one), gives what the checked parse gives."""
+    checked = _outcome(job_files._parse_index_checked, data)
+    warm = job_files.IndexParser()
+    warm.parse(json.dumps(VALID).encode(), WHERE)
+    assert _outcome(warm.parse, data) == checked, label
+    assert _outcome(job_files.IndexParser().parse, data) == checked, label
+    assert _outcome(warm.parse, data) == checked, label  # with this file's own payloads kept
+
+
+def test_files_that_repeat_payloads_share_them_and_keep_their_own_meta():
+    parser = job_files.IndexParser()
+    entries = [parser.parse(json.dumps({**VALID, "meta": {**VALID["meta"], "mode_step": step}}).encode(), WHERE) for step in range(3)]
+    assert [e.mode_step for e in entries] == [0, 1, 2]
+    assert entries[0].names is entries[2].names and entries[0].starts is entries[1].starts
+    changed = copy.deepcopy(VALID)
+    changed["tensor_payload"][1]["length"] = 541
+    assert tuple(parser.parse(json.dumps(changed).encode(), WHERE).lengths) == (532, 541)
 
 
 def test_a_valid_index_reads_as_written():

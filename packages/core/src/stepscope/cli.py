@@ -295,13 +295,19 @@ def _add_diff(sub: argparse._SubParsersAction) -> None:
     add_parser(sub)
 
 
+def _add_memory(sub: argparse._SubParsersAction) -> None:
+    from .traces.snapshot_cli import add_parser
+
+    add_parser(sub)
+
+
 def _add_ui(sub: argparse._SubParsersAction) -> None:
     from .ui.cli import add_ui  # the app's own module; flask loads only when it runs
 
     add_ui(sub)
 
 
-_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_diff, _add_ui]
+_SUBCOMMANDS: list[Callable[[argparse._SubParsersAction], None]] = [_add_check, _add_rules, _add_trace_commands, _add_export, _add_report, _add_diff, _add_memory, _add_ui]
 
 
 def _version() -> str:

@@ -15,11 +15,12 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from .modes import ModeKeys
+from .tf_dtypes import DT_STRING, dtype_code
+from .tf_dtypes import DT_TO_NUMPY as _DT_TO_NUMPY
 
 _F = descriptor_pb2.FieldDescriptorProto
 _PACKAGE = "stepscope.tf"
@@ -120,43 +121,9 @@ Summary = _CLASSES["Summary"]
 TensorProto = _CLASSES["TensorProto"]
 HistogramProto = _CLASSES["HistogramProto"]
 
-# TensorFlow DataType enum values.
-DT_FLOAT, DT_DOUBLE, DT_INT32, DT_UINT8, DT_INT16, DT_INT8, DT_STRING = 1, 2, 3, 4, 5, 6, 7
-DT_INT64, DT_BOOL, DT_BFLOAT16, DT_UINT16, DT_HALF, DT_UINT32, DT_UINT64 = 9, 10, 14, 17, 19, 22, 23
-DT_COMPLEX64, DT_COMPLEX128 = 8, 18
-
-_NUMPY_TO_DT = {
-    np.dtype(np.float32): DT_FLOAT,
-    np.dtype(np.float64): DT_DOUBLE,
-    np.dtype(np.float16): DT_HALF,
-    np.dtype(ml_dtypes.bfloat16): DT_BFLOAT16,
-    np.dtype(np.int8): DT_INT8,
-    np.dtype(np.int16): DT_INT16,
-    np.dtype(np.int32): DT_INT32,
-    np.dtype(np.int64): DT_INT64,
-    np.dtype(np.uint8): DT_UINT8,
-    np.dtype(np.uint16): DT_UINT16,
-    np.dtype(np.uint32): DT_UINT32,
-    np.dtype(np.uint64): DT_UINT64,
-    np.dtype(np.bool_): DT_BOOL,
-    np.dtype(np.complex64): DT_COMPLEX64,
-    np.dtype(np.complex128): DT_COMPLEX128,
-}
-_DT_TO_NUMPY = {dt: np_dtype for np_dtype, dt in _NUMPY_TO_DT.items()}
-
 MODE_PLUGIN = "mode"
 MODE_STEP_PLUGIN = "mode_step"
 FILE_VERSION = "brain.Event:2"
-
-
-def dtype_code(dtype: np.dtype) -> int:
-    """TensorFlow DataType of a numpy dtype; strings are DT_STRING."""
-    if dtype.kind in "USO":
-        return DT_STRING
-    try:
-        return _NUMPY_TO_DT[np.dtype(dtype)]
-    except KeyError:
-        raise TypeError(f"cannot save dtype {dtype}; supported: {', '.join(str(d) for d in _NUMPY_TO_DT)} and strings") from None
 
 
 # --- hand encoding (wire format) ------------------------------------------------------

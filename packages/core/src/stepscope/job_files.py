@@ -77,11 +77,14 @@ class StepTable:
     layouts: tuple[tuple[str, ...], ...]
     rows: Mapping[int, TableRow]  # step -> row (a step listed twice: its last row)
     shape_names: frozenset[str]  # every name with a saved shape, in any row
+    # step -> event file, for the steps whose records are not in their own step's file (a
+    # writer's batch of scalar-only steps shares the first one's)
+    event_keys: Mapping[int, str] = field(default_factory=dict)
 
     def entry(self, step: int) -> IndexEntry:
-        """The row of `step` as an index entry (the event file's default name applies)."""
+        """The row of `step` as an index entry (without an event key: the default name)."""
         mode, mode_step, number, starts, lengths, shapes = self.rows[step]
-        return IndexEntry(mode, mode_step, "", self.layouts[number], starts, lengths, shapes)
+        return IndexEntry(mode, mode_step, self.event_keys.get(step, ""), self.layouts[number], starts, lengths, shapes)
 
 
 @dataclass(frozen=True)
@@ -260,13 +263,45 @@ class _Index(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     shape_payload: list[_ShapeEntry] | None = None
 
 
+class _IndexHead(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """An index file's members before its payloads: the meta alone (see IndexParser)."""
+
+    meta: _Meta
+
+
+class _IndexTail(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """An index file's members from its payloads on: no meta (see IndexParser)."""
+
+    tensor_payload: list[_Payload] | None = None
+    shape_payload: list[_ShapeEntry] | None = None
+
+
 _MODES_BY_TEXT: dict[Any, ModeKeys] = {m.name: m for m in ModeKeys} | {int(m): m for m in ModeKeys}
 
 
 _index_decoder = msgspec.json.Decoder(_Index)
+_head_decoder = msgspec.json.Decoder(_IndexHead)
+_tail_decoder = msgspec.json.Decoder(_IndexTail)
 _names_of = attrgetter("tensorname")
 _starts_of = attrgetter("start_idx")
 _lengths_of = attrgetter("length")
+
+# (names, starts, lengths, shapes) of an index file's payloads
+_Payloads = tuple[tuple[str, ...], tuple[int, ...], tuple[int, ...], Mapping[str, tuple[int, ...]]]
+
+
+def _payloads(body: _Index | _IndexTail) -> _Payloads:
+    payload = body.tensor_payload or ()
+    shapes = {s.tensorname: tuple(s.shape) for s in body.shape_payload} if body.shape_payload else {}
+    return tuple(map(_names_of, payload)), tuple(map(_starts_of, payload)), tuple(map(_lengths_of, payload)), shapes
+
+
+def _entry(meta: _Meta, payloads: _Payloads, data: bytes, where: str) -> IndexEntry:
+    mode = _MODES_BY_TEXT.get(meta.mode)
+    if mode is None or type(meta.mode) is bool:
+        return _parse_index_checked(data, where)
+    mode_step = -1 if meta.mode_step is None else meta.mode_step
+    return IndexEntry(mode, mode_step, event_key_of(meta.event_file_name, where), *payloads)
 
 
 def parse_index(data: bytes, where: str) -> IndexEntry:
@@ -275,15 +310,61 @@ def parse_index(data: bytes, where: str) -> IndexEntry:
         body = _index_decoder.decode(data)
     except Exception:  # not the plain schema (or not JSON): the checked parse says why
         return _parse_index_checked(data, where)
-    meta = body.meta
-    mode = _MODES_BY_TEXT.get(meta.mode)
-    if mode is None or type(meta.mode) is bool:
-        return _parse_index_checked(data, where)
-    mode_step = -1 if meta.mode_step is None else meta.mode_step
-    event_key = event_key_of(meta.event_file_name, where)
-    payload = body.tensor_payload or ()
-    shapes = {s.tensorname: tuple(s.shape) for s in body.shape_payload} if body.shape_payload else {}
-    return IndexEntry(mode, mode_step, event_key, tuple(map(_names_of, payload)), tuple(map(_starts_of, payload)), tuple(map(_lengths_of, payload)), shapes)
+    return _entry(body.meta, _payloads(body), data, where)
+
+
+class IndexParser:
+    """parse_index for the many index files of one job, which repeat their payloads: the
+    steps of a training save the same tensors at the same sizes, so from the payloads on
+    (`, "tensor_payload": [...], "shape_payload": [...]}`, as smdebug and stepscope write
+    them) most files are byte for byte one that came before. Those bytes are decoded once
+    and their names, offsets and lengths shared; each file's meta is still decoded (and its
+    event file checked). Same result as parse_index on every input: the split is used only
+    when both halves are complete JSON objects of the plain schema, the first holding only
+    the meta and the second none, so that the whole file holds exactly their members; a
+    file split otherwise, or failing either half, is parsed whole. One parser per reader;
+    threads may share it (each dict operation is whole under the GIL, and a layout lost
+    to a clear only costs a decode)."""
+
+    SPLIT = b', "tensor_payload"'
+    MAX_KEPT = 64  # payload layouts kept (a job has a few: a layout per set of saved tensors)
+    MAX_KEPT_BYTES = 1 << 20  # per layout; larger payloads are decoded with their file
+
+    def __init__(self) -> None:
+        self._kept: dict[bytes, _Payloads] = {}
+        self._last: tuple[bytes, _Payloads] | None = None  # the tail before: most files repeat it
+
+    def parse(self, data: bytes, where: str) -> IndexEntry:
+        split = data.find(self.SPLIT)
+        if split > 0 and len(data) - split <= self.MAX_KEPT_BYTES:
+            payloads = self._payloads_from(data, split)
+            if payloads is not None:
+                try:
+                    head = _head_decoder.decode(data[:split] + b"}")
+                except Exception:  # not split at a member of the file's object
+                    return parse_index(data, where)
+                return _entry(head.meta, payloads, data, where)
+        return parse_index(data, where)
+
+    def _payloads_from(self, data: bytes, split: int) -> _Payloads | None:
+        """The payloads `data[split:]` holds, decoded once per distinct bytes; None when
+        those bytes are not the plain schema's payload members closing the object."""
+        last = self._last
+        if last is not None and len(last[0]) == len(data) - split and data.endswith(last[0]):
+            return last[1]  # compared in place: no copy, no hash
+        tail = data[split:]
+        payloads = self._kept.get(tail)
+        if payloads is None:
+            try:
+                body = _tail_decoder.decode(b"{" + tail[1:])
+            except Exception:
+                return None
+            payloads = _payloads(body)
+            if len(self._kept) >= self.MAX_KEPT:
+                self._kept.clear()
+            self._kept[tail] = payloads
+        self._last = (tail, payloads)
+        return payloads
 
 
 def _parse_index_checked(data: bytes, where: str) -> IndexEntry:
@@ -325,6 +406,7 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> Step
     for i, names in enumerate(_list(body.get("layouts"), where, "layouts")):
         layouts.append(tuple(_name(n, where, f"layouts[{i}][]") for n in _list(names, where, f"layouts[{i}]")))
     rows: dict[int, TableRow] = {}
+    event_keys: dict[int, str] = {}
     no_shapes: dict[str, tuple[int, ...]] = {}
     shape_names: set[str] = set()
     for i, entry in enumerate(_list(body.get("steps"), where, "steps")):
@@ -352,7 +434,12 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> Step
             shapes = {_name(n, where, f"steps[{i}].shapes"): _shape(s, where, f"steps[{i}].shapes[{n!r}]") for n, s in _mapping(shapes, where, f"steps[{i}].shapes").items()}
             shape_names.update(shapes)
         rows[step] = (mode, mode_step, number, starts, lengths, shapes or no_shapes)
-    return StepTable(table_worker, tuple(layouts), rows, frozenset(shape_names))
+        event = entry.get("event")
+        if event is not None:
+            event_keys[step] = event_key_of(event, f"{where} steps[{i}].event")
+        else:
+            event_keys.pop(step, None)
+    return StepTable(table_worker, tuple(layouts), rows, frozenset(shape_names), event_keys)
 
 
 def _table_entry_error(entry: Any, i: int, where: str, n_layouts: int = 0, names: tuple[str, ...] | None = None) -> CorruptRecord:
@@ -469,6 +556,7 @@ __all__ = [
     "TableRow",
     "CollectionsFile",
     "parse_index",
+    "IndexParser",
     "parsing_in_bulk",
     "parse_step_table",
     "parse_collections",

@@ -47,6 +47,7 @@ OVERHEAD = HEADER_SIZE + FOOTER_SIZE
 _MASK_DELTA = 0xA282EAD8
 _U64 = struct.Struct("<Q")
 _U32 = struct.Struct("<I")
+_HEADER = struct.Struct("<QI")  # length, masked CRC of the length
 # smdebug wrote the masked CRC of the ASCII text "0x12345678" instead of each tensor payload's CRC.
 SMDEBUG_PLACEHOLDER_CRC = 0x062DC0B3
 
@@ -87,22 +88,27 @@ def frame_bytes(payload: bytes) -> bytes:
 
 def parse_record(buf: bytes | memoryview, offset: int = 0, *, path: str = "<memory>", allow_placeholder_crc: bool = False) -> tuple[memoryview, int]:
     """Decode the record starting at `offset`; return (payload, offset of the next record)."""
-    view = memoryview(buf)
-    if len(view) - offset < HEADER_SIZE:
-        raise CorruptRecord(path, offset, f"truncated record header ({len(view) - offset} of {HEADER_SIZE} bytes)")
-    length_bytes = view[offset : offset + 8]
-    (length,) = _U64.unpack(length_bytes)
-    (length_crc,) = _U32.unpack(view[offset + 8 : offset + 12])
-    if masked_crc(length_bytes) != length_crc:
+    start, end = payload_bounds(buf, offset, path=path, allow_placeholder_crc=allow_placeholder_crc)
+    return memoryview(buf)[start:end], end + FOOTER_SIZE
+
+
+def payload_bounds(buf: bytes | memoryview, offset: int = 0, *, path: str = "<memory>", allow_placeholder_crc: bool = False) -> tuple[int, int]:
+    """(start, end) of the payload of the record at `offset`, both CRCs checked: a reader
+    decodes it in place, without a view or a copy."""
+    size = len(buf)
+    if size - offset < HEADER_SIZE:
+        raise CorruptRecord(path, offset, f"truncated record header ({size - offset} of {HEADER_SIZE} bytes)")
+    (length, length_crc) = _HEADER.unpack_from(buf, offset)
+    if mask(_crc32c.crc32c(memoryview(buf)[offset : offset + 8])) != length_crc:
         raise CorruptRecord(path, offset, "length CRC mismatch (corrupt record header)")
-    end = offset + HEADER_SIZE + length + FOOTER_SIZE
-    if end > len(view):
-        raise CorruptRecord(path, offset, f"truncated record: needs {HEADER_SIZE + length + FOOTER_SIZE} bytes, {len(view) - offset} left")
-    payload = view[offset + HEADER_SIZE : offset + HEADER_SIZE + length]
-    (payload_crc,) = _U32.unpack(view[end - FOOTER_SIZE : end])
-    if payload_crc != masked_crc(payload) and not (allow_placeholder_crc and payload_crc == SMDEBUG_PLACEHOLDER_CRC):
+    start = offset + HEADER_SIZE
+    end = start + length
+    if end + FOOTER_SIZE > size:
+        raise CorruptRecord(path, offset, f"truncated record: needs {HEADER_SIZE + length + FOOTER_SIZE} bytes, {size - offset} left")
+    (payload_crc,) = _U32.unpack_from(buf, end)
+    if not (allow_placeholder_crc and payload_crc == SMDEBUG_PLACEHOLDER_CRC) and payload_crc != mask(_crc32c.crc32c(memoryview(buf)[start:end])):
         raise CorruptRecord(path, offset, "payload CRC mismatch (corrupt data)")
-    return payload, end
+    return start, end
 
 
 def iter_records(buf: bytes | memoryview, *, path: str = "<memory>", allow_placeholder_crc: bool = False) -> Iterator[tuple[int, memoryview]]:

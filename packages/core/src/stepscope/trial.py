@@ -15,12 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from . import job_files, layout, records, reductions, step_index
+from . import job_files, layout, records, reductions, step_index, tensor_wire
 from .capture import job_claim
 from .capture.collection_manager import CollectionManager
 from .capture.scopes import Scope, ScopeMap, merge_scope
 from .config import Collection
-from .events import decode_tensor_event, decode_tensor_tag_value
 from .exceptions import (
     ConfigError,
     CorruptRecord,
@@ -106,6 +105,8 @@ class Tensor:
     def wall_time(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> float:
         """When the value at `step` was saved: the event's wall_time, seconds since the epoch."""
         _, _, location = self._location(step, mode, worker)
+        from .events import decode_tensor_event  # protobuf: only where it is needed
+
         data = self.trial.store.read_range(location.event_key, location.start, location.length)
         return float(decode_tensor_event(self.trial._payload(data, location)).wall_time)
 
@@ -177,6 +178,8 @@ class Trial:
         self._problems: dict[str, str] = {}  # file -> why it was skipped
         self._positions: dict[tuple[str, ...], dict[str, int]] = {}  # shared by steps of one layout
         self._last_layout: tuple[tuple[str, ...], dict[str, int]] = ((), {})  # the last index file's
+        self._index_parser = job_files.IndexParser()
+        self._decoder = tensor_wire.TensorDecoder()
         self.refresh()
 
     @property
@@ -392,6 +395,8 @@ class Trial:
             elif worker in info.tables or worker in info.index_keys:
                 continue  # already known: from its index file (the source of truth) or an earlier table
             info.tables[worker] = loaded
+            if step in table.event_keys:  # (a batch of steps in one event file: Writer.write_steps)
+                info.event_keys[worker] = table.event_keys[step]
             new_steps.append(step)
         if new_steps:
             self._tensor_names.update(*loaded.positions)
@@ -449,7 +454,7 @@ class Trial:
     def _read_index(self, key: str) -> job_files.IndexEntry | None:
         """Parse one index file; a malformed one is skipped with a warning naming it."""
         try:
-            return job_files.parse_index(self.store.read(key, max_size=job_files.MAX_INDEX_BYTES), self.store.describe(key))
+            return self._index_parser.parse(self.store.read(key, max_size=job_files.MAX_INDEX_BYTES), self.store.describe(key))
         except FileNotFoundError:
             return None
         except (StepscopeError, OSError) as exc:
@@ -529,17 +534,25 @@ class Trial:
 
     def _payload(self, record: bytes, location: _Location) -> memoryview:
         """The payload of one record read at `location`, its CRCs checked."""
+        return memoryview(record)[slice(*self._payload_bounds(record, location))]
+
+    def _payload_bounds(self, record: bytes, location: _Location) -> tuple[int, int]:
         if len(record) < location.length:
             raise CorruptRecord(self.store.describe(location.event_key), location.start, f"truncated file: record needs {location.length} bytes, {len(record)} present")
         try:
-            return records.parse_record(record, 0, allow_placeholder_crc=self._legacy)[0]
+            return records.payload_bounds(record, 0, allow_placeholder_crc=self._legacy)
         except CorruptRecord as exc:  # re-raised with the file's name and the record's offset
             raise CorruptRecord(self.store.describe(location.event_key), location.start, exc.reason) from None
 
     def _decode(self, record: bytes, location: _Location, name: str) -> np.ndarray:
-        payload = self._payload(record, location)
+        start, end = self._payload_bounds(record, location)
         try:
-            tag, array = decode_tensor_tag_value(payload)
+            decoded = self._decoder.decode(record, start, end, name)  # the plain layout, without protobuf
+            if decoded is None:
+                from .events import decode_tensor_tag_value  # any other: protobuf says what is wrong
+
+                decoded = decode_tensor_tag_value(memoryview(record)[start:end])
+            tag, array = decoded
         except Exception as exc:
             raise CorruptRecord(self.store.describe(location.event_key), location.start, f"cannot decode the event: {exc}") from None
         if tag != name and tag:

@@ -38,6 +38,7 @@ try:
 except ImportError:  # the older distribution name
     import pytorch_lightning as pl  # type: ignore[no-redef]
 
+from stepscope.capture.hook import StopTrainingRequested
 from stepscope.capture.hook_options import HookOptions
 from stepscope.capture.phases import BACKWARD_BEGIN, FORWARD_BEGIN, OPTIMIZER_END
 from stepscope.config import CollectionName
@@ -113,11 +114,10 @@ class StepscopeCallback(pl.Callback):
 
     def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
         if self.hook is not None and isinstance(exception, Exception):  # the black box first (docs/pytorch.md)
-            from .blackbox import dump, failure_reason, tell_peers
+            from .blackbox import BlackBox
 
-            dump(self.hook, exception)
-            if failure_reason(exception) != "stop":
-                tell_peers(self.hook, exception)
+            box = getattr(self.hook, "_black_box", None) or BlackBox(self.hook)  # (once per exception: the excepthook skips it then)
+            box.record(exception)
         self.close()
 
     def close(self) -> None:
@@ -176,6 +176,10 @@ class StepscopeCallback(pl.Callback):
         # (Lightning 2.6 does not reduce `should_stop` across ranks itself).
         if trainer.global_step != self._batch_start_step and hook.train_step_ended():
             trainer.should_stop = True
+            box = getattr(hook, "_black_box", None)
+            if box is not None:  # the stop's black box, on every rank (they agreed on this step)
+                request = hook.stop_poller.request if hook.stop_poller is not None else None
+                box.on_stop(StopTrainingRequested(f"stepscope: a rule asked to stop training ({request})"))
         if not hook.enabled or trainer.global_step == self._train_step:
             return  # an accumulation batch: the step goes on
         hook.finish_step_timing()

@@ -39,8 +39,10 @@ class BlackBoxConfig:
             raise ConfigError(f"BlackBoxConfig.max_bytes must be an integer >= 0, got {self.max_bytes!r}")
 
 
-def black_box_key(worker: str, name: str) -> str:
-    return f"{BLACKBOX_DIR}/{worker}/{name}"
+def black_box_key(worker: str, name: str, event: str | None = None) -> str:
+    """`stepscope-blackbox/<worker>/<name>`: the failure that ended the worker's training;
+    with `event` (a NaN, a peer's request: training went on), `<worker>/<event>/<name>`."""
+    return f"{BLACKBOX_DIR}/{worker}/{name}" if event is None else f"{BLACKBOX_DIR}/{worker}/{event}/{name}"
 
 
 def host_memory() -> dict[str, int]:
@@ -64,9 +66,10 @@ def host_memory() -> dict[str, int]:
 
 
 def write_black_box(store: Store, worker: str, record: Mapping[str, Any], attachments: Mapping[str, Attachment] | None = None,
-                    config: BlackBoxConfig | None = None) -> list[str]:  # fmt: skip
-    """Write the record and its attachments; return the keys written within the budget.
-    Never raises: the failure being recorded is the one that must propagate."""
+                    config: BlackBoxConfig | None = None, event: str | None = None) -> list[str]:  # fmt: skip
+    """Write the record and its attachments (under `event`'s folder, see black_box_key);
+    return the keys written within the budget. Never raises: the failure being recorded is
+    the one that must propagate."""
     config = config or BlackBoxConfig()
     written: list[str] = []
     body = dict(record)
@@ -81,13 +84,13 @@ def write_black_box(store: Store, worker: str, record: Mapping[str, Any], attach
                 if len(data) > config.max_bytes:
                     left_out[name] = f"{len(data):,} bytes, over max_bytes ({config.max_bytes:,})"
                     continue
-                store.write(black_box_key(worker, name), [data])
-                written.append(black_box_key(worker, name))
+                store.write(black_box_key(worker, name, event), [data])
+                written.append(black_box_key(worker, name, event))
             except Exception as exc:  # one attachment failing leaves the others and the record
                 left_out[name] = f"{type(exc).__name__}: {exc}"
         body["attachments"] = [key.rsplit("/", 1)[1] for key in written]
-        store.write(black_box_key(worker, RECORD), [json.dumps(body, default=str, indent=1).encode()])
-        written.append(black_box_key(worker, RECORD))
+        store.write(black_box_key(worker, RECORD, event), [json.dumps(body, default=str, indent=1).encode()])
+        written.append(black_box_key(worker, RECORD, event))
 
     def guarded() -> None:
         try:
@@ -101,3 +104,43 @@ def write_black_box(store: Store, worker: str, record: Mapping[str, Any], attach
     if thread.is_alive():
         logger.warning("stepscope: the black box of %s took over %.1f s; left to finish in the background", worker, config.budget_s)
     return list(written)
+
+
+class SavedValues:
+    """A writer step listener (it runs on the writer thread, never the training thread):
+    keeps the last saved step's statistics (min / max / mean of at most `max_tensors`
+    small tensors: losses, metrics, reductions) for the black box, and calls
+    `on_non_finite` once, for the first saved step holding a NaN or an infinity (each
+    float tensor of at most `max_checked` elements is checked by its float64 sum, one pass
+    without a copy; larger raw tensors are left to the losses and reductions they feed)."""
+
+    def __init__(self, on_non_finite: Callable[[dict[str, Any]], None] | None = None, max_tensors: int = 64, small: int = 4096,
+                 max_checked: int = 1 << 20):  # fmt: skip
+        self.on_non_finite = on_non_finite
+        self.max_tensors, self.small, self.max_checked = max_tensors, small, max_checked
+        self.last: dict[str, Any] = {}
+        self.non_finite: dict[str, Any] | None = None
+
+    def __call__(self, step: int, mode: Any, mode_step: int, arrays: Mapping[str, Any]) -> None:
+        import numpy as np
+
+        stats: dict[str, Any] = {}
+        bad: dict[str, Any] = {}
+        for name, array in arrays.items():
+            if getattr(array, "dtype", None) is None or array.dtype.kind != "f" or array.size == 0 or array.size > self.max_checked:
+                continue
+            if not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
+                bad[name] = {"nan": int(np.count_nonzero(np.isnan(array))), "inf": int(np.count_nonzero(np.isinf(array))), "size": int(array.size)}
+            if len(stats) < self.max_tensors and array.size <= self.small:
+                stats[name] = {"shape": list(array.shape), "min": _number(np.min(array)), "max": _number(np.max(array)), "mean": _number(np.mean(array, dtype=np.float64))}
+        mode_name = getattr(mode, "name", str(mode))
+        self.last = {"step": int(step), "mode": mode_name, "mode_step": int(mode_step), "tensors": stats}
+        if bad and self.non_finite is None:
+            self.non_finite = {"step": int(step), "mode": mode_name, "mode_step": int(mode_step), "tensors": dict(list(bad.items())[:20])}
+            if self.on_non_finite is not None:
+                self.on_non_finite(self.non_finite)
+
+
+def _number(value: Any) -> float | str:
+    number = float(value)
+    return number if number == number and abs(number) != float("inf") else str(number)  # JSON has no NaN

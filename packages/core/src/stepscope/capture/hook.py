@@ -42,11 +42,12 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import layout
-from ..config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, default_save_config
+from ..config import ALWAYS_SAVED_COLLECTIONS, Collection, ProfilerConfig, ReductionConfig, SaveConfig, default_save_config
 from ..exceptions import ConfigError, UnsupportedValue
 from ..modes import ModeKeys
 from ..store import open_store
 from .collection_manager import CollectionManager
+from .control import write_response
 from .deadline import Deadline, exit_deadline
 from .evidence import SavedEvidence
 from .hook_options import HookOptions, name_tuple
@@ -132,6 +133,7 @@ class HookBase(StepDriver):
         self._off_mode: ModeKeys | None = None  # the mode of a step begun while the hook was off
         self._meter: Any = None  # the cost meter begin_step feeds (hook_outputs.instrument; counters.meter_at)
         self._stop = StopCoordinator(counters, 1 if validate_only else agree_steps_from_env(), self._can_agree_on_stop, self._agree_on_stop, lambda: self.failsafe.enabled)
+        self._stop.on_control = self._on_control_request
         if not self.writes_tensors:  # nothing is ever due
             for mode in ModeKeys:
                 counters.next_due[mode] = None
@@ -186,6 +188,15 @@ class HookBase(StepDriver):
 
     def _on_close(self) -> None:
         """Remove what the plugin installed in the framework."""
+
+    def _on_control_request(self, request: dict[str, Any]) -> None:
+        """An on-demand request (control.send_request) at the end of a TRAIN step, on the
+        training thread: the plugin answers what it can; by default each is answered as
+        not supported by this framework."""
+        store = self.store
+        if store is not None:
+            write_response(store, request, self.worker, rank=self.rank, step=self.global_step, written=[],
+                           error=f"the {self.framework} hook does not support {request.get('action')!r} requests")  # fmt: skip
 
     def _can_agree_on_stop(self) -> bool:
         """Whether this rank's peers can agree on stopping through a collective (asked once,
@@ -263,12 +274,13 @@ class HookBase(StepDriver):
         return self._saver.collections_for(mode)
 
     def _hand_over(self, step: StepState) -> None:
-        writer = self._runtime.writer
-        if writer is not None:
+        writer, held = self._runtime.writer, self._runtime.held
+        if writer is not None and held is not None:
             saved = self._runtime.saved
             if saved is not None:
                 saved.note(step.mode, step.tensors)
-            writer.write_step(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes)
+            # (Steps that saved only losses and metrics go to the writer in batches: held_steps.py.)
+            held.hand_over(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes, step.due_names <= ALWAYS_SAVED_COLLECTIONS)
             if writer.failed:
                 self.failsafe.enabled = False
 

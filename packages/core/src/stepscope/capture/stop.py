@@ -4,12 +4,18 @@ A rule writes a stop request into the job's store (control.request_stop); a poll
 sees it (control.StopPoller). The step driver counts ended TRAIN steps in the counters
 (`train_ends`) and asks the `StopCoordinator` only at `stop_check_at`: a rank deciding
 alone decides at its next TRAIN step end; ranks that can agree through a collective agree
-every $STEPSCOPE_STOP_AGREE_STEPS steps, so every rank stops at the same TRAIN step."""
+every $STEPSCOPE_STOP_AGREE_STEPS steps, so every rank stops at the same TRAIN step.
+
+The same seam serves on-demand requests (control.send_request: a memory snapshot, a peer's
+black box): the poller lowers `stop_check_at` so that the next TRAIN step end asks the
+coordinator, which hands the request to `on_control` on the training thread; steps pay
+nothing more than the comparison they already make."""
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -70,10 +76,19 @@ class StopCoordinator:
         self._agree_every = agree_every
         self._can_agree, self._agree, self._enabled = can_agree, agree, enabled
         self._raised = False
+        # The plugin's: an on-demand request at a TRAIN step end, and the stop exception
+        # just before it is raised (the black box); each guarded, never raising into training.
+        self.on_control: Callable[[dict[str, Any]], None] | None = None
+        self.before_raise: Callable[[BaseException], None] | None = None
+        self.training_thread: threading.Thread | None = None  # the thread that ends TRAIN steps (known from the first decision)
 
     def start(self, store: Any, interval_s: float) -> StopPoller:
-        self.poller = StopPoller(store, interval_s, on_request=self.on_request)
+        self.poller = StopPoller(store, interval_s, on_request=self.on_request, on_control=self.on_control_request)
         return self.poller
+
+    def on_control_request(self) -> None:
+        # The poller's thread: the next TRAIN step end asks `decide`, which serves it.
+        self._counters.stop_check_at = 0
 
     @property
     def requested(self) -> bool:
@@ -89,7 +104,21 @@ class StopCoordinator:
             self._counters.stop_check_at = 0
 
     def decide(self, n: int) -> bool:
-        """Whether training stops at the end of the `n`-th TRAIN step (n >= stop_check_at)."""
+        """Whether training stops at the end of the `n`-th TRAIN step (n >= stop_check_at);
+        serves a waiting on-demand request first."""
+        self.training_thread = threading.current_thread()  # (the black box tells the training thread's death from another's)
+        stop = self._decide(n)
+        # After `stop_check_at` is set: a request the poller leaves now lowers it again.
+        poller = self.poller
+        request = poller.take_control() if poller is not None else None
+        if request is not None and self.on_control is not None:
+            try:
+                self.on_control(request)
+            except Exception as exc:  # a request must never break training
+                logger.warning("stepscope: the %s request failed: %r", request.get("action"), exc)
+        return stop
+
+    def _decide(self, n: int) -> bool:
         counters = self._counters
         if counters.closed or self.poller is None:
             counters.stop_check_at = NEVER
@@ -129,7 +158,13 @@ class StopCoordinator:
             request = self.poller.request if self.poller is not None else None
             if request is None and self.agreeing:
                 request = {"action": "StopTraining", "reason": "another rank saw the request; all ranks agreed"}
-            raise StopTrainingRequested(f"stepscope: a rule asked to stop training ({request})")
+            exc = StopTrainingRequested(f"stepscope: a rule asked to stop training ({request})")
+            if self.before_raise is not None:
+                try:
+                    self.before_raise(exc)
+                except Exception as failure:  # the stop goes on whatever the black box did
+                    logger.warning("stepscope: before the stop: %r", failure)
+            raise exc
 
 
 __all__ = ["STOP_AGREE_ENV", "STOP_POLL_ENV", "StopCoordinator", "StopTrainingRequested", "agree_steps_from_env", "poll_interval_from_env"]

@@ -12,7 +12,9 @@ a request larger than every free block though smaller than all free memory toget
 
 from __future__ import annotations
 
+import functools
 import random
+import struct
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -182,3 +184,145 @@ def _by_frame(live: dict[int, tuple[int, str]]) -> dict[str, int]:
     for size, layer in live.values():
         out[user_frame_text(layer)] = out.get(user_frame_text(layer), 0) + size
     return out
+
+
+# --- snapshots larger than memory: written as a pickle stream ---------------------------
+
+
+@dataclass(frozen=True)
+class LargeSnapshotSpec:
+    """A snapshot of `devices` x `steps` x (alloc + free_requested + free_completed per
+    allocation) history entries, written straight to a file as a pickle stream (nothing is
+    held in memory): each step allocates `allocations_per_step` blocks and frees all but
+    the first (`leak_bytes`: a leak), so the history's peak is known."""
+
+    devices: int = 1
+    steps: int = 1000
+    allocations_per_step: int = 30
+    leak_bytes: int = 1 << 20
+    sizes: tuple[int, ...] = (4096, 2 << 20, 512, 8 << 20, 1 << 20)
+    start_time_us: int = 1_790_000_000_000_000
+
+    def entries_per_device(self) -> int:
+        return self.steps * (1 + 3 * (self.allocations_per_step - 1))
+
+
+class _Pickle:
+    """Protocol-4 opcodes for `write_large_snapshot`, with pickle's memo numbering: every
+    string and container is stored in the next slot (MEMOIZE) as it is written; a string
+    seen before is referred back to (BINGET / LONG_BINGET). Callers use the returned bytes
+    in the order they asked for them (the slots are numbered in that order)."""
+
+    def __init__(self) -> None:
+        self.slots = 0
+        self.strings: dict[str, int] = {}
+        self.objects: dict[str, int] = {}
+
+    def _memoize(self) -> bytes:
+        self.slots += 1
+        return b"\x94"
+
+    @staticmethod
+    def get(slot: int) -> bytes:
+        return b"h" + bytes([slot]) if slot < 256 else b"j" + struct.pack("<I", slot)
+
+    def text(self, value: str) -> bytes:
+        slot = self.strings.get(value)
+        if slot is not None:
+            return self.get(slot)
+        data = value.encode()
+        self.strings[value] = self.slots
+        head = b"\x8c" + bytes([len(data)]) if len(data) < 256 else b"X" + struct.pack("<I", len(data))
+        return head + data + self._memoize()
+
+    def container(self, opcode: bytes) -> bytes:  # EMPTY_DICT / EMPTY_LIST, stored
+        return opcode + self._memoize()
+
+    @staticmethod
+    def integer(value: int) -> bytes:
+        return b"J" + struct.pack("<i", value) if -(1 << 31) <= value < (1 << 31) else b"\x8a\x08" + struct.pack("<q", value)
+
+    def shared_dict(self, name: str, items: dict[str, Any]) -> bytes:
+        """A dict written once (and stored), then referred back to by `name`."""
+        slot = self.objects.get(name)
+        if slot is not None:
+            return self.get(slot)
+        self.objects[name] = self.slots
+        body = self.container(b"}") + b"("
+        for key, value in items.items():
+            body += self.text(key) + (self.text(value) if isinstance(value, str) else self.integer(value))
+        return body + b"u"
+
+    def frames(self, layer: str) -> bytes:
+        """A new list of the layer's (shared) frame dicts."""
+        body = self.container(b"]") + b"("
+        for number, frame in enumerate(_frames(layer)):
+            body += self.shared_dict(f"{layer}#{number}", frame)
+        return body + b"e"
+
+    def record(self, items: list[tuple[str, Any]]) -> bytes:
+        """A new dict of (key, value) items; a value is a str, an int, or a function giving
+        its pickled bytes (called in turn, so that its slots follow the dict's)."""
+        body = self.container(b"}") + b"("
+        for key, value in items:
+            body += self.text(key) + (value() if callable(value) else self.text(value) if isinstance(value, str) else self.integer(value))
+        return body + b"u"
+
+
+def write_large_snapshot(handle: Any, spec: LargeSnapshotSpec) -> dict[str, int]:
+    """Write the snapshot of `spec` to the binary `handle` as pickle protocol 4 (what
+    `pickle.dump` writes for such a dict, less the optional framing: keys and frames
+    shared by memo reference, a new frames list per entry, lists appended 1,000 items at a
+    time), holding at most 1,000 entries in memory; return its truth: entries_per_device
+    and peak (the history's highest active bytes, the same on every device)."""
+    p = _Pickle()
+    handle.write(b"\x80\x04" + p.container(b"}") + b"(" + p.text("segments") + p.container(b"]") + b"(")
+    leaked = spec.steps * spec.leak_bytes
+    reserved = max(sum(spec.sizes) * 4, 2 * leaked)
+    for device in range(spec.devices):  # one segment per device: the leaked blocks, then the free rest
+        base = SEGMENT_BASE + device * (1 << 40)
+        out = p.record([("device", device), ("address", base), ("total_size", reserved), ("stream", 0), ("segment_type", "large"),
+                        ("allocated_size", leaked), ("active_size", leaked)])[:-1]  # fmt: skip  # (its SETITEMS after the blocks)
+        out += p.text("blocks") + p.container(b"]") + b"("
+        for step in range(spec.steps):
+            out += p.record([("address", base + step * spec.leak_bytes), ("size", spec.leak_bytes), ("requested_size", spec.leak_bytes),
+                             ("state", "active_allocated"), ("frames", lambda: p.frames(LAYERS[0]))])  # fmt: skip
+            if step % 1000 == 999:
+                handle.write(out + b"e(")
+                out = b""
+        out += p.record([("address", base + leaked), ("size", reserved - leaked), ("requested_size", 0), ("state", "inactive")])
+        handle.write(out + b"eu")  # the blocks' APPENDS, the segment's SETITEMS
+    handle.write(b"e" + p.text("device_traces") + p.container(b"]") + b"(")
+    peak = 0
+    for device in range(spec.devices):
+        base = SEGMENT_BASE + device * (1 << 40)
+        scratch = base + (1 << 36)  # where the allocations freed in their step live
+        time_us, net = spec.start_time_us, 0
+        handle.write(p.container(b"]") + b"(")
+        batch: list[bytes] = []
+        for step in range(spec.steps):
+            made = []
+            for number in range(spec.allocations_per_step):
+                leak = number == 0
+                size = spec.leak_bytes if leak else spec.sizes[(step + number) % len(spec.sizes)]
+                addr = base + step * spec.leak_bytes if leak else scratch + number * (16 << 20)
+                batch.append(p.record([("action", "alloc"), ("addr", addr), ("size", size), ("stream", 0), ("time_us", time_us),
+                                       ("frames", functools.partial(p.frames, LAYERS[number % len(LAYERS)]))]))  # fmt: skip
+                time_us += 3
+                net += size
+                peak = max(peak, net)
+                if not leak:
+                    made.append((addr, size))
+            for addr, size in made:
+                for action in ("free_requested", "free_completed"):
+                    batch.append(p.record([("action", action), ("addr", addr), ("size", size), ("stream", 0), ("time_us", time_us),
+                                           ("frames", lambda: p.container(b"]"))]))  # fmt: skip
+                    time_us += 1
+                net -= size
+            if len(batch) >= 1000:
+                handle.write(b"".join(batch) + b"e(")
+                batch.clear()
+        handle.write(b"".join(batch) + b"e")  # this device's last APPENDS
+        batch.clear()
+    handle.write(b"eu.")  # device_traces' APPENDS, the top dict's SETITEMS, STOP
+    return {"entries_per_device": spec.entries_per_device(), "peak": peak}

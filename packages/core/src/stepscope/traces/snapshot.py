@@ -5,7 +5,7 @@ blocks, trace entries; each distinct stack stored once) and summarised without a
 reserved, allocated and fragmentation per device, the largest free block against an OOM's
 request, live bytes by stack frame, the history's peak and what was live at it, and the
 entries around a chosen time. Format and definitions in docs/traces.md ("Allocator
-snapshots")."""
+snapshots"). A snapshot too large to load whole: snapshot_stream.summarize."""
 
 from __future__ import annotations
 
@@ -77,7 +77,8 @@ class AllocatorSnapshot:
         else:
             size = os.path.getsize(text)
             if size > max_bytes:
-                raise ConfigError(f"{text}: {size:,} bytes, over the {max_bytes:,} this reader takes (max_bytes)")
+                raise ConfigError(f"{text}: {size:,} bytes, over the {max_bytes:,} this reader takes (max_bytes); "
+                                  "stepscope.traces.snapshot_stream.summarize (`stepscope memory summary`) reads any size")  # fmt: skip
             with open(text, "rb") as handle:
                 data = handle.read()
         return cls.from_bytes(data, where=text, max_bytes=max_bytes)

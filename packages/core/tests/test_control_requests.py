@@ -1,0 +1,53 @@
+"""On-demand requests through the job's control folder (capture/control.py, the stop
+seam in capture/stop.py): a request left by an earlier run is passed over, a new one is
+handed over once at the next TRAIN step end and answered per worker, a malformed one is
+ignored; a hook whose plugin has no handler answers that it does not support it."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+from stepscope.capture.control import BLACK_BOX, MEMORY_SNAPSHOT, StopPoller, read_responses, response_key, send_request
+from stepscope.capture.hook import HookBase
+from stepscope.config import ProfilerConfig
+from stepscope.layout import REQUEST_KEY
+from stepscope.store import open_store
+
+
+def test_the_poller_passes_over_an_earlier_request_and_hands_a_new_one_over_once(tmp_path):
+    store = open_store(str(tmp_path))
+    send_request(store, MEMORY_SNAPSHOT, "an earlier run's")
+    seen = []
+    poller = StopPoller(store, interval_s=3600, on_control=lambda: seen.append(1))  # (polled by hand below)
+    try:
+        assert not poller.check_control() and poller.take_control() is None and seen == []
+        request_id = send_request(store, BLACK_BOX, "worker_1 saved NaN", worker="worker_1")
+        assert poller.check_control() and seen == [1]
+        request = poller.take_control()
+        assert request["id"] == request_id and request["action"] == BLACK_BOX and request["worker"] == "worker_1"
+        assert poller.take_control() is None and not poller.check_control()  # once
+        store.write(REQUEST_KEY, b'{"action": "format_disk", "id": "x"}')
+        assert not poller.check_control() and seen == [1]  # not an action hooks take
+    finally:
+        poller.close()
+    with pytest.raises(ValueError, match="unknown request action"):
+        send_request(store, "format_disk")
+
+
+def test_a_hook_without_a_handler_answers_at_its_next_train_step_end(tmp_path):
+    hook = HookBase(str(tmp_path), profiler_config=ProfilerConfig.disabled(), control_poll_s=0.05)
+    try:
+        request_id = send_request(hook.store, MEMORY_SNAPSHOT)
+        deadline = time.monotonic() + 20
+        while not read_responses(hook.store, request_id) and time.monotonic() < deadline:
+            hook.begin_step("train")
+            hook.end_step()
+            time.sleep(0.02)
+        (answer,) = read_responses(hook.store, request_id)
+        assert answer["worker"] == "worker_0" and answer["written"] == [] and "does not support 'memory_snapshot'" in answer["error"]
+        assert json.loads((tmp_path / response_key(request_id, "worker_0")).read_text())["step"] >= 1
+    finally:
+        hook.close()
