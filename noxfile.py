@@ -1,5 +1,6 @@
 """Sessions: tests (everything CI runs), lint (ruff + mypy), demo (the README's main job), bench,
-release-check (build the wheels, test them installed away from the checkout).
+release-check (build the wheels, test them installed away from the checkout), install (only
+fill the shared virtualenv: .ci/run, before it runs lint and release-check beside the tests).
 
 lint, tests, demo and bench install the same pinned packages, so they share one virtualenv,
 .nox/tests, made and filled here rather than by nox (nox gives each session its own): it is
@@ -7,6 +8,7 @@ filled once, and again only when what it was filled from changes."""
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -122,8 +124,21 @@ def tests(session: nox.Session) -> None:
     )
     serial = _serial_files(paths)
     if serial:
+        _wait_for_background(session)
         serial_options = [arg for arg in options if arg != "--record-durations"]  # the table keeps the parallel run's seconds
         session.run(SHARED_PYTHON, "-m", "pytest", "-m", "serial", *serial_options, *serial, env=env, external=True)
+
+
+def _wait_for_background(session: nox.Session) -> None:
+    """.ci/run runs lint and release-check beside the parallel tests, each holding a shared
+    lock on the file named by STEPSCOPE_SERIAL_AFTER: the serial tests wait for them to end
+    (they are timing-sensitive, or busy on every core)."""
+    lock = os.environ.get("STEPSCOPE_SERIAL_AFTER")
+    if not lock:
+        return
+    session.log(f"serial tests: waiting for the sessions that .ci/run runs beside the tests ({lock})")
+    with open(lock, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
 
 
 def _serial_files(paths: list[str]) -> list[str]:
@@ -134,6 +149,13 @@ def _serial_files(paths: list[str]) -> list[str]:
         files = [path] if path.is_file() else sorted(path.rglob("test_*.py")) if path.is_dir() else []
         found += [str(f) for f in files if "mark.serial" in f.read_text(errors="replace")]
     return found
+
+
+@nox.session(venv_backend="none")
+def install(session: nox.Session) -> None:
+    """Only fill the shared virtualenv (what the tests session needs, Chromium included), so
+    that lint, tests and release-check can then run side by side (.ci/run)."""
+    _shared_venv(session, apt={"chromium": "chromium", "chromium-driver": "chromedriver"})
 
 
 @nox.session(venv_backend="none")

@@ -275,10 +275,17 @@ class _Excepthooks:
                 threading.excepthook, cls.previous_threading = cls.previous_threading, None
 
     @classmethod
-    def record_all(cls, exc: BaseException | None) -> None:
+    def record_all(cls, exc: BaseException | None, thread: threading.Thread | None = None) -> None:
+        """The black boxes of `exc`; with `thread` (an exception ending that thread, not the
+        program), only of the hooks whose TRAIN steps that thread ends: a helper thread's
+        error is not training's failure and must not stop the job."""
         if exc is None or not isinstance(exc, Exception):  # not KeyboardInterrupt / SystemExit
             return
         for box in list(cls.boxes):
+            hook = box.hook
+            # (The Thread object, not its ident: idents of ended threads are reused.)
+            if thread is not None and (hook is None or getattr(hook._stop, "training_thread", None) is not thread):
+                continue
             try:
                 box.record(exc)
             except Exception:  # the traceback must still be printed
@@ -294,7 +301,7 @@ class _Excepthooks:
     @staticmethod
     def threading_hook(args: Any) -> None:
         try:
-            _Excepthooks.record_all(args.exc_value)
+            _Excepthooks.record_all(args.exc_value, args.thread or threading.current_thread())
         finally:
             (_Excepthooks.previous_threading or threading.__excepthook__)(args)
 

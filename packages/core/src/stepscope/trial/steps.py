@@ -137,6 +137,8 @@ class StepCatalog:
             elif worker in info.tables or worker in info.index_keys:
                 continue  # already known: from its index file (the source of truth) or an earlier table
             info.tables[worker] = loaded
+            if step in table.event_keys:  # (a batch of steps in one event file: Writer.write_steps)
+                info.event_keys[worker] = table.event_keys[step]
             new_steps.append(step)
         if new_steps:
             self.tensor_names.update(*loaded.positions)
