@@ -125,16 +125,23 @@ def test_an_exception_ending_a_training_thread_writes_the_black_box(tmp_path):
                     model(torch.randn(4, 8))  # step 3 opens
                     raise torch.cuda.OutOfMemoryError("CUDA out of memory (simulated, in a thread)")
 
-        worker = threading.Thread(target=train)
-        worker.start()
-        worker.join(60)
+        for when in ("before", "after"):  # a helper thread's own error: not training's (no box, no stop)
+            if when == "after":
+                worker = threading.Thread(target=train)
+                worker.start()
+                worker.join(60)
+            helper = threading.Thread(target=lambda: int("a helper thread's own error"))  # (may reuse the dead one's ident)
+            helper.start()
+            helper.join(10)
+            assert when == "after" or not (tmp_path / BLACKBOX_DIR).exists()
         hook.close()
         assert threading.excepthook is mine  # the hook closed: the handler it found is back
     finally:
         threading.excepthook = previous
-    assert seen == [torch.cuda.OutOfMemoryError]
+    assert seen == [ValueError, torch.cuda.OutOfMemoryError, ValueError]
     record = json.loads((tmp_path / BLACKBOX_DIR / "worker_0" / "record.json").read_text())
-    assert record["reason"] == "oom" and record["step"] == 3
+    assert record["reason"] == "oom" and record["step"] == 3  # the training thread's, not the helper's
+    assert json.loads((tmp_path / STOP_KEY).read_text())["failure"] == "oom"
 
 
 def test_a_rules_stop_writes_the_black_box_even_when_the_loop_catches_it(tmp_path):
@@ -224,3 +231,33 @@ def test_the_hook_api_writes_a_snapshot_and_a_cpu_only_torch_answers_clearly(tmp
         _step(model, optimizer)  # training goes on
     finally:
         hook.close()
+
+
+def test_handlers_that_call_each_other_do_not_loop(tmp_path, capsys):
+    import sys as system
+
+    from stepscope_torch.blackbox import _Excepthooks
+
+    previous = system.excepthook
+    calls = []
+    try:
+        _, _, first = _model_and_hook(tmp_path / "a")
+        ours = system.excepthook
+
+        def theirs(kind, value, tb):  # installed after ours, calling ours in turn
+            calls.append("theirs")
+            ours(kind, value, tb)
+
+        system.excepthook = theirs
+        _, _, second = _model_and_hook(tmp_path / "b")  # puts ours on top of theirs
+        assert system.excepthook is _Excepthooks.sys_hook
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            system.excepthook(ValueError, exc, exc.__traceback__)
+        first.close()
+        second.close()
+    finally:
+        system.excepthook = previous
+    assert calls == ["theirs"]  # once: no endless round
+    assert capsys.readouterr().err.count("ValueError: boom") == 1

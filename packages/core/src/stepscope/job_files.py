@@ -77,11 +77,14 @@ class StepTable:
     layouts: tuple[tuple[str, ...], ...]
     rows: Mapping[int, TableRow]  # step -> row (a step listed twice: its last row)
     shape_names: frozenset[str]  # every name with a saved shape, in any row
+    # step -> event file, for the steps whose records are not in their own step's file (a
+    # writer's batch of scalar-only steps shares the first one's)
+    event_keys: Mapping[int, str] = field(default_factory=dict)
 
     def entry(self, step: int) -> IndexEntry:
-        """The row of `step` as an index entry (the event file's default name applies)."""
+        """The row of `step` as an index entry (without an event key: the default name)."""
         mode, mode_step, number, starts, lengths, shapes = self.rows[step]
-        return IndexEntry(mode, mode_step, "", self.layouts[number], starts, lengths, shapes)
+        return IndexEntry(mode, mode_step, self.event_keys.get(step, ""), self.layouts[number], starts, lengths, shapes)
 
 
 @dataclass(frozen=True)
@@ -403,6 +406,7 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> Step
     for i, names in enumerate(_list(body.get("layouts"), where, "layouts")):
         layouts.append(tuple(_name(n, where, f"layouts[{i}][]") for n in _list(names, where, f"layouts[{i}]")))
     rows: dict[int, TableRow] = {}
+    event_keys: dict[int, str] = {}
     no_shapes: dict[str, tuple[int, ...]] = {}
     shape_names: set[str] = set()
     for i, entry in enumerate(_list(body.get("steps"), where, "steps")):
@@ -430,7 +434,12 @@ def parse_step_table(data: bytes, where: str, worker: str | None = None) -> Step
             shapes = {_name(n, where, f"steps[{i}].shapes"): _shape(s, where, f"steps[{i}].shapes[{n!r}]") for n, s in _mapping(shapes, where, f"steps[{i}].shapes").items()}
             shape_names.update(shapes)
         rows[step] = (mode, mode_step, number, starts, lengths, shapes or no_shapes)
-    return StepTable(table_worker, tuple(layouts), rows, frozenset(shape_names))
+        event = entry.get("event")
+        if event is not None:
+            event_keys[step] = event_key_of(event, f"{where} steps[{i}].event")
+        else:
+            event_keys.pop(step, None)
+    return StepTable(table_worker, tuple(layouts), rows, frozenset(shape_names), event_keys)
 
 
 def _table_entry_error(entry: Any, i: int, where: str, n_layouts: int = 0, names: tuple[str, ...] | None = None) -> CorruptRecord:

@@ -213,3 +213,37 @@ def test_check_writes_one_report_format_for_both_kinds(tmp_path, capsys):
     assert statuses["LowGPUUtilization"] == "no data" and statuses["GPUMemoryIncrease"] == "no data"
     report = json.loads((tmp_path / "rule-output" / "LowGPUUtilization.json").read_text())
     assert report["kind"] == "job" and report["no_data_reason"]
+
+
+def test_a_rule_declares_its_parameters_once_by_annotation():
+    @dataclass(frozen=True)
+    class LimitParams(RuleParams):
+        limit: float = ranged(5.0, "positive")
+
+    class Annotated(Rule):
+        params: LimitParams  # a local class: resolved from the class body's scope
+
+    class Explicit(Rule):
+        Params = LimitParams
+
+    class Inherits(Annotated):
+        pass
+
+    for cls in (Annotated, Explicit, Inherits):
+        assert cls.Params is LimitParams
+        assert cls(None, limit="7").params.limit == 7.0
+        assert cls.describe()["parameters"] == {"limit": 5.0}
+    with pytest.raises(ConfigError, match="limit must be a number > 0"):
+        Annotated(None, limit=0)
+    # A name defined only after the class is a clear error, not a rule with no parameters.
+    with pytest.raises(TypeError, match="LaterParams"):
+
+        class Early(Rule):
+            params: LaterParams  # noqa: F821
+
+    # Built-in rules take their explanation from the one table in rules.advice.
+    from stepscope.rules.advice import EXPLANATIONS
+    from stepscope.rules.memory import MemoryGrowth
+    from stepscope.rules.traces import RankStraggler
+
+    assert MemoryGrowth.explanation is EXPLANATIONS["MemoryGrowth"] and RankStraggler.explain() is EXPLANATIONS["RankStraggler"]

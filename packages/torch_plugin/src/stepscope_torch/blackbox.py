@@ -275,28 +275,56 @@ class _Excepthooks:
                 threading.excepthook, cls.previous_threading = cls.previous_threading, None
 
     @classmethod
-    def record_all(cls, exc: BaseException | None) -> None:
+    def record_all(cls, exc: BaseException | None, thread: threading.Thread | None = None) -> None:
+        """The black boxes of `exc`; with `thread` (an exception ending that thread, not the
+        program), only of the hooks whose TRAIN steps that thread ends: a helper thread's
+        error is not training's failure and must not stop the job."""
         if exc is None or not isinstance(exc, Exception):  # not KeyboardInterrupt / SystemExit
             return
         for box in list(cls.boxes):
+            hook = box.hook
+            # (The Thread object, not its ident: idents of ended threads are reused.)
+            if thread is not None and (hook is None or getattr(hook._stop, "training_thread", None) is not thread):
+                continue
             try:
                 box.record(exc)
             except Exception:  # the traceback must still be printed
                 logger.warning("stepscope: black box not written", exc_info=True)
 
+    # A handler installed after ours that calls ours in turn, then ours installed again
+    # on top of it (a second hook) would call each other forever: a call of ours inside
+    # ours goes straight to Python's own handler.
+    _inside = threading.local()
+
     @staticmethod
     def sys_hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        inside = _Excepthooks._inside
+        if getattr(inside, "active", False):
+            sys.__excepthook__(kind, exc, tb)
+            return
+        inside.active = True
         try:
-            _Excepthooks.record_all(exc)
+            try:
+                _Excepthooks.record_all(exc)
+            finally:  # the traceback is printed whatever the black box did
+                (_Excepthooks.previous_sys or sys.__excepthook__)(kind, exc, tb)
         finally:
-            (_Excepthooks.previous_sys or sys.__excepthook__)(kind, exc, tb)
+            inside.active = False
 
     @staticmethod
     def threading_hook(args: Any) -> None:
+        inside = _Excepthooks._inside
+        if getattr(inside, "active", False):
+            threading.__excepthook__(args)
+            return
+        inside.active = True
         try:
-            _Excepthooks.record_all(args.exc_value)
+            try:
+                _Excepthooks.record_all(args.exc_value, args.thread or threading.current_thread())
+            finally:
+                (_Excepthooks.previous_threading or threading.__excepthook__)(args)
         finally:
-            (_Excepthooks.previous_threading or threading.__excepthook__)(args)
+            inside.active = False
 
 
 def attach(hook: Any) -> BlackBox | None:

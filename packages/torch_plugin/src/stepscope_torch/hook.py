@@ -47,6 +47,9 @@ _TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
 # Phase-log records the hot paths append themselves (stepscope.capture.phases.PhaseLog).
 _FORWARD_BEGIN, _FORWARD_END, _OPTIMIZER_BEGIN = EVENT_CODES[FORWARD_BEGIN], EVENT_CODES[FORWARD_END], EVENT_CODES[OPTIMIZER_BEGIN]
 _OPTIMIZER_END = EVENT_CODES[OPTIMIZER_END]
+# Dtypes whose 0-d CPU tensors (a loss, a metric) are read with .item() into numpy: exact
+# (the Python number holds every value of these).
+_PLAIN_SCALARS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Collections filled by other means than module forward hooks; when only these are due, a
@@ -111,6 +114,7 @@ class Hook(HookBase):
     framework = "pytorch"
     builtin_regexes = naming.BUILTIN_REGEXES
     notify_every_step = False  # steps where nothing is due need nothing of the plugin
+    _plugin_events = frozenset({_OPTIMIZER_BEGIN, _OPTIMIZER_END})  # (forward events save nothing here)
     _counters: fastpath.TorchCounters  # (HookBase's, with the torch plugin's fields)
 
     def __init__(self, out_dir: Any = None, *args: Any, **kwargs: Any):
@@ -121,7 +125,9 @@ class Hook(HookBase):
         self._scalar_states: dict[int, tuple[int, bool]] = {}  # per optimizer: (parameters with state, whether a state is in a scalar collection)
         self._param_names: dict[int, str] = {}
         self._modules: list[tuple[str, nn.Module]] = []
-        self._losses: list[tuple[str, nn.Module]] = []
+        self._losses: list[tuple[str, nn.Module]] = []  # the registered loss modules
+        self._hooked_losses: list[tuple[str, nn.Module]] = []  # those whose forward cannot be driven: torch hooks while due
+        self._losses_armed = False  # a due step is open and its forward work goes on: the loss modules save their output
         self._optimizers: list[torch.optim.Optimizer] = []
         self._ending: list[torch.optim.Optimizer] = []  # the optimizers whose steps end a TRAIN step (register_optimizer)
         self._optimizer_handles: dict[int, list[Any]] = {}
@@ -179,6 +185,10 @@ class Hook(HookBase):
         self.record(plan, raw, reduced, shape)
         return True
 
+    def _capture_many(self, items: list[tuple[TensorPlan, Any]]) -> list[tuple[TensorPlan, Any]]:
+        # CPU tensors in one copy per dtype (transfer.py); the rest one by one.
+        return self._transfer.capture_many(items, self.record)
+
     def _capture_sharded(self, plan: TensorPlan, value: Any) -> None:
         """A DTensor (FSDP2): reductions of the whole tensor combined from the shards,
         raw values per shard with their place (sharded.py)."""
@@ -199,23 +209,36 @@ class Hook(HookBase):
     def _on_step_begin(self, due: bool) -> None:
         step = self._counters.step
         assert step is not None and due
-        self._save_parameters()
-        watched = list(self._losses)
+        # The loss modules' drivers save their output from now until the update.
+        self._losses_armed = True
+        scalars = self._only_scalars_due()
+        if not scalars:
+            self._save_parameters()
+        watched = self._hooked_losses
         if not self._io_collections.isdisjoint(step.due_names):
             # (Not the driven model: its forward is under way; _forward_ends saves its IO.)
-            watched += [(n, m) for n, m in self._modules if m is not self._driven]
-        self._step_handles += [m.register_forward_hook(functools.partial(self._on_module_io, n)) for n, m in watched]
-        if step.mode == ModeKeys.TRAIN and not self._optimizers and not self._only_scalars_due():
+            watched = watched + [(n, m) for n, m in self._modules if m is not self._driven]
+        if watched:
+            self._step_handles += [m.register_forward_hook(functools.partial(self._on_module_io, n)) for n, m in watched]
+        if not scalars and step.mode == ModeKeys.TRAIN and not self._optimizers:
             self._step_handles += [
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, n)) for n, p in self._params if p.requires_grad
             ]
 
     def _on_step_end(self) -> None:
+        self._losses_armed = False
         if self._step_handles:
             self._remove(self._step_handles)
         step = self._counters.step
         if step is not None and step.due:  # copies are made only on steps where something is due
             self._transfer.end_step()
+
+    def _forward_work_ends(self) -> None:
+        """The update of a due TRAIN step is over: activations and losses computed after it
+        belong to no step."""
+        self._losses_armed = False
+        if self._step_handles:
+            self._remove(self._step_handles)
 
     def _on_phase_event(self, event: str) -> None:
         # Only on steps where something is due.
@@ -226,9 +249,10 @@ class Hook(HookBase):
             for optimizer in self._optimizers if stepping is None or len(self._optimizers) == 1 else (stepping,):
                 self._save_optimizer_state(optimizer)
             if not self._step_goes_on:
-                self._remove(self._step_handles)  # activations after the update belong to no step
+                self._forward_work_ends()
 
     def _on_close(self) -> None:
+        self._losses_armed = False
         box = getattr(self, "_black_box", None)
         if box is not None:
             box.remove()
@@ -371,6 +395,13 @@ class Hook(HookBase):
         name = base if base not in taken else next(f"{base}_{i}" for i in range(1, len(taken) + 2) if f"{base}_{i}" not in taken)
         self._losses.append((name, loss_module))
         self.claim_names([naming.activation_name(name, "output", 0)])
+        # Its output is read at the end of its forward (driver.py: a torch forward hook put
+        # on and taken off at every step cost more than the rest of a step that saves a loss).
+        driver = drive_forward(loss_module, self._loss_begins, functools.partial(self._loss_ends, name))
+        if driver is not None:
+            self._handles.append(driver)
+        else:
+            self._hooked_losses.append((name, loss_module))
         return loss_module
 
     def wrap_loss(self, loss_fn: F, name: str | None = None) -> F:
@@ -529,10 +560,7 @@ class Hook(HookBase):
                 # Another micro-batch of a step that ends at optimizer.step().
                 if c.timing and self.failsafe.enabled:
                     self._log_event(_FORWARD_BEGIN)
-                if step.due:
-                    self.failsafe.call(self._on_phase_event, FORWARD_BEGIN)
-                    return True
-                return bool(c.timing)
+                return bool(step.due) or bool(c.timing)
         elif not c.drives_optimizer:
             if c.step is not None and c.mode is _TRAIN:
                 self.end_step()  # raises StopTrainingRequested after a stop request
@@ -556,8 +584,6 @@ class Hook(HookBase):
         if c.mode is _TRAIN:
             if c.timing:
                 self._log_event(_FORWARD_END)
-            if step.due:
-                self.failsafe.call(self._on_phase_event, FORWARD_END)
         else:
             self.finish_step_timing()  # an evaluation step is its forward
 
@@ -604,7 +630,7 @@ class Hook(HookBase):
             return
         if c.timing:
             self._log_event(_OPTIMIZER_BEGIN)
-        if step.due:
+        if step.due and not self._only_scalars_due():
             self.failsafe.call(self._on_phase_event, OPTIMIZER_BEGIN)  # saves the gradients
 
     def _on_optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
@@ -642,7 +668,10 @@ class Hook(HookBase):
         if step is not None and self.failsafe.enabled:
             self.finish_step_timing()
             if step.due and updated:
-                self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
+                if self._only_scalars_due() and self._states_hold_no_scalars():
+                    self._forward_work_ends()
+                else:
+                    self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
         self._stepping = None
         if stop:
             self._raise_stop()
@@ -691,8 +720,7 @@ class Hook(HookBase):
     def _save_parameters(self) -> None:
         if self._only_scalars_due():
             return
-        for name, param in self._params:
-            self.save_value(name, param)
+        self.save_values([(name, param, ()) for name, param in self._params])
 
     def _own_parameters(self, optimizer: torch.optim.Optimizer | None) -> list[tuple[str, nn.Parameter]]:
         """The watched parameters `optimizer` updates; all of them with one optimizer or none
@@ -705,9 +733,8 @@ class Hook(HookBase):
     def _save_gradients(self, params: list[tuple[str, nn.Parameter]] | None = None) -> None:
         if self._only_scalars_due():
             return
-        for name, param in self._params if params is None else params:
-            if param.grad is not None:
-                self.save_value(naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
+        gradients = (CollectionName.GRADIENTS,)
+        self.save_values([(naming.gradient_name(name), p.grad, gradients) for name, p in (self._params if params is None else params) if p.grad is not None])
 
     def _on_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
         if self.due and self.failsafe.enabled and param.grad is not None:
@@ -743,8 +770,17 @@ class Hook(HookBase):
         states = self._optimizer_states(optimizer)
         if self._only_scalars_due() and not self._scalar_states[id(optimizer)][1]:
             return
-        for name, value in states:
-            self.save_value(name, value, (CollectionName.OPTIMIZER_VARIABLES,))
+        self.save_values([(name, value, (CollectionName.OPTIMIZER_VARIABLES,)) for name, value in states])
+
+    def _states_hold_no_scalars(self) -> bool:
+        """Whether the optimizers' states are known (for their number of parameters with
+        state) to hold no name of a scalar collection: a step that saves only scalars then
+        has nothing to save of them."""
+        known = self._scalar_states
+        for optimizer in self._optimizers:
+            if known.get(id(optimizer)) != (len(optimizer.state), False):
+                return False
+        return True
 
     def _optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
         """(name, tensor) of `optimizer`'s per-parameter state; notes (per optimizer and
@@ -762,12 +798,38 @@ class Hook(HookBase):
         self._scalar_states[id(optimizer)] = (len(optimizer.state), scalar)
         return states
 
+    def _loss_begins(self, module: nn.Module) -> bool:
+        """At the start of a registered loss module's forward: whether its end saves."""
+        return self._losses_armed
+
+    def _loss_ends(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
+        if self._losses_armed and self.failsafe.enabled:
+            self.failsafe.call(self._save_io, name, args, output, type(module).__name__)
+
     def _save_io(self, module_name: str, args: Any, output: Any, module_class: str) -> None:
+        saver = self._saver
+        classes = saver.module_classes
         for kind, value in (("input", args), ("output", output)):
             for i, tensor in enumerate(naming.flatten_tensors(value)):
                 name = naming.activation_name(module_name, kind, i)
-                self.note_module_class(name, module_class)
-                self.save_value(name, tensor)
+                classes[name] = module_class
+                if not saver.matching(name, ()):
+                    continue  # (no included collection holds it: a loss module's inputs, mostly)
+                plan = saver.plan(name, ())
+                if plan is not None and not self._record_scalar(plan, tensor):
+                    saver.save(plan, name, tensor)
+
+    def _record_scalar(self, plan: TensorPlan, tensor: torch.Tensor) -> bool:
+        """Record a 0-d CPU tensor of a plain dtype (a loss) by reading its value (on the
+        CPU `.item()` waits for nothing), without the general capture's checks and copies;
+        False for anything else (a GPU loss is copied without a sync, by `_capture`)."""
+        if plan.reductions or tensor.__class__ is not torch.Tensor or not tensor.is_cpu or tensor.dim() or tensor.layout is not torch.strided:
+            return False
+        to_numpy = _PLAIN_SCALARS.get(tensor.dtype)
+        if to_numpy is None:
+            return False
+        self._saver.record(plan, to_numpy(tensor.item()) if plan.save_raw else None, None, ())  # type: ignore[arg-type]
+        return True
 
     @staticmethod
     def _remove(handles: list[Any]) -> None:

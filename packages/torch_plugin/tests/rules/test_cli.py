@@ -114,7 +114,7 @@ USER_RULE = textwrap.dedent('''
     class LossAbove(Rule):
         """Fires when a loss in the `losses` collection is above `limit`."""
 
-        Params = LossAboveParams
+        params: LossAboveParams
 
         def losses(self):
             return self.select_tensors(collections=["losses"], all_when_empty=False)

@@ -42,7 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import layout
-from ..config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, default_save_config
+from ..config import ALWAYS_SAVED_COLLECTIONS, Collection, ProfilerConfig, ReductionConfig, SaveConfig, default_save_config
 from ..exceptions import ConfigError, UnsupportedValue
 from ..modes import ModeKeys
 from ..store import open_store
@@ -274,12 +274,13 @@ class HookBase(StepDriver):
         return self._saver.collections_for(mode)
 
     def _hand_over(self, step: StepState) -> None:
-        writer = self._runtime.writer
-        if writer is not None:
+        writer, held = self._runtime.writer, self._runtime.held
+        if writer is not None and held is not None:
             saved = self._runtime.saved
             if saved is not None:
                 saved.note(step.mode, step.tensors)
-            writer.write_step(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes)
+            # (Steps that saved only losses and metrics go to the writer in batches: held_steps.py.)
+            held.hand_over(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes, step.due_names <= ALWAYS_SAVED_COLLECTIONS)
             if writer.failed:
                 self.failsafe.enabled = False
 
@@ -326,6 +327,11 @@ class HookBase(StepDriver):
         """Save `value` as tensor `name` when due: a framework tensor by the plugin, anything
         else (number, numpy array) by numpy. For the plugin's own discoveries."""
         self._saver.save(self.plan(name, collections), name, value)
+
+    def save_values(self, items: Iterable[tuple[str, Any, Iterable[str]]]) -> None:
+        """`save_value` for each (name, value, collections) of `items`, in one batch where
+        the plugin can copy them together (`_capture_many`)."""
+        self._saver.save_many(items)
 
     def _record_host(self, plan: TensorPlan, array: np.ndarray) -> None:
         self._saver.record_host(plan, array)

@@ -19,6 +19,7 @@ from . import annotation
 from .control import StopPoller
 from .deadline import CLOSE_TIMEOUT_ENV, Deadline, close_timeout_from_env, finish_within, start_within
 from .evidence import TOO_LITTLE_DATA, SavedEvidence
+from .held_steps import HeldSteps
 from .hook_outputs import HookOutputs, instrument
 from .job_claim import WriterClaim
 from .phases import Clock, StepTimer
@@ -39,6 +40,7 @@ class HookRuntime:
         self._hook = hook
         self.store: Store | None = None
         self.writer: Writer | None = None
+        self.held: HeldSteps | None = None  # scalar-only steps on their way to the writer
         self.claim: WriterClaim | None = None
         self.outputs: HookOutputs | None = None
         self.stop_poller: StopPoller | None = None
@@ -61,6 +63,7 @@ class HookRuntime:
         if hook.writes_tensors:
             self.claim = self._claim_worker(store)
             self.writer = Writer(store, hook.worker)
+            self.held = HeldSteps(self.writer)
             # atexit runs the last registered first: the hook's close (which writes the end
             # marker through the writer) must come before the writer's own exit handler,
             # which closes the writer without one.
@@ -90,6 +93,10 @@ class HookRuntime:
             return None
 
     # --- the writer -------------------------------------------------------------------
+
+    def release_held(self) -> None:
+        if self.held is not None:
+            self.held.release()
 
     def write_collections(self) -> None:
         if self.writer is not None:
@@ -161,6 +168,7 @@ class HookRuntime:
     def flush(self, timeout: float | None) -> None:
         hook = self._hook
         if self.writer is not None and hook.failsafe.enabled:
+            hook.failsafe.call(self.release_held)
             hook.failsafe.call(self.write_collections)
             if not self.writer.flush(timeout) and self.writer.in_outage:
                 return  # the store is not answering: the timeline and monitor retry on their own threads
@@ -203,6 +211,7 @@ class HookRuntime:
             if part is not None:
                 parts[name] = start_within(self._part_closer(part, deadline), name)
         if self.writer is not None:
+            hook.failsafe.call(self.release_held)
             hook.failsafe.call(self.write_collections)
             # Only rank 0 marks the job finished; other workers just flush.
             self.writer.close(end_marker=hook.rank == 0, deadline=deadline.earlier(min(_AFTER_WRITER_S, deadline.seconds / 10)))

@@ -16,7 +16,7 @@ import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..config import Collection
+from ..config import ALWAYS_SAVED_COLLECTIONS, Collection
 from ..exceptions import ConfigError
 from ..modes import ModeKeys
 from .phases import EVENT_CODES, EVENT_OF_CODE, EVENTS, OTHER, PHASE_CODES, PHASES, Clock, PhaseLog
@@ -28,6 +28,22 @@ _perf_counter = time.perf_counter
 _event_code = EVENT_CODES.get  # one call, where `EVENT_CODES.get(...)` is a lookup and a call
 _TRAIN = ModeKeys.TRAIN
 _OTHER_CODE = PHASE_CODES[OTHER]
+# Collections of scalars (losses, metrics): due at every step under the capture defaults. A
+# step where only these are due is routine: the cost meter samples it like a step where
+# nothing is due instead of timing each one.
+_SCALARS = ALWAYS_SAVED_COLLECTIONS
+
+
+class _DueRun:
+    """The same collections due at every mode step in [first, until) of one mode (losses
+    and metrics under the capture defaults): `_due_at` answers from it without asking
+    each collection's schedule."""
+
+    __slots__ = ("first", "until", "due", "names")
+
+    def __init__(self, first: int, until: float, due: tuple[Collection, ...]) -> None:
+        self.first, self.until, self.due = first, until, due
+        self.names = frozenset(c.name for c in due)
 
 
 class StepState:
@@ -108,6 +124,9 @@ class StepDriver:
     failsafe: Any
     profiler_failsafe: Any
     writes_tensors: bool
+    # The phase events (`phases.EVENT_CODES`) the plugin's `_on_phase_event` acts on; None:
+    # all. An event that opens a step is passed on only when it is one of them.
+    _plugin_events: frozenset[int] | None = None
 
     def _on_step_begin(self, due: bool) -> None: ...
 
@@ -225,8 +244,9 @@ class StepDriver:
             previous = c.step
             if previous is not None:
                 if previous is not c.idle and (previous.due or previous.tensors or previous.shapes):
-                    slow = True
-                    if meter is not None:
+                    # (A step that saved only scalars is routine: timed when a block begins.)
+                    if meter is not None and not previous.due_names <= _SCALARS:
+                        slow = True
                         started, timed = _perf_counter(), True
                         meter.depth = 1
                     self._end_step()
@@ -243,14 +263,17 @@ class StepDriver:
             c.global_step = global_step + 1
             if global_step >= c.meter_at and meter is not None and not timed:
                 started, timed = _perf_counter(), True
+                meter.depth = 1
             next_due = c.next_due[mode]
             # Most steps save nothing: compare with the next due step instead of asking every
             # collection's schedule.
-            if next_due is not None and mode_step >= next_due and self.writes_tensors and (due := self._due_at(mode, mode_step)):
-                slow = True
-                if meter is not None and not timed:
+            if next_due is not None and mode_step >= next_due and self.writes_tensors and (run := self._due_at(mode, mode_step)) is not None:
+                due, names = run
+                if meter is not None and not timed and not names <= _SCALARS:
+                    slow = True
                     started, timed = _perf_counter(), True
-                step = c.step = StepState(global_step, mode, mode_step, due, frozenset(collection.name for collection in due))
+                    meter.depth = 1
+                step = c.step = StepState(global_step, mode, mode_step, due, names)
             else:
                 due = ()
                 # Steps where nothing is due share one state object, numbered by the
@@ -277,10 +300,8 @@ class StepDriver:
                 if c.notify:
                     self._on_step_begin(False)
                 return False
-            if meter is not None:
-                meter.depth = 1
             self._on_step_begin(True)
-            if code is not None and c.step is step:
+            if code is not None and c.step is step and (self._plugin_events is None or code in self._plugin_events):
                 self.failsafe.call(self._on_phase_event, EVENT_OF_CODE[code])
             return True
         except Exception as exc:
@@ -299,14 +320,35 @@ class StepDriver:
         if self._log is not None:
             self._log.bound()  # (a log nothing drains must not grow without end)
 
-    def _due_at(self, mode: ModeKeys, mode_step: int) -> tuple[Collection, ...]:
-        """The collections due at `mode_step` of `mode`; sets when the next one is due."""
+    def _due_at(self, mode: ModeKeys, mode_step: int) -> tuple[tuple[Collection, ...], frozenset[str]] | None:
+        """(The collections due at `mode_step` of `mode`, their names), None when none is;
+        sets when the next one is due."""
+        runs: dict[ModeKeys, _DueRun] = self.__dict__.setdefault("_due_runs", {})
+        run = runs.get(mode)
+        if run is not None and run.first <= mode_step < run.until:
+            self._counters.next_due[mode] = mode_step + 1
+            return run.due, run.names
         candidates = self._collections_for(mode)
         # with_defaults gave every included collection a save_config.
-        due = tuple(c for c in candidates if c.save_config.should_save(mode_step, mode))  # type: ignore[union-attr]
-        upcoming = [n for n in (c.save_config.for_mode(mode).next_save_step(mode_step + 1) for c in candidates) if n is not None]  # type: ignore[union-attr]
+        configs = [c.save_config.for_mode(mode) for c in candidates]  # type: ignore[union-attr]
+        due = tuple(c for c, config in zip(candidates, configs) if config.should_save(mode_step))
+        first = mode_step + 1
+        nexts = [config.next_save_step(first) for config in configs]
+        upcoming = [n for n in nexts if n is not None]
         self._counters.next_due[mode] = min(upcoming) if upcoming else None
-        return due
+        # From the next step on, the collections saved at every step (interval 1) are due
+        # alone until another one is due or one of them ends.
+        every = [
+            config.save_interval == 1 and config.start_step <= first and (config.end_step is None or config.end_step > first)
+            for config in configs
+        ]
+        if any(every):
+            bounds = [config.end_step if each else n for config, n, each in zip(configs, nexts, every)]
+            until = min([float("inf"), *(n for n in bounds if n is not None)])
+            runs[mode] = _DueRun(first, until, tuple(c for c, each in zip(candidates, every) if each))
+        else:
+            runs.pop(mode, None)
+        return (due, frozenset(c.name for c in due)) if due else None
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
         """Close the open step: its timeline ends now and what it saved goes to the writer.

@@ -75,12 +75,16 @@ class StepFramer:
         return name
 
     def frame(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
-              arrays: dict[str, np.ndarray] | None = None) -> tuple[list[Any], dict[str, Any]]:
+              arrays: dict[str, np.ndarray] | None = None, *, parts: list[Any] | None = None, event_key: str | None = None,
+              offset: int = 0) -> tuple[list[Any], dict[str, Any]]:
         """(the event file's buffers, its index). `arrays`, when given, receives each saved
-        tensor's array (for step listeners)."""
-        event_key = layout.event_file_key(step, self.worker)
-        parts: list[Any] = records.frame([events.file_version_event()])
-        offset = sum(len(p) for p in parts)
+        tensor's array (for step listeners). With `parts` (the buffers of event file
+        `event_key` so far, `offset` bytes), the step's records are appended to them:
+        several steps in one file (Writer.write_steps)."""
+        if parts is None or event_key is None:
+            event_key = layout.event_file_key(step, self.worker)
+            parts = records.frame([events.file_version_event()])
+            offset = sum(len(p) for p in parts)
         payload_index = []
         kept_shapes = dict(shapes)
         wall_time = time.time()  # one time for the step's records: they are framed together
@@ -147,6 +151,9 @@ class StepTables:
         }
         if index["shape_payload"]:
             entry["shapes"] = {s["tensorname"]: s["shape"] for s in index["shape_payload"]}
+        event_key = index["meta"]["event_file_name"]
+        if event_key != layout.event_file_key(step, self.worker):  # a batch's shared event file (Writer.write_steps)
+            entry["event"] = event_key
         self._entries.append(entry)
         return done
 

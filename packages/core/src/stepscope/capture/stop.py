@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -79,6 +80,7 @@ class StopCoordinator:
         # just before it is raised (the black box); each guarded, never raising into training.
         self.on_control: Callable[[dict[str, Any]], None] | None = None
         self.before_raise: Callable[[BaseException], None] | None = None
+        self.training_thread: threading.Thread | None = None  # the thread that ends TRAIN steps (known from the first decision)
 
     def start(self, store: Any, interval_s: float) -> StopPoller:
         self.poller = StopPoller(store, interval_s, on_request=self.on_request, on_control=self.on_control_request)
@@ -104,6 +106,7 @@ class StopCoordinator:
     def decide(self, n: int) -> bool:
         """Whether training stops at the end of the `n`-th TRAIN step (n >= stop_check_at);
         serves a waiting on-demand request first."""
+        self.training_thread = threading.current_thread()  # (the black box tells the training thread's death from another's)
         stop = self._decide(n)
         # After `stop_check_at` is set: a request the poller leaves now lowers it again.
         poller = self.poller

@@ -83,6 +83,15 @@ class _StepJob:
 
 
 @dataclass
+class _StepBatch:
+    """Small steps handed over together (a hook's scalar-only steps): framed into one event
+    file, each step still with its own index file (what smdebug's reader lists)."""
+
+    steps: list[_StepJob]
+    nbytes: int
+
+
+@dataclass
 class _FileJob:
     key: str
     data: Any
@@ -217,6 +226,20 @@ class Writer:
         nbytes = sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values())
         return self._put(_StepJob(int(step), ModeKeys.parse(mode), int(mode_step), dict(tensors), dict(shapes or {}), nbytes), nbytes)
 
+    def write_steps(self, steps: Sequence[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> bool:
+        """Enqueue several small steps, each (step, mode, mode_step, tensors, shapes), as one
+        job: their records go into one event file (named by the first step), published
+        before the steps' own index files, which point into it. For steps of a few scalars,
+        where a file per step would cost more than the step's bytes."""
+        jobs = [
+            _StepJob(int(step), ModeKeys.parse(mode), int(mode_step), dict(tensors), dict(shapes or {}), sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values()))
+            for step, mode, mode_step, tensors, shapes in steps
+        ]
+        if not jobs:
+            return True
+        nbytes = sum(j.nbytes for j in jobs)
+        return self._put(_StepBatch(jobs, nbytes), nbytes)
+
     def write_file(self, key: str, data: bytes) -> bool:
         """Enqueue a whole file (collections JSON, a control or report object)."""
         return self._put(_FileJob(key, data, len(data)), len(data))
@@ -252,6 +275,8 @@ class Writer:
             self._queued_bytes += nbytes
             if isinstance(job, _StepJob):
                 self._unpublished.add(job.step)
+            elif isinstance(job, _StepBatch):
+                self._unpublished.update(j.step for j in job.steps)
             elif isinstance(job, _FileJob):
                 self._unpublished_files.add(job.key)
             self._cond.notify_all()
@@ -273,6 +298,9 @@ class Writer:
         if isinstance(job, _StepJob):
             self._lost_steps.add(job.step)
             what = f"step {job.step}"
+        elif isinstance(job, _StepBatch):
+            self._lost_steps.update(j.step for j in job.steps)
+            what = f"steps {job.steps[0].step}-{job.steps[-1].step}"
         else:
             self._lost_files.add(job.key)
             what = f"file {job.key}"
@@ -373,10 +401,12 @@ class Writer:
                 # Outside the lock: the publisher takes it to count what it published.
                 self._framed.put(None)  # tells the publisher to stop
                 return
-            framed = None
+            framed: Any = None
             started = time.perf_counter()
             if isinstance(job, _StepJob) and self._failsafe.enabled and not self._abandoned:
                 framed = self._failsafe.call(self._frame_step, job)
+            elif isinstance(job, _StepBatch) and self._failsafe.enabled and not self._abandoned:
+                framed = self._failsafe.call(self._frame_batch, job)
             self.busy_s += time.perf_counter() - started
             self._framed.put((job, framed))
 
@@ -401,6 +431,9 @@ class Writer:
                         self._failsafe.call(self._publish_status)
                     if job.end_marker and self._failsafe.enabled:
                         self._failsafe.call(self._write, layout.END_MARKER, b"")
+                elif isinstance(job, _StepBatch):
+                    if framed is not None:
+                        self._failsafe.call(self._publish_batch, *framed)
                 elif framed is not None:
                     self._failsafe.call(self._publish_step, job, *framed)
                 if self._status_due and self._outage_since is None and self._failsafe.enabled:
@@ -412,20 +445,40 @@ class Writer:
                     # Published (or dropped as a duplicate): no longer at risk.
                     if isinstance(job, _StepJob):
                         self._unpublished.discard(job.step)
+                    elif isinstance(job, _StepBatch):
+                        self._unpublished.difference_update(j.step for j in job.steps)
                     elif isinstance(job, _FileJob):
                         self._unpublished_files.discard(job.key)
                 self._cond.notify_all()
 
-    def _frame_step(self, job: _StepJob) -> tuple[list[Any], dict[str, Any]] | None:
+    def _frame_step(self, job: _StepJob, parts: list[Any] | None = None, event_key: str | None = None, offset: int = 0) -> tuple[list[Any], dict[str, Any]] | None:
+        """(the event file's buffers, the step's index); with `parts` (`offset` bytes), the
+        step's records are appended to those of event file `event_key` (a batch)."""
         if job.step in self._published:
             logger.warning("stepscope: step %d of %s was handed over twice; the second one is dropped", job.step, self.worker)
             return None
         self._published.add(job.step)
         arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
-        parts, index = self._framer.frame(job.step, job.mode, job.mode_step, job.tensors, job.shapes, arrays)
+        parts, index = self._framer.frame(job.step, job.mode, job.mode_step, job.tensors, job.shapes, arrays, parts=parts, event_key=event_key, offset=offset)
         if arrays is not None:
             self._notify(job, arrays)
         return parts, index
+
+    def _frame_batch(self, batch: _StepBatch) -> tuple[list[Any], list[tuple[_StepJob, dict[str, Any]]]] | None:
+        """One event file for the batch's steps (named by the first), one index per step."""
+        parts: list[Any] | None = None
+        event_key = None
+        offset = 0
+        indexed = []
+        for job in batch.steps:
+            before = len(parts) if parts is not None else 0
+            framed = self._frame_step(job, parts, event_key, offset)
+            if framed is not None:
+                parts, index = framed
+                offset = (offset if before else 0) + sum(memoryview(p).nbytes for p in parts[before:])
+                event_key = index["meta"]["event_file_name"]
+                indexed.append((job, index))
+        return (parts, indexed) if parts is not None else None
 
     def _notify(self, job: _StepJob, arrays: dict[str, np.ndarray]) -> None:
         for listener in list(self.step_listeners):
@@ -521,6 +574,20 @@ class Writer:
             return
         self.bytes_written += sum(memoryview(p).nbytes for p in parts) + len(index_bytes)
         self._add_to_step_table(job.step, index)
+
+    def _publish_batch(self, parts: list[Any], indexed: list[tuple[_StepJob, dict[str, Any]]]) -> None:
+        """The batch's event file, then each step's index file (published last: a reader
+        that finds an index finds its records)."""
+        kept = [(job, index) for job, index in indexed if index["tensor_payload"] or index["shape_payload"] or not job.tensors]
+        if not kept or not self._write(kept[0][1]["meta"]["event_file_name"], parts):
+            return
+        self.bytes_written += sum(memoryview(p).nbytes for p in parts)
+        for job, index in kept:
+            index_bytes = json.dumps(index).encode()
+            if not self._write(layout.index_file_key(job.step, self.worker), index_bytes):
+                return
+            self.bytes_written += len(index_bytes)
+            self._add_to_step_table(job.step, index)
 
     def _add_to_step_table(self, step: int, index: dict[str, Any]) -> None:
         done = self._tables.add(step, index)

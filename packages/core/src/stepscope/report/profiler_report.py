@@ -27,7 +27,6 @@ class ProfilerReport(JobRule):
     them fires. Rules of the same `stepscope check` run (`companions`) are shown too, and
     not run again."""
 
-    Params = ProfilerReportParams
     params: ProfilerReportParams
     explanation: ClassVar[Explanation | None] = Explanation(
         definition=(

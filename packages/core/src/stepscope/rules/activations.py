@@ -15,6 +15,7 @@ from ..health import InactiveTracker, Series, activation_kind, activation_layers
 from ..health import activation_input as _activation_input
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
+from .params import ranged
 from .tensors import GRADIENT_REGEX, TRAINING_MODES
 
 # Module classes whose output is an affine map with a bias (a ReLU's input when the ReLU is a function).
@@ -29,18 +30,13 @@ def _parent(module: str) -> str:
 @dataclass(frozen=True)
 class _LayerParams(RuleParams):
     tensor_regex: tuple[str, ...] = ()
-    threshold_inactivity: float = 1.0
-    threshold_layer: float = 50.0
+    threshold_inactivity: float = ranged(1.0, "percent")
+    threshold_layer: float = ranged(50.0, "percent")
     # A unit counts only when it was inactive at each of the layer's last `persistence`
     # saved steps (each a different batch): 1 is SageMaker's one-batch judgement.
-    persistence: int = 1
+    persistence: int = ranged(1, "positive_int")
     # Also inspect tensors the hook recorded as a ReLU's output / a tanh's or sigmoid's input.
     by_module_class: bool = False
-
-    def validate(self, owner: str) -> None:
-        require(owner, "threshold_inactivity", self.threshold_inactivity, 0 <= self.threshold_inactivity <= 100, "a percentage in [0, 100]")
-        require(owner, "threshold_layer", self.threshold_layer, 0 <= self.threshold_layer <= 100, "a percentage in [0, 100]")
-        require(owner, "persistence", self.persistence, self.persistence >= 1, ">= 1 saved steps")
 
 
 class _InactiveUnits(Rule):
@@ -138,7 +134,6 @@ class DeadRelu(_InactiveUnits):
     unit, which for a unit <= 0 on every sample only a ReLU-like zero slope does). Layers
     beside a ReLU module (same parent module) are left to that module's output."""
 
-    Params = DeadReluParams
     params: DeadReluParams
     min_saved_steps = 1
     to_save = "layer outputs"
@@ -230,7 +225,6 @@ class SaturatedActivation(_InactiveUnits):
     activations, `tensor_regex` (default `.*tanh_input`, `.*sigmoid_input`); the name says
     which function it is."""
 
-    Params = SaturatedActivationParams
     params: SaturatedActivationParams
     min_saved_steps = 1
     to_save = "layer outputs"
@@ -293,15 +287,12 @@ def default_inactive_series(trial: Trial) -> tuple[list[Series], dict[str, int]]
 class PoorWeightInitializationParams(RuleParams):
     activation_inputs_regex: tuple[str, ...] = (".*relu_input",)
     threshold: float = 10.0
-    distribution_range: float = 0.001
-    patience: int = 5
-    steps: int = 10
+    distribution_range: float = ranged(0.001, "non_negative")
+    patience: int = ranged(5, "positive_int")
+    steps: int = ranged(10, "positive_int")
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold", self.threshold, self.threshold >= 1, ">= 1")
-        require(owner, "distribution_range", self.distribution_range, self.distribution_range >= 0, ">= 0")
-        require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
-        require(owner, "steps", self.steps, self.steps >= 1, ">= 1")
 
 
 class PoorWeightInitialization(Rule):
@@ -311,7 +302,6 @@ class PoorWeightInitialization(Rule):
     (2) some gradient's 5th-to-95th percentile spread is below `distribution_range`
     (0.001), or (3) the loss did not reach a new minimum for `patience` (5) saved steps."""
 
-    Params = PoorWeightInitializationParams
     params: PoorWeightInitializationParams
     to_save = "layer outputs, gradients and losses at the start"
 

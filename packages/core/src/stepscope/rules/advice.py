@@ -192,6 +192,78 @@ EXPLANATIONS: dict[str, Explanation] = {
          "Pre-process once and cache; use tf.data prefetch/AUTOTUNE in Keras"),
     ),
     "OverallSystemUsage": Explanation("Percentiles of CPU, GPU, memory, IO, disk and network per node; never fires."),
+    # --- trace rules (rules.traces) -----------------------------------------------------
+    "HighLaunchLatency": Explanation(
+        "Kernels wait long after their launch call returns before they run: p95 launch delay per step above the threshold.",
+        ("The GPU queue is full: the host runs far ahead of a busy stream", "Synchronous work between launches on another stream", "Too many tiny kernels queued behind large ones"),
+        ("Look at the merged timeline (stepscope timeline) around the slowest launches", "Overlap or reorder streams; use CUDA graphs for fixed-shape steps"),
+    ),
+    "SmallKernelsDominating": Explanation(
+        "Most kernels of a step are tiny, so launch overhead rather than GPU work sets the step time.",
+        ("Small batches or layers", "Many elementwise operations that are not fused", "Python-level loops over tensors"),
+        ("Compile the model (torch.compile, XLA / jit_compile=True) to fuse kernels", "Use CUDA graphs", "Raise the batch size"),
+    ),
+    "ManySyncsPerStep": Explanation(
+        "The host waits for the GPU many times per step: each synchronize empties the GPU's queue.",
+        ("loss.item(), .cpu(), .numpy() or printing tensors inside the step", "Metrics computed on the host every step", "torch.cuda.synchronize() calls left from debugging"),
+        ("Accumulate metrics on the GPU and read them every N steps", "Remove explicit synchronize calls; use non_blocking copies"),
+    ),
+    "MemcpyBoundStep": Explanation(
+        "Copies between host and device take a large share of the step.",
+        ("Batches copied from pageable memory", "Copies not overlapped with compute", "Tensors moved back and forth between CPU and GPU"),
+        ("DataLoader(pin_memory=True) and .to(device, non_blocking=True)", "Keep tensors on the GPU; prefetch the next batch on a side stream"),
+    ),
+    "RankStraggler": Explanation(
+        "One rank is slower than the others in the same steps, and in synchronous training every rank waits for it.",
+        (
+            "A slower or throttled GPU (thermal or power limits, a different model, ECC errors)",
+            "More work on that rank: an uneven data shard, longer sequences, its own extra logging or checkpointing",
+            "Its host is busy: data loading, another process on the node, a slower disk or network",
+        ),
+        (
+            "Compare the rank's GPU clocks, temperature and utilization with its peers' (system metrics)",
+            "Balance the data across ranks (bucket by sequence length); move checkpointing and logging off the step",
+            "stepscope profile JOB --rank R for the rank's detail; stepscope sql JOB for the ranks side by side",
+        ),
+    ),
+    # --- memory rules (rules.memory) ----------------------------------------------------
+    "MemoryNearLimit": Explanation(
+        "A step's memory peak comes close to the device's memory: a slightly larger input or more fragmentation ends in an out-of-memory error.",
+        ("A batch size or sequence length at the edge of what fits", "Activations of a deep model kept for the backward pass", "Optimizer state and gradients in full precision"),
+        (
+            "Activation checkpointing (torch.utils.checkpoint) for the largest blocks",
+            "A smaller batch with gradient accumulation to keep the effective batch",
+            "Mixed precision (bf16/fp16 autocast), or sharded optimizer state (ZeRO / FSDP)",
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to waste less of the reserved memory",
+        ),
+    ),
+    "MemoryGrowth": Explanation(
+        "Each step leaves memory allocated behind it: the job grows until it runs out of memory.",
+        (
+            "A list or dict that keeps every step's outputs or losses (append(loss) instead of append(loss.item()))",
+            "Tensors kept with their autograd graph (store .detach() values)",
+            "A cache keyed by something that changes every step",
+        ),
+        (
+            "Free the references: store loss.item() / tensor.detach().cpu(), clear per-step lists",
+            "The operator named in the evidence allocated the bytes that were kept",
+            "Record an allocator snapshot (torch.cuda.memory._record_memory_history) to see the stacks of the kept blocks",
+        ),
+    ),
+    "MemoryFragmentation": Explanation(
+        "At the memory peak the caching allocator holds much more memory than the tensors use: reserved segments are split into blocks too small for the requests.",
+        ("Tensor sizes that change every step (variable sequence lengths, dynamic shapes)", "Large temporary buffers interleaved with long-lived tensors"),
+        (
+            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments that grow instead of new ones)",
+            "Pad inputs to a few fixed sizes (bucketing)",
+            "Allocate long-lived buffers first, or set max_split_size_mb for large blocks",
+        ),
+    ),
+    "RankMemoryImbalance": Explanation(
+        "One rank needs much more memory than the others: it sets the batch size every rank can use, and fails first.",
+        ("Rank 0 doing extra work (evaluation, logging, checkpoint gathering)", "Uneven pipeline stages or sharding", "Uneven inputs (longer sequences on one rank)"),
+        ("Move rank-0-only work off the training step, or spread it", "Balance stages / shards; bucket inputs by length across ranks"),
+    ),
 }
 
 GENERIC = Explanation("A user-defined rule.")

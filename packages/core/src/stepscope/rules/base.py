@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import os
 import re
+import sys
+from collections import ChainMap
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -17,6 +19,7 @@ import numpy as np
 from ..exceptions import CorruptRecord, StepscopeError, StoreError
 from ..modes import ModeKeys
 from ..reductions import parse_reduction_tensor_name
+from .advice import EXPLANATIONS
 from .params import RuleParams, require
 from .reading import MISSING, TensorReader, TensorRequest
 from .report import Evidence, Explanation, RuleReport, jsonable
@@ -31,6 +34,21 @@ _DIRECT = TensorReader()
 logger = logging.getLogger("stepscope")
 
 
+def _declared_params(cls: type, scope: Mapping[str, Any]) -> type[RuleParams] | None:
+    """The RuleParams class a rule class annotates `params` with in its own body, or None (no
+    annotation, or a union of several). Under postponed evaluation the annotation is a string:
+    resolved in the class's body, the `scope` that defines the class (a function's locals)
+    and its module, as typing.get_type_hints would with those namespaces."""
+    annotation = cls.__dict__.get("__annotations__", {}).get("params")
+    if isinstance(annotation, str):
+        module = sys.modules.get(cls.__module__)
+        try:
+            annotation = eval(annotation, vars(module) if module else {}, ChainMap(dict(vars(cls)), dict(scope)))
+        except NameError as exc:
+            raise TypeError(f"{cls.__name__}: `params: {annotation}` names no class defined before the rule ({exc}); define the RuleParams dataclass first, or set `Params`") from None
+    return annotation if isinstance(annotation, type) and issubclass(annotation, RuleParams) else None
+
+
 class RuleEvaluationConditionMet(StepscopeError):
     """Raised by `invoke_rule(..., raise_on_fire=True)` when a rule fires (smdebug's name)."""
 
@@ -42,8 +60,10 @@ class RuleEvaluationConditionMet(StepscopeError):
 class Rule:
     """A check over one training job.
 
-    Subclasses set `Params` (a RuleParams dataclass: parameters with SageMaker's defaults),
-    `explanation` (definition, causes, advice) and, when stepscope's default set should use
+    Subclasses declare `params: XParams` (a RuleParams dataclass: parameters with
+    SageMaker's defaults; the class attribute `Params` is set from that annotation, or may
+    be set directly), `explanation` (definition, causes, advice; built-in rules take theirs
+    from rules.advice by class name) and, when stepscope's default set should use
     other values than SageMaker's, `preset`. A tensor rule implements
     `invoke_at_step(step)` and calls `self.violation(...)` for each problem it finds; the
     rule fired at a step when it reported a violation there (a custom rule that only returns
@@ -68,6 +88,17 @@ class Rule:
     # 0: the rule does not say (user rules). Rules with other needs override `finish`.
     min_saved_steps: ClassVar[int] = 0
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # One declaration per fact: the parameters class is the `params` annotation, the
+        # explanation of a built-in rule is its entry in rules.advice.
+        if "Params" not in cls.__dict__:
+            declared = _declared_params(cls, sys._getframe(1).f_locals)  # the class statement's scope
+            if declared is not None:
+                cls.Params = declared
+        if "explanation" not in cls.__dict__ and cls.__name__ in EXPLANATIONS:
+            cls.explanation = EXPLANATIONS[cls.__name__]
+
     def __init__(self, base_trial: Any, *, name: str | None = None, actions: Sequence[Action] = (), **params: Any):
         self.base_trial = base_trial
         self.name = name or self.rule_name or type(self).__name__
@@ -88,14 +119,10 @@ class Rule:
 
     @classmethod
     def explain(cls) -> Explanation:
-        """The rule's explanation: its own, else the built-in one of its class, else the docstring."""
-        from .advice import EXPLANATIONS
-
+        """The rule's explanation: its own or the built-in one of its class (or of a class it
+        extends), else the docstring."""
         if cls.explanation is not None:
             return cls.explanation
-        for klass in cls.__mro__:
-            if klass.__name__ in EXPLANATIONS:
-                return EXPLANATIONS[klass.__name__]
         return Explanation(" ".join((cls.__doc__ or "A user-defined rule.").split()))
 
     @property

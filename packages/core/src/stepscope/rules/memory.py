@@ -13,7 +13,6 @@ import pandas as pd
 
 from .base import JobRule
 from .params import RuleParams, ranged
-from .report import Explanation
 
 _MAX_LISTED = 20
 _MIB = 1 << 20
@@ -67,18 +66,7 @@ class MemoryNearLimit(MemoryRule):
     """A step's peak (the higher of allocated and reserved) is above `max_fraction` of the
     device's memory: the next larger batch, longer sequence or fragmentation runs out."""
 
-    Params = MemoryNearLimitParams
     params: MemoryNearLimitParams
-    explanation = Explanation(
-        "A step's memory peak comes close to the device's memory: a slightly larger input or more fragmentation ends in an out-of-memory error.",
-        ("A batch size or sequence length at the edge of what fits", "Activations of a deep model kept for the backward pass", "Optimizer state and gradients in full precision"),
-        (
-            "Activation checkpointing (torch.utils.checkpoint) for the largest blocks",
-            "A smaller batch with gradient accumulation to keep the effective batch",
-            "Mixed precision (bf16/fp16 autocast), or sharded optimizer state (ZeRO / FSDP)",
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to waste less of the reserved memory",
-        ),
-    )
 
     def _judge(self, analysis: Any, steps: pd.DataFrame) -> None:
         limits = {} if self.params.limit_bytes else {(int(r.rank), str(r.device)): int(r.total_bytes) for r in analysis.device_memory().itertuples()}
@@ -122,21 +110,7 @@ class MemoryGrowth(MemoryRule):
     is allocated at the step's end than at its start, by `min_growth_bytes` or more in all:
     a reference keeps every step's tensors alive (a leak)."""
 
-    Params = MemoryGrowthParams
     params: MemoryGrowthParams
-    explanation = Explanation(
-        "Each step leaves memory allocated behind it: the job grows until it runs out of memory.",
-        (
-            "A list or dict that keeps every step's outputs or losses (append(loss) instead of append(loss.item()))",
-            "Tensors kept with their autograd graph (store .detach() values)",
-            "A cache keyed by something that changes every step",
-        ),
-        (
-            "Free the references: store loss.item() / tensor.detach().cpu(), clear per-step lists",
-            "The operator named in the evidence allocated the bytes that were kept",
-            "Record an allocator snapshot (torch.cuda.memory._record_memory_history) to see the stacks of the kept blocks",
-        ),
-    )
 
     def _judge(self, analysis: Any, steps: pd.DataFrame) -> None:
         growth = analysis.memory_growth()
@@ -181,17 +155,7 @@ class MemoryFragmentation(MemoryRule):
     caching allocator's reserved memory is not allocated: cached blocks that the requests
     of that moment could not use (fragmentation)."""
 
-    Params = MemoryFragmentationParams
     params: MemoryFragmentationParams
-    explanation = Explanation(
-        "At the memory peak the caching allocator holds much more memory than the tensors use: reserved segments are split into blocks too small for the requests.",
-        ("Tensor sizes that change every step (variable sequence lengths, dynamic shapes)", "Large temporary buffers interleaved with long-lived tensors"),
-        (
-            "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True (segments that grow instead of new ones)",
-            "Pad inputs to a few fixed sizes (bucketing)",
-            "Allocate long-lived buffers first, or set max_split_size_mb for large blocks",
-        ),
-    )
 
     def _judge(self, analysis: Any, steps: pd.DataFrame) -> None:
         judged = 0
@@ -226,13 +190,7 @@ class RankMemoryImbalance(MemoryRule):
     """One rank's highest peak is more than `max_ratio` times the median rank's on the same
     kind of device: that rank runs out of memory first."""
 
-    Params = RankMemoryImbalanceParams
     params: RankMemoryImbalanceParams
-    explanation = Explanation(
-        "One rank needs much more memory than the others: it sets the batch size every rank can use, and fails first.",
-        ("Rank 0 doing extra work (evaluation, logging, checkpoint gathering)", "Uneven pipeline stages or sharding", "Uneven inputs (longer sequences on one rank)"),
-        ("Move rank-0-only work off the training step, or spread it", "Balance stages / shards; bucket inputs by length across ranks"),
-    )
 
     def _judge(self, analysis: Any, steps: pd.DataFrame) -> None:
         ranks = analysis.memory_ranks()

@@ -120,14 +120,14 @@ class _Bottleneck(ProfilerRule):
 class CPUBottleneck(_Bottleneck):
     """GPUs idle while the CPU is saturated, for more than `threshold` % of the samples."""
 
-    Params = CPUBottleneckParams
+    params: CPUBottleneckParams
     dimension, busy = "CPUUtilization", "cpu_threshold"
 
 
 class IOBottleneck(_Bottleneck):
     """GPUs idle while the CPUs wait on IO, for more than `threshold` % of the samples."""
 
-    Params = IOBottleneckParams
+    params: IOBottleneckParams
     dimension, busy = "I/OWaitPercentage", "io_threshold"
 
 
@@ -144,7 +144,6 @@ class LowGPUUtilization(ProfilerRule):
     """Per GPU and window of `window` samples: p95 below `threshold_p95` (under-used), or p95
     above it with p5 below `threshold_p5` (fluctuating)."""
 
-    Params = LowGPUUtilizationParams
     params: LowGPUUtilizationParams
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
@@ -191,7 +190,6 @@ class GPUMemoryIncrease(ProfilerRule):
     """Per GPU, the mean memory footprint of a window of `window` samples exceeds the
     previous window's by more than `increase` percentage points."""
 
-    Params = GPUMemoryIncreaseParams
     params: GPUMemoryIncreaseParams
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
@@ -234,7 +232,6 @@ class BatchSize(ProfilerRule):
     """Per GPU and window: CPU, GPU and GPU-memory p95 all below their thresholds, so the
     machine idles and a larger batch (or a smaller instance) would do."""
 
-    Params = BatchSizeParams
     params: BatchSizeParams
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
@@ -285,7 +282,6 @@ class LoadBalancing(ProfilerRule):
     measured as the earth mover's distance between them over the 0-100 % range (0: same
     distribution, 1: one always idle while the other is always busy)."""
 
-    Params = LoadBalancingParams
     params: LoadBalancingParams
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
@@ -327,7 +323,6 @@ class StepOutlier(ProfilerRule):
     50), an outlier must also take `min_ratio` times the median step and `min_excess_ms`
     more than it: scheduler jitter on millisecond steps is not worth a finding."""
 
-    Params = StepOutlierParams
     params: StepOutlierParams
     preset: ClassVar[Mapping[str, Any]] = {"min_ratio": 3.0, "min_excess_ms": 50.0}
 
@@ -373,7 +368,6 @@ class MaxInitializationTime(ProfilerRule):
     """The first step started more than `threshold` minutes after the job did (or has not
     started that long after)."""
 
-    Params = MaxInitializationTimeParams
     params: MaxInitializationTimeParams
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
@@ -423,7 +417,6 @@ class Dataloader(ProfilerRule):
     # data pipeline, not the loop, is what holds training back.
     preset: ClassVar[Mapping[str, Any]] = {"min_data_wait_percent": 25, "min_data_wait_ms": 5}
 
-    Params = DataloaderParams
     params: DataloaderParams
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
@@ -469,7 +462,6 @@ class OverallSystemUsageParams(RuleParams):
 class OverallSystemUsage(ProfilerRule):
     """Per node, percentiles of CPU, GPU, memory, IO wait, disk and network; never fires."""
 
-    Params = OverallSystemUsageParams
     params: OverallSystemUsageParams
 
     _DIMENSIONS: ClassVar[tuple[str, ...]] = (

@@ -16,7 +16,6 @@ import pandas as pd
 from ..traces import checks
 from .base import JobRule
 from .params import RuleParams, ranged
-from .report import Explanation
 
 _MAX_LISTED = 20
 
@@ -59,14 +58,7 @@ class HighLaunchLatency(TraceRule):
     """The p95 launch delay of a step's kernels (GPU start minus the end of its launch call)
     is above `threshold_us`."""
 
-    Params = HighLaunchLatencyParams
     params: HighLaunchLatencyParams
-    explanation = Explanation(
-        "Kernels wait long after their launch call returns before they run: p95 launch delay per step above the threshold.",
-        ("The GPU queue is full: the host runs far ahead of a busy stream", "Synchronous work between launches on another stream", "Too many tiny kernels queued behind large ones"),
-        ("Look at the merged timeline (stepscope timeline) around the slowest launches", "Overlap or reorder streams; use CUDA graphs for fixed-shape steps"),
-    )
-
     check = "high_launch_latency"
 
 
@@ -80,14 +72,7 @@ class SmallKernelsDominating(TraceRule):
     """More than `min_share` of a step's kernel launches are shorter than `max_kernel_us`:
     the step is bound by launch overhead."""
 
-    Params = SmallKernelsParams
     params: SmallKernelsParams
-    explanation = Explanation(
-        "Most kernels of a step are tiny, so launch overhead rather than GPU work sets the step time.",
-        ("Small batches or layers", "Many elementwise operations that are not fused", "Python-level loops over tensors"),
-        ("Compile the model (torch.compile, XLA / jit_compile=True) to fuse kernels", "Use CUDA graphs", "Raise the batch size"),
-    )
-
     check = "small_kernels_dominating"
 
 
@@ -99,14 +84,7 @@ class ManySyncsParams(RuleParams):
 class ManySyncsPerStep(TraceRule):
     """More than `max_syncs` host synchronize calls in one step."""
 
-    Params = ManySyncsParams
     params: ManySyncsParams
-    explanation = Explanation(
-        "The host waits for the GPU many times per step: each synchronize empties the GPU's queue.",
-        ("loss.item(), .cpu(), .numpy() or printing tensors inside the step", "Metrics computed on the host every step", "torch.cuda.synchronize() calls left from debugging"),
-        ("Accumulate metrics on the GPU and read them every N steps", "Remove explicit synchronize calls; use non_blocking copies"),
-    )
-
     check = "many_syncs_per_step"
 
 
@@ -118,14 +96,7 @@ class MemcpyBoundParams(RuleParams):
 class MemcpyBoundStep(TraceRule):
     """memcpy/memset take more than `max_share` of a step's duration."""
 
-    Params = MemcpyBoundParams
     params: MemcpyBoundParams
-    explanation = Explanation(
-        "Copies between host and device take a large share of the step.",
-        ("Batches copied from pageable memory", "Copies not overlapped with compute", "Tensors moved back and forth between CPU and GPU"),
-        ("DataLoader(pin_memory=True) and .to(device, non_blocking=True)", "Keep tensors on the GPU; prefetch the next batch on a side stream"),
-    )
-
     check = "memcpy_bound_steps"
 
 
@@ -144,21 +115,7 @@ class RankStraggler(JobRule):
     rank, the step, and the part (phase, compute / communication kernels, memcpy, syncs,
     host wait) and kernel class that make it slow."""
 
-    Params = RankStragglerParams
     params: RankStragglerParams
-    explanation = Explanation(
-        "One rank is slower than the others in the same steps, and in synchronous training every rank waits for it.",
-        (
-            "A slower or throttled GPU (thermal or power limits, a different model, ECC errors)",
-            "More work on that rank: an uneven data shard, longer sequences, its own extra logging or checkpointing",
-            "Its host is busy: data loading, another process on the node, a slower disk or network",
-        ),
-        (
-            "Compare the rank's GPU clocks, temperature and utilization with its peers' (system metrics)",
-            "Balance the data across ranks (bucket by sequence length); move checkpointing and logging off the step",
-            "stepscope profile JOB --rank R for the rank's detail; stepscope sql JOB for the ranks side by side",
-        ),
-    )
 
     def evaluate(self) -> None:
         from ..exceptions import ConfigError

@@ -1,0 +1,66 @@
+"""Steps that save only a few scalars, handed to the writer in batches.
+
+Under the capture defaults losses and metrics are saved at every step. Handed over one by
+one, each such step wakes the writer thread and becomes an event file and an index file of
+its own: on a CPU-bound loop that costs more than the step's few bytes (the thread's wake-up
+and its turn at the GIL, about ten system calls). So a step whose due collections are only
+losses and metrics is held here, and the held steps go to the writer together
+(`Writer.write_steps`: one event file for them all, one index file per step, as smdebug's
+reader wants) once HOLD_STEPS are held or HOLD_S passed since the first, before any other
+step, and at flush and close. A reader sees such a step at most HOLD_S (or HOLD_STEPS
+steps) later than it would otherwise; `hook.flush()` publishes everything at once."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..modes import ModeKeys
+
+HOLD_STEPS = 100
+HOLD_S = 1.0
+# A held step has at most this many values of at most MAX_BYTES together (scalars: a user's
+# save_scalar of a large array goes to the writer as a step of its own).
+MAX_VALUES = 16
+MAX_BYTES = 1 << 16
+
+
+class HeldSteps:
+    """The scalar-only steps not yet handed to `writer`."""
+
+    __slots__ = ("_writer", "_steps", "_until", "max_steps", "max_s")
+
+    def __init__(self, writer: Any, max_steps: int = HOLD_STEPS, max_s: float = HOLD_S) -> None:
+        self._writer = writer
+        self._steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]] = []
+        self._until = 0.0
+        self.max_steps = max_steps
+        self.max_s = max_s
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def hand_over(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], scalars: bool) -> None:
+        """Hand a closed step to the writer, or hold it when `scalars` (only losses and
+        metrics were due) and its values are few and small. Steps reach the writer in order."""
+        if scalars and len(tensors) <= MAX_VALUES and sum(getattr(v, "nbytes", 0) or 0 for v in tensors.values()) <= MAX_BYTES:
+            held = self._steps
+            now = time.monotonic()
+            if not held:
+                self._until = now + self.max_s
+            held.append((step, mode, mode_step, tensors, shapes))
+            if len(held) >= self.max_steps or now >= self._until:
+                self.release()
+            return
+        self.release()
+        self._writer.write_step(step, mode, mode_step, tensors, shapes)
+
+    def release(self) -> None:
+        """Hand every held step to the writer (one job)."""
+        if self._steps:
+            steps, self._steps = self._steps, []
+            self._writer.write_steps(steps)
+
+
+__all__ = ["HOLD_S", "HOLD_STEPS", "HeldSteps"]

@@ -1,0 +1,99 @@
+"""The torch hook's road for steps that save only losses and metrics (every step under the
+capture defaults): a registered loss module is watched by a class swap for its whole life
+(no torch hook put on and taken off every step), a CPU loss is read with `.item()`, and the
+gradients and optimizer state are not walked. The values read back are the loop's own."""
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from stepscope import create_trial
+from stepscope_torch import Hook
+
+LOSS = "CrossEntropyLoss_output_0"
+
+
+def _train(out, model, loss_fn, steps, *, after_step=None, dtype=None):
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-2)
+    hook = Hook(str(out), include_collections=["gradients", "optimizer_variables"])  # (no save_config: the defaults)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(optimizer)
+    generator = torch.Generator().manual_seed(1)
+    x, y = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad()
+        output = model(x)
+        loss = loss_fn(output if dtype is None else output.to(dtype), y)
+        loss.float().backward()
+        optimizer.step()
+        losses.append(loss.detach().float().item())
+        if after_step is not None:
+            after_step(loss_fn, y)
+    hook.close()
+    return create_trial(str(out)), losses
+
+
+def test_the_loss_is_saved_at_every_step_with_the_loop_s_values(tmp_path, mlp):
+    loss_fn = nn.CrossEntropyLoss()
+    trial, losses = _train(tmp_path, mlp(), loss_fn, 130)
+    assert trial.tensor(LOSS).steps() == list(range(130))
+    assert [float(trial.tensor(LOSS).value(s)) for s in range(130)] == [float(np.float32(v)) for v in losses]
+    assert trial.tensor(LOSS).value(7).dtype == np.float32 and trial.tensor(LOSS).value(7).shape == ()
+    # Tensors keep the default schedule; the gradients are the ones of their steps.
+    assert trial.tensor("gradient/fc1.weight").steps() == [*range(10), *range(10, 100, 10), 100]
+    # At close the loss module is itself again: no stepscope class, no torch hook left.
+    assert type(loss_fn) is nn.CrossEntropyLoss and not loss_fn._forward_hooks
+    assert type(pickle.loads(pickle.dumps(loss_fn))) is nn.CrossEntropyLoss
+
+
+def test_a_loss_computed_after_the_update_belongs_to_no_step(tmp_path, mlp):
+    def after_step(loss_fn, y):  # e.g. a logging loss on other outputs, outside the step
+        loss_fn(torch.zeros(8, 3), y)
+
+    trial, losses = _train(tmp_path, mlp(), loss_fn := nn.CrossEntropyLoss(), 40, after_step=after_step)
+    assert type(loss_fn) is nn.CrossEntropyLoss
+    assert [float(trial.tensor(LOSS).value(s)) for s in range(40)] == [float(np.float32(v)) for v in losses]
+
+
+def test_a_bfloat16_loss_takes_the_general_capture(tmp_path, mlp):
+    trial, losses = _train(tmp_path, mlp(), nn.CrossEntropyLoss(), 15, dtype=torch.bfloat16)
+    values = [trial.tensor(LOSS).value(s) for s in range(15)]
+    assert all(str(v.dtype) == "bfloat16" for v in values)
+    assert np.allclose([float(v) for v in values], losses)
+
+
+def test_a_loss_module_whose_class_cannot_be_swapped_falls_back_to_torch_hooks(tmp_path, mlp):
+    loss_fn = nn.CrossEntropyLoss()
+    loss_fn.forward = nn.CrossEntropyLoss.forward.__get__(loss_fn)  # a forward on the instance: no swap
+    trial, losses = _train(tmp_path, mlp(), loss_fn, 25)
+    assert type(loss_fn) is nn.CrossEntropyLoss and not loss_fn._forward_hooks
+    assert [float(trial.tensor(LOSS).value(s)) for s in range(25)] == [float(np.float32(v)) for v in losses]
+
+
+@pytest.mark.parametrize("steps", [3, 120])
+def test_scalar_steps_skip_the_parameter_walks(tmp_path, mlp, monkeypatch, steps):
+    """After the dense start, a step that saves only the loss reads no gradient and no
+    optimizer state (their walks are skipped): counted on the hook's own methods."""
+    calls = {"gradients": 0, "states": 0}
+    real_gradients, real_states = Hook._save_gradients, Hook._optimizer_states
+
+    def count_gradients(self, *args):
+        calls["gradients"] += 1
+        return real_gradients(self, *args)
+
+    def count_states(self, *args):
+        calls["states"] += 1
+        return real_states(self, *args)
+
+    monkeypatch.setattr(Hook, "_save_gradients", count_gradients)
+    monkeypatch.setattr(Hook, "_optimizer_states", count_states)
+    trial, _ = _train(tmp_path, mlp(), nn.CrossEntropyLoss(), steps)
+    tensor_steps = len(trial.tensor("gradient/fc1.weight").steps())
+    assert trial.tensor(LOSS).steps() == list(range(steps))
+    assert calls["gradients"] == tensor_steps
+    assert calls["states"] <= tensor_steps + 1  # (+1: the first scalar step learns the state's names)
