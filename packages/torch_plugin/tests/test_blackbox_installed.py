@@ -231,3 +231,33 @@ def test_the_hook_api_writes_a_snapshot_and_a_cpu_only_torch_answers_clearly(tmp
         _step(model, optimizer)  # training goes on
     finally:
         hook.close()
+
+
+def test_handlers_that_call_each_other_do_not_loop(tmp_path, capsys):
+    import sys as system
+
+    from stepscope_torch.blackbox import _Excepthooks
+
+    previous = system.excepthook
+    calls = []
+    try:
+        _, _, first = _model_and_hook(tmp_path / "a")
+        ours = system.excepthook
+
+        def theirs(kind, value, tb):  # installed after ours, calling ours in turn
+            calls.append("theirs")
+            ours(kind, value, tb)
+
+        system.excepthook = theirs
+        _, _, second = _model_and_hook(tmp_path / "b")  # puts ours on top of theirs
+        assert system.excepthook is _Excepthooks.sys_hook
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            system.excepthook(ValueError, exc, exc.__traceback__)
+        first.close()
+        second.close()
+    finally:
+        system.excepthook = previous
+    assert calls == ["theirs"]  # once: no endless round
+    assert capsys.readouterr().err.count("ValueError: boom") == 1
