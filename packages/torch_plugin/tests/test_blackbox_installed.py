@@ -261,3 +261,21 @@ def test_handlers_that_call_each_other_do_not_loop(tmp_path, capsys):
         system.excepthook = previous
     assert calls == ["theirs"]  # once: no endless round
     assert capsys.readouterr().err.count("ValueError: boom") == 1
+
+
+def test_the_blackbox_command_prints_each_workers_record(tmp_path, capsys):
+    model, optimizer, hook = _model_and_hook(tmp_path)
+    try:
+        for step in range(3):
+            _step(model, optimizer, hook, poison=step == 2)
+        hook.flush()
+        assert _until((tmp_path / BLACKBOX_DIR / "worker_0" / "nan" / "record.json").exists)
+        model(torch.randn(4, 8))
+        hook._black_box.record(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)"))
+    finally:
+        hook.close()
+    assert cli_main(["memory", "blackbox", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "stepscope-blackbox/worker_0/nan/record.json\n  nan on worker_0 (rank 0)" in out and "non-finite loss: {'nan': 1" in out
+    assert "stepscope-blackbox/worker_0/record.json\n  oom on worker_0 (rank 0) at TRAIN step 3" in out
+    assert "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (simulated)" in out and "host RSS" in out

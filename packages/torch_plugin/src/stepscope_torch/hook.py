@@ -186,8 +186,12 @@ class Hook(HookBase):
         return True
 
     def _capture_many(self, items: list[tuple[TensorPlan, Any]]) -> list[tuple[TensorPlan, Any]]:
-        # CPU tensors in one copy per dtype (transfer.py); the rest one by one.
-        return self._transfer.capture_many(items, self.record)
+        # CPU tensors in one copy per dtype (transfer.py); DTensors and the rest one by one.
+        batch: list[tuple[TensorPlan, Any]] = []
+        rest: list[tuple[TensorPlan, Any]] = []
+        for item in items:
+            (rest if sharded.is_sharded(item[1]) else batch).append(item)
+        return rest + self._transfer.capture_many(batch, self.record)
 
     def _capture_sharded(self, plan: TensorPlan, value: Any) -> None:
         """A DTensor (FSDP2): reductions of the whole tensor combined from the shards,
