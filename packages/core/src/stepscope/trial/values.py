@@ -98,7 +98,7 @@ class ValueReader:
             steps = self._catalog.steps
             raw: list[bytes | None]
             try:
-                raw = list(self._store.read_ranges([(wanted[i][3].event_key, wanted[i][3].start, wanted[i][3].length) for i in missing]))
+                raw = list(self._store.read_ranges([wanted[i][3] for i in missing]))  # a Location is (key, start, length)
             except FileNotFoundError as exc:
                 raw = [None] * len(missing)
                 if not any(wanted[i][2] in steps[wanted[i][1]].tables for i in missing if wanted[i][1] in steps):
