@@ -4,6 +4,7 @@ when only one rank ever sees the request."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,6 +72,10 @@ def test_a_stop_request_stops_every_ddp_rank_at_the_same_step(tmp_path):
     last_saved = {w: max(s for s in values.steps(show_incomplete=True) if w in values.workers(s)) for w in ("worker_0", "worker_1")}
     assert last_saved["worker_0"] == last_saved["worker_1"] == stopped[0], last_saved
     assert trial.steps() == list(range(stopped[0] + 1))
+    # Every rank wrote its black box at that step (the script catches the stop: no wrapper).
+    for rank in range(RANKS):
+        record = json.loads((job / "stepscope-blackbox" / f"worker_{rank}" / "record.json").read_text())
+        assert record["reason"] == "stop" and record["rank"] == rank and record["step"] == stopped[rank], record
 
 
 @pytest.mark.timeout(300)
@@ -85,3 +90,6 @@ def test_lightning_ddp_ranks_stop_at_the_same_step(tmp_path):
     stopped = [int((tmp_path / f"stopped.{rank}").read_text()) for rank in range(2)]
     # 50 batches per rank without a stop; the agreement step after rank 0 saw it (batch 3): 8.
     assert stopped == [AGREE_EVERY, AGREE_EVERY], stopped
+    records = [json.loads((tmp_path / "job" / "stepscope-blackbox" / f"worker_{rank}" / "record.json").read_text()) for rank in range(2)]
+    assert [(r["reason"], r["rank"]) for r in records] == [("stop", 0), ("stop", 1)]
+    assert records[0]["step"] == records[1]["step"]  # the step they agreed on

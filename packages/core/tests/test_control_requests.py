@@ -51,3 +51,17 @@ def test_a_hook_without_a_handler_answers_at_its_next_train_step_end(tmp_path):
         assert json.loads((tmp_path / response_key(request_id, "worker_0")).read_text())["step"] >= 1
     finally:
         hook.close()
+
+
+def test_the_snapshot_command_says_when_no_worker_answers(tmp_path, capsys):
+    from stepscope.cli import main
+    from stepscope.cli_common import EXIT_ERROR, EXIT_OK
+
+    (tmp_path / "job").mkdir()
+    assert main(["memory", "snapshot", str(tmp_path / "job"), "--wait", "0.3"]) == EXIT_ERROR
+    captured = capsys.readouterr()
+    assert "no worker answered within 0.3 s" in captured.err and "request " in captured.out
+    assert json.loads((tmp_path / "job" / REQUEST_KEY).read_text())["action"] == MEMORY_SNAPSHOT
+    assert main(["memory", "snapshot", str(tmp_path / "job"), "--wait", "0"]) == EXIT_OK  # leave it, do not wait
+    assert main(["memory", "snapshot", str(tmp_path / "nowhere")]) == EXIT_ERROR
+    assert "no such job" in capsys.readouterr().err

@@ -223,17 +223,17 @@ def test_opening_lists_the_index_files_once_when_the_tables_hold_what_their_name
 def test_a_refresh_pauses_the_garbage_collector_and_leaves_it_as_it_was(tmp_path, monkeypatch):
     import gc
 
-    from stepscope import trial as trial_module
+    from stepscope.trial.steps import StepCatalog
 
     _job(tmp_path, workers=1, steps=2)
     seen = []
-    original = trial_module.Trial._load_index_files
+    original = StepCatalog._load_index_files
 
     def spy(self, keys):
         seen.append(gc.isenabled())
         return original(self, keys)
 
-    monkeypatch.setattr(trial_module.Trial, "_load_index_files", spy)
+    monkeypatch.setattr(StepCatalog, "_load_index_files", spy)
     assert gc.isenabled()
     trial = create_trial(str(tmp_path))
     assert seen == [False] and gc.isenabled()

@@ -113,7 +113,7 @@ def test_layer_outputs_and_inputs_chosen_by_regex(fitted):
     assert [n for n in trial.tensor_names() if n.startswith(("inputs/", "outputs/"))] == ["inputs/head", "outputs/hidden"]
     # Each layer output's activation is in the collections metadata (rules find activations
     # by type): Dense(activation="tanh") is recorded as tanh.
-    assert trial._collections.module_classes["outputs/hidden"] == "tanh"
+    assert trial.module_class("outputs/hidden") == "tanh"
     for step in (0, 5):
         kernel, bias = recorder.weights["train"][step][:2]
         batch = x[(step % STEPS_PER_EPOCH) * BATCH :][:BATCH]

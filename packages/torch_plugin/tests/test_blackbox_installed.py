@@ -231,3 +231,51 @@ def test_the_hook_api_writes_a_snapshot_and_a_cpu_only_torch_answers_clearly(tmp
         _step(model, optimizer)  # training goes on
     finally:
         hook.close()
+
+
+def test_handlers_that_call_each_other_do_not_loop(tmp_path, capsys):
+    import sys as system
+
+    from stepscope_torch.blackbox import _Excepthooks
+
+    previous = system.excepthook
+    calls = []
+    try:
+        _, _, first = _model_and_hook(tmp_path / "a")
+        ours = system.excepthook
+
+        def theirs(kind, value, tb):  # installed after ours, calling ours in turn
+            calls.append("theirs")
+            ours(kind, value, tb)
+
+        system.excepthook = theirs
+        _, _, second = _model_and_hook(tmp_path / "b")  # puts ours on top of theirs
+        assert system.excepthook is _Excepthooks.sys_hook
+        try:
+            raise ValueError("boom")
+        except ValueError as exc:
+            system.excepthook(ValueError, exc, exc.__traceback__)
+        first.close()
+        second.close()
+    finally:
+        system.excepthook = previous
+    assert calls == ["theirs"]  # once: no endless round
+    assert capsys.readouterr().err.count("ValueError: boom") == 1
+
+
+def test_the_blackbox_command_prints_each_workers_record(tmp_path, capsys):
+    model, optimizer, hook = _model_and_hook(tmp_path)
+    try:
+        for step in range(3):
+            _step(model, optimizer, hook, poison=step == 2)
+        hook.flush()
+        assert _until((tmp_path / BLACKBOX_DIR / "worker_0" / "nan" / "record.json").exists)
+        model(torch.randn(4, 8))
+        hook._black_box.record(torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (simulated)"))
+    finally:
+        hook.close()
+    assert cli_main(["memory", "blackbox", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "stepscope-blackbox/worker_0/nan/record.json\n  nan on worker_0 (rank 0)" in out and "non-finite loss: {'nan': 1" in out
+    assert "stepscope-blackbox/worker_0/record.json\n  oom on worker_0 (rank 0) at TRAIN step 3" in out
+    assert "OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB (simulated)" in out and "host RSS" in out

@@ -201,8 +201,8 @@ def test_activations_of_modules_chosen_by_regex(make_hook, mlp, batches, out_dir
     assert "fc1_output_0" not in trial.tensor_names()  # not chosen by any included collection
     assert trial.collection("relu_activations").tensor_names == {"relu_output_0"}
     # The module class of each activation the hook saw, for rules that look for ReLUs.
-    assert trial._collections.module_classes["relu_output_0"] == "ReLU"
-    assert trial._collections.module_classes["TinyMLP_input_0"] == "TinyMLP"
+    assert trial.module_class("relu_output_0") == "ReLU"
+    assert trial.module_class("TinyMLP_input_0") == "TinyMLP"
 
 
 def test_nothing_happens_on_steps_where_nothing_is_due(make_hook, mlp, batches, monkeypatch):

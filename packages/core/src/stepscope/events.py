@@ -16,106 +16,41 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from .modes import ModeKeys
+from .proto_messages import message_classes
 from .tf_dtypes import DT_STRING, dtype_code
 from .tf_dtypes import DT_TO_NUMPY as _DT_TO_NUMPY
 
-_F = descriptor_pb2.FieldDescriptorProto
 _PACKAGE = "stepscope.tf"
 
-# (message, [(field name, number, type, label, type_name)])
-_MESSAGES: list[tuple[str, list[tuple[str, int, int, int, str]]]] = [
-    ("TensorShapeProto.Dim", [("size", 1, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, "")]),
-    ("TensorShapeProto", [("dim", 2, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "TensorShapeProto.Dim"), ("unknown_rank", 3, _F.TYPE_BOOL, _F.LABEL_OPTIONAL, "")]),
-    (
-        "TensorProto",
-        [
-            ("dtype", 1, _F.TYPE_INT32, _F.LABEL_OPTIONAL, ""),
-            ("tensor_shape", 2, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "TensorShapeProto"),
-            ("version_number", 3, _F.TYPE_INT32, _F.LABEL_OPTIONAL, ""),
-            ("tensor_content", 4, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, ""),
-            ("float_val", 5, _F.TYPE_FLOAT, _F.LABEL_REPEATED, ""),
-            ("double_val", 6, _F.TYPE_DOUBLE, _F.LABEL_REPEATED, ""),
-            ("int_val", 7, _F.TYPE_INT32, _F.LABEL_REPEATED, ""),
-            ("string_val", 8, _F.TYPE_BYTES, _F.LABEL_REPEATED, ""),
-            ("int64_val", 10, _F.TYPE_INT64, _F.LABEL_REPEATED, ""),
-            ("bool_val", 11, _F.TYPE_BOOL, _F.LABEL_REPEATED, ""),
-            ("half_val", 13, _F.TYPE_INT32, _F.LABEL_REPEATED, ""),
-        ],
+# The messages of TensorFlow's event.proto, summary.proto, tensor.proto and
+# tensor_shape.proto that stepscope writes and reads, in their .proto field syntax.
+_MESSAGES = {
+    "TensorShapeProto": "repeated TensorShapeProto.Dim dim = 2; bool unknown_rank = 3",
+    "TensorShapeProto.Dim": "int64 size = 1; string name = 2",
+    "TensorProto": (
+        "int32 dtype = 1; TensorShapeProto tensor_shape = 2; int32 version_number = 3; bytes tensor_content = 4; "
+        "repeated float float_val = 5; repeated double double_val = 6; repeated int32 int_val = 7; repeated bytes string_val = 8; "
+        "repeated int64 int64_val = 10; repeated bool bool_val = 11; repeated int32 half_val = 13"
     ),
-    (
-        "HistogramProto",
-        [
-            ("min", 1, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
-            ("max", 2, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
-            ("num", 3, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
-            ("sum", 4, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
-            ("sum_squares", 5, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
-            ("bucket_limit", 6, _F.TYPE_DOUBLE, _F.LABEL_REPEATED, ""),
-            ("bucket", 7, _F.TYPE_DOUBLE, _F.LABEL_REPEATED, ""),
-        ],
+    "HistogramProto": (
+        "double min = 1; double max = 2; double num = 3; double sum = 4; double sum_squares = 5; "
+        "repeated double bucket_limit = 6; repeated double bucket = 7"
     ),
-    ("SummaryMetadata.PluginData", [("plugin_name", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""), ("content", 2, _F.TYPE_BYTES, _F.LABEL_OPTIONAL, "")]),
     # smdebug declared plugin_data repeated (mode and mode step); TensorBoard's is singular,
     # which merges the entries on parsing, so both read what we write.
-    ("SummaryMetadata", [("plugin_data", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "SummaryMetadata.PluginData"), ("display_name", 2, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""), ("summary_description", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, "")]),
-    (
-        "Summary.Value",
-        [
-            ("tag", 1, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""),
-            ("simple_value", 2, _F.TYPE_FLOAT, _F.LABEL_OPTIONAL, ""),
-            ("histo", 5, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "HistogramProto"),
-            ("node_name", 7, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""),
-            ("tensor", 8, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "TensorProto"),
-            ("metadata", 9, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "SummaryMetadata"),
-        ],
+    "SummaryMetadata": "repeated SummaryMetadata.PluginData plugin_data = 1; string display_name = 2; string summary_description = 3",
+    "SummaryMetadata.PluginData": "string plugin_name = 1; bytes content = 2",
+    "Summary": "repeated Summary.Value value = 1",
+    "Summary.Value": (
+        "string tag = 1; float simple_value = 2; HistogramProto histo = 5; string node_name = 7; TensorProto tensor = 8; "
+        "SummaryMetadata metadata = 9"
     ),
-    ("Summary", [("value", 1, _F.TYPE_MESSAGE, _F.LABEL_REPEATED, "Summary.Value")]),
-    (
-        "Event",
-        [
-            ("wall_time", 1, _F.TYPE_DOUBLE, _F.LABEL_OPTIONAL, ""),
-            ("step", 2, _F.TYPE_INT64, _F.LABEL_OPTIONAL, ""),
-            ("file_version", 3, _F.TYPE_STRING, _F.LABEL_OPTIONAL, ""),
-            ("summary", 5, _F.TYPE_MESSAGE, _F.LABEL_OPTIONAL, "Summary"),
-        ],
-    ),
-]
+    "Event": "double wall_time = 1; int64 step = 2; string file_version = 3; Summary summary = 5",
+}
 
-
-_VALUE_ONEOF = ("simple_value", "histo", "tensor")
-
-
-def _build_classes() -> dict[str, Any]:
-    file_proto = descriptor_pb2.FileDescriptorProto(name="stepscope/tf_event.proto", package=_PACKAGE, syntax="proto3")
-    by_name: dict[str, descriptor_pb2.DescriptorProto] = {}
-    for full_name, fields in _MESSAGES:
-        outer, _, inner = full_name.partition(".")
-        if inner:
-            message = by_name[outer].nested_type.add(name=inner) if outer in by_name else None
-            if message is None:
-                raise AssertionError(f"declare {outer} before {full_name}")
-        else:
-            message = by_name.get(outer) or file_proto.message_type.add(name=outer)
-        by_name[full_name] = message
-        for name, number, type_, label, type_name in fields:
-            spec = message.field.add(name=name, number=number, type=type_, label=label)
-            if type_name:
-                spec.type_name = f".{_PACKAGE}.{type_name}"
-            if full_name == "Summary.Value" and name in _VALUE_ONEOF:
-                if not message.oneof_decl:
-                    message.oneof_decl.add(name="value")
-                spec.oneof_index = 0
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file_proto)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")) for name, _ in _MESSAGES}
-
-
-# Nested types must be declared after their outer message's first mention; reorder once.
-_MESSAGES.sort(key=lambda item: item[0].count("."))
-_CLASSES = _build_classes()
+_CLASSES = message_classes(_PACKAGE, _MESSAGES, oneofs={"Summary.Value": ("value", ("simple_value", "histo", "tensor"))})
 Event = _CLASSES["Event"]
 Summary = _CLASSES["Summary"]
 TensorProto = _CLASSES["TensorProto"]

@@ -59,6 +59,7 @@ def test_growth_fires_on_the_leaking_rank_only(tmp_path):
     assert evidence.data["rank"] == 0 and evidence.data["device"] == "cuda:0"
     assert evidence.value == 4 * (2 << 20)  # the four steps after the first each keep 2 MiB
     assert evidence.data["op"] in set(truths[0].leak_op.values())
+    assert report.statistics["devices_judged"] == 2 and report.statistics["devices_growing"] == 1  # one device per rank
 
 
 def test_fragmentation_fires_when_reserved_far_exceeds_the_peak(tmp_path):

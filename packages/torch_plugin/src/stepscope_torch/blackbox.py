@@ -291,19 +291,40 @@ class _Excepthooks:
             except Exception:  # the traceback must still be printed
                 logger.warning("stepscope: black box not written", exc_info=True)
 
+    # A handler installed after ours that calls ours in turn, then ours installed again
+    # on top of it (a second hook) would call each other forever: a call of ours inside
+    # ours goes straight to Python's own handler.
+    _inside = threading.local()
+
     @staticmethod
     def sys_hook(kind: type[BaseException], exc: BaseException, tb: TracebackType | None) -> None:
+        inside = _Excepthooks._inside
+        if getattr(inside, "active", False):
+            sys.__excepthook__(kind, exc, tb)
+            return
+        inside.active = True
         try:
-            _Excepthooks.record_all(exc)
+            try:
+                _Excepthooks.record_all(exc)
+            finally:  # the traceback is printed whatever the black box did
+                (_Excepthooks.previous_sys or sys.__excepthook__)(kind, exc, tb)
         finally:
-            (_Excepthooks.previous_sys or sys.__excepthook__)(kind, exc, tb)
+            inside.active = False
 
     @staticmethod
     def threading_hook(args: Any) -> None:
+        inside = _Excepthooks._inside
+        if getattr(inside, "active", False):
+            threading.__excepthook__(args)
+            return
+        inside.active = True
         try:
-            _Excepthooks.record_all(args.exc_value, args.thread or threading.current_thread())
+            try:
+                _Excepthooks.record_all(args.exc_value, args.thread or threading.current_thread())
+            finally:
+                (_Excepthooks.previous_threading or threading.__excepthook__)(args)
         finally:
-            (_Excepthooks.previous_threading or threading.__excepthook__)(args)
+            inside.active = False
 
 
 def attach(hook: Any) -> BlackBox | None:

@@ -141,6 +141,14 @@ class Hook(OptimizerSteps):
         self.record(plan, raw, reduced, shape)
         return True
 
+    def _capture_many(self, items: list[tuple[TensorPlan, Any]]) -> list[tuple[TensorPlan, Any]]:
+        # CPU tensors in one copy per dtype (transfer.py); DTensors and the rest one by one.
+        batch: list[tuple[TensorPlan, Any]] = []
+        rest: list[tuple[TensorPlan, Any]] = []
+        for item in items:
+            (rest if sharded.is_sharded(item[1]) else batch).append(item)
+        return rest + self._transfer.capture_many(batch, self.record)
+
     def _on_step_begin(self, due: bool) -> None:
         step = self._counters.step
         assert step is not None and due

@@ -64,8 +64,7 @@ class ModelTensors(DistributedParts):
     def _save_parameters(self) -> None:
         if self._only_scalars_due():
             return
-        for name, param in self._params:
-            self.save_value(name, param)
+        self.save_values([(name, param, ()) for name, param in self._params])
 
     def _own_parameters(self, optimizer: torch.optim.Optimizer | None) -> list[tuple[str, nn.Parameter]]:
         """The watched parameters `optimizer` updates; all of them with one optimizer or none
@@ -78,9 +77,8 @@ class ModelTensors(DistributedParts):
     def _save_gradients(self, params: list[tuple[str, nn.Parameter]] | None = None) -> None:
         if self._only_scalars_due():
             return
-        for name, param in self._params if params is None else params:
-            if param.grad is not None:
-                self.save_value(naming.gradient_name(name), param.grad, (CollectionName.GRADIENTS,))
+        gradients = (CollectionName.GRADIENTS,)
+        self.save_values([(naming.gradient_name(name), p.grad, gradients) for name, p in (self._params if params is None else params) if p.grad is not None])
 
     def _on_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
         if self.due and self.failsafe.enabled and param.grad is not None:
@@ -116,8 +114,7 @@ class ModelTensors(DistributedParts):
         states = self._optimizer_states(optimizer)
         if self._only_scalars_due() and not self._scalar_states[id(optimizer)][1]:
             return
-        for name, value in states:
-            self.save_value(name, value, (CollectionName.OPTIMIZER_VARIABLES,))
+        self.save_values([(name, value, (CollectionName.OPTIMIZER_VARIABLES,)) for name, value in states])
 
     def _states_hold_no_scalars(self) -> bool:
         """Whether the optimizers' states are known (for their number of parameters with

@@ -9,6 +9,7 @@ pays for one memcpy per tensor."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import ml_dtypes
@@ -78,6 +79,19 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+def _host_values(plan: TensorPlan, array: np.ndarray, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
+    """(raw value or None, reductions) of a host snapshot: the reductions are computed on
+    the writer thread."""
+    if not wanted:
+        return (array if plan.save_raw else None), {}
+    # The snapshot's bytes ride on the first reduction so the writer's queue bound sees them.
+    values: dict[tuple[str, bool], Any] = {
+        key: Deferred(functools.partial(reductions.compute, array, *key), nbytes=array.nbytes if i == 0 else 8)
+        for i, key in enumerate(wanted)
+    }
+    return (array if plan.save_raw else None), values
+
+
 class _StepFence:
     """The CUDA event after a step's copies, and the step's reductions gathered into one copy."""
 
@@ -144,15 +158,41 @@ class HostTransfer:
         wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
         if tensor.device.type == "cuda":
             return self._capture_cuda(plan, tensor, wanted) + (shape,)
-        array = _to_numpy(tensor.cpu()).copy()
-        if not wanted:
-            return (array if plan.save_raw else None), {}, shape
-        # The snapshot's bytes ride on the first reduction so the writer's queue bound sees them.
-        values: dict[tuple[str, bool], Any] = {
-            key: Deferred(functools.partial(reductions.compute, array, *key), nbytes=array.nbytes if i == 0 else 8)
-            for i, key in enumerate(wanted)
-        }
-        return (array if plan.save_raw else None), values, shape
+        return _host_values(plan, _to_numpy(tensor.cpu()).copy(), wanted) + (shape,)
+
+    def capture_many(self, items: Sequence[tuple[TensorPlan, Any]], record: Callable[..., None]) -> list[tuple[TensorPlan, Any]]:
+        """Copy the dense CPU tensors among `items` ((plan, value) pairs) to the host with
+        one copy per dtype (`torch.cat` into a new buffer, each tensor's array a view of
+        it) and `record(plan, raw, reductions, shape)` each. A save step of a model's
+        parameters then costs the copy of their bytes and little Python per tensor.
+        Returns the pairs left for `capture` one by one (other devices, values that are
+        not tensors or cannot be saved: that path says why). DTensors are not for here."""
+        groups: dict[torch.dtype, list[tuple[TensorPlan, torch.Tensor]]] = {}
+        rest: list[tuple[TensorPlan, Any]] = []
+        for plan, value in items:
+            if not isinstance(value, torch.Tensor):
+                rest.append((plan, value))
+                continue
+            try:
+                tensor = saveable(value.detach())
+            except UnsupportedValue:
+                rest.append((plan, value))
+                continue
+            if tensor.device.type != "cpu":
+                rest.append((plan, value))
+                continue
+            groups.setdefault(tensor.dtype, []).append((plan, tensor))
+        for group in groups.values():
+            flat = _to_numpy(torch.cat([t.reshape(-1) for _, t in group]))
+            offset = 0
+            for plan, tensor in group:
+                shape = tuple(tensor.shape)
+                size = tensor.numel()
+                array = flat[offset : offset + size].reshape(shape)
+                offset += size
+                wanted = plan.reductions if size and not tensor.is_complex() else ()
+                record(plan, *_host_values(plan, array, wanted), shape)
+        return rest
 
     def _capture_cuda(self, plan: TensorPlan, tensor: torch.Tensor, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
         fence = self._fence = self._fence or _StepFence()

@@ -328,6 +328,11 @@ class HookBase(StepDriver):
         else (number, numpy array) by numpy. For the plugin's own discoveries."""
         self._saver.save(self.plan(name, collections), name, value)
 
+    def save_values(self, items: Iterable[tuple[str, Any, Iterable[str]]]) -> None:
+        """`save_value` for each (name, value, collections) of `items`, in one batch where
+        the plugin can copy them together (`_capture_many`)."""
+        self._saver.save_many(items)
+
     def _record_host(self, plan: TensorPlan, array: np.ndarray) -> None:
         self._saver.record_host(plan, array)
 

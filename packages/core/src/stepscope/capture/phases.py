@@ -28,21 +28,14 @@ OPTIMIZER_BEGIN, OPTIMIZER_END = "optimizer_begin", "optimizer_end"
 EVENTS = (FORWARD_BEGIN, FORWARD_END, BACKWARD_BEGIN, BACKWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END)
 
 # (training step?, event) -> the phase that starts. A step starts in "data" (the wait for
-# the batch, since the previous step ended). In a training step the time after a forward
-# is its backward until something else is said; in evaluation it is "other".
+# the batch, since the previous step ended). A begin event starts its phase and an end
+# event "other", in every mode, but for one: in a training step the time after a forward
+# is its backward until something else is said.
+_STARTS = {FORWARD_BEGIN: FORWARD, BACKWARD_BEGIN: BACKWARD, OPTIMIZER_BEGIN: OPTIMIZER}
+_STARTS |= {event: OTHER for event in (FORWARD_END, BACKWARD_END, OPTIMIZER_END)}
 TRANSITIONS: Mapping[tuple[bool, str], str] = {
-    (True, FORWARD_BEGIN): FORWARD,
+    **{(training, event): phase for training in (True, False) for event, phase in _STARTS.items()},
     (True, FORWARD_END): BACKWARD,
-    (True, BACKWARD_BEGIN): BACKWARD,
-    (True, BACKWARD_END): OTHER,
-    (True, OPTIMIZER_BEGIN): OPTIMIZER,
-    (True, OPTIMIZER_END): OTHER,
-    (False, FORWARD_BEGIN): FORWARD,
-    (False, FORWARD_END): OTHER,
-    (False, BACKWARD_BEGIN): BACKWARD,
-    (False, BACKWARD_END): OTHER,
-    (False, OPTIMIZER_BEGIN): OPTIMIZER,
-    (False, OPTIMIZER_END): OTHER,
 }
 
 # A whole step of each mode, as the step timeline names its span (the phases above tile it).

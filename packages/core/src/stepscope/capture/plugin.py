@@ -31,6 +31,11 @@ class FrameworkPlugin(Protocol):
 
     def _is_framework_value(self, value: Any) -> bool: ...
 
+    # Optional (`save_values`): capture several (plan, value) pairs of the open step at once,
+    # e.g. one host copy for all of them, `record`ing each; returns the pairs left for
+    # `_capture` one by one. Without it each pair goes through `_capture`.
+    # def _capture_many(self, items: Sequence[tuple[TensorPlan, Any]]) -> Sequence[tuple[TensorPlan, Any]]: ...
+
     # Tensor discovery and framework events: around a step (all steps, or only those where
     # something is due with `notify_every_step = False`), at a phase event of a due step,
     # and at close (remove what it installed). The plugin calls the driver (`begin_step` /

@@ -167,6 +167,23 @@ class TensorSaver:
         except UnsupportedValue as exc:
             self.drop_unsupported(name, value, exc)
 
+    def save_many(self, items: Iterable[tuple[str, Any, Iterable[str]]]) -> None:
+        """`save(plan(name, collections), name, value)` for each (name, value, collections)
+        of a list the plugin discovered at once (a model's parameters, its gradients): the
+        plugin's `_capture_many`, where it has one, copies the due values in one batch, and
+        the values it leaves are saved one by one."""
+        planned = []
+        plan_of = self._hook.plan  # (the hook's: what a plugin or a test sees of planning)
+        for name, value, collections in items:
+            plan = plan_of(name, collections)
+            if plan is not None:
+                planned.append((plan, value))
+        if not planned:
+            return
+        capture_many = getattr(self._hook, "_capture_many", None)
+        for plan, value in planned if capture_many is None else capture_many(planned):
+            self.save(plan, plan.name, value)
+
     def drop_unsupported(self, name: str, value: Any, exc: UnsupportedValue) -> None:
         """One value the format cannot hold costs that value only: warned once per name,
         listed in the worker's status ("degraded"); the hook and training go on."""

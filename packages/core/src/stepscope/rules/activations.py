@@ -15,6 +15,7 @@ from ..health import InactiveTracker, Series, activation_kind, activation_layers
 from ..health import activation_input as _activation_input
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
+from .params import ranged
 from .tensors import GRADIENT_REGEX, TRAINING_MODES
 
 # Module classes whose output is an affine map with a bias (a ReLU's input when the ReLU is a function).
@@ -29,18 +30,13 @@ def _parent(module: str) -> str:
 @dataclass(frozen=True)
 class _LayerParams(RuleParams):
     tensor_regex: tuple[str, ...] = ()
-    threshold_inactivity: float = 1.0
-    threshold_layer: float = 50.0
+    threshold_inactivity: float = ranged(1.0, "percent")
+    threshold_layer: float = ranged(50.0, "percent")
     # A unit counts only when it was inactive at each of the layer's last `persistence`
     # saved steps (each a different batch): 1 is SageMaker's one-batch judgement.
-    persistence: int = 1
+    persistence: int = ranged(1, "positive_int")
     # Also inspect tensors the hook recorded as a ReLU's output / a tanh's or sigmoid's input.
     by_module_class: bool = False
-
-    def validate(self, owner: str) -> None:
-        require(owner, "threshold_inactivity", self.threshold_inactivity, 0 <= self.threshold_inactivity <= 100, "a percentage in [0, 100]")
-        require(owner, "threshold_layer", self.threshold_layer, 0 <= self.threshold_layer <= 100, "a percentage in [0, 100]")
-        require(owner, "persistence", self.persistence, self.persistence >= 1, ">= 1 saved steps")
 
 
 class _InactiveUnits(Rule):
@@ -291,15 +287,12 @@ def default_inactive_series(trial: Trial) -> tuple[list[Series], dict[str, int]]
 class PoorWeightInitializationParams(RuleParams):
     activation_inputs_regex: tuple[str, ...] = (".*relu_input",)
     threshold: float = 10.0
-    distribution_range: float = 0.001
-    patience: int = 5
-    steps: int = 10
+    distribution_range: float = ranged(0.001, "non_negative")
+    patience: int = ranged(5, "positive_int")
+    steps: int = ranged(10, "positive_int")
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold", self.threshold, self.threshold >= 1, ">= 1")
-        require(owner, "distribution_range", self.distribution_range, self.distribution_range >= 0, ">= 0")
-        require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
-        require(owner, "steps", self.steps, self.steps >= 1, ">= 1")
 
 
 class PoorWeightInitialization(Rule):

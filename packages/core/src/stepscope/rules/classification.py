@@ -9,6 +9,7 @@ import numpy as np
 
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
+from .params import ranged
 
 
 def as_classes(labels: np.ndarray, predictions: np.ndarray, argmax: bool = False) -> tuple[np.ndarray, np.ndarray]:
@@ -52,16 +53,14 @@ class _PairRule(Rule):
 @dataclass(frozen=True)
 class ClassImbalanceParams(RuleParams):
     threshold_imbalance: float = 10.0
-    threshold_misprediction: float = 0.7
-    samples: int = 500
+    threshold_misprediction: float = ranged(0.7, "fraction")
+    samples: int = ranged(500, "positive_int")
     argmax: bool = False
     labels_regex: str = ".*labels"
     predictions_regex: str = ".*predictions"
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold_imbalance", self.threshold_imbalance, self.threshold_imbalance >= 1, ">= 1")
-        require(owner, "threshold_misprediction", self.threshold_misprediction, 0 <= self.threshold_misprediction <= 1, "a fraction in [0, 1]")
-        require(owner, "samples", self.samples, self.samples >= 1, ">= 1")
 
 
 class ClassImbalance(_PairRule):
@@ -119,12 +118,10 @@ class ConfusionParams(RuleParams):
     predictions: str | None = None
     labels_collection: str = "labels"
     predictions_collection: str = "predictions"
-    min_diag: float = 0.9
-    max_off_diag: float = 0.1
+    min_diag: float = ranged(0.9, "fraction")
+    max_off_diag: float = ranged(0.1, "fraction")
 
     def validate(self, owner: str) -> None:
-        require(owner, "min_diag", self.min_diag, 0 <= self.min_diag <= 1, "in [0, 1]")
-        require(owner, "max_off_diag", self.max_off_diag, 0 <= self.max_off_diag <= 1, "in [0, 1]")
         if self.category_no is not None:
             require(owner, "category_no", self.category_no, self.category_no >= 2, ">= 2")
 

@@ -9,18 +9,15 @@ import numpy as np
 
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
+from .params import ranged
 
 
 @dataclass(frozen=True)
 class CheckInputImagesParams(RuleParams):
-    threshold_mean: float = 0.2
-    threshold_samples: int = 500
+    threshold_mean: float = ranged(0.2, "non_negative")
+    threshold_samples: int = ranged(500, "positive_int")
     regex: str = ".*hybridsequential0_input_0"
     channel: int = 1
-
-    def validate(self, owner: str) -> None:
-        require(owner, "threshold_mean", self.threshold_mean, self.threshold_mean >= 0, ">= 0")
-        require(owner, "threshold_samples", self.threshold_samples, self.threshold_samples >= 1, ">= 1")
 
 
 class CheckInputImages(Rule):

@@ -16,6 +16,7 @@ from ..exceptions import ConfigError
 from ..modes import ModeKeys
 from ..trial import Trial
 from .base import Rule, RuleParams, TensorRequest, require
+from .params import ranged
 
 # Used when a job has no "losses" collection (an old or partial one).
 LOSS_REGEX = ("[Ll]oss",)
@@ -65,20 +66,18 @@ class LossNotDecreasingParams(RuleParams):
     collection_names: tuple[str, ...] = ()
     tensor_regex: tuple[str, ...] = ()
     use_losses_collection: bool = True
-    num_steps: int = 10
+    num_steps: int = ranged(10, "positive_int")
     diff_percent: float = 0.0
     mode: str | None = None
     window: int = 0
     min_windows: int = 6
     min_improvement_percent: float = 5.0
-    max_rise_percent: float = 50.0
+    max_rise_percent: float = ranged(50.0, "positive")
 
     def validate(self, owner: str) -> None:
-        require(owner, "num_steps", self.num_steps, self.num_steps >= 1, ">= 1")
         require(owner, "window", self.window, self.window == 0 or self.window >= 5, "0 (SageMaker's pairwise test) or >= 5 saved steps")
         require(owner, "min_windows", self.min_windows, self.min_windows >= 2, ">= 2")
         require(owner, "min_improvement_percent", self.min_improvement_percent, 0 <= self.min_improvement_percent < 100, "a percentage in [0, 100)")
-        require(owner, "max_rise_percent", self.max_rise_percent, self.max_rise_percent > 0, "> 0")
         require(owner, "diff_percent", self.diff_percent, 0 <= self.diff_percent < 100, "a percentage in [0, 100)")
         if self.mode is not None:
             try:
@@ -314,17 +313,14 @@ class _Windows:
 @dataclass(frozen=True)
 class OverfitParams(RuleParams):
     tensor_regex: tuple[str, ...] = ()
-    start_step: int = 0
-    patience: int = 1
+    start_step: int = ranged(0, "count")
+    patience: int = ranged(1, "positive_int")
     ratio_threshold: float = 0.1
     trend_evaluations: int = 0
-    min_rise_percent: float = 10.0
+    min_rise_percent: float = ranged(10.0, "non_negative")
 
     def validate(self, owner: str) -> None:
-        require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
         require(owner, "trend_evaluations", self.trend_evaluations, self.trend_evaluations == 0 or self.trend_evaluations >= 3, "0 (SageMaker's ratio test) or >= 3")
-        require(owner, "min_rise_percent", self.min_rise_percent, self.min_rise_percent >= 0, ">= 0")
-        require(owner, "start_step", self.start_step, self.start_step >= 0, ">= 0")
 
 
 class Overfit(_LossRule):
@@ -483,12 +479,11 @@ class LossDivergenceParams(RuleParams):
     tensor_regex: tuple[str, ...] = ()
     start_points: int = 10
     window: int = 10
-    rise_percent: float = 50.0
+    rise_percent: float = ranged(50.0, "positive")
 
     def validate(self, owner: str) -> None:
         require(owner, "start_points", self.start_points, self.start_points >= MIN_WINDOW, f">= {MIN_WINDOW}")
         require(owner, "window", self.window, self.window >= MIN_WINDOW, f">= {MIN_WINDOW}")
-        require(owner, "rise_percent", self.rise_percent, self.rise_percent > 0, "> 0")
 
 
 class LossDivergence(_LossSeriesRule):
@@ -551,16 +546,14 @@ class ChanceLevelLossParams(RuleParams):
     tensor_regex: tuple[str, ...] = ()
     num_classes: int = 0
     tolerance_percent: float = 3.0
-    start_points: int = 3
+    start_points: int = ranged(3, "positive_int")
     min_points: int = 30
-    min_evaluations: int = 3
+    min_evaluations: int = ranged(3, "positive_int")
 
     def validate(self, owner: str) -> None:
         require(owner, "num_classes", self.num_classes, self.num_classes == 0 or self.num_classes >= 2, "0 (inferred) or >= 2")
         require(owner, "tolerance_percent", self.tolerance_percent, 0 <= self.tolerance_percent < 100, "a percentage in [0, 100)")
-        require(owner, "start_points", self.start_points, self.start_points >= 1, ">= 1")
         require(owner, "min_points", self.min_points, self.min_points >= 3 * MIN_WINDOW, f">= {3 * MIN_WINDOW}")
-        require(owner, "min_evaluations", self.min_evaluations, self.min_evaluations >= 1, ">= 1")
 
 
 class ChanceLevelLoss(_LossSeriesRule):
@@ -713,14 +706,9 @@ class SlowConvergence(_LossSeriesRule):
 @dataclass(frozen=True)
 class OvertrainingParams(RuleParams):
     tensor_regex: tuple[str, ...] = ()
-    patience_train: int = 5
-    patience_validation: int = 10
-    delta: float = 0.1
-
-    def validate(self, owner: str) -> None:
-        require(owner, "patience_train", self.patience_train, self.patience_train >= 1, ">= 1")
-        require(owner, "patience_validation", self.patience_validation, self.patience_validation >= 1, ">= 1")
-        require(owner, "delta", self.delta, self.delta >= 0, ">= 0")
+    patience_train: int = ranged(5, "positive_int")
+    patience_validation: int = ranged(10, "positive_int")
+    delta: float = ranged(0.1, "non_negative")
 
 
 class Overtraining(_LossRule):
@@ -760,12 +748,9 @@ class Overtraining(_LossRule):
 
 @dataclass(frozen=True)
 class StalledTrainingRuleParams(RuleParams):
-    threshold: float = 1800.0
+    threshold: float = ranged(1800.0, "positive")
     stop_training_on_fire: bool = False
     training_job_name_prefix: str | None = None
-
-    def validate(self, owner: str) -> None:
-        require(owner, "threshold", self.threshold, self.threshold > 0, "> 0 (seconds)")
 
 
 class StalledTrainingRule(Rule):

@@ -46,6 +46,17 @@ class MemoryRule(JobRule):
         if not judged:
             self.no_data(none_judged)
 
+    def _judge_devices(self, analysis: Any, steps: pd.DataFrame, fired: str, none_judged: str) -> None:
+        """Judge each device of each rank with `_judge_device` (its profiled steps in, whether
+        it could judge them out), then record the devices judged and those that fired
+        (statistic `fired`), or why none could be judged."""
+        groups = steps.groupby(["rank", "device"], sort=True)
+        judged = sum(self._judge_device(analysis, rank, str(device), rows) for (rank, device), rows in groups)
+        self._judged(judged, {"devices_judged": judged, fired: self.report.violations}, none_judged)
+
+    def _judge_device(self, analysis: Any, rank: Any, device: str, rows: pd.DataFrame) -> bool:
+        raise NotImplementedError
+
     def _listed(self, count: int) -> bool:
         """Whether one more violation is listed (the rest are counted in statistics)."""
         if self.report.violations < _MAX_LISTED:
@@ -113,35 +124,32 @@ class MemoryGrowth(MemoryRule):
     params: MemoryGrowthParams
 
     def _judge(self, analysis: Any, steps: pd.DataFrame) -> None:
-        growth = analysis.memory_growth()
-        ops = analysis.allocating_ops(k=None)
-        judged = 0
-        for (rank, device), rows in steps.groupby(["rank", "device"], sort=True):
-            rows = rows.sort_values("step").iloc[1:]  # the first profiled step makes gradients and optimizer state
-            if len(rows) < self.params.min_steps:
-                continue
-            judged += 1
-            delta = rows["end_allocated"] - rows["start_allocated"]
-            share = float((delta > 0).mean())
-            total = int(delta.sum())
-            if share < self.params.min_share or total < self.params.min_growth_bytes:
-                continue
-            kept = growth[(growth["rank"] == rank) & (growth["device"] == device) & growth["step"].isin(rows["step"])]
-            mine = ops[ops["rank"] == rank]
-            culprit = mine.loc[mine["outliving_bytes"].idxmax()] if not mine.empty and mine["outliving_bytes"].max() > 0 else None
-            named = f"; most kept by {culprit['op']} ({_mib(culprit['outliving_bytes'])})" if culprit is not None else ""
-            self.violation(
-                int(rows["step"].iloc[-1]),
-                f"rank {rank} {device}: +{_mib(total)} over {len(rows)} steps, {share:.0%} of them growing "
-                f"({_mib(total / len(rows))} a step){named}",
-                value=total, threshold=self.params.min_growth_bytes, rank=int(rank), device=str(device), growing_share=share,
-                outliving_bytes=int(kept["outliving_bytes"].sum()), op=str(culprit["op"]) if culprit is not None else "",
-            )  # fmt: skip
-        self._judged(
-            judged,
-            {"devices_judged": judged, "devices_growing": self.report.violations},
-            f"fewer than {self.params.min_steps + 1} profiled steps per device (a longer detailed window)",
-        )
+        none_judged = f"fewer than {self.params.min_steps + 1} profiled steps per device (a longer detailed window)"
+        self._judge_devices(analysis, steps, "devices_growing", none_judged)
+
+    def _judge_device(self, analysis: Any, rank: Any, device: str, rows: pd.DataFrame) -> bool:
+        rows = rows.sort_values("step").iloc[1:]  # the first profiled step makes gradients and optimizer state
+        if len(rows) < self.params.min_steps:
+            return False
+        delta = rows["end_allocated"] - rows["start_allocated"]
+        share = float((delta > 0).mean())
+        total = int(delta.sum())
+        if share < self.params.min_share or total < self.params.min_growth_bytes:
+            return True
+        # What was kept, and by which operator: read for the growing device's rank only.
+        growth = analysis.memory_growth(rank=int(rank))
+        kept = growth[(growth["device"] == device) & growth["step"].isin(rows["step"])]
+        mine = analysis.allocating_ops(k=None, rank=int(rank))
+        culprit = mine.loc[mine["outliving_bytes"].idxmax()] if not mine.empty and mine["outliving_bytes"].max() > 0 else None
+        named = f"; most kept by {culprit['op']} ({_mib(culprit['outliving_bytes'])})" if culprit is not None else ""
+        self.violation(
+            int(rows["step"].iloc[-1]),
+            f"rank {rank} {device}: +{_mib(total)} over {len(rows)} steps, {share:.0%} of them growing "
+            f"({_mib(total / len(rows))} a step){named}",
+            value=total, threshold=self.params.min_growth_bytes, rank=int(rank), device=device, growing_share=share,
+            outliving_bytes=int(kept["outliving_bytes"].sum()), op=str(culprit["op"]) if culprit is not None else "",
+        )  # fmt: skip
+        return True
 
 
 @dataclass(frozen=True)
@@ -158,26 +166,23 @@ class MemoryFragmentation(MemoryRule):
     params: MemoryFragmentationParams
 
     def _judge(self, analysis: Any, steps: pd.DataFrame) -> None:
-        judged = 0
-        for (rank, device), rows in steps.groupby(["rank", "device"], sort=True):
-            top = rows.loc[rows["peak_allocated"].idxmax()]
-            reserved = int(top["reserved_at_peak"])
-            if reserved < max(self.params.min_reserved_bytes, 1):
-                continue  # the host (no reserved pool) or a small pool
-            judged += 1
-            share = 1.0 - int(top["peak_allocated"]) / reserved
-            if share > self.params.max_share:
-                self.violation(
-                    int(top["step"]),
-                    f"rank {rank} {device}: {share:.0%} of {_mib(reserved)} reserved is not allocated at the peak ({_mib(int(top['peak_allocated']))} allocated)",
-                    value=share, threshold=self.params.max_share, rank=int(rank), device=str(device), reserved_bytes=reserved,
-                    allocated_bytes=int(top["peak_allocated"]),
-                )  # fmt: skip
-        self._judged(
-            judged,
-            {"devices_judged": judged, "devices_over_threshold": self.report.violations},
-            f"no device with a reserved pool of {_mib(self.params.min_reserved_bytes)} or more at its peak (CUDA's caching allocator)",
-        )
+        none_judged = f"no device with a reserved pool of {_mib(self.params.min_reserved_bytes)} or more at its peak (CUDA's caching allocator)"
+        self._judge_devices(analysis, steps, "devices_over_threshold", none_judged)
+
+    def _judge_device(self, analysis: Any, rank: Any, device: str, rows: pd.DataFrame) -> bool:
+        top = rows.loc[rows["peak_allocated"].idxmax()]
+        reserved = int(top["reserved_at_peak"])
+        if reserved < max(self.params.min_reserved_bytes, 1):
+            return False  # the host (no reserved pool) or a small pool
+        share = 1.0 - int(top["peak_allocated"]) / reserved
+        if share > self.params.max_share:
+            self.violation(
+                int(top["step"]),
+                f"rank {rank} {device}: {share:.0%} of {_mib(reserved)} reserved is not allocated at the peak ({_mib(int(top['peak_allocated']))} allocated)",
+                value=share, threshold=self.params.max_share, rank=int(rank), device=device, reserved_bytes=reserved,
+                allocated_bytes=int(top["peak_allocated"]),
+            )  # fmt: skip
+        return True
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,7 @@ from ..exceptions import ConfigError
 from ..health import TRAINING_MODES, training_steps, update_ratio
 from ..trial import Trial, create_trial
 from .base import Rule, RuleParams, TensorRequest, require
+from .params import ranged
 
 # Used when a job has no collections file (an old or partial one).
 GRADIENT_REGEX = ("^gradient",)
@@ -59,21 +60,18 @@ def _training_values(rule: Rule, names: list[str], step: int, kinds: str) -> lis
 
 @dataclass(frozen=True)
 class VanishingGradientParams(RuleParams):
-    threshold: float = 1e-7
+    threshold: float = ranged(1e-7, "non_negative")
     relative_threshold: float = 0.0
     skip_kinds: tuple[str, ...] = ()
-    patience: int = 1
-    healthy_update_ratio: float = 0.0
+    patience: int = ranged(1, "positive_int")
+    healthy_update_ratio: float = ranged(0.0, "non_negative")  # 0: not used
     floor_ratio: float = 0.0
 
     def validate(self, owner: str) -> None:
-        require(owner, "threshold", self.threshold, self.threshold >= 0, ">= 0")
         require(owner, "floor_ratio", self.floor_ratio, 0 <= self.floor_ratio < 1, "in [0, 1) (0: not used)")
         require(owner, "relative_threshold", self.relative_threshold, 0 <= self.relative_threshold < 1, "in [0, 1)")
         bad = [k for k in self.skip_kinds if k not in PARAMETER_KINDS]
         require(owner, "skip_kinds", self.skip_kinds, not bad, f"kinds among {', '.join(PARAMETER_KINDS)}")
-        require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
-        require(owner, "healthy_update_ratio", self.healthy_update_ratio, self.healthy_update_ratio >= 0, ">= 0 (0: not used)")
 
 
 PARAMETER_KINDS = ("matrix", "vector", "bias", "norm", "embedding", "attention", "head")
@@ -318,11 +316,10 @@ class ExplodingTensor(_SelectingRule):
 @dataclass(frozen=True)
 class AllZeroParams(SelectionParams):
     threshold: float = 100.0
-    patience: int = 1
+    patience: int = ranged(1, "positive_int")
 
     def validate(self, owner: str) -> None:
         require(owner, "threshold", self.threshold, 0 < self.threshold <= 100, "a percentage in (0, 100]")
-        require(owner, "patience", self.patience, self.patience >= 1, ">= 1")
 
 
 class AllZero(_SelectingRule):
@@ -469,15 +466,13 @@ class TensorVariance(_SelectingRule):
 
 @dataclass(frozen=True)
 class WeightUpdateRatioParams(RuleParams):
-    num_steps: int | None = None
+    num_steps: int | None = ranged(None, "positive_int")
     large_threshold: float = 10.0
     small_threshold: float = 1e-8
     epsilon: float = 1e-9
     skip_frozen: bool = False
 
     def validate(self, owner: str) -> None:
-        if self.num_steps is not None:
-            require(owner, "num_steps", self.num_steps, self.num_steps >= 1, ">= 1")
         require(owner, "small_threshold", self.small_threshold, self.small_threshold < self.large_threshold, f"< large_threshold ({self.large_threshold})")
 
 

@@ -17,52 +17,34 @@ import re
 from typing import Any
 
 import numpy as np
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from ..exceptions import CorruptRecord
+from ..proto_messages import message_classes
 from .reader import RawTrace, _assign_steps, _to_table
 from .schema import EVENT_SCHEMA, KIND_CODE, MISSING, SYNC_CALLS
 
-_F = descriptor_pb2.FieldDescriptorProto
 _PACKAGE = "stepscope.xplane"
-_OPTIONAL, _REPEATED = _F.LABEL_OPTIONAL, _F.LABEL_REPEATED
-_MESSAGES: list[tuple[str, list[tuple[str, int, int, int, str]]]] = [
-    ("XStat", [("metadata_id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("double_value", 2, _F.TYPE_DOUBLE, _OPTIONAL, ""), ("uint64_value", 3, _F.TYPE_UINT64, _OPTIONAL, ""),
-               ("int64_value", 4, _F.TYPE_INT64, _OPTIONAL, ""), ("str_value", 5, _F.TYPE_STRING, _OPTIONAL, ""), ("bytes_value", 6, _F.TYPE_BYTES, _OPTIONAL, ""),
-               ("ref_value", 7, _F.TYPE_UINT64, _OPTIONAL, "")]),
-    ("XEvent", [("metadata_id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("offset_ps", 2, _F.TYPE_INT64, _OPTIONAL, ""), ("duration_ps", 3, _F.TYPE_INT64, _OPTIONAL, ""),
-                ("stats", 4, _F.TYPE_MESSAGE, _REPEATED, "XStat"), ("num_occurrences", 5, _F.TYPE_INT64, _OPTIONAL, "")]),
-    ("XLine", [("id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _OPTIONAL, ""), ("timestamp_ns", 3, _F.TYPE_INT64, _OPTIONAL, ""),
-               ("events", 4, _F.TYPE_MESSAGE, _REPEATED, "XEvent"), ("duration_ps", 9, _F.TYPE_INT64, _OPTIONAL, ""), ("display_id", 10, _F.TYPE_INT64, _OPTIONAL, ""),
-               ("display_name", 11, _F.TYPE_STRING, _OPTIONAL, "")]),
-    ("XEventMetadata", [("id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _OPTIONAL, ""), ("metadata", 3, _F.TYPE_BYTES, _OPTIONAL, ""),
-                        ("display_name", 4, _F.TYPE_STRING, _OPTIONAL, ""), ("stats", 5, _F.TYPE_MESSAGE, _REPEATED, "XStat"), ("child_id", 6, _F.TYPE_INT64, _REPEATED, "")]),
-    ("XStatMetadata", [("id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _OPTIONAL, ""), ("description", 3, _F.TYPE_STRING, _OPTIONAL, "")]),
+# The messages of xprof's xplane.proto that the trace engine reads, in its field syntax.
+_MESSAGES = {
+    "XStat": "int64 metadata_id = 1; double double_value = 2; uint64 uint64_value = 3; int64 int64_value = 4; string str_value = 5; bytes bytes_value = 6; uint64 ref_value = 7",
+    "XEvent": "int64 metadata_id = 1; int64 offset_ps = 2; int64 duration_ps = 3; repeated XStat stats = 4; int64 num_occurrences = 5",
+    "XLine": (
+        "int64 id = 1; string name = 2; int64 timestamp_ns = 3; repeated XEvent events = 4; int64 duration_ps = 9; int64 display_id = 10; "
+        "string display_name = 11"
+    ),
+    "XEventMetadata": "int64 id = 1; string name = 2; bytes metadata = 3; string display_name = 4; repeated XStat stats = 5; repeated int64 child_id = 6",
+    "XStatMetadata": "int64 id = 1; string name = 2; string description = 3",
     # map<int64, ...> fields are, on the wire, repeated entries of (key = 1, value = 2).
-    ("EventMetadataEntry", [("key", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("value", 2, _F.TYPE_MESSAGE, _OPTIONAL, "XEventMetadata")]),
-    ("StatMetadataEntry", [("key", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("value", 2, _F.TYPE_MESSAGE, _OPTIONAL, "XStatMetadata")]),
-    ("XPlane", [("id", 1, _F.TYPE_INT64, _OPTIONAL, ""), ("name", 2, _F.TYPE_STRING, _OPTIONAL, ""), ("lines", 3, _F.TYPE_MESSAGE, _REPEATED, "XLine"),
-                ("event_metadata", 4, _F.TYPE_MESSAGE, _REPEATED, "EventMetadataEntry"), ("stat_metadata", 5, _F.TYPE_MESSAGE, _REPEATED, "StatMetadataEntry"),
-                ("stats", 6, _F.TYPE_MESSAGE, _REPEATED, "XStat")]),
-    ("XSpace", [("planes", 1, _F.TYPE_MESSAGE, _REPEATED, "XPlane"), ("errors", 2, _F.TYPE_STRING, _REPEATED, ""), ("warnings", 3, _F.TYPE_STRING, _REPEATED, ""),
-                ("hostnames", 4, _F.TYPE_STRING, _REPEATED, "")]),
-]
+    "EventMetadataEntry": "int64 key = 1; XEventMetadata value = 2",
+    "StatMetadataEntry": "int64 key = 1; XStatMetadata value = 2",
+    "XPlane": (
+        "int64 id = 1; string name = 2; repeated XLine lines = 3; repeated EventMetadataEntry event_metadata = 4; "
+        "repeated StatMetadataEntry stat_metadata = 5; repeated XStat stats = 6"
+    ),
+    "XSpace": "repeated XPlane planes = 1; repeated string errors = 2; repeated string warnings = 3; repeated string hostnames = 4",
+}
 
-
-def _build() -> dict[str, Any]:
-    file = descriptor_pb2.FileDescriptorProto(name="stepscope_xplane.proto", package=_PACKAGE, syntax="proto3")
-    for name, fields in _MESSAGES:
-        message = file.message_type.add(name=name)
-        for field_name, number, kind, label, type_name in fields:
-            field = message.field.add(name=field_name, number=number, type=kind, label=label)
-            if type_name:
-                field.type_name = f".{_PACKAGE}.{type_name}"
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(file)
-    return {name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{_PACKAGE}.{name}")) for name, _ in _MESSAGES}
-
-
-_CLASSES = _build()
+_CLASSES = message_classes(_PACKAGE, _MESSAGES)
 XSpace = _CLASSES["XSpace"]
 _GPU_PLANE = re.compile(r"^/device:GPU:(\d+)")
 _STREAM = re.compile(r"(\d+)")
