@@ -22,7 +22,6 @@ from stepscope.capture.writer import Deferred
 from stepscope.exceptions import UnsupportedValue
 
 from .reductions import reduce_on_device
-from .sharded import is_sharded
 
 # Sparse tensors are saved dense up to this many elements (a 16 MiB float32 tensor).
 MAX_DENSE_ELEMENTS = 1 << 22
@@ -166,12 +165,12 @@ class HostTransfer:
         one copy per dtype (`torch.cat` into a new buffer, each tensor's array a view of
         it) and `record(plan, raw, reductions, shape)` each. A save step of a model's
         parameters then costs the copy of their bytes and little Python per tensor.
-        Returns the pairs left for `capture` one by one (other devices, sharded tensors,
-        values that are not tensors or cannot be saved: that path says why)."""
+        Returns the pairs left for `capture` one by one (other devices, values that are
+        not tensors or cannot be saved: that path says why). DTensors are not for here."""
         groups: dict[torch.dtype, list[tuple[TensorPlan, torch.Tensor]]] = {}
         rest: list[tuple[TensorPlan, Any]] = []
         for plan, value in items:
-            if not isinstance(value, torch.Tensor) or is_sharded(value):
+            if not isinstance(value, torch.Tensor):
                 rest.append((plan, value))
                 continue
             try:

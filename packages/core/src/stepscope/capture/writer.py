@@ -35,8 +35,9 @@ from ..exceptions import ConfigError, StoreUnavailable
 from ..modes import ModeKeys
 from ..store import Store, open_store
 from .deadline import CLOSE_TIMEOUT_ENV, DEFAULT_CLOSE_TIMEOUT_S, Deadline, close_timeout_from_env, exit_deadline
-from .safety import FailSafe, WarnOnce, write_status
+from .safety import FailSafe, write_status
 from .step_framing import StepFramer, StepTables, as_array
+from .writer_health import WriterHealth, printable
 
 logger = logging.getLogger("stepscope")
 
@@ -159,17 +160,9 @@ class Writer:
         self._abandoned = False  # close() gave up waiting: the threads drop what is left
         # The store's outages (StoreUnavailable) and what they cost: steps and files that
         # found the queue full while the store was not answering.
-        self._outage_since: float | None = None  # monotonic start of the current outage
-        self.outages = 0
-        self.retries = 0
-        self.longest_outage_s = 0.0
-        self._lost_steps: set[int] = set()
-        self._lost_files: set[str] = set()
-        self._status_due = False  # something new for the status file, published once the store answers
+        self.health = WriterHealth(worker, self._cond)
         self._waited_s = 0.0  # publisher time spent waiting out outages (not work: kept out of busy_s)
         self._wake = threading.Event()  # ends a retry's back-off early: close() gave up
-        self._warn = WarnOnce()
-        self.dropped_tensors: dict[int, list[str]] = {}  # step -> tensors that could not be encoded
         # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
         # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
         self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
@@ -263,7 +256,7 @@ class Writer:
         with self._cond:
             # Back pressure: wait for room, but always admit a job into an empty queue.
             while self._queued_bytes and self._queued_bytes + nbytes > self.max_queue_bytes and self.accepting:
-                if self._outage_since is not None:
+                if self.health.since is not None:
                     # The store is not answering and the bound is reached: waiting would hold
                     # training for an outage of unknown length. Dropped, and listed by step.
                     self._lose(job)
@@ -285,32 +278,26 @@ class Writer:
     @property
     def in_outage(self) -> bool:
         """Whether the store is not answering now (the writer holds its queue and retries)."""
-        return self._outage_since is not None
+        return self.health.since is not None
 
     @property
     def lost_steps(self) -> list[int]:
         """Steps dropped because the queue was full while the store was not answering."""
         with self._cond:
-            return sorted(self._lost_steps)
+            return sorted(self.health.lost_steps)
+
+    # The outages' counts and the tensors that could not be encoded (writer_health.py).
+    outages = property(lambda self: self.health.outages)
+    retries = property(lambda self: self.health.retries)
+    longest_outage_s = property(lambda self: self.health.longest_s)
+    dropped_tensors = property(lambda self: self.health.dropped_tensors)
 
     def _lose(self, job: Any) -> None:
         """(Under the lock.) `job` found the queue full during an outage: dropped."""
-        if isinstance(job, _StepJob):
-            self._lost_steps.add(job.step)
-            what = f"step {job.step}"
-        elif isinstance(job, _StepBatch):
-            self._lost_steps.update(j.step for j in job.steps)
-            what = f"steps {job.steps[0].step}-{job.steps[-1].step}"
-        else:
-            self._lost_files.add(job.key)
-            what = f"file {job.key}"
-        self._status_due = True
-        self._warn(
-            "lost",
-            f"stepscope: writer ({self.worker}): the store is not answering and the queue is full "
-            f"({self._queued_bytes:,} bytes held, max_queue_bytes {self.max_queue_bytes:,}): "
-            f"{what} and later ones are dropped until it answers (listed in the status file)",
-        )
+        steps = [job.step] if isinstance(job, _StepJob) else [j.step for j in job.steps] if isinstance(job, _StepBatch) else []
+        what = f"file {job.key}" if isinstance(job, _FileJob) else f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+        held = f"{self._queued_bytes:,} bytes held, max_queue_bytes {self.max_queue_bytes:,}"
+        self.health.lose(steps, [job.key] if isinstance(job, _FileJob) else [], what, held)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything enqueued so far is published (or dropped on failure).
@@ -327,7 +314,7 @@ class Writer:
             wait = 0.25 if end is None else min(0.25, max(0.0, end - time.monotonic()))
             if barrier.done.wait(wait):
                 return True
-            if self._outage_since is not None or (end is not None and time.monotonic() >= end):
+            if self.health.since is not None or (end is not None and time.monotonic() >= end):
                 return False
 
     def close(self, timeout: float | None = None, *, end_marker: bool = True, deadline: Deadline | None = None) -> bool:
@@ -363,8 +350,8 @@ class Writer:
         with self._cond:
             self._abandoned = True
             self._wake.set()
-            steps = sorted(self._unpublished | self._lost_steps)
-            files = sorted(self._unpublished_files | self._lost_files)
+            steps = sorted(self._unpublished | self.health.lost_steps)
+            files = sorted(self._unpublished_files | self.health.lost_files)
             self._queue.clear()
             self._cond.notify_all()
         shown = ", ".join(map(str, steps[:20])) + (", ..." if len(steps) > 20 else "")
@@ -427,7 +414,7 @@ class Writer:
                         self.bytes_written += len(job.data)
                 elif isinstance(job, _FinishJob):
                     self._failsafe.call(self._publish_step_table)
-                    if self.dropped_tensors or self._status_due:
+                    if self.health.dropped_tensors or self.health.status_due:
                         self._failsafe.call(self._publish_status)
                     if job.end_marker and self._failsafe.enabled:
                         self._failsafe.call(self._write, layout.END_MARKER, b"")
@@ -436,7 +423,7 @@ class Writer:
                         self._failsafe.call(self._publish_batch, *framed)
                 elif framed is not None:
                     self._failsafe.call(self._publish_step, job, *framed)
-                if self._status_due and self._outage_since is None and self._failsafe.enabled:
+                if self.health.status_due and self.health.since is None and self._failsafe.enabled:
                     self._failsafe.call(self._publish_status)  # the store answers again: say what the outage cost
             self.busy_s += time.perf_counter() - started - (self._waited_s - waited)
             with self._cond:
@@ -498,71 +485,25 @@ class Writer:
                 self.store.write(key, data)
             except StoreUnavailable as exc:
                 began = time.perf_counter()
-                self._outage_begins(exc)
+                self.health.outage_begins(exc, self.max_queue_bytes)
                 self._wake.wait(delay)
                 delay = min(2 * delay, RETRY_MAX_S)
                 self._waited_s += time.perf_counter() - began
                 continue
-            if self._outage_since is not None:
-                self._outage_ends()
+            if self.health.since is not None:
+                self.health.outage_ends()
             return True
         return False
 
-    def _outage_begins(self, exc: StoreUnavailable) -> None:
-        with self._cond:
-            self.retries += 1
-            if self._outage_since is not None:
-                return
-            self._outage_since = time.monotonic()
-            self.outages += 1
-            self._cond.notify_all()  # a producer waiting for room now drops instead
-        logger.warning(
-            "stepscope: writer (%s): the store is not answering (%s); holding up to %s bytes of steps (max_queue_bytes) and trying again until it does; training goes on",
-            self.worker, exc, f"{self.max_queue_bytes:,}",
-        )
-
-    def _outage_ends(self) -> None:
-        with self._cond:
-            since, self._outage_since = self._outage_since, None
-            lasted = time.monotonic() - (since or time.monotonic())
-            self.longest_outage_s = max(self.longest_outage_s, lasted)
-            lost = len(self._lost_steps)
-        logger.warning("stepscope: writer (%s): the store answers again after %.1f s; saving resumed (%d step(s) lost so far)", self.worker, lasted, lost)
-
     def _status_body(self) -> dict[str, Any]:
-        """The worker's status: tensors that could not be encoded, and what outages cost."""
-        with self._cond:
-            lost_steps, lost_files = sorted(self._lost_steps), sorted(self._lost_files)
-        drop_steps = sorted(self.dropped_tensors)
-        names = sorted({_printable(n) for s in drop_steps for n in self.dropped_tensors[s]})
-        problems = []
-        if names:
-            problems.append(f"{len(names)} tensor(s) could not be saved and were skipped (see the training log)")
-        if lost_steps or lost_files:
-            problems.append(f"{len(lost_steps)} step(s) and {len(lost_files)} file(s) were dropped while the store was not answering and the queue was full")
-        status: dict[str, Any] = {
-            "state": "degraded",
-            "component": f"writer ({self.worker})",
-            "error": "; ".join(problems),
-            "time": time.time(),
-            "pid": os.getpid(),
-        }
-        if names:
-            status.update(dropped_tensors=names[:100], steps_with_drops=drop_steps[:1000])
-        if lost_steps or lost_files:
-            status.update(lost_steps=lost_steps, lost_files=lost_files)
-        if self.outages:
-            status["outages"] = {"count": self.outages, "longest_s": round(self.longest_outage_s, 3), "retries": self.retries}
-        return status
+        return self.health.status_body()
 
     def _publish_status(self) -> None:
-        self._status_due = False
+        self.health.status_due = False
         self._write(layout.status_key(self.worker), json.dumps(self._status_body(), indent=1).encode())
 
     def _drop_tensor(self, step: int, name: str, exc: BaseException) -> None:
-        self.dropped_tensors.setdefault(step, []).append(name)
-        shown = _printable(name)
-        self._warn(f"drop:{shown}", f"stepscope: tensor {shown!r} of step {step} ({self.worker}) cannot be saved and is skipped: {type(exc).__name__}: {exc}")
+        self.health.drop_tensor(step, name, exc)
 
     def _publish_step(self, job: _StepJob, parts: list[Any], index: dict[str, Any]) -> None:
         if not index["tensor_payload"] and not index["shape_payload"] and job.tensors:
@@ -600,8 +541,7 @@ class Writer:
             self._write(*done)
 
 
-def _printable(name: Any) -> str:
-    return name.encode("utf-8", "backslashreplace").decode("utf-8") if isinstance(name, str) else repr(name)
+_printable = printable  # (its old name here)
 
 
 def _close_at_exit(ref: weakref.ReferenceType[Writer]) -> None:
