@@ -1,7 +1,8 @@
 """Opening a job that smdebug 1.0.34 wrote (no step tables: one index file per step) and
 reading one tensor over every step, stepscope against smdebug's own reader, each a whole
 process (interpreter start, imports, listing, every index file parsed and validated, one
-ranged read per step), side by side in one run. Goal: stepscope >= 30x faster.
+ranged read per step), side by side in one run. Goal: stepscope >= 30x faster, in wall
+time and in CPU time.
 
     python bench/bench_legacy_open.py --smdebug-python ../smdebug-venv/bin/python
     python bench/bench_legacy_open.py --smdebug-python ../smdebug-venv/bin/python --job /tmp/legacy-job
@@ -118,8 +119,10 @@ def main() -> None:
         print(f"open a legacy smdebug job + read {TENSOR} over {theirs[2]['steps']} steps ({args.tensors} tensors per step), whole process")
         print(f"  stepscope: {wall:6.2f} s wall, {cpu:6.2f} s CPU (median of {args.rounds}: {', '.join(f'{r[0]:.2f}' for r in ours)} s wall)")
         print(f"  smdebug:   {theirs[0]:6.2f} s wall, {theirs[1]:6.2f} s CPU")
-        ratio = theirs[0] / wall
-        print(f"  stepscope is {ratio:.1f}x faster (wall), {theirs[1] / cpu:.1f}x (CPU); goal >= 30x: {'met' if ratio >= 30 else 'MISSED'}")
+        ratio, cpu_ratio = theirs[0] / wall, theirs[1] / cpu
+        # Both: the wall ratio moves with the machine's load (smdebug waits on more I/O), the
+        # CPU ratio is what a quiet machine would show.
+        print(f"  stepscope is {ratio:.1f}x faster (wall), {cpu_ratio:.1f}x (CPU); goal >= 30x on both: {'met' if min(ratio, cpu_ratio) >= 30 else 'MISSED'}")
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)

@@ -107,6 +107,7 @@ def main() -> None:
     parser.add_argument("--no-hta", action="store_true")
     parser.add_argument("--keep", default=None, help="generate into (and reuse) this folder")
     parser.add_argument("--repeat", type=int, default=1, help="runs of stepscope (each: parse, then from Parquet)")
+    parser.add_argument("--hta-timeout", type=float, default=3600, help="seconds HTA may take (on a busy 2-core machine the full trace takes over 30 minutes)")
     args = parser.parse_args()
     steps, ops = (50, 500) if args.quick else (1000, 500)  # 5 trace events per op
     root = Path(args.keep) if args.keep else Path(tempfile.mkdtemp(prefix="stepscope-bench-traces-"))
@@ -158,7 +159,7 @@ def main() -> None:
         again = min(agains, key=lambda r: r["seconds"])
         if not args.no_hta:
             # HTA reads every *.json / *.gz in the folder: hand it the trace's folder only.
-            hta = _run(HTA, trace.parent, 1800)
+            hta = _run(HTA, trace.parent, args.hta_timeout)
             print(f"  HTA 0.5, load + analyse:              {hta['seconds']:.2f} s wall (load {hta['load_seconds']:.2f} s), {hta['cpu_s']:.2f} s CPU, peak RSS {hta['rss_mb']:.0f} MB")
             print(f"  ratios HTA / stepscope: wall {hta['seconds'] / ours['seconds']:.1f}x, CPU {hta['cpu_s'] / ours['cpu_s']:.1f}x, memory {hta['rss_mb'] / ours['rss_mb']:.1f}x; "
                   f"from Parquet: wall {hta['seconds'] / again['seconds']:.1f}x, CPU {hta['cpu_s'] / again['cpu_s']:.1f}x")

@@ -198,3 +198,23 @@ def test_step_tables_open_long_jobs_and_a_bad_one_falls_back(tmp_path, write_job
         assert trial.steps() == list(range(7)) and trial.steps(ModeKeys.EVAL) == [0, 1]
         np.testing.assert_array_equal(trial.tensor("fc.weight").value(4), written[4]["fc.weight"])
         assert trial.tensor("fc.weight").shape(6) == (4, 3)
+
+
+def test_the_trial_is_a_facade_over_parts_of_one_job_each():
+    """Issue 23's bound: no class of the read side's trial over ~450 lines (Trial was 659);
+    the public API stays on the facade."""
+    import ast
+    import inspect
+
+    from stepscope import trial as package
+    from stepscope.trial import Trial, collections, files, status, steps, values
+
+    sizes = {}
+    for module in (package, collections, files, status, steps, values):
+        for node in ast.parse(inspect.getsource(module)).body:
+            if isinstance(node, ast.ClassDef):
+                sizes[f"{module.__name__}.{node.name}"] = node.end_lineno - node.lineno + 1
+    assert {"stepscope.trial.Trial", "stepscope.trial.steps.StepCatalog", "stepscope.trial.values.ValueReader", "stepscope.trial.collections.JobCollections"} <= set(sizes)
+    assert max(sizes.values()) <= 450, sizes
+    public = {"refresh", "steps", "modes", "mode_of", "global_step", "workers", "num_workers", "is_complete", "last_complete_step", "wait_for_steps", "collections", "collection", "module_class", "scopes", "scope_map", "status", "status_in", "failed_workers", "failed_workers_in", "tensor_names", "tensor", "has_tensor", "read_many", "profiler", "problems"}
+    assert public <= set(dir(Trial))

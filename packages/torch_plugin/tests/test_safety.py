@@ -78,6 +78,7 @@ def test_exception_inside_the_hook_is_caught_recorded_and_disables_it(make_hook,
         raise RuntimeError("injected failure")
 
     monkeypatch.setattr(hook._transfer, "capture", broken)
+    monkeypatch.setattr(hook._transfer, "capture_many", broken)  # (a step's parameters are copied in one batch)
     result = run(mlp(), batches(5), hook)
     hook.close()
     assert_same(result, expected)

@@ -6,6 +6,12 @@ where steps and phases begin and end (through the public driver `begin_step`,
 parameters, its modules and the registered losses are the tensors; `HostTransfer` copies
 them to host. Everything else (options, schedules, saving, timeline, fail-safe) is core.
 
+`Hook` is this module's registration, plugin contract and forward entry points, over
+parts with one job each (each a base class, as core's step driver is, so that the hot
+paths stay plain attribute reads on the hook): `optimizer_steps.OptimizerSteps` (the
+optimizers and a GradScaler), `model_tensors.ModelTensors` (what a due step saves of the
+models) and `distributed.DistributedParts` (ranks, the stop agreement, sharded tensors).
+
 Step semantics:
 - TRAIN: one step per `optimizer.step()` of a registered optimizer. With gradient
   accumulation the forwards before a step belong to it, and the saved gradients are the
@@ -20,36 +26,30 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-import numpy as np
 import torch
 from torch import nn
 
-from stepscope.capture.hook import HookBase, StopTrainingRequested, TensorPlan
+from stepscope.capture.hook import StopTrainingRequested, TensorPlan
 from stepscope.capture.phases import EVENT_CODES, FORWARD_BEGIN, FORWARD_END, OPTIMIZER_BEGIN, OPTIMIZER_END, Clock
 from stepscope.config import CollectionName
-from stepscope.exceptions import ConfigError, UnsupportedValue
+from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 
 from . import blackbox, fastpath, naming, sharded
+from .distributed import distributed_rank
 from .driver import drive_forward
+from .optimizer_steps import OptimizerSteps
 from .timing import device_clock
 from .transfer import HostTransfer
-
-# Collections of scalars (losses, metrics): due every step under the capture defaults.
-_SCALAR_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METRICS})
 
 logger = logging.getLogger("stepscope")
 _TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
 # Phase-log records the hot paths append themselves (stepscope.capture.phases.PhaseLog).
 _FORWARD_BEGIN, _FORWARD_END, _OPTIMIZER_BEGIN = EVENT_CODES[FORWARD_BEGIN], EVENT_CODES[FORWARD_END], EVENT_CODES[OPTIMIZER_BEGIN]
 _OPTIMIZER_END = EVENT_CODES[OPTIMIZER_END]
-# Dtypes whose 0-d CPU tensors (a loss, a metric) are read with .item() into numpy: exact
-# (the Python number holds every value of these).
-_PLAIN_SCALARS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
 F = TypeVar("F", bound=Callable[..., Any])
 
 # Collections filled by other means than module forward hooks; when only these are due, a
@@ -66,35 +66,7 @@ _NOT_ACTIVATIONS = frozenset(
 )
 
 
-def distributed_rank() -> tuple[int, int, int]:
-    """(rank, world size, local rank) from torch.distributed, else torchrun's environment."""
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    if torch.distributed.is_available() and torch.distributed.is_initialized():
-        return torch.distributed.get_rank(), torch.distributed.get_world_size(), local_rank
-    return int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1)), local_rank
-
-
-class _ScalerUpdateHook:
-    """Calls `before()` at the start of each `scaler.update()` (an instance attribute over
-    the class's method; `remove()` takes it away), like a torch hook handle."""
-
-    def __init__(self, scaler: Any, before: Callable[[], None]) -> None:
-        self.scaler = scaler
-        update = type(scaler).update
-
-        def hooked_update(*args: Any, **kwargs: Any) -> Any:
-            before()
-            return update(scaler, *args, **kwargs)
-
-        self.hooked = hooked_update
-        scaler.update = hooked_update
-
-    def remove(self) -> None:
-        if self.scaler.__dict__.get("update") is self.hooked:
-            del self.scaler.update
-
-
-class Hook(HookBase):
+class Hook(OptimizerSteps):
     """Saves tensors of a PyTorch training loop. Typical use::
 
         hook = Hook(out_dir, include_collections=["weights", "gradients"])
@@ -156,22 +128,6 @@ class Hook(HookBase):
 
     # --- the plugin contract ------------------------------------------------------------
 
-    def _detect_rank(self) -> tuple[int, int, int]:
-        return distributed_rank()
-
-    def _can_agree_on_stop(self) -> bool:
-        dist = torch.distributed
-        return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
-
-    def _agree_on_stop(self, local: bool) -> bool:
-        # One integer, MAX over the default group: 1 on every rank once any rank saw the
-        # request. NCCL reduces device tensors only; gloo (and "cpu:gloo,cuda:nccl") CPU ones.
-        dist = torch.distributed
-        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else torch.device("cpu")
-        flag = torch.tensor([1 if local else 0], dtype=torch.int32, device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
-
     def _is_framework_value(self, value: Any) -> bool:
         return isinstance(value, torch.Tensor)
 
@@ -192,23 +148,6 @@ class Hook(HookBase):
         for item in items:
             (rest if sharded.is_sharded(item[1]) else batch).append(item)
         return rest + self._transfer.capture_many(batch, self.record)
-
-    def _capture_sharded(self, plan: TensorPlan, value: Any) -> None:
-        """A DTensor (FSDP2): reductions of the whole tensor combined from the shards,
-        raw values per shard with their place (sharded.py)."""
-        if self.world_size > 1 and self.options.include_workers != "all":
-            raise UnsupportedValue(
-                "a sharded tensor (DTensor, FSDP2): pass include_workers='all' so that every rank takes part in "
-                "combining the statistics of its shard"
-            )
-        reduced = sharded.combined_reductions(value, plan.reductions) if plan.reductions and value.numel() else {}
-        raw = None
-        if plan.save_raw:
-            raw = self._transfer.capture(TensorPlan(plan.name, True, (), False), value.to_local())[0]
-            place = sharded.shard_place(value)
-            if place is not None:
-                self.record(TensorPlan(sharded.shard_name(plan.name), True, (), False), place)
-        self.record(plan, raw, reduced, tuple(value.shape))
 
     def _on_step_begin(self, due: bool) -> None:
         step = self._counters.step
@@ -236,13 +175,6 @@ class Hook(HookBase):
         step = self._counters.step
         if step is not None and step.due:  # copies are made only on steps where something is due
             self._transfer.end_step()
-
-    def _forward_work_ends(self) -> None:
-        """The update of a due TRAIN step is over: activations and losses computed after it
-        belong to no step."""
-        self._losses_armed = False
-        if self._step_handles:
-            self._remove(self._step_handles)
 
     def _on_phase_event(self, event: str) -> None:
         # Only on steps where something is due.
@@ -425,85 +357,6 @@ class Hook(HookBase):
 
         return wrapped  # type: ignore[return-value]
 
-    def register_optimizer(
-        self, optimizer: torch.optim.Optimizer, *, name: str | None = None, drive_steps: bool = True, ends_step: bool = True
-    ) -> None:
-        """Make `optimizer.step()` end a TRAIN step; gradients are saved right before the
-        update, optimizer state (e.g. Adam's moments) right after it. A framework callback
-        that drives the steps itself passes `drive_steps=False`.
-
-        With several optimizers (a GAN's two, one per model), each optimizer's step is a
-        phase of one TRAIN step, which ends once every optimizer registered with
-        `ends_step=True` (the default) has stepped since it began: a discriminator stepped
-        five times and a generator once make one TRAIN step. Each optimizer's step saves
-        the gradients and state of its own parameters. `ends_step=False` makes an
-        optimizer's steps phases only (one that does not step every batch). `name` names
-        its scope for the rules (default `optimizer_<i>`, in registration order)."""
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise ConfigError(f"register_optimizer: expected a torch.optim.Optimizer, got {type(optimizer).__name__}")
-        if not self.enabled or any(o is optimizer for o in self._optimizers):
-            return
-        self._optimizers.append(optimizer)
-        params = [self._param_names[id(p)] for group in optimizer.param_groups for p in group["params"] if id(p) in self._param_names]
-        self.declare_scope(name or f"optimizer_{len(self._optimizers) - 1}", params, kind="optimizer")
-        if drive_steps:
-            self._counters.drives_optimizer = True
-            self._optimizer_handles[id(optimizer)] = []
-            if ends_step:
-                self._ending.append(optimizer)
-            self._install_optimizer_hooks()
-
-    def _install_optimizer_hooks(self) -> None:
-        """The step hooks of the step-driving optimizers: the compiled ones for one optimizer
-        (the routine case), the Python ones for several (a step ends after all of them)."""
-        fast = self._fast if len(self._optimizer_handles) == 1 and self._ending else None
-        for optimizer in self._optimizers:
-            handles = self._optimizer_handles.get(id(optimizer))
-            if handles is None:
-                continue
-            self._remove(handles)
-            handles += [
-                optimizer.register_step_pre_hook(fast.optimizer_pre if fast is not None else self._on_optimizer_pre),
-                optimizer.register_step_post_hook(fast.optimizer_post if fast is not None else self._on_optimizer_post),
-            ]
-
-    def optimizer_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
-        """For a framework callback that drives the steps: `optimizer` is about to update
-        (the optimizer phase starts; its gradients are saved when due: with several
-        registered optimizers, those of its own parameters)."""
-        self._stepping = optimizer
-        self.phase_event(OPTIMIZER_BEGIN)
-
-    def optimizer_step_ends(self, optimizer: torch.optim.Optimizer, *, step_goes_on: bool = False) -> None:
-        """For a framework callback: `optimizer` updated (its state is saved when due).
-        `step_goes_on`: the TRAIN step continues (manual optimization with several
-        optimizers: the next optimizer's forward comes)."""
-        self._stepping = optimizer
-        self._step_goes_on = step_goes_on
-        try:
-            self.phase_event(OPTIMIZER_END)
-        finally:
-            self._step_goes_on = False
-            self._stepping = None
-
-    def register_grad_scaler(self, scaler: Any) -> None:
-        """Follow a `torch.amp.GradScaler` (mixed precision): gradients are saved unscaled
-        and steps the scaler skips still end. With a registered optimizer the gradients are
-        read in its step pre-hook, after `scaler.step` unscaled them in place (or your own
-        `scaler.unscale_`); without one they are read as backward accumulates them and
-        divided by the scale backward ran with. When the scaler finds inf/NaN gradients it
-        skips `optimizer.step()`: the TRAIN step then ends at `scaler.update()`, saves no
-        gradients and `grad_scaler/skipped_step` = 1 (metrics collection, with
-        `grad_scaler/scale`, the scale in effect for the step)."""
-        if not (callable(getattr(scaler, "update", None)) and callable(getattr(scaler, "scale", None)) and callable(getattr(scaler, "is_enabled", None))):
-            raise ConfigError(f"register_grad_scaler: expected a torch.amp.GradScaler, got {type(scaler).__name__}")
-        if not self.enabled or self._scaler is scaler:
-            return
-        if self._scaler is not None:
-            raise ConfigError("register_grad_scaler: a GradScaler is already registered with this hook")
-        self._scaler = scaler
-        self._handles.append(_ScalerUpdateHook(scaler, self._on_scaler_update))
-
     def snapshot_memory(self, timeout: float = 60.0) -> str | None:
         """Write the CUDA allocator's snapshot now (memory.py): taken on this thread, written
         in the background, waited for at most `timeout` seconds. Returns the key written
@@ -617,228 +470,5 @@ class Hook(HookBase):
         """Forward hook of loss and activation modules; registered only while a step is due."""
         if self.due and self.failsafe.enabled:
             self.failsafe.call(self._save_io, name, args, output, type(module).__name__)
-
-    def _on_optimizer_pre(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        if not self.failsafe.enabled:
-            return
-        self._stepping = optimizer
-        c = self._counters
-        step = c.step
-        if step is None or c.global_step - 1 != c.train_at:
-            # optimizer.step() without a forward in this step opens one; the event is
-            # recorded, and the gradients saved when due, as below.
-            self._stepped.clear()
-            self._open_step(_TRAIN, _OPTIMIZER_BEGIN)
-            if c.step is not None:
-                c.train_at = c.global_step - 1
-            return
-        if c.timing:
-            self._log_event(_OPTIMIZER_BEGIN)
-        if step.due and not self._only_scalars_due():
-            self.failsafe.call(self._on_phase_event, OPTIMIZER_BEGIN)  # saves the gradients
-
-    def _on_optimizer_post(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        c = self._counters
-        if len(self._optimizer_handles) > 1 or not self._ending:
-            # Several optimizers: the TRAIN step ends once each one that ends steps stepped.
-            stepped = self._stepped
-            stepped.add(id(optimizer))
-            if any(id(o) not in stepped for o in self._ending):
-                step = c.step
-                if step is not None and self.failsafe.enabled and c.global_step - 1 == c.train_at:
-                    if c.timing:
-                        self._log_event(_OPTIMIZER_END)
-                    if step.due:
-                        self._step_goes_on = True
-                        self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # this optimizer's state
-                        self._step_goes_on = False
-                self._stepping = None
-                return
-            stepped.clear()
-        self._train_step_ends(updated=True)
-
-    def _train_step_ends(self, updated: bool) -> None:
-        """The open TRAIN step ends: its optimizer(s) stepped (`updated`), or a GradScaler
-        skipped the update."""
-        c = self._counters
-        # Counted before the fail-safe check: a rank whose hook turned off still takes part
-        # in the ranks' stop agreement (its peers would wait for it in the all-reduce).
-        # (An optimizer step always ends a TRAIN step; `train_step_ended` inlined: every step.)
-        n = c.train_ends + 1
-        c.train_ends = n
-        stop = n >= c.stop_check_at and self._decide_stop(n)
-        step = c.step
-        c.train_at = -1
-        if step is not None and self.failsafe.enabled:
-            self.finish_step_timing()
-            if step.due and updated:
-                if self._only_scalars_due() and self._states_hold_no_scalars():
-                    self._forward_work_ends()
-                else:
-                    self.failsafe.call(self._on_phase_event, OPTIMIZER_END)  # saves optimizer state
-        self._stepping = None
-        if stop:
-            self._raise_stop()
-
-    def _on_scaler_update(self) -> None:
-        """`scaler.update()` of the registered GradScaler, before it changes the scale: the
-        end of an iteration. When the scaler found inf/NaN gradients it skipped
-        `optimizer.step()`, so no optimizer hook ended the TRAIN step: it ends here, marked
-        `grad_scaler/skipped_step` = 1, with no gradients (they were not used)."""
-        c = self._counters
-        step = c.step
-        if step is None or c.mode is not _TRAIN or not self.failsafe.enabled:
-            return
-        skipped = c.drives_optimizer and c.global_step - 1 == c.train_at
-        if step.due:
-            self.failsafe.call(self._save_scaler_state, skipped)
-        if skipped:
-            self._stepped.clear()
-            self._train_step_ends(updated=False)
-
-    def _save_scaler_state(self, skipped: bool) -> None:
-        scale = self._loss_scale()
-        if scale is not None:
-            self.save_value("grad_scaler/scale", scale, (CollectionName.METRICS,))
-        if self._counters.drives_optimizer:
-            self.save_value("grad_scaler/skipped_step", np.float32(skipped), (CollectionName.METRICS,))
-
-    # --- what is saved -------------------------------------------------------------------
-
-    def _only_scalars_due(self) -> bool:
-        """Whether only losses and metrics are due at the open step (every step under the
-        capture defaults) and no parameter or gradient belongs to them: the walks over the
-        parameters and gradients then have nothing to save and are skipped."""
-        step = self._counters.step
-        if step is None or not step.due_names <= _SCALAR_COLLECTIONS:
-            return False
-        if self._scalar_params is None:
-            self._scalar_params = any(
-                c.name in _SCALAR_COLLECTIONS
-                for name, _ in self._params
-                for tensor, collections in ((name, ()), (naming.gradient_name(name), (CollectionName.GRADIENTS,)))
-                for c in self._saver.matching(tensor, collections)
-            )
-        return not self._scalar_params
-
-    def _save_parameters(self) -> None:
-        if self._only_scalars_due():
-            return
-        self.save_values([(name, param, ()) for name, param in self._params])
-
-    def _own_parameters(self, optimizer: torch.optim.Optimizer | None) -> list[tuple[str, nn.Parameter]]:
-        """The watched parameters `optimizer` updates; all of them with one optimizer or none
-        known (gradients of parameters no optimizer holds are saved too)."""
-        if optimizer is None or len(self._optimizers) < 2:
-            return self._params
-        names = self._param_names
-        return [(names[id(p)], p) for group in optimizer.param_groups for p in group["params"] if id(p) in names]
-
-    def _save_gradients(self, params: list[tuple[str, nn.Parameter]] | None = None) -> None:
-        if self._only_scalars_due():
-            return
-        gradients = (CollectionName.GRADIENTS,)
-        self.save_values([(naming.gradient_name(name), p.grad, gradients) for name, p in (self._params if params is None else params) if p.grad is not None])
-
-    def _on_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
-        if self.due and self.failsafe.enabled and param.grad is not None:
-            self.failsafe.call(self._save_accumulated_gradient, name, param.grad)
-
-    def _save_accumulated_gradient(self, name: str, grad: torch.Tensor) -> None:
-        # Backward under a GradScaler accumulates scaled gradients: saved divided by the
-        # scale backward ran with (a power of two: exact), so they read as the true ones.
-        scale = self._loss_scale()
-        self.save_value(naming.gradient_name(name), grad if scale is None else grad / scale, (CollectionName.GRADIENTS,))
-
-    def _loss_scale(self) -> torch.Tensor | None:
-        """The registered GradScaler's scale now, as a 0-d tensor on its device (no sync)."""
-        scaler = self._scaler
-        if scaler is None or not scaler.is_enabled():
-            return None
-        scale = getattr(scaler, "_scale", None)
-        if not isinstance(scale, torch.Tensor):
-            return None  # scale() not called yet: nothing was scaled
-        return scale.reshape(())
-
-    def save_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
-        """Save `optimizer`'s per-parameter state (optimizer_variables) at the open step."""
-        if self.due:
-            self.failsafe.call(self._save_optimizer_state, optimizer)
-
-    def _save_optimizer_state(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._only_scalars_due():
-            # Known (for this many parameters with state) to hold no name of a scalar collection.
-            known = self._scalar_states.get(id(optimizer))
-            if known is not None and known == (len(optimizer.state), False):
-                return
-        states = self._optimizer_states(optimizer)
-        if self._only_scalars_due() and not self._scalar_states[id(optimizer)][1]:
-            return
-        self.save_values([(name, value, (CollectionName.OPTIMIZER_VARIABLES,)) for name, value in states])
-
-    def _states_hold_no_scalars(self) -> bool:
-        """Whether the optimizers' states are known (for their number of parameters with
-        state) to hold no name of a scalar collection: a step that saves only scalars then
-        has nothing to save of them."""
-        known = self._scalar_states
-        for optimizer in self._optimizers:
-            if known.get(id(optimizer)) != (len(optimizer.state), False):
-                return False
-        return True
-
-    def _optimizer_states(self, optimizer: torch.optim.Optimizer) -> list[tuple[str, torch.Tensor]]:
-        """(name, tensor) of `optimizer`'s per-parameter state; notes (per optimizer and
-        number of parameters with state) whether a name is in a scalar collection."""
-        states = []
-        for group in optimizer.param_groups:
-            for param in group["params"]:
-                name = self._param_names.get(id(param))
-                if name is None:
-                    continue
-                for key, value in optimizer.state.get(param, {}).items():
-                    if isinstance(value, torch.Tensor):
-                        states.append((naming.optimizer_state_name(name, key), value))
-        scalar = any(c.name in _SCALAR_COLLECTIONS for n, _ in states for c in self._saver.matching(n, (CollectionName.OPTIMIZER_VARIABLES,)))
-        self._scalar_states[id(optimizer)] = (len(optimizer.state), scalar)
-        return states
-
-    def _loss_begins(self, module: nn.Module) -> bool:
-        """At the start of a registered loss module's forward: whether its end saves."""
-        return self._losses_armed
-
-    def _loss_ends(self, name: str, module: nn.Module, args: Any, output: Any) -> None:
-        if self._losses_armed and self.failsafe.enabled:
-            self.failsafe.call(self._save_io, name, args, output, type(module).__name__)
-
-    def _save_io(self, module_name: str, args: Any, output: Any, module_class: str) -> None:
-        saver = self._saver
-        classes = saver.module_classes
-        for kind, value in (("input", args), ("output", output)):
-            for i, tensor in enumerate(naming.flatten_tensors(value)):
-                name = naming.activation_name(module_name, kind, i)
-                classes[name] = module_class
-                if not saver.matching(name, ()):
-                    continue  # (no included collection holds it: a loss module's inputs, mostly)
-                plan = saver.plan(name, ())
-                if plan is not None and not self._record_scalar(plan, tensor):
-                    saver.save(plan, name, tensor)
-
-    def _record_scalar(self, plan: TensorPlan, tensor: torch.Tensor) -> bool:
-        """Record a 0-d CPU tensor of a plain dtype (a loss) by reading its value (on the
-        CPU `.item()` waits for nothing), without the general capture's checks and copies;
-        False for anything else (a GPU loss is copied without a sync, by `_capture`)."""
-        if plan.reductions or tensor.__class__ is not torch.Tensor or not tensor.is_cpu or tensor.dim() or tensor.layout is not torch.strided:
-            return False
-        to_numpy = _PLAIN_SCALARS.get(tensor.dtype)
-        if to_numpy is None:
-            return False
-        self._saver.record(plan, to_numpy(tensor.item()) if plan.save_raw else None, None, ())  # type: ignore[arg-type]
-        return True
-
-    @staticmethod
-    def _remove(handles: list[Any]) -> None:
-        while handles:
-            handles.pop().remove()
-
 
 __all__ = ["Hook", "StopTrainingRequested", "distributed_rank"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -19,8 +19,7 @@ from .collections import JobCollections
 from .steps import StepCatalog
 
 
-@dataclass(frozen=True)
-class Location:
+class Location(NamedTuple):  # one per value read: a tuple costs less to make than a frozen dataclass
     event_key: str
     start: int
     length: int
@@ -99,7 +98,7 @@ class ValueReader:
             steps = self._catalog.steps
             raw: list[bytes | None]
             try:
-                raw = list(self._store.read_ranges([(wanted[i][3].event_key, wanted[i][3].start, wanted[i][3].length) for i in missing]))
+                raw = list(self._store.read_ranges([wanted[i][3] for i in missing]))  # a Location is (key, start, length)
             except FileNotFoundError as exc:
                 raw = [None] * len(missing)
                 if not any(wanted[i][2] in steps[wanted[i][1]].tables for i in missing if wanted[i][1] in steps):
@@ -116,7 +115,9 @@ class ValueReader:
                         raise
                     array = recovered
                 results[i] = array
-                self._remember((name, step, worker), array)
+            # What the cache would hold after remembering each in turn: the batch's last ones.
+            for i in missing[-self._cache_size :] if self._cache_size > 0 else ():
+                self._remember((wanted[i][0], wanted[i][1], wanted[i][2]), results[i])  # type: ignore[arg-type]
         return results  # type: ignore[return-value]
 
     def _from_index_file(self, name: str, step: int, worker: str) -> np.ndarray | None:
