@@ -65,13 +65,14 @@ class Loop:
             hook.register_module(self.model)
             hook.register_loss(self.loss_fn)
     def run(self, n):
-        start = time.perf_counter()
+        start, self.cpu, self.all_cpu = time.perf_counter(), time.thread_time(), time.process_time()
         for _ in range(n):
             x, y = self.batches[self.i % 4]
             self.i += 1
             self.optimizer.zero_grad()
             self.loss_fn(self.model(x), y).backward()
             self.optimizer.step()
+        self.cpu, self.all_cpu = (time.thread_time() - self.cpu) / n, (time.process_time() - self.all_cpu) / n
         return (time.perf_counter() - start) / n
 
 hook = make_hook()
@@ -79,11 +80,17 @@ loops = {"plain": Loop(), "hooked": Loop(hook)}
 for loop in loops.values():
     loop.run(2 * BLOCK)
 times = {"plain": [], "hooked": []}
+# CPU seconds per step: the training thread's, and the whole process's (every thread:
+# torch's, the writer's), which load on the machine changes less than the time.
+cpu = {"plain": [], "hooked": []}
+all_cpu = {"plain": [], "hooked": []}
 hooked_s = 0.0
 for b in range(blocks):
     for name in (("plain", "hooked") if b % 2 == 0 else ("hooked", "plain")):
         t = loops[name].run(BLOCK)
         times[name].append(t)
+        cpu[name].append(loops[name].cpu)
+        all_cpu[name].append(loops[name].all_cpu)
         if name == "hooked":
             hooked_s += t * BLOCK
 close = time.perf_counter()
@@ -115,6 +122,8 @@ def byte_cost():
 
 cost = byte_cost() if impl == "stepscope" else None
 print(json.dumps({"plain": statistics.median(times["plain"]), "hooked": statistics.median(times["hooked"]),
+                  "train_cpu_added": statistics.median(cpu["hooked"]) - statistics.median(cpu["plain"]),
+                  "all_cpu_added": statistics.median(all_cpu["hooked"]) - statistics.median(all_cpu["plain"]),
                   "hooked_blocks": times["hooked"], "plain_blocks": times["plain"],
                   "bytes": size, "hooked_s": hooked_s, "close_s": close,
                   "save_cost_s": cost[0] if cost else None, "save_bytes": cost[1] if cost else None}))
@@ -152,7 +161,9 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
         # steady the added time is from block to block.
         q = statistics.quantiles(r["hooked_blocks"], n=4) if len(r["hooked_blocks"]) >= 4 else [r["hooked"]] * 3
         spread = (q[2] - q[0]) / r["hooked"]
-        print(f"{kind:5} {threads:7} {impl:9} {r['plain'] * 1e3:9.3f} {r['hooked'] * 1e3:10.3f} {100 * added[impl] / r['plain']:8.1f} {100 * spread:8.1f} {rate:12.1f}", flush=True)
+        # CPU added per save (a save every 10th step): the training thread's, and every thread's.
+        print(f"{kind:5} {threads:7} {impl:9} {r['plain'] * 1e3:9.3f} {r['hooked'] * 1e3:10.3f} {100 * added[impl] / r['plain']:8.1f} {100 * spread:8.1f} {rate:12.1f}"
+              f" {10e3 * r['train_cpu_added']:12.2f} {10e3 * r['all_cpu_added']:12.2f}", flush=True)
     if cost is not None and "stepscope" in added:
         # Weights and gradients are saved every 10th step: a tenth of a save per step.
         limit = cost["save_cost_s"] / 10
@@ -174,11 +185,12 @@ def main() -> None:
     parser.add_argument("--smdebug-python", default=os.environ.get("SMDEBUG_PYTHON"), help="python of an environment with smdebug 1.0.34")
     args = parser.parse_args()
     blocks = args.blocks or (6 if args.quick else 30)
-    print(f"weights + gradients every 10 steps, SGD, no register_optimizer, {blocks} blocks x 20 steps, medians")
+    print(f"weights + gradients every 10 steps, SGD, no register_optimizer, {blocks} blocks x 20 steps, medians; load average {os.getloadavg()[0]:.1f}")
     print("1 thread (a core left to the writer), then training on every core (--threads), MLP 256-512-512-10, batch 64")
     if not args.smdebug_python:
         print("smdebug: not measured (no --smdebug-python / SMDEBUG_PYTHON given; see this script's docstring)")
-    print(f"{'model':5} {'threads':>7} {'tool':9} {'plain ms':>9} {'hooked ms':>10} {'added %':>8} {'spread %':>8} {'written MB/s':>12}")
+    print(f"{'model':5} {'threads':>7} {'tool':9} {'plain ms':>9} {'hooked ms':>10} {'added %':>8} {'spread %':>8} {'written MB/s':>12}"
+          f" {'train CPU ms':>12} {'all CPU ms':>12}  (CPU: added per save)")
     pythons = (("stepscope", sys.executable), ("smdebug", args.smdebug_python))
     with tempfile.TemporaryDirectory() as root:
         for kind, threads in (("mlp", 1), ("cnn", 1), ("mlp", args.threads)):

@@ -110,6 +110,13 @@ _WORKER = textwrap.dedent(
     hook = Hook(sys.argv[1], profiler_config=ProfilerConfig(system_monitor=False))
     hook.register_module(model)
     hook.register_optimizer(optimizer)
+    # A rendezvous, as init_process_group is: both hooks run before either trains (a stop
+    # request already in the job when a hook starts is an earlier run's, passed over).
+    import os, pathlib
+    pathlib.Path(sys.argv[1] + f".started{os.environ['RANK']}").touch()
+    deadline = time.monotonic() + 120
+    while not all(pathlib.Path(sys.argv[1] + f".started{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
+        time.sleep(0.05)
     try:
         with black_box(hook):
             for step in range(400):

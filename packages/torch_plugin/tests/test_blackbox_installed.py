@@ -134,8 +134,12 @@ def test_an_exception_ending_a_training_thread_writes_the_black_box(tmp_path):
             helper.start()
             helper.join(10)
             assert when == "after" or not (tmp_path / BLACKBOX_DIR).exists()
+        box = hook._black_box
         hook.close()
-        assert threading.excepthook is mine  # the hook closed: the handler it found is back
+        from stepscope_torch.blackbox import _Excepthooks
+
+        assert box not in _Excepthooks.boxes  # closed: out of the excepthooks
+        assert threading.excepthook is mine or _Excepthooks.boxes  # the handler it found is back once no hook is live
     finally:
         threading.excepthook = previous
     assert seen == [ValueError, torch.cuda.OutOfMemoryError, ValueError]

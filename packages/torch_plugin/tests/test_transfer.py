@@ -1,4 +1,4 @@
-"""HostTransfer.capture_many (a save step's tensors copied in one batch per dtype) against
+"""HostTransfer.capture_many (a save step's tensors snapshotted in one pass) against
 capture (one by one): the same values, dtypes and shapes, snapshots the training loop can
 no longer change, reductions equal to numpy's, and what it cannot batch left for the
 one-by-one path."""
