@@ -426,6 +426,16 @@ static int number_to_ns(const Number *n, int64_t *out) {
     return number_to_scaled(n, 3, out);
 }
 
+/* The general path of the int and time readers below: the whole JSON number grammar, then
+   `convert`; a number it refuses gives up at the number's start, with `refused` as the reason. */
+static int read_general_number(Scan *S, int (*convert)(const Number *, int64_t *), int64_t *out, const char *refused) {
+    Number n;
+    const uint8_t *at = S->p;
+    if (scan_number(S, &n) < 0) return -1;
+    if (convert(&n, out) < 0) { S->p = at; GIVE_UP(S, refused); }
+    return 0;
+}
+
 static int expect_literal(Scan *S, const char *word, size_t length) {
     if ((size_t)(S->end - S->p) < length || memcmp(S->p, word, length) != 0) GIVE_UP(S, "an invalid value");
     S->p += length;
@@ -549,11 +559,7 @@ static int read_int_value(Scan *S, int64_t *out, int strings, const uint8_t *aft
             return 0;
         }
     }
-    Number n;
-    const uint8_t *at = S->p;
-    if (scan_number(S, &n) < 0) return -1;
-    if (number_to_int64(&n, out) < 0) { S->p = at; GIVE_UP(S, "an integer field that is not an int64"); }
-    return 0;
+    return read_general_number(S, number_to_int64, out, "an integer field that is not an int64");
 }
 
 static int read_time_value(Scan *S, int64_t *out) {
@@ -584,11 +590,7 @@ static int read_time_value(Scan *S, int64_t *out) {
             }
         }
     }
-    Number n;
-    const uint8_t *at = S->p;
-    if (scan_number(S, &n) < 0) return -1;
-    if (number_to_ns(&n, out) < 0) { S->p = at; GIVE_UP(S, "a time with more than three decimals or beyond int64 ns"); }
-    return 0;
+    return read_general_number(S, number_to_ns, out, "a time with more than three decimals or beyond int64 ns");
 }
 
 static inline int key_is(const Str *key, const char *name, Py_ssize_t length) {
