@@ -9,7 +9,12 @@ bench_torch_hook.py on a quiet machine stays the goal's measure.
 Needs valgrind, a C compiler and valgrind's headers (`apt-get install valgrind gcc`): a
 tiny library built on the fly lets the measured process switch counting on and off around
 each variant, so that importing torch (billions of instructions) is not counted. Takes
-about a minute. Not run by `nox -s bench` (which runs the bench_*.py scripts)."""
+about a minute. Not run by `nox -s bench` (which runs the bench_*.py scripts).
+
+`--default-config`: instead, a small training step (Linear-ReLU-Linear, CrossEntropyLoss,
+Adam) plain and with the hook in its default configuration (the loss saved every step),
+past the dense start of the tensor schedule (steps 1,200 on), the writer's hand-over and a
+flush included: what a step that saves only the loss costs the training thread."""
 
 from __future__ import annotations
 
@@ -103,6 +108,56 @@ def _child(control: str, steps: int) -> None:
     os._exit(0)  # no teardown to count or wait for
 
 
+DEFAULT_VARIANTS = ("plain training step", "default config")
+
+
+def _child_default_config(control: str, steps: int) -> None:
+    """Run in the measured process: a plain and a hooked training step, each between two dumps."""
+    import logging
+
+    import torch
+    from torch import nn
+
+    from stepscope_torch import Hook
+
+    lib = ctypes.CDLL(control)
+    logging.getLogger("stepscope").setLevel(logging.CRITICAL)
+    torch.set_num_threads(1)
+
+    def loop(hooked: bool):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 4))
+        loss_fn = nn.CrossEntropyLoss()
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+        hook = Hook(tempfile.mkdtemp()) if hooked else None
+        if hook is not None:
+            hook.register_module(model)
+            hook.register_loss(loss_fn)
+            hook.register_optimizer(optimizer)
+        x, y = torch.randn(4, 8), torch.randint(0, 4, (4,))
+
+        def run(n: int) -> None:
+            for _ in range(n):
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+            if hook is not None:
+                hook.flush()  # the held steps' hand-over counted too
+
+        return run
+
+    runs = dict(zip(DEFAULT_VARIANTS, (loop(False), loop(True))))
+    for run in runs.values():
+        run(1200)  # past the schedule's dense start: from here on only the loss is due
+    lib.measure_start()
+    for name, run in runs.items():
+        lib.measure_dump(f"before {name}".encode())
+        run(steps)
+        lib.measure_dump(f"after {name}".encode())
+    lib.measure_stop()
+    os._exit(0)
+
+
 def _build_control(where: Path) -> str | None:
     compiler = shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
@@ -128,10 +183,11 @@ def _main_thread_totals(where: Path) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--steps", type=int, default=1000, help="steps counted per variant")
+    parser.add_argument("--default-config", action="store_true", help="a training step with the default config instead (see above)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        _child(args.child, args.steps)
+        (_child_default_config if args.default_config else _child)(args.child, args.steps)
         return
     if shutil.which("valgrind") is None:
         print("skipped: valgrind is not installed (apt-get install valgrind)")
@@ -145,12 +201,17 @@ def main() -> None:
         command = [
             "valgrind", "--tool=callgrind", "--instr-atstart=no", "--separate-threads=yes",
             f"--callgrind-out-file={where}/out", sys.executable, __file__, "--child", control, "--steps", str(args.steps),
-        ]
+        ] + (["--default-config"] if args.default_config else [])
         done = subprocess.run(command, capture_output=True, text=True)
         totals = _main_thread_totals(where)
-        if any(f"after {v}" not in totals for v in VARIANTS):
+        if any(f"after {v}" not in totals for v in (DEFAULT_VARIANTS if args.default_config else VARIANTS)):
             print(f"no counts (valgrind exit {done.returncode}):\n{done.stderr[-2000:]}")
             sys.exit(1)
+    if args.default_config:
+        plain, hooked = (totals[f"after {v}"] / args.steps for v in DEFAULT_VARIANTS)
+        print(f"instructions per step (training thread, callgrind, {args.steps} steps each, from step 1,200 on): plain {plain:,.0f},")
+        print(f"  default config {hooked:,.0f}: the hook adds {hooked - plain:,.0f} ({hooked / plain:.3f}x)")
+        return
     per_step = {v: totals[f"after {v}"] / args.steps for v in VARIANTS}
     in_step = per_step["two empty calls in the step"] - per_step["plain"]
     alone = per_step["two empty calls alone"]

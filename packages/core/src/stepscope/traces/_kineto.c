@@ -392,12 +392,16 @@ static int scan_number(Scan *S, Number *n) {
     return 0;
 }
 
-/* An integer that fits int64 (pyarrow reads nothing else into an int64 column). */
-static int number_to_int64(const Number *n, int64_t *out) {
-    if (n->fraction || n->has_exponent || n->int_length > 19) return -1;
+/* The number times 10^places as an exact int64, or -1: no exponent, and no non-zero digit
+   beyond `places` decimals (those pyarrow's decimal would round). */
+static int number_to_scaled(const Number *n, Py_ssize_t places, int64_t *out) {
+    if (n->has_exponent || n->int_length > 19) return -1;
+    for (Py_ssize_t i = places; i < n->fraction_length; i++)
+        if (n->fraction[i] != '0') return -1;
     uint64_t value = 0;
-    for (Py_ssize_t i = 0; i < n->int_length; i++) {
-        uint64_t d = (uint64_t)(n->digits[i] - '0');
+    for (Py_ssize_t i = 0; i < n->int_length + places; i++) {
+        Py_ssize_t f = i - n->int_length;  /* the decimal's index once past the integer part */
+        uint64_t d = f < 0 ? (uint64_t)(n->digits[i] - '0') : f < n->fraction_length ? (uint64_t)(n->fraction[f] - '0') : 0;
         if (value > (UINT64_MAX - d) / 10) return -1;
         value = value * 10 + d;
     }
@@ -411,30 +415,24 @@ static int number_to_int64(const Number *n, int64_t *out) {
     return 0;
 }
 
+/* An integer that fits int64 (pyarrow reads nothing else into an int64 column). */
+static int number_to_int64(const Number *n, int64_t *out) {
+    return n->fraction ? -1 : number_to_scaled(n, 0, out);
+}
+
 /* Microseconds with at most three decimal places (more places: only zeros) as exact
    nanoseconds, as pyarrow's decimal(38, 3) then reader._micros_to_ns read them. */
 static int number_to_ns(const Number *n, int64_t *out) {
-    if (n->has_exponent || n->int_length > 19) return -1;
-    for (Py_ssize_t i = 3; i < n->fraction_length; i++)
-        if (n->fraction[i] != '0') return -1;
-    uint64_t value = 0;
-    for (Py_ssize_t i = 0; i < n->int_length; i++) {
-        uint64_t d = (uint64_t)(n->digits[i] - '0');
-        if (value > (UINT64_MAX - d) / 10) return -1;
-        value = value * 10 + d;
-    }
-    for (Py_ssize_t i = 0; i < 3; i++) {
-        uint64_t d = i < n->fraction_length ? (uint64_t)(n->fraction[i] - '0') : 0;
-        if (value > (UINT64_MAX - d) / 10) return -1;
-        value = value * 10 + d;
-    }
-    if (n->negative) {
-        if (value > (uint64_t)INT64_MAX + 1) return -1;
-        *out = (int64_t)(0 - value);
-    } else {
-        if (value > (uint64_t)INT64_MAX) return -1;
-        *out = (int64_t)value;
-    }
+    return number_to_scaled(n, 3, out);
+}
+
+/* The general path of the int and time readers below: the whole JSON number grammar, then
+   `convert`; a number it refuses gives up at the number's start, with `refused` as the reason. */
+static int read_general_number(Scan *S, int (*convert)(const Number *, int64_t *), int64_t *out, const char *refused) {
+    Number n;
+    const uint8_t *at = S->p;
+    if (scan_number(S, &n) < 0) return -1;
+    if (convert(&n, out) < 0) { S->p = at; GIVE_UP(S, refused); }
     return 0;
 }
 
@@ -561,11 +559,7 @@ static int read_int_value(Scan *S, int64_t *out, int strings, const uint8_t *aft
             return 0;
         }
     }
-    Number n;
-    const uint8_t *at = S->p;
-    if (scan_number(S, &n) < 0) return -1;
-    if (number_to_int64(&n, out) < 0) { S->p = at; GIVE_UP(S, "an integer field that is not an int64"); }
-    return 0;
+    return read_general_number(S, number_to_int64, out, "an integer field that is not an int64");
 }
 
 static int read_time_value(Scan *S, int64_t *out) {
@@ -596,11 +590,7 @@ static int read_time_value(Scan *S, int64_t *out) {
             }
         }
     }
-    Number n;
-    const uint8_t *at = S->p;
-    if (scan_number(S, &n) < 0) return -1;
-    if (number_to_ns(&n, out) < 0) { S->p = at; GIVE_UP(S, "a time with more than three decimals or beyond int64 ns"); }
-    return 0;
+    return read_general_number(S, number_to_ns, out, "a time with more than three decimals or beyond int64 ns");
 }
 
 static inline int key_is(const Str *key, const char *name, Py_ssize_t length) {

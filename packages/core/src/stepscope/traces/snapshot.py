@@ -234,11 +234,7 @@ class AllocatorSnapshot:
         return window[["index", "time_us", "action", "addr", "size", "frame", "stack"]].reset_index(drop=True)
 
     def _frames(self, frame: str) -> list[str]:
-        if frame == "user":
-            return self.user_frames
-        if frame == "top":
-            return [s[0] if s else NO_FRAME for s in self.stacks]
-        raise ConfigError(f"frame must be 'user' or 'top', got {frame!r}")
+        return frame_labels(frame, self.user_frames, self.stacks)
 
 
 SUMMARY_COLUMNS = [
@@ -368,3 +364,13 @@ def load(path: str | os.PathLike[str]) -> AllocatorSnapshot:
 def snapshot_keys(names: Iterable[str]) -> list[str]:
     """The allocator snapshots among file names (what stepscope and torch name them)."""
     return sorted(n for n in names if n.endswith((".pickle", ".pickle.gz", ".snapshot.json", ".snapshot.json.gz")))
+
+
+def frame_labels(frame: str, user_frames: list[str], stacks: list[tuple[str, ...]]) -> list[str]:
+    """Per stack, the label its bytes are grouped under: its innermost user frame (`user`) or its
+    innermost frame whatever its file (`top`); shared by the in-memory and the streamed reader."""
+    if frame == "user":
+        return user_frames
+    if frame == "top":
+        return [s[0] if s else NO_FRAME for s in stacks]
+    raise ConfigError(f"frame must be 'user' or 'top', got {frame!r}")

@@ -30,7 +30,7 @@ from typing import IO, Any
 import pandas as pd
 
 from ..exceptions import CorruptRecord
-from .snapshot import _INTERNAL_PARTS, _INTERNAL_SUFFIXES, BEFORE_TRACE, NO_FRAME, SUMMARY_COLUMNS
+from .snapshot import _INTERNAL_PARTS, _INTERNAL_SUFFIXES, BEFORE_TRACE, NO_FRAME, SUMMARY_COLUMNS, frame_labels
 
 _CHUNK = 4 << 20
 _PEAK_LOG_LIMIT = 65_536  # deltas kept after a peak before its per-stack state is copied out
@@ -668,13 +668,7 @@ class StreamedSnapshot:
                 f"{self.memo_kept:,} shared objects kept, {self.seconds:.1f} s")  # fmt: skip
 
     def _labels(self, frame: str) -> list[str]:
-        if frame == "user":
-            return self.user_frames
-        if frame == "top":
-            return [s[0] if s else NO_FRAME for s in self.stacks]
-        from ..exceptions import ConfigError
-
-        raise ConfigError(f"frame must be 'user' or 'top', got {frame!r}")
+        return frame_labels(frame, self.user_frames, self.stacks)
 
 
 def _frames_table(cells: Mapping[int, list[int]], labels: list[str], k: int | None) -> pd.DataFrame:
