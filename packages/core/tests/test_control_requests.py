@@ -17,9 +17,13 @@ from stepscope.layout import REQUEST_KEY
 from stepscope.store import open_store
 
 
-def test_the_poller_passes_over_an_earlier_request_and_hands_a_new_one_over_once(tmp_path):
+def test_the_poller_passes_over_an_earlier_request_and_hands_a_new_one_over_once(tmp_path, monkeypatch):
+    from stepscope.capture import control
+
     store = open_store(str(tmp_path))
     send_request(store, MEMORY_SNAPSHOT, "an earlier run's")
+    started = time.time() + 1  # this process started after the earlier run wrote its request
+    monkeypatch.setattr(control, "_process_start_time", lambda: started)
     seen = []
     poller = StopPoller(store, interval_s=3600, on_control=lambda: seen.append(1))  # (polled by hand below)
     try:
@@ -35,6 +39,34 @@ def test_the_poller_passes_over_an_earlier_request_and_hands_a_new_one_over_once
         poller.close()
     with pytest.raises(ValueError, match="unknown request action"):
         send_request(store, "format_disk")
+
+
+@pytest.mark.parametrize("started_before_request", [True, False])
+def test_a_request_found_at_start_counts_only_when_written_after_this_process_started(tmp_path, monkeypatch, started_before_request):
+    """A rank whose hook starts after a peer already failed (no rendezvous before training)
+    still sees the peer's stop and black-box request; the first poller of a process that
+    started after the requests were written (a new run in the same folder) passes them over."""
+    from stepscope.capture import control
+
+    store = open_store(str(tmp_path))
+    control.request_stop(store, "BlackBox", "worker_1: OutOfMemoryError")
+    request_id = send_request(store, BLACK_BOX, "worker_1 failed", worker="worker_1")
+    written = time.time()
+    monkeypatch.setattr(control, "_pollers_started", 0)  # this poller is the process's first
+    monkeypatch.setattr(control, "_process_start_time", lambda: written - 5 if started_before_request else written + 5)
+    poller = StopPoller(store, interval_s=3600)
+    try:
+        assert poller.check_now() is started_before_request
+        assert poller.check_control() is started_before_request
+        if started_before_request:
+            assert poller.request["rule"] == "BlackBox" and poller.take_control()["id"] == request_id
+    finally:
+        poller.close()
+    second = StopPoller(store, interval_s=3600)  # a second poller in one process: passes over what it finds
+    try:
+        assert not second.check_now() and not second.check_control()
+    finally:
+        second.close()
 
 
 def test_a_hook_without_a_handler_answers_at_its_next_train_step_end(tmp_path):

@@ -101,22 +101,22 @@ def test_the_black_box_is_bounded_in_time_and_size(tmp_path):
 
 _WORKER = textwrap.dedent(
     """
-    import sys, time, torch
+    import os, sys, time, torch
     from stepscope.config import ProfilerConfig
+    from stepscope.layout import STOP_KEY
     from stepscope_torch import Hook, black_box
     fail_at = int(sys.argv[2])
+    if os.environ["RANK"] == "0":  # a slow start: this rank's hook begins after its peer failed
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(sys.argv[1], STOP_KEY)) and time.monotonic() < deadline:
+            time.sleep(0.05)
     model = torch.nn.Linear(16, 4)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     hook = Hook(sys.argv[1], profiler_config=ProfilerConfig(system_monitor=False))
     hook.register_module(model)
     hook.register_optimizer(optimizer)
-    # A rendezvous, as init_process_group is: both hooks run before either trains (a stop
-    # request already in the job when a hook starts is an earlier run's, passed over).
-    import os, pathlib
-    pathlib.Path(sys.argv[1] + f".started{os.environ['RANK']}").touch()
-    deadline = time.monotonic() + 120
-    while not all(pathlib.Path(sys.argv[1] + f".started{r}").exists() for r in (0, 1)) and time.monotonic() < deadline:
-        time.sleep(0.05)
+    # No rendezvous before training: rank 0's hook starts after rank 1 failed and still takes
+    # rank 1's stop (written after this process started: control._written_by_this_run).
     try:
         with black_box(hook):
             for step in range(400):

@@ -14,6 +14,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+
 from ..layout import REQUEST_KEY, RESPONSE_DIR, STOP_KEY, safe_file_name
 from ..store import Store
 
@@ -76,13 +78,58 @@ def read_responses(store: Store, request_id: str) -> list[dict[str, Any]]:
 
 
 def _parse_request(data: bytes) -> dict[str, Any] | None:
+    body = _parse_json(data)
+    if body is None or body.get("action") not in REQUEST_ACTIONS or not isinstance(body.get("id"), str):
+        return None
+    return body
+
+
+_pollers_started = 0
+_pollers_lock = threading.Lock()
+
+
+def _note_poller_started() -> bool:
+    """True for the first poller of this process."""
+    global _pollers_started
+    with _pollers_lock:
+        _pollers_started += 1
+        return _pollers_started == 1
+
+
+def _process_start_time() -> float:
+    try:
+        return float(psutil.Process().create_time())
+    except (psutil.Error, OSError):
+        return time.time()
+
+
+def _written_by_this_run(data: bytes, first_in_process: bool) -> bool:
+    """Whether a request found in the job when a poller starts belongs to this run: written
+    (its `time`) after this process started, by a process whose first hook this is. Ranks of
+    one job start together (one launcher), so a peer that failed before this rank's hook
+    began wrote its request after this process started; an earlier run's request was
+    written before. A second hook in one process (a notebook, tests) cannot tell an earlier
+    run's request from a peer's by time, so it passes over what it finds, as before."""
+    if not first_in_process:
+        return False
+    body = _parse_json(data)
+    written = body.get("time") if body is not None else None
+    return isinstance(written, (int, float)) and written >= _process_start_time()
+
+
+def _stale_bytes(data: bytes | None, first_in_process: bool) -> bytes | None:
+    """What a poller passes over: the bytes found at its start, unless they are this run's."""
+    if data is None or _written_by_this_run(data, first_in_process):
+        return None
+    return data
+
+
+def _parse_json(data: bytes) -> dict[str, Any] | None:
     try:
         body = json.loads(data)
     except ValueError:
         return None
-    if not isinstance(body, dict) or body.get("action") not in REQUEST_ACTIONS or not isinstance(body.get("id"), str):
-        return None
-    return body
+    return body if isinstance(body, dict) else None
 
 
 class StopPoller:
@@ -93,8 +140,11 @@ class StopPoller:
                  on_control: Callable[[], None] | None = None):  # fmt: skip
         """`on_request` runs (on the poller's thread) once `request` is set. A request already
         in the job when the poller starts is an earlier run's (a rule's stop, a black box's)
-        and is passed over: a new run in the same folder must not start stopped. Any request
-        written after that, even by the same rule, differs in its bytes (its time) and counts.
+        and is passed over, so a new run in the same folder does not start stopped, unless it
+        was written after this process started and no poller ran in this process before (a
+        peer rank that failed before this slow-starting rank's hook began: see
+        `_written_by_this_run`). Any request written after that, even by the same rule,
+        differs in its bytes (its time) and counts.
         On-demand requests (`send_request`) are looked for in the same polls (one more
         stat/HEAD per interval): a new one waits in `take_control()` and `on_control` runs."""
         self.store = store
@@ -102,8 +152,9 @@ class StopPoller:
         self.on_request = on_request
         self.on_control = on_control
         self.request: dict[str, Any] | None = None
-        self._stale = self._read_bytes()
-        self._control_seen = self._read_bytes(REQUEST_KEY)  # an earlier run's request is not this run's
+        first_in_process = _note_poller_started()
+        self._stale = _stale_bytes(self._read_bytes(), first_in_process)
+        self._control_seen = _stale_bytes(self._read_bytes(REQUEST_KEY), first_in_process)  # an earlier run's is not this run's
         self._control: dict[str, Any] | None = None
         self._control_lock = threading.Lock()
         if self._stale is not None:

@@ -32,7 +32,7 @@ class FrameworkPlugin(Protocol):
     def _is_framework_value(self, value: Any) -> bool: ...
 
     # Optional (`save_values`): capture several (plan, value) pairs of the open step at once,
-    # e.g. one host copy for all of them, `record`ing each; returns the pairs left for
+    # in one pass, `record`ing each; returns the pairs left for
     # `_capture` one by one. Without it each pair goes through `_capture`.
     # def _capture_many(self, items: Sequence[tuple[TensorPlan, Any]]) -> Sequence[tuple[TensorPlan, Any]]: ...
 
