@@ -97,3 +97,34 @@ def test_scalar_steps_skip_the_parameter_walks(tmp_path, mlp, monkeypatch, steps
     assert trial.tensor(LOSS).steps() == list(range(steps))
     assert calls["gradients"] == tensor_steps
     assert calls["states"] <= tensor_steps + 1  # (+1: the first scalar step learns the state's names)
+
+
+def test_a_loss_whose_input_a_collection_holds_saves_it_at_every_step(tmp_path, mlp):
+    """The routine loss road (_loss_ends) is taken only where no due collection holds the
+    loss's inputs: a collection of the loss's first input, saved every step, gets each one."""
+    from stepscope.config import Collection, SaveConfig
+
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    logits = Collection("logits", include_regex=[r"^CrossEntropyLoss_input_0$"], save_config=SaveConfig(save_interval=1))
+    hook = Hook(str(tmp_path), collections=[logits], include_collections=["logits"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(optimizer)
+    generator = torch.Generator().manual_seed(2)
+    x, y = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+    seen, losses = [], []
+    for _ in range(20):
+        optimizer.zero_grad()
+        output = model(x)
+        loss = loss_fn(output, y)
+        loss.backward()
+        optimizer.step()
+        seen.append(output.detach().numpy().copy())
+        losses.append(loss.item())
+    hook.close()
+    trial = create_trial(str(tmp_path))
+    assert trial.tensor("CrossEntropyLoss_input_0").steps() == list(range(20))
+    for step in range(20):
+        np.testing.assert_array_equal(trial.tensor("CrossEntropyLoss_input_0").value(step), seen[step])
+    assert [float(trial.tensor(LOSS).value(s)) for s in range(20)] == [float(np.float32(v)) for v in losses]

@@ -100,6 +100,7 @@ class Hook(OptimizerSteps):
         self._losses: list[tuple[str, nn.Module]] = []  # the registered loss modules
         self._hooked_losses: list[tuple[str, nn.Module]] = []  # those whose forward cannot be driven: torch hooks while due
         self._losses_armed = False  # a due step is open and its forward work goes on: the loss modules save their output
+        self._loss_plans: dict[str, tuple[frozenset[str], int, TensorPlan]] = {}  # model_tensors.ModelTensors._loss_ends
         self._optimizers: list[torch.optim.Optimizer] = []
         self._ending: list[torch.optim.Optimizer] = []  # the optimizers whose steps end a TRAIN step (register_optimizer)
         self._optimizer_handles: dict[int, list[Any]] = {}

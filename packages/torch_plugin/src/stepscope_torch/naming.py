@@ -85,7 +85,9 @@ def activation_name(module_name: str, kind: str, index: int) -> str:
 
 def flatten_tensors(value: Any) -> Iterator[torch.Tensor]:
     """Tensors in a module's inputs or outputs, in a stable order (nested tuples, lists, dicts)."""
-    if isinstance(value, torch.Tensor):
+    if value.__class__ is tuple and all(item.__class__ is torch.Tensor for item in value):
+        yield from value  # a module's usual arguments (a loss's (output, target)): no recursion
+    elif isinstance(value, torch.Tensor):
         yield value
     elif isinstance(value, (tuple, list)):
         for item in value:

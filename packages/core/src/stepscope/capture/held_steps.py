@@ -26,6 +26,14 @@ MAX_VALUES = 16
 MAX_BYTES = 1 << 16
 
 
+def _small(tensors: Mapping[str, Any]) -> bool:
+    """Whether `tensors` hold at most MAX_BYTES (a loop: no generator at every step)."""
+    total = 0
+    for value in tensors.values():
+        total += getattr(value, "nbytes", 0) or 0
+    return total <= MAX_BYTES
+
+
 class HeldSteps:
     """The scalar-only steps not yet handed to `writer`."""
 
@@ -44,7 +52,7 @@ class HeldSteps:
     def hand_over(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], scalars: bool) -> None:
         """Hand a closed step to the writer, or hold it when `scalars` (only losses and
         metrics were due) and its values are few and small. Steps reach the writer in order."""
-        if scalars and len(tensors) <= MAX_VALUES and sum(getattr(v, "nbytes", 0) or 0 for v in tensors.values()) <= MAX_BYTES:
+        if scalars and len(tensors) <= MAX_VALUES and _small(tensors):
             held = self._steps
             now = time.monotonic()
             if not held:

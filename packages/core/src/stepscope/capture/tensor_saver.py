@@ -26,6 +26,7 @@ from .scopes import Scope, make_scope, merge_scope
 logger = logging.getLogger("stepscope")
 
 _SAVEABLE_KINDS = frozenset("biuf")  # numpy dtype kinds the record format holds
+_PLAN_CACHE_SIZE = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,10 @@ class TensorSaver:
         self._not_train_only = tuple(c for c in self.included if c.name not in TRAIN_ONLY_COLLECTIONS)
         self._warned_collections: set[str] = set()
         self._matching_cache: dict[tuple[str, tuple[str, ...]], tuple[Collection, ...]] = {}
+        # plan()'s answers by (name, collections, the step's due names): a loss saved every
+        # step is planned once per schedule run, not rebuilt at each step. (The included
+        # collections and their reduction configs are fixed once the hook is made.)
+        self._plan_cache: dict[tuple[str, tuple[str, ...], frozenset[str]], TensorPlan | None] = {}
         self.model_names: set[str] = set()
         self._unsupported: dict[str, str] = {}  # tensor name -> why it is not saved (drop_unsupported)
         self.module_classes: dict[str, str] = {}
@@ -123,8 +128,19 @@ class TensorSaver:
         step = self._hook._counters.step
         if step is None or not step.due:
             return None
-        due = step.due_names
-        matched = [c for c in self.matching(name, tuple(collections)) if c.name in due]
+        key = (name, collections if collections.__class__ is tuple else tuple(collections), step.due_names)
+        try:
+            return self._plan_cache[key]
+        except KeyError:
+            pass
+        plan = self._plan(*key)
+        if len(self._plan_cache) >= _PLAN_CACHE_SIZE:
+            self._plan_cache.clear()  # (names made anew at every step must not grow it without end)
+        self._plan_cache[key] = plan
+        return plan
+
+    def _plan(self, name: str, collections: tuple[str, ...], due: frozenset[str]) -> TensorPlan | None:
+        matched = [c for c in self.matching(name, collections) if c.name in due]
         if not matched:
             return None
         save_raw, save_shape, wanted = False, False, []
