@@ -757,31 +757,37 @@ static void output_free(Output *o) {
     free(o->scratch);
 }
 
-/* The code of a string value (decoded when it has escapes), or -1 on no memory. */
-static int32_t code_of(Output *o, Strings *table, const Str *s) {
-    if (!s->escaped) return strings_code(table, s->p, s->length, 0);
+/* A string value's bytes: the raw text, or its escapes decoded into the scratch buffer;
+   NULL on no memory. */
+static const uint8_t *unescaped(Output *o, const Str *s, Py_ssize_t *length) {
+    if (!s->escaped) {
+        *length = s->length;
+        return s->p;
+    }
     if (s->length > o->scratch_capacity) {
         uint8_t *grown = realloc(o->scratch, (size_t)s->length + 1);
-        if (!grown) return -1;
+        if (!grown) return NULL;
         o->scratch = grown;
         o->scratch_capacity = s->length;
     }
-    Py_ssize_t length = decode_string(s->p, s->length, o->scratch);
-    return strings_code(table, o->scratch, length, 1);
+    *length = decode_string(s->p, s->length, o->scratch);
+    return o->scratch;
 }
 
-/* Whether a phase is `want` ("X", "i" or "I"), escapes decoded. */
+/* The code of a string value (decoded when it has escapes), or -1 on no memory. */
+static int32_t code_of(Output *o, Strings *table, const Str *s) {
+    Py_ssize_t length;
+    const uint8_t *bytes = unescaped(o, s, &length);
+    return bytes ? strings_code(table, bytes, length, s->escaped) : -1;
+}
+
+/* Whether a phase is `want` ("X", "i" or "I"), escapes decoded; -1 on no memory. */
 static int phase_is(Output *o, const Str *ph, char want) {
     if (!ph->present) return 0;
-    if (!ph->escaped) return ph->length == 1 && ph->p[0] == (uint8_t)want;
-    if (ph->length > o->scratch_capacity) {
-        uint8_t *grown = realloc(o->scratch, (size_t)ph->length + 1);
-        if (!grown) return -1;
-        o->scratch = grown;
-        o->scratch_capacity = ph->length;
-    }
-    Py_ssize_t length = decode_string(ph->p, ph->length, o->scratch);
-    return length == 1 && o->scratch[0] == (uint8_t)want;
+    Py_ssize_t length;
+    const uint8_t *bytes = unescaped(o, ph, &length);
+    if (!bytes) return -1;
+    return length == 1 && bytes[0] == (uint8_t)want;
 }
 
 static const char NO_MEMORY[] = "out of memory";
