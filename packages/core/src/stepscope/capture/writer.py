@@ -99,6 +99,18 @@ class _FileJob:
     nbytes: int
 
 
+def _at_risk(job: Any) -> tuple[list[int], list[str]]:
+    """The steps and files a queued job would lose if never published (the status file's
+    lost steps and files); barriers and finish jobs put nothing at risk."""
+    if isinstance(job, _StepJob):
+        return [job.step], []
+    if isinstance(job, _StepBatch):
+        return [j.step for j in job.steps], []
+    if isinstance(job, _FileJob):
+        return [], [job.key]
+    return [], []
+
+
 @dataclass
 class _Barrier:
     done: threading.Event
@@ -266,12 +278,9 @@ class Writer:
                 return False
             self._queue.append(job)
             self._queued_bytes += nbytes
-            if isinstance(job, _StepJob):
-                self._unpublished.add(job.step)
-            elif isinstance(job, _StepBatch):
-                self._unpublished.update(j.step for j in job.steps)
-            elif isinstance(job, _FileJob):
-                self._unpublished_files.add(job.key)
+            steps, files = _at_risk(job)
+            self._unpublished.update(steps)
+            self._unpublished_files.update(files)
             self._cond.notify_all()
         return True
 
@@ -294,10 +303,10 @@ class Writer:
 
     def _lose(self, job: Any) -> None:
         """(Under the lock.) `job` found the queue full during an outage: dropped."""
-        steps = [job.step] if isinstance(job, _StepJob) else [j.step for j in job.steps] if isinstance(job, _StepBatch) else []
-        what = f"file {job.key}" if isinstance(job, _FileJob) else f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
+        steps, files = _at_risk(job)
+        what = f"file {files[0]}" if files else f"step {steps[0]}" if len(steps) == 1 else f"steps {steps[0]}-{steps[-1]}"
         held = f"{self._queued_bytes:,} bytes held, max_queue_bytes {self.max_queue_bytes:,}"
-        self.health.lose(steps, [job.key] if isinstance(job, _FileJob) else [], what, held)
+        self.health.lose(steps, files, what, held)
 
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until everything enqueued so far is published (or dropped on failure).
@@ -430,12 +439,9 @@ class Writer:
                 self._queued_bytes -= job.nbytes
                 if self._failsafe.enabled and not self._abandoned:
                     # Published (or dropped as a duplicate): no longer at risk.
-                    if isinstance(job, _StepJob):
-                        self._unpublished.discard(job.step)
-                    elif isinstance(job, _StepBatch):
-                        self._unpublished.difference_update(j.step for j in job.steps)
-                    elif isinstance(job, _FileJob):
-                        self._unpublished_files.discard(job.key)
+                    steps, files = _at_risk(job)
+                    self._unpublished.difference_update(steps)
+                    self._unpublished_files.difference_update(files)
                 self._cond.notify_all()
 
     def _frame_step(self, job: _StepJob, parts: list[Any] | None = None, event_key: str | None = None, offset: int = 0) -> tuple[list[Any], dict[str, Any]] | None:
