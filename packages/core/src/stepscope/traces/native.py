@@ -19,7 +19,9 @@ from .schema import CATEGORY_KIND, KIND_CODE
 
 PURE_PYTHON_ENV = "STEPSCOPE_PURE_PYTHON"  # the same switch as stepscope_torch's compiled hot path
 # The extension's int64 columns, in its order: times in nanoseconds, then the `args` fields.
-INT_COLUMNS = ("ts", "dur", "pid", "tid", "External id", "correlation", "device", "stream", "bytes", "Bytes", "Total Allocated", "Device Id", "Total Reserved", "Addr", "Device Type")
+# The integer args of an event both parsers read (Kineto writes `bytes` and `Bytes` apart).
+ARG_INTS = ("External id", "correlation", "device", "stream", "bytes", "Bytes", "Total Allocated", "Device Id", "Total Reserved", "Addr", "Device Type")
+INT_COLUMNS = ("ts", "dur", "pid", "tid", *ARG_INTS)
 _KNOWN = tuple((category, KIND_CODE[kind]) for category, kind in CATEGORY_KIND.items())
 
 

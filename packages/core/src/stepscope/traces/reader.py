@@ -46,21 +46,8 @@ CHUNK_BYTES = 16 << 20
 _GZIP_MAGIC = b"\x1f\x8b"
 
 _MICROS = pa.decimal128(38, 3)
-_ARGS_TYPE = pa.struct(
-    [
-        ("External id", pa.int64()),
-        ("correlation", pa.int64()),
-        ("device", pa.int64()),
-        ("stream", pa.int64()),
-        ("bytes", pa.int64()),
-        ("Bytes", pa.int64()),
-        ("Total Allocated", pa.int64()),
-        ("Device Id", pa.int64()),
-        ("Total Reserved", pa.int64()),
-        ("Addr", pa.int64()),
-        ("Device Type", pa.int64()),
-    ]
-)
+# The integer args the engine reads (the C parser reads the same: native.ARG_INTS).
+_ARGS_TYPE = pa.struct([(name, pa.int64()) for name in native.ARG_INTS])
 # What pyarrow reads of each event; everything else is skipped by its C++ parser.
 _RAW_SCHEMA = pa.schema(
     [
