@@ -555,28 +555,29 @@ hand_over(Counters *c, PyObject *slow, PyObject *const *args, Py_ssize_t nargs)
     return PyObject_Vectorcall(slow, args, nargs, NULL);
 }
 
+/* What an optimizer hook returns: None where the step was routine, else the slow path's
+   answer (or NULL on an error). */
 static PyObject *
-Counters_optimizer_pre(Counters *c, PyObject *const *args, Py_ssize_t nargs)
+routine_or_hand_over(Counters *c, int outcome, PyObject *slow, PyObject *const *args, Py_ssize_t nargs)
 {
-    int outcome = optimizer_begins(c);
     if (outcome < 0)
         return NULL;
     if (outcome == HANDED_OVER)
-        return hand_over(c, c->slow_pre, args, nargs);
+        return hand_over(c, slow, args, nargs);
     c->routine++;
     Py_RETURN_NONE;
 }
 
 static PyObject *
+Counters_optimizer_pre(Counters *c, PyObject *const *args, Py_ssize_t nargs)
+{
+    return routine_or_hand_over(c, optimizer_begins(c), c->slow_pre, args, nargs);
+}
+
+static PyObject *
 Counters_optimizer_post(Counters *c, PyObject *const *args, Py_ssize_t nargs)
 {
-    int outcome = optimizer_ends(c);
-    if (outcome < 0)
-        return NULL;
-    if (outcome == HANDED_OVER)
-        return hand_over(c, c->slow_post, args, nargs);
-    c->routine++;
-    Py_RETURN_NONE;
+    return routine_or_hand_over(c, optimizer_ends(c), c->slow_post, args, nargs);
 }
 
 static PyObject *
@@ -670,53 +671,31 @@ Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
     return (PyObject *)c;
 }
 
+/* Each type's object fields, listed once for its traverse and clear (X-macros).
+   Counters' GC fields can lead back to the hook (a cycle); its plain fields hold strings,
+   ints, the Words buffer and the failsafe's exception type, cleared but not visited. */
+#define VISIT_FIELD(name) Py_VISIT(self->name);
+#define CLEAR_FIELD(name) Py_CLEAR(self->name);
+#define COUNTERS_GC_FIELDS(X) X(step) X(idle) X(last_end) X(failsafe) X(profiler_failsafe) X(detailed) X(now) \
+    X(log_append) X(begun_table) X(next_due_table) X(slow_begin) X(slow_end) X(slow_pre) X(slow_post) X(meter_block)
+#define COUNTERS_PLAIN_FIELDS(X) X(mode) X(explicit_mode) X(words) X(train) X(eval) X(failsafe_type)
+#define DRIVEN_FORWARD_FIELDS(X) X(counters) X(model) X(original) X(dict) X(bound)
+#define BOUND_FORWARD_FIELDS(X) X(forward) X(instance)
+
 static int
-Counters_traverse(Counters *c, visitproc visit, void *arg)
+Counters_traverse(Counters *self, visitproc visit, void *arg)
 {
-    Py_VISIT(c->step);
-    Py_VISIT(c->idle);
-    Py_VISIT(c->last_end);
-    Py_VISIT(c->failsafe);
-    Py_VISIT(c->profiler_failsafe);
-    Py_VISIT(c->detailed);
-    Py_VISIT(c->now);
-    Py_VISIT(c->log_append);
-    Py_VISIT(c->begun_table);
-    Py_VISIT(c->next_due_table);
-    Py_VISIT(c->slow_begin);
-    Py_VISIT(c->slow_end);
-    Py_VISIT(c->slow_pre);
-    Py_VISIT(c->slow_post);
-    Py_VISIT(c->meter_block);
+    COUNTERS_GC_FIELDS(VISIT_FIELD)
     return 0;
 }
 
 static int
-Counters_clear(Counters *c)
+Counters_clear(Counters *self)
 {
-    Py_CLEAR(c->step);
-    Py_CLEAR(c->idle);
-    Py_CLEAR(c->mode);
-    Py_CLEAR(c->explicit_mode);
-    Py_CLEAR(c->last_end);
-    Py_CLEAR(c->failsafe);
-    Py_CLEAR(c->profiler_failsafe);
-    Py_CLEAR(c->detailed);
-    Py_CLEAR(c->words);
-    Py_CLEAR(c->now);
-    Py_CLEAR(c->log_append);
-    Py_CLEAR(c->train);
-    Py_CLEAR(c->eval);
+    COUNTERS_GC_FIELDS(CLEAR_FIELD)
+    COUNTERS_PLAIN_FIELDS(CLEAR_FIELD)
     for (int i = 0; i < CODES; i++)
-        Py_CLEAR(c->codes[i]);
-    Py_CLEAR(c->begun_table);
-    Py_CLEAR(c->next_due_table);
-    Py_CLEAR(c->slow_begin);
-    Py_CLEAR(c->slow_end);
-    Py_CLEAR(c->slow_pre);
-    Py_CLEAR(c->slow_post);
-    Py_CLEAR(c->meter_block);
-    Py_CLEAR(c->failsafe_type);
+        Py_CLEAR(self->codes[i]);
     return 0;
 }
 
@@ -730,20 +709,27 @@ Counters_dealloc(Counters *c)
 
 /* `now` and `log_append` are set through these: they note what the hot path may do
    directly (read the clock, append to the list). */
+static int
+callable_or_none(PyObject *value, const char *name)
+{
+    if (value == NULL || (value != Py_None && !PyCallable_Check(value))) {
+        PyErr_Format(PyExc_TypeError, "%s must be a callable or None", name);
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *
 Counters_get_now(Counters *c, void *closure)
 {
-    Py_INCREF(c->now);
-    return c->now;
+    return Py_NewRef(c->now);
 }
 
 static int
 Counters_set_now(Counters *c, PyObject *value, void *closure)
 {
-    if (value == NULL || (value != Py_None && !PyCallable_Check(value))) {
-        PyErr_SetString(PyExc_TypeError, "now must be a callable or None");
+    if (callable_or_none(value, "now") < 0)
         return -1;
-    }
     Py_INCREF(value);
     replace(&c->now, value);
     c->clock_is_perf_counter = value == perf_counter_ns;
@@ -753,17 +739,14 @@ Counters_set_now(Counters *c, PyObject *value, void *closure)
 static PyObject *
 Counters_get_log_append(Counters *c, void *closure)
 {
-    Py_INCREF(c->log_append);
-    return c->log_append;
+    return Py_NewRef(c->log_append);
 }
 
 static int
 Counters_set_log_append(Counters *c, PyObject *value, void *closure)
 {
-    if (value == NULL || (value != Py_None && !PyCallable_Check(value))) {
-        PyErr_SetString(PyExc_TypeError, "log_append must be a callable or None");
+    if (callable_or_none(value, "log_append") < 0)
         return -1;
-    }
     PyObject *words = NULL;  /* a Words' own extend: the hot path stores the words itself */
     if (PyCFunction_Check(value) && PyCFunction_GET_FUNCTION(value) == (PyCFunction)Words_extend
             && PyCFunction_GET_SELF(value) != NULL && Py_IS_TYPE(PyCFunction_GET_SELF(value), &WordsType)) {
@@ -1085,22 +1068,14 @@ Counters_forward(Counters *c, PyObject *args)
 static int
 DrivenForward_traverse(DrivenForward *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->counters);
-    Py_VISIT(self->model);
-    Py_VISIT(self->original);
-    Py_VISIT(self->dict);
-    Py_VISIT(self->bound);
+    DRIVEN_FORWARD_FIELDS(VISIT_FIELD)
     return 0;
 }
 
 static int
 DrivenForward_clear(DrivenForward *self)
 {
-    Py_CLEAR(self->counters);
-    Py_CLEAR(self->model);
-    Py_CLEAR(self->original);
-    Py_CLEAR(self->dict);
-    Py_CLEAR(self->bound);
+    DRIVEN_FORWARD_FIELDS(CLEAR_FIELD)
     return 0;
 }
 
@@ -1218,16 +1193,14 @@ BoundForward_repr(BoundForward *self)
 static int
 BoundForward_traverse(BoundForward *self, visitproc visit, void *arg)
 {
-    Py_VISIT(self->forward);
-    Py_VISIT(self->instance);
+    BOUND_FORWARD_FIELDS(VISIT_FIELD)
     return 0;
 }
 
 static int
 BoundForward_clear(BoundForward *self)
 {
-    Py_CLEAR(self->forward);
-    Py_CLEAR(self->instance);
+    BOUND_FORWARD_FIELDS(CLEAR_FIELD)
     return 0;
 }
 
