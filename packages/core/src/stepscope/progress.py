@@ -8,8 +8,10 @@ import sys
 import time
 from typing import TextIO
 
+from .closing import ClosedOnExit
 
-class ProgressBar:
+
+class ProgressBar(ClosedOnExit):
     """`bar(done, total)` redraws `label [#####.....] done/total` at most every `every` s."""
 
     def __init__(self, label: str, enabled: bool | None = None, stream: TextIO | None = None, every: float = 0.1, width: int = 30):
@@ -43,8 +45,3 @@ class ProgressBar:
             self.stream.flush()
             self._drawn = False
 
-    def __enter__(self) -> ProgressBar:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

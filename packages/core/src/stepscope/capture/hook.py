@@ -42,6 +42,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from .. import layout
+from ..closing import ClosedOnExit
 from ..config import ALWAYS_SAVED_COLLECTIONS, Collection, ProfilerConfig, ReductionConfig, SaveConfig, default_save_config
 from ..exceptions import ConfigError, UnsupportedValue
 from ..modes import ModeKeys
@@ -78,7 +79,7 @@ def _close_at_exit(ref: weakref.ref[HookBase]) -> None:
         hook.close(deadline=exit_deadline().within(hook._runtime.close_timeout_s()))
 
 
-class HookBase(StepDriver):
+class HookBase(StepDriver, ClosedOnExit):
     """The public surface of every stepscope hook; see the module docstring for what a
     plugin adds. `HookBase(out_dir, save_config, ..., collections)` takes the options of
     `HookOptions` (by position or name) or one `HookOptions`."""
@@ -423,11 +424,6 @@ class HookBase(StepDriver):
             if at_exit is not None:
                 atexit.unregister(at_exit)
 
-    def __enter__(self) -> HookBase:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 __all__ = [

@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..closing import ClosedOnExit
 from ..exceptions import ConfigError, StoreUnavailable
 from ..layout import STEP_TIMELINE_DIR
 from ..modes import ModeKeys
@@ -77,7 +78,7 @@ class TimelineConfig:
             raise ConfigError(f"flush_interval_s: {self.flush_interval_s!r} must be a number > 0")
 
 
-class TimelineWriter:
+class TimelineWriter(ClosedOnExit):
     """Collects step/phase intervals (`add` is a locked list append, no I/O) and publishes
     them as a new Chrome-trace file at every flush: from a background timer every
     `flush_interval_s`, on `flush()`, and at `close()`. Never raises into training."""
@@ -210,11 +211,6 @@ class TimelineWriter:
         except Exception as exc:
             self._warn_once("close", f"step timeline: error while closing ({exc!r})")
 
-    def __enter__(self) -> TimelineWriter:
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.close()
 
     def _flush_periodically(self) -> None:
         interval = self.config.flush_interval_s

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .. import layout
+from ..closing import ClosedOnExit
 from ..exceptions import ConfigError, StoreUnavailable
 from ..modes import ModeKeys
 from ..store import Store, open_store
@@ -127,7 +128,7 @@ class _FinishJob:
 _as_array = as_array  # (its old name here)
 
 
-class Writer:
+class Writer(ClosedOnExit):
     """Writes steps of one worker to a store.
 
     `write_step` hands over a whole step (every tensor of it, raw values and reductions
@@ -372,11 +373,6 @@ class Writer:
         except Exception as exc:
             logger.error("stepscope: could not record the lost steps in the status file either: %s", exc)
 
-    def __enter__(self) -> Writer:
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
 
     def __del__(self) -> None:
         try:

@@ -16,6 +16,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
+from ..closing import ClosedOnExit
 from ..exceptions import ConfigError
 from ..store import Store
 from . import fanout, sources, summaries
@@ -62,7 +63,7 @@ class StragglerParams:
             raise ConfigError(f"StragglerParams.min_ranks must be an integer >= 3, got {self.min_ranks!r}")
 
 
-class JobQuery:
+class JobQuery(ClosedOnExit):
     """A job's summaries (built where missing) in an embedded DuckDB. `path`: a job, a
     folder of traces or one trace, local or s3://; `engine`/`workers`: how missing
     summaries are built (fanout.build); `keys`: the traces, when the caller has listed
@@ -377,11 +378,6 @@ class JobQuery:
     def close(self) -> None:
         self.connection.close()
 
-    def __enter__(self) -> JobQuery:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
 
 # Spreads below a microsecond are no spread: a part that is equal on every rank (the same
