@@ -126,13 +126,18 @@ class SavedValues:
 
         stats: dict[str, Any] = {}
         bad: dict[str, Any] = {}
+        checking = self.non_finite is None  # only the first non-finite step is reported
         for name, array in arrays.items():
             if getattr(array, "dtype", None) is None or array.dtype.kind != "f" or array.size == 0 or array.size > self.max_checked:
                 continue
-            if not np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)):
+            # (a NaN or inf in the sum is the finding, not a warning for the user's console)
+            with np.errstate(invalid="ignore", over="ignore"):
+                finite = not checking or bool(np.isfinite(np.add.reduce(array, axis=None, dtype=np.float64)))
+            if not finite:
                 bad[name] = {"nan": int(np.count_nonzero(np.isnan(array))), "inf": int(np.count_nonzero(np.isinf(array))), "size": int(array.size)}
             if len(stats) < self.max_tensors and array.size <= self.small:
-                stats[name] = {"shape": list(array.shape), "min": _number(np.min(array)), "max": _number(np.max(array)), "mean": _number(np.mean(array, dtype=np.float64))}
+                with np.errstate(invalid="ignore", over="ignore"):
+                    stats[name] = {"shape": list(array.shape), "min": _number(np.min(array)), "max": _number(np.max(array)), "mean": _number(np.mean(array, dtype=np.float64))}
         mode_name = getattr(mode, "name", str(mode))
         self.last = {"step": int(step), "mode": mode_name, "mode_step": int(mode_step), "tensors": stats}
         if bad and self.non_finite is None:
