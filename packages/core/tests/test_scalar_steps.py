@@ -106,6 +106,27 @@ def test_held_steps_wait_no_longer_than_max_s():
     assert writer.calls == [("batch", [0])]
 
 
+def test_held_steps_reach_the_writer_when_no_step_follows():
+    """A loop that hangs (or pauses) after a scalar step: the daemon thread hands it over,
+    so a live reader sees it and a process killed while hanging does not lose it."""
+    import time
+
+    writer = _Recorder()
+    held = HeldSteps(writer, max_steps=1000, max_s=0.2)
+    held.hand_over(0, ModeKeys.TRAIN, 0, {"loss": np.float32(1.0)}, {}, scalars=True)
+    held.hand_over(1, ModeKeys.TRAIN, 1, {"loss": np.float32(0.9)}, {}, scalars=True)
+    assert writer.calls == []  # held: no step followed yet
+    deadline = time.monotonic() + 10
+    while not writer.calls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert writer.calls == [("batch", [0, 1])]
+    releaser = held._releaser
+    assert releaser is not None and releaser.is_alive()
+    held.close()
+    releaser.join(5)
+    assert not releaser.is_alive()  # close stops it
+
+
 def test_a_hook_s_scalar_steps_are_readable_at_every_step_and_after_flush(tmp_path):
     hook = BareHook(str(tmp_path), profiler_config=ProfilerConfig.disabled(), include_collections=["weights"])
     for step in range(130):

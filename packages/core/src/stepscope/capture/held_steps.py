@@ -7,11 +7,14 @@ and its turn at the GIL, about ten system calls). So a step whose due collection
 losses and metrics is held here, and the held steps go to the writer together
 (`Writer.write_steps`: one event file for them all, one index file per step, as smdebug's
 reader wants) once HOLD_STEPS are held or HOLD_S passed since the first, before any other
-step, and at flush and close. A reader sees such a step at most HOLD_S (or HOLD_STEPS
-steps) later than it would otherwise; `hook.flush()` publishes everything at once."""
+step, and at flush and close. When no step follows (a hang, a long pause between steps), a
+daemon thread that wakes every HOLD_S hands them over, so a reader sees such a step at most
+about 2 x HOLD_S (or HOLD_STEPS steps) later than it would otherwise, and a process killed
+while it hangs loses none of them; `hook.flush()` publishes everything at once."""
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -35,14 +38,19 @@ def _small(tensors: Mapping[str, Any]) -> bool:
 
 
 class HeldSteps:
-    """The scalar-only steps not yet handed to `writer`."""
+    """The scalar-only steps not yet handed to `writer`. The training thread holds and hands
+    over; a daemon thread (started with the first held step) hands over what waited past
+    its time. One lock keeps the steps reaching the writer in order."""
 
-    __slots__ = ("_writer", "_steps", "_until", "max_steps", "max_s")
+    __slots__ = ("_writer", "_steps", "_until", "_lock", "_closed", "_releaser", "max_steps", "max_s")
 
     def __init__(self, writer: Any, max_steps: int = HOLD_STEPS, max_s: float = HOLD_S) -> None:
         self._writer = writer
         self._steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]] = []
         self._until = 0.0
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self._releaser: threading.Thread | None = None
         self.max_steps = max_steps
         self.max_s = max_s
 
@@ -52,23 +60,48 @@ class HeldSteps:
     def hand_over(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]], scalars: bool) -> None:
         """Hand a closed step to the writer, or hold it when `scalars` (only losses and
         metrics were due) and its values are few and small. Steps reach the writer in order."""
-        if scalars and len(tensors) <= MAX_VALUES and _small(tensors):
-            held = self._steps
-            now = time.monotonic()
-            if not held:
-                self._until = now + self.max_s
-            held.append((step, mode, mode_step, tensors, shapes))
-            if len(held) >= self.max_steps or now >= self._until:
-                self.release()
-            return
-        self.release()
-        self._writer.write_step(step, mode, mode_step, tensors, shapes)
+        with self._lock:
+            if scalars and len(tensors) <= MAX_VALUES and _small(tensors):
+                held = self._steps
+                now = time.monotonic()
+                if not held:
+                    self._until = now + self.max_s
+                    if self._releaser is None:
+                        self._start_releaser()
+                held.append((step, mode, mode_step, tensors, shapes))
+                if len(held) >= self.max_steps or now >= self._until:
+                    self._release()
+                return
+            self._release()
+            self._writer.write_step(step, mode, mode_step, tensors, shapes)
 
     def release(self) -> None:
         """Hand every held step to the writer (one job)."""
+        with self._lock:
+            self._release()
+
+    def close(self) -> None:
+        """Hand over what is held and stop the daemon thread."""
+        self._closed.set()
+        self.release()
+
+    def _release(self) -> None:
         if self._steps:
             steps, self._steps = self._steps, []
             self._writer.write_steps(steps)
+
+    def _start_releaser(self) -> None:
+        self._releaser = threading.Thread(target=self._release_late_steps, name="stepscope-held-steps", daemon=True)
+        self._releaser.start()
+
+    def _release_late_steps(self) -> None:
+        while not self._closed.wait(min(max(self.max_s, 0.05), 60.0)):
+            with self._lock:
+                if self._steps and time.monotonic() >= self._until:
+                    try:
+                        self._release()
+                    except Exception:  # noqa: BLE001 - the writer reports its own failures; the next step retries
+                        pass
 
 
 __all__ = ["HOLD_S", "HOLD_STEPS", "HeldSteps"]

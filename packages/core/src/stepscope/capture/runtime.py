@@ -98,6 +98,10 @@ class HookRuntime:
         if self.held is not None:
             self.held.release()
 
+    def close_held(self) -> None:
+        if self.held is not None:
+            self.held.close()
+
     def write_collections(self) -> None:
         if self.writer is not None:
             hook = self._hook
@@ -211,7 +215,7 @@ class HookRuntime:
             if part is not None:
                 parts[name] = start_within(self._part_closer(part, deadline), name)
         if self.writer is not None:
-            hook.failsafe.call(self.release_held)
+            hook.failsafe.call(self.close_held)
             hook.failsafe.call(self.write_collections)
             # Only rank 0 marks the job finished; other workers just flush.
             self.writer.close(end_marker=hook.rank == 0, deadline=deadline.earlier(min(_AFTER_WRITER_S, deadline.seconds / 10)))
