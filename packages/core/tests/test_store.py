@@ -258,3 +258,58 @@ def test_is_empty_stops_at_the_first_object(store, tmp_path):
     assert store.is_empty() and store.list("") == []
     (root / "deep" / "er" / "f.json").write_bytes(b"{}")
     assert not store.is_empty() and LocalStore(tmp_path / "missing").is_empty()
+
+
+def test_write_many_publishes_in_order_and_says_which(store):
+    items = [("events/000000000005/e.tfevents", [b"rec", memoryview(b"ords")])]
+    items += [(f"index/000000000/{s:012d}_worker_0.json", f'{{"step": {s}}}'.encode()) for s in range(5, 9)]
+    items += [("index/000000001/000000001000_worker_0.json", b"{}"), ("index/000000000/000000000009_worker_0.json", b"[]")]
+    published = []
+    store.write_many(items, published.append)
+    assert published == list(range(len(items)))
+    assert [store.read(key) for key, _ in items] == [b"records", *(f'{{"step": {s}}}'.encode() for s in range(5, 9)), b"{}", b"[]"]
+    store.write_many([])  # nothing to do, no callback needed
+
+
+def test_local_write_many_walks_each_folder_once_and_keeps_the_path_policy(tmp_path, monkeypatch):
+    import os
+
+    from stepscope.store import local
+
+    store = LocalStore(tmp_path / "job")
+    walks = []
+    real = local._open_folder
+    monkeypatch.setattr(local, "_open_folder", lambda *a, **k: walks.append(a[2]) or real(*a, **k))
+    store.write_many([(f"index/000000000/{s:012d}_worker_0.json", b"{}") for s in range(50)] + [("other/x.json", b"1")])
+    assert walks == ["index/000000000", "other"]  # a run of keys in one folder: one walk
+    assert len(store.list("index/")) == 50 and store.read("other/x.json") == b"1"
+    # A link planted on a later item's way: the items before it are published, the error
+    # names the refused folder, nothing after it is tried, no temporary is left behind.
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", tmp_path / "job" / "linked")
+    published = []
+    items = [("index/000000000/a.json", b"a"), ("linked/b.json", b"b"), ("index/000000000/c.json", b"c")]
+    with pytest.raises(local.PathRefused, match="linked is a symbolic link"):
+        store.write_many(items, published.append)
+    assert published == [0] and store.exists("index/000000000/a.json") and not store.exists("index/000000000/c.json")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    assert not [p for p in (tmp_path / "job").rglob("*.tmp")]
+    # A file where a name's folder should be: a StoreError naming that file.
+    (tmp_path / "job" / "blocker").write_bytes(b"")
+    with pytest.raises(StoreError, match="blocker"):
+        store.write_many([("blocker/child.json", b"{}")])
+
+
+def test_write_many_keeps_a_subclass_s_own_write(tmp_path):
+    class Recording(LocalStore):
+        def __init__(self, root):
+            super().__init__(root)
+            self.keys = []
+
+        def write(self, key, data):
+            self.keys.append(key)
+            super().write(key, data)
+
+    store = Recording(tmp_path)
+    store.write_many([("a/1.json", b"1"), ("a/2.json", b"2")])
+    assert store.keys == ["a/1.json", "a/2.json"] and store.read("a/2.json") == b"2"

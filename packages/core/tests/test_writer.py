@@ -9,7 +9,7 @@ import pytest
 from stepscope import ModeKeys, create_trial
 from stepscope.capture.collection_manager import CollectionManager
 from stepscope.capture.writer import Deferred, Writer
-from stepscope.exceptions import ConfigError
+from stepscope.exceptions import ConfigError, StoreUnavailable
 from stepscope.records import SMDEBUG_PLACEHOLDER_CRC
 from stepscope.store import LocalStore
 
@@ -169,3 +169,35 @@ def test_smdebug_readable_mode_writes_the_placeholder_and_still_reads(tmp_path, 
     monkeypatch.setenv("STEPSCOPE_PAYLOAD_CRC", "md5")
     with pytest.raises(ConfigError, match="payload_crc.*'md5'"):
         Writer(str(tmp_path / "other"))
+
+
+class OnceUnavailableStore(LocalStore):
+    """Stops answering once, at the fourth index file (mid-way through a batch's)."""
+
+    def __init__(self, root):
+        super().__init__(root)
+        self.index_keys = []
+        self.refused = False
+
+    def write(self, key, data):
+        if key.startswith("index/") and len(self.index_keys) == 3 and not self.refused:
+            self.refused = True
+            raise StoreUnavailable(f"{key}: connection reset")
+        super().write(key, data)
+        if key.startswith("index/"):
+            self.index_keys.append(key)
+
+
+def test_an_outage_mid_way_through_a_batch_s_index_files_resumes_where_it_stopped(tmp_path, monkeypatch):
+    from stepscope.capture import writer as writer_module
+
+    monkeypatch.setattr(writer_module, "RETRY_FIRST_S", 0.01)
+    store = OnceUnavailableStore(tmp_path)
+    writer = Writer(store)
+    writer.write_steps([(s, ModeKeys.TRAIN, s, {"loss": np.float32(s / 10)}, {}) for s in range(10)])
+    assert writer.close() is True
+    assert writer.outages == 1 and writer.unpublished_steps == [] and writer.lost_steps == []
+    # Each index file published once, in step order: the retry began at the one refused.
+    assert store.index_keys == [f"index/000000000/{s:012d}_worker_0.json" for s in range(10)]
+    trial = create_trial(str(tmp_path))
+    assert [float(trial.tensor("loss").value(s)) for s in trial.steps()] == [np.float32(s / 10) for s in range(10)]

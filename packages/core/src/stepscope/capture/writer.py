@@ -481,10 +481,22 @@ class Writer(ClosedOnExit):
         """Publish one object, waiting out an outage of the store however long it lasts
         (tries with capped exponential back-off). False when close() gave up first; other
         errors raise (the fail-safe turns the writer off)."""
+        return self._write_many([(key, data)]) == 1
+
+    def _write_many(self, files: list[tuple[str, Any]]) -> int:
+        """Publish `files` in order as `_write` does each (an outage waited out, resuming at
+        the first file not yet published); returns how many were published: all of them,
+        or fewer when close() gave up first."""
+        done = 0
+
+        def published(_item: int) -> None:
+            nonlocal done
+            done += 1
+
         delay = RETRY_FIRST_S
         while not self._abandoned:
             try:
-                self.store.write(key, data)
+                self.store.write_many(files[done:], published)
             except StoreUnavailable as exc:
                 began = time.perf_counter()
                 self.health.outage_begins(exc, self.max_queue_bytes)
@@ -494,8 +506,8 @@ class Writer(ClosedOnExit):
                 continue
             if self.health.since is not None:
                 self.health.outage_ends()
-            return True
-        return False
+            return done
+        return done
 
     def _status_body(self) -> dict[str, Any]:
         return self.health.status_body()
@@ -525,11 +537,11 @@ class Writer(ClosedOnExit):
         if not kept or not self._write(kept[0][1]["meta"]["event_file_name"], parts):
             return
         self.bytes_written += sum(memoryview(p).nbytes for p in parts)
-        for job, index in kept:
-            index_bytes = json.dumps(index).encode()
-            if not self._write(layout.index_file_key(job.step, self.worker), index_bytes):
-                return
-            self.bytes_written += len(index_bytes)
+        # The index files in one go: most share a folder, which the store then walks once.
+        files = [(layout.index_file_key(job.step, self.worker), json.dumps(index).encode()) for job, index in kept]
+        published = self._write_many(files)
+        for (job, index), (_key, body) in zip(kept[:published], files):
+            self.bytes_written += len(body)
             self._add_to_step_table(job.step, index)
 
     def _add_to_step_table(self, step: int, index: dict[str, Any]) -> None:

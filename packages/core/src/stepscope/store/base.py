@@ -5,7 +5,7 @@ from __future__ import annotations
 import abc
 import builtins
 import io
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import BinaryIO
@@ -52,6 +52,17 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         """Publish a whole object atomically. `data` may be several buffers (not joined)."""
+
+    def write_many(self, items: Sequence[tuple[str, bytes | Sequence[bytes | memoryview]]], published: Callable[[int], None] | None = None) -> None:
+        """Publish several objects in order, each as `write` would (atomically, whole);
+        `published(i)` is called once item `i` is published. A failure raises what `write`
+        raises for that item: the items before it are published, the ones after it are not
+        tried. A backend may do it with fewer system calls (a local folder opened once for
+        all its files); this default writes them one by one."""
+        for i, (key, data) in enumerate(items):
+            self.write(key, data)
+            if published is not None:
+                published(i)
 
     @abc.abstractmethod
     def read(self, key: str, max_size: int | None = None) -> bytes:

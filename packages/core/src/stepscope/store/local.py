@@ -12,7 +12,7 @@ import stat
 import sys
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -59,6 +59,11 @@ def _preallocate(fd: int, size: int) -> None:
 def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
     """Write every buffer with as few system calls as possible (gathered writes), straight
     from the buffers' memory: record headers and large tensors alike are never copied."""
+    if len(parts) == 1 and type(parts[0]) is bytes:  # a small file (an index): no views
+        written = os.write(fd, parts[0])
+        if written == len(parts[0]):
+            return
+        parts = [memoryview(parts[0])[written:]]  # a short write: the rest as below
     views = [memoryview(p).cast("B") for p in parts if len(memoryview(p))]
     _preallocate(fd, sum(v.nbytes for v in views))
     if not hasattr(os, "writev"):  # pragma: no cover - Windows
@@ -75,7 +80,7 @@ def _write_all(fd: int, parts: Sequence[bytes | memoryview]) -> None:
             first += 1
         if written:
             views[first] = views[first][written:]
-_counter = itertools.count()
+
 
 _CLOEXEC = getattr(os, "O_CLOEXEC", 0)
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -86,6 +91,35 @@ _READ_FLAGS = os.O_RDONLY | _NOFOLLOW | getattr(os, "O_NONBLOCK", 0) | _CLOEXEC
 _WRITE_FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW | _CLOEXEC
 MAX_DEPTH = 32  # folders below a job's root; a job writes at most ~6 (deeper: not listed)
 _ROOT_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
+
+
+_counter = itertools.count()
+
+
+def _parts(data: bytes | Sequence[bytes | memoryview]) -> Sequence[bytes | memoryview]:
+    return [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
+
+
+def _publish_in(folder_fd: int, name: str, parts: Sequence[bytes | memoryview]) -> None:
+    """Publish file `name` in the folder `folder_fd` atomically: written whole under a
+    temporary name, then renamed over `name`."""
+    # Unique per process and call: no other writer can pick the same temporary name.
+    tmp = f".{name}.{os.getpid()}.{next(_counter)}.tmp"
+    fd = os.open(tmp, _WRITE_FLAGS, 0o644, dir_fd=folder_fd)
+    try:
+        try:
+            _write_all(fd, parts)
+        finally:
+            os.close(fd)
+        # A link or special file at the name is replaced (rename never follows it),
+        # never written through.
+        os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+    except BaseException:
+        try:
+            os.unlink(tmp, dir_fd=folder_fd)
+        except OSError:
+            pass
+        raise
 
 
 class _OpenHow(ctypes.Structure):
@@ -337,33 +371,46 @@ class LocalStore(Store):
 
     def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         target = self._os_path(check_key(key))
-        parts = [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
-
-        def publish(folder_fd: int, name: str) -> None:
-            # Unique per process and call: no other writer can pick the same temporary name.
-            tmp = f".{name}.{os.getpid()}.{next(_counter)}.tmp"
-            fd = os.open(tmp, _WRITE_FLAGS, 0o644, dir_fd=folder_fd)
-            try:
-                try:
-                    _write_all(fd, parts)
-                finally:
-                    os.close(fd)
-                # A link or special file at the name is replaced (rename never follows it),
-                # never written through.
-                os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
-            except BaseException:
-                try:
-                    os.unlink(tmp, dir_fd=folder_fd)
-                except OSError:
-                    pass
-                raise
-
         try:
-            self._with_folder(key, True, publish)
+            self._with_folder(key, True, functools.partial(_publish_in, parts=_parts(data)))
         except StoreError:
             raise
         except OSError as exc:
             raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
+
+    def write_many(self, items: Sequence[tuple[str, bytes | Sequence[bytes | memoryview]]], published: Callable[[int], None] | None = None) -> None:
+        # A run of items in one folder (a batch's index files) is published under one walk
+        # of its folders: a small file then costs its own four system calls (open the
+        # temporary, write, close, rename) instead of about ten, with the same guarantees
+        # as `write` (the walk refuses links; each file is whole under its name or absent).
+        if type(self).write is not LocalStore.write:
+            # A subclass that changes how one object is written keeps that for every item.
+            super().write_many(items, published)
+            return
+        first, count = 0, len(items)
+        while first < count:
+            folder = check_key(items[first][0]).rpartition("/")[0]
+            try:
+                fd = self._folder_fd(folder, True)
+            except StoreError:
+                raise
+            except OSError as exc:
+                raise StoreError(f"cannot write {self._os_path(items[first][0])}: {exc.strerror or exc}") from exc
+            try:
+                while first < count:
+                    key, data = items[first]
+                    in_folder, _, name = check_key(key).rpartition("/")
+                    if in_folder != folder:
+                        break
+                    try:
+                        _publish_in(fd, name, _parts(data))
+                    except OSError as exc:
+                        raise StoreError(f"cannot write {self._os_path(key)}: {exc.strerror or exc}") from exc
+                    if published is not None:
+                        published(first)
+                    first += 1
+            finally:
+                os.close(fd)
 
     # --- reading ---------------------------------------------------------------------
 
