@@ -313,3 +313,26 @@ def test_write_many_keeps_a_subclass_s_own_write(tmp_path):
     store = Recording(tmp_path)
     store.write_many([("a/1.json", b"1"), ("a/2.json", b"2")])
     assert store.keys == ["a/1.json", "a/2.json"] and store.read("a/2.json") == b"2"
+
+
+def test_a_forked_child_names_its_temporaries_by_its_own_pid(tmp_path):
+    # Temporary names carry the pid (asked once, not per file): a child that inherits the
+    # parent's must not share its names, or two processes could write one temporary.
+    import os
+
+    from stepscope.store import local
+
+    read, write = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: report, write a file, and leave without pytest's cleanup
+        try:
+            LocalStore(tmp_path).write_many([("child/a.json", b"{}")])
+            os.write(write, f"{local._process['pid']} {os.getpid()}".encode())
+        finally:
+            os._exit(0)
+    os.close(write)
+    os.waitpid(pid, 0)
+    seen, actual = os.read(read, 100).decode().split()
+    os.close(read)
+    assert seen == actual == str(pid) and local._process["pid"] == os.getpid()
+    assert LocalStore(tmp_path).read("child/a.json") == b"{}"

@@ -10,6 +10,7 @@ GIL released (crc32c releases it for large buffers)."""
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -124,6 +125,34 @@ class StepFramer:
         return out
 
 
+def index_json(index: dict[str, Any]) -> bytes:
+    """`json.dumps(index).encode()` for a step's index (as `StepFramer.frame` builds it),
+    byte for byte. An index without shapes (a scalar step's) is filled into a template
+    made once per mode, event file and tensor names, which costs a fifth of json.dumps:
+    the writer makes one index per step."""
+    meta, payload = index["meta"], index["tensor_payload"]
+    if index["shape_payload"] or len(index) != 3 or len(meta) != 3:
+        return json.dumps(index).encode()
+    template = _index_template(meta["mode"], meta["event_file_name"], tuple([entry["tensorname"] for entry in payload]))
+    values = [meta["mode_step"]]
+    for entry in payload:
+        values += (entry["start_idx"], entry["length"])
+    if not all(type(v) is int for v in values):
+        return json.dumps(index).encode()
+    return (template % tuple(values)).encode()
+
+
+@functools.lru_cache(maxsize=64)
+def _index_template(mode: str, event_file_name: str, names: tuple[str, ...]) -> str:
+    # What json.dumps writes (its default separators, ASCII escapes), with %d where the
+    # numbers go: the strings are escaped by json.dumps itself.
+    def text(value: str) -> str:
+        return json.dumps(value).replace("%", "%%")
+
+    entries = ", ".join(f'{{"tensorname": {text(name)}, "start_idx": %d, "length": %d}}' for name in names)
+    return f'{{"meta": {{"mode": {text(mode)}, "mode_step": %d, "event_file_name": {text(event_file_name)}}}, "tensor_payload": [{entries}], "shape_payload": []}}'
+
+
 class StepTables:
     """A step table repeats the index entries of up to STEPS_PER_TABLE steps in one file, so
     that a reader opens a long job with a few reads instead of one per step. The per-step
@@ -171,4 +200,4 @@ class StepTables:
         return key, json.dumps(body, separators=(",", ":")).encode()
 
 
-__all__ = ["StepFramer", "StepTables", "as_array", "YIELD_EVERY_S"]
+__all__ = ["StepFramer", "StepTables", "as_array", "index_json", "YIELD_EVERY_S"]

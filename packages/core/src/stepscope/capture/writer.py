@@ -37,7 +37,7 @@ from ..modes import ModeKeys
 from ..store import Store, open_store
 from .deadline import CLOSE_TIMEOUT_ENV, DEFAULT_CLOSE_TIMEOUT_S, Deadline, close_timeout_from_env, exit_deadline
 from .safety import FailSafe, write_status
-from .step_framing import StepFramer, StepTables, as_array
+from .step_framing import StepFramer, StepTables, as_array, index_json
 from .writer_health import WriterHealth, printable
 
 logger = logging.getLogger("stepscope")
@@ -532,7 +532,7 @@ class Writer(ClosedOnExit):
             return  # every tensor of the step was dropped: nothing to publish
         if not self._write(index["meta"]["event_file_name"], parts):
             return
-        index_bytes = json.dumps(index).encode()
+        index_bytes = index_json(index)
         if not self._write(layout.index_file_key(job.step, self.worker), index_bytes):
             return
         self.bytes_written += sum(memoryview(p).nbytes for p in parts) + len(index_bytes)
@@ -546,7 +546,7 @@ class Writer(ClosedOnExit):
             return
         self.bytes_written += sum(memoryview(p).nbytes for p in parts)
         # The index files in one go: most share a folder, which the store then walks once.
-        files = [(layout.index_file_key(job.step, self.worker), json.dumps(index).encode()) for job, index in kept]
+        files = [(layout.index_file_key(job.step, self.worker), index_json(index)) for job, index in kept]
         published = self._write_many(files)
         for (job, index), (_key, body) in zip(kept[:published], files):
             self.bytes_written += len(body)

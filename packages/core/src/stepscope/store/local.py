@@ -94,6 +94,9 @@ _ROOT_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 
 
 _counter = itertools.count()
+# This process's id, for temporary names: asked once (getpid is a system call per file, on
+# C libraries that no longer cache it) and again in a forked child.
+_process = {"pid": os.getpid()}
 
 
 def _parts(data: bytes | Sequence[bytes | memoryview]) -> Sequence[bytes | memoryview]:
@@ -104,7 +107,7 @@ def _publish_in(folder_fd: int, name: str, parts: Sequence[bytes | memoryview]) 
     """Publish file `name` in the folder `folder_fd` atomically: written whole under a
     temporary name, then renamed over `name`."""
     # Unique per process and call: no other writer can pick the same temporary name.
-    tmp = f".{name}.{os.getpid()}.{next(_counter)}.tmp"
+    tmp = f".{name}.{_process['pid']}.{next(_counter)}.tmp"
     fd = os.open(tmp, _WRITE_FLAGS, 0o644, dir_fd=folder_fd)
     try:
         try:
@@ -248,6 +251,7 @@ class _RootDescriptors:
 _roots = _RootDescriptors(capacity=64)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=lambda: _roots.after_fork_in_child())
+    os.register_at_fork(after_in_child=lambda: _process.update(pid=os.getpid()))
 
 
 class PathRefused(StoreError):
