@@ -236,7 +236,7 @@ def encode_timeline(
     sequence: int = 0,
 ) -> bytes:
     """One Chrome-trace file for `events` (tuples as TimelineWriter buffers them)."""
-    slices = []
+    slices: list[tuple[int, int, str, int, ModeKeys, str, Any]] = []
     append = slices.append
     for name, start_ns, end_ns, step, mode, phase, args in events:
         # The hook's own spans (nearly every event) have the right types already: only the
@@ -273,8 +273,7 @@ def encode_timeline(
         if args:
             event_args = dict(args)
             event_args.update(step=step, mode=mode.name, phase=phase)
-            template = _event_template(name, phase, rank, tid, json.dumps(event_args, default=str).replace("%", "%%"))
-            lines.append(template % (start_ns // 1000, start_ns % 1000, duration // 1000, duration % 1000))
+            lines.append(_event_template(name, phase, rank, tid, json.dumps(event_args, default=str).replace("%", "%%")) % (start_ns // 1000, start_ns % 1000, duration // 1000, duration % 1000))
             continue
         # One %-template per (name, phase, mode, track): names repeat from step to step, and
         # this loop is most of the CPU the timeline costs a training process.
@@ -328,7 +327,7 @@ def _assign_lanes(slices: Sequence[tuple[int, int, str, int, ModeKeys, str, Any]
     sorted by (start, -end)."""
     # lanes[mode] is a list of stacks of open end times, one stack per track of that mode.
     lanes: dict[ModeKeys, list[list[int]]] = {}
-    tids = []
+    tids: list[int] = []
     append = tids.append
     for start, end, _name, _step, mode, _phase, _args in slices:
         stacks = lanes.get(mode)
