@@ -127,3 +127,55 @@ def test_frame_sized_gives_the_length_of_the_whole_record():
     joined = b"".join(bytes(p) for p in framed)
     body, end = records.parse_record(joined)
     assert end == length and bytes(body) == b"head" + np.arange(100, dtype=np.float32).tobytes() + b"tail"
+
+
+def _general(monkeypatch, *args):
+    """The general encoder's bytes (the small-tensor road turned off)."""
+    with monkeypatch.context() as patch:
+        patch.setattr(events, "SMALL_TENSOR_BYTES", 0)
+        return b"".join(bytes(p) for p in events.encode_tensor_event(*args))
+
+
+def test_small_tensors_road_writes_the_general_encoders_bytes(monkeypatch):
+    """Small numeric tensors (losses, metrics) take a road of their own (one joined buffer,
+    cached heads): byte for byte what the general encoder and protobuf write, for names,
+    dtypes, shapes, steps and mode steps that change each varint's length."""
+    rng = np.random.default_rng(7)
+    names = ["loss", "CrossEntropyLoss_output_0", "é/ü \"quoted\" 100%", "n" * 130, "x" * 200 + "/grad"]
+    shapes = [(), (1,), (7,), (3, 4), (0,), (31,), (128,), (129,)]
+    steps = [(0, 0, ModeKeys.TRAIN), (1, 1, ModeKeys.EVAL), (127, 126, ModeKeys.PREDICT), (128, 128, ModeKeys.GLOBAL), (300_000, 12, ModeKeys.TRAIN), (2**40, 2**40 - 1, ModeKeys.TRAIN)]
+    small = 0
+    for name in names:
+        for dtype in DTYPES:
+            for shape in shapes:
+                value = np.asarray(_sample(dtype, shape, rng))
+                for step, mode_step, mode in steps:
+                    args = (name, value, step, mode, mode_step, 1700000000.123456)
+                    parts = events.encode_tensor_event(*args)
+                    ours = b"".join(bytes(p) for p in parts)
+                    assert ours == _general(monkeypatch, *args), (name, value.dtype, shape, step, mode_step)
+                    if 0 < value.nbytes <= events.SMALL_TENSOR_BYTES:
+                        small += 1
+                        assert len(parts) == 1 and type(parts[0]) is bytes  # the small road was taken
+                        assert ours == _protobuf_reference(name, value, step, mode, mode_step, 1700000000.123456)
+                        decoded = events.decode_tensor_event(ours)
+                        assert (decoded.name, decoded.step, decoded.mode, decoded.mode_step) == (name, step, mode, mode_step)
+                        assert decoded.value.dtype == value.dtype and decoded.value.tobytes() == value.tobytes()
+    assert small > 1000
+    # A non-contiguous view is written in C order, as the general road writes it.
+    view = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2].T
+    args = ("v", view, 5, ModeKeys.TRAIN, 5, 2.0)
+    assert b"".join(events.encode_tensor_event(*args)) == _general(monkeypatch, *args)
+    with pytest.raises(TypeError, match="datetime64"):
+        events.encode_tensor_event("t", np.array(["2020-01-01"], dtype="datetime64[D]")[0:1].astype("datetime64[s]"), 0, ModeKeys.TRAIN, 0)
+
+
+@pytest.mark.parametrize("placeholder", [False, True])
+def test_a_small_payload_is_framed_in_one_buffer_as_several_would_be(placeholder):
+    for payload in (b"", b"x", b"loss record" * 20, bytes(range(256)) * 255):
+        framed = records.frame([payload], placeholder_crc=placeholder)
+        general = records.frame([memoryview(payload), b""], placeholder_crc=placeholder)  # the general road
+        assert b"".join(bytes(p) for p in framed) == b"".join(bytes(p) for p in general)
+        assert len(framed) == 1 or len(payload) >= 64 * 1024
+        body, end = records.parse_record(b"".join(bytes(p) for p in framed), path="f.tfevents", allow_placeholder_crc=placeholder)
+        assert bytes(body) == payload and end == len(payload) + records.OVERHEAD

@@ -96,12 +96,20 @@ def _bytes_field(number: int, body: bytes) -> bytes:
 
 # The pieces below repeat across the tensors of a step and across steps: cache them, since
 # for small tensors building them is most of the cost of a record.
+def _plugin_data(name: str, content: str) -> bytes:
+    return _bytes_field(1, _bytes_field(1, name.encode()) + _bytes_field(2, content.encode()))
+
+
+@functools.lru_cache(maxsize=8)
+def _mode_plugin_data(mode: int) -> bytes:
+    return _plugin_data(MODE_PLUGIN, str(mode))
+
+
 @functools.lru_cache(maxsize=8)
 def _metadata_field(mode: int, mode_step: int) -> bytes:
-    def plugin(name: str, content: str) -> bytes:
-        return _bytes_field(1, _bytes_field(1, name.encode()) + _bytes_field(2, content.encode()))
-
-    return _bytes_field(9, plugin(MODE_STEP_PLUGIN, str(mode_step)) + plugin(MODE_PLUGIN, str(mode)))
+    # A new mode_step misses at every step (the hit is the step's other tensors): the
+    # mode's half is cached on its own.
+    return _bytes_field(9, _plugin_data(MODE_STEP_PLUGIN, str(mode_step)) + _mode_plugin_data(mode))
 
 
 @functools.lru_cache(maxsize=4096)
@@ -116,14 +124,49 @@ def _tensor_head(dtype: int, shape: tuple[int, ...]) -> bytes:
     return _key(1, 0) + _varint(dtype) + (_bytes_field(2, dims) if shape else b"")
 
 
+# Numeric tensors up to this size (losses, metrics, reductions: a few bytes each) are
+# encoded as one joined buffer: a copy of their bytes costs less than the views, and
+# the record is then framed with one CRC call (records.frame).
+SMALL_TENSOR_BYTES = 1024
+_F64 = struct.Struct("<d")
+_WALL_TIME_KEY = _key(1, 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _small_value_head(name: str, dtype: np.dtype, shape: tuple[int, ...], nbytes: int) -> bytes:
+    """A Summary.Value's bytes up to a small numeric tensor's content: tag, the TensorProto's
+    length, its dtype and shape, the content's field key and length. The same for every
+    step that saves this name with this dtype and shape."""
+    tensor_head = _tensor_head(dtype_code(dtype), shape)
+    content_field = _len_field(4, nbytes)
+    return _tag_field(name) + _len_field(8, len(tensor_head) + len(content_field) + nbytes) + tensor_head + content_field
+
+
+def _encode_small_tensor_event(name: str, value: np.ndarray, step: int, mode: int, mode_step: int, wall_time: float) -> bytes:
+    """What `encode_tensor_event` writes for a small numeric tensor (0 < nbytes <=
+    SMALL_TENSOR_BYTES), joined: the same fields in the same order."""
+    nbytes = value.nbytes
+    value_head = _small_value_head(name, value.dtype, value.shape, nbytes)
+    metadata = _metadata_field(mode, mode_step)
+    value_len = len(value_head) + nbytes + len(metadata)
+    value_field = _len_field(1, value_len)
+    return b"".join((
+        _WALL_TIME_KEY, _F64.pack(wall_time), _key(2, 0) + _varint(step) if step else b"",
+        _len_field(5, len(value_field) + value_len), value_field, value_head, value.tobytes(), metadata,
+    ))
+
+
 def _strings_to_bytes(values: np.ndarray) -> list[bytes]:
     return [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values.reshape(-1).tolist()]
 
 
 def encode_tensor_event(name: str, value: np.ndarray, step: int, mode: ModeKeys, mode_step: int, wall_time: float | None = None) -> list[bytes | memoryview]:
     """Serialize an Event holding one tensor, as a list of buffers whose concatenation is the
-    protobuf encoding. The tensor's own memory is the middle buffer (no copy)."""
+    protobuf encoding. The tensor's own memory is the middle buffer (no copy); a small
+    numeric tensor's record is one joined buffer."""
     value = np.asarray(value)
+    if 0 < value.nbytes <= SMALL_TENSOR_BYTES and value.dtype.kind not in "USO":
+        return [_encode_small_tensor_event(name, value, step, int(mode), mode_step, time.time() if wall_time is None else wall_time)]
     dtype = dtype_code(value.dtype)
     tensor_head = _tensor_head(dtype, value.shape)
     content: memoryview | bytes = b""

@@ -220,3 +220,23 @@ def test_a_bad_file_is_skipped_with_a_warning_naming_it(tmp_path, caplog):
         df = ProfilerTrial(tmp_path).step_timeline()
     assert list(df["name"]) == ["Step 0"]
     assert any(str(bad) in r.getMessage() for r in caplog.records)
+
+
+def test_the_hook_s_own_spans_and_converted_values_encode_alike():
+    # The hook's spans (ints, ModeKeys, strs) skip the conversion a user's values get:
+    # both roads must give the same file, byte for byte, overlaps and ties included.
+    typed = [
+        ("Step 0", T, T + 10 * MS, 0, ModeKeys.TRAIN, "step", None),
+        ("data", T, T, 0, ModeKeys.TRAIN, "data", None),
+        ("forward", T, T + 5 * MS, 0, ModeKeys.TRAIN, "forward", None),
+        ("prefetch", T + 8 * MS, T + 12 * MS, 1, ModeKeys.TRAIN, "data", None),
+        ("backwards in time", T + 9 * MS, T + 1, 0, ModeKeys.EVAL, "eval_step", None),
+        ("note", T + 2 * MS, T + 3 * MS, 0, ModeKeys.TRAIN, "annotation", {"why": "100%"}),
+    ]
+    loose = [(name, str(start), str(end), str(step), mode.name.lower(), phase, args) for name, start, end, step, mode, phase, args in typed]
+    kwargs = dict(node_id="n", rank=0, framework="pytorch", pid=1, writer_start_ns=T)
+    encoded = encode_timeline(typed, **kwargs)
+    assert encoded == encode_timeline(loose, **kwargs) == encode_timeline(list(reversed(typed)), **kwargs)
+    slices = [e for e in json.loads(encoded)["traceEvents"] if e["ph"] == "X"]
+    assert [e["name"] for e in slices] == ["Step 0", "forward", "data", "note", "prefetch", "backwards in time"]
+    assert _properly_nested(slices)

@@ -51,6 +51,7 @@ _STATUS_WAIT_S = 5.0  # the most of close()'s bound kept for writing the status 
 # so that saving resumes within a few seconds of the store answering again.
 RETRY_FIRST_S = 0.25
 RETRY_MAX_S = 4.0
+_JOIN_BATCH_BELOW = 1 << 20  # bytes: a batch's event file up to this is written as one buffer
 
 __all__ = ["Writer", "Deferred", "PendingValue", "CLOSE_TIMEOUT_ENV", "DEFAULT_CLOSE_TIMEOUT_S", "close_timeout_from_env"]
 
@@ -467,7 +468,14 @@ class Writer(ClosedOnExit):
                 offset = (offset if before else 0) + sum(memoryview(p).nbytes for p in parts[before:])
                 event_key = index["meta"]["event_file_name"]
                 indexed.append((job, index))
-        return (parts, indexed) if parts is not None else None
+        if parts is None:
+            return None
+        if offset <= _JOIN_BATCH_BELOW:
+            # A batch of scalar steps is hundreds of records of a few dozen bytes: one
+            # buffer (a copy of a few KB) makes the file one plain write, not a gathered
+            # write of as many buffers.
+            parts = [b"".join(parts)]
+        return parts, indexed
 
     def _notify(self, job: _StepJob, arrays: dict[str, np.ndarray]) -> None:
         for listener in list(self.step_listeners):
