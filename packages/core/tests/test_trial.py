@@ -184,6 +184,51 @@ def test_tensorboard_reads_our_event_files(tmp_path, write_job):
     np.testing.assert_array_equal(tensor_util.make_ndarray(by_tag["fc.weight"].summary.value[0].tensor), written[1]["fc.weight"])
 
 
+def test_tensorboard_and_the_indexes_read_every_step_of_batched_scalar_steps(tmp_path):
+    """Steps that save only scalars share one event file per batch (held_steps.py): TensorBoard
+    reads every step's loss from those files, each step's index file points at exactly its
+    own records (what smdebug's reader follows), and the trial reads the same values."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    from stepscope.capture.held_steps import HeldSteps
+    from stepscope.events import decode_tensor_event
+    from stepscope.records import parse_record
+
+    losses = {step: np.float32(1.0 / (step + 1)) for step in range(250)}
+    writer = Writer(str(tmp_path))
+    held = HeldSteps(writer, max_steps=100, max_s=3600)
+    for step, loss in losses.items():
+        held.hand_over(step, ModeKeys.TRAIN, step, {"CrossEntropyLoss_output_0": loss}, {}, scalars=True)
+    held.close()
+    assert writer.close() is True
+
+    event_files = sorted(tmp_path.glob("events/*/*.tfevents"))
+    assert len(event_files) == 3  # 100 + 100 + 50 steps
+    read = {}
+    for path in event_files:
+        events = list(EventFileLoader(str(path)).Load())
+        assert events[0].file_version == "brain.Event:2"
+        for event in events[1:]:
+            (value,) = event.summary.value
+            assert value.tag == "CrossEntropyLoss_output_0" and event.step not in read
+            read[event.step] = tensor_util.make_ndarray(value.tensor)
+    assert sorted(read) == sorted(losses) and all(read[s] == losses[s] for s in losses)
+
+    for step, loss in losses.items():
+        index = json.loads((tmp_path / f"index/000000000/{step:012d}_worker_0.json").read_text())
+        assert index["meta"]["mode_step"] == step
+        blob = (tmp_path / index["meta"]["event_file_name"]).read_bytes()
+        (entry,) = index["tensor_payload"]
+        payload, end = parse_record(blob, entry["start_idx"])
+        assert end == entry["start_idx"] + entry["length"]
+        decoded = decode_tensor_event(payload)
+        assert (decoded.name, decoded.step, decoded.mode_step, decoded.value) == ("CrossEntropyLoss_output_0", step, step, loss)
+    trial = create_trial(str(tmp_path))
+    assert trial.steps() == sorted(losses)
+    assert all(trial.tensor("CrossEntropyLoss_output_0").value(s) == losses[s] for s in (0, 99, 100, 249))
+
+
 def test_step_tables_open_long_jobs_and_a_bad_one_falls_back(tmp_path, write_job, caplog):
     written, _ = write_job(tmp_path, steps=5, eval_steps=2)
     tables = sorted((tmp_path / "stepscope-index/worker_0").iterdir())
