@@ -1,10 +1,11 @@
 """The writer's framing stage apart from its threads (capture/step_framing.py)."""
 
+import gc
 import json
 
 import numpy as np
 
-from stepscope.capture.step_framing import StepFramer, index_json
+from stepscope.capture.step_framing import StepFramer, StepTables, index_json
 from stepscope.modes import ModeKeys
 
 
@@ -25,3 +26,22 @@ def test_index_json_writes_what_json_dumps_writes():
                 assert json.loads(index_json(index)) == index
                 seen += 1
     assert seen == 4 * (len(names) + 1) * 2
+
+
+def test_what_a_block_of_steps_holds_is_left_out_of_the_garbage_collector_s_passes():
+    # A step table holds up to 1,000 steps' entries: as dicts and lists they would age into
+    # the collector's oldest generation and bring on its full passes over the training
+    # process (with the GIL held); tuples of strings and ints are untracked.
+    framer, tables = StepFramer("worker_0", lambda *a: None), StepTables("worker_0")
+    for step in range(50):
+        _, index = framer.frame(step, ModeKeys.TRAIN, step, {"loss": np.float32(step), "w": np.ones(3)}, {"w": (3,)} if step % 2 else {})
+        tables.add(step, index)
+    for _ in range(3):  # a pass untracks a tuple whose items are untracked: one level each
+        gc.collect()
+    assert len(tables._entries) == 50 and not any(gc.is_tracked(entry) for entry in tables._entries)
+    key, body = tables.take()
+    table = json.loads(body)
+    assert key.endswith("000000000000_000000000049.json") and table["layouts"] == [["loss", "w"]]
+    assert table["steps"][1] == {"step": 1, "mode": "TRAIN", "mode_step": 1, "starts": table["steps"][1]["starts"], "lengths": table["steps"][1]["lengths"],
+                                 "shapes": {"w": [3]}, "layout": 0}
+    assert [row["step"] for row in table["steps"]] == list(range(50)) and "shapes" not in table["steps"][0]

@@ -3,6 +3,7 @@ threads and failures, and reading ours and SageMaker's legacy files."""
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import re
@@ -240,3 +241,18 @@ def test_the_hook_s_own_spans_and_converted_values_encode_alike():
     slices = [e for e in json.loads(encoded)["traceEvents"] if e["ph"] == "X"]
     assert [e["name"] for e in slices] == ["Step 0", "forward", "data", "note", "prefetch", "backwards in time"]
     assert _properly_nested(slices)
+
+
+def test_the_hook_s_buffered_spans_are_left_out_of_the_garbage_collector_s_passes(tmp_path):
+    # Five spans a step are held until the next flush (10 s): as tuples of strings and ints
+    # they are untracked, and do not bring on the collector's full passes.
+    writer = TimelineWriter(tmp_path, node_id="n", rank=0, flush_interval_s=3600)
+    logged = [(s, ModeKeys.TRAIN, [("step", T + s, T + s + 5), ("forward", T + s, T + s + 2)]) for s in range(20)]
+    writer.add_source(lambda: [logged.pop(0) for _ in range(len(logged))])  # drained as the hook's log is
+    writer.add_spans([("step", T, T + 9)], step=99, mode=ModeKeys.EVAL)
+    writer.pull()
+    gc.collect()
+    assert len(writer._events) == 41 and not any(gc.is_tracked(event) for event in writer._events)
+    writer.close()
+    timeline = ProfilerTrial(tmp_path).step_timeline()
+    assert len(timeline) == 41 and set(timeline["mode"]) == {"TRAIN", "EVAL"}

@@ -161,42 +161,49 @@ class StepTables:
 
     def __init__(self, worker: str) -> None:
         self.worker = worker
-        self._entries: list[dict[str, Any]] = []  # index entries of the current block of steps
+        # The current block's steps, each kept as a tuple of strings, ints and tuples:
+        # held for up to STEPS_PER_TABLE steps, dicts and lists would each be tracked by
+        # the garbage collector and, once old, count towards its full collections (a
+        # pass over every object of the training process, with the GIL held); such tuples
+        # are untracked. (step, mode, mode_step, names, starts, lengths, shapes, event)
+        self._entries: list[tuple[Any, ...]] = []
 
     def add(self, step: int, index: dict[str, Any]) -> tuple[str, bytes] | None:
         """Add a published step; returns the finished block's table (key, body) when `step`
         begins a new block, for the caller to publish."""
         done = None
-        if self._entries and step // layout.STEPS_PER_TABLE != self._entries[0]["step"] // layout.STEPS_PER_TABLE:
+        if self._entries and step // layout.STEPS_PER_TABLE != self._entries[0][0] // layout.STEPS_PER_TABLE:
             done = self.take()
-        payload = index["tensor_payload"]
-        entry = {
-            "step": step,
-            "mode": index["meta"]["mode"],
-            "mode_step": index["meta"]["mode_step"],
-            "names": [p["tensorname"] for p in payload],
-            "starts": [p["start_idx"] for p in payload],
-            "lengths": [p["length"] for p in payload],
-        }
-        if index["shape_payload"]:
-            entry["shapes"] = {s["tensorname"]: s["shape"] for s in index["shape_payload"]}
-        event_key = index["meta"]["event_file_name"]
-        if event_key != layout.event_file_key(step, self.worker):  # a batch's shared event file (Writer.write_steps)
-            entry["event"] = event_key
-        self._entries.append(entry)
+        meta, payload = index["meta"], index["tensor_payload"]
+        # (shapes as text: nested tuples would take the collector a pass per level to untrack)
+        shapes = json.dumps({s["tensorname"]: s["shape"] for s in index["shape_payload"]}) if index["shape_payload"] else None
+        event_key = meta["event_file_name"]
+        if event_key == layout.event_file_key(step, self.worker):
+            event_key = None  # else a batch's shared event file (Writer.write_steps)
+        self._entries.append((
+            step, meta["mode"], meta["mode_step"], tuple([p["tensorname"] for p in payload]), tuple([p["start_idx"] for p in payload]),
+            tuple([p["length"] for p in payload]), shapes, event_key,
+        ))
         return done
 
     def take(self) -> tuple[str, bytes] | None:
         """The current block's table (key, body), emptied; None when it holds no step."""
         if not self._entries:
             return None
-        table, self._entries = self._entries, []
+        entries, self._entries = self._entries, []
         # Steps of a block usually save the same tensors: store each name list once.
         layouts: dict[tuple[str, ...], int] = {}
-        for entry in table:
-            entry["layout"] = layouts.setdefault(tuple(entry.pop("names")), len(layouts))
+        table = []
+        for step, mode, mode_step, names, starts, lengths, shapes, event_key in entries:
+            row: dict[str, Any] = {"step": step, "mode": mode, "mode_step": mode_step, "starts": list(starts), "lengths": list(lengths)}
+            if shapes is not None:
+                row["shapes"] = json.loads(shapes)
+            if event_key is not None:
+                row["event"] = event_key
+            row["layout"] = layouts.setdefault(names, len(layouts))
+            table.append(row)
         body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
-        key = layout.step_table_key(self.worker, table[0]["step"], table[-1]["step"])
+        key = layout.step_table_key(self.worker, entries[0][0], entries[-1][0])
         return key, json.dumps(body, separators=(",", ":")).encode()
 
 

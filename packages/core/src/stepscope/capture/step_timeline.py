@@ -57,8 +57,13 @@ def timeline_key(flush_ns: int, node_id: str, rank: int, pid: int, sequence: int
 
 # --- writing ----------------------------------------------------------------------------
 
-# (name, start_ns, end_ns, step, mode, phase, args): a plain tuple keeps add() cheap.
+# (name, start_ns, end_ns, step, mode, phase, args): a plain tuple keeps add() cheap. The
+# hook's spans carry the mode as its number: a tuple of strings and ints only is untracked
+# by the garbage collector, so the events held between flushes (five a step, for 10 s) do
+# not count towards its full collections (a pass over every object of the training
+# process, with the GIL held).
 _Buffered = tuple[str, int, int, int, Any, str, "dict[str, Any] | None"]
+_MODE_NUMBERS = {int(mode): mode for mode in ModeKeys}
 
 
 @dataclass(frozen=True)
@@ -132,7 +137,8 @@ class TimelineWriter(ClosedOnExit):
     def add_spans(self, spans: Sequence[tuple[str, int, int]], *, step: int, mode: ModeKeys) -> None:
         """Record several phases of one step at once, `(phase, start_ns, end_ns)` each (named
         after their phase): one lock and one call for a whole step."""
-        events = [(phase, start, end, step, mode, phase, None) for phase, start, end in spans]
+        number = int(mode)  # (see _Buffered)
+        events = [(phase, start, end, step, number, phase, None) for phase, start, end in spans]
         with self._lock:
             if not self._closed and len(self._events) + len(events) <= _MAX_BUFFERED_EVENTS:
                 self._events.extend(events)
@@ -151,7 +157,7 @@ class TimelineWriter(ClosedOnExit):
         with self._flush_lock:  # a flush in between would publish later steps before these
             for source in self._sources:
                 try:
-                    events = [(phase, start, end, step, mode, phase, None) for step, mode, spans in source() for phase, start, end in spans]
+                    events = [(phase, start, end, step, int(mode), phase, None) for step, mode, spans in source() for phase, start, end in spans]
                 except Exception as exc:
                     self._warn_once("source", f"step timeline: could not read the hook's step log ({exc!r}); steps are lost")
                     continue
@@ -241,9 +247,11 @@ def encode_timeline(
     for name, start_ns, end_ns, step, mode, phase, args in events:
         # The hook's own spans (nearly every event) have the right types already: only the
         # others are converted (what a user handed to `add`).
-        if type(start_ns) is int and type(end_ns) is int and start_ns <= end_ns and type(step) is int and type(mode) is ModeKeys and type(name) is str and type(phase) is str:
-            append((start_ns, end_ns, name, step, mode, phase, args))
-            continue
+        if type(start_ns) is int and type(end_ns) is int and start_ns <= end_ns and type(step) is int and type(name) is str and type(phase) is str:
+            known = _MODE_NUMBERS.get(mode) if type(mode) is int else mode if type(mode) is ModeKeys else None
+            if known is not None:
+                append((start_ns, end_ns, name, step, known, phase, args))
+                continue
         try:
             mode = mode if type(mode) is ModeKeys else ModeKeys.parse(mode)
             append((int(start_ns), max(int(end_ns), int(start_ns)), str(name), int(step), mode, str(phase), args))
