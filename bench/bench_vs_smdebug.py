@@ -138,8 +138,8 @@ print(json.dumps({"plain": statistics.median(times["plain"]), "hooked": statisti
 '''
 
 
-def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, threads: int) -> dict[str, float]:
-    out = os.path.join(root, f"{impl}-{kind}-{threads}")
+def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, threads: int, round_: int = 0) -> dict[str, float]:
+    out = os.path.join(root, f"{impl}-{kind}-{threads}-{round_}")
     env = dict(os.environ)
     if impl == "stepscope":
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
@@ -149,18 +149,40 @@ def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, thread
     return json.loads(reply.stdout.strip().splitlines()[-1])
 
 
-def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tuple[str, str | None], ...]) -> None:
+def _merged(runs: list[dict]) -> dict:
+    """One tool's runs as one: medians over every run's blocks, CPU and the save cost as
+    the median of the runs', bytes and seconds summed."""
+    merged = dict(runs[0])
+    for key in ("plain_blocks", "hooked_blocks"):
+        merged[key] = [t for r in runs for t in r[key]]
+    merged["plain"], merged["hooked"] = statistics.median(merged["plain_blocks"]), statistics.median(merged["hooked_blocks"])
+    for key in ("train_cpu_added", "all_cpu_added", "save_cost_s"):
+        if runs[0].get(key) is not None:
+            merged[key] = statistics.median(r[key] for r in runs)
+    merged["bytes"], merged["hooked_s"] = sum(r["bytes"] for r in runs), sum(r["hooked_s"] for r in runs)
+    return merged
+
+
+def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tuple[str, str | None], ...], rounds: int = 1) -> None:
+    """Each tool runs `rounds` times, taking turns (stepscope, smdebug, stepscope, ...): on a
+    machine where other work comes and goes (which, with training on every core, slows
+    whatever runs then several times over), neither tool gets all the quiet moments."""
     added: dict[str, float] = {}
     plain: dict[str, float] = {}
     cost = None
-    for impl, python in pythons:
-        if python is None:
+    runs: dict[str, list[dict]] = {}
+    for round_ in range(rounds):
+        for impl, python in pythons:
+            if python is None:
+                continue
+            try:
+                runs.setdefault(impl, []).append(run_worker(python, impl, kind, blocks, root, threads, round_))
+            except (RuntimeError, OSError) as exc:
+                print(f"{kind:5} {threads:7} {impl:9} failed: {exc}")
+    for impl, _ in pythons:
+        if not runs.get(impl):
             continue
-        try:
-            r = run_worker(python, impl, kind, blocks, root, threads)
-        except (RuntimeError, OSError) as exc:
-            print(f"{kind:5} {threads:7} {impl:9} failed: {exc}")
-            continue
+        r = _merged(runs[impl])
         added[impl], plain[impl] = r["hooked"] - r["plain"], r["plain"]
         if r.get("save_cost_s") is not None:
             cost = r
@@ -190,10 +212,13 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--blocks", type=int, default=None, help="blocks of 20 steps per variant")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of the all-cores configuration (default: every core)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, taking turns (default 2)")
     parser.add_argument("--smdebug-python", default=os.environ.get("SMDEBUG_PYTHON"), help="python of an environment with smdebug 1.0.34")
     args = parser.parse_args()
     blocks = args.blocks or (6 if args.quick else 30)
-    print(f"weights + gradients every 10 steps, SGD, no register_optimizer, {blocks} blocks x 20 steps, medians; load average {os.getloadavg()[0]:.1f}")
+    rounds = 1 if args.quick else args.rounds
+    print(f"weights + gradients every 10 steps, SGD, no register_optimizer, {rounds} run(s) of each tool taking turns, {blocks} blocks x 20 steps each, medians;"
+          f" load average {os.getloadavg()[0]:.1f}")
     print("1 thread (a core left to the writer), then training on every core (--threads), MLP 256-512-512-10, batch 64")
     if not args.smdebug_python:
         print("smdebug: not measured (no --smdebug-python / SMDEBUG_PYTHON given; see this script's docstring)")
@@ -202,7 +227,7 @@ def main() -> None:
     pythons = (("stepscope", sys.executable), ("smdebug", args.smdebug_python))
     with tempfile.TemporaryDirectory() as root:
         for kind, threads in (("mlp", 1), ("cnn", 1), ("mlp", args.threads)):
-            compare(kind, threads, blocks, root, pythons)
+            compare(kind, threads, blocks, root, pythons, 1 if args.quick else args.rounds)
 
 
 if __name__ == "__main__":
