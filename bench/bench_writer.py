@@ -1,6 +1,9 @@
 """Writer throughput: MB/s of saving large tensors every step, against numpy's tofile of
 the same bytes to the same disk, measured side by side in one run (goal: ratio >= 0.7).
-Also: our zero-copy event encoding against protobuf's serializer for the same event."""
+Also: our zero-copy event encoding against protobuf's serializer for the same event; and
+the CPU a scalar-only step costs (the default config saves the loss at every step: batches
+of 100 steps, one event file per batch, one index file per step) against the floor of
+publishing the same files with plain os calls (a temporary written, closed, renamed)."""
 
 from __future__ import annotations
 
@@ -40,6 +43,43 @@ def bench_tofile(root: Path, tensors: list[np.ndarray], steps: int) -> float:
             for tensor in tensors:
                 tensor.tofile(handle)
     elapsed = time.perf_counter() - start
+    shutil.rmtree(out)
+    return elapsed
+
+
+SCALAR_BATCH = 100
+
+
+def bench_scalar_steps(root: Path, steps: int) -> float:
+    """CPU seconds (every thread) of the writer saving `steps` loss-only steps in batches."""
+    out = root / "scalars"
+    loss = np.float32(0.25)
+    start = time.process_time()
+    writer = Writer(str(out))
+    for first in range(0, steps, SCALAR_BATCH):
+        writer.write_steps([(s, ModeKeys.TRAIN, s, {"CrossEntropyLoss_output_0": loss}, {}) for s in range(first, first + SCALAR_BATCH)])
+    writer.close()
+    elapsed = time.process_time() - start
+    shutil.rmtree(out)
+    return elapsed
+
+
+def bench_scalar_floor(root: Path, steps: int, index_bytes: int = 220, event_bytes: int = 120) -> float:
+    """CPU seconds of publishing the same files with plain os calls: no framing, no JSON."""
+    out = root / "floor"
+    start = time.process_time()
+    for first in range(0, steps, SCALAR_BATCH):
+        for folder, names, size in ((out / "events" / f"{first:012d}", [f"{first:012d}.tfevents"], event_bytes * SCALAR_BATCH),
+                                    (out / "index" / f"{first // 1000:09d}", [f"{s:012d}.json" for s in range(first, first + SCALAR_BATCH)], index_bytes)):
+            folder.mkdir(parents=True, exist_ok=True)
+            dir_fd = os.open(folder, os.O_RDONLY)
+            for name in names:
+                fd = os.open(f".{name}.tmp", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+                os.write(fd, b"x" * size)
+                os.close(fd)
+                os.replace(f".{name}.tmp", name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            os.close(dir_fd)
+    elapsed = time.process_time() - start
     shutil.rmtree(out)
     return elapsed
 
@@ -100,6 +140,21 @@ def main() -> None:
             fn("t", value)
             times.append(time.perf_counter() - start)
         print(f"  encode+frame {value.nbytes / 2**20:.0f} MB with {label:20s} {statistics.median(times) * 1e3:7.1f} ms")
+
+    # Scalar-only steps: CPU per step, interleaved with the floor (the same files published
+    # with plain os calls), best of the rounds (the disk's system calls vary with load).
+    steps = 1000 if args.quick else 5000
+    root = Path(tempfile.mkdtemp(dir=args.dir, prefix="stepscope-bench-"))
+    scalar, floor = [], []
+    try:
+        for round_ in range(max(3, args.rounds)):
+            runs = [(floor, bench_scalar_floor), (scalar, bench_scalar_steps)]
+            for results, bench in runs if round_ % 2 == 0 else reversed(runs):
+                results.append(bench(root, steps) / steps * 1e6)
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    print(f"scalar-only steps ({steps} loss-only steps, batches of {SCALAR_BATCH}), CPU per step, best of {len(scalar)}:")
+    print(f"  files alone (os calls) {min(floor):6.1f} us, stepscope writer {min(scalar):6.1f} us, ratio {min(scalar) / min(floor):4.2f}")
 
 
 if __name__ == "__main__":

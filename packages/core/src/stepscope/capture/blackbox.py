@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import threading
 import time
@@ -129,6 +130,16 @@ class SavedValues:
         checking = self.non_finite is None  # only the first non-finite step is reported
         for name, array in arrays.items():
             if getattr(array, "dtype", None) is None or array.dtype.kind != "f" or array.size == 0 or array.size > self.max_checked:
+                continue
+            if array.size == 1:
+                # A loss or a metric (most steps' only values): one float, the same figures
+                # as the reductions below at a tenth of their cost on the writer thread.
+                number = float(array.reshape(-1)[0])
+                if checking and not math.isfinite(number):
+                    bad[name] = {"nan": int(number != number), "inf": int(math.isinf(number)), "size": 1}
+                if len(stats) < self.max_tensors and array.size <= self.small:
+                    value = _number(number)
+                    stats[name] = {"shape": list(array.shape), "min": value, "max": value, "mean": value}
                 continue
             # (a NaN or inf in the sum is the finding, not a warning for the user's console)
             with np.errstate(invalid="ignore", over="ignore"):

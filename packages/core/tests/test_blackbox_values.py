@@ -1,0 +1,31 @@
+"""The black box's step listener (capture/blackbox.py SavedValues) on the writer thread."""
+
+import math
+
+import numpy as np
+
+from stepscope.capture.blackbox import SavedValues
+
+
+def _expected(array):
+    number = float(np.asarray(array, dtype=np.float64).reshape(-1)[0])
+    shown = number if math.isfinite(number) else str(number)
+    return {"shape": list(np.shape(array)), "min": shown, "max": shown, "mean": shown}
+
+
+def test_one_element_values_give_the_figures_numpy_gives_and_the_first_non_finite_is_reported():
+    found = []
+    saved = SavedValues(on_non_finite=found.append)
+    for dtype in (np.float16, np.float32, np.float64):
+        for value in (1.5, -0.0, 1e-8, 65504.0):
+            for shape in ((), (1,), (1, 1)):
+                array = np.full(shape, value, dtype=dtype)
+                saved(3, "TRAIN", 3, {"loss": array, "w": np.arange(4.0)})
+                assert saved.last["tensors"]["loss"] == _expected(array)
+                assert saved.last["tensors"]["w"] == {"shape": [4], "min": 0.0, "max": 3.0, "mean": 1.5}
+    assert found == [] and saved.non_finite is None
+    saved(7, "TRAIN", 7, {"loss": np.float32(np.inf), "acc": np.array([np.nan], np.float16), "ok": np.float32(1)})
+    assert saved.last["tensors"]["loss"] == {"shape": [], "min": "inf", "max": "inf", "mean": "inf"}
+    assert found == [{"step": 7, "mode": "TRAIN", "mode_step": 7, "tensors": {"loss": {"nan": 0, "inf": 1, "size": 1}, "acc": {"nan": 1, "inf": 0, "size": 1}}}]
+    saved(8, "TRAIN", 8, {"loss": np.float32(np.nan)})  # only the first such step is reported
+    assert len(found) == 1
