@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -151,7 +152,10 @@ def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, thread
     env = dict(os.environ)
     if impl == "stepscope":
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    reply = subprocess.run([python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)], capture_output=True, text=True, env=env)
+    try:
+        reply = subprocess.run([python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)], capture_output=True, text=True, env=env)
+    finally:
+        shutil.rmtree(out, ignore_errors=True)  # (measured by the worker: only the figures are kept)
     if reply.returncode != 0:
         raise RuntimeError(reply.stderr.strip().splitlines()[-1] if reply.stderr.strip() else f"exit {reply.returncode}")
     return json.loads(reply.stdout.strip().splitlines()[-1])
@@ -171,10 +175,20 @@ def _merged(runs: list[dict]) -> dict:
     return merged
 
 
+# What a configuration may write at most (save_all at every step writes about 1.5 MB a
+# step per tool); below this much free space in the temporary folder a configuration is
+# skipped with a message rather than filling the disk.
+MIN_FREE_BYTES = 8 << 30
+
+
 def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tuple[str, str | None], ...], rounds: int = 1) -> None:
     """Each tool runs `rounds` times, taking turns (stepscope, smdebug, stepscope, ...): on a
     machine where other work comes and goes (which, with training on every core, slows
     whatever runs then several times over), neither tool gets all the quiet moments."""
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_BYTES:
+        print(f"{kind:5} {threads:7} skipped: {free / 2**30:.1f} GiB free in {root}, this configuration needs up to {MIN_FREE_BYTES / 2**30:.0f}")
+        return
     added: dict[str, float] = {}
     plain: dict[str, float] = {}
     cost = None

@@ -398,13 +398,16 @@ class LocalStore(Store):
     # --- writing ---------------------------------------------------------------------
 
     def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
-        target = self._os_path(check_key(key))
+        check_key(key)
         try:
             self._with_folder(key, True, functools.partial(_publish_in, parts=_parts(data)))
         except StoreError:
             raise
         except OSError as exc:
-            raise StoreError(f"cannot write {target}: {exc.strerror or exc}") from exc
+            raise self._cannot_write(key, exc) from exc
+
+    def _cannot_write(self, key: str, exc: OSError) -> StoreError:
+        return StoreError(f"cannot write {self._os_path(key)}: {exc.strerror or exc}")
 
     def write_many(self, items: Sequence[tuple[str, bytes | Sequence[bytes | memoryview]]], published: Callable[[int], None] | None = None) -> None:
         # A run of items in one folder (a batch's index files) is published under one walk
@@ -423,7 +426,7 @@ class LocalStore(Store):
             except StoreError:
                 raise
             except OSError as exc:
-                raise StoreError(f"cannot write {self._os_path(items[first][0])}: {exc.strerror or exc}") from exc
+                raise self._cannot_write(items[first][0], exc) from exc
             try:
                 while first < count:
                     key, data = items[first]
@@ -433,7 +436,7 @@ class LocalStore(Store):
                     try:
                         _publish_in(fd, name, _parts(data))
                     except OSError as exc:
-                        raise StoreError(f"cannot write {self._os_path(key)}: {exc.strerror or exc}") from exc
+                        raise self._cannot_write(key, exc) from exc
                     if published is not None:
                         published(first)
                     first += 1
