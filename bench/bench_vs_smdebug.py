@@ -1,7 +1,10 @@
 """Weights + gradients every 10 steps, as smdebug users write it (no register_optimizer),
 stepscope against smdebug 1.0.34, side by side in one run: each in its own interpreter
 (smdebug in a virtualenv of its own), each timing its plain loop against its hooked loop
-in interleaved blocks (medians). Prints each one's added time per step, the ratio of the
+in interleaved blocks (medians). A hooked block ends when the tool has written what the
+block saved: stepscope's writer threads are waited for at the block's end (smdebug closes
+each step's event file at the next step's start), so no block's writing is counted in the
+next block, which may be a plain one. Prints each one's added time per step, the ratio of the
 two (goal: stepscope adds at most one third of what smdebug adds), and the bytes per
 second each wrote while training. Two configurations: training on one thread (a core left
 for stepscope's writer), then on every core (`--threads`, default: all of them), where
@@ -29,6 +32,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 
 # Runs in either interpreter: `python -c WORKER impl model steps out_dir`.
 WORKER = r'''
@@ -70,6 +74,10 @@ class Loop:
         g = torch.Generator().manual_seed(1)
         self.batches = [(torch.randn(*shape, generator=g), torch.randint(0, 10, (shape[0],), generator=g)) for _ in range(4)]
         self.i = 0
+        # stepscope writes on threads of its own: the block ends when they have written what
+        # it handed over, or the rest would land in the next block (a plain one, on every
+        # core). smdebug closes its event file at the next step's start, inside the block.
+        self.drain = hook._runtime.writer.flush if impl == "stepscope" and hook is not None else None
         if hook is not None:
             hook.register_module(self.model)
             hook.register_loss(self.loss_fn)
@@ -81,6 +89,8 @@ class Loop:
             self.optimizer.zero_grad()
             self.loss_fn(self.model(x), y).backward()
             self.optimizer.step()
+        if self.drain is not None:
+            self.drain()
         self.cpu, self.all_cpu = (time.thread_time() - self.cpu) / n, (time.process_time() - self.all_cpu) / n
         return (time.perf_counter() - start) / n
 
@@ -152,10 +162,11 @@ def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, thread
     env = dict(os.environ)
     if impl == "stepscope":
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
-    try:
-        reply = subprocess.run([python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)], capture_output=True, text=True, env=env)
-    finally:
-        shutil.rmtree(out, ignore_errors=True)  # (measured by the worker: only the figures are kept)
+    # The job is kept until the bench ends (or until space runs short: make_room): ext4
+    # skips inodes freed in the last ~30 s when it makes a file, so deleting a run's
+    # thousands of files would slow the file creation of the next run, whichever tool.
+    _kept.append(out)
+    reply = subprocess.run([python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)], capture_output=True, text=True, env=env)
     if reply.returncode != 0:
         raise RuntimeError(reply.stderr.strip().splitlines()[-1] if reply.stderr.strip() else f"exit {reply.returncode}")
     return json.loads(reply.stdout.strip().splitlines()[-1])
@@ -179,13 +190,31 @@ def _merged(runs: list[dict]) -> dict:
 # step per tool); below this much free space in the temporary folder a configuration is
 # skipped with a message rather than filling the disk.
 MIN_FREE_BYTES = 8 << 30
+_kept: list[str] = []  # the runs' jobs, removed at the end
+AGE_S = 35  # after removing files: ext4's "recently deleted" window (30 s) has passed
+
+
+def remove_kept(wait: bool) -> None:
+    while _kept:
+        shutil.rmtree(_kept.pop(), ignore_errors=True)
+    if wait:
+        time.sleep(AGE_S)
+
+
+def make_room(root: str) -> int:
+    """Free bytes in `root`, after removing the kept jobs where fewer than MIN_FREE_BYTES."""
+    free = shutil.disk_usage(root).free
+    if free < MIN_FREE_BYTES and _kept:
+        remove_kept(wait=True)
+        free = shutil.disk_usage(root).free
+    return free
 
 
 def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tuple[str, str | None], ...], rounds: int = 1) -> None:
     """Each tool runs `rounds` times, taking turns (stepscope, smdebug, stepscope, ...): on a
     machine where other work comes and goes (which, with training on every core, slows
     whatever runs then several times over), neither tool gets all the quiet moments."""
-    free = shutil.disk_usage(root).free
+    free = make_room(root)
     if free < MIN_FREE_BYTES:
         print(f"{kind:5} {threads:7} skipped: {free / 2**30:.1f} GiB free in {root}, this configuration needs up to {MIN_FREE_BYTES / 2**30:.0f}")
         return
@@ -255,6 +284,7 @@ def main() -> None:
             compare(kind, threads, blocks, root, pythons, rounds)
         # Everything every step (about 1.5 MB a step for this MLP): fewer blocks.
         compare("mlp-all", args.threads, max(4, blocks // 3), root, pythons, rounds)
+        remove_kept(wait=False)
 
 
 if __name__ == "__main__":

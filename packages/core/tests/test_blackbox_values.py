@@ -29,3 +29,24 @@ def test_one_element_values_give_the_figures_numpy_gives_and_the_first_non_finit
     assert found == [{"step": 7, "mode": "TRAIN", "mode_step": 7, "tensors": {"loss": {"nan": 0, "inf": 1, "size": 1}, "acc": {"nan": 1, "inf": 0, "size": 1}}}]
     saved(8, "TRAIN", 8, {"loss": np.float32(np.nan)})  # only the first such step is reported
     assert len(found) == 1
+
+
+def test_large_tensors_are_judged_element_by_element_as_numpy_does():
+    """A sum that overflows its dtype is not a non-finite tensor; a NaN or an infinity
+    anywhere in a tensor is one, with the counts numpy gives."""
+    found = []
+    saved = SavedValues(on_non_finite=found.append)
+    rng = np.random.default_rng(0)
+    overflowing = {
+        "f16": np.full(10_000, 60_000.0, np.float16),  # sums past float16's 65504
+        "f32": np.full(1_000, 3e38, np.float32),  # past float32's 3.4e38
+        "mixed": np.array([3e38, 3e38, -3e38, 1.0], np.float32),
+    }
+    saved(1, "TRAIN", 1, {**overflowing, "g": rng.standard_normal(50_000).astype(np.float32)})
+    assert found == [] and saved.non_finite is None
+    for name, value in overflowing.items():
+        assert np.isfinite(value).all(), name  # (the premise)
+    bad = rng.standard_normal(50_000).astype(np.float32)
+    bad[[5, 7, 49_999]] = [np.nan, np.inf, -np.inf]
+    saved(2, "TRAIN", 2, {"g": bad, "f32": overflowing["f32"]})
+    assert found == [{"step": 2, "mode": "TRAIN", "mode_step": 2, "tensors": {"g": {"nan": 1, "inf": 2, "size": 50_000}}}]

@@ -1,7 +1,7 @@
 """LocalStore writes a file's buffers straight from their memory, no system call writing more
 than WRITE_SLICE (large page-cache folios make one big write cost several times the CPU of
-the same bytes in slices: store/local.py), and the file holds exactly the bytes given, in
-order, whatever the mix of small and large buffers."""
+the same bytes in slices: store/local.py) where it writes through the page cache, and the
+file holds exactly the bytes given, in order, whatever the mix of small and large buffers."""
 
 from __future__ import annotations
 
@@ -16,7 +16,9 @@ from stepscope.store.local import WRITE_SLICE, LocalStore
 
 @pytest.fixture
 def calls(monkeypatch):
-    """Bytes each os.write / os.writev call was given."""
+    """Bytes each os.write / os.writev call was given (through the page cache: large files
+    that would go around it, direct_io.py, are not these tests' subject)."""
+    monkeypatch.setenv("STEPSCOPE_DIRECT_IO", "0")
     seen: list[int] = []
     write, writev = os.write, os.writev
 

@@ -18,6 +18,7 @@ from typing import Any, BinaryIO
 
 from ..exceptions import ConfigError, StoreError
 from .base import FolderListing, Store, check_key
+from .direct_io import O_DIRECT, DirectPolicy, DirectRefused, large_views, write_direct
 
 _IOV_MAX = 1024  # buffers per writev call (the POSIX minimum of IOV_MAX)
 
@@ -127,15 +128,40 @@ def _parts(data: bytes | Sequence[bytes | memoryview]) -> Sequence[bytes | memor
     return [data] if isinstance(data, (bytes, bytearray, memoryview)) else data
 
 
-def _publish_in(folder_fd: int, name: str, parts: Sequence[bytes | memoryview]) -> None:
+def _publish_in(folder_fd: int, name: str, parts: Sequence[bytes | memoryview], direct: DirectPolicy | None = None) -> None:
     """Publish file `name` in the folder `folder_fd` atomically: written whole under a
-    temporary name, then renamed over `name`."""
+    temporary name, then renamed over `name`. A large file goes around the page cache
+    where `direct` allows it (direct_io.py); refused, it is written again the usual way."""
+    if direct is not None and O_DIRECT:
+        large = large_views(parts)
+        if large is not None and direct.allowed():
+            views, size = large
+
+            def write(fd: int) -> None:
+                _preallocate(fd, size)
+                write_direct(fd, views)
+
+            try:
+                _publish_with(folder_fd, name, _WRITE_FLAGS | O_DIRECT, write)
+                return
+            except DirectRefused as exc:
+                direct.refused(exc)
+    _publish_with(folder_fd, name, _WRITE_FLAGS, functools.partial(_write_all, parts=parts))
+
+
+def _publish_with(folder_fd: int, name: str, flags: int, write: Callable[[int], None]) -> None:
+    """`_publish_in` with the temporary file opened with `flags` and filled by `write`."""
     # Unique per process and call: no other writer can pick the same temporary name.
     tmp = f".{name}.{_process['pid']}.{next(_counter)}.tmp"
-    fd = os.open(tmp, _WRITE_FLAGS, 0o644, dir_fd=folder_fd)
+    try:
+        fd = os.open(tmp, flags, 0o644, dir_fd=folder_fd)
+    except OSError as exc:
+        if flags & O_DIRECT and exc.errno == errno.EINVAL:
+            raise DirectRefused(str(exc)) from exc
+        raise
     try:
         try:
-            _write_all(fd, parts)
+            write(fd)
         finally:
             os.close(fd)
         # A link or special file at the name is replaced (rename never follows it),
@@ -342,6 +368,7 @@ class LocalStore(Store):
             raise ConfigError(f"out_dir {self.root} exists and is not a directory")
         self.url = str(self.root)
         self._root_str = str(self.root)
+        self._direct = DirectPolicy(self._root_str)  # large files around the page cache (direct_io.py)
 
     def _path(self, key: str) -> Path:
         return self.root / key
@@ -400,7 +427,7 @@ class LocalStore(Store):
     def write(self, key: str, data: bytes | Sequence[bytes | memoryview]) -> None:
         check_key(key)
         try:
-            self._with_folder(key, True, functools.partial(_publish_in, parts=_parts(data)))
+            self._with_folder(key, True, functools.partial(_publish_in, parts=_parts(data), direct=self._direct))
         except StoreError:
             raise
         except OSError as exc:
@@ -434,7 +461,7 @@ class LocalStore(Store):
                     if in_folder != folder:
                         break
                     try:
-                        _publish_in(fd, name, _parts(data))
+                        _publish_in(fd, name, _parts(data), self._direct)
                     except OSError as exc:
                         raise self._cannot_write(key, exc) from exc
                     if published is not None:

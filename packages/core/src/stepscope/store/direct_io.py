@@ -1,0 +1,156 @@
+"""Large files written around the page cache (O_DIRECT) on local block file systems.
+
+A save of weights and gradients is megabytes that nothing reads soon. Written through the
+page cache, each byte costs the writing thread a copy into freshly allocated cache pages
+(on virtual machines whose memory the host backs lazily, a fault on the host per page:
+3.2 MB cost 1-8 ms of CPU here), and later a kernel thread's time to write them back:
+CPU taken from training that uses every core. Written with O_DIRECT from one reused,
+aligned buffer, the same file costs a copy into memory already mapped (0.3-0.5 ms here,
+bench/bench_writer.py) while the device does the rest.
+
+Only where it is known to work and to be cheap: Linux, files of `DIRECT_FROM` bytes or
+more, and a folder on ext2/3/4, XFS or Btrfs (network and FUSE file systems turn direct
+writes into synchronous round trips; tmpfs has no device to write to). Any refusal by the
+file system (EINVAL at the open or at a write) turns it off for that folder and the file
+is written again the usual way: a file is never left half-written by this path.
+`STEPSCOPE_DIRECT_IO=0` turns it off."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import logging
+import mmap
+import os
+import sys
+import threading
+from collections.abc import Sequence
+
+logger = logging.getLogger("stepscope")
+
+DIRECT_IO_ENV = "STEPSCOPE_DIRECT_IO"
+DIRECT_FROM = 1 << 20  # bytes: smaller files (indexes, scalar batches) stay in the page cache
+ALIGN = 4096  # buffer address, file offset and length of each direct write: a page, which
+# covers the logical block size of every common device (512 or 4096)
+BUFFER_BYTES = 4 << 20  # the staging buffer per writing thread, a multiple of ALIGN
+O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+# statfs(2)'s f_type of the file systems where direct writes are supported and cheap.
+_FILE_SYSTEMS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs"}
+
+
+def _statfs_type(path: str) -> int | None:
+    """statfs(2)'s f_type for `path` (the struct's first word on every Linux ABI), or None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        statfs = libc.statfs
+    except (OSError, AttributeError):
+        return None
+    buffer = ctypes.create_string_buffer(512)  # larger than struct statfs on any ABI
+    if statfs(os.fsencode(path), buffer) != 0:
+        return None
+    return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
+
+
+def direct_io_allowed(folder: str) -> bool:
+    """Whether files under `folder` are written with O_DIRECT (module docstring)."""
+    if not O_DIRECT or os.environ.get(DIRECT_IO_ENV, "1").strip().lower() in ("0", "off", "false", "no"):
+        return False
+    return _statfs_type(folder) in _FILE_SYSTEMS
+
+
+_buffers = threading.local()
+
+
+def _staging() -> memoryview:
+    """This thread's aligned staging buffer (anonymous memory is page aligned); kept for
+    the thread's life, so that each file's copy goes to pages already mapped."""
+    view = getattr(_buffers, "view", None)
+    if view is None:
+        view = _buffers.view = memoryview(mmap.mmap(-1, BUFFER_BYTES))
+    return view
+
+
+class DirectRefused(Exception):
+    """The file system refused a direct write (EINVAL): write the file the usual way."""
+
+
+def _plain(fd: int) -> None:
+    """Turn O_DIRECT off on `fd` (for an unaligned tail, or after a short write)."""
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~O_DIRECT)
+
+
+def _write_out(fd: int, view: memoryview, direct: bool) -> bool:
+    """Write all of `view`; returns whether `fd` still writes directly (a short write,
+    which leaves the next offset unaligned, turns it off for the rest of the file)."""
+    while view.nbytes:
+        try:
+            written = os.write(fd, view)
+        except OSError as exc:
+            if direct and exc.errno == errno.EINVAL:
+                raise DirectRefused(str(exc)) from exc
+            raise
+        view = view[written:]
+        if view.nbytes and direct:
+            _plain(fd)
+            direct = False
+    return direct
+
+
+def write_direct(fd: int, views: Sequence[memoryview]) -> None:
+    """Write `views` (byte views) in order to `fd`, opened with O_DIRECT at offset 0:
+    copied through this thread's staging buffer, whole buffers written directly, the
+    unaligned tail through the page cache. Raises DirectRefused when the file system
+    refuses (the caller starts the file again without O_DIRECT)."""
+    staging = _staging()
+    fill = 0
+    direct = True
+    for view in views:
+        while view.nbytes:
+            n = min(view.nbytes, BUFFER_BYTES - fill)
+            staging[fill : fill + n] = view[:n]
+            fill += n
+            view = view[n:]
+            if fill == BUFFER_BYTES:
+                direct = _write_out(fd, staging, direct)
+                fill = 0
+    aligned = fill - fill % ALIGN if direct else 0
+    if aligned:
+        direct = _write_out(fd, staging[:aligned], direct)
+    if fill > aligned:
+        if direct:
+            _plain(fd)
+        _write_out(fd, staging[aligned:fill], False)
+
+
+class DirectPolicy:
+    """Whether one folder's large files go around the page cache: decided at its first
+    large file (the folder may not exist before), turned off for good at a refusal."""
+
+    def __init__(self, folder: str):
+        self._folder = folder
+        self._allowed: bool | None = None
+
+    def allowed(self) -> bool:
+        if self._allowed is None:
+            self._allowed = direct_io_allowed(self._folder)
+        return self._allowed
+
+    def refused(self, exc: BaseException) -> None:
+        if self._allowed:
+            logger.info("stepscope: %s refused a direct write (%s); its files are written through the page cache", self._folder, exc)
+        self._allowed = False
+
+
+def large_views(parts: Sequence[bytes | memoryview]) -> tuple[list[memoryview], int] | None:
+    """`parts` as byte views and their size, when they make a file of DIRECT_FROM bytes or
+    more; None for a smaller file (decided without views for one small bytes object, the
+    common case: an index file)."""
+    if len(parts) == 1 and type(parts[0]) is bytes and len(parts[0]) < DIRECT_FROM:
+        return None
+    views = [memoryview(p).cast("B") for p in parts]
+    size = sum(v.nbytes for v in views)
+    return (views, size) if size >= DIRECT_FROM else None

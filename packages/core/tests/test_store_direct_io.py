@@ -1,0 +1,207 @@
+"""Large files go around the page cache (O_DIRECT) where the file system supports it:
+the file holds exactly the bytes given whatever their sizes and alignment, its pages are
+not left in the page cache (mincore), a file system that refuses direct writes (at the
+open or at a write) gets the file written the usual way with nothing left behind, and
+STEPSCOPE_DIRECT_IO=0 or a small file keeps the page cache."""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import fcntl
+import mmap
+import os
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from stepscope.store import direct_io, local
+from stepscope.store.direct_io import ALIGN, BUFFER_BYTES, DIRECT_FROM, DirectPolicy, direct_io_allowed
+from stepscope.store.local import LocalStore
+
+pytestmark = pytest.mark.skipif(not direct_io.O_DIRECT, reason="no O_DIRECT on this platform")
+KEY = "events/000000000010/000000000010_worker_0.tfevents"
+
+
+@pytest.fixture
+def allowed(tmp_path):
+    """Skip where the test folder's file system is not one direct writes are used on."""
+    if not direct_io_allowed(str(tmp_path)):
+        pytest.skip(f"{tmp_path} is not on ext4, XFS or Btrfs")
+
+
+@pytest.fixture
+def direct_calls(monkeypatch):
+    """The byte counts of each write_direct call LocalStore makes."""
+    seen: list[int] = []
+    real = local.write_direct
+
+    def spy(fd, views):
+        seen.append(sum(v.nbytes for v in views))
+        return real(fd, views)
+
+    monkeypatch.setattr(local, "write_direct", spy)
+    return seen
+
+
+def _parts(size: int, seed: int = 0) -> list[bytes | memoryview]:
+    """Record-like buffers adding up to `size` bytes: odd headers around float tensors."""
+    rng = np.random.default_rng(seed)
+    parts: list[bytes | memoryview] = []
+    left = size
+    while left:
+        header = rng.bytes(min(left, int(rng.integers(1, 30))))
+        parts.append(header)
+        left -= len(header)
+        n = min(left, int(rng.integers(1, 1_500_000)))
+        if n:
+            parts.append(memoryview(rng.integers(0, 256, n, dtype=np.uint8)))
+            left -= n
+    return parts
+
+
+def _resident_pages(path) -> int:
+    """How many of the file's pages are in the page cache: mincore(2) on a mapping of it."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+    size = os.path.getsize(path)
+    pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        address = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+        assert address not in (None, ctypes.c_void_p(-1).value), os.strerror(ctypes.get_errno())
+        try:
+            vector = (ctypes.c_ubyte * pages)()
+            assert libc.mincore(address, size, vector) == 0, os.strerror(ctypes.get_errno())
+            return sum(v & 1 for v in vector)
+        finally:
+            libc.munmap(address, size)
+    finally:
+        os.close(fd)
+
+
+def _direct_on(fd: int) -> bool:
+    return bool(fcntl.fcntl(fd, fcntl.F_GETFL) & direct_io.O_DIRECT)
+
+
+@pytest.mark.parametrize("size", [DIRECT_FROM, 3_200_017, BUFFER_BYTES, 2 * BUFFER_BYTES + ALIGN, 2 * BUFFER_BYTES + 1])
+def test_a_large_file_is_exact_and_written_directly(tmp_path, allowed, direct_calls, size):
+    parts = _parts(size, seed=size)
+    LocalStore(str(tmp_path)).write(KEY, parts)
+    assert (tmp_path / KEY).read_bytes() == b"".join(bytes(p) for p in parts)
+    assert direct_calls == [size]
+    assert not [p for p in (tmp_path / KEY).parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_the_direct_part_is_not_left_in_the_page_cache(tmp_path, allowed):
+    size = 2 * BUFFER_BYTES + 1000
+    LocalStore(str(tmp_path)).write(KEY, _parts(size))
+    resident = _resident_pages(tmp_path / KEY)
+    # Only the unaligned tail went through the page cache: one page.
+    assert resident <= 1, f"{resident} of {size // mmap.PAGESIZE + 1} pages in the page cache"
+
+
+def test_a_small_file_and_the_switch_keep_the_page_cache(tmp_path, allowed, direct_calls, monkeypatch):
+    store = LocalStore(str(tmp_path))
+    store.write("index/000000000/000000000010_worker_0.json", b"x" * (DIRECT_FROM - 1))
+    assert direct_calls == []
+    monkeypatch.setenv("STEPSCOPE_DIRECT_IO", "0")
+    parts = _parts(DIRECT_FROM * 2)
+    LocalStore(str(tmp_path / "off")).write(KEY, parts)
+    assert direct_calls == []
+    assert (tmp_path / "off" / KEY).read_bytes() == b"".join(bytes(p) for p in parts)
+
+
+def _refuse(monkeypatch, where: str) -> list[int]:
+    """Make the file system refuse O_DIRECT at the open or at the first direct write."""
+    refused: list[int] = []
+    real_open, real_write = os.open, os.write
+
+    def fussy_open(path, flags, *args, **kwargs):
+        if where == "open" and flags & direct_io.O_DIRECT:
+            refused.append(1)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args, **kwargs)
+
+    def fussy_write(fd, data):
+        if where == "write" and _direct_on(fd):
+            refused.append(1)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "open", fussy_open)
+    monkeypatch.setattr(os, "write", fussy_write)
+    return refused
+
+
+@pytest.mark.parametrize("where", ["open", "write"])
+def test_a_refusal_writes_the_file_the_usual_way_and_turns_direct_writes_off(tmp_path, monkeypatch, where):
+    store = LocalStore(str(tmp_path))
+    store._direct = DirectPolicy(str(tmp_path))
+    store._direct._allowed = True  # as on ext4, whatever this folder is on
+    refused = _refuse(monkeypatch, where)
+    parts = _parts(3_000_001)
+    store.write(KEY, parts)
+    assert refused == [1]
+    assert (tmp_path / KEY).read_bytes() == b"".join(bytes(p) for p in parts)
+    assert not [p for p in (tmp_path / KEY).parent.iterdir() if p.name.endswith(".tmp")]
+    assert store._direct.allowed() is False
+    store.write(KEY, parts)  # no second try
+    assert refused == [1]
+
+
+def test_a_short_direct_write_finishes_through_the_page_cache(tmp_path, allowed, monkeypatch):
+    real_write = os.write
+    shortened: list[int] = []
+
+    def short_write(fd, data):
+        view = memoryview(data)
+        if not shortened and _direct_on(fd) and view.nbytes > ALIGN:
+            shortened.append(view.nbytes)
+            return real_write(fd, view[: ALIGN + 7])  # an unaligned amount (a signal, a full disk)
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "write", short_write)
+    parts = _parts(BUFFER_BYTES + 3 * ALIGN + 5)
+    LocalStore(str(tmp_path)).write(KEY, parts)
+    assert shortened
+    assert (tmp_path / KEY).read_bytes() == b"".join(bytes(p) for p in parts)
+
+
+def test_threads_writing_at_once_each_get_their_file(tmp_path, allowed):
+    store = LocalStore(str(tmp_path))
+    expected = {}
+    errors: list[BaseException] = []
+
+    def write(i: int) -> None:
+        try:
+            for j in range(3):
+                key = f"events/{i:012d}/{j:012d}_worker_{i}.tfevents"
+                parts = _parts(DIRECT_FROM + 12_345 * (i + 1) + j, seed=10 * i + j)
+                expected[key] = b"".join(bytes(p) for p in parts)
+                store.write(key, parts)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert not errors
+    for key, data in expected.items():
+        assert (tmp_path / key).read_bytes() == data
+
+
+def test_only_block_file_systems_are_chosen(tmp_path, monkeypatch):
+    if sys.platform.startswith("linux") and os.path.isdir("/proc/self") and direct_io._statfs_type("/proc/self") is not None:
+        assert not direct_io_allowed("/proc/self")  # procfs
+    if os.path.isdir("/dev/shm") and direct_io._statfs_type("/dev/shm") == 0x01021994:
+        assert not direct_io_allowed("/dev/shm")  # tmpfs: no device to write to
+    monkeypatch.setenv("STEPSCOPE_DIRECT_IO", "off")
+    assert not direct_io_allowed(str(tmp_path))
