@@ -409,37 +409,40 @@ class Writer(ClosedOnExit):
             item = self._framed.get()
             if item is None:
                 return
-            job, framed = item
-            if isinstance(job, _Barrier):
-                job.done.set()
-                continue
-            started, waited = time.perf_counter(), self._waited_s
+            self._publish_item(*item)
+
+    def _publish_item(self, job: Any, framed: Any) -> None:
+        """Publish one handed-over job (framed by the first stage), then count it done."""
+        if isinstance(job, _Barrier):
+            job.done.set()
+            return
+        started, waited = time.perf_counter(), self._waited_s
+        if self._failsafe.enabled and not self._abandoned:
+            if isinstance(job, _FileJob):
+                if self._failsafe.call(self._write, job.key, job.data):
+                    self.bytes_written += len(job.data)
+            elif isinstance(job, _FinishJob):
+                self._failsafe.call(self._publish_step_table)
+                if self.health.dropped_tensors or self.health.status_due:
+                    self._failsafe.call(self._publish_status)
+                if job.end_marker and self._failsafe.enabled:
+                    self._failsafe.call(self._write, layout.END_MARKER, b"")
+            elif isinstance(job, _StepBatch):
+                if framed is not None:
+                    self._failsafe.call(self._publish_batch, *framed)
+            elif framed is not None:
+                self._failsafe.call(self._publish_step, job, *framed)
+            if self.health.status_due and self.health.since is None and self._failsafe.enabled:
+                self._failsafe.call(self._publish_status)  # the store answers again: say what the outage cost
+        self.busy_s += time.perf_counter() - started - (self._waited_s - waited)
+        with self._cond:
+            self._queued_bytes -= job.nbytes
             if self._failsafe.enabled and not self._abandoned:
-                if isinstance(job, _FileJob):
-                    if self._failsafe.call(self._write, job.key, job.data):
-                        self.bytes_written += len(job.data)
-                elif isinstance(job, _FinishJob):
-                    self._failsafe.call(self._publish_step_table)
-                    if self.health.dropped_tensors or self.health.status_due:
-                        self._failsafe.call(self._publish_status)
-                    if job.end_marker and self._failsafe.enabled:
-                        self._failsafe.call(self._write, layout.END_MARKER, b"")
-                elif isinstance(job, _StepBatch):
-                    if framed is not None:
-                        self._failsafe.call(self._publish_batch, *framed)
-                elif framed is not None:
-                    self._failsafe.call(self._publish_step, job, *framed)
-                if self.health.status_due and self.health.since is None and self._failsafe.enabled:
-                    self._failsafe.call(self._publish_status)  # the store answers again: say what the outage cost
-            self.busy_s += time.perf_counter() - started - (self._waited_s - waited)
-            with self._cond:
-                self._queued_bytes -= job.nbytes
-                if self._failsafe.enabled and not self._abandoned:
-                    # Published (or dropped as a duplicate): no longer at risk.
-                    steps, files = _at_risk(job)
-                    self._unpublished.difference_update(steps)
-                    self._unpublished_files.difference_update(files)
-                self._cond.notify_all()
+                # Published (or dropped as a duplicate): no longer at risk.
+                steps, files = _at_risk(job)
+                self._unpublished.difference_update(steps)
+                self._unpublished_files.difference_update(files)
+            self._cond.notify_all()
 
     def _frame_step(self, job: _StepJob, parts: list[Any] | None = None, event_key: str | None = None, offset: int = 0) -> tuple[list[Any], dict[str, Any]] | None:
         """(the event file's buffers, the step's index); with `parts` (`offset` bytes), the
