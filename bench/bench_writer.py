@@ -3,7 +3,8 @@ the same bytes to the same disk, measured side by side in one run (goal: ratio >
 Also: our zero-copy event encoding against protobuf's serializer for the same event; and
 the CPU a scalar-only step costs (the default config saves the loss at every step: batches
 of 100 steps, one event file per batch, one index file per step) against the floor of
-publishing the same files with plain os calls (a temporary written, closed, renamed)."""
+publishing the same files with plain os calls (a temporary written, closed, renamed); last,
+the writing thread's CPU per 3.2 MB save written around the page cache and through it."""
 
 from __future__ import annotations
 
@@ -155,6 +156,42 @@ def main() -> None:
         shutil.rmtree(root, ignore_errors=True)
     print(f"scalar-only steps ({steps} loss-only steps, batches of {SCALAR_BATCH}), CPU per step, best of {len(scalar)}:")
     print(f"  files alone (os calls) {min(floor):6.1f} us, stepscope writer {min(scalar):6.1f} us, ratio {min(scalar) / min(floor):4.2f}")
+    save_cpu(args.dir, 60 if args.quick else 200)
+
+
+def save_cpu(folder: str | None, files: int) -> None:
+    """CPU of the writing thread per 3.2 MB save (an MLP's weights and gradients as record
+    parts), the event file written around the page cache (direct_io.py) and through it,
+    interleaved in rounds of `files` new files each, kept until the end (as a job keeps
+    them; deleting frees pages the next files would reuse), medians."""
+    from stepscope.store.direct_io import DIRECT_IO_ENV, direct_io_allowed
+    from stepscope.store.local import LocalStore
+
+    rng = np.random.default_rng(1)
+    parts: list = []
+    for shape in ((512, 256), (512,), (512, 512), (512,), (10, 512), (10,)) * 2:
+        parts += [rng.bytes(24), rng.standard_normal(shape).astype(np.float32), rng.bytes(4)]
+    root = Path(tempfile.mkdtemp(dir=folder, prefix="stepscope-bench-"))
+    if not direct_io_allowed(str(root)):
+        print(f"save CPU: {root} is not on a file system written directly (ext4, XFS, Btrfs on Linux); skipped")
+        shutil.rmtree(root, ignore_errors=True)
+        return
+    costs: dict[str, list[float]] = {"direct": [], "page cache": []}
+    try:
+        for round_ in range(4):
+            for label in ("direct", "page cache") if round_ % 2 == 0 else ("page cache", "direct"):
+                os.environ[DIRECT_IO_ENV] = "1" if label == "direct" else "0"
+                store = LocalStore(str(root / f"{label.replace(' ', '-')}-{round_}"))
+                for i in range(files):
+                    start = time.thread_time()
+                    store.write(f"events/{i:012d}/{i:012d}_worker_0.tfevents", parts)
+                    costs[label].append(time.thread_time() - start)
+    finally:
+        os.environ.pop(DIRECT_IO_ENV, None)
+        shutil.rmtree(root, ignore_errors=True)
+    size = sum(memoryview(p).nbytes for p in parts) / 1e6
+    direct, cached = statistics.median(costs["direct"]), statistics.median(costs["page cache"])
+    print(f"save CPU ({size:.1f} MB event file, {4 * files} files each, medians): direct {direct * 1e3:.2f} ms, page cache {cached * 1e3:.2f} ms, ratio {direct / cached:.2f}")
 
 
 if __name__ == "__main__":

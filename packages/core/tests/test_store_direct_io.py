@@ -1,8 +1,9 @@
-"""Large files go around the page cache (O_DIRECT) where the file system supports it:
+"""With STEPSCOPE_DIRECT_IO=1, large files go around the page cache (O_DIRECT) where the
+file system supports it:
 the file holds exactly the bytes given whatever their sizes and alignment, its pages are
 not left in the page cache (mincore), a file system that refuses direct writes (at the
 open or at a write) gets the file written the usual way with nothing left behind, and
-STEPSCOPE_DIRECT_IO=0 or a small file keeps the page cache."""
+a small file, the default or STEPSCOPE_DIRECT_IO=0 keeps the page cache."""
 
 from __future__ import annotations
 
@@ -26,8 +27,10 @@ KEY = "events/000000000010/000000000010_worker_0.tfevents"
 
 
 @pytest.fixture
-def allowed(tmp_path):
-    """Skip where the test folder's file system is not one direct writes are used on."""
+def allowed(tmp_path, monkeypatch):
+    """Direct writes turned on (they are off by default); skip where the test folder's
+    file system is not one they are used on."""
+    monkeypatch.setenv("STEPSCOPE_DIRECT_IO", "1")
     if not direct_io_allowed(str(tmp_path)):
         pytest.skip(f"{tmp_path} is not on ext4, XFS or Btrfs")
 
@@ -203,8 +206,11 @@ def test_only_block_file_systems_are_chosen(tmp_path, monkeypatch):
         assert not direct_io_allowed("/proc/self")  # procfs
     if os.path.isdir("/dev/shm") and direct_io._statfs_type("/dev/shm") == 0x01021994:
         assert not direct_io_allowed("/dev/shm")  # tmpfs: no device to write to
-    monkeypatch.setenv("STEPSCOPE_DIRECT_IO", "off")
-    assert not direct_io_allowed(str(tmp_path))
+    for off in ("off", "0", ""):
+        monkeypatch.setenv("STEPSCOPE_DIRECT_IO", off)
+        assert not direct_io_allowed(str(tmp_path))
+    monkeypatch.delenv("STEPSCOPE_DIRECT_IO")
+    assert not direct_io_allowed(str(tmp_path))  # off by default
 
 
 def test_a_job_saved_with_direct_writes_reads_back_exactly(tmp_path, allowed, direct_calls):
