@@ -35,6 +35,7 @@ from ..closing import ClosedOnExit
 from ..exceptions import ConfigError, StoreUnavailable
 from ..modes import ModeKeys
 from ..store import Store, open_store
+from ..store.direct_io import DIRECT_FROM, set_backlogged
 from .deadline import CLOSE_TIMEOUT_ENV, DEFAULT_CLOSE_TIMEOUT_S, Deadline, close_timeout_from_env, exit_deadline
 from .safety import FailSafe, write_status
 from .step_framing import StepFramer, StepTables, as_array, index_json
@@ -177,6 +178,7 @@ class Writer(ClosedOnExit):
         self.health = WriterHealth(worker, self._cond)
         self._waited_s = 0.0  # publisher time spent waiting out outages (not work: kept out of busy_s)
         self._wake = threading.Event()  # ends a retry's back-off early: close() gave up
+        self._idled = True  # the publisher waited for work since its last large job
         # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
         # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
         self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
@@ -406,7 +408,11 @@ class Writer(ClosedOnExit):
     def _publish_loop(self) -> None:
         """Second stage: publish files in the order jobs were handed over."""
         while True:
-            item = self._framed.get()
+            try:
+                item = self._framed.get_nowait()
+            except queue.Empty:
+                self._idled = True  # caught up: the next large file may go around the page cache
+                item = self._framed.get()
             if item is None:
                 return
             self._publish_item(*item)
@@ -417,6 +423,14 @@ class Writer(ClosedOnExit):
             job.done.set()
             return
         started, waited = time.perf_counter(), self._waited_s
+        if job.nbytes >= DIRECT_FROM:
+            # The writer is behind when this large job was waiting for the publisher (no
+            # pause since the last large one: a burst, to its last job) or two more like it
+            # wait behind it (a burst's first). Then a local store takes the page cache's
+            # throughput over direct writes' CPU (store/direct_io.py).
+            behind = self._queued_bytes - job.nbytes >= 2 * job.nbytes
+            set_backlogged(behind or not self._idled)
+            self._idled = False
         if self._failsafe.enabled and not self._abandoned:
             if isinstance(job, _FileJob):
                 if self._failsafe.call(self._write, job.key, job.data):

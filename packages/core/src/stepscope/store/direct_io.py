@@ -14,13 +14,16 @@ writes into synchronous round trips; tmpfs has no device to write to). Any refus
 file system (EINVAL at the open or at a write) turns it off for that folder and the file
 is written again the usual way: a file is never left half-written by this path.
 
-Off unless `STEPSCOPE_DIRECT_IO=1`: it trades the writer's throughput for CPU. A device
-takes fewer bytes a second than the page cache (16 MB saves: 1.3 GB/s against 3.5 GB/s
-here, bench/bench_writer.py), which a job saving large tensors often feels as a fuller
-queue; the CPU it saves (0.8-0.9 ms against 1.4-2.3 ms per 3.2 MB save) counts where
-training uses every core and saves are large and frequent (everything at every step, both
-cores here: half the CPU, 0.17-0.20 of smdebug's added time against 0.41). Turn it on
-there."""
+It trades the writer's throughput for CPU: a device takes fewer bytes a second than the
+page cache (16 MB saves: 1.3 GB/s against 3.5 GB/s here, bench/bench_writer.py), while the
+CPU it saves (0.8-1.6 ms against 1.4-2.3 ms per 3.2 MB save) counts where training uses
+every core (everything at every step on both cores here: 9.7 ms of CPU added per step
+against 16.4, 0.26 of smdebug's added time against 0.41). So by default
+(`STEPSCOPE_DIRECT_IO=auto`) a file goes around the page cache only while the writer keeps
+up: its publishing thread says, before each large file, whether it is
+behind (`set_backlogged`: capture/writer.py decides), and a writer that has fallen behind
+takes the page cache's throughput until it has caught up. `STEPSCOPE_DIRECT_IO=1` writes
+directly whatever the backlog, `0` never."""
 
 from __future__ import annotations
 
@@ -62,11 +65,37 @@ def _statfs_type(path: str) -> int | None:
     return ctypes.c_long.from_buffer(buffer).value & 0xFFFFFFFF
 
 
+_ALWAYS, _AUTO, _NEVER = "always", "auto", "never"
+_MODES = {"1": _ALWAYS, "on": _ALWAYS, "true": _ALWAYS, "yes": _ALWAYS, "auto": _AUTO, "": _AUTO,
+          "0": _NEVER, "off": _NEVER, "false": _NEVER, "no": _NEVER}  # fmt: skip
+
+
+def direct_io_mode() -> str:
+    """STEPSCOPE_DIRECT_IO read: "always", "auto" (the default) or "never"; an unknown
+    value is read as the default, with a warning."""
+    value = os.environ.get(DIRECT_IO_ENV, "auto").strip().lower()
+    mode = _MODES.get(value)
+    if mode is None:
+        logger.warning("stepscope: %s=%r is not 1, 0 or auto; auto is used", DIRECT_IO_ENV, value)
+        return _AUTO
+    return mode
+
+
 def direct_io_allowed(folder: str) -> bool:
-    """Whether files under `folder` are written with O_DIRECT (module docstring)."""
-    if not O_DIRECT or os.environ.get(DIRECT_IO_ENV, "0").strip().lower() not in ("1", "on", "true", "yes"):
+    """Whether large files under `folder` may be written with O_DIRECT (module docstring):
+    the switch is not off and the folder is on a file system where it is supported."""
+    if not O_DIRECT or direct_io_mode() == _NEVER:
         return False
     return _statfs_type(folder) in _FILE_SYSTEMS
+
+
+_backlog = threading.local()
+
+
+def set_backlogged(backlogged: bool) -> None:
+    """(On a writing thread, before a file.) Whether more is waiting to be written behind
+    it: then, under "auto", the file takes the page cache (throughput before CPU)."""
+    _backlog.on = backlogged
 
 
 _buffers = threading.local()
@@ -134,17 +163,21 @@ def write_direct(fd: int, views: Sequence[memoryview]) -> None:
 
 
 class DirectPolicy:
-    """Whether one folder's large files go around the page cache: decided at its first
-    large file (the folder may not exist before), turned off for good at a refusal."""
+    """Whether one folder's large files go around the page cache: the folder's file system
+    and the switch read at its first large file (the folder may not exist before), turned
+    off for good at a refusal; under "auto", not while the writing thread is backlogged."""
 
     def __init__(self, folder: str):
         self._folder = folder
         self._allowed: bool | None = None
+        self._always = False
 
     def allowed(self) -> bool:
+        """Whether the next large file of this thread goes around the page cache."""
         if self._allowed is None:
             self._allowed = direct_io_allowed(self._folder)
-        return self._allowed
+            self._always = direct_io_mode() == _ALWAYS
+        return self._allowed and (self._always or not getattr(_backlog, "on", False))
 
     def refused(self, exc: BaseException) -> None:
         if self._allowed:
