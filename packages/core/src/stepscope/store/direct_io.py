@@ -37,6 +37,8 @@ import sys
 import threading
 from collections.abc import Sequence
 
+import numpy as np
+
 logger = logging.getLogger("stepscope")
 
 DIRECT_IO_ENV = "STEPSCOPE_DIRECT_IO"
@@ -101,13 +103,15 @@ def set_backlogged(backlogged: bool) -> None:
 _buffers = threading.local()
 
 
-def _staging() -> memoryview:
-    """This thread's aligned staging buffer (anonymous memory is page aligned); kept for
-    the thread's life, so that each file's copy goes to pages already mapped."""
-    view = getattr(_buffers, "view", None)
-    if view is None:
-        view = _buffers.view = memoryview(mmap.mmap(-1, BUFFER_BYTES))
-    return view
+def _staging() -> tuple[memoryview, np.ndarray]:
+    """This thread's aligned staging buffer (anonymous memory is page aligned), as a view
+    to write from and an array to copy into; kept for the thread's life, so that each
+    file's copy goes to pages already mapped."""
+    staging = getattr(_buffers, "staging", None)
+    if staging is None:
+        memory = mmap.mmap(-1, BUFFER_BYTES)
+        staging = _buffers.staging = (memoryview(memory), np.frombuffer(memory, dtype=np.uint8))
+    return staging
 
 
 class DirectRefused(Exception):
@@ -141,15 +145,18 @@ def write_direct(fd: int, views: Sequence[memoryview]) -> None:
     copied through this thread's staging buffer, whole buffers written directly, the
     unaligned tail through the page cache. Raises DirectRefused when the file system
     refuses (the caller starts the file again without O_DIRECT)."""
-    staging = _staging()
+    staging, into = _staging()
     fill = 0
     direct = True
     for view in views:
-        while view.nbytes:
-            n = min(view.nbytes, BUFFER_BYTES - fill)
-            staging[fill : fill + n] = view[:n]
+        source = np.frombuffer(view, dtype=np.uint8)
+        while source.size:
+            n = min(source.size, BUFFER_BYTES - fill)
+            # numpy copies with the GIL released (a memoryview slice assignment holds it:
+            # 0.3 ms per 3.2 MB that the training thread would wait out).
+            np.copyto(into[fill : fill + n], source[:n])
             fill += n
-            view = view[n:]
+            source = source[n:]
             if fill == BUFFER_BYTES:
                 direct = _write_out(fd, staging, direct)
                 fill = 0
