@@ -28,14 +28,23 @@ YIELD_EVERY_S = 0.0002
 YIELD_PAUSE_S = 0.00005
 
 
+# A payload at least this large has its CRC computed with the GIL released (the crc32c
+# extension releases it from 32 KiB): the training thread has had its turn during it.
+GIL_RELEASED_FROM = 64 * 1024
+
+
 class _GilYield:
-    """Counts the time the calling thread has run Python since its last pause and pauses
-    once it passes the bound."""
+    """Counts the time the calling thread has held the GIL since it last let go of it (a
+    pause, or C work that releases it) and pauses once it passes the bound."""
 
     __slots__ = ("_every", "_since")
 
     def __init__(self, every_s: float) -> None:
         self._every = every_s
+        self._since = time.perf_counter()
+
+    def let_go(self) -> None:
+        """The GIL was just released by other work: no pause owed for the time before."""
         self._since = time.perf_counter()
 
     def __call__(self) -> None:
@@ -107,7 +116,10 @@ class StepFramer:
             payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
             parts.extend(framed)
             offset += length
-            pause()
+            if array.nbytes >= GIL_RELEASED_FROM:
+                pause.let_go()  # (a sleep here would only wake this thread once more per tensor)
+            else:
+                pause()
         index = {
             "meta": {"mode": mode.name, "mode_step": mode_step, "event_file_name": event_key},
             "tensor_payload": payload_index,
