@@ -254,11 +254,11 @@ def test_a_backlogged_writing_thread_takes_the_page_cache_unless_told_always(tmp
 
 
 def test_a_writer_that_falls_behind_writes_through_the_page_cache_until_it_catches_up(tmp_path, monkeypatch, direct_calls):
-    """Five large steps handed over while the store holds the first write: the writer is
-    behind and writes them through the page cache (the first may have been decided before
-    the rest came); a step handed over once it has caught up is written directly; every
-    step reads back."""
-    from stepscope.capture.writer import Writer
+    """Thirty 2 MB steps handed over while the store holds the first write: with more
+    than BACKLOG_BYTES behind them the first ones go through the page cache, the last
+    directly (little behind them: caught up); a step handed over later goes directly;
+    every step reads back."""
+    from stepscope.capture.writer import BACKLOG_BYTES, Writer
     from stepscope.trial import create_trial
 
     monkeypatch.delenv("STEPSCOPE_DIRECT_IO", raising=False)
@@ -273,16 +273,21 @@ def test_a_writer_that_falls_behind_writes_through_the_page_cache_until_it_catch
         return write_many(files, published)
 
     monkeypatch.setattr(writer.store, "write_many", held)
-    value = np.arange(600 * 512, dtype=np.float32).reshape(600, 512)  # 1.2 MB: a direct-sized event file per step
-    for step in range(5):
+    value = np.arange(1 << 19, dtype=np.float32)  # 2 MiB: a direct-sized event file per step
+    steps = 30
+    assert steps * value.nbytes > 1.5 * BACKLOG_BYTES
+    for step in range(steps):
         assert writer.write_step(step, "TRAIN", step, {"weights/w": value + step})
     gate.set()
-    assert writer.flush(30)
-    assert len(direct_calls) <= 1, direct_calls
-    burst = len(direct_calls)
-    assert writer.write_step(5, "TRAIN", 5, {"weights/w": value + 5})
+    assert writer.flush(60)
+    behind_then = steps - len(direct_calls)
+    # At least the steps with BACKLOG_BYTES behind them (the first may have been decided
+    # before the rest came).
+    assert behind_then >= steps - BACKLOG_BYTES // value.nbytes - 1, direct_calls
+    assert 1 <= len(direct_calls), "a caught-up writer writes directly"
+    assert writer.write_step(steps, "TRAIN", steps, {"weights/w": value + steps})
     assert writer.close()
-    assert len(direct_calls) == burst + 1
+    assert len(direct_calls) == steps - behind_then + 1
     trial = create_trial(str(tmp_path))
-    for step in range(6):
+    for step in range(steps + 1):
         np.testing.assert_array_equal(trial.tensor("weights/w").value(step), value + step)

@@ -52,6 +52,10 @@ _STATUS_WAIT_S = 5.0  # the most of close()'s bound kept for writing the status 
 # so that saving resumes within a few seconds of the store answering again.
 RETRY_FIRST_S = 0.25
 RETRY_MAX_S = 4.0
+# Bytes handed over and waiting behind a large job above which the writer counts as
+# behind (saves at every step of a small model wait 1-2 MB behind each other; a burst of
+# large saves waits hundreds of MB).
+BACKLOG_BYTES = 32 << 20
 _JOIN_BATCH_BELOW = 1 << 20  # bytes: a batch's event file up to this is written as one buffer
 
 __all__ = ["Writer", "Deferred", "PendingValue", "CLOSE_TIMEOUT_ENV", "DEFAULT_CLOSE_TIMEOUT_S", "close_timeout_from_env"]
@@ -178,7 +182,7 @@ class Writer(ClosedOnExit):
         self.health = WriterHealth(worker, self._cond)
         self._waited_s = 0.0  # publisher time spent waiting out outages (not work: kept out of busy_s)
         self._wake = threading.Event()  # ends a retry's back-off early: close() gave up
-        self._idled = True  # the publisher waited for work since its last large job
+        self._was_behind = False  # the publisher's last large job found the writer behind
         # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
         # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
         self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
@@ -408,11 +412,7 @@ class Writer(ClosedOnExit):
     def _publish_loop(self) -> None:
         """Second stage: publish files in the order jobs were handed over."""
         while True:
-            try:
-                item = self._framed.get_nowait()
-            except queue.Empty:
-                self._idled = True  # caught up: the next large file may go around the page cache
-                item = self._framed.get()
+            item = self._framed.get()
             if item is None:
                 return
             self._publish_item(*item)
@@ -424,13 +424,13 @@ class Writer(ClosedOnExit):
             return
         started, waited = time.perf_counter(), self._waited_s
         if job.nbytes >= DIRECT_FROM:
-            # The writer is behind when this large job was waiting for the publisher (no
-            # pause since the last large one: a burst, to its last job) or two more like it
-            # wait behind it (a burst's first). Then a local store takes the page cache's
-            # throughput over direct writes' CPU (store/direct_io.py).
-            behind = self._queued_bytes - job.nbytes >= 2 * job.nbytes
-            set_backlogged(behind or not self._idled)
-            self._idled = False
+            # The writer is behind when BACKLOG_BYTES (or another job like this one) wait
+            # behind this job; then a local store takes the page cache's throughput over
+            # direct writes' CPU (store/direct_io.py), for this job and the next (a burst's
+            # last job finds little behind it).
+            behind = self._queued_bytes - job.nbytes >= max(BACKLOG_BYTES, job.nbytes)
+            set_backlogged(behind or self._was_behind)
+            self._was_behind = behind
         if self._failsafe.enabled and not self._abandoned:
             if isinstance(job, _FileJob):
                 if self._failsafe.call(self._write, job.key, job.data):
