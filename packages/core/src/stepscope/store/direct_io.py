@@ -17,8 +17,8 @@ is written again the usual way: a file is never left half-written by this path.
 It trades the writer's throughput for CPU: a device takes fewer bytes a second than the
 page cache (16 MB saves: 1.3 GB/s against 3.5 GB/s here, bench/bench_writer.py), while the
 CPU it saves (0.8-1.6 ms against 1.4-2.3 ms per 3.2 MB save) counts where training uses
-every core (everything at every step on both cores here: 9.7 ms of CPU added per step
-against 16.4, 0.26 of smdebug's added time against 0.41). So by default
+every core (everything at every step on both cores here: 9.0-10.0 ms of CPU added per
+step against 16.4). So by default
 (`STEPSCOPE_DIRECT_IO=auto`) a file goes around the page cache only while the writer keeps
 up: its publishing thread says, before each large file, whether it is
 behind (`set_backlogged`: capture/writer.py decides), and a writer that has fallen behind
