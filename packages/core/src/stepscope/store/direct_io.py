@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import fcntl
 import logging
 import mmap
 import os
@@ -39,6 +38,11 @@ from collections.abc import Sequence
 
 import numpy as np
 
+try:
+    import fcntl
+except ImportError:  # pragma: no cover - Windows, which has no O_DIRECT either
+    fcntl = None  # type: ignore[assignment]
+
 logger = logging.getLogger("stepscope")
 
 DIRECT_IO_ENV = "STEPSCOPE_DIRECT_IO"
@@ -46,7 +50,7 @@ DIRECT_FROM = 1 << 20  # bytes: smaller files (indexes, scalar batches) stay in 
 ALIGN = 4096  # buffer address, file offset and length of each direct write: a page, which
 # covers the logical block size of every common device (512 or 4096)
 BUFFER_BYTES = 4 << 20  # the staging buffer per writing thread, a multiple of ALIGN
-O_DIRECT = getattr(os, "O_DIRECT", 0)
+O_DIRECT = getattr(os, "O_DIRECT", 0) if fcntl is not None else 0
 
 # statfs(2)'s f_type of the file systems where direct writes are supported and cheap.
 _FILE_SYSTEMS = {0xEF53: "ext2/3/4", 0x58465342: "xfs", 0x9123683E: "btrfs"}
@@ -120,6 +124,7 @@ class DirectRefused(Exception):
 
 def _plain(fd: int) -> None:
     """Turn O_DIRECT off on `fd` (for an unaligned tail, or after a short write)."""
+    assert fcntl is not None  # (O_DIRECT is 0 without it: no direct write was begun)
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~O_DIRECT)
 
 
