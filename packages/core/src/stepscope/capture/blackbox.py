@@ -113,7 +113,8 @@ class SavedValues:
     small tensors: losses, metrics, reductions) for the black box, and calls
     `on_non_finite` once, for the first saved step holding a NaN or an infinity (each
     float tensor of at most `max_checked` elements is checked by its sum, one pass without
-    a copy, and element by element only where the sum is not finite; larger raw tensors are left to the losses and reductions they feed)."""
+    a copy, and element by element only where the sum is not finite; larger raw tensors
+    are left to the losses and reductions they feed)."""
 
     def __init__(self, on_non_finite: Callable[[dict[str, Any]], None] | None = None, max_tensors: int = 64, small: int = 4096,
                  max_checked: int = 1 << 20):  # fmt: skip

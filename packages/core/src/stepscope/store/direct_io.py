@@ -5,8 +5,8 @@ page cache, each byte costs the writing thread a copy into freshly allocated cac
 (on virtual machines whose memory the host backs lazily, a fault on the host per page:
 3.2 MB cost 1-8 ms of CPU here), and later a kernel thread's time to write them back:
 CPU taken from training that uses every core. Written with O_DIRECT from one reused,
-aligned buffer, the same file costs a copy into memory already mapped (0.3-0.5 ms here,
-bench/bench_writer.py) while the device does the rest.
+aligned buffer, the same file costs a copy into memory already mapped while the device
+does the rest.
 
 Only where it is known to work and to be cheap: Linux, files of `DIRECT_FROM` bytes or
 more, and a folder on ext2/3/4, XFS or Btrfs (network and FUSE file systems turn direct
@@ -15,10 +15,11 @@ file system (EINVAL at the open or at a write) turns it off for that folder and 
 is written again the usual way: a file is never left half-written by this path.
 
 It trades the writer's throughput for CPU: a device takes fewer bytes a second than the
-page cache (16 MB saves: 1.3 GB/s against 3.5 GB/s here, bench/bench_writer.py), while the
-CPU it saves (0.8-1.6 ms against 1.4-2.3 ms per 3.2 MB save) counts where training uses
-every core (everything at every step on both cores here: 9.0-10.0 ms of CPU added per
-step against 16.4). So by default
+page cache (16 MB saves: 1.3 GB/s against 3.5 GB/s here, `STEPSCOPE_DIRECT_IO=1` and `=0
+python bench/bench_writer.py --quick`), while the CPU it saves (a whole 3.2 MB file: 0.9-1.6
+ms against 1.4-1.9 ms, the same bench's last line) counts where training uses every core
+(everything at every step on both cores here: 9.0-10.0 ms of CPU added per step against
+16.4, bench/bench_vs_smdebug.py). So by default
 (`STEPSCOPE_DIRECT_IO=auto`) a file goes around the page cache only while the writer keeps
 up: its publishing thread says, before each large file, whether it is
 behind (`set_backlogged`: capture/writer.py decides), and a writer that has fallen behind

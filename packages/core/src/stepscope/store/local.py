@@ -58,10 +58,11 @@ def _preallocate(fd: int, size: int) -> None:
 
 
 # The most one system call writes. On Linux 6.x with ext4 (large page-cache folios), one
-# write of 512 KiB or more costs 5-10x the CPU of the same bytes in 256 KiB writes (3.2 MB:
-# 10-30 ms against 1.5-3 ms here, bench/bench_writer.py): the page cache then allocates large
-# folios for it, and finding those costs more than the copy. A syscall per 256 KiB is
-# nothing next to the copy, on every file system.
+# large write costs several times the CPU of the same bytes in 256 KiB writes (3.2 MB in one
+# write: 5-30 ms against 1-3 ms here): the page cache then allocates large folios for it,
+# and finding those costs more than the copy. (On this VM a write also costs more once the
+# guest runs out of recently freed pages, whatever its size: see store/direct_io.py.) A
+# syscall per 256 KiB is nothing next to the copy, on every file system.
 WRITE_SLICE = 256 << 10
 
 
@@ -132,9 +133,9 @@ def _publish_in(folder_fd: int, name: str, parts: Sequence[bytes | memoryview], 
     """Publish file `name` in the folder `folder_fd` atomically: written whole under a
     temporary name, then renamed over `name`. A large file goes around the page cache
     where `direct` allows it (direct_io.py); refused, it is written again the usual way."""
-    if direct is not None and O_DIRECT:
+    if direct is not None and O_DIRECT and direct.allowed():
         large = large_views(parts)
-        if large is not None and direct.allowed():
+        if large is not None:
             views, size = large
 
             def write(fd: int) -> None:

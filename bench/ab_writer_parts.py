@@ -1,0 +1,136 @@
+"""Where a save's time goes with training on every core: in ONE process, blocks of the plain
+loop and of the hooked loop in two variants, A (as shipped) and B (one part of the writer
+changed or switched off), taken in a new random order each round, medians over the rounds.
+One process because this machine's plain loop runs at 1.3 or 2.1 ms per step from one
+process to the next; two variants of one hook because a part switched off can then be
+compared with itself switched on, between neighbouring blocks. Each hooked block ends when
+the writer has written it (its time counted in the block).
+
+    python bench/ab_writer_parts.py aa          # A against A: the resolution
+    python bench/ab_writer_parts.py capture     # B: steps captured, never handed to the writer
+    python bench/ab_writer_parts.py --every 1 capture
+
+Parts: `aa`, `capture` (B hands nothing to the writer: capture on the training thread
+alone), `listener` (B: no step listener, the black box's), `publish` (B: nothing published,
+framing kept), `events` (B: no event file written), `index` (B: no index file written),
+`direct` (B: no direct writes), `pauses` (B: the framer never pauses for the GIL).
+Weights + gradients of an MLP 256-512-512-10 every `--every` steps (default 10), SGD,
+`--threads` torch threads (default: every core), profiler side off."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import tempfile
+import time
+
+import torch
+from torch import nn
+
+from stepscope.config import ProfilerConfig, SaveConfig
+from stepscope_torch import Hook
+
+PARTS = ("aa", "capture", "listener", "publish", "events", "index", "direct", "pauses")
+BLOCK = 20
+
+
+def _skipping(write_many, skipped):
+    """`store.write_many` that reports the files `skipped` picks as published unwritten."""
+
+    def write(files, published=None):
+        if files and all(skipped(key) for key, _ in files):
+            for i in range(len(files)):
+                if published is not None:
+                    published(i)
+            return None
+        return write_many(files, published)
+
+    return write
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=PARTS)
+    parser.add_argument("--every", type=int, default=10, help="save interval (steps)")
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    parser.add_argument("--rounds", type=int, default=80)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as out:
+        hook = Hook(out, save_config=SaveConfig(save_interval=args.every), include_collections=["weights", "gradients"],
+                    profiler_config=ProfilerConfig.disabled())  # fmt: skip
+        writer = hook._runtime.writer
+        shipped = {"put": writer._put, "publish": writer._publish_step, "write_many": writer.store.write_many,
+                   "listeners": list(writer.step_listeners), "pause": writer._framer._yield_every_s}  # fmt: skip
+        writer.store._direct.allowed()  # (decided now, so that the variants can set it)
+        direct = writer.store._direct._allowed
+        changed = {
+            "capture": lambda: setattr(writer, "_put", lambda job, nbytes: True),
+            "listener": lambda: writer.step_listeners.clear(),
+            "publish": lambda: setattr(writer, "_publish_step", lambda job, parts, index: None),
+            "events": lambda: setattr(writer.store, "write_many", _skipping(shipped["write_many"], lambda key: key.endswith(".tfevents"))),
+            "index": lambda: setattr(writer.store, "write_many", _skipping(shipped["write_many"], lambda key: key.startswith("index/"))),
+            "direct": lambda: setattr(writer.store._direct, "_allowed", False),
+            "pauses": lambda: setattr(writer._framer, "_yield_every_s", float("inf")),
+        }
+
+        def as_shipped() -> None:
+            writer._put, writer._publish_step = shipped["put"], shipped["publish"]
+            writer.store.write_many = shipped["write_many"]
+            writer.step_listeners[:] = shipped["listeners"]
+            writer.store._direct._allowed = direct
+            writer._framer._yield_every_s = shipped["pause"]
+
+        def variant(name: str) -> None:
+            writer.flush()  # the other variant's writing is done before this one changes anything
+            as_shipped()
+            if name == "B" and args.part in changed:
+                changed[args.part]()
+
+        loops = {}
+        for name in ("plain", "hooked"):
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+            loss_fn = nn.CrossEntropyLoss()
+            if name == "hooked":
+                hook.register_module(model)
+                hook.register_loss(loss_fn)
+            loops[name] = (model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.01))
+        x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
+
+        def run(name: str, steps: int) -> float:
+            model, loss_fn, optimizer = loops[name]
+            start = time.perf_counter()
+            for _ in range(steps):
+                optimizer.zero_grad()
+                loss_fn(model(x), y).backward()
+                optimizer.step()
+            if name == "hooked":
+                writer.flush()
+            return (time.perf_counter() - start) / steps
+
+        for name in ("A", "B"):
+            variant(name)
+            run("hooked", 2 * BLOCK)
+        run("plain", 2 * BLOCK)
+        times: dict[str, list[float]] = {"plain": [], "A": [], "B": []}
+        order = random.Random(0)
+        for _ in range(args.rounds):
+            names = list(times)
+            order.shuffle(names)
+            for name in names:
+                if name != "plain":
+                    variant(name)
+                times[name].append(run("plain" if name == "plain" else "hooked", BLOCK))
+        as_shipped()
+        hook.close()
+    plain = statistics.median(times["plain"])
+    added = {name: statistics.median(times[name]) - plain for name in ("A", "B")}
+    print(f"{args.part}: every {args.every} steps, {args.threads} thread(s), {args.rounds} rounds of {BLOCK}-step blocks; plain {plain * 1e3:.3f} ms/step")
+    print(f"  added per step: A (as shipped) {added['A'] * 1e3:+.3f} ms, B ({args.part}) {added['B'] * 1e3:+.3f} ms; A - B {(added['A'] - added['B']) * 1e3:+.3f} ms")
+
+
+if __name__ == "__main__":
+    main()
