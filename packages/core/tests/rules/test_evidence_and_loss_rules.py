@@ -292,3 +292,40 @@ def test_slow_convergence_needs_a_material_fall(tmp_path):
     assert not run(SlowConvergence, write(tmp_path / "flat", flat)).fired
     creeping = 3.9 - np.linspace(0, 0.03, 240) + rng.normal(0, 1e-3, 240)  # 0.8 % over the run
     assert run(SlowConvergence, write(tmp_path / "creep", creeping)).fired
+
+
+def test_losses_that_turned_nan_are_named_not_asked_for_again(tmp_path):
+    # A run that saved 30 losses, 26 of them after the loss blew up (the demo's exploding
+    # job): the rules lack finite losses, not saved ones, and must say so instead of asking
+    # the user to save losses more often.
+    losses = [2.3, 2.2, 2.25, 2.1] + [float("nan")] * 20 + [float("inf")] * 6
+    path = write(tmp_path, losses)
+    for rule_class, needed in ((LossDivergence, 20), (ChanceLevelLoss, 30)):
+        report = run(rule_class, path)
+        assert report.status == "not enough data", report.summary()
+        assert report.summary() == f"not enough data (needs {needed} saved TRAIN losses, has 4; 26 more were NaN or infinite)"
+        assert report.to_save == "finite losses, not NaN/inf ones"
+        assert report.to_json()["evidence_needed"]["non_finite"] == 26
+    # With fewer saved than even the finite ones would need, saving more often is still the advice.
+    slow = run(SlowConvergence, path)
+    assert slow.status == "not enough data" and "26 more were NaN or infinite" in slow.summary()
+    assert slow.to_save == SlowConvergence.to_save
+    trend = run(LossNotDecreasing, path)
+    assert trend.status == "not enough data" and trend.to_save == "finite losses, not NaN/inf ones", trend.summary()
+    assert "has 4; 26 more were NaN or infinite" in trend.summary()
+
+
+def test_gradients_that_turned_nan_are_named_and_the_report_round_trips(tmp_path):
+    from stepscope.rules.report import RuleReport
+
+    def tensors(t):
+        scale = np.float32(1.0 if t < 2 else np.nan)
+        return {"gradient/fc1.weight": np.full((4, 4), scale, np.float32), "gradient/fc2.weight": np.full((4,), scale, np.float32)}
+
+    report = run(VanishingGradient, write(tmp_path, [1.0] * 8, tensors=tensors))
+    assert report.status == "not enough data" and report.available == 2 and report.non_finite == 6, report.summary()
+    assert report.summary().endswith("has 2; 6 more were NaN or infinite)")
+    assert report.to_save == "finite gradients, not NaN/inf ones"
+    assert judged_line([report]) == "0 of 1 rule(s) could judge; for the others save: finite gradients, not NaN/inf ones (VanishingGradient)"
+    back = RuleReport.from_json(json.loads(json.dumps(report.to_json())))
+    assert back.non_finite == 6 and back.summary() == report.summary() and back.to_save == report.to_save

@@ -127,6 +127,9 @@ class LossNotDecreasing(_LossRule):
         # Every finite loss seen, (global step, loss), for the end-of-run judgement of runs
         # too short for `min_windows` windows of `window` values.
         self._series: dict[tuple[ModeKeys, str], list[tuple[int, float]]] = {}
+        # NaN/inf losses seen, per (mode, name): ExplodingTensor's finding, and the reason a
+        # run that saved enough losses can still leave this rule without enough to judge.
+        self._non_finite: dict[tuple[ModeKeys, str], int] = {}
         self._compared = 0
         self._skip: bool | None = None
 
@@ -158,7 +161,7 @@ class LossNotDecreasing(_LossRule):
         if undecided and not self.report.violations:
             self.need(p.window * p.min_windows, undecided, unit)
             return
-        self.need(MIN_WINDOW * p.min_windows, most, unit)
+        self.need(MIN_WINDOW * p.min_windows, most, unit, non_finite=max(self._non_finite.values(), default=0), finite_what="losses")
 
     def _judge_short(self, mode: ModeKeys, name: str, series: list[tuple[int, float]]) -> bool | None:
         """A short run's one test: the median of its first sixth of losses against the
@@ -231,6 +234,7 @@ class LossNotDecreasing(_LossRule):
 
     def _trend(self, step: int, mode: ModeKeys, mode_step: int, name: str, loss: float) -> bool:
         if not np.isfinite(loss):
+            self._non_finite[(mode, name)] = self._non_finite.get((mode, name), 0) + 1
             return False  # ExplodingTensor reports NaN/inf losses
         windows = self._windows.setdefault((mode, name), _Windows(self.params.window))
         self._series.setdefault((mode, name), []).append((step, loss))
@@ -439,6 +443,7 @@ class _LossSeriesRule(_LossRule):
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
         self._series: dict[tuple[ModeKeys, str], list[tuple[int, float]]] = {}
+        self._non_finite: dict[str, int] = {}  # NaN/inf TRAIN losses per name (see _need_losses)
 
     def _adversarial(self) -> bool:
         return sum(1 for scope in self.trial.scopes() if scope.kind == "optimizer") >= 2
@@ -454,6 +459,8 @@ class _LossSeriesRule(_LossRule):
                 series = self._series.setdefault((mode, name), [])
                 series.append((step, loss))
                 fired = self._on_value(step, mode, name, series) or fired
+            elif loss is not None and mode == ModeKeys.TRAIN:
+                self._non_finite[name] = self._non_finite.get(name, 0) + 1
         return fired
 
     def _on_value(self, step: int, mode: ModeKeys, name: str, series: list[tuple[int, float]]) -> bool:
@@ -464,6 +471,12 @@ class _LossSeriesRule(_LossRule):
 
     def _longest(self) -> int:
         return max((len(v) for v in self._train_series().values()), default=0)
+
+    def _need_losses(self, needed: int) -> None:
+        """`need` in saved TRAIN losses: the longest finite series, and the NaN/inf losses
+        that would have made it long enough (a run whose loss blew up saved them: the
+        summaries then ask for finite losses, not for saving more often)."""
+        self.need(needed, self._longest(), "saved TRAIN losses", non_finite=max(self._non_finite.values(), default=0), finite_what="losses")
 
 
 def _robust(values: list[float] | np.ndarray) -> tuple[float, float]:
@@ -538,7 +551,7 @@ class LossDivergence(_LossSeriesRule):
         if self._skip:
             self.no_data("not judged: the job declares several optimizers (adversarial losses rise by design)")
             return
-        self.need(self.params.start_points + self.params.window, self._longest(), "saved TRAIN losses")
+        self._need_losses(self.params.start_points + self.params.window)
 
 
 @dataclass(frozen=True)
@@ -624,11 +637,11 @@ class ChanceLevelLoss(_LossSeriesRule):
                     tensor=name, value=best, threshold=bound, num_classes=k, chance=chance, training_loss=median,
                 )
         if judged:
-            self.need(p.min_points, self._longest(), "saved TRAIN losses")
+            self._need_losses(p.min_points)
         elif self._longest() >= p.min_points:
             self.no_data("no classifier loss to judge (no loss starts at ln K for K classes; give num_classes)")
         else:
-            self.need(p.min_points, self._longest(), "saved TRAIN losses")
+            self._need_losses(p.min_points)
 
     def _phase_means(self, name: str) -> list[tuple[int, float]]:
         """(last global step, mean) of each evaluation phase of loss `name`: EVAL values
@@ -697,7 +710,7 @@ class SlowConvergence(_LossSeriesRule):
                     f"still falling ({slope:.3g} per window of {size}): training converges slowly",
                     tensor=name, value=100 * decrease, threshold=p.min_decrease_percent, slope=slope,
                 )
-        self.need(MIN_WINDOW * p.windows, self._longest(), "saved TRAIN losses")
+        self._need_losses(MIN_WINDOW * p.windows)
 
 
 # --- Overtraining --------------------------------------------------------------------------

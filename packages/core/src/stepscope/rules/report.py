@@ -155,6 +155,10 @@ class RuleReport:
     available: int | None = None
     evidence_unit: str = ""
     to_save: str = ""
+    # Values of that kind the job saved but the rule could not use: NaN or infinite (a loss
+    # that blew up). Where they made the shortfall, saving more often would not help, and
+    # `to_save` says so (`need`).
+    non_finite: int = 0
     # A report read back from its JSON (from_json) keeps the status and summary it was
     # saved with, whatever version of stepscope wrote it.
     saved_status: str | None = field(default=None, repr=False)
@@ -193,11 +197,16 @@ class RuleReport:
         evidence it needs ("ok"). "no data", "not enough data" and "error" could not."""
         return self.status in JUDGED
 
-    def need(self, needed: int, available: int, unit: str, to_save: str = "") -> None:
-        """State the evidence the rule needs (`needed` `unit`) and what the job gave it."""
+    def need(self, needed: int, available: int, unit: str, to_save: str = "", *, non_finite: int = 0, finite_what: str = "values") -> None:
+        """State the evidence the rule needs (`needed` `unit`) and what the job gave it;
+        `non_finite`: how many more it saved that were NaN or infinite. When those would
+        have been enough, what to save is `finite_what` that stay finite, not more of them."""
         self.needed, self.available, self.evidence_unit = int(needed), int(available), unit
+        self.non_finite = int(non_finite)
         if to_save:
             self.to_save = to_save
+        if self.available < self.needed <= self.available + self.non_finite:
+            self.to_save = f"finite {finite_what}, not NaN/inf ones"
 
     def add(self, evidence: Evidence) -> None:
         """Record one violation (kept up to MAX_EVIDENCE items; the count keeps going)."""
@@ -224,18 +233,21 @@ class RuleReport:
         if status == "error":
             return self.errors[0]
         if status == "not enough data":
-            return f"not enough data (needs {self.needed} {self.evidence_unit}, has {self.available})"
+            return f"not enough data (needs {self.needed} {self.evidence_unit}, has {self.available}{self._non_finite_note()})"
         if status == "no data":
             if self.no_data_reason:
                 return self.no_data_reason
             if self.needed is not None:
-                return f"no data (needs {self.needed} {self.evidence_unit}, has 0)"
+                return f"no data (needs {self.needed} {self.evidence_unit}, has 0{self._non_finite_note()})"
             if self.kind == "tensor" and not self.steps_evaluated:
                 return "no steps to evaluate"
             return "no matching tensors were saved" if self.kind == "tensor" else "no data"
         if self.kind == "job":
             return f"ok over {self.datapoints} datapoint(s)"
         return f"ok over {self.steps_evaluated} step(s)"
+
+    def _non_finite_note(self) -> str:
+        return f"; {self.non_finite} more were NaN or infinite" if self.non_finite else ""
 
     def to_json(self) -> dict[str, Any]:
         return jsonable(
@@ -251,10 +263,14 @@ class RuleReport:
         )
 
     def evidence_json(self) -> dict[str, Any] | None:
-        """{"needed", "available", "unit", "to_save"} where the rule stated its evidence."""
+        """{"needed", "available", "unit", "to_save"} where the rule stated its evidence, with
+        "non_finite" where some of it was NaN or infinite."""
         if self.needed is None:
             return {"to_save": self.to_save} if self.to_save else None
-        return {"needed": self.needed, "available": self.available, "unit": self.evidence_unit, "to_save": self.to_save}
+        body = {"needed": self.needed, "available": self.available, "unit": self.evidence_unit, "to_save": self.to_save}
+        if self.non_finite:
+            body["non_finite"] = self.non_finite
+        return body
 
     @classmethod
     def from_json(cls, body: Any) -> RuleReport:
@@ -299,6 +315,7 @@ class RuleReport:
             available=_int_or_none(needed.get("available")),
             evidence_unit=str(needed.get("unit") or ""),
             to_save=str(needed.get("to_save") or body.get("to_save") or ""),
+            non_finite=_int_or_none(needed.get("non_finite")) or 0,
             saved_status=status,
         )
         summary = body.get("summary")

@@ -150,6 +150,7 @@ class VanishingGradient(Rule):
         self._groups: ScopeMap | None = None
         self._below: dict[str, int] = {}  # saved steps in a row below the threshold
         self._judged_steps = 0
+        self._non_finite_steps = 0  # TRAIN steps whose saved gradients were all NaN/inf
         self._weight_steps: dict[str, list[int]] = {}
 
     def _gradients(self) -> list[str]:
@@ -185,13 +186,17 @@ class VanishingGradient(Rule):
         if self.mode_of(step)[0] not in TRAINING_MODES:
             return False
         by_scope: dict[str, dict[str, float]] = {}
+        non_finite = False
         for name in self._gradients():
             if p.skip_kinds and self._kind(name, step) in p.skip_kinds:
                 continue
             abs_mean = self.reduction(name, step, "mean", abs=True)
             if abs_mean is not None and np.isfinite(abs_mean):
                 by_scope.setdefault(self._group(name), {})[name] = abs_mean
+            elif abs_mean is not None:
+                non_finite = True
         if not by_scope:
+            self._non_finite_steps += non_finite
             return False
         self._judged_steps += 1
         for scope, judged in by_scope.items():
@@ -252,7 +257,7 @@ class VanishingGradient(Rule):
         return None if ratio is None else ratio / (step - previous)
 
     def finish(self) -> None:
-        self.need(self.params.patience, self._judged_steps, "saved TRAIN steps with gradients")
+        self.need(self.params.patience, self._judged_steps, "saved TRAIN steps with gradients", non_finite=self._non_finite_steps, finite_what="gradients")
 
 
 # --- ExplodingTensor -----------------------------------------------------------------------
