@@ -6,6 +6,8 @@ not judge wears a badge unlike "ok". Screenshots land in artifacts/ui/."""
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 
@@ -165,3 +167,25 @@ def test_a_chart_of_many_series_names_the_top_eight_in_a_legend_below_the_plot(s
     area = _rect(plot.find_element("css selector", ".u-over"))
     assert not _overlap(area, _rect(plot.find_element("css selector", ".u-legend")))
     screenshot(driver, "23-capped-legend")
+
+
+@pytest.mark.parametrize(("samples", "decimals"), [(1, 1), (2, 1), (20, 0)])
+def test_a_time_axis_spans_its_samples_with_ticks_that_tell_apart(served, samples, decimals):
+    # One system sample (a short job) drew its point at the left edge of an axis years long
+    # with every tick reading 00:00:00; two samples 0.5 s apart had six ticks reading the
+    # same second. The axis now spans the samples (one: a second either side) and its ticks
+    # carry the decimals that tell them apart.
+    server, driver, root = served
+    name = f"sampled-{samples}"
+    write_profiler_job(root / "team-a" / name, steps=4, samples=samples)
+    driver.get(f"{server.url}/jobs/team-a/{name}#dashboard")
+    chart = wait_for(lambda: (c := _chart(driver, "system:algo-1")) and c.get("xTicks") and c.get("xRange") and c, what="drawn system chart")
+    first, last = chart["x"][0], chart["x"][-1]
+    low, high = chart["xRange"]
+    assert low <= first and last <= high and high - low <= max(2.0, 1.5 * (last - first)), (chart["xRange"], chart["x"])
+    ticks = [t for t in chart["xTicks"] if t]
+    assert len(ticks) >= 2 and len(set(ticks)) == len(ticks), ticks
+    assert all(len(t) == (8 if not decimals else 9 + decimals) for t in ticks), ticks
+    start = time.strftime("%H:%M", time.gmtime(first))
+    assert all(t.startswith(start) or t.startswith(time.strftime("%H:%M", time.gmtime(last))) for t in ticks), (ticks, start)
+    screenshot(driver, f"system-chart-{samples}-samples")

@@ -17,8 +17,15 @@ function follow(container, chart, height) {
   return chart;
 }
 
-// Wall-clock ticks as HH:MM:SS (UTC), spaced so that two labels never touch.
-const clockTicks = (u, splits) => splits.map((v) => (v === null ? '' : new Date(v * 1000).toISOString().slice(11, 19)));
+// Wall-clock ticks as HH:MM:SS (UTC), spaced so that two labels never touch; with ticks
+// under a second apart (a job with two samples half a second apart) the tenths, hundredths
+// or milliseconds that tell them apart, not six labels reading the same second.
+function clockTicks(u, splits) {
+  let step = Infinity;
+  for (let i = 1; i < splits.length; i++) if (splits[i] !== null && splits[i - 1] !== null) step = Math.min(step, Math.abs(splits[i] - splits[i - 1]));
+  const decimals = step >= 0.999 ? 0 : step >= 0.0999 ? 1 : step >= 0.00999 ? 2 : 3;  // (splits carry float error: 0.0999...)
+  return splits.map((v) => (v === null ? '' : new Date(v * 1000).toISOString().slice(11, decimals ? 20 + decimals : 19)));
+}
 
 // Steps are whole numbers: no tick at step 1.5.
 const STEP_INCRS = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7];
@@ -54,7 +61,9 @@ export function topSeries(series, n, keep = []) {
 
 export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', xTime = false, points = null, logY = false, height = 220, named = null, marks = [] }) {
   const names = Object.keys(series);
-  exposeChart(id, { x, series, points, logY, named });
+  // What the chart shows, for tests: its data, and once drawn its x range and time ticks.
+  const exposed = { x, series, points, logY, named };
+  exposeChart(id, exposed);
   const data = [x, ...names.map((n) => series[n])];
   const shown = named ? new Set(named) : null;
   let colour = 0;
@@ -65,12 +74,18 @@ export function lineChart(container, id, { x, series, xLabel = '', yLabel = '', 
   const opts = {
     width: width(container), height,
     scales: { x: { time: xTime }, y: logY ? { distr: 3 } : {} },
-    axes: [xTime ? { label: xLabel || 'time (UTC)', space: 90, values: clockTicks } : x.every(Number.isInteger) ? { label: xLabel, incrs: STEP_INCRS } : { label: xLabel }, logY ? { label: yLabel, size: 60, values: logTicks } : { label: yLabel, size: 60 }],
+    axes: [xTime ? { label: xLabel || 'time (UTC)', space: 90, values: (u, splits) => (exposed.xTicks = clockTicks(u, splits)) } : x.every(Number.isInteger) ? { label: xLabel, incrs: STEP_INCRS } : { label: xLabel }, logY ? { label: yLabel, size: 60, values: logTicks } : { label: yLabel, size: 60 }],
     series: [{ label: xLabel || (xTime ? 'time' : 'x'), value: xTime ? (u, v) => (v === null ? '-' : new Date(v * 1000).toISOString().slice(11, 23)) : undefined }, ...names.map(line)],
   };
-  if (x.length === 1) opts.scales.x = { time: xTime, range: (u, lo, hi) => [lo - 1, hi + 1] };  // one sample: a point in the middle, not an empty axis
+  // One sample: a point in the middle, not an empty axis. (The range is built from the one
+  // value: for a time scale uPlot passes a max 8.64e7 s past it, and the axis spanned years
+  // with the point at its left edge and every tick at midnight.)
+  if (x.length === 1) opts.scales.x = { time: xTime, range: (u, lo) => [lo - 1, lo + 1] };
+  // Room on the right for the last time tick, centred on the plot's edge (HH:MM:SS.ss).
+  if (xTime) opts.padding = [null, 40, null, null];
+  opts.hooks = { ready: [(u) => { exposed.xRange = [u.scales.x.min, u.scales.x.max]; }] };
   // Vertical dashed lines at the x values of `marks` (step starts, say).
-  if (marks.length) opts.hooks = { draw: [(u) => drawMarks(u, marks)] };
+  if (marks.length) opts.hooks.draw = [(u) => drawMarks(u, marks)];
   if (points) {
     data.push(points.y);
     opts.series.push({ label: points.label, stroke: '#dc2626', fill: '#dc2626', width: 0, paths: () => null, points: { show: true, size: 8, fill: '#dc2626' } });
