@@ -32,6 +32,21 @@ def test_a_tensor_only_job(tmp_path, write_job):
     assert ("weights", 1) == saved.rows[[r[0] for r in saved.rows].index("weights")][:2]
 
 
+def test_a_loss_that_blew_up_is_captioned_with_its_values_not_drawn(tmp_path):
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
+    from stepscope.modes import ModeKeys
+    from stepscope.report.model import Figure
+
+    with Writer(str(tmp_path / "job")) as writer:
+        writer.write_collections(CollectionManager(builtin_regexes={"losses": ["loss"]}).dumps(1))
+        for step, loss in enumerate([1.5, 2.0e6, float("inf"), float("nan"), 3.0]):
+            writer.write_step(step, ModeKeys.TRAIN, step, {"loss": np.float32(loss)})
+    report = build_report(str(tmp_path / "job"), rules="none")
+    figure = next(b for b in report.section("health").blocks if isinstance(b, Figure) and b.key == "curve-loss")
+    assert figure.caption.endswith("; 2 NaN or infinite value(s) not drawn, the first at global step 2"), figure.caption
+
+
 def test_cost_section_shows_what_the_hooks_measured(tmp_path, write_job):
     _, writer = write_job(str(tmp_path / "job"), steps=3, eval_steps=0)
     meter = CostMeter("worker_0", {"torch": "2.x"})

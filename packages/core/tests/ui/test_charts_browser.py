@@ -189,3 +189,19 @@ def test_a_time_axis_spans_its_samples_with_ticks_that_tell_apart(served, sample
     start = time.strftime("%H:%M", time.gmtime(first))
     assert all(t.startswith(start) or t.startswith(time.strftime("%H:%M", time.gmtime(last))) for t in ticks), (ticks, start)
     screenshot(driver, f"system-chart-{samples}-samples")
+
+
+def test_a_loss_that_blew_up_says_how_many_values_are_not_drawn(served):
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
+    from stepscope.modes import ModeKeys
+
+    server, driver, root = served
+    with Writer(str(root / "team-a" / "blown")) as writer:
+        writer.write_collections(CollectionManager(builtin_regexes={"losses": ["loss"]}).dumps(1))
+        for step, loss in enumerate([1.5, 2.0e6, float("inf"), float("nan"), float("nan")]):
+            writer.write_step(step, ModeKeys.TRAIN, step, {"loss": np.float32(loss)})
+    driver.get(f"{server.url}/jobs/team-a/blown#health")
+    note = wait_for(lambda: driver.find_elements("css selector", ".non-finite-note"), what="the NaN/inf note")[0]
+    assert note.text == "3 values not drawn (2 NaN, 1 infinite), the first at global step 2"
+    screenshot(driver, "health-loss-blew-up")

@@ -255,6 +255,25 @@ def test_health_on_a_tensor_job(app, store_root, write_job):
     assert client.get("/api/jobs/team-a/tensors/tensor-histograms?tensor=nope").get_json()["error"] == "no such tensor"
 
 
+def test_health_counts_the_losses_that_turned_nan_or_infinite(app, store_root):
+    # A loss that blew up: the chart ends at its last finite value, and the curve says how
+    # many values it cannot draw and from which step (the page's note under the chart).
+    from stepscope.capture.collection_manager import CollectionManager
+    from stepscope.capture.writer import Writer
+    from stepscope.modes import ModeKeys
+
+    losses = [1.5, 7.0e6, float("inf"), float("nan"), float("nan"), float("-inf")]
+    with Writer(str(store_root / "team-a" / "blown")) as writer:
+        writer.write_collections(CollectionManager(builtin_regexes={"losses": ["loss"]}).dumps(1))
+        for step, loss in enumerate(losses):
+            writer.write_step(step, ModeKeys.TRAIN, step, {"loss": np.float32(loss)})
+    client = app.test_client()
+    login(client, "alice")
+    curve = client.get("/api/jobs/team-a/blown/health").get_json()["curves"][0]
+    assert curve["steps"] == list(range(6)) and curve["values"][:2] == [1.5, 7.0e6] and curve["values"][2:] == [None] * 4
+    assert curve["non_finite"] == {"nan": 2, "inf": 2, "first_step": 2}
+
+
 def test_s3_store_lists_and_opens_jobs(s3_url, user_db, tmp_path):
     """The same app over an s3:// prefix on the loopback S3 server."""
     import boto3

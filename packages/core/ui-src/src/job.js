@@ -138,6 +138,13 @@ async function flaggedTensors(base) {
   } catch { return []; }
 }
 
+// Under a loss or metric chart whose values turned NaN or infinite: how many, and from
+// which step (the line ends there; ExplodingTensor's finding says why).
+function nonFiniteNote({ nan, inf, first_step: first }) {
+  const kinds = [nan ? `${nan} NaN` : '', inf ? `${inf} infinite` : ''].filter(Boolean).join(', ');
+  return `${nan + inf} value${nan + inf === 1 ? '' : 's'} not drawn (${kinds}), the first at global step ${first}`;
+}
+
 export async function healthView(root, job) {
   const base = `/api/jobs/${jobPath(job)}`;
   const h = await api(`${base}/health`);
@@ -150,6 +157,7 @@ export async function healthView(root, job) {
       const box = el('div', { class: 'chart' });
       wrap.append(section(`${tensor} (${c.mode})`, `curve-${tensor}-${c.mode}`, box));
       lineChart(box, `curve:${tensor}:${c.mode}`, { x: c.steps, series: { [tensor]: c.values }, xLabel: `global step (${c.mode} steps)` });
+      if (c.non_finite) box.append(el('p', { class: 'muted non-finite-note' }, nonFiniteNote(c.non_finite)));
     }
   }
   if (!h.curves.length) wrap.append(section('Loss and metrics', 'curves', el('p', { class: 'muted' }, 'no losses or metrics saved')));

@@ -8,6 +8,8 @@ cheap listing, and a running job is recomputed only when something new has lande
 
 from __future__ import annotations
 
+import math
+
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -336,7 +338,13 @@ def _training_health(trial: Any) -> dict[str, Any]:
             values = trial.read_many([(name, s, None, None) for s in steps])
             kept = [(s, float(np.asarray(v).reshape(-1)[0])) for s, v in zip(steps, values) if v is not None and np.asarray(v).size == 1]
             if kept:
-                curves.append({"tensor": name, "mode": mode, "steps": [s for s, _ in kept], "values": _floats(np.array([v for _, v in kept]))})
+                curve = {"tensor": name, "mode": mode, "steps": [s for s, _ in kept], "values": _floats(np.array([v for _, v in kept]))}
+                # NaN/inf values have no place on the chart (it ends where the loss blew up):
+                # counted, with the first step, for the note under it.
+                bad = [(s, v) for s, v in kept if not math.isfinite(v)]
+                if bad:
+                    curve["non_finite"] = {"nan": sum(1 for _, v in bad if v != v), "inf": sum(1 for _, v in bad if v == v), "first_step": bad[0][0]}
+                curves.append(curve)
     gradients = [n for n in _collection_names(trial, "gradients") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
     raw = [n for n in trial.tensor_names() if not n.startswith("smdebug/")]
     return {"curves": curves, "gradient_norms": _norm_heatmap(trial, gradients), "update_ratios": _update_ratios(trial),

@@ -3,6 +3,8 @@ ratios, activation findings; the steps where rules fired are marked on the curve
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from ... import health
@@ -55,7 +57,11 @@ def _curves(ctx: ReportContext, section: Section) -> None:
             continue
         for mode, (steps, values) in series.items():
             rows.append((name, mode, len(values), steps[0], values[0], steps[-1], values[-1]))
-        section.add(Figure(line_chart(series, xlabel="global step", ylabel=name, marks=marks), caption=f"{name} per mode" + (" (dashed: steps where rules fired)" if marks else ""), key=f"curve-{name}"))
+        # NaN/inf values are not drawn (the line ends where the loss blew up): say so.
+        bad = sorted(step for steps, values in series.values() for step, value in zip(steps, values) if not math.isfinite(value))
+        not_drawn = f"; {len(bad)} NaN or infinite value(s) not drawn, the first at global step {bad[0]}" if bad else ""
+        caption = f"{name} per mode" + (" (dashed: steps where rules fired)" if marks else "") + not_drawn
+        section.add(Figure(line_chart(series, xlabel="global step", ylabel=name, marks=marks), caption=caption, key=f"curve-{name}"))
     section.add(Table(("tensor", "mode", "points", "first global step", "first value", "last global step", "last value"), tuple(rows), caption="Loss and metric values", key="curves"))
 
 
