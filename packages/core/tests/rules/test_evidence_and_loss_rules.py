@@ -329,3 +329,40 @@ def test_gradients_that_turned_nan_are_named_and_the_report_round_trips(tmp_path
     assert judged_line([report]) == "0 of 1 rule(s) could judge; for the others save: finite gradients, not NaN/inf ones (VanishingGradient)"
     back = RuleReport.from_json(json.loads(json.dumps(report.to_json())))
     assert back.non_finite == 6 and back.summary() == report.summary() and back.to_save == report.to_save
+
+
+# pytorch/examples' time_sequence_prediction (LSTM, LBFGS, one saved loss per optimizer
+# step) as it ran here on torch 2.13: 16 saved losses, the loss 6.9e-05 at step 4 and
+# 8.1e+22 at step 5. Too short for LossDivergence's windows (20), it said "not enough data".
+LBFGS_BLEW_UP = [1.54e-03, 3.23e-04, 1.69e-04, 1.08e-04, 6.91e-05, 8.14e22, 3.25e25, 1.57e25, 9.36e23, 8.39e27,
+                 3.08e26, 4.39e26, 3.64e27, 2.42e28, 1.87e26, 5.97e25]
+
+
+def test_a_short_run_whose_loss_blows_up_is_judged_diverging(tmp_path):
+    report = run(LossDivergence, write(tmp_path / "lbfgs", LBFGS_BLEW_UP, loss_name="MSELoss_output_0"))
+    assert report.status == "fired" and report.violations == 1, report.summary()
+    evidence = report.evidence[0]
+    head, tail = LBFGS_BLEW_UP[:5], LBFGS_BLEW_UP[-5:]
+    assert evidence.step == 15 and evidence.value == pytest.approx(float(np.median(np.float32(tail))), rel=1e-6)
+    assert evidence.data["start"] == pytest.approx(float(np.median(np.float32(head))), rel=1e-6)
+    assert "its last 5 saved" in evidence.message and "the loss diverges" in evidence.message
+
+
+@pytest.mark.parametrize(
+    "losses",
+    [
+        [2.3, 2.1, 2.2, 1.9, 1.7, 1.8, 1.5, 1.6, 1.4, 1.2, 1.3, 1.1],  # healthy, falling
+        [0.5, 0.6, 0.4, 1.5, 2.0, 2.2, 2.1, 2.4, 1.9],  # rose 4x: short of 10x, left to the windows
+        [1e-3, 2e-3, 1e-3, 5e-2, 3e-2, 4e-2, 8e-2, 1.5e-3, 6e-2],  # 40x, but one late loss sits among the early ones
+        [1.0, 1e6, 1e7, 1e8, 1e9],  # five: under the six a short run needs
+    ],
+)
+def test_a_short_run_without_an_unmistakable_rise_is_not_enough_data(tmp_path, losses):
+    report = run(LossDivergence, write(tmp_path / "short", losses))
+    assert report.status == "not enough data" and not report.violations, report.summary()
+
+
+def test_a_short_adversarial_run_is_not_judged(tmp_path):
+    scopes = (Scope("opt_g", "optimizer", ("g.weight",)), Scope("opt_d", "optimizer", ("d.weight",)))
+    report = run(LossDivergence, write(tmp_path / "gan", LBFGS_BLEW_UP, scopes=scopes))
+    assert report.status == "no data" and "several optimizers" in report.summary()
