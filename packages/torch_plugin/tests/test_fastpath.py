@@ -105,6 +105,10 @@ def train_through_every_case(hook: Hook, mlp, batches, with_optimizer: bool = Tr
                 seen.append((hook.global_step, hook.mode))
                 hook.set_mode(None)
             model.train()
+        if i == 25:
+            with torch.no_grad():  # a forward without autograd in training mode: an EVAL step
+                model(data[2][0])
+            seen.append((hook.global_step, hook.mode))
         if i == 30 and with_optimizer:
             optimizer.step()  # without a forward: a step of its own
             seen.append((hook.global_step, hook.mode))

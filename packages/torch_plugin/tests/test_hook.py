@@ -144,6 +144,46 @@ def test_eval_and_predict_steps_count_top_level_forwards(make_hook, mlp, batches
     assert len(eval_losses) == 3
 
 
+@pytest.mark.parametrize("register_optimizer", [True, False], ids=["optimizer-driven", "forward-driven"])
+def test_a_forward_without_autograd_in_training_mode_is_an_eval_step(make_hook, mlp, batches, out_dir, register_optimizer):
+    # pytorch/examples' time_sequence_prediction predicts under torch.no_grad() between
+    # optimizer steps without model.eval(); a validation loop that forgets eval() does the
+    # same. Such a forward trains nothing: an EVAL step whose loss is an EVAL loss, not a
+    # TRAIN step that no update follows (the example's last prediction was a 16th TRAIN step
+    # whose "training loss" was the test loss). Inside an open TRAIN step (targets computed
+    # before the update) it stays a forward of that step.
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["gradients"])
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if register_optimizer:
+        hook.register_optimizer(optimizer)
+    train_losses, eval_losses = [], []
+    for x, y in batches(3):
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        train_losses.append(loss.item())
+        loss.backward()
+        if register_optimizer:
+            with torch.no_grad():  # inside the TRAIN step the update closes: a forward of it
+                model(x)
+        optimizer.step()
+        with torch.no_grad():  # training mode, no autograd: an evaluation
+            eval_losses.append(loss_fn(model(x), y).item())
+    with torch.inference_mode():
+        model(batches(1, seed=5)[0][0])
+    assert (hook.global_step, hook.mode, hook.mode_step(ModeKeys.TRAIN), hook.mode_step(ModeKeys.EVAL)) == (6, ModeKeys.EVAL, 3, 4)  # the open step's number
+    hook.close()
+
+    trial = stepscope.create_trial(out_dir)
+    assert [trial.mode_of(s) for s in trial.steps()] == [(m, i) for i in range(3) for m in (ModeKeys.TRAIN, ModeKeys.EVAL)]
+    loss = trial.tensor("CrossEntropyLoss_output_0")
+    assert [float(loss.value(s, mode=ModeKeys.TRAIN)) for s in range(3)] == pytest.approx(train_losses, rel=1e-6)
+    assert [float(loss.value(s, mode=ModeKeys.EVAL)) for s in range(3)] == pytest.approx(eval_losses, rel=1e-6)
+    assert trial.tensor("gradient/fc1.weight").steps(mode=ModeKeys.TRAIN) == [0, 1, 2]
+
+
 def test_eval_losses_saved_from_the_registered_loss_module(make_hook, mlp, batches, out_dir):
     hook = make_hook(save_config=SaveConfig(save_interval=1))
     model, loss_fn = mlp(), nn.MSELoss()

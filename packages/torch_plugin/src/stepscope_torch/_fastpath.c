@@ -81,7 +81,7 @@ typedef struct {
 } ModeTable;
 
 static PyTypeObject CountersType, ModeTableType, DrivenForwardType, BoundForwardType;
-static PyObject *str_training, *str_fail, *perf_counter_ns, *perf_counter;
+static PyObject *str_training, *str_fail, *perf_counter_ns, *perf_counter, *is_grad_enabled;
 
 /* ---- small helpers ------------------------------------------------------------------- */
 
@@ -393,6 +393,18 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
         Py_DECREF(training);
         if (mode == NULL)
             return HANDED_OVER;
+        if (mode == c->train) {
+            /* A forward without autograd (torch.no_grad, inference_mode) in training mode:
+               Python decides whether it is a step (hook.py, _forward_begins). */
+            PyObject *enabled = PyObject_CallNoArgs(is_grad_enabled);
+            if (enabled == NULL) {
+                PyErr_Clear();
+                return HANDED_OVER;
+            }
+            Py_DECREF(enabled);
+            if (enabled != Py_True)
+                return HANDED_OVER;
+        }
     }
     PyObject *step = c->step;
     if (mode == c->train && c->drives_optimizer) {
@@ -1245,6 +1257,13 @@ PyInit__fastpath(void)
     perf_counter = PyObject_GetAttrString(time, "perf_counter");
     Py_DECREF(time);
     if (perf_counter_ns == NULL || perf_counter == NULL)
+        return NULL;
+    PyObject *torch = PyImport_ImportModule("torch");
+    if (torch == NULL)
+        return NULL;
+    is_grad_enabled = PyObject_GetAttrString(torch, "is_grad_enabled");
+    Py_DECREF(torch);
+    if (is_grad_enabled == NULL)
         return NULL;
     if (PyType_Ready(&CountersType) < 0 || PyType_Ready(&ModeTableType) < 0 || PyType_Ready(&DrivenForwardType) < 0
             || PyType_Ready(&BoundForwardType) < 0 || PyType_Ready(&WordsType) < 0)

@@ -18,7 +18,9 @@ Step semantics:
   accumulated ones the optimizer used. Without a registered optimizer, every top-level
   forward in training mode is a step and gradients are read as backward accumulates them.
 - EVAL / PREDICT: one step per top-level forward in that mode. The mode is the one given to
-  `set_mode`, else TRAIN or EVAL from `model.training`.
+  `set_mode`, else TRAIN or EVAL from `model.training`; a forward without autograd
+  (`torch.no_grad`, `inference_mode`) in training mode is EVAL, unless it comes inside an
+  open TRAIN step (with registered optimizers, before `optimizer.step()`).
 - The global step counts the steps of every mode (smdebug's numbering).
 """
 
@@ -412,6 +414,13 @@ class Hook(OptimizerSteps):
         something to do at its end (a step that saves, or the timeline)."""
         c = self._counters
         mode = c.explicit_mode or (_TRAIN if module.training else _EVAL)
+        if mode is _TRAIN and c.explicit_mode is None and not torch.is_grad_enabled() and not self._in_train_step():
+            # A forward without autograd (torch.no_grad, inference_mode) in training mode
+            # trains nothing: an evaluation (a validation loop without model.eval(), a
+            # prediction between optimizer steps), not a TRAIN step that no backward or
+            # update follows, whose loss would read as a training loss. Inside an open TRAIN
+            # step (targets computed before the update) it is a forward phase of it.
+            mode = _EVAL
         if mode is _TRAIN and c.drives_optimizer:
             step = c.step
             if step is not None and c.global_step - 1 == c.train_at:
@@ -426,6 +435,12 @@ class Hook(OptimizerSteps):
         if mode is _TRAIN:
             c.train_at = c.global_step - 1
         return due or bool(c.timing)
+
+    def _in_train_step(self) -> bool:
+        """Whether a TRAIN step is open that the next forward belongs to (with registered
+        optimizers: until optimizer.step(); without: never, each forward is a step)."""
+        c = self._counters
+        return bool(c.drives_optimizer) and c.step is not None and c.global_step - 1 == c.train_at
 
     def _forward_pre_hook(self, module: nn.Module, args: Any) -> None:
         # The driver's fallback (a class that cannot be swapped): a forward pre-hook must
