@@ -392,8 +392,10 @@ class MaxInitializationTime(ProfilerRule):
 
 
 # Stalls (steps waiting for data at least as long as the median step) that must recur
-# before their share of the TRAIN time speaks for the job: one slow start is not a loader.
-MIN_DATA_STALLS = 3
+# before their share of the TRAIN time speaks for the job: one slow start is not a loader,
+# nor are the few epoch boundaries of a short job (a Keras fit of 3 epochs: its first step
+# after each validation waited 0.06-2.2 s, a third of a 10 s job).
+MIN_DATA_STALLS = 5
 
 
 @dataclass(frozen=True)
@@ -414,7 +416,7 @@ class Dataloader(ProfilerRule):
     (median wait per TRAIN step / median step time), whatever the worker count, and the
     median wait per step is at least `min_data_wait_ms`
     (the default set uses 5); the worker count is then evidence, not the verdict. It also
-    fires when the typical step waits little but at least MIN_DATA_STALLS (3) recurring
+    fires when the typical step waits little but at least MIN_DATA_STALLS (5) recurring
     stalls take that share of the whole TRAIN time (`_data_stalls`)."""
 
     # A wait of a few ms per step is below what moving loading into worker processes can
