@@ -314,6 +314,23 @@ def test_dataloader_sees_recurring_stalls_the_median_step_hides(tmp_path, metric
     for quiet in ("first", "epochs", "three"):
         report = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / quiet))
         assert not report.fired and report.status == "ok", (quiet, report.summary())
+    # Eight epochs of a Keras fit with validation: the first TRAIN step after each
+    # evaluation waits 0.5 s (the loop's turn, a new epoch's iterator), not the loader.
+    metrics_job(tmp_path / "validated", children=0, cores=4)
+    writer = TimelineWriter(tmp_path / "validated", node_id="algo-1", rank=0, framework="tensorflow", flush_interval_s=3600)
+    t, step = int(T0 * 1e9), 0
+    for epoch in range(8):
+        for i in range(20):
+            wait = int((0.5 if epoch and i == 0 else 0.0) * 1e9)
+            writer.add("data", t, t + wait, step=step, mode=ModeKeys.TRAIN, phase="data")
+            writer.add(f"Step {step}", t, t + wait + 4_000_000, step=step, mode=ModeKeys.TRAIN)
+            t, step = t + wait + 4_000_000, step + 1
+        for i in range(3):
+            writer.add(f"Eval {step}", t, t + 2_000_000, step=step, mode=ModeKeys.EVAL, phase="eval_step")
+            t, step = t + 2_000_000, step + 1
+    writer.close()
+    report = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / "validated"))
+    assert not report.fired and report.statistics["data_stalls"] == 0, report.summary()
 
 
 def test_step_outlier_in_the_default_set_ignores_jitter(tmp_path):

@@ -392,9 +392,7 @@ class MaxInitializationTime(ProfilerRule):
 
 
 # Stalls (steps waiting for data at least as long as the median step) that must recur
-# before their share of the TRAIN time speaks for the job: one slow start is not a loader,
-# nor are the few epoch boundaries of a short job (a Keras fit of 3 epochs: its first step
-# after each validation waited 0.06-2.2 s, a third of a 10 s job).
+# before their share of the TRAIN time speaks for the job: a few are not a loader's pace.
 MIN_DATA_STALLS = 5
 
 
@@ -641,9 +639,12 @@ def _data_wait(timeline: pd.DataFrame) -> tuple[float | None, float | None]:
 
 def _data_stalls(timeline: pd.DataFrame, min_ms: float) -> tuple[float, int, float] | None:
     """Waits for data the medians of `_data_wait` cannot see: (share of the TRAIN time the
-    stalls took in %, stalls, median stall in ms) over the TRAIN steps but each rank's first
-    (the iterator's set-up). A stall is a step that waited at least `min_ms` and at least as
-    long as the median step took: a loader that fills a buffer in bulk every few steps
+    stalls took in %, stalls, median stall in ms) over the TRAIN steps but those that begin
+    a run of them (each rank's first, and the first after an evaluation or any other mode:
+    their wait is the loop's turn, a validation's end or a new epoch's iterator, not the
+    loader's pace; a Keras fit waited 0.06-2.2 s there). A stall is a step that waited at
+    least `min_ms` and at least as long as the median step took: a loader that fills a
+    buffer in bulk every few steps
     (Lightning's PPO example: a rollout every 16th step, 130 ms against a 3.4 ms median
     step, 70 % of the time) leaves the median step no wait at all. Only the stalls' own
     waits count: the small wait of every step (a Lightning loop's own work between
@@ -656,8 +657,14 @@ def _data_stalls(timeline: pd.DataFrame, min_ms: float) -> tuple[float, int, flo
     keys = ["node_id", "rank", "step"]
     per_step = steps.groupby(keys, observed=True)["duration_ms"].sum()
     waits = data.groupby(keys, observed=True)["duration_ms"].sum().reindex(per_step.index, fill_value=0.0)
-    first = per_step.groupby(level=["node_id", "rank"], observed=True).head(1).index
-    per_step, waits = per_step.drop(first), waits.drop(first)
+    # The steps of every mode in order per rank (global steps): a TRAIN step whose previous
+    # one was not TRAIN (or is none) begins a run.
+    order = timeline[["node_id", "rank", "step", "mode"]].drop_duplicates(keys).sort_values(keys)  # (an EVAL step's span is "eval_step")
+    previous = order.groupby(["node_id", "rank"], observed=True)["mode"].shift().astype(str)
+    begins = order[(order["mode"].astype(str) == "TRAIN") & (previous != "TRAIN")]
+    begins_index = pd.MultiIndex.from_frame(begins[keys])
+    keep = ~per_step.index.isin(begins_index)
+    per_step, waits = per_step[keep], waits[keep]
     total = float(per_step.sum())
     if total <= 0:
         return None
