@@ -325,7 +325,7 @@ def test_dataloader_sees_recurring_stalls_the_median_step_hides(tmp_path, metric
             writer.add("data", t, t + wait, step=step, mode=ModeKeys.TRAIN, phase="data")
             writer.add(f"Step {step}", t, t + wait + 4_000_000, step=step, mode=ModeKeys.TRAIN)
             t, step = t + wait + 4_000_000, step + 1
-        for i in range(3):
+        for _ in range(3):
             writer.add(f"Eval {step}", t, t + 2_000_000, step=step, mode=ModeKeys.EVAL, phase="eval_step")
             t, step = t + 2_000_000, step + 1
     writer.close()

@@ -9,7 +9,6 @@ cheap listing, and a running job is recomputed only when something new has lande
 from __future__ import annotations
 
 import math
-
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -338,7 +337,7 @@ def _training_health(trial: Any) -> dict[str, Any]:
             values = trial.read_many([(name, s, None, None) for s in steps])
             kept = [(s, float(np.asarray(v).reshape(-1)[0])) for s, v in zip(steps, values) if v is not None and np.asarray(v).size == 1]
             if kept:
-                curve = {"tensor": name, "mode": mode, "steps": [s for s, _ in kept], "values": _floats(np.array([v for _, v in kept]))}
+                curve: dict[str, Any] = {"tensor": name, "mode": mode, "steps": [s for s, _ in kept], "values": _floats(np.array([v for _, v in kept]))}
                 # NaN/inf values have no place on the chart (it ends where the loss blew up):
                 # counted, with the first step, for the note under it.
                 bad = [(s, v) for s, v in kept if not math.isfinite(v)]
