@@ -28,6 +28,9 @@ TRAINING_MODES = (ModeKeys.TRAIN, ModeKeys.GLOBAL)
 # steps, and a plain ||w|| + 1e-9 made its ratio 1e7. Real weight matrices have an RMS of
 # 1/sqrt(fan_in) >= 1e-2, far above it, so their ratio is exact.
 UPDATE_RATIO_RMS_FLOOR = 1e-3
+# Scalars saved to read a job's steps back, not as a training signal: the Lightning
+# callback's optimizer-step counter (manual optimization). No health curve draws them.
+STEP_COUNTERS = frozenset({"trainer/global_step"})
 
 
 @dataclass

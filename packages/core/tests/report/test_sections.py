@@ -39,11 +39,13 @@ def test_a_loss_that_blew_up_is_captioned_with_its_values_not_drawn(tmp_path):
     from stepscope.report.model import Figure
 
     with Writer(str(tmp_path / "job")) as writer:
-        writer.write_collections(CollectionManager(builtin_regexes={"losses": ["loss"]}).dumps(1))
+        writer.write_collections(CollectionManager(builtin_regexes={"losses": ["loss"], "metrics": ["trainer/"]}).dumps(1))
         for step, loss in enumerate([1.5, 2.0e6, float("inf"), float("nan"), 3.0]):
-            writer.write_step(step, ModeKeys.TRAIN, step, {"loss": np.float32(loss)})
+            writer.write_step(step, ModeKeys.TRAIN, step, {"loss": np.float32(loss), "trainer/global_step": np.float32(step)})
     report = build_report(str(tmp_path / "job"), rules="none")
-    figure = next(b for b in report.section("health").blocks if isinstance(b, Figure) and b.key == "curve-loss")
+    health = report.section("health")
+    assert [b.key for b in health.blocks if isinstance(b, Figure) and b.key.startswith("curve-")] == ["curve-loss"]  # no step counter
+    figure = next(b for b in health.blocks if isinstance(b, Figure) and b.key == "curve-loss")
     assert figure.caption.endswith("; 2 NaN or infinite value(s) not drawn, the first at global step 2"), figure.caption
 
 

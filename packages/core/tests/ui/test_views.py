@@ -264,12 +264,15 @@ def test_health_counts_the_losses_that_turned_nan_or_infinite(app, store_root):
 
     losses = [1.5, 7.0e6, float("inf"), float("nan"), float("nan"), float("-inf")]
     with Writer(str(store_root / "team-a" / "blown")) as writer:
-        writer.write_collections(CollectionManager(builtin_regexes={"losses": ["loss"]}).dumps(1))
+        writer.write_collections(CollectionManager(builtin_regexes={"losses": ["loss"], "metrics": ["trainer/"]}).dumps(1))
         for step, loss in enumerate(losses):
-            writer.write_step(step, ModeKeys.TRAIN, step, {"loss": np.float32(loss)})
+            # (the Lightning callback's step counter: a metric, and no curve of training health)
+            writer.write_step(step, ModeKeys.TRAIN, step, {"loss": np.float32(loss), "trainer/global_step": np.float32(step)})
     client = app.test_client()
     login(client, "alice")
-    curve = client.get("/api/jobs/team-a/blown/health").get_json()["curves"][0]
+    curves = client.get("/api/jobs/team-a/blown/health").get_json()["curves"]
+    assert [c["tensor"] for c in curves] == ["loss"]
+    curve = curves[0]
     assert curve["steps"] == list(range(6)) and curve["values"][:2] == [1.5, 7.0e6] and curve["values"][2:] == [None] * 4
     assert curve["non_finite"] == {"nan": 2, "inf": 2, "first_step": 2}
 

@@ -329,7 +329,7 @@ def _collection_names(trial: Any, collection: str) -> list[str]:
 def _training_health(trial: Any) -> dict[str, Any]:
     """Every series over global steps, each of one mode (named with it): losses and metrics
     per mode, and the health series of stepscope.health at the TRAIN steps."""
-    scalars = sorted(set(_collection_names(trial, "losses")) | set(_collection_names(trial, "metrics")))
+    scalars = sorted((set(_collection_names(trial, "losses")) | set(_collection_names(trial, "metrics"))) - health.STEP_COUNTERS)
     curves = []
     for name in scalars:
         for mode, steps in health.steps_by_mode(trial, name).items():

@@ -45,7 +45,7 @@ def _global_series(ctx: ReportContext, name: str) -> dict[str, tuple[list[int], 
 
 def _curves(ctx: ReportContext, section: Section) -> None:
     names = _collection_names(ctx, "losses", r"(?i)loss") + _collection_names(ctx, "metrics", r"(?i)(acc|metric)")
-    names = list(dict.fromkeys(names))
+    names = [n for n in dict.fromkeys(names) if n not in health.STEP_COUNTERS]
     if not names:
         section.missing.append("Loss and metric curves need the losses (and metrics) collection: register the loss with the hook (hook.register_loss) or save it with hook.save_scalar.")
         return
