@@ -63,6 +63,7 @@ def test_a_short_job_is_told_at_close_and_its_status_records_it(tmp_path, caplog
     trial = _train(tmp_path / "short", 12)
     lines = [r.getMessage() for r in caplog.records if "this job saved" in r.getMessage()]
     assert len(lines) == 1 and f"12 TRAIN steps with a loss (the loss rules need {MIN_TRAIN_LOSSES})" in lines[0]
+    assert "save the loss every step" in lines[0] and "gradients" not in lines[0]  # 11 gradient steps: enough
     status = trial.status()["worker_0_evidence"]
     assert status["state"] == "too little data" and status["train_loss_steps"] == 12 and status["train_gradient_steps"] == 11
     assert trial.failed_workers() == {}  # too little data is not a failure
@@ -70,6 +71,23 @@ def test_a_short_job_is_told_at_close_and_its_status_records_it(tmp_path, caplog
     long_enough = _train(tmp_path / "long", 60)
     assert not [r for r in caplog.records if "this job saved" in r.getMessage()]
     assert "worker_0_evidence" not in long_enough.status()
+
+
+def test_the_close_line_advises_only_what_is_short():
+    from stepscope.capture.evidence import SavedEvidence
+
+    # keras-io's bidirectional LSTM with the README's quick start: its loss every step (240),
+    # gradients every 100 steps (2): told about gradients only.
+    evidence = SavedEvidence({"loss"}, {"gradient/w"})
+    evidence.train_losses, evidence.train_gradients = 240, 2
+    line = evidence.shortfall(gradients=True)
+    assert line is not None and line.startswith("this job saved 2 TRAIN steps with gradients (VanishingGradient needs 3)")
+    assert "save gradients more often with a smaller save_interval, or train longer)" in line and "loss" not in line
+    evidence.train_losses = 12
+    both = evidence.shortfall(gradients=True)
+    assert both is not None and "save the loss every step with hook.save_loss or register_loss, save gradients more often" in both
+    evidence.train_gradients = 3
+    assert evidence.shortfall(gradients=False) is not None and evidence.shortfall(gradients=True).count("save ") == 1
 
 
 @pytest.mark.parametrize("steps", [1, 40])

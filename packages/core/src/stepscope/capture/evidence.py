@@ -42,15 +42,18 @@ class SavedEvidence:
     def shortfall(self, gradients: bool = False) -> str | None:
         """One line naming what the default rules lack, or None when nothing is short.
         `gradients`: the job included the gradients collection (otherwise not counted)."""
-        short = []
+        short, advice = [], []
         if self.train_losses < MIN_TRAIN_LOSSES:
             short.append(f"{self.train_losses} TRAIN steps with a loss (the loss rules need {MIN_TRAIN_LOSSES})")
+            advice.append("save the loss every step with hook.save_loss or register_loss")
         if gradients and self.train_gradients < MIN_GRADIENT_STEPS:
             short.append(f"{self.train_gradients} TRAIN steps with gradients (VanishingGradient needs {MIN_GRADIENT_STEPS})")
+            advice.append("save gradients more often with a smaller save_interval")
         if not short:
             return None
-        return ("this job saved " + " and ".join(short) + "; stepscope check will say 'not enough data' for those rules "
-                "(save losses every step, e.g. hook.save_loss / register_loss, and tensors more often, or train longer)")
+        # Only the advice for what is short: a job that saved its loss every step is not told to.
+        return ("this job saved " + " and ".join(short) + "; stepscope check will say 'not enough data' for those rules ("
+                + ", ".join(advice) + ", or train longer)")
 
     def to_json(self) -> dict[str, int]:
         return {"train_loss_steps": self.train_losses, "train_gradient_steps": self.train_gradients, "eval_loss_steps": self.eval_losses}
