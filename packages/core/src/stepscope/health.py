@@ -8,6 +8,7 @@ the trial and plain numeric libraries, nothing of rules, report or app."""
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -31,6 +32,16 @@ UPDATE_RATIO_RMS_FLOOR = 1e-3
 # Scalars saved to read a job's steps back, not as a training signal: the Lightning
 # callback's optimizer-step counter (manual optimization). No health curve draws them.
 STEP_COUNTERS = frozenset({"trainer/global_step"})
+
+
+def non_finite_points(points: Iterable[tuple[int, float]]) -> tuple[int, int, int] | None:
+    """(NaN count, infinity count, first step) of a scalar series' (step, value) points
+    that a chart cannot draw; None when every value is finite."""
+    bad = sorted(((step, value) for step, value in points if not math.isfinite(value)), key=lambda point: point[0])
+    if not bad:
+        return None
+    nan = sum(1 for _, value in bad if value != value)
+    return nan, len(bad) - nan, bad[0][0]
 
 
 @dataclass

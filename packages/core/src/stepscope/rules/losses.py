@@ -570,9 +570,9 @@ class LossDivergence(_LossSeriesRule):
         SHORT_RUN_RISE (10) times theirs or more. Only fires: a short run that passes is
         still "not enough data" (pytorch/examples' time_sequence_prediction on torch 2.13:
         6.9e-05 at step 4, 8.1e+22 at step 5, 16 saved losses, and nothing said so)."""
-        k = max(SHORT_RUN_MIN // 2, len(series) // 3)
         if len(series) < SHORT_RUN_MIN:
             return
+        k = max(SHORT_RUN_MIN // 2, len(series) // 3)
         head, tail = [v for _, v in series[:k]], [v for _, v in series[-k:]]
         start, median = float(np.median(head)), float(np.median(tail))
         if start <= 0 or min(tail) <= max(head) or median < SHORT_RUN_RISE * start:

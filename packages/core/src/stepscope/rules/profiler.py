@@ -441,7 +441,8 @@ class Dataloader(ProfilerRule):
             outside = not self.params.min_threshold <= percent <= self.params.max_threshold
             violations += int(outside)
             details["nodes"][node] = {"cores": cores, "dataloader_processes": workers, "percent_of_cores": percent}
-        wait, wait_ms = _data_wait(trial.step_timeline())
+        timeline = trial.step_timeline()
+        wait, wait_ms = _data_wait(timeline)
         if wait is not None:
             details["data_wait_percent_of_step_time"] = wait  # median wait / median step
             details["data_wait_ms_per_step"] = wait_ms  # median over TRAIN steps
@@ -452,7 +453,7 @@ class Dataloader(ProfilerRule):
             loaders = ", ".join(f"{n}: {d['dataloader_processes']} worker process(es) on {d['cores']} cores" for n, d in details["nodes"].items())
             hit = wait >= gate and (wait_ms or 0.0) >= self.params.min_data_wait_ms
             message = f"waiting for data took {wait:.1f}% of the step time >= {gate:g}%, {wait_ms:.1f} ms per step ({loaders})"
-            stalls = _data_stalls(trial.step_timeline(), self.params.min_data_wait_ms)
+            stalls = _data_stalls(timeline, self.params.min_data_wait_ms)
             if stalls is not None:
                 details["data_stall_percent_of_train_time"], details["data_stalls"], details["data_stall_ms"] = stalls
             if not hit and stalls is not None and stalls[0] >= gate and stalls[1] >= MIN_DATA_STALLS:
@@ -622,16 +623,25 @@ def _bottleneck(trial: ProfilerTrial, dimension: str, busy_threshold: float, gpu
     return _Outcome(percent > percent_threshold, violations, datapoints, {"bottleneck_percent": percent, "nodes": per_node}, message, percent, percent_threshold)
 
 
+_STEP_KEYS = ["node_id", "rank", "step"]
+
+
+def _train_steps_and_data(timeline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame] | None:
+    """The TRAIN steps' "step" spans and their "data" phases; None when either is missing."""
+    train = timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
+    steps, data = train[train["phase"] == "step"], train[train["phase"] == "data"]
+    return None if data.empty or steps.empty else (steps, data)
+
+
 def _data_wait(timeline: pd.DataFrame) -> tuple[float | None, float | None]:
     """(share of the step in %, ms per step) spent waiting for data in a typical training
     step: medians over the TRAIN steps (per rank and step, data phases summed), so the first
     step's iterator set-up or one slow batch do not speak for the whole job."""
-    train = timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
-    data = train[train["phase"] == "data"]
-    steps = train[train["phase"] == "step"]
-    if data.empty or steps.empty:
+    spans = _train_steps_and_data(timeline)
+    if spans is None:
         return None, None
-    per_step = data.groupby(["node_id", "rank", "step"], observed=True)["duration_ms"].sum()
+    steps, data = spans
+    per_step = data.groupby(_STEP_KEYS, observed=True)["duration_ms"].sum()
     wait_ms = float(per_step.median())
     step_ms = float(steps["duration_ms"].median())
     return (100.0 * wait_ms / step_ms if step_ms > 0 else None), wait_ms
@@ -644,17 +654,15 @@ def _data_stalls(timeline: pd.DataFrame, min_ms: float) -> tuple[float, int, flo
     their wait is the loop's turn, a validation's end or a new epoch's iterator, not the
     loader's pace; a Keras fit waited 0.06-2.2 s there). A stall is a step that waited at
     least `min_ms` and at least as long as the median step took: a loader that fills a
-    buffer in bulk every few steps
-    (Lightning's PPO example: a rollout every 16th step, 130 ms against a 3.4 ms median
-    step, 70 % of the time) leaves the median step no wait at all. Only the stalls' own
-    waits count: the small wait of every step (a Lightning loop's own work between
-    batches) is the medians' to judge. None without data phases."""
-    train = timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
-    steps = train[train["phase"] == "step"]
-    data = train[train["phase"] == "data"]
-    if data.empty or steps.empty:
+    buffer in bulk every few steps (Lightning's PPO example: a rollout every 16th step,
+    130 ms against a 3.4 ms median step, 70 % of the time) leaves the median step no wait
+    at all. Only the stalls' own waits count: the small wait of every step (a Lightning
+    loop's own work between batches) is the medians' to judge. None without data phases."""
+    spans = _train_steps_and_data(timeline)
+    if spans is None:
         return None
-    keys = ["node_id", "rank", "step"]
+    steps, data = spans
+    keys = _STEP_KEYS
     per_step = steps.groupby(keys, observed=True)["duration_ms"].sum()
     waits = data.groupby(keys, observed=True)["duration_ms"].sum().reindex(per_step.index, fill_value=0.0)
     # The steps of every mode in order per rank (global steps): a TRAIN step whose previous

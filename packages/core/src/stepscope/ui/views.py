@@ -8,7 +8,6 @@ cheap listing, and a running job is recomputed only when something new has lande
 
 from __future__ import annotations
 
-import math
 import threading
 import weakref
 from collections.abc import Callable, Hashable
@@ -340,9 +339,9 @@ def _training_health(trial: Any) -> dict[str, Any]:
                 curve: dict[str, Any] = {"tensor": name, "mode": mode, "steps": [s for s, _ in kept], "values": _floats(np.array([v for _, v in kept]))}
                 # NaN/inf values have no place on the chart (it ends where the loss blew up):
                 # counted, with the first step, for the note under it.
-                bad = [(s, v) for s, v in kept if not math.isfinite(v)]
-                if bad:
-                    curve["non_finite"] = {"nan": sum(1 for _, v in bad if v != v), "inf": sum(1 for _, v in bad if v == v), "first_step": bad[0][0]}
+                bad = health.non_finite_points(kept)
+                if bad is not None:
+                    curve["non_finite"] = dict(zip(("nan", "inf", "first_step"), bad))
                 curves.append(curve)
     gradients = [n for n in _collection_names(trial, "gradients") if not n.startswith("smdebug/")][:MAX_HEATMAP_TENSORS]
     raw = [n for n in trial.tensor_names() if not n.startswith("smdebug/")]

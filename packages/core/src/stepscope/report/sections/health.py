@@ -3,8 +3,6 @@ ratios, activation findings; the steps where rules fired are marked on the curve
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ... import health
@@ -58,8 +56,8 @@ def _curves(ctx: ReportContext, section: Section) -> None:
         for mode, (steps, values) in series.items():
             rows.append((name, mode, len(values), steps[0], values[0], steps[-1], values[-1]))
         # NaN/inf values are not drawn (the line ends where the loss blew up): say so.
-        bad = sorted(step for steps, values in series.values() for step, value in zip(steps, values) if not math.isfinite(value))
-        not_drawn = f"; {len(bad)} NaN or infinite value(s) not drawn, the first at global step {bad[0]}" if bad else ""
+        bad = health.non_finite_points((step, value) for steps, values in series.values() for step, value in zip(steps, values))
+        not_drawn = f"; {bad[0] + bad[1]} NaN or infinite value(s) not drawn, the first at global step {bad[2]}" if bad else ""
         caption = f"{name} per mode" + (" (dashed: steps where rules fired)" if marks else "") + not_drawn
         section.add(Figure(line_chart(series, xlabel="global step", ylabel=name, marks=marks), caption=caption, key=f"curve-{name}"))
     section.add(Table(("tensor", "mode", "points", "first global step", "first value", "last global step", "last value"), tuple(rows), caption="Loss and metric values", key="curves"))
