@@ -13,7 +13,8 @@ the writer has written it (its time counted in the block).
 Parts: `aa`, `capture` (B hands nothing to the writer: capture on the training thread
 alone), `listener` (B: no step listener, the black box's), `publish` (B: nothing published,
 framing kept), `events` (B: no event file written), `index` (B: no index file written),
-`direct` (B: no direct writes), `pauses` (B: the framer never pauses for the GIL).
+`direct` (B: no direct writes), `pauses` (B: the framer never pauses for the GIL), `arena`
+(B: snapshots copied into fresh arrays, not the reused memory of capture/host_arena.py).
 Weights + gradients of an MLP 256-512-512-10 every `--every` steps (default 10), SGD,
 `--threads` torch threads (default: every core), profiler side off."""
 
@@ -29,10 +30,11 @@ import time
 import torch
 from torch import nn
 
+from stepscope.capture.host_arena import HostArena
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
-PARTS = ("aa", "capture", "listener", "publish", "events", "index", "direct", "pauses")
+PARTS = ("aa", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena")
 BLOCK = 20
 
 
@@ -76,7 +78,11 @@ def main() -> None:
             "pauses": lambda: setattr(writer._framer, "_yield_every_s", float("inf")),
         }
 
+        arenas = {"shipped": hook._transfer._arena, "fresh": HostArena(keep_bytes=0)}
+        changed["arena"] = lambda: setattr(hook._transfer, "_arena", arenas["fresh"])
+
         def as_shipped() -> None:
+            hook._transfer._arena = arenas["shipped"]
             writer._put, writer._publish_step = shipped["put"], shipped["publish"]
             writer.store.write_many = shipped["write_many"]
             writer.step_listeners[:] = shipped["listeners"]

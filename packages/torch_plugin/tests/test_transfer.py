@@ -98,3 +98,91 @@ def test_what_cannot_be_batched_is_left_one_by_one():
     rest = HostTransfer().capture_many(items, _record_into(found))
     assert [plan.name for plan, _ in rest] == ["array", "meta"]
     assert list(found) == ["ok"]
+
+
+def _large_tensors() -> dict[str, torch.Tensor]:
+    """Tensors over ARENA_FROM, which the arena's reused memory takes (host_arena.py)."""
+    g = torch.Generator().manual_seed(5)
+    weight = torch.nn.Parameter(torch.randn(256, 300, generator=g))
+    weight.grad = torch.randn(256, 300, generator=g)
+    return {
+        "weight": weight,
+        "grad": weight.grad,
+        "transposed": torch.randn(300, 200, generator=g).t(),
+        "bf16": torch.randn(200, 300, generator=g).to(torch.bfloat16),
+        "int": torch.arange(40000, dtype=torch.int64).reshape(200, 200),
+    }
+
+
+def test_large_snapshots_in_reused_memory_equal_the_tensors_and_stay_put():
+    tensors = _large_tensors()
+    transfer = HostTransfer()
+    saves = []
+    for save in range(4):  # four saves of a training loop, each after an in-place update
+        expected = {n: t.detach().float().numpy().copy() if t.dtype == torch.bfloat16 else t.detach().numpy().copy() for n, t in tensors.items()}
+        found: dict[str, tuple] = {}
+        plans = [(TensorPlan(n, True, (), False), t) for n, t in tensors.items()]
+        half = len(plans) // 2  # half batched, half one by one (gradients' hooks)
+        transfer.capture_many(plans[:half], _record_into(found))
+        for plan, t in plans[half:]:
+            found[plan.name] = transfer.capture(plan, t)
+        for name, (raw, _, _) in found.items():
+            assert not raw.flags.owndata, f"{name}: not in the arena's memory"
+            got = raw.astype(np.float32) if name == "bf16" else raw
+            np.testing.assert_array_equal(got, expected[name], err_msg=f"save {save}, {name}")
+        saves.append((expected, found))
+        with torch.no_grad():
+            for t in tensors.values():
+                t.add_(1)
+    # Every save's snapshots are still what they were: none was reused while held.
+    for save, (expected, found) in enumerate(saves):
+        for name, (raw, _, _) in found.items():
+            got = raw.astype(np.float32) if name == "bf16" else raw
+            np.testing.assert_array_equal(got, expected[name], err_msg=f"save {save}, {name}, after later saves")
+
+
+def test_a_dropped_save_leaves_its_memory_for_the_next():
+    tensors = _large_tensors()
+    transfer = HostTransfer()
+    plans = [(TensorPlan(n, True, (), False), t) for n, t in tensors.items()]
+    addresses = []
+    for _ in range(3):
+        found: dict[str, tuple] = {}
+        transfer.capture_many(plans, _record_into(found))
+        addresses.append(found["weight"][0].__array_interface__["data"][0])
+        del found  # the writer has published the step
+    assert addresses[0] == addresses[1] == addresses[2]
+    assert transfer._arena.kept_bytes <= 8 << 20
+
+
+def test_a_listener_that_keeps_snapshots_sees_them_unchanged(tmp_path):
+    """Snapshots a step listener keeps past its call (the writer's reused memory must not
+    be reused under it) equal what was written for that step, save after save."""
+    import stepscope
+    from stepscope.config import ProfilerConfig, SaveConfig
+    from stepscope_torch import Hook
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(128, 256), torch.nn.ReLU(), torch.nn.Linear(256, 10))  # 128 KiB weights
+    loss_fn = torch.nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
+    hook = Hook(str(tmp_path), save_config=SaveConfig(save_interval=2), include_collections=["weights", "gradients"],
+                profiler_config=ProfilerConfig.disabled())  # fmt: skip
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    kept: dict[int, dict[str, np.ndarray]] = {}
+    hook._runtime.writer.step_listeners.append(lambda step, mode, mode_step, arrays: kept.__setitem__(step, dict(arrays)))
+    x, y = torch.randn(32, 128), torch.randint(0, 10, (32,))
+    for _ in range(12):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    hook.close()
+    trial = stepscope.create_trial(str(tmp_path))
+    name = next(n for n in kept[0] if n.endswith("0.weight") and "grad" not in n)
+    assert kept[0][name].nbytes >= 64 * 1024 and not kept[0][name].flags.owndata  # in the arena's memory
+    assert sorted(kept) == list(range(0, 12, 2))
+    for step, arrays in kept.items():
+        for tensor_name, array in arrays.items():
+            np.testing.assert_array_equal(array, trial.tensor(tensor_name).value(step), err_msg=f"{tensor_name} at step {step}")
+    assert not np.array_equal(kept[0][name], kept[10][name])  # the weights moved between saves

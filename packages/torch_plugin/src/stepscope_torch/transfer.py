@@ -18,6 +18,7 @@ import torch
 
 from stepscope import reductions
 from stepscope.capture.hook import TensorPlan
+from stepscope.capture.host_arena import HostArena
 from stepscope.capture.writer import Deferred
 from stepscope.exceptions import UnsupportedValue
 
@@ -77,6 +78,14 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
+
+
+def _snapshot(arena: HostArena, tensor: torch.Tensor) -> np.ndarray:
+    """A copy of host tensor `tensor`'s values, in the arena's reused memory."""
+    source = _to_numpy(tensor)
+    copy = arena.empty(source.shape, source.dtype)
+    np.copyto(copy, source)
+    return copy
 
 
 def _host_values(plan: TensorPlan, array: np.ndarray, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
@@ -149,6 +158,7 @@ class HostTransfer:
 
     def __init__(self) -> None:
         self._fence: _StepFence | None = None
+        self._arena = HostArena()  # where CPU snapshots go (host_arena.py: no fresh pages per save)
 
     def capture(self, plan: TensorPlan, tensor: torch.Tensor) -> tuple[Any, dict[tuple[str, bool], Any], tuple[int, ...]]:
         """(raw value or None, reduction values, shape) for `plan`, each a numpy array or a
@@ -158,7 +168,9 @@ class HostTransfer:
         wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
         if tensor.device.type == "cuda":
             return self._capture_cuda(plan, tensor, wanted) + (shape,)
-        return _host_values(plan, _to_numpy(tensor.cpu()).copy(), wanted) + (shape,)
+        # (Another device's `cpu()` is a fresh copy already.)
+        array = _snapshot(self._arena, tensor) if tensor.device.type == "cpu" else _to_numpy(tensor.cpu())
+        return _host_values(plan, array, wanted) + (shape,)
 
     def capture_many(self, items: Sequence[tuple[TensorPlan, Any]], record: Callable[..., None]) -> list[tuple[TensorPlan, Any]]:
         """Snapshot the dense CPU tensors among `items` ((plan, value) pairs) in one pass
@@ -185,7 +197,7 @@ class HostTransfer:
         for plan, tensor in batch:
             shape = tuple(tensor.shape)
             wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
-            record(plan, *_host_values(plan, _to_numpy(tensor).copy(), wanted), shape)
+            record(plan, *_host_values(plan, _snapshot(self._arena, tensor), wanted), shape)
         return rest
 
     def _capture_cuda(self, plan: TensorPlan, tensor: torch.Tensor, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
