@@ -18,7 +18,7 @@ import torch
 
 from stepscope import reductions
 from stepscope.capture.hook import TensorPlan
-from stepscope.capture.host_arena import HostArena
+from stepscope.capture.host_arena import ARENA_FROM, HostArena
 from stepscope.capture.writer import Deferred
 from stepscope.exceptions import UnsupportedValue
 
@@ -83,6 +83,8 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
 def _snapshot(arena: HostArena, tensor: torch.Tensor) -> np.ndarray:
     """A copy of host tensor `tensor`'s values, in the arena's reused memory."""
     source = _to_numpy(tensor)
+    if source.nbytes < ARENA_FROM:
+        return source.copy()  # (the arena would hand out numpy's memory: the short way)
     copy = arena.empty(source.shape, source.dtype)
     np.copyto(copy, source)
     return copy

@@ -22,6 +22,7 @@ process's life."""
 
 from __future__ import annotations
 
+import math
 import mmap
 import sys
 import threading
@@ -81,7 +82,7 @@ class HostArena:
 
     def empty(self, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
         dtype = np.dtype(dtype)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self._arena_from:
             return np.empty(shape, dtype)
         with self._lock:
