@@ -366,3 +366,43 @@ def test_context_manager_closes(tmp_path, mlp, batches):
         train(mlp(), batches(1), hook)
     assert (tmp_path / "job" / "training_job_end.ts").exists()
     assert not hook.enabled
+
+
+class _GraphAttention(nn.Module):
+    """Parameters named as pytorch/examples' gat/main.py names them (`W`, `a`), not `weight`."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.W = nn.Parameter(torch.randn(6, 4))
+        self.a = nn.Parameter(torch.randn(8, 1))
+        self.head_bias = nn.Parameter(torch.zeros(4))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x @ self.W
+        score = torch.cat([h, h], dim=1) @ self.a
+        return torch.softmax(score, dim=0) * h + self.head_bias
+
+
+def test_parameters_named_otherwise_are_weights(make_hook, out_dir):
+    """Every parameter but a bias is in "weights", whatever its name: the rules that read
+    weights (WeightUpdateRatio, AllZero, VanishingGradient) judge such models too."""
+    torch.manual_seed(0)
+    model = nn.Sequential(_GraphAttention(), nn.Linear(4, 3))
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["weights", "biases", "gradients"])
+    hook.register_module(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_optimizer(optimizer)
+    x = torch.randn(5, 6)
+    expected = {}
+    for step in range(2):
+        expected[step] = {n: p.detach().clone() for n, p in model.named_parameters()}
+        optimizer.zero_grad()
+        model(x).sum().backward()
+        optimizer.step()
+    hook.close()
+    trial = stepscope.create_trial(out_dir)
+    assert set(trial.tensor_names(collection="weights")) == {"0.W", "0.a", "1.weight"}
+    assert set(trial.tensor_names(collection="biases")) == {"0.head_bias", "1.bias"}
+    for step, params in expected.items():
+        for name, value in params.items():
+            np.testing.assert_array_equal(trial.tensor(name).value(step, mode=ModeKeys.TRAIN), value.numpy(), err_msg=f"{name} at {step}")

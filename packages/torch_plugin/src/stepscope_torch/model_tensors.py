@@ -57,7 +57,7 @@ class ModelTensors(DistributedParts):
             self._scalar_params = any(
                 c.name in _SCALAR_COLLECTIONS
                 for name, _ in self._params
-                for tensor, collections in ((name, ()), (naming.gradient_name(name), (CollectionName.GRADIENTS,)))
+                for tensor, collections in ((name, naming.parameter_collections(name)), (naming.gradient_name(name), (CollectionName.GRADIENTS,)))
                 for c in self._saver.matching(tensor, collections)
             )
         return not self._scalar_params
@@ -65,7 +65,7 @@ class ModelTensors(DistributedParts):
     def _save_parameters(self) -> None:
         if self._only_scalars_due():
             return
-        self.save_values([(name, param, ()) for name, param in self._params])
+        self.save_values([(name, param, naming.parameter_collections(name)) for name, param in self._params])
 
     def _own_parameters(self, optimizer: torch.optim.Optimizer | None) -> list[tuple[str, nn.Parameter]]:
         """The watched parameters `optimizer` updates; all of them with one optimizer or none

@@ -6,6 +6,7 @@ whether or not it ran distributed or compiled."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -27,6 +28,16 @@ BUILTIN_REGEXES: dict[str, list[str]] = {
 }
 
 _COMPILE_SEGMENT = "_orig_mod"
+_BIAS = re.compile(r"bias")
+
+
+def parameter_collections(name: str) -> tuple[str, ...]:
+    """The collections parameter `name` belongs to whatever it is called: every parameter
+    but a bias is a weight. smdebug's regexes (above) go by the name alone, and a module's
+    own parameters often have other names (a graph attention layer's `W` and `a`, a
+    transformer's `cls_token`, a norm's `scale`), which its "weights" then missed; a name
+    with "bias" in it is left to the biases regex."""
+    return () if _BIAS.search(name) else (CollectionName.WEIGHTS,)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
