@@ -80,6 +80,8 @@ PROGRAMS: list[Program] = [
             # ships, upscaled to 28x28 like MNIST's 20x20 box); the same units stay off to the end.
             defect=Fault("published_defect", "about half of the encoder's 400 ReLUs die within its first 100 Adam steps (lr 1e-3) and stay "
                          "dead while the loss falls: half the hidden layer is wasted", ("DeadRelu",))),
+    Program("torch_gat", "graph attention network, full batch, Adam, NLL; parameters named W and a", "pytorch/examples gat/main.py",
+            "torch", ("chance_level", "zero_init")),
     Program("lightning_gan", "GAN, manual optimization, two optimizers", "Lightning-AI/pytorch-lightning examples/pytorch/domain_templates/generative_adversarial_net.py",
             "lightning", ("exploding_one_network", "nan_input"), fast_fault="exploding_one_network"),
     Program("lightning_ppo", "PPO actor-critic, manual optimization, two optimizers", "Lightning-AI/pytorch-lightning examples/pytorch/domain_templates/reinforce_learn_ppo.py",

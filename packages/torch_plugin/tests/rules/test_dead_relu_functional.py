@@ -85,3 +85,46 @@ def test_without_gradients_a_linear_output_is_not_judged(tmp_path):
     assert dead >= 75.0
     report = _check(path)
     assert not report.fired and report.status == "no data", report.summary()
+
+
+class LeakyNet(torch.nn.Module):
+    """A LeakyReLU module named `leakyrelu` (as pytorch/examples' gat/main.py names its
+    own): the default regex `.*relu_output` matches its output name, and a ReLU module for
+    comparison, both behind biases that keep most of their inputs below zero."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(12, 32)
+        self.leakyrelu = torch.nn.LeakyReLU(0.2)
+        self.fc2 = torch.nn.Linear(32, 32)
+        self.relu = torch.nn.ReLU()
+        self.head = torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        return self.head(self.relu(self.fc2(self.leakyrelu(self.fc1(x)))))
+
+
+def test_a_leaky_relu_named_relu_is_never_dead_a_relu_is(tmp_path):
+    torch.manual_seed(0)
+    model = LeakyNet()
+    with torch.no_grad():
+        model.fc1.bias[:24] = -20.0  # 75 % of the LeakyReLU's inputs below zero: still passing gradients
+        model.fc2.bias[:24] = -20.0  # 75 % of the ReLU's units never fire
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    x, y = torch.randn(64, 12), torch.randint(0, 4, (64,))
+    with Hook(str(tmp_path), save_config=SaveConfig(save_interval=1), include_collections=QUICK_START) as hook:
+        hook.register_module(model)
+        hook.register_optimizer(optimizer)
+        for _ in range(6):
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            hook.save_loss(loss)
+            loss.backward()
+            optimizer.step()
+    trial = create_trial(str(tmp_path))
+    leaky = trial.tensor("leakyrelu_output_0").value(trial.steps()[-1])
+    assert ((leaky <= 0).mean(0) > 0.99).mean() >= 0.75  # "off" by the sign alone
+    assert torch.nn.LeakyReLU(0.2)(torch.tensor([-1.0], requires_grad=True)).grad_fn is not None
+    report = _check(str(tmp_path))
+    assert report.fired, report.summary()
+    assert {e.tensor for e in report.evidence} == {"relu_output_0"}, report.summary()

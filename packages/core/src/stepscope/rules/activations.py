@@ -114,6 +114,11 @@ class _InactiveUnits(Rule):
         return fired
 
 
+# Module classes (lower case) of activations whose every input passes a gradient (a
+# slope below zero, or smooth): none of their units can be dead.
+NEVER_DEAD = frozenset({"leakyrelu", "prelu", "rrelu", "elu", "celu", "selu", "gelu", "silu", "mish", "softplus"})
+
+
 @dataclass(frozen=True)
 class DeadReluParams(_LayerParams):
     tensor_regex: tuple[str, ...] = (".*relu_output",)
@@ -132,7 +137,9 @@ class DeadRelu(_InactiveUnits):
     output saved at a step whose bias gradient was saved too, where a unit is off when its
     output is <= 0 on the batch and its bias gradient is exactly 0 (no gradient passed the
     unit, which for a unit <= 0 on every sample only a ReLU-like zero slope does). Layers
-    beside a ReLU module (same parent module) are left to that module's output."""
+    beside a ReLU module (same parent module) are left to that module's output. Outputs of
+    modules whose every input passes a gradient (LeakyReLU, PReLU, ELU, GELU, ...:
+    `NEVER_DEAD`) are not judged, even when their names match `tensor_regex`."""
 
     params: DeadReluParams
     min_saved_steps = 1
@@ -151,7 +158,11 @@ class DeadRelu(_InactiveUnits):
         chosen = super()._layers()
         if self.params.by_module_class:
             chosen = sorted(set(chosen) | set(self._pre_activations()))
-        return chosen
+        # The default regex `.*relu_output` also matches a LeakyReLU named `leakyrelu` (as
+        # pytorch/examples' GAT names its attention scores' one): half its outputs are
+        # negative by design and each passes a gradient, so a module of such a class is
+        # never judged dead, whatever it is called.
+        return [n for n in chosen if (self.trial.module_class(n) or "").lower() not in NEVER_DEAD]
 
     def _pre_activations(self) -> dict[str, str]:
         """Outputs of torch affine layers (Linear, Conv) whose bias gradient was saved:
