@@ -110,6 +110,9 @@ def test_divergence_far_above_the_start_fires_once_and_a_healthy_decay_does_not(
 
 @pytest.mark.parametrize("classes", [2, 4, 10])
 def test_chance_level_training_loss(tmp_path, classes):
+    # Its own generator: the module's draws depend on which tests ran before (-k), and a
+    # first loss 2.3 sigma low reads as no classifier's for 2 classes (ln 2 +- 10 %).
+    rng = np.random.default_rng(classes)
     stuck = math.log(classes) + rng.normal(0, 0.03, 120)
     report = run(ChanceLevelLoss, write(tmp_path / "stuck", stuck))
     assert report.fired, report.summary()
@@ -125,6 +128,32 @@ def test_chance_level_validation_while_training_memorises(tmp_path):
     val = [[math.log(4) + 0.05 * k + rng.normal(0, 0.01)] for k in range(6)]
     report = run(ChanceLevelLoss, write(tmp_path, train, eval_phases=val))
     assert report.fired and "never went below chance level" in report.evidence[0].message, report.summary()
+
+
+def test_chance_level_judges_each_set_evaluated_after_each_epoch(tmp_path):
+    # pytorch/examples' gat/main.py evaluates the training nodes, then the validation
+    # nodes, after each update. Labels shuffled (7 classes): the first falls (memorised),
+    # the second stays at ln 7; the phase mean falls below chance level and hid it.
+    chance = math.log(7)
+    train = chance - np.linspace(0, 0.35, 300) + rng.normal(0, 0.01, 300)
+    first = chance - np.linspace(0.01, 0.46, 6)
+    memorised = [[first[k], chance + 0.005 * k] for k in range(6)]
+    report = run(ChanceLevelLoss, write(tmp_path / "gat", train, eval_phases=memorised))
+    assert report.fired and report.violations == 1, report.summary()
+    evidence = report.evidence[0]
+    assert evidence.data["evaluation"] == 2 and evidence.value == pytest.approx(chance, abs=1e-4)
+    assert "evaluation 2 of the 2" in evidence.message and "learns nothing that generalises" in evidence.message
+    # Healthy: the validation set falls too.
+    healthy = [[first[k], chance - 0.15 * k] for k in range(6)]
+    assert run(ChanceLevelLoss, write(tmp_path / "ok", train, eval_phases=healthy)).status == "ok"
+    # A small set of hard examples the model gets confidently wrong sits far above ln 7,
+    # not at it: not this finding.
+    steep = chance - np.linspace(0.01, 1.2, 6)
+    hard = [[steep[k], chance * (1 + 0.1 * k)] for k in range(6)]
+    assert run(ChanceLevelLoss, write(tmp_path / "hard", train, eval_phases=hard)).status == "ok"
+    # Phases of different sizes cannot be told apart by place: only their means are judged.
+    uneven = [memorised[k][: 1 + k % 2] for k in range(6)]
+    assert run(ChanceLevelLoss, write(tmp_path / "uneven", train, eval_phases=uneven)).status == "ok"
 
 
 def test_chance_level_leaves_regression_and_adversarial_jobs_alone(tmp_path):
