@@ -143,7 +143,9 @@ class DeadRelu(_InactiveUnits):
 
     params: DeadReluParams
     min_saved_steps = 1
-    to_save = "layer outputs"
+    # (Named precisely: a job that saved every layer output, pytorch/examples' GCN with its
+    # own GraphConv and F.relu, still gives this rule nothing, and "layer outputs" misled.)
+    to_save = "outputs of ReLU layers (for F.relu: the Linear/Conv output before it and its bias gradient)"
     # A unit silent on one batch is not yet dead (a healthy MLP autoencoder showed 95 % of
     # its units off on one batch, alive on others): dead means off at three saved steps in a
     # row. Half or more of a layer off on every batch is a finding even while the loss falls
@@ -238,7 +240,7 @@ class SaturatedActivation(_InactiveUnits):
 
     params: SaturatedActivationParams
     min_saved_steps = 1
-    to_save = "layer outputs"
+    to_save = "outputs of tanh and sigmoid layers"
     # Practical saturation: beyond |x| 4 tanh's slope is under 0.0013, beyond |x| 8
     # sigmoid's under 0.0004; a unit counts as saturated when it is outside that range for
     # 90 % of the batch. Healthy tanh/sigmoid MLPs stay at 0 % of units, unscaled inputs at 100 %.
