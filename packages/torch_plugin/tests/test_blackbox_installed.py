@@ -180,6 +180,9 @@ def test_the_first_nan_saved_writes_a_black_box_and_asks_the_peers_for_theirs(tm
         assert record["reason"] == "nan" and record["non_finite"]["step"] == 3  # the first one only
         assert record["non_finite"]["tensors"]["loss"] == {"nan": 1, "inf": 0, "size": 1}
         assert record["last_saved"]["step"] >= 3 and "loss" in record["last_saved"]["tensors"]
+        # The same thread asks the peers after writing the record: wait for that too (CI
+        # once read the request a moment before it was written).
+        assert _until((tmp_path / REQUEST_KEY).exists)
         request = json.loads((tmp_path / REQUEST_KEY).read_text())
         assert request["action"] == BLACK_BOX and "worker_0" in request["reason"]
         # The peer honours it at one of its next TRAIN step ends, training on.
