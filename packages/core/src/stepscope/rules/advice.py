@@ -63,8 +63,8 @@ EXPLANATIONS: dict[str, Explanation] = {
     ),
     "ChanceLevelLoss": Explanation(
         "A classifier's cross-entropy stays at chance level, ln K for K classes: the model predicts no better than "
-        "uniform guessing. On the training loss: it learns nothing. On the validation loss while the training loss "
-        "falls: it memorises the training set and nothing generalises.",
+        "uniform guessing. On the training loss: it learns nothing. On the validation loss (or one of the sets a script "
+        "evaluates after each epoch) while the training loss falls: it memorises the training set and nothing generalises.",
         ("Labels shuffled, misaligned with their inputs, or unrelated to them", "Learning rate 0 or an optimizer that holds other parameters",
          "Inputs that do not reach the model (all zeros, a constant, a broken pipeline)", "A loss applied to the wrong outputs (probabilities where logits are expected)"),
         ("Check a batch by hand: do the labels match the inputs? Train on a handful of samples: the loss must fall to near 0",
