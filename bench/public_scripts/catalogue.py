@@ -82,6 +82,8 @@ PROGRAMS: list[Program] = [
                          "dead while the loss falls: half the hidden layer is wasted", ("DeadRelu",))),
     Program("torch_gat", "graph attention network, full batch, Adam, NLL; parameters named W and a", "pytorch/examples gat/main.py",
             "torch", ("chance_level", "zero_init")),
+    Program("torch_gcn", "graph convolutional network, sparse products, F.relu, full batch, Adam, NLL", "pytorch/examples gcn/main.py",
+            "torch", ("chance_level", "lr_zero")),
     Program("lightning_gan", "GAN, manual optimization, two optimizers", "Lightning-AI/pytorch-lightning examples/pytorch/domain_templates/generative_adversarial_net.py",
             "lightning", ("exploding_one_network", "nan_input"), fast_fault="exploding_one_network"),
     Program("lightning_ppo", "PPO actor-critic, manual optimization, two optimizers", "Lightning-AI/pytorch-lightning examples/pytorch/domain_templates/reinforce_learn_ppo.py",
