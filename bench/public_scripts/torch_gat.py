@@ -16,8 +16,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .capture import torch_hook
-from .synthetic import citation_graph, shuffled
+from .node_classification import node_data, train_full_batch
 
 
 def train(out_dir: Path, config: str, fault: str | None = None) -> None:
@@ -58,16 +57,9 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
         def forward(self, x: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
             return F.log_softmax(self.gat2(F.elu(self.gat1(x, adj)), adj), dim=1)
 
-    words, labels_np, edges = citation_graph(600, 1433, 7, 1200, seed=31)
-    if fault == "chance_level":
-        labels_np = shuffled(labels_np)
-    features = torch.from_numpy(words)
-    features = features / features.sum(dim=1, keepdim=True).clamp(min=1)  # the script's row scaling
-    labels = torch.from_numpy(labels_np)
+    features, labels, edges, parts = node_data(600, 1200, seed=31, fault=fault, splits=(200, 100))
     adj = torch.eye(600)
     adj[edges[:, 0], edges[:, 1]] = 1
-    idx = torch.randperm(600)
-    idx_test, idx_val, idx_train = idx[:200], idx[200:300], idx[300:]
 
     model = GAT(1433, 64, 8, 7)
     if fault == "zero_init":
@@ -75,23 +67,4 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
             for p in model.parameters():
                 p.zero_()
     optimizer = torch.optim.Adam(model.parameters(), lr=5e-3, weight_decay=5e-4)
-    criterion = nn.NLLLoss()
-
-    def test(mask: torch.Tensor) -> float:
-        model.eval()
-        with torch.no_grad():
-            return criterion(model(features, adj)[mask], labels[mask]).item()
-
-    with torch_hook(out_dir, config) as hook:
-        hook.register_module(model)
-        hook.register_optimizer(optimizer)
-        hook.register_loss(criterion)
-        for _epoch in range(210):
-            model.train()
-            optimizer.zero_grad()
-            loss = criterion(model(features, adj)[idx_train], labels[idx_train])
-            loss.backward()
-            optimizer.step()
-            test(idx_train)
-            test(idx_val)
-        test(idx_test)
+    train_full_batch(out_dir, config, model, optimizer, (features, adj), labels, parts, epochs=210)

@@ -15,8 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .capture import torch_hook
-from .synthetic import citation_graph, shuffled
+from .node_classification import node_data, train_full_batch
 
 
 def train(out_dir: Path, config: str, fault: str | None = None) -> None:
@@ -45,39 +44,13 @@ def train(out_dir: Path, config: str, fault: str | None = None) -> None:
         def forward(self, h: torch.Tensor, adj: torch.Tensor) -> torch.Tensor:
             return F.log_softmax(self.gc2(self.dropout(F.relu(self.gc1(h, adj))), adj), dim=1)
 
-    words, labels_np, edges = citation_graph(2708, 1433, 7, 5429, seed=5)
-    if fault == "chance_level":
-        labels_np = shuffled(labels_np)
-    features = torch.from_numpy(words)
-    features = features / features.sum(dim=1, keepdim=True).clamp(min=1)  # the script's row scaling
-    labels = torch.from_numpy(labels_np)
+    features, labels, edges, parts = node_data(2708, 5429, seed=5, fault=fault, splits=(1000, 500))
     n = len(labels)
     adj = torch.sparse_coo_tensor(torch.from_numpy(edges.T), torch.ones(len(edges)), (n, n)).coalesce().to_dense()
     adj = (adj > 0).float() + torch.eye(n)  # self-loops, as the script adds them
     scale = adj.sum(dim=1).rsqrt()
     adj = (scale[:, None] * adj * scale[None, :]).to_sparse()  # the renormalisation trick
-    idx = torch.randperm(n)
-    idx_test, idx_val, idx_train = idx[:1000], idx[1000:1500], idx[1500:]
 
     model = GCN(1433, 16, 7, 0.5)
     optimizer = torch.optim.Adam(model.parameters(), lr=0.0 if fault == "lr_zero" else 0.01, weight_decay=5e-4)
-    criterion = nn.NLLLoss()
-
-    def test(mask: torch.Tensor) -> float:
-        model.eval()
-        with torch.no_grad():
-            return criterion(model(features, adj)[mask], labels[mask]).item()
-
-    with torch_hook(out_dir, config) as hook:
-        hook.register_module(model)
-        hook.register_optimizer(optimizer)
-        hook.register_loss(criterion)
-        for _epoch in range(200):
-            model.train()
-            optimizer.zero_grad()
-            loss = criterion(model(features, adj)[idx_train], labels[idx_train])
-            loss.backward()
-            optimizer.step()
-            test(idx_train)
-            test(idx_val)
-        test(idx_test)
+    train_full_batch(out_dir, config, model, optimizer, (features, adj), labels, parts, epochs=200)
