@@ -252,6 +252,10 @@ def test_check_exits_3_when_no_rule_could_judge(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "1 of 6 rule(s) could judge; for the others save: losses every step (LossNotDecreasing, LossDivergence, ChanceLevelLoss" in out
     assert "default rule(s) not run, the job saved nothing they read; save: gradients and weights (VanishingGradient); weights (" in out
+    # What the activation rules read, named so that a job that saved every layer output of
+    # layers they cannot judge (pytorch/examples' GCN) is not told to save layer outputs.
+    assert "outputs of ReLU layers (for F.relu: the Linear/Conv output before it and its bias gradient) (DeadRelu)" in out
+    assert "outputs of tanh and sigmoid layers (SaturatedActivation)" in out
     assert "not enough data (needs 30 saved TRAIN losses, has 3)" in out
     rules = ["--rule", "LossNotDecreasing", "--rule", "Overfit"]
     assert main(["check", path, "--quiet", "--no-write", *rules]) == EXIT_NOT_JUDGED
