@@ -6,7 +6,6 @@ whether or not it ran distributed or compiled."""
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -28,7 +27,6 @@ BUILTIN_REGEXES: dict[str, list[str]] = {
 }
 
 _COMPILE_SEGMENT = "_orig_mod"
-_BIAS = re.compile(r"bias")
 
 
 def parameter_collections(name: str) -> tuple[str, ...]:
@@ -37,7 +35,7 @@ def parameter_collections(name: str) -> tuple[str, ...]:
     own parameters often have other names (a graph attention layer's `W` and `a`, a
     transformer's `cls_token`, a norm's `scale`), which its "weights" then missed; a name
     with "bias" in it is left to the biases regex."""
-    return () if _BIAS.search(name) else (CollectionName.WEIGHTS,)
+    return () if "bias" in name else (CollectionName.WEIGHTS,)
 
 
 def unwrap(model: nn.Module) -> nn.Module:
