@@ -81,7 +81,7 @@ class _Recorder:
     def write_step(self, step, *rest):
         self.calls.append(("step", step))
 
-    def write_steps(self, steps):
+    def write_held_steps(self, steps):
         self.calls.append(("batch", [s[0] for s in steps]))
 
 
@@ -97,6 +97,61 @@ def test_held_steps_go_in_order_in_batches():
     assert len(held) == 1
     held.release()
     assert writer.calls == [("batch", [0, 1, 2]), ("batch", [3]), ("step", 4), ("step", 5), ("batch", [6])]
+
+
+class _Source:
+    """A compiled plugin's list of the steps it ended itself (HeldSteps.attach_source)."""
+
+    def __init__(self):
+        self.steps, self.ended_at = [], None
+
+    def end(self, step, tensors):
+        import time
+
+        if not self.steps:
+            self.ended_at = time.monotonic()
+        self.steps.append((step, ModeKeys.TRAIN, step, tensors, {}))
+
+    def take_held(self):
+        steps, self.steps = self.steps, []
+        return steps
+
+    def held_age(self):
+        import time
+
+        return time.monotonic() - self.ended_at if self.steps else None
+
+
+def test_held_steps_take_a_compiled_source_s_steps_first_and_note_each_once():
+    writer, source, noted = _Recorder(), _Source(), []
+    held = HeldSteps(writer, max_steps=1000, max_s=1e9, note=lambda mode, tensors: noted.append(sorted(tensors)))
+    held.attach_source(source)
+    one = {"loss": np.float32(1.0)}
+    source.end(0, one)
+    source.end(1, one)
+    held.hand_over(2, ModeKeys.TRAIN, 2, one, {}, scalars=True)  # the Python path's step comes after them
+    source.end(3, one)
+    held.hand_over(4, ModeKeys.TRAIN, 4, {"w": np.zeros(3)}, {}, scalars=False)
+    source.end(5, one)
+    assert len(held) == 1 and source.steps == []
+    held.release()
+    assert writer.calls == [("batch", [0, 1, 2, 3]), ("step", 4), ("batch", [5])]
+    assert noted == [["loss"]] * 4 + [["w"]] + [["loss"]]
+    held.close()
+
+
+def test_a_compiled_source_s_steps_reach_the_writer_when_no_step_follows():
+    import time
+
+    writer, source = _Recorder(), _Source()
+    held = HeldSteps(writer, max_steps=1000, max_s=0.2)
+    held.attach_source(source)
+    source.end(0, {"loss": np.float32(1.0)})
+    deadline = time.monotonic() + 10
+    while not writer.calls and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert writer.calls == [("batch", [0])]
+    held.close()
 
 
 def test_held_steps_wait_no_longer_than_max_s():

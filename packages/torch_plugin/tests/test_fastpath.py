@@ -254,3 +254,113 @@ def test_the_compiled_counters_are_the_state_python_reads(tmp_path, mlp, batches
     with pytest.raises(TypeError):
         words.extend(("x",))
     hook.close()
+
+
+def train_with_losses(hook: Hook, mlp, batches, with_optimizer: bool) -> dict:
+    """A loop under the capture defaults (the loss due at every step, tensors on their
+    schedule), through what a compiled scalar step hands back to Python: values the user
+    saves into it, a loss module whose output it does not read (reduction="none"), a loss
+    registered midway, a loss computed after the update, gradient accumulation, and
+    evaluation epochs (a run of EVAL scalar steps)."""
+    model, loss_fn, per_sample = mlp(), nn.CrossEntropyLoss(), nn.CrossEntropyLoss(reduction="none")
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if with_optimizer:
+        hook.register_optimizer(optimizer)
+    data = batches(12)
+    losses = []
+    for i in range(150):
+        x, y = data[i % len(data)]
+        optimizer.zero_grad()
+        for _ in range(2 if with_optimizer and i % 9 == 4 else 1):  # gradient accumulation
+            output = model(x)
+            loss = loss_fn(output, y)
+            if 70 <= i < 90:
+                per_sample(output.detach(), y)  # a vector: saved the general way
+            loss.backward()
+        losses.append(loss.item())
+        if i % 13 == 5:
+            hook.save_scalar("lr", 0.05)  # a value of the user's in the open step
+        if i == 60:
+            hook.register_loss(per_sample)
+        optimizer.step()
+        if i % 17 == 3:
+            loss_fn(output.detach(), y)  # after the update: no step's (with an optimizer)
+        if i % 50 == 49:
+            model.eval()
+            with torch.no_grad():
+                for x, y in data[:4]:
+                    loss_fn(model(x), y)
+            model.train()
+    return {"losses": losses, "state": hook.state_dict(), "weights": [p.detach().clone() for p in model.parameters()]}
+
+
+def job_values(out_dir) -> dict:
+    """Every saved value of every mode, and the timeline's phases."""
+    trial = stepscope.create_trial(str(out_dir))
+    values = {
+        (name, mode): [(step, trial.tensor(name).value(step, mode=mode)) for step in trial.tensor(name).steps(mode=mode)]
+        for name in trial.tensor_names()
+        for mode in ("train", "eval")
+    }
+    timeline = trial.profiler.step_timeline()
+    phases = [(row.mode, int(row.step), row.phase) for row in timeline.sort_values(["step", "start_ns"]).itertuples()]
+    return {"values": values, "phases": phases, "status": trial.status()}
+
+
+@needs_compiled
+@pytest.mark.parametrize("with_optimizer", [True, False], ids=["optimizer-driven", "forward-driven"])
+def test_compiled_scalar_steps_write_the_same_job(tmp_path, mlp, batches, with_optimizer):
+    results, jobs, counts = {}, {}, {}
+    for compiled in (True, False):
+        out = tmp_path / ("compiled" if compiled else "python")
+        hook = make_hook(out, compiled, profiler_config=TIMELINE_ONLY)  # the capture defaults
+        results[compiled] = train_with_losses(hook, mlp, batches, with_optimizer)
+        if compiled:
+            counts = {"scalar": hook._counters.scalar_steps, "steps": hook.global_step}
+        hook.close()
+        jobs[compiled] = job_values(out)
+    fast, slow = results[True], results[False]
+    assert fast["losses"] == slow["losses"] and fast["state"] == slow["state"]
+    for a, b in zip(fast["weights"], slow["weights"]):
+        assert torch.equal(a, b)
+    # Most steps ran compiled, the loop's special steps on the Python path.
+    assert counts["scalar"] > counts["steps"] / 2
+    assert jobs[True]["values"].keys() == jobs[False]["values"].keys()
+    for key, saved in jobs[True]["values"].items():
+        other = jobs[False]["values"][key]
+        assert [s for s, _ in saved] == [s for s, _ in other], key
+        assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(saved, other)), key
+    loss = jobs[True]["values"][("CrossEntropyLoss_output_0", "train")]
+    assert len(loss) == 150 and [float(v) for _, v in loss] == pytest.approx(fast["losses"], rel=1e-6)
+    assert len(jobs[True]["values"][("CrossEntropyLoss_output_0", "eval")]) == 12
+    assert len(jobs[True]["values"][("lr", "train")]) == len(range(5, 150, 13))
+    assert jobs[True]["phases"] == jobs[False]["phases"]
+    assert jobs[True]["status"] == jobs[False]["status"] == {}
+
+
+@needs_compiled
+def test_a_compiled_scalar_step_hands_over_in_order_with_the_python_ones(tmp_path, mlp, batches):
+    # Steps the compiled path ended wait in its list until HeldSteps takes them: every
+    # hand-over of the Python path, a release, flush and close take them first.
+    hook = make_hook(tmp_path / "job", True, profiler_config=ProfilerConfig.disabled())
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(optimizer)
+    x, y = batches(1)[0]
+    for _ in range(35):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    counters = hook._counters
+    assert counters.scalar_steps > 0 and hook.current_step is not counters.idle
+    waiting = len(hook._runtime.held)  # (takes the compiled path's list)
+    assert waiting and counters.take_held() == []
+    hook.flush()
+    assert len(hook._runtime.held) == 0
+    trial = stepscope.create_trial(str(tmp_path / "job"))
+    assert trial.tensor("CrossEntropyLoss_output_0").steps() == list(range(35))  # (flush ends the open step too)
+    hook.close()

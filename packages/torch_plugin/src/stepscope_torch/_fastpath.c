@@ -70,7 +70,25 @@ typedef struct {
     PyObject *begun_table, *next_due_table;
     PyObject *slow_begin, *slow_end, *slow_pre, *slow_post;
     PyObject *meter_block;             /* HookBase._meter_block, for the steps timed here */
-    unsigned long long routine, handed_over;
+    unsigned long long routine, handed_over, scalar_steps;
+    /* Compiled scalar steps (see "scalar steps" below): set by arm_scalar_run. */
+    PyObject *scalar_step;             /* the open step, while it is one this path runs (else NULL) */
+    PyObject *scalar_tensors, *scalar_shapes;  /* its dicts */
+    long long scalar_global_step, scalar_mode_step;
+    char loss_armed;                   /* its loss modules save their output (until the update) */
+    int scalar_m;                      /* the run's mode index; 0: no run armed */
+    long long scalar_first, scalar_until;  /* the run's mode steps [first, until) */
+    PyObject *scalar_mode, *scalar_due, *scalar_names;  /* the run's mode, the collections due, their names */
+    PyObject *optimizer;               /* the one registered optimizer (its state's size is watched), else NULL */
+    Py_ssize_t optimizer_states;
+    PyObject *held;                    /* ended scalar steps, for HeldSteps to take (take_held) */
+    long long held_first_ns, hold_ns;
+    Py_ssize_t hold_steps;
+    PyObject *release;                 /* what hands the held steps to the writer */
+    /* set once (setup_scalar_steps) */
+    PyObject *step_type, *adopt;       /* StepState; Hook._adopt_step */
+    PyObject *plain_scalars, *strided, *held_types;
+    Py_ssize_t max_values;
 } Counters;
 
 /* counters.begun / counters.next_due as Python sees them: views of the arrays above. */
@@ -82,6 +100,8 @@ typedef struct {
 
 static PyTypeObject CountersType, ModeTableType, DrivenForwardType, BoundForwardType;
 static PyObject *str_training, *str_fail, *perf_counter_ns, *perf_counter, *is_grad_enabled;
+static PyObject *str_is_cpu, *str_layout, *str_dtype, *str_dim, *str_item, *str_tensors, *str_shapes, *str_due_names, *str_state;
+static PyObject *tensor_type, *empty_tuple;
 
 /* ---- small helpers ------------------------------------------------------------------- */
 
@@ -372,6 +392,167 @@ finish_step_timing(Counters *c)
     return 0;
 }
 
+/* ---- scalar steps ---------------------------------------------------------------------
+
+   Under the capture defaults the losses (and metrics) are due at every step. Once Python
+   armed a run of such steps (Hook._compile_scalar_steps: the hook's set-up leaves nothing
+   else to do at them), this path runs them too: a step here is a real StepState, so any
+   Python code that saves into the open step (save_scalar, a plugin) works as usual; the
+   registered loss modules' outputs are read here (`record_loss`); an ended step goes to
+   `held`, a list HeldSteps takes (take_held) and holds as it holds the steps the Python
+   path hands over. Whatever else happens at such a step (a loss read otherwise, a value a
+   held step may not hold, a stop decision) hands it to Python first (`promote`), which
+   goes on with it as if it had opened it. */
+
+static inline int
+scalar_open(Counters *c)
+{
+    return c->scalar_step != NULL && c->step == c->scalar_step;
+}
+
+/* Python takes over the open scalar step: Hook._adopt_step(loss_armed), after which its
+   loss modules save as they did here. 0, or -1 to raise. */
+static COLD int
+promote(Counters *c)
+{
+    int armed = c->loss_armed;
+    Py_CLEAR(c->scalar_step);
+    Py_CLEAR(c->scalar_tensors);
+    Py_CLEAR(c->scalar_shapes);
+    c->loss_armed = 0;
+    if (c->adopt == NULL)
+        return 0;
+    PyObject *done = PyObject_CallOneArg(c->adopt, armed ? Py_True : Py_False);
+    if (done == NULL)
+        return hand_to(c->failsafe);
+    Py_DECREF(done);
+    return 0;
+}
+
+/* Whether `value`'s type is one a held step holds (a numpy scalar of a plain dtype). */
+static inline int
+held_type(Counters *c, PyObject *value)
+{
+    PyObject *type = (PyObject *)Py_TYPE(value);
+    for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c->held_types); i++)
+        if (PyTuple_GET_ITEM(c->held_types, i) == type)
+            return 1;
+    return 0;
+}
+
+/* Whether the open scalar step can end here: its due collections are still the run's (no
+   make_due) and it holds a few values that a held step holds (HeldSteps.hand_over would
+   hold it too). 1 or 0 (an error reads as 0: Python ends it). */
+static int
+scalar_step_holdable(Counters *c)
+{
+    PyObject *names = PyObject_GetAttr(c->scalar_step, str_due_names);
+    PyObject *tensors = PyObject_GetAttr(c->scalar_step, str_tensors);
+    PyObject *shapes = PyObject_GetAttr(c->scalar_step, str_shapes);
+    int holdable = names == c->scalar_names && tensors == c->scalar_tensors && shapes == c->scalar_shapes
+        && PyDict_GET_SIZE(tensors) <= c->max_values && PyDict_GET_SIZE(shapes) <= c->max_values;
+    Py_XDECREF(names);
+    Py_XDECREF(tensors);
+    Py_XDECREF(shapes);
+    PyErr_Clear();
+    Py_ssize_t position = 0;
+    PyObject *key, *value;
+    while (holdable && PyDict_Next(c->scalar_tensors, &position, &key, &value))
+        holdable = held_type(c, value);
+    return holdable;
+}
+
+/* A scalar step of the armed run (not yet open: nothing changed), or NULL with no
+   exception set when it cannot be made here. */
+static PyObject *
+new_scalar_step(Counters *c, long long global_step, long long mode_step)
+{
+    PyObject *numbers[2] = {PyLong_FromLongLong(global_step), PyLong_FromLongLong(mode_step)};
+    PyObject *step = NULL;
+    if (numbers[0] != NULL && numbers[1] != NULL) {
+        PyObject *args[5] = {numbers[0], c->scalar_mode, numbers[1], c->scalar_due, c->scalar_names};
+        step = PyObject_Vectorcall(c->step_type, args, 5, NULL);
+    }
+    Py_XDECREF(numbers[0]);
+    Py_XDECREF(numbers[1]);
+    if (step == NULL)
+        PyErr_Clear();
+    return step;
+}
+
+/* The scalar step `step` (a new reference, taken) is the open step from now on. */
+static int
+open_scalar_step(Counters *c, PyObject *step, int m, long long global_step, long long mode_step)
+{
+    PyObject *tensors = PyObject_GetAttr(step, str_tensors);
+    PyObject *shapes = tensors != NULL ? PyObject_GetAttr(step, str_shapes) : NULL;
+    if (shapes == NULL || !PyDict_CheckExact(tensors) || !PyDict_CheckExact(shapes)) {
+        Py_XDECREF(tensors);
+        Py_XDECREF(shapes);
+        Py_DECREF(step);
+        PyErr_Clear();
+        return -1;
+    }
+    Py_INCREF(step);
+    replace(&c->step, step);
+    replace(&c->scalar_step, step);
+    replace(&c->scalar_tensors, tensors);
+    replace(&c->scalar_shapes, shapes);
+    c->scalar_global_step = global_step;
+    c->scalar_mode_step = mode_step;
+    c->loss_armed = 1;  /* (Hook._on_step_begin: the loss modules save until the update) */
+    c->next_due[m] = mode_step + 1;  /* (StepDriver._due_at, in a run) */
+    c->scalar_steps++;
+    return 0;
+}
+
+/* The open scalar step ended (its timeline already): to `held` when it saved anything,
+   and the held steps to the writer once hold_steps wait or the first waited hold_ns
+   (HeldSteps.hand_over). 0, or -1 to raise. */
+static int
+hold_scalar_step(Counters *c)
+{
+    PyObject *step = c->scalar_step, *tensors = c->scalar_tensors, *shapes = c->scalar_shapes;
+    c->scalar_step = c->scalar_tensors = c->scalar_shapes = NULL;
+    c->loss_armed = 0;
+    int failed = 0, due = 0;
+    if (PyDict_GET_SIZE(tensors) || PyDict_GET_SIZE(shapes)) {
+        PyObject *record = Py_BuildValue("(LOLOO)", c->scalar_global_step, c->scalar_mode, c->scalar_mode_step, tensors, shapes);
+        failed = record == NULL || PyList_Append(c->held, record) < 0;
+        Py_XDECREF(record);
+        long long now = monotonic_ns();
+        if (!failed && PyList_GET_SIZE(c->held) == 1)
+            c->held_first_ns = now;
+        due = !failed && (PyList_GET_SIZE(c->held) >= c->hold_steps || now - c->held_first_ns >= c->hold_ns);
+    }
+    Py_DECREF(step);
+    Py_DECREF(tensors);
+    Py_DECREF(shapes);
+    if (due) {
+        PyObject *done = PyObject_CallNoArgs(c->release);
+        failed = done == NULL;
+        Py_XDECREF(done);
+    }
+    return failed ? hand_to(c->failsafe) : 0;
+}
+
+/* ModelTensors._record_scalar for a registered loss module's output, into the open scalar
+   step: a 0-d CPU tensor of a plain dtype, read with .item(). DONE, HANDED_OVER (another
+   value: Python saves it), or -1 with an exception set. */
+static int record_loss(Counters *c, PyObject *forward, PyObject *output);
+
+/* The length of the one registered optimizer's state (the number of parameters that have
+   state), or -1 with an exception set. */
+static Py_ssize_t
+optimizer_states(PyObject *optimizer)
+{
+    PyObject *state = PyObject_GetAttr(optimizer, str_state);
+    if (state == NULL)
+        return -1;
+    Py_ssize_t n = PyObject_Length(state);
+    Py_DECREF(state);
+    return n;
+}
 
 /* ---- the routine cases (mirrors of Hook._forward_begins & co. in hook.py) ------------ */
 
@@ -408,7 +589,7 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
     }
     PyObject *step = c->step;
     if (mode == c->train && c->drives_optimizer) {
-        if (step == c->idle && c->global_step - 1 == c->train_at) {
+        if ((step == c->idle || scalar_open(c)) && c->global_step - 1 == c->train_at) {
             /* Another micro-batch of the step that ends at optimizer.step(). */
             if (c->timing && failsafe_enabled(c, c->failsafe) && log_event(c, CODE_FORWARD_BEGIN, 0) < 0 && timeline_failed(c) < 0)
                 return -1;
@@ -416,27 +597,35 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
             return DONE;
         }
     }
-    else if (!c->drives_optimizer && step != Py_None && (step != c->idle || c->mode == c->train)) {
+    else if (!c->drives_optimizer && step != Py_None && (c->mode == c->train || (step != c->idle && !scalar_open(c)))) {
         /* Without a registered optimizer, a TRAIN step ends at the next forward: end_step()
-           of a step where nothing was due, unless a stop decision is due with it. */
-        if (step != c->idle || c->closed || !failsafe_enabled(c, c->failsafe) || c->detailed != Py_None || c->notify
-                || c->train_ends + 1 >= c->stop_check_at)
+           of a step where nothing was due, or of a scalar step, unless a stop decision is
+           due with it. */
+        int scalar = scalar_open(c);
+        if ((step != c->idle && !scalar) || c->closed || !failsafe_enabled(c, c->failsafe) || c->detailed != Py_None || c->notify
+                || c->train_ends + 1 >= c->stop_check_at || (scalar && !scalar_step_holdable(c)))
             return HANDED_OVER;
-        if (finish_step_timing(c) < 0)
+        if (finish_step_timing(c) < 0 || (scalar && hold_scalar_step(c) < 0))
             return -1;
         Py_INCREF(Py_None);
         replace(&c->step, Py_None);
         c->train_ends++;
         step = Py_None;
     }
-    /* HookBase._open_step(mode, FORWARD_BEGIN): a step where nothing is due, after one
-       where nothing was. */
+    /* HookBase._open_step(mode, FORWARD_BEGIN): a step where nothing is due or a scalar
+       step of the armed run, after one of either. */
     int m = mode_index(c, mode);
     long long global_step = c->global_step, mode_step = m > 0 ? c->begun[m] : 0;
     int timed = global_step >= c->meter_at;  /* the cost meter times this one (a block begins) */
-    if (m < 0 || c->closed || !failsafe_enabled(c, c->failsafe) || (step != Py_None && step != c->idle) || c->notify
-            || c->detailed != Py_None || (timed && c->meter_block == NULL)
-            || (c->next_due[m] != NONE_DUE && mode_step >= c->next_due[m]))
+    int due = m > 0 && c->next_due[m] != NONE_DUE && mode_step >= c->next_due[m];
+    int scalar = due && m == c->scalar_m && mode_step >= c->scalar_first && mode_step < c->scalar_until;
+    int previous_scalar = step != Py_None && scalar_open(c);
+    if (m < 0 || c->closed || !failsafe_enabled(c, c->failsafe) || (step != Py_None && step != c->idle && !previous_scalar)
+            || c->notify || c->detailed != Py_None || (timed && c->meter_block == NULL) || (due && !scalar)
+            || (previous_scalar && !scalar_step_holdable(c)))
+        return HANDED_OVER;
+    PyObject *opened = scalar ? new_scalar_step(c, global_step, mode_step) : NULL;
+    if (scalar && opened == NULL)
         return HANDED_OVER;
     double started = 0;
     if (timed) {
@@ -445,6 +634,7 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
         Py_XDECREF(reading);
         if (started == -1 && PyErr_Occurred()) {
             PyErr_Clear();
+            Py_XDECREF(opened);
             return HANDED_OVER;
         }
     }
@@ -454,11 +644,14 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
     PyObject *now = NULL;
     if (timeline && !raw && (now = PyObject_CallNoArgs(c->now)) == NULL) {
         timeline = 0;
-        if (timeline_failed(c) < 0)
+        if (timeline_failed(c) < 0) {
+            Py_XDECREF(opened);
             return -1;
+        }
     }
-    if (step != Py_None && finish_step_timing(c) < 0) {
+    if (step != Py_None && (finish_step_timing(c) < 0 || (previous_scalar && hold_scalar_step(c) < 0))) {
         Py_XDECREF(now);
+        Py_XDECREF(opened);
         return -1;
     }
     if (mode != c->mode) {
@@ -467,7 +660,15 @@ forward_begins(Counters *c, PyObject *module, int plain_getattr, int *wanted)
     }
     c->begun[m] = mode_step + 1;
     c->global_step = global_step + 1;
-    if (step != c->idle) {
+    if (opened != NULL) {
+        if (open_scalar_step(c, opened, m, global_step, mode_step) < 0) {
+            /* (Not a StepState of dicts: cannot happen with stepscope's own.) The step is
+               numbered; it saves nothing. */
+            Py_INCREF(c->idle);
+            replace(&c->step, c->idle);
+        }
+    }
+    else if (step != c->idle) {
         Py_INCREF(c->idle);
         replace(&c->step, c->idle);
     }
@@ -517,7 +718,7 @@ forward_ends(Counters *c)
 {
     if (c->step == Py_None)
         return DONE;
-    if (c->step != c->idle)
+    if (c->step != c->idle && !scalar_open(c))
         return HANDED_OVER;
     if (c->mode != c->train)
         return finish_step_timing(c) < 0 ? -1 : DONE;  /* an evaluation step is its forward */
@@ -532,7 +733,7 @@ optimizer_begins(Counters *c)
 {
     if (!failsafe_enabled(c, c->failsafe))
         return DONE;  /* (as the Python method) */
-    if (c->step != c->idle || c->global_step - 1 != c->train_at)
+    if ((c->step != c->idle && !scalar_open(c)) || c->global_step - 1 != c->train_at)
         return HANDED_OVER;  /* a step that saves, or optimizer.step() without a forward */
     if (c->timing && log_event(c, CODE_OPTIMIZER_BEGIN, 0) < 0 && timeline_failed(c) < 0)
         return -1;
@@ -545,12 +746,23 @@ optimizer_ends(Counters *c)
 {
     long long ended = c->train_ends + 1;
     int live = c->step != Py_None && failsafe_enabled(c, c->failsafe);
-    if (ended >= c->stop_check_at || (live && c->step != c->idle))
+    int scalar = live && scalar_open(c);
+    if (ended >= c->stop_check_at || (live && c->step != c->idle && !scalar))
         return HANDED_OVER;  /* a stop decision, or a step that saves */
+    if (scalar && c->optimizer != NULL) {
+        /* Hook._states_hold_no_scalars: known for this many parameters with state. */
+        Py_ssize_t states = optimizer_states(c->optimizer);
+        if (states != c->optimizer_states) {
+            PyErr_Clear();
+            return HANDED_OVER;
+        }
+    }
     c->train_ends = ended;
     c->train_at = -1;
     if (live && finish_step_timing(c) < 0)
         return -1;
+    if (scalar)
+        c->loss_armed = 0;  /* (ModelTensors._forward_work_ends: a loss after the update is no step's) */
     return DONE;
 }
 
@@ -563,6 +775,8 @@ hand_over(Counters *c, PyObject *slow, PyObject *const *args, Py_ssize_t nargs)
         PyErr_SetString(PyExc_RuntimeError, "stepscope: compiled counters used before attach()");
         return NULL;
     }
+    if (scalar_open(c) && promote(c) < 0)  /* Python goes on with the open scalar step */
+        return NULL;
     c->handed_over++;
     return PyObject_Vectorcall(slow, args, nargs, NULL);
 }
@@ -608,6 +822,140 @@ Counters_attach(Counters *c, PyObject *args)
 }
 
 static PyObject *Counters_forward(Counters *c, PyObject *args);
+static PyObject *Counters_loss_forward(Counters *c, PyObject *args);
+
+/* setup_scalar_steps(step_type, adopt, plain_scalars, strided, held_types, max_values): what
+   scalar steps are made of, given once. */
+static PyObject *
+Counters_setup_scalar_steps(Counters *c, PyObject *args)
+{
+    PyObject *step_type, *adopt, *plain_scalars, *strided, *held_types;
+    Py_ssize_t max_values;
+    if (!PyArg_ParseTuple(args, "O!OO!OO!n:setup_scalar_steps", &PyType_Type, &step_type, &adopt, &PyDict_Type, &plain_scalars,
+                          &strided, &PyTuple_Type, &held_types, &max_values))
+        return NULL;
+    if (!PyCallable_Check(adopt)) {
+        PyErr_SetString(PyExc_TypeError, "setup_scalar_steps: adopt must be callable");
+        return NULL;
+    }
+    PyObject **fields[] = {&c->step_type, &c->adopt, &c->plain_scalars, &c->strided, &c->held_types};
+    PyObject *values[] = {step_type, adopt, plain_scalars, strided, held_types};
+    for (int i = 0; i < 5; i++) {
+        Py_INCREF(values[i]);
+        replace(fields[i], values[i]);
+    }
+    c->max_values = max_values;
+    Py_RETURN_NONE;
+}
+
+/* arm_scalar_run(step, first, until, optimizer, release, hold_steps, hold_s): the open step
+   `step` (a scalar step Python opened) and the steps of its mode numbered [first, until)
+   (`until` an int or inf) run here; `optimizer`: the one registered optimizer or None;
+   `release()` hands the held steps to the writer. */
+static PyObject *
+Counters_arm_scalar_run(Counters *c, PyObject *args)
+{
+    PyObject *step, *until, *optimizer, *release;
+    long long first;
+    Py_ssize_t hold_steps;
+    double hold_s;
+    if (!PyArg_ParseTuple(args, "OLOOOnd:arm_scalar_run", &step, &first, &until, &optimizer, &release, &hold_steps, &hold_s))
+        return NULL;
+    if (c->step_type == NULL || step != c->step || !PyObject_TypeCheck(step, (PyTypeObject *)c->step_type)) {
+        PyErr_SetString(PyExc_ValueError, "arm_scalar_run: the open StepState must be given, after setup_scalar_steps");
+        return NULL;
+    }
+    if (!PyCallable_Check(release) || hold_steps < 1) {
+        PyErr_SetString(PyExc_ValueError, "arm_scalar_run: release must be callable and hold_steps positive");
+        return NULL;
+    }
+    long long until_step = LLONG_MAX;
+    if (PyLong_Check(until)) {
+        until_step = PyLong_AsLongLong(until);
+        if (until_step == -1 && PyErr_Occurred())
+            return NULL;
+    }
+    else if (!PyFloat_Check(until) || PyFloat_AS_DOUBLE(until) != Py_HUGE_VAL) {
+        PyErr_SetString(PyExc_TypeError, "arm_scalar_run: until must be an int or inf");
+        return NULL;
+    }
+    Py_ssize_t states = optimizer != Py_None ? optimizer_states(optimizer) : 0;
+    if (states < 0)
+        return NULL;
+    PyObject *attributes[] = {PyObject_GetAttrString(step, "mode"), PyObject_GetAttrString(step, "due"),
+                              PyObject_GetAttrString(step, "due_names"), PyObject_GetAttrString(step, "global_step"),
+                              PyObject_GetAttrString(step, "mode_step"), PyObject_GetAttr(step, str_tensors),
+                              PyObject_GetAttr(step, str_shapes)};
+    int n = sizeof(attributes) / sizeof(attributes[0]), ok = 1;
+    for (int i = 0; i < n; i++)
+        ok = ok && attributes[i] != NULL;
+    int m = ok ? mode_index(c, attributes[0]) : -1;
+    long long global_step = ok ? PyLong_AsLongLong(attributes[3]) : -1, mode_step = ok ? PyLong_AsLongLong(attributes[4]) : -1;
+    if (ok && (m < 1 || PyErr_Occurred() || !PyDict_CheckExact(attributes[5]) || !PyDict_CheckExact(attributes[6]))) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_ValueError, "arm_scalar_run: a step of a known mode, with dicts, must be given");
+        ok = 0;
+    }
+    if (!ok) {
+        for (int i = 0; i < n; i++)
+            Py_XDECREF(attributes[i]);
+        return NULL;
+    }
+    replace(&c->scalar_mode, attributes[0]);
+    replace(&c->scalar_due, attributes[1]);
+    replace(&c->scalar_names, attributes[2]);
+    Py_DECREF(attributes[3]);
+    Py_DECREF(attributes[4]);
+    replace(&c->scalar_tensors, attributes[5]);
+    replace(&c->scalar_shapes, attributes[6]);
+    Py_INCREF(step);
+    replace(&c->scalar_step, step);
+    c->scalar_global_step = global_step;
+    c->scalar_mode_step = mode_step;
+    c->loss_armed = 1;
+    c->scalar_m = m;
+    c->scalar_first = first;
+    c->scalar_until = until_step;
+    replace(&c->optimizer, optimizer != Py_None ? Py_NewRef(optimizer) : NULL);
+    c->optimizer_states = states;
+    Py_INCREF(release);
+    replace(&c->release, release);
+    c->hold_steps = hold_steps;
+    c->hold_ns = (long long)(hold_s * 1e9);
+    Py_RETURN_NONE;
+}
+
+/* disarm_scalar_run(): no step runs here as a scalar step from now on; an open one goes
+   to Python. */
+static PyObject *
+Counters_disarm_scalar_run(Counters *c, PyObject *unused)
+{
+    c->scalar_m = 0;
+    if (scalar_open(c) && promote(c) < 0)
+        return NULL;
+    Py_RETURN_NONE;
+}
+
+/* take_held(): the scalar steps ended here since the last take, oldest first. */
+static PyObject *
+Counters_take_held(Counters *c, PyObject *unused)
+{
+    PyObject *fresh = PyList_New(0);
+    if (fresh == NULL)
+        return NULL;
+    PyObject *held = c->held;
+    c->held = fresh;
+    return held;
+}
+
+/* held_age(): seconds since the oldest step take_held would return ended, or None. */
+static PyObject *
+Counters_held_age(Counters *c, PyObject *unused)
+{
+    if (PyList_GET_SIZE(c->held) == 0)
+        Py_RETURN_NONE;
+    return PyFloat_FromDouble((double)(monotonic_ns() - c->held_first_ns) / 1e9);
+}
 
 static PyObject *
 Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
@@ -663,6 +1011,11 @@ Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
         c->code_values[i] = PyLong_AsLongLong(code);
     }
     c->notify = (char)notify;
+    c->held = PyList_New(0);
+    if (c->held == NULL) {
+        Py_DECREF(c);
+        return NULL;
+    }
     c->stop_check_at = 1;
     c->meter_at = 1LL << 62;  /* NEVER (stepscope.capture.step_counters) */
     c->train_at = -1;
@@ -689,9 +1042,11 @@ Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 #define VISIT_FIELD(name) Py_VISIT(self->name);
 #define CLEAR_FIELD(name) Py_CLEAR(self->name);
 #define COUNTERS_GC_FIELDS(X) X(step) X(idle) X(last_end) X(failsafe) X(profiler_failsafe) X(detailed) X(now) \
-    X(log_append) X(begun_table) X(next_due_table) X(slow_begin) X(slow_end) X(slow_pre) X(slow_post) X(meter_block)
+    X(log_append) X(begun_table) X(next_due_table) X(slow_begin) X(slow_end) X(slow_pre) X(slow_post) X(meter_block) \
+    X(scalar_step) X(scalar_tensors) X(scalar_shapes) X(scalar_mode) X(scalar_due) X(scalar_names) X(optimizer) X(held) \
+    X(release) X(step_type) X(adopt) X(plain_scalars) X(strided) X(held_types)
 #define COUNTERS_PLAIN_FIELDS(X) X(mode) X(explicit_mode) X(words) X(train) X(eval) X(failsafe_type)
-#define DRIVEN_FORWARD_FIELDS(X) X(counters) X(model) X(original) X(dict) X(bound)
+#define DRIVEN_FORWARD_FIELDS(X) X(counters) X(model) X(original) X(dict) X(bound) X(before) X(after) X(name)
 #define BOUND_FORWARD_FIELDS(X) X(forward) X(instance)
 
 static int
@@ -825,6 +1180,8 @@ static PyMemberDef Counters_members[] = {
     MEMBER(train_at, Py_T_LONGLONG, 0, NULL),
     MEMBER(routine, Py_T_ULONGLONG, Py_READONLY, "entry-point calls done here"),
     MEMBER(handed_over, Py_T_ULONGLONG, Py_READONLY, "entry-point calls handed to the hook's Python methods"),
+    {"loss_armed", Py_T_BOOL, offsetof(Counters, loss_armed), Py_READONLY, "the open scalar step's losses save"},
+    MEMBER(scalar_steps, Py_T_ULONGLONG, Py_READONLY, "steps opened here as scalar steps"),
     {NULL, 0, 0, 0, NULL},
 };
 
@@ -835,6 +1192,16 @@ static PyMethodDef Counters_methods[] = {
      "meter's account at the steps timed here (HookBase._meter_block)."},
     {"forward", (PyCFunction)Counters_forward, METH_VARARGS,
      "forward(model, original): a `forward` for the driven model's class (driver.drive_forward)."},
+    {"loss_forward", (PyCFunction)Counters_loss_forward, METH_VARARGS,
+     "loss_forward(model, original, before, after): a `forward` for a loss module's driven class (driver.drive_forward)."},
+    {"setup_scalar_steps", (PyCFunction)Counters_setup_scalar_steps, METH_VARARGS,
+     "setup_scalar_steps(step_type, adopt, plain_scalars, strided, held_types, max_values): what scalar steps are made of."},
+    {"arm_scalar_run", (PyCFunction)Counters_arm_scalar_run, METH_VARARGS,
+     "arm_scalar_run(step, first, until, optimizer, release, hold_steps, hold_s): run the open scalar step and the "
+     "run's next ones here."},
+    {"disarm_scalar_run", (PyCFunction)Counters_disarm_scalar_run, METH_NOARGS, "Run no scalar step here from now on."},
+    {"take_held", (PyCFunction)Counters_take_held, METH_NOARGS, "The scalar steps ended here since the last take."},
+    {"held_age", (PyCFunction)Counters_held_age, METH_NOARGS, "Seconds since the oldest held step ended, or None."},
     {"optimizer_pre", (PyCFunction)(void (*)(void))Counters_optimizer_pre, METH_FASTCALL, "a torch optimizer step pre-hook"},
     {"log_words", (PyCFunction)Counters_log_words, METH_NOARGS, "new words for a flat phase log (a Words)"},
     {"optimizer_post", (PyCFunction)(void (*)(void))Counters_optimizer_post, METH_FASTCALL, "a torch optimizer step post-hook"},
@@ -969,7 +1336,60 @@ typedef struct {
        __getattr__ only answers for missing ones, and `training` never is): read
        `training` that way, without looking up __getattribute__ and __getattr__ first. */
     int plain_getattr;
+    /* A registered loss module's forward (Counters.loss_forward): `before` and `after` are
+       the hook's callbacks (ModelTensors._loss_begins, _loss_ends for this loss), and once
+       armed (arm()) a scalar step's output is saved here as `name` (its TensorPlan's). */
+    int is_loss, armed, save_raw, save_shape;
+    Py_ssize_t loss_nargs;
+    PyObject *before, *after, *name;
 } DrivenForward;
+
+static PyObject *loss_forward_call(DrivenForward *self, PyObject *const *args, size_t nargsf, PyObject *kwnames);
+
+static int
+record_loss(Counters *c, PyObject *forward, PyObject *output)
+{
+    DrivenForward *self = (DrivenForward *)forward;
+    if (Py_TYPE(output) != (PyTypeObject *)tensor_type)
+        return HANDED_OVER;
+    PyObject *value = PyObject_GetAttr(output, str_is_cpu);
+    if (value == NULL)
+        return -1;
+    Py_DECREF(value);
+    if (value != Py_True)
+        return HANDED_OVER;
+    if ((value = PyObject_GetAttr(output, str_layout)) == NULL)
+        return -1;
+    Py_DECREF(value);
+    if (value != c->strided)
+        return HANDED_OVER;
+    if ((value = PyObject_GetAttr(output, str_dtype)) == NULL)
+        return -1;
+    PyObject *to_numpy = PyDict_GetItemWithError(c->plain_scalars, value);  /* borrowed */
+    Py_DECREF(value);
+    if (to_numpy == NULL)
+        return PyErr_Occurred() ? -1 : HANDED_OVER;
+    if ((value = PyObject_CallMethodNoArgs(output, str_dim)) == NULL)
+        return -1;
+    long dims = PyLong_AsLong(value);
+    Py_DECREF(value);
+    if (dims == -1 && PyErr_Occurred())
+        return -1;
+    if (dims != 0)
+        return HANDED_OVER;
+    if (self->save_raw) {
+        PyObject *number = PyObject_CallMethodNoArgs(output, str_item);
+        PyObject *saved = number != NULL ? PyObject_CallOneArg(to_numpy, number) : NULL;
+        Py_XDECREF(number);
+        int failed = saved == NULL || PyDict_SetItem(c->scalar_tensors, self->name, saved) < 0;
+        Py_XDECREF(saved);
+        if (failed)
+            return -1;
+    }
+    if (self->save_shape && PyDict_SetItem(c->scalar_shapes, self->name, empty_tuple) < 0)
+        return -1;
+    return DONE;
+}
 
 static PyObject *
 DrivenForward_call(DrivenForward *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
@@ -977,6 +1397,8 @@ DrivenForward_call(DrivenForward *self, PyObject *const *args, size_t nargsf, Py
     Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
     if (nargs < 1 || args[0] != self->model)
         return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (self->is_loss)
+        return loss_forward_call(self, args, nargsf, kwnames);
     Counters *c = self->counters;
     PyObject *module = args[0];
     int wanted = 0;
@@ -1024,6 +1446,124 @@ DrivenForward_call(DrivenForward *self, PyObject *const *args, size_t nargsf, Py
     return result;
 }
 
+/* after(module, args, output) of a loss module's forward (the positional arguments as a
+   forward hook gets them); returns `output`, or NULL (output released) on an error. */
+static PyObject *
+call_after(DrivenForward *self, PyObject *const *args, Py_ssize_t nargs, PyObject *output)
+{
+    PyObject *positional = PyTuple_New(nargs - 1);
+    PyObject *done = NULL;
+    if (positional != NULL) {
+        for (Py_ssize_t i = 1; i < nargs; i++) {
+            Py_INCREF(args[i]);
+            PyTuple_SET_ITEM(positional, i - 1, args[i]);
+        }
+        PyObject *after_args[3] = {args[0], positional, output};
+        done = PyObject_Vectorcall(self->after, after_args, 3, NULL);
+        Py_DECREF(positional);
+    }
+    if (done == NULL) {
+        Py_DECREF(output);
+        return NULL;
+    }
+    Py_DECREF(done);
+    return output;
+}
+
+/* A registered loss module's forward: at an open scalar step whose losses save, with the
+   arguments of the armed plan (plain tensors), its output is saved here; otherwise (and
+   when that output is not one read here) the driver's Python way: `before(module)`, the
+   forward, and `after(module, args, output)` when before said so (driver.drive_forward). */
+static PyObject *
+loss_forward_call(DrivenForward *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
+{
+    Counters *c = self->counters;
+    Py_ssize_t nargs = PyVectorcall_NARGS(nargsf);
+    if (scalar_open(c) && c->loss_armed) {
+        int plain = self->armed && kwnames == NULL && nargs - 1 == self->loss_nargs && failsafe_enabled(c, c->failsafe);
+        for (Py_ssize_t i = 1; plain && i < nargs; i++)
+            plain = Py_TYPE(args[i]) == (PyTypeObject *)tensor_type;
+        if (plain) {
+            PyObject *output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+            if (output == NULL)
+                return NULL;
+            int outcome = record_loss(c, (PyObject *)self, output);
+            if (outcome == DONE) {
+                c->routine++;
+                return output;
+            }
+            if (outcome < 0) {  /* the contract: nothing escapes into training */
+                if (hand_to(c->failsafe) < 0) {
+                    Py_DECREF(output);
+                    return NULL;
+                }
+                return output;
+            }
+            if (promote(c) < 0) {  /* Python saves this output its general way */
+                Py_DECREF(output);
+                return NULL;
+            }
+            c->handed_over++;
+            return call_after(self, args, nargs, output);
+        }
+        if (promote(c) < 0)
+            return NULL;
+    }
+    else if (c->step == c->idle) {
+        /* A step where nothing is due: its losses save nothing (_loss_begins says False). */
+        c->routine++;
+        return PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    }
+    c->handed_over++;
+    PyObject *answer = PyObject_CallOneArg(self->before, args[0]);
+    if (answer == NULL)
+        return NULL;
+    int wanted = PyObject_IsTrue(answer);
+    Py_DECREF(answer);
+    if (wanted < 0)
+        return NULL;
+    PyObject *output = PyObject_Vectorcall(self->original, args, nargsf, kwnames);
+    if (output == NULL || !wanted)
+        return output;
+    return call_after(self, args, nargs, output);
+}
+
+static PyObject *
+DrivenForward_arm(DrivenForward *self, PyObject *args)
+{
+    PyObject *name;
+    int save_raw, save_shape;
+    Py_ssize_t nargs;
+    if (!PyArg_ParseTuple(args, "Uppn:arm", &name, &save_raw, &save_shape, &nargs))
+        return NULL;
+    if (!self->is_loss) {
+        PyErr_SetString(PyExc_TypeError, "arm: not a loss module's forward");
+        return NULL;
+    }
+    Py_INCREF(name);
+    replace(&self->name, name);
+    self->save_raw = save_raw;
+    self->save_shape = save_shape;
+    self->loss_nargs = nargs;
+    self->armed = 1;
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+DrivenForward_disarm(DrivenForward *self, PyObject *unused)
+{
+    self->armed = 0;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef DrivenForward_methods[] = {
+    {"arm", (PyCFunction)DrivenForward_arm, METH_VARARGS,
+     "arm(name, save_raw, save_shape, nargs): a loss module's forward saves its output as `name` at scalar steps "
+     "(called with `nargs` plain tensors)."},
+    {"disarm", (PyCFunction)DrivenForward_disarm, METH_NOARGS, "Save nothing here: the Python way only."},
+    {NULL, NULL, 0, NULL},
+};
+
 /* `instance.forward`: a BoundForward (not a types.MethodType, whose __func__ would have to
    be a Python function for inspect and TorchDynamo). Each call of the driven model reads
    it (nn.Module._call_impl), so the driven model's is made once. */
@@ -1046,18 +1586,21 @@ DrivenForward_get(PyObject *self, PyObject *instance, PyObject *owner)
 }
 
 static PyObject *
-Counters_forward(Counters *c, PyObject *args)
+driven_forward(Counters *c, PyObject *model, PyObject *original, PyObject *before, PyObject *after)
 {
-    PyObject *model, *original;
-    if (!PyArg_ParseTuple(args, "OO:forward", &model, &original))
-        return NULL;
-    if (!PyCallable_Check(original)) {
-        PyErr_SetString(PyExc_TypeError, "forward: the original forward must be callable");
+    if (!PyCallable_Check(original) || (before != NULL && (!PyCallable_Check(before) || !PyCallable_Check(after)))) {
+        PyErr_SetString(PyExc_TypeError, "forward: the original forward and the callbacks must be callable");
         return NULL;
     }
     DrivenForward *self = PyObject_GC_New(DrivenForward, &DrivenForwardType);
     if (self == NULL)
         return NULL;
+    self->is_loss = before != NULL;
+    self->armed = self->save_raw = self->save_shape = 0;
+    self->loss_nargs = 0;
+    self->before = Py_XNewRef(before);
+    self->after = Py_XNewRef(after);
+    self->name = NULL;
     Py_INCREF(c);
     self->counters = c;
     Py_INCREF(model);
@@ -1075,6 +1618,24 @@ Counters_forward(Counters *c, PyObject *args)
     PyErr_Clear();
     PyObject_GC_Track(self);
     return (PyObject *)self;
+}
+
+static PyObject *
+Counters_forward(Counters *c, PyObject *args)
+{
+    PyObject *model, *original;
+    if (!PyArg_ParseTuple(args, "OO:forward", &model, &original))
+        return NULL;
+    return driven_forward(c, model, original, NULL, NULL);
+}
+
+static PyObject *
+Counters_loss_forward(Counters *c, PyObject *args)
+{
+    PyObject *model, *original, *before, *after;
+    if (!PyArg_ParseTuple(args, "OOOO:loss_forward", &model, &original, &before, &after))
+        return NULL;
+    return driven_forward(c, model, original, before, after);
 }
 
 static int
@@ -1115,6 +1676,7 @@ static PyTypeObject DrivenForwardType = {
     .tp_descr_get = DrivenForward_get,
     .tp_dictoffset = offsetof(DrivenForward, dict),
     .tp_getset = DrivenForward_getset,
+    .tp_methods = DrivenForward_methods,
     .tp_traverse = (traverseproc)DrivenForward_traverse,
     .tp_clear = (inquiry)DrivenForward_clear,
     .tp_dealloc = (destructor)DrivenForward_dealloc,
@@ -1250,6 +1812,13 @@ PyInit__fastpath(void)
 {
     str_training = PyUnicode_InternFromString("training");
     str_fail = PyUnicode_InternFromString("fail");
+    PyObject **names[] = {&str_is_cpu, &str_layout, &str_dtype, &str_dim, &str_item, &str_tensors, &str_shapes, &str_due_names, &str_state};
+    const char *texts[] = {"is_cpu", "layout", "dtype", "dim", "item", "tensors", "shapes", "due_names", "state"};
+    for (size_t i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+        if ((*names[i] = PyUnicode_InternFromString(texts[i])) == NULL)
+            return NULL;
+    if ((empty_tuple = PyTuple_New(0)) == NULL)
+        return NULL;
     PyObject *time = PyImport_ImportModule("time");
     if (str_training == NULL || str_fail == NULL || time == NULL)
         return NULL;
@@ -1262,8 +1831,9 @@ PyInit__fastpath(void)
     if (torch == NULL)
         return NULL;
     is_grad_enabled = PyObject_GetAttrString(torch, "is_grad_enabled");
+    tensor_type = PyObject_GetAttrString(torch, "Tensor");
     Py_DECREF(torch);
-    if (is_grad_enabled == NULL)
+    if (is_grad_enabled == NULL || tensor_type == NULL)
         return NULL;
     if (PyType_Ready(&CountersType) < 0 || PyType_Ready(&ModeTableType) < 0 || PyType_Ready(&DrivenForwardType) < 0
             || PyType_Ready(&BoundForwardType) < 0 || PyType_Ready(&WordsType) < 0)

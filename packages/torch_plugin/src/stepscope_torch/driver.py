@@ -46,6 +46,7 @@ class ForwardDriver:
         self.model = model
         self.base = base
         self.driven = driven
+        self.forward: Any = driven.__dict__["forward"]  # (a compiled one has arm() / disarm())
 
     def remove(self) -> None:
         """Give the model its own class back (when it still has ours: a later swap by
@@ -134,14 +135,18 @@ def drive_forward(
     before: Callable[[nn.Module], object],
     after: Callable[[nn.Module, tuple[Any, ...], Any], None],
     fast: Any = None,
+    loss: bool = False,
 ) -> ForwardDriver | None:
     """Call `before(model)` at the start of each call of `model`'s forward and, when it
     returns a true value, `after(model, args, output)` at its end (the arguments a torch
     forward hook gets: a hook that `before` registers on the model itself would not run in
     the call under way). On most steps there is nothing to do after the forward, and the
-    call not made is a third of what the driver costs. With `fast` (a compiled
-    `fastpath.FastPath` over the same two callbacks) the forward is compiled too. None
-    when the model's class cannot be swapped."""
+    call not made is a third of what the driver costs. With `fast` (the compiled counters,
+    fastpath.py) the forward is compiled too: the driven model's (over the same two
+    callbacks, given to `fast.attach`), or with `loss` a loss module's, which reads the
+    loss itself at a compiled scalar step and otherwise calls these two (its
+    `ForwardDriver.forward` is armed for that). None when the model's class cannot be
+    swapped."""
     if not _can_swap(model):
         return None
     keep_dynamo_out()
@@ -160,8 +165,8 @@ def drive_forward(
             after(self, args, result)
         return result
 
-    if fast is not None:
-        forward = fast.forward(model, original)  # the same, in C (fastpath.py)
+    if fast is not None:  # the same, in C (fastpath.py)
+        forward = fast.loss_forward(model, original, before, after) if loss else fast.forward(model, original)
 
     functools.update_wrapper(forward, original)  # name, docstring, __wrapped__ (signature)
     namespace = {

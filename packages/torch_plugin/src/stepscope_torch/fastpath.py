@@ -9,6 +9,20 @@ a few dozen attribute reads: about twice what two calls of an empty `nn.Module` 
 do the routine case of those entry points themselves and hand every other case to the
 hook's Python method, unchanged: the results are the same either way (tested).
 
+Scalar steps. Under the capture defaults the losses and metrics are due at every step, so
+every step saves, and in Python such a step cost about 25 calls into the hook (about 7 % of
+a small model's step, bench/callgrind_torch_hook.py --default-config). Once a step that
+saves only them opens on the Python path and nothing else is to be done at such steps
+(`compile_scalar_steps` says what that takes: the registered losses' plans known, no
+activation to save, one optimizer whose state saves nothing, ...), the counters run the
+rest of that run of steps themselves: each step is a real `StepState` (anything Python
+saves into it goes in as usual), the registered loss modules' forwards (compiled too,
+`loss_forward`) read the loss with `.item()` as `ModelTensors._record_scalar` does, and an
+ended step goes to a list that `HeldSteps` takes, in order with what the Python path hands
+it. Anything else at such a step hands it back (`Hook._adopt_step`), and Python goes on
+with it as if it had opened it. A `register_*` call hands the open one back and ends the
+run (`recompile`): the next step that opens in Python decides again.
+
 The extension is optional: a build without a C compiler, or a free-threaded Python, has
 the Python path only; `STEPSCOPE_PURE_PYTHON=1` chooses it where the extension is built."""
 
@@ -18,6 +32,9 @@ import logging
 import os
 from typing import Any
 
+import torch
+
+from stepscope.capture.held_steps import MAX_VALUES
 from stepscope.capture.phases import (
     EVENT_CODES,
     FORWARD_BEGIN,
@@ -27,7 +44,10 @@ from stepscope.capture.phases import (
     STEP_END_RECORD,
 )
 from stepscope.capture.step_counters import StepCounters
+from stepscope.capture.step_driver import StepState
 from stepscope.modes import ModeKeys
+
+from .model_tensors import PLAIN_SCALARS
 
 logger = logging.getLogger("stepscope")
 
@@ -93,4 +113,49 @@ def attach(hook: Any) -> Any:
     if isinstance(counters, TorchCounters):
         return None
     counters.attach(hook._forward_begins, hook._forward_ends, hook._on_optimizer_pre, hook._on_optimizer_post, hook._meter_block)
+    # What scalar steps are made of: a held step holds only numpy scalars of these types.
+    counters.setup_scalar_steps(StepState, hook._adopt_step, dict(PLAIN_SCALARS), torch.strided, tuple(set(PLAIN_SCALARS.values())), MAX_VALUES)
     return counters
+
+
+def compile_scalar_steps(hook: Any, step: StepState) -> None:
+    """At a step that saves only losses and metrics, opened on the Python path: when the
+    hook's set-up leaves nothing else to do at such steps, the compiled counters run it
+    from here on, and the rest of its run (the steps of its mode where the same
+    collections alone are due: StepDriver._due_at's run). Otherwise nothing changes."""
+    c = hook._counters
+    run = hook.__dict__.get("_due_runs", {}).get(step.mode)
+    held = hook._runtime.held
+    if run is None or run.names is not step.due_names or not run.first <= step.mode_step < run.until or held is None:
+        return
+    # What the Python path would do at such a step besides counting, timing and reading
+    # the registered losses: watched activations, losses read through torch hooks, a
+    # GradScaler's metrics, several optimizers' phases, a windowed profiler, per-step
+    # notices to a plugin, optimizer state or parameters in the scalar collections.
+    optimizers = hook._optimizers
+    if (
+        c.notify or c.detailed is not None or hook._hooked_losses or hook._scaler is not None or len(optimizers) > 1
+        or (c.drives_optimizer and not (len(hook._optimizer_handles) == 1 and hook._ending and optimizers))
+        or not hook._io_collections.isdisjoint(step.due_names) or not hook._only_scalars_due() or not hook._states_hold_no_scalars()
+    ):  # fmt: skip
+        return
+    armed = []
+    for name, _module in hook._losses:
+        forward, known = hook._loss_forwards.get(name), hook._loss_plans.get(name)
+        if forward is None or known is None or known[0] is not step.due_names or known[2].reductions:
+            return  # (a loss saved once on the Python path has its plan: the next step arms)
+        armed.append((forward, known))
+    for forward, (_names, nargs, plan) in armed:
+        forward.arm(plan.name, plan.save_raw, plan.save_shape, nargs)
+    held.attach_source(c)
+    until = run.until if run.until == float("inf") else int(run.until)
+    c.arm_scalar_run(step, run.first, until, optimizers[0] if optimizers else None, hook._release_held, held.max_steps, held.max_s)
+    hook._losses_armed = False  # (the compiled loss forwards save at this step now)
+
+
+def recompile(hook: Any) -> None:
+    """The hook's set-up changed (a registration): no step runs compiled as a scalar step
+    until one opens on the Python path again and `compile_scalar_steps` decides anew."""
+    fast = hook._fast
+    if fast is not None:
+        fast.disarm_scalar_run()

@@ -101,6 +101,7 @@ class Hook(OptimizerSteps):
         self._modules: list[tuple[str, nn.Module]] = []
         self._losses: list[tuple[str, nn.Module]] = []  # the registered loss modules
         self._hooked_losses: list[tuple[str, nn.Module]] = []  # those whose forward cannot be driven: torch hooks while due
+        self._loss_forwards: dict[str, Any] = {}  # the compiled forwards of the driven loss modules (fastpath.py)
         self._losses_armed = False  # a due step is open and its forward work goes on: the loss modules save their output
         self._loss_plans: dict[str, tuple[frozenset[str], int, TensorPlan]] = {}  # model_tensors.ModelTensors._loss_ends
         self._optimizers: list[torch.optim.Optimizer] = []
@@ -121,7 +122,8 @@ class Hook(OptimizerSteps):
         self._io_collections = frozenset(
             c.name for c in self.included if c.name not in _NOT_ACTIVATIONS and (c.name != CollectionName.DEFAULT or c.include_regex)
         )
-        # The routine case of the four entry points below, compiled (fastpath.py); None: Python.
+        # The routine case of the four entry points below, and of steps that save only losses
+        # and metrics, compiled (fastpath.py); None: Python.
         self._fast = fastpath.attach(self) if self.enabled else None
         # The black box (blackbox.py): excepthooks, the stop's, NaNs, on-demand memory snapshots.
         self._black_box = blackbox.attach(self) if self.enabled else None
@@ -170,6 +172,20 @@ class Hook(OptimizerSteps):
             self._step_handles += [
                 p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, n)) for n, p in self._params if p.requires_grad
             ]
+        if scalars and self._fast is not None:
+            fastpath.compile_scalar_steps(self, step)  # this step and the next ones like it, in C
+
+    def _adopt_step(self, losses_armed: bool) -> None:
+        """The compiled path hands its open scalar step to this one (fastpath.py): the loss
+        modules save their output as they did there."""
+        self._losses_armed = losses_armed
+
+    def _release_held(self) -> None:
+        """The held scalar steps to the writer (the compiled path's, once enough wait)."""
+        self._runtime.release_held()
+        writer = self._runtime.writer
+        if writer is not None and writer.failed:
+            self.failsafe.enabled = False
 
     def _on_step_end(self) -> None:
         self._losses_armed = False
@@ -336,11 +352,14 @@ class Hook(OptimizerSteps):
         self.claim_names([naming.activation_name(name, "output", 0)])
         # Its output is read at the end of its forward (driver.py: a torch forward hook put
         # on and taken off at every step cost more than the rest of a step that saves a loss).
-        driver = drive_forward(loss_module, self._loss_begins, functools.partial(self._loss_ends, name))
+        driver = drive_forward(loss_module, self._loss_begins, functools.partial(self._loss_ends, name), fast=self._fast, loss=True)
         if driver is not None:
             self._handles.append(driver)
+            if self._fast is not None:
+                self._loss_forwards[name] = driver.forward
         else:
             self._hooked_losses.append((name, loss_module))
+        fastpath.recompile(self)
         return loss_module
 
     def wrap_loss(self, loss_fn: F, name: str | None = None) -> F:

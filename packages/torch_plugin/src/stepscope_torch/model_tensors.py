@@ -22,7 +22,7 @@ from .distributed import DistributedParts
 _SCALAR_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METRICS})
 # Dtypes whose 0-d CPU tensors (a loss, a metric) are read with .item() into numpy: exact
 # (the Python number holds every value of these).
-_PLAIN_SCALARS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
+PLAIN_SCALARS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
 
 
 class ModelTensors(DistributedParts):
@@ -201,7 +201,7 @@ class ModelTensors(DistributedParts):
         False for anything else (a GPU loss is copied without a sync, by `_capture`)."""
         if plan.reductions or tensor.__class__ is not torch.Tensor or not tensor.is_cpu or tensor.dim() or tensor.layout is not torch.strided:
             return False
-        to_numpy = _PLAIN_SCALARS.get(tensor.dtype)
+        to_numpy = PLAIN_SCALARS.get(tensor.dtype)
         if to_numpy is None:
             return False
         # What TensorSaver.record does for a value with no reductions and shape (), inlined:

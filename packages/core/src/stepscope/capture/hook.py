@@ -277,10 +277,8 @@ class HookBase(StepDriver, ClosedOnExit):
     def _hand_over(self, step: StepState) -> None:
         writer, held = self._runtime.writer, self._runtime.held
         if writer is not None and held is not None:
-            saved = self._runtime.saved
-            if saved is not None:
-                saved.note(step.mode, step.tensors)
-            # (Steps that saved only losses and metrics go to the writer in batches: held_steps.py.)
+            # (Steps that saved only losses and metrics go to the writer in batches: held_steps.py,
+            # which also notes the evidence each step holds.)
             held.hand_over(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes, step.due_names <= ALWAYS_SAVED_COLLECTIONS)
             if writer.failed:
                 self.failsafe.enabled = False

@@ -345,7 +345,13 @@ class StepDriver:
         if any(every):
             bounds = [config.end_step if each else n for config, n, each in zip(configs, nexts, every)]
             until = min([float("inf"), *(n for n in bounds if n is not None)])
-            runs[mode] = _DueRun(first, until, tuple(c for c, each in zip(candidates, every) if each))
+            following = _DueRun(first, until, tuple(c for c, each in zip(candidates, every) if each))
+            if run is not None and run.names == following.names:
+                # The same collections as the run before (the loss alone, between two tensor
+                # steps): the same names object, which what was learned of the run's steps is
+                # keyed by (a loss's plan, the compiled scalar steps of stepscope_torch).
+                following.names = run.names
+            runs[mode] = following
         else:
             runs.pop(mode, None)
         return (due, frozenset(c.name for c in due)) if due else None

@@ -57,6 +57,7 @@ RETRY_MAX_S = 4.0
 # large saves waits hundreds of MB).
 BACKLOG_BYTES = 32 << 20
 _JOIN_BATCH_BELOW = 1 << 20  # bytes: a batch's event file up to this is written as one buffer
+HELD_STEP_BYTES = 256  # what a held step (a few scalars and their names) counts against the queue's bound
 
 __all__ = ["Writer", "Deferred", "PendingValue", "CLOSE_TIMEOUT_ENV", "DEFAULT_CLOSE_TIMEOUT_S", "close_timeout_from_env"]
 
@@ -93,10 +94,24 @@ class _StepJob:
 @dataclass
 class _StepBatch:
     """Small steps handed over together (a hook's scalar-only steps): framed into one event
-    file, each step still with its own index file (what smdebug's reader lists)."""
+    file, each step still with its own index file (what smdebug's reader lists). `held`:
+    steps as HeldSteps holds them, made into `steps` on the writer's thread (`jobs()`)."""
 
-    steps: list[_StepJob]
+    steps: list[_StepJob] | None
     nbytes: int
+    held: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]] | None = None
+
+    def jobs(self) -> list[_StepJob]:
+        if self.steps is None:
+            self.steps = [
+                _StepJob(step, mode, mode_step, tensors, shapes, sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values()))
+                for step, mode, mode_step, tensors, shapes in self.held or ()
+            ]
+            self.held = None
+        return self.steps
+
+    def step_numbers(self) -> list[int]:
+        return [j.step for j in self.steps] if self.steps is not None else [held[0] for held in self.held or ()]
 
 
 @dataclass
@@ -112,7 +127,7 @@ def _at_risk(job: Any) -> tuple[list[int], list[str]]:
     if isinstance(job, _StepJob):
         return [job.step], []
     if isinstance(job, _StepBatch):
-        return [j.step for j in job.steps], []
+        return job.step_numbers(), []
     if isinstance(job, _FileJob):
         return [], [job.key]
     return [], []
@@ -253,6 +268,17 @@ class Writer(ClosedOnExit):
         nbytes = sum(j.nbytes for j in jobs)
         return self._put(_StepBatch(jobs, nbytes), nbytes)
 
+    def write_held_steps(self, steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> bool:
+        """`write_steps` for HeldSteps' steps, which it hands over whole: ended steps (nothing
+        changes them any more) of plain numbers, each at most `held_steps.MAX_BYTES`,
+        counted at HELD_STEP_BYTES each against the queue's bound. Taken as they are (no
+        copies) and made into jobs on the writer's thread: the training thread, which
+        hands them over, pays only for the list."""
+        if not steps:
+            return True
+        nbytes = HELD_STEP_BYTES * len(steps)
+        return self._put(_StepBatch(None, nbytes, steps), nbytes)
+
     def write_file(self, key: str, data: bytes) -> bool:
         """Enqueue a whole file (collections JSON, a control or report object)."""
         return self._put(_FileJob(key, data, len(data)), len(data))
@@ -354,6 +380,7 @@ class Writer(ClosedOnExit):
                 self._queue.append(barrier)
             else:
                 barrier.done.set()
+
             self._closed = True
             self._cond.notify_all()
         if not barrier.done.wait(max(0.0, deadline.left() - reserve)):
@@ -379,7 +406,6 @@ class Writer(ClosedOnExit):
             write_status(self.store, self.worker, status, timeout_s=deadline.left())
         except Exception as exc:
             logger.error("stepscope: could not record the lost steps in the status file either: %s", exc)
-
 
     def __del__(self) -> None:
         try:
@@ -477,7 +503,7 @@ class Writer(ClosedOnExit):
         event_key = None
         offset = 0
         indexed = []
-        for job in batch.steps:
+        for job in batch.jobs():
             before = len(parts) if parts is not None else 0
             framed = self._frame_step(job, parts, event_key, offset)
             if framed is not None:
