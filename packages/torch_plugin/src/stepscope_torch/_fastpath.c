@@ -87,8 +87,8 @@ typedef struct {
     PyObject *release;                 /* what hands the held steps to the writer */
     /* set once (setup_scalar_steps) */
     PyObject *step_type, *adopt;       /* StepState; Hook._adopt_step */
-    PyObject *plain_scalars, *strided, *held_types;
-    Py_ssize_t max_values;
+    PyObject *plain_scalars, *strided, *held_types, *array_type;
+    Py_ssize_t max_values, max_bytes;
 } Counters;
 
 /* counters.begun / counters.next_due as Python sees them: views of the arrays above. */
@@ -429,15 +429,22 @@ promote(Counters *c)
     return 0;
 }
 
-/* Whether `value`'s type is one a held step holds (a numpy scalar of a plain dtype). */
-static inline int
-held_type(Counters *c, PyObject *value)
+/* The bytes of `value` when a held step may hold it (a numpy scalar of a plain dtype, a
+   numpy array: what save_scalar and a functional loss's save_loss record), else -1. */
+static Py_ssize_t
+held_bytes(Counters *c, PyObject *value)
 {
     PyObject *type = (PyObject *)Py_TYPE(value);
     for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(c->held_types); i++)
         if (PyTuple_GET_ITEM(c->held_types, i) == type)
-            return 1;
-    return 0;
+            return 8;
+    if (type != c->array_type)
+        return -1;
+    PyObject *nbytes = PyObject_GetAttrString(value, "nbytes");
+    Py_ssize_t n = nbytes != NULL ? PyLong_AsSsize_t(nbytes) : -1;
+    Py_XDECREF(nbytes);
+    PyErr_Clear();
+    return n;
 }
 
 /* Whether the open scalar step can end here: its due collections are still the run's (no
@@ -455,10 +462,10 @@ scalar_step_holdable(Counters *c)
     Py_XDECREF(tensors);
     Py_XDECREF(shapes);
     PyErr_Clear();
-    Py_ssize_t position = 0;
+    Py_ssize_t position = 0, total = 0, n;
     PyObject *key, *value;
     while (holdable && PyDict_Next(c->scalar_tensors, &position, &key, &value))
-        holdable = held_type(c, value);
+        holdable = (n = held_bytes(c, value)) >= 0 && (total += n) <= c->max_bytes;
     return holdable;
 }
 
@@ -824,27 +831,28 @@ Counters_attach(Counters *c, PyObject *args)
 static PyObject *Counters_forward(Counters *c, PyObject *args);
 static PyObject *Counters_loss_forward(Counters *c, PyObject *args);
 
-/* setup_scalar_steps(step_type, adopt, plain_scalars, strided, held_types, max_values): what
-   scalar steps are made of, given once. */
+/* setup_scalar_steps(step_type, adopt, plain_scalars, strided, held_types, array_type,
+   max_values, max_bytes): what scalar steps are made of, given once. */
 static PyObject *
 Counters_setup_scalar_steps(Counters *c, PyObject *args)
 {
-    PyObject *step_type, *adopt, *plain_scalars, *strided, *held_types;
-    Py_ssize_t max_values;
-    if (!PyArg_ParseTuple(args, "O!OO!OO!n:setup_scalar_steps", &PyType_Type, &step_type, &adopt, &PyDict_Type, &plain_scalars,
-                          &strided, &PyTuple_Type, &held_types, &max_values))
+    PyObject *step_type, *adopt, *plain_scalars, *strided, *held_types, *array_type;
+    Py_ssize_t max_values, max_bytes;
+    if (!PyArg_ParseTuple(args, "O!OO!OO!O!nn:setup_scalar_steps", &PyType_Type, &step_type, &adopt, &PyDict_Type, &plain_scalars,
+                          &strided, &PyTuple_Type, &held_types, &PyType_Type, &array_type, &max_values, &max_bytes))
         return NULL;
     if (!PyCallable_Check(adopt)) {
         PyErr_SetString(PyExc_TypeError, "setup_scalar_steps: adopt must be callable");
         return NULL;
     }
-    PyObject **fields[] = {&c->step_type, &c->adopt, &c->plain_scalars, &c->strided, &c->held_types};
-    PyObject *values[] = {step_type, adopt, plain_scalars, strided, held_types};
-    for (int i = 0; i < 5; i++) {
+    PyObject **fields[] = {&c->step_type, &c->adopt, &c->plain_scalars, &c->strided, &c->held_types, &c->array_type};
+    PyObject *values[] = {step_type, adopt, plain_scalars, strided, held_types, array_type};
+    for (int i = 0; i < 6; i++) {
         Py_INCREF(values[i]);
         replace(fields[i], values[i]);
     }
     c->max_values = max_values;
+    c->max_bytes = max_bytes;
     Py_RETURN_NONE;
 }
 
@@ -1044,7 +1052,7 @@ Counters_new(PyTypeObject *type, PyObject *args, PyObject *kwds)
 #define COUNTERS_GC_FIELDS(X) X(step) X(idle) X(last_end) X(failsafe) X(profiler_failsafe) X(detailed) X(now) \
     X(log_append) X(begun_table) X(next_due_table) X(slow_begin) X(slow_end) X(slow_pre) X(slow_post) X(meter_block) \
     X(scalar_step) X(scalar_tensors) X(scalar_shapes) X(scalar_mode) X(scalar_due) X(scalar_names) X(optimizer) X(held) \
-    X(release) X(step_type) X(adopt) X(plain_scalars) X(strided) X(held_types)
+    X(release) X(step_type) X(adopt) X(plain_scalars) X(strided) X(held_types) X(array_type)
 #define COUNTERS_PLAIN_FIELDS(X) X(mode) X(explicit_mode) X(words) X(train) X(eval) X(failsafe_type)
 #define DRIVEN_FORWARD_FIELDS(X) X(counters) X(model) X(original) X(dict) X(bound) X(before) X(after) X(name)
 #define BOUND_FORWARD_FIELDS(X) X(forward) X(instance)
@@ -1195,7 +1203,8 @@ static PyMethodDef Counters_methods[] = {
     {"loss_forward", (PyCFunction)Counters_loss_forward, METH_VARARGS,
      "loss_forward(model, original, before, after): a `forward` for a loss module's driven class (driver.drive_forward)."},
     {"setup_scalar_steps", (PyCFunction)Counters_setup_scalar_steps, METH_VARARGS,
-     "setup_scalar_steps(step_type, adopt, plain_scalars, strided, held_types, max_values): what scalar steps are made of."},
+     "setup_scalar_steps(step_type, adopt, plain_scalars, strided, held_types, array_type, max_values, max_bytes): what "
+     "scalar steps are made of."},
     {"arm_scalar_run", (PyCFunction)Counters_arm_scalar_run, METH_VARARGS,
      "arm_scalar_run(step, first, until, optimizer, release, hold_steps, hold_s): run the open scalar step and the "
      "run's next ones here."},

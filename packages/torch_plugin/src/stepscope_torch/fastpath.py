@@ -32,9 +32,10 @@ import logging
 import os
 from typing import Any
 
+import numpy as np
 import torch
 
-from stepscope.capture.held_steps import MAX_VALUES
+from stepscope.capture.held_steps import MAX_BYTES, MAX_VALUES
 from stepscope.capture.phases import (
     EVENT_CODES,
     FORWARD_BEGIN,
@@ -52,6 +53,7 @@ from .model_tensors import PLAIN_SCALARS
 logger = logging.getLogger("stepscope")
 
 PURE_PYTHON_ENV = "STEPSCOPE_PURE_PYTHON"
+MISSES, BACK_OFF = 8, 512  # compile_scalar_steps: runs handed back at once in a row, then steps without one
 # The phase-log vocabulary the compiled code writes (stepscope.capture.phases), given to it rather
 # than repeated in C.
 _CODES = {
@@ -113,8 +115,10 @@ def attach(hook: Any) -> Any:
     if isinstance(counters, TorchCounters):
         return None
     counters.attach(hook._forward_begins, hook._forward_ends, hook._on_optimizer_pre, hook._on_optimizer_post, hook._meter_block)
-    # What scalar steps are made of: a held step holds only numpy scalars of these types.
-    counters.setup_scalar_steps(StepState, hook._adopt_step, dict(PLAIN_SCALARS), torch.strided, tuple(set(PLAIN_SCALARS.values())), MAX_VALUES)
+    # What scalar steps are made of; a held step holds numpy scalars of these types and
+    # numpy arrays (save_scalar, a functional loss's save_loss), as HeldSteps holds them.
+    scalar_types = tuple(set(PLAIN_SCALARS.values()))
+    counters.setup_scalar_steps(StepState, hook._adopt_step, dict(PLAIN_SCALARS), torch.strided, scalar_types, np.ndarray, MAX_VALUES, MAX_BYTES)
     return counters
 
 
@@ -127,6 +131,15 @@ def compile_scalar_steps(hook: Any, step: StepState) -> None:
     run = hook.__dict__.get("_due_runs", {}).get(step.mode)
     held = hook._runtime.held
     if run is None or run.names is not step.due_names or not run.first <= step.mode_step < run.until or held is None:
+        return
+    # A run armed at each step that the compiled path then hands back at once (each step
+    # saves something it does not hold: a GPU loss, a large value) costs more than the
+    # Python path alone: after MISSES such runs in a row, none is armed for BACK_OFF steps.
+    opened, misses, resume = hook.__dict__.get("_scalar_tries", (-1, 0, 0))
+    if opened >= 0:
+        misses = misses + 1 if c.scalar_steps - opened <= 1 else 0
+    if step.global_step < resume or misses >= MISSES:
+        hook._scalar_tries = (-1, 0, step.global_step + BACK_OFF) if misses >= MISSES else (-1, misses, resume)
         return
     # What the Python path would do at such a step besides counting, timing and reading
     # the registered losses: watched activations, losses read through torch hooks, a
@@ -148,6 +161,7 @@ def compile_scalar_steps(hook: Any, step: StepState) -> None:
     for forward, (_names, nargs, plan) in armed:
         forward.arm(plan.name, plan.save_raw, plan.save_shape, nargs)
     held.attach_source(c)
+    hook._scalar_tries = (c.scalar_steps, misses, resume)
     until = run.until if run.until == float("inf") else int(run.until)
     c.arm_scalar_run(step, run.first, until, optimizers[0] if optimizers else None, hook._release_held, held.max_steps, held.max_s)
     hook._losses_armed = False  # (the compiled loss forwards save at this step now)
