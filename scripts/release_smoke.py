@@ -4,7 +4,8 @@ virtualenv holding only the wheels, from a folder outside the checkout:
     python release_smoke.py CHECKOUT
 
 It checks that nothing is imported from CHECKOUT, that stepscope-torch's compiled hot path
-(which drives a hook) and stepscope's compiled trace parser are in their wheels, `stepscope
+(which drives a hook) and stepscope's compiled trace parser and small-file publisher are
+in their wheels, `stepscope
 --version`, a tiny hooked torch job read back
 (values compared with the model's own), `stepscope ui` serving its bundle over HTTP, and
 `stepscope report` writing its HTML."""
@@ -53,6 +54,12 @@ def compiled_path() -> None:
     check(module is not None and Path(module.__file__).suffix in (".so", ".pyd"), f"compiled hot path in the wheel ({getattr(module, '__file__', None)})")
     parser = native.compiled()
     check(parser is not None and Path(parser.__file__).suffix in (".so", ".pyd"), f"compiled trace parser in stepscope's wheel ({getattr(parser, '__file__', None)})")
+    from stepscope.store import local
+
+    if os.name == "posix":  # (Windows publishes from Python)
+        publisher = sys.modules.get("stepscope.store._publish")
+        check(local._publish_small is not None and publisher is not None and Path(publisher.__file__).suffix == ".so",
+              f"compiled small-file publisher in stepscope's wheel ({getattr(publisher, '__file__', None)})")
 
 
 def version() -> None:

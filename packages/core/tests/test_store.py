@@ -336,3 +336,65 @@ def test_a_forked_child_names_its_temporaries_by_its_own_pid(tmp_path):
     os.close(read)
     assert seen == actual == str(pid) and local._process["pid"] == os.getpid()
     assert LocalStore(tmp_path).read("child/a.json") == b"{}"
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "python"])
+def test_a_run_of_small_files_is_published_whole_and_an_error_stops_it_naming_the_file(tmp_path, monkeypatch, compiled):
+    # A batch's index files (one `bytes` each, one folder) go through _publish.c's
+    # publish_small with the GIL released once; the same files, order, callbacks and
+    # errors as the Python path, file for file.
+    import os
+
+    from stepscope.store import local
+
+    if compiled and local._publish_small is None:
+        pytest.skip("stepscope.store._publish is not built here")
+    if not compiled:
+        monkeypatch.setattr(local, "_publish_small", None)
+    calls = []
+    if compiled:
+        real = local._publish_small
+        monkeypatch.setattr(local, "_publish_small", lambda fd, run: calls.append(len(run)) or real(fd, run))
+    job = tmp_path / "job"
+    store = LocalStore(job)
+    folder = "index/000000000"
+    items = [(f"{folder}/{s:012d}_worker_0.json", f'{{"step": {s}}}'.encode()) for s in range(20)]
+    items.insert(10, (f"{folder}/large.json", [b"x" * 10, b"y"]))  # not one bytes: the Python way, the run goes on after
+    published = []
+    store.write_many(items, published.append)
+    assert published == list(range(21)) and calls == ([10, 10] if compiled else [])
+    assert [store.read(key) for key, _ in items] == [data if isinstance(data, bytes) else b"x" * 10 + b"y" for _, data in items]
+    # A link at a name is replaced by the file, never written through.
+    (tmp_path / "target").write_bytes(b"keep")
+    os.unlink(job / folder / "000000000003_worker_0.json")
+    os.symlink(tmp_path / "target", job / folder / "000000000003_worker_0.json")
+    store.write_many([(f"{folder}/000000000003_worker_0.json", b"new")])
+    assert (tmp_path / "target").read_bytes() == b"keep" and not (job / folder / "000000000003_worker_0.json").is_symlink()
+    # A folder in the way of the third file: the first two are published, the error names
+    # the third, nothing after it is tried, no temporary is left behind.
+    (job / folder / "blocked.json").mkdir()
+    (job / folder / "blocked.json" / "inside").write_bytes(b"")
+    published = []
+    batch = [(f"{folder}/a.json", b"a"), (f"{folder}/b.json", b"b"), (f"{folder}/blocked.json", b"c"), (f"{folder}/d.json", b"d")]
+    with pytest.raises(StoreError, match="blocked.json"):
+        store.write_many(batch, published.append)
+    assert published == [0, 1] and store.read(f"{folder}/b.json") == b"b" and not store.exists(f"{folder}/d.json")
+    assert not [p for p in job.rglob("*.tmp")]
+
+
+def test_publish_small_refuses_what_is_not_a_name_within_its_folder(tmp_path):
+    import os
+
+    from stepscope.store import local
+
+    if local._publish_small is None:
+        pytest.skip("stepscope.store._publish is not built here")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        with pytest.raises(ValueError, match="not a name within the folder"):
+            local._publish_small(fd, [(".t.tmp", "../escape.json", b"{}")])
+        with pytest.raises(TypeError, match="item 0"):
+            local._publish_small(fd, [(".t.tmp", "a.json", "not bytes")])
+    finally:
+        os.close(fd)
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -1,0 +1,146 @@
+/* Small files published in one call with the GIL released (see store/local.py,
+   `LocalStore.write_many`).
+
+   A batch of steps that saved only losses and metrics is one event file and one index file
+   per step (smdebug's reader finds a step by its index file). Published from Python, each
+   small file is four system calls (open the temporary, write, close, rename), and after
+   each the writer's thread takes the GIL back: about four turns at the GIL per training
+   step, each of which can make the training thread wait when it comes back from a torch
+   operation. Here a whole run of small files in one folder is published with the GIL
+   released once, with the same guarantees as `_publish_with`: each file is written whole
+   under a temporary name unique to this process and renamed over its name (a link or
+   special file at the name is replaced, never written through: O_EXCL | O_NOFOLLOW on
+   the temporary, rename never follows), and a temporary that could not be completed is
+   removed. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#ifdef _WIN32
+#error "POSIX only: Windows publishes from Python"
+#endif
+
+#include <errno.h>
+#include <fcntl.h>
+#include <string.h>
+#include <unistd.h>
+
+#ifndef O_CLOEXEC
+#define O_CLOEXEC 0
+#endif
+
+typedef struct {
+    const char *tmp, *name, *data;
+    Py_ssize_t size;
+} Item;
+
+/* Write `size` bytes of `data` to `fd`, resuming after short writes and signals. 0 or errno. */
+static int
+write_all(int fd, const char *data, Py_ssize_t size)
+{
+    while (size > 0) {
+        ssize_t done = write(fd, data, (size_t)size);
+        if (done < 0) {
+            if (errno == EINTR)
+                continue;
+            return errno;
+        }
+        data += done;
+        size -= done;
+    }
+    return 0;
+}
+
+/* One file: 0, or the errno of the step that failed (the temporary removed). */
+static int
+publish_one(int folder, const Item *item)
+{
+    int fd = openat(folder, item->tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return errno;
+    int error = write_all(fd, item->data, item->size);
+    if (close(fd) != 0 && error == 0 && errno != EINTR)
+        error = errno;
+    if (error == 0 && renameat(folder, item->tmp, folder, item->name) != 0)
+        error = errno;
+    if (error != 0)
+        unlinkat(folder, item->tmp, 0);
+    return error;
+}
+
+/* publish_small(folder_fd, files): `files` a list of (temporary name, name, bytes). Returns
+   (published, error): how many were published, in order, and None or the OSError (naming
+   the file) that stopped the rest. */
+static PyObject *
+publish_small(PyObject *module, PyObject *args)
+{
+    int folder;
+    PyObject *files;
+    if (!PyArg_ParseTuple(args, "iO!:publish_small", &folder, &PyList_Type, &files))
+        return NULL;
+    Py_ssize_t n = PyList_GET_SIZE(files);
+    Item *items = PyMem_Malloc((n > 0 ? n : 1) * sizeof(Item));
+    if (items == NULL)
+        return PyErr_NoMemory();
+    /* The list is held (and its tuples, strings and bytes with it) while the GIL is
+       released: nothing here can change them, the caller made them for this call. */
+    Py_INCREF(files);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *entry = PyList_GET_ITEM(files, i);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 3 || !PyUnicode_Check(PyTuple_GET_ITEM(entry, 0))
+                || !PyUnicode_Check(PyTuple_GET_ITEM(entry, 1)) || !PyBytes_CheckExact(PyTuple_GET_ITEM(entry, 2))) {
+            PyErr_Format(PyExc_TypeError, "publish_small: item %zd is not (temporary name, name, bytes)", i);
+            goto fail;
+        }
+        items[i].tmp = PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 0));
+        items[i].name = PyUnicode_AsUTF8(PyTuple_GET_ITEM(entry, 1));
+        if (items[i].tmp == NULL || items[i].name == NULL)
+            goto fail;
+        if (strchr(items[i].tmp, '/') != NULL || strchr(items[i].name, '/') != NULL) {
+            PyErr_Format(PyExc_ValueError, "publish_small: %R is not a name within the folder", PyTuple_GET_ITEM(entry, 1));
+            goto fail;
+        }
+        items[i].data = PyBytes_AS_STRING(PyTuple_GET_ITEM(entry, 2));
+        items[i].size = PyBytes_GET_SIZE(PyTuple_GET_ITEM(entry, 2));
+    }
+    Py_ssize_t done = 0;
+    int error = 0;
+    Py_BEGIN_ALLOW_THREADS
+    while (done < n && (error = publish_one(folder, &items[done])) == 0)
+        done++;
+    Py_END_ALLOW_THREADS
+    PyObject *exc = Py_None;
+    Py_INCREF(exc);
+    if (error != 0) {
+        Py_DECREF(exc);
+        PyObject *name = PyTuple_GET_ITEM(PyList_GET_ITEM(files, done), 1);
+        exc = PyObject_CallFunction(PyExc_OSError, "isO", error, strerror(error), name);
+        if (exc == NULL)
+            goto fail;
+    }
+    PyMem_Free(items);
+    Py_DECREF(files);
+    PyObject *result = Py_BuildValue("(nN)", done, exc);
+    return result;
+fail:
+    PyMem_Free(items);
+    Py_DECREF(files);
+    return NULL;
+}
+
+static PyMethodDef methods[] = {
+    {"publish_small", publish_small, METH_VARARGS,
+     "publish_small(folder_fd, [(temporary name, name, bytes), ...]) -> (published, OSError or None): small files "
+     "published in order, each written whole under its temporary name and renamed over its name, the GIL released."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef publish_module = {
+    PyModuleDef_HEAD_INIT, "_publish", "Small files published with the GIL released (store/local.py).", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__publish(void)
+{
+    return PyModule_Create(&publish_module);
+}

@@ -1,0 +1,3 @@
+"""Types of the compiled small-file publisher (_publish.c; store/local.py says what it is for)."""
+
+def publish_small(folder_fd: int, files: list[tuple[str, str, bytes]], /) -> tuple[int, OSError | None]: ...
