@@ -346,13 +346,19 @@ def same_model_blocks(blocks: int, block_steps: int = 1000) -> None:
             (plain_wall, plain_cpu) = (statistics.median(t[i] for t in times["plain"]) for i in (0, 1))
             for label in ("plain again", "hooked"):
                 wall, cpu = (statistics.median(t[i] for t in times[label]) for i in (0, 1))
-                ratio = wall / plain_wall
-                verdict = f"goal <= {goal:.2f} {'met' if ratio <= goal else 'MISSED'}" if label == "hooked" else "(A/A: the resolution)"
-                print(
-                    f"{model_name:5} {label:11} plain {plain_wall * 1e3:.3f} ms, other {wall * 1e3:.3f} ms: wall ratio {ratio:.3f}, "
-                    f"cpu ratio {cpu / plain_cpu:.3f}, added {(wall - plain_wall) * 1e6:.1f} us/step  {verdict}",
-                    flush=True,
-                )
+                _long_row(model_name, label, (plain_wall, plain_cpu), (wall, cpu), goal if label == "hooked" else None, "(A/A: the resolution)")
+
+
+def _long_row(model_name: str, label: str, plain: tuple[float, float], other: tuple[float, float], goal: float | None, control: str) -> None:
+    """One row of the long-block tables: (wall, cpu) seconds per step of the plain loop and
+    of the other; judged against `goal`, or printed as a control row."""
+    ratio = other[0] / plain[0]
+    verdict = f"goal <= {goal:.2f} {'met' if ratio <= goal else 'MISSED'}" if goal is not None else control
+    print(
+        f"{model_name:5} {label:11} plain {plain[0] * 1e3:.3f} ms, other {other[0] * 1e3:.3f} ms: wall ratio {ratio:.3f}, "
+        f"cpu ratio {other[1] / plain[1]:.3f}, added {(other[0] - plain[0]) * 1e6:.1f} us/step  {verdict}",
+        flush=True,
+    )
 
 
 def long_blocks(blocks: int, block_steps: int = 1000) -> None:
@@ -368,14 +374,7 @@ def long_blocks(blocks: int, block_steps: int = 1000) -> None:
         for model_name, make_model in (("mlp", mlp), ("cnn", cnn)):
             for label, make in (("A/A control", CONFIGS["A/A control"][0]), ("default", make_hook)):
                 result = measure(make_model, make, blocks, f"{root}/{model_name}-long", block_steps)
-                (plain_wall, plain_cpu), (hooked_wall, hooked_cpu) = result["plain"], result["hooked"]
-                ratio = hooked_wall / plain_wall
-                verdict = f"goal <= {goal:.2f} {'met' if ratio <= goal else 'MISSED'}" if label == "default" else "(plain against plain)"
-                print(
-                    f"{model_name:5} {label:11} plain {plain_wall * 1e3:.3f} ms, other {hooked_wall * 1e3:.3f} ms: wall ratio {ratio:.3f}, "
-                    f"cpu ratio {hooked_cpu / plain_cpu:.3f}, added {(hooked_wall - plain_wall) * 1e6:.1f} us/step  {verdict}",
-                    flush=True,
-                )
+                _long_row(model_name, label, result["plain"], result["hooked"], goal if label == "default" else None, "(plain against plain)")
 
 
 if __name__ == "__main__":
