@@ -243,6 +243,7 @@ def main() -> None:
         "--same-model", action="store_true",
         help="with --long-blocks: one model, the hook switched on and off between blocks (no second copy of the model, whose memory layout alone moves step time by percents here)",
     )
+    parser.add_argument("--hold", action="store_true", help="with --same-model: the held scalar steps are not written during the blocks")
     args = parser.parse_args()
     blocks = args.blocks or (6 if args.quick else 40)
     torch.set_num_threads(1)
@@ -251,7 +252,10 @@ def main() -> None:
 
     print(f"torch {torch.__version__}, 1 thread; compiled hot path: {'built' if fastpath.compiled() is not None else 'NOT built'}")
     if args.long_blocks:
-        (same_model_blocks if args.same_model else long_blocks)(blocks=args.blocks or 5)
+        if args.same_model:
+            same_model_blocks(blocks=args.blocks or 5, hold=args.hold)
+        else:
+            long_blocks(blocks=args.blocks or 5)
         return
     rounds = 60 if args.quick else 400
     with tempfile.TemporaryDirectory() as root:
@@ -319,34 +323,54 @@ class Switch:
         self.optimizer._optimizer_step_pre_hooks, self.optimizer._optimizer_step_post_hooks = self.hooks
 
 
-def same_model_blocks(blocks: int, block_steps: int = 1000) -> None:
+def same_model_blocks(blocks: int, block_steps: int = 1000, hold: bool = False) -> None:
     """Config (a) against the plain loop on ONE model (`Switch`): blocks of the plain loop,
     the hooked loop and the plain loop again (the A/A row), in a new random order each
-    round, medians per block."""
+    round, medians per block; with each row the training thread's voluntary context
+    switches per step (on Linux: its waits, for the GIL above all). `hold`: the held
+    scalar steps are not written during the blocks (what the writer's background work
+    costs the training thread is then left out)."""
     make_hook, goal = CONFIGS["a default"]
     assert goal is not None
-    print(f"default config, one model with the hook switched on and off, {blocks} rounds x {block_steps} steps per variant; medians per block")
+    held_note = ", held steps not written during the blocks" if hold else ""
+    print(f"default config, one model with the hook switched on and off{held_note}, {blocks} rounds x {block_steps} steps per variant; medians per block")
     with tempfile.TemporaryDirectory() as root:
         for model_name, make_model in (("mlp", mlp), ("cnn", cnn)):
             hook = make_hook(f"{root}/{model_name}-same")
+            assert hook is not None
+            if hold and hook._runtime.held is not None:
+                hook._runtime.held.max_steps, hook._runtime.held.max_s = 1 << 40, 1e9  # (before the runs are armed)
             loop = Loop(make_model, hook)
             switch = Switch(loop)
             loop.run(1300)  # past the schedule's dense start
             times: dict[str, list[tuple[float, float]]] = {"plain": [], "plain again": [], "hooked": []}
+            waits: dict[str, list[float]] = {name: [] for name in times}
             order = random.Random(0)
             for _ in range(blocks):
                 names = list(times)
                 order.shuffle(names)
                 for name in names:
                     (switch.on if name == "hooked" else switch.off)()
+                    switches = _voluntary_switches()
                     times[name].append(loop.run(block_steps))
+                    waits[name].append((_voluntary_switches() - switches) / block_steps)
+                    if hold and name == "hooked":
+                        hook.flush()  # (outside the block's time)
             switch.on()
-            assert hook is not None
             hook.close()
+            print(f"{model_name:5} voluntary context switches per step: " + ", ".join(f"{n} {statistics.median(w):.3f}" for n, w in waits.items()))
             (plain_wall, plain_cpu) = (statistics.median(t[i] for t in times["plain"]) for i in (0, 1))
             for label in ("plain again", "hooked"):
                 wall, cpu = (statistics.median(t[i] for t in times[label]) for i in (0, 1))
                 _long_row(model_name, label, (plain_wall, plain_cpu), (wall, cpu), goal if label == "hooked" else None, "(A/A: the resolution)")
+
+
+def _voluntary_switches() -> int:
+    """This thread's voluntary context switches so far (0 where getrusage cannot say)."""
+    import resource
+
+    who = getattr(resource, "RUSAGE_THREAD", None)
+    return resource.getrusage(who).ru_nvcsw if who is not None else 0
 
 
 def _long_row(model_name: str, label: str, plain: tuple[float, float], other: tuple[float, float], goal: float | None, control: str) -> None:

@@ -390,13 +390,13 @@ def train_functional(hook: Hook, mlp, batches, big: bool) -> list[float]:
 @needs_compiled
 @pytest.mark.parametrize("big", [False, True], ids=["save_loss", "save_loss-and-a-large-value"])
 def test_steps_that_save_a_functional_loss_run_compiled_and_others_back_off(tmp_path, mlp, batches, big):
-    jobs, scalar_steps = {}, 0
+    jobs, scalar_steps, tries = {}, 0, None
     for compiled in (True, False):
         out = tmp_path / ("compiled" if compiled else "python")
         hook = make_hook(out, compiled, profiler_config=ProfilerConfig.disabled())
         losses = train_functional(hook, mlp, batches, big)
         if compiled:
-            scalar_steps = hook._counters.scalar_steps
+            scalar_steps, tries = hook._counters.scalar_steps, hook.__dict__.get("_scalar_tries")
         hook.close()
         jobs[compiled] = job_values(out)
     assert jobs[True]["values"].keys() == jobs[False]["values"].keys()
@@ -405,8 +405,10 @@ def test_steps_that_save_a_functional_loss_run_compiled_and_others_back_off(tmp_
         assert all(np.array_equal(a, b) for (_, a), (_, b) in zip(saved, jobs[False]["values"][key])), key
     assert [float(v) for _, v in jobs[True]["values"][("loss", "train")]] == pytest.approx(losses, rel=1e-6)
     if big:
-        # A step armed compiled is handed back at its end: after a few tries, none is armed.
-        assert scalar_steps <= fastpath.MISSES
+        # A step armed compiled is handed back at its end: after MISSES tries in a row, none
+        # is armed until BACK_OFF steps later (past this loop's end).
+        assert scalar_steps == 0 and tries is not None
+        assert tries[0] == -1 and 120 < tries[2] <= 120 + fastpath.MISSES + fastpath.BACK_OFF
         assert len(jobs[True]["values"][("big", "train")]) == 120
     else:
         assert scalar_steps > 60  # (the numpy values save_loss records are held as they are)

@@ -57,7 +57,6 @@ RETRY_MAX_S = 4.0
 # large saves waits hundreds of MB).
 BACKLOG_BYTES = 32 << 20
 _JOIN_BATCH_BELOW = 1 << 20  # bytes: a batch's event file up to this is written as one buffer
-HELD_STEP_BYTES = 256  # what a held step (a few scalars and their names) counts against the queue's bound
 
 __all__ = ["Writer", "Deferred", "PendingValue", "CLOSE_TIMEOUT_ENV", "DEFAULT_CLOSE_TIMEOUT_S", "close_timeout_from_env"]
 
@@ -91,6 +90,11 @@ class _StepJob:
     nbytes: int
 
 
+def _nbytes(tensors: Mapping[str, Any]) -> int:
+    """The bytes of a step's values (what counts against the queue's bound)."""
+    return sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values())
+
+
 @dataclass
 class _StepBatch:
     """Small steps handed over together (a hook's scalar-only steps): framed into one event
@@ -104,7 +108,7 @@ class _StepBatch:
     def jobs(self) -> list[_StepJob]:
         if self.steps is None:
             self.steps = [
-                _StepJob(step, mode, mode_step, tensors, shapes, sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values()))
+                _StepJob(step, mode, mode_step, tensors, shapes, _nbytes(tensors))
                 for step, mode, mode_step, tensors, shapes in self.held or ()
             ]
             self.held = None
@@ -251,7 +255,7 @@ class Writer(ClosedOnExit):
 
     def write_step(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]] | None = None) -> bool:
         """Enqueue one step; returns False (and drops it) once the writer is closed or failed."""
-        nbytes = sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values())
+        nbytes = _nbytes(tensors)
         return self._put(_StepJob(int(step), ModeKeys.parse(mode), int(mode_step), dict(tensors), dict(shapes or {}), nbytes), nbytes)
 
     def write_steps(self, steps: Sequence[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> bool:
@@ -260,7 +264,7 @@ class Writer(ClosedOnExit):
         before the steps' own index files, which point into it. For steps of a few scalars,
         where a file per step would cost more than the step's bytes."""
         jobs = [
-            _StepJob(int(step), ModeKeys.parse(mode), int(mode_step), dict(tensors), dict(shapes or {}), sum(int(getattr(v, "nbytes", 0) or 0) for v in tensors.values()))
+            _StepJob(int(step), ModeKeys.parse(mode), int(mode_step), dict(tensors), dict(shapes or {}), _nbytes(tensors))
             for step, mode, mode_step, tensors, shapes in steps
         ]
         if not jobs:
@@ -270,13 +274,12 @@ class Writer(ClosedOnExit):
 
     def write_held_steps(self, steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> bool:
         """`write_steps` for HeldSteps' steps, which it hands over whole: ended steps (nothing
-        changes them any more) of plain numbers, each at most `held_steps.MAX_BYTES`,
-        counted at HELD_STEP_BYTES each against the queue's bound. Taken as they are (no
-        copies) and made into jobs on the writer's thread: the training thread, which
-        hands them over, pays only for the list."""
+        changes them any more) of a few small values. Taken as they are (no copies, no
+        checks) and made into jobs on the writer's thread: the training thread, which hands
+        them over, pays only for their bytes' count."""
         if not steps:
             return True
-        nbytes = HELD_STEP_BYTES * len(steps)
+        nbytes = sum(_nbytes(tensors) for _step, _mode, _mode_step, tensors, _shapes in steps)
         return self._put(_StepBatch(None, nbytes, steps), nbytes)
 
     def write_file(self, key: str, data: bytes) -> bool:
