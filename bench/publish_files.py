@@ -1,6 +1,7 @@
 """CPU per small file (a held batch's index file: create a temporary, write, close, rename)
 when the local store publishes a run of them, on the compiled path (`stepscope.store._publish`,
-the GIL released once per run) and on the Python path, in the same folder tree, side by side.
+the GIL released once per run; each file written unnamed and linked in where the file system
+has O_TMPFILE) and on the Python path, in the same folder tree, side by side.
 The cost is mostly the kernel's (the file system's); it moves a lot on a shared VM.
 
     python bench/publish_files.py [--files 100] [--rounds 5] [--dir DIR]"""

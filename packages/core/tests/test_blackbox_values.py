@@ -50,3 +50,21 @@ def test_large_tensors_are_judged_element_by_element_as_numpy_does():
     bad[[5, 7, 49_999]] = [np.nan, np.inf, -np.inf]
     saved(2, "TRAIN", 2, {"g": bad, "f32": overflowing["f32"]})
     assert found == [{"step": 2, "mode": "TRAIN", "mode_step": 2, "tensors": {"g": {"nan": 1, "inf": 2, "size": 50_000}}}]
+
+
+def test_the_last_step_s_figures_are_those_of_the_values_when_saved():
+    """The figures are computed when read (a black box being written), from what the
+    listener kept at the step: a value the user changes afterwards (their own buffer, as
+    save_tensor may hand over) does not change them; nothing saved yet reads as {}."""
+    saved = SavedValues()
+    assert saved.last == {}
+    buffer = np.array([1.0, 2.0, 6.0], np.float32)
+    large = np.ones(5000, np.float32)  # over `small`: checked, not kept
+    saved(4, "EVAL", 2, {"metric": buffer, "large": large, "loss": np.float64(0.25)})
+    buffer[:] = -1.0
+    assert saved.last == {"step": 4, "mode": "EVAL", "mode_step": 2, "tensors": {
+        "metric": {"shape": [3], "min": 1.0, "max": 6.0, "mean": 3.0},
+        "loss": {"shape": [], "min": 0.25, "max": 0.25, "mean": 0.25},
+    }}
+    saved(5, "TRAIN", 5, {"loss": np.float32(np.nan)})
+    assert saved.last["tensors"] == {"loss": {"shape": [], "min": "nan", "max": "nan", "mean": "nan"}}

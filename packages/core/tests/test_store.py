@@ -1,3 +1,5 @@
+import sys
+
 import numpy as np
 import pytest
 
@@ -380,6 +382,40 @@ def test_a_run_of_small_files_is_published_whole_and_an_error_stops_it_naming_th
         store.write_many(batch, published.append)
     assert published == [0, 1] and store.read(f"{folder}/b.json") == b"b" and not store.exists(f"{folder}/d.json")
     assert not [p for p in job.rglob("*.tmp")]
+
+
+def test_small_files_are_published_unnamed_where_the_file_system_allows_and_a_taken_name_is_replaced(tmp_path):
+    """Where the folder's file system has unnamed files (O_TMPFILE), publish_small writes
+    each file unnamed and links it in: the switch stays on through a run of new names and
+    through a name that is taken (that file goes the temporary-name way, which alone may
+    replace what is there; a link is replaced, not written through). No temporary is
+    left, each file holds its bytes."""
+    import os
+
+    from stepscope.store import local
+
+    if local._publish_small is None:
+        pytest.skip("stepscope.store._publish is not built here")
+    publisher = sys.modules["stepscope.store._publish"]
+    try:
+        os.close(os.open(tmp_path, os.O_WRONLY | os.O_TMPFILE))
+    except (OSError, AttributeError):  # (no O_TMPFILE outside Linux)
+        pytest.skip(f"{tmp_path}'s file system has no unnamed files")
+    if not publisher.unnamed_files():
+        pytest.skip("an earlier test's folder refused unnamed files in this process")
+    (tmp_path / "target").write_bytes(b"keep")
+    os.symlink(tmp_path / "target", tmp_path / "taken.json")
+    (tmp_path / "replaced.json").write_bytes(b"old")
+    fd = os.open(tmp_path, os.O_RDONLY)
+    try:
+        files = [(f".{i}.tmp", f"{i}.json", b"%d" % i) for i in range(5)]
+        files[2:2] = [(".t.tmp", "taken.json", b"new"), (".r.tmp", "replaced.json", b"newer")]
+        assert local._publish_small(fd, files) == (7, None)
+    finally:
+        os.close(fd)
+    assert publisher.unnamed_files(), "a new name or a taken one turned the unnamed way off"
+    assert (tmp_path / "target").read_bytes() == b"keep" and not (tmp_path / "taken.json").is_symlink()
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name != "target"} == {name: data for _, name, data in files}
 
 
 def test_publish_small_refuses_what_is_not_a_name_within_its_folder(tmp_path):

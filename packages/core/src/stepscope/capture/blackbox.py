@@ -114,47 +114,75 @@ class SavedValues:
     `on_non_finite` once, for the first saved step holding a NaN or an infinity (each
     float tensor of at most `max_checked` elements is checked by its sum, one pass without
     a copy, and element by element only where the sum is not finite; larger raw tensors
-    are left to the losses and reductions they feed)."""
+    are left to the losses and reductions they feed).
+
+    The statistics are computed when `last` is read (a black box being written), from the
+    values kept of the last step: a one-element value as its number, a small tensor as a
+    copy (the writer's arrays may be the user's own, which they may change). Computed at
+    every saved step they were most of this listener's time on the writer thread (three
+    reductions per small tensor, holding the GIL between them) for a figure read only
+    when training fails."""
 
     def __init__(self, on_non_finite: Callable[[dict[str, Any]], None] | None = None, max_tensors: int = 64, small: int = 4096,
                  max_checked: int = 1 << 20):  # fmt: skip
         self.on_non_finite = on_non_finite
         self.max_tensors, self.small, self.max_checked = max_tensors, small, max_checked
-        self.last: dict[str, Any] = {}
+        # The last step: (step, mode name, mode step, [(name, number or small array)]).
+        self._last: tuple[int, str, int, list[tuple[str, Any]]] | None = None
         self.non_finite: dict[str, Any] | None = None
+
+    @property
+    def last(self) -> dict[str, Any]:
+        """The last saved step's statistics ({} before any): step, mode, mode_step and, per
+        kept tensor, its shape, min, max and mean (NaN and infinities as text)."""
+        kept = self._last
+        if kept is None:
+            return {}
+        import numpy as np
+
+        step, mode, mode_step, values = kept
+        stats: dict[str, Any] = {}
+        for name, value in values:
+            if isinstance(value, tuple):  # (shape, number): a one-element value
+                number = _number(value[1])
+                stats[name] = {"shape": value[0], "min": number, "max": number, "mean": number}
+                continue
+            with np.errstate(invalid="ignore", over="ignore"):
+                stats[name] = {"shape": list(value.shape), "min": _number(np.min(value)), "max": _number(np.max(value)),
+                               "mean": _number(np.mean(value, dtype=np.float64))}  # fmt: skip
+        return {"step": step, "mode": mode, "mode_step": mode_step, "tensors": stats}
 
     def __call__(self, step: int, mode: Any, mode_step: int, arrays: Mapping[str, Any]) -> None:
         import numpy as np
 
-        stats: dict[str, Any] = {}
+        kept: list[tuple[str, Any]] = []
         bad: dict[str, Any] = {}
         checking = self.non_finite is None  # only the first non-finite step is reported
         for name, array in arrays.items():
             if getattr(array, "dtype", None) is None or array.dtype.kind != "f" or array.size == 0 or array.size > self.max_checked:
                 continue
             if array.size == 1:
-                # A loss or a metric (most steps' only values): one float, the same figures
-                # as the reductions below at a tenth of their cost on the writer thread.
+                # A loss or a metric (most steps' only values): one float, checked here,
+                # kept as its number.
                 number = float(array.reshape(-1)[0])
                 if checking and not math.isfinite(number):
                     bad[name] = {"nan": int(number != number), "inf": int(math.isinf(number)), "size": 1}
-                if len(stats) < self.max_tensors and array.size <= self.small:
-                    value = _number(number)
-                    stats[name] = {"shape": list(array.shape), "min": value, "max": value, "mean": value}
+                if len(kept) < self.max_tensors and array.size <= self.small:
+                    kept.append((name, (list(array.shape), number)))
                 continue
-            # A sum in the array's own dtype (no float64 copy: a 4 MB tensor's cast cost more
-            # than its CRC) is NaN or infinite whenever an element is; only then, since it
-            # can also overflow, is each element checked. (A NaN or inf in the sum is the
-            # finding, not a warning for the user's console.)
-            with np.errstate(invalid="ignore", over="ignore"):
-                finite = not checking or bool(np.isfinite(np.add.reduce(array, axis=None))) or bool(np.isfinite(array).all())
-            if not finite:
-                bad[name] = {"nan": int(np.count_nonzero(np.isnan(array))), "inf": int(np.count_nonzero(np.isinf(array))), "size": int(array.size)}
-            if len(stats) < self.max_tensors and array.size <= self.small:
+            if checking:
+                # A sum in the array's own dtype (no float64 copy: a 4 MB tensor's cast cost
+                # more than its CRC) is NaN or infinite whenever an element is; only then,
+                # since it can also overflow, is each element checked. (A NaN or inf in the
+                # sum is the finding, not a warning for the user's console.)
                 with np.errstate(invalid="ignore", over="ignore"):
-                    stats[name] = {"shape": list(array.shape), "min": _number(np.min(array)), "max": _number(np.max(array)), "mean": _number(np.mean(array, dtype=np.float64))}
+                    finite = bool(np.isfinite(np.add.reduce(array, axis=None))) or bool(np.isfinite(array).all())
+                if not finite:
+                    bad[name] = {"nan": int(np.count_nonzero(np.isnan(array))), "inf": int(np.count_nonzero(np.isinf(array))), "size": int(array.size)}
+            if len(kept) < self.max_tensors and array.size <= self.small:
+                kept.append((name, np.array(array, copy=True)))
         mode_name = getattr(mode, "name", str(mode))
-        self.last = {"step": int(step), "mode": mode_name, "mode_step": int(mode_step), "tensors": stats}
+        self._last = (int(step), mode_name, int(mode_step), kept)
         if bad and self.non_finite is None:
             self.non_finite = {"step": int(step), "mode": mode_name, "mode_step": int(mode_step), "tensors": dict(list(bad.items())[:20])}
             if self.on_non_finite is not None:
