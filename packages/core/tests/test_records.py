@@ -109,6 +109,17 @@ def test_hand_encoding_is_byte_identical_to_protobuf(value):
     assert ours == _protobuf_reference("t", value, 300, ModeKeys.TRAIN, 299, 1700000000.5)
 
 
+@pytest.mark.parametrize("mode", list(ModeKeys))
+def test_every_mode_step_s_metadata_is_what_protobuf_writes(mode):
+    """The metadata field is made of a head and a tail per mode and digit count around the
+    mode step's digits: the same bytes as protobuf's, across digit counts, in every mode,
+    whichever order the steps come in."""
+    value = np.float32(0.5)
+    for mode_step in (7, 0, 9, 10, 99, 100, 999_999, 1_000_000, 10**15, 42):
+        ours = b"".join(bytes(p) for p in events.encode_tensor_event("loss", value, mode_step + 1, mode, mode_step, wall_time=1.25))
+        assert ours == _protobuf_reference("loss", np.asarray(value), mode_step + 1, mode, mode_step, 1.25), mode_step
+
+
 def test_large_tensor_is_not_copied():
     value = np.ones(1 << 20, dtype=np.float32)
     parts = events.encode_tensor_event("big", value, 1, ModeKeys.TRAIN, 1)

@@ -105,11 +105,27 @@ def _mode_plugin_data(mode: int) -> bytes:
     return _plugin_data(MODE_PLUGIN, str(mode))
 
 
-@functools.lru_cache(maxsize=8)
 def _metadata_field(mode: int, mode_step: int) -> bytes:
-    # A new mode_step misses at every step (the hit is the step's other tensors): the
-    # mode's half is cached on its own.
-    return _bytes_field(9, _plugin_data(MODE_STEP_PLUGIN, str(mode_step)) + _mode_plugin_data(mode))
+    """The Value's metadata field: the mode step's plugin data, then the mode's. A new
+    mode_step comes at every step, so the field is its digits between a head and a tail
+    made once per mode and digit count (every length in it is then known)."""
+    digits = b"%d" % mode_step
+    try:
+        head, tail = _metadata_parts[(mode, len(digits))]
+    except KeyError:
+        head, tail = _metadata_parts.setdefault((mode, len(digits)), _metadata_template(mode, len(digits)))
+    return head + digits + tail
+
+
+_metadata_parts: dict[tuple[int, int], tuple[bytes, bytes]] = {}
+
+
+def _metadata_template(mode: int, digits: int) -> tuple[bytes, bytes]:
+    """(head, tail) of the metadata field of `mode` around a mode step of `digits` digits."""
+    marker = b"\x00" * digits  # (a placeholder of the digits' length: no digit is a NUL)
+    field = _bytes_field(9, _bytes_field(1, _bytes_field(1, MODE_STEP_PLUGIN.encode()) + _bytes_field(2, marker)) + _mode_plugin_data(mode))
+    at = field.index(marker)
+    return field[:at], field[at + digits:]
 
 
 @functools.lru_cache(maxsize=4096)
