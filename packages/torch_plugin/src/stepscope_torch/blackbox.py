@@ -118,8 +118,9 @@ def dump(hook: Any, exc: BaseException | None, config: BlackBoxConfig | None = N
             **(details or {}),
         })  # fmt: skip
         box = getattr(hook, "_black_box", None)
-        if box is not None and box.saved.last:
-            record["last_saved"] = box.saved.last
+        last_saved = box.saved.last if box is not None else None  # (computed when read: once)
+        if last_saved:
+            record["last_saved"] = last_saved
         return write_black_box(store, hook.worker, record, _attachments(), config, event=event)
     except Exception:  # the failure being recorded must propagate, not this one
         logger.warning("stepscope: black box not written", exc_info=True)

@@ -54,7 +54,6 @@ write_all(int fd, const char *data, Py_ssize_t size)
     return 0;
 }
 
-/* One file: 0, or the errno of the step that failed (the temporary removed). */
 #ifdef O_TMPFILE
 /* Whether this process's file systems take unnamed files: cleared, for the process's life,
    at the first sign that one does not (threads may race to clear it; nothing sets it). */
@@ -96,6 +95,7 @@ publish_unnamed(int folder, const Item *item)
 }
 #endif
 
+/* One file: 0, or the errno of the step that failed (the temporary removed). */
 static int
 publish_one(int folder, const Item *item)
 {
