@@ -29,7 +29,6 @@ the Python path only; `STEPSCOPE_PURE_PYTHON=1` chooses it where the extension i
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 import numpy as np
@@ -46,13 +45,14 @@ from stepscope.capture.phases import (
 )
 from stepscope.capture.step_counters import StepCounters
 from stepscope.capture.step_driver import StepState
+from stepscope.compiled import PURE_PYTHON_ENV as PURE_PYTHON_ENV  # (the switch, where callers found it)
+from stepscope.compiled import load_extension
 from stepscope.modes import ModeKeys
 
 from .model_tensors import PLAIN_SCALARS
 
 logger = logging.getLogger("stepscope")
 
-PURE_PYTHON_ENV = "STEPSCOPE_PURE_PYTHON"
 MISSES, BACK_OFF = 8, 512  # compile_scalar_steps: runs handed back at once in a row, then steps without one
 # The phase-log vocabulary the compiled code writes (stepscope.capture.phases), given to it rather
 # than repeated in C.
@@ -84,13 +84,7 @@ class TorchCounters(StepCounters):
 
 def compiled() -> Any:
     """The `_fastpath` extension module, or None (not built, or $STEPSCOPE_PURE_PYTHON)."""
-    if os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0"):
-        return None
-    try:
-        from . import _fastpath
-    except ImportError:
-        return None
-    return _fastpath
+    return load_extension(__package__, "_fastpath")
 
 
 def make_counters(failsafe: Any, profiler_failsafe: Any, notify: bool) -> TorchCounters:

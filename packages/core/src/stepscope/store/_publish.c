@@ -194,7 +194,8 @@ static PyMethodDef methods[] = {
      "unnamed_files() -> bool: whether small files are published unnamed and linked in (O_TMPFILE) in this process."},
     {"publish_small", publish_small, METH_VARARGS,
      "publish_small(folder_fd, [(temporary name, name, bytes), ...]) -> (published, OSError or None): small files "
-     "published in order, each written whole under its temporary name and renamed over its name, the GIL released."},
+     "published in order, each written whole (unnamed and linked in where the file system allows, else under its "
+     "temporary name and renamed over its name), the GIL released."},
     {NULL, NULL, 0, NULL},
 };
 

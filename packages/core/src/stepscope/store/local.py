@@ -6,7 +6,6 @@ import builtins
 import ctypes
 import errno
 import functools
-import importlib
 import itertools
 import os
 import stat
@@ -17,6 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ..compiled import load_extension
 from ..exceptions import ConfigError, StoreError
 from .base import FolderListing, Store, check_key
 from .direct_io import O_DIRECT, DirectPolicy, DirectRefused, large_views, write_direct
@@ -120,21 +120,11 @@ MAX_DEPTH = 32  # folders below a job's root; a job writes at most ~6 (deeper: n
 _ROOT_FLAGS = os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC
 
 
-def _compiled_publish() -> Callable[[int, list[tuple[str, str, bytes]]], tuple[int, OSError | None]] | None:
-    """`_publish.publish_small` (a run of small files published with the GIL released), or
-    None: not built (no C compiler, Windows) or $STEPSCOPE_PURE_PYTHON."""
-    if os.environ.get("STEPSCOPE_PURE_PYTHON", "").strip() not in ("", "0"):
-        return None
-    try:
-        # (By name: the import graph would read `from ._publish import ...` of an extension
-        # module as an import of the package `stepscope` itself.)
-        module = importlib.import_module(f"{__package__}._publish")
-    except ImportError:
-        return None
-    return module.publish_small
-
-
-_publish_small = _compiled_publish()
+# A run of small files published with the GIL released (_publish.c), or None: not built (no
+# C compiler, Windows) or $STEPSCOPE_PURE_PYTHON.
+_publish_small: Callable[[int, list[tuple[str, str, bytes]]], tuple[int, OSError | None]] | None = getattr(
+    load_extension(__package__, "_publish"), "publish_small", None
+)
 
 
 _counter = itertools.count()

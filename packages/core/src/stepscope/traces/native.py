@@ -8,16 +8,15 @@ are the same either way (tests/traces/test_native.py checks it)."""
 
 from __future__ import annotations
 
-import importlib
-import os
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from ..compiled import PURE_PYTHON_ENV as PURE_PYTHON_ENV  # (the switch, where callers found it)
+from ..compiled import load_extension
 from .schema import CATEGORY_KIND, KIND_CODE
 
-PURE_PYTHON_ENV = "STEPSCOPE_PURE_PYTHON"  # the same switch as stepscope_torch's compiled hot path
 # The extension's int64 columns, in its order: times in nanoseconds, then the `args` fields.
 # The integer args of an event both parsers read (Kineto writes `bytes` and `Bytes` apart).
 ARG_INTS = ("External id", "correlation", "device", "stream", "bytes", "Bytes", "Total Allocated", "Device Id", "Total Reserved", "Addr", "Device Type")
@@ -27,13 +26,7 @@ _KNOWN = tuple((category, KIND_CODE[kind]) for category, kind in CATEGORY_KIND.i
 
 def compiled() -> Any:
     """The `_kineto` extension module, or None (not built, or $STEPSCOPE_PURE_PYTHON)."""
-    if os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0"):
-        return None
-    try:
-        # (by name: `from . import _kineto` would read as an import of the package itself)
-        return importlib.import_module(f"{__package__}._kineto")
-    except ImportError:
-        return None
+    return load_extension(__package__, "_kineto")
 
 
 @dataclass

@@ -1,0 +1,32 @@
+"""The one switch and loader for stepscope's optional C extensions: the trace parser
+(`traces/_kineto.c`), the small-file publisher (`store/_publish.c`) and stepscope-torch's hot
+path (`_fastpath.c`). Each has a Python path that gives the same results; an extension that
+was not built (no C compiler, an unusual platform) or `STEPSCOPE_PURE_PYTHON=1` selects it."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from types import ModuleType
+
+PURE_PYTHON_ENV = "STEPSCOPE_PURE_PYTHON"
+
+
+def pure_python() -> bool:
+    """Whether $STEPSCOPE_PURE_PYTHON asks for the Python paths (set, and not 0)."""
+    return os.environ.get(PURE_PYTHON_ENV, "").strip() not in ("", "0")
+
+
+def load_extension(package: str, name: str) -> ModuleType | None:
+    """Extension module `package.name`, or None: not built, or $STEPSCOPE_PURE_PYTHON. (By
+    name: `from . import _x` of an extension reads as an import of the package itself to
+    the import graph.)"""
+    if pure_python():
+        return None
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    except ImportError:
+        return None
+
+
+__all__ = ["PURE_PYTHON_ENV", "load_extension", "pure_python"]
