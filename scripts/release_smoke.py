@@ -60,6 +60,11 @@ def compiled_path() -> None:
         publisher = sys.modules.get("stepscope.store._publish")
         check(local._publish_small is not None and publisher is not None and Path(publisher.__file__).suffix == ".so",
               f"compiled small-file publisher in stepscope's wheel ({getattr(publisher, '__file__', None)})")
+    from stepscope.capture import step_framing
+
+    encoders = step_framing._encode
+    check(encoders is not None and Path(encoders.__file__).suffix in (".so", ".pyd"),
+          f"compiled encoders (held steps, step timeline) in stepscope's wheel ({getattr(encoders, '__file__', None)})")
 
 
 def version() -> None:

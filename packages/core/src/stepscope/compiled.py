@@ -1,6 +1,6 @@
 """The one switch and loader for stepscope's optional C extensions: the trace parser
-(`traces/_kineto.c`), the small-file publisher (`store/_publish.c`) and stepscope-torch's hot
-path (`_fastpath.c`). Each has a Python path that gives the same results; an extension that
+(`traces/_kineto.c`), the small-file publisher (`store/_publish.c`), the writer threads'
+encoders of held scalar steps and of the step timeline (`capture/_encode.c`) and stepscope-torch's hot path (`_fastpath.c`). Each has a Python path that gives the same results; an extension that
 was not built (no C compiler, an unusual platform) or `STEPSCOPE_PURE_PYTHON=1` selects it."""
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ _WALL_TIME_KEY = _key(1, 1)
 
 
 @functools.lru_cache(maxsize=4096)
-def _small_value_head(name: str, dtype: np.dtype, shape: tuple[int, ...], nbytes: int) -> bytes:
+def small_value_head(name: str, dtype: np.dtype, shape: tuple[int, ...], nbytes: int) -> bytes:
     """A Summary.Value's bytes up to a small numeric tensor's content: tag, the TensorProto's
     length, its dtype and shape, the content's field key and length. The same for every
     step that saves this name with this dtype and shape."""
@@ -162,7 +162,7 @@ def _encode_small_tensor_event(name: str, value: np.ndarray, step: int, mode: in
     """What `encode_tensor_event` writes for a small numeric tensor (0 < nbytes <=
     SMALL_TENSOR_BYTES), joined: the same fields in the same order."""
     nbytes = value.nbytes
-    value_head = _small_value_head(name, value.dtype, value.shape, nbytes)
+    value_head = small_value_head(name, value.dtype, value.shape, nbytes)
     metadata = _metadata_field(mode, mode_step)
     value_len = len(value_head) + nbytes + len(metadata)
     value_field = _len_field(1, value_len)

@@ -256,3 +256,83 @@ def test_the_hook_s_buffered_spans_are_left_out_of_the_garbage_collector_s_passe
     writer.close()
     timeline = ProfilerTrial(tmp_path).step_timeline()
     assert len(timeline) == 41 and set(timeline["mode"]) == {"TRAIN", "EVAL"}
+
+
+def _random_events(rng, count):
+    names = ["step", "forward", "backward", "data", 'quote "q"', "100% done", "ünï\tcode", "emoji 🙂", "back\\slash"]
+    events = []
+    for i in range(count):
+        start = T + rng.randrange(0, 50 * MS) if rng.random() < 0.9 else T - rng.randrange(1, 5 * MS)
+        end = start + rng.choice([0, 1, 999, 1000, 1001, rng.randrange(0, 20 * MS)])
+        mode = rng.choice([ModeKeys.TRAIN, ModeKeys.EVAL, int(ModeKeys.PREDICT), 4])
+        args = rng.choice([None, None, None, {}, {"why": "100%", "n": i}, {"obj": object.__name__}])
+        events.append((rng.choice(names), start, end, rng.randrange(0, 10**7), mode, rng.choice(names), args))
+    for start in (T, T + 5, T + 5):  # ties: equal starts, equal spans
+        events.append(("tie", start, start + 10, 1, 1, "step", None))
+    return events
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_compiled_encoder_writes_what_the_python_one_writes(monkeypatch, seed):
+    # The events' lines come from _encode.c where it is built: the same bytes as Python's,
+    # the hook's spans alone or mixed with a user's (args, ModeKeys, negative offsets).
+    from stepscope.capture import step_timeline
+
+    if step_timeline._encode is None:
+        pytest.skip("stepscope.capture._encode is not built here (or STEPSCOPE_PURE_PYTHON)")
+    import random
+
+    rng = random.Random(seed)
+    events = _random_events(rng, rng.choice([0, 1, 2, 50, 3000]))
+    plain_only = [(n, s, e, st, int(m), p, None) for n, s, e, st, m, p, _ in events]
+    kwargs = dict(node_id="n", rank=seed, framework="pytorch", pid=7, writer_start_ns=T, sequence=seed)
+    for batch in (events, plain_only):
+        compiled = encode_timeline(list(batch), **kwargs)
+        monkeypatch.setattr(step_timeline, "_encode", None)
+        python = encode_timeline(list(batch), **kwargs)
+        monkeypatch.undo()
+        assert compiled == python
+        assert len(json.loads(compiled)["traceEvents"]) >= len(batch)
+    # (and the hook's spans go to C without being made plain in Python first)
+    calls = []
+    timeline_events = step_timeline._encode.timeline_events
+    monkeypatch.setattr(step_timeline, "_encode", type("Spy", (), {"timeline_events": staticmethod(lambda *a: calls.append(a[0]) or timeline_events(*a))}))
+    encode_timeline(plain_only, **kwargs)
+    assert len(calls) == 1 and calls[0] is plain_only
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_a_flush_leaves_nothing_for_the_collector_s_oldest_generation(tmp_path, monkeypatch, compiled):
+    # A flush every 10 s of tens of thousands of spans: what it makes on the way must not
+    # live through the young collections it sets off (a full collection of a training
+    # process holds the GIL for 40-150 ms). The compiled encoder makes next to nothing.
+    from stepscope.capture import step_timeline
+
+    if compiled and step_timeline._encode is None:
+        pytest.skip("stepscope.capture._encode is not built here (or STEPSCOPE_PURE_PYTHON)")
+    if not compiled:
+        monkeypatch.setattr(step_timeline, "_encode", None)
+    writer = TimelineWriter(tmp_path, node_id="n", rank=0, flush_interval_s=3600)
+    for s in range(4000):
+        writer.add_spans([("step", T + s * MS, T + s * MS + 900), ("forward", T + s * MS, T + s * MS + 300)], step=s, mode=ModeKeys.TRAIN)
+    promoted = []
+
+    def watch(phase, info):
+        if phase == "stop" and info["generation"] >= 1:
+            promoted.append(len(gc.get_objects(generation=2)))
+
+    gc.collect()
+    before = len(gc.get_objects(generation=2))
+    gc.callbacks.append(watch)
+    try:
+        threshold = gc.get_threshold()
+        gc.set_threshold(100, 1, 1)  # (collections at every turn: whatever lives through one is seen)
+        try:
+            assert writer.flush() is not None
+        finally:
+            gc.set_threshold(*threshold)
+    finally:
+        gc.callbacks.remove(watch)
+    writer.close()
+    assert promoted or compiled, "no collection ran during the flush"
+    assert max(promoted, default=before) - before < 1000  # (8,000 spans: one object each would be 8,000)

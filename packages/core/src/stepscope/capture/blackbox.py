@@ -14,7 +14,7 @@ import math
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -187,6 +187,29 @@ class SavedValues:
             self.non_finite = {"step": int(step), "mode": mode_name, "mode_step": int(mode_step), "tensors": dict(list(bad.items())[:20])}
             if self.on_non_finite is not None:
                 self.on_non_finite(self.non_finite)
+
+
+    def held_steps(self, steps: Sequence[tuple[int, Any, int, Mapping[str, Any], Any]]) -> None:
+        """Several saved steps at once, oldest first (the writer's held batches of scalar
+        steps: (step, mode, mode_step, {name: value}, shapes)): what calling this listener
+        on each in turn does, with one check of all their values, and step by step only
+        when that finds a NaN or an infinity (or a value it cannot add)."""
+        import numpy as np
+
+        if not steps:
+            return
+        check = self.non_finite is None and not _all_finite(steps)
+        for step, mode, mode_step, tensors, _shapes in steps if check else steps[-1:]:
+            self(step, mode, mode_step, {name: np.asarray(value) for name, value in tensors.items()})
+
+
+def _all_finite(steps: Sequence[tuple[int, Any, int, Mapping[str, Any], Any]]) -> bool:
+    """Whether every value of `steps` is a finite number: their sum is (unless it overflows,
+    which reads as not finite: the caller then checks each)."""
+    try:
+        return math.isfinite(sum([float(value) for step in steps for value in step[3].values()]))
+    except Exception:
+        return False
 
 
 def _number(value: Any) -> float | str:

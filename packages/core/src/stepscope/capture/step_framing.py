@@ -6,7 +6,12 @@ Framing is Python per tensor holding the GIL, while the training thread wants it
 after every framework op: so the framer hands the GIL over on purpose once it has held it
 for `yield_every_s` (see `_GilYield`), instead of making the training thread wait out the
 interpreter's 5 ms switch interval. Checksums and the buffers' bytes are C work with the
-GIL released (crc32c releases it for large buffers)."""
+GIL released (crc32c releases it for large buffers).
+
+A held batch of scalar steps (held_steps.py: the losses of a hundred steps at a time) is
+framed in one call of the C extension `_encode` where it is built (`frame_held`): the same
+bytes, without the few dozen bytecodes per value that the training thread would otherwise
+wait for at the GIL."""
 
 from __future__ import annotations
 
@@ -14,12 +19,21 @@ import functools
 import json
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .. import events, layout, records
+from ..compiled import load_extension
 from ..modes import ModeKeys
+
+# Held scalar steps framed in C, or None: not built, or $STEPSCOPE_PURE_PYTHON.
+_encode = load_extension(__package__, "_encode")
+# Index i: (the name, its JSON) of mode number i, as a step's index gives it.
+_MODE_NAMES = tuple(
+    (ModeKeys(i).name, json.dumps(ModeKeys(i).name).encode()) if i in ModeKeys._value2member_map_ else None for i in range(max(ModeKeys) + 1)
+)
 
 # The most the framer holds the GIL between hand-overs, and the pause that hands it over:
 # long enough for a waiting thread to wake and take it (a zero sleep is re-won by the
@@ -64,6 +78,18 @@ def as_array(value: Any) -> np.ndarray:
     return array
 
 
+@dataclass
+class FramedHeld:
+    """A held batch framed at once (`StepFramer.frame_held`): the event file `event_key`
+    holding every record, and per step (in order) its index file's body and its step-table
+    entry (as StepTables keeps them)."""
+
+    event_key: str
+    data: bytes
+    bodies: list[bytes]
+    entries: list[tuple[Any, ...]]
+
+
 class StepFramer:
     """Frames one step's tensors into an event file's buffers and its index entries.
     `drop(step, name, exc)` is told of each value that cannot be saved (that value only is
@@ -75,6 +101,9 @@ class StepFramer:
         self._placeholder_crc = placeholder_crc
         self._yield_every_s = yield_every_s
         self._json_names: set[str] = set()  # names known to go into the index's JSON
+        # frame_held's value heads: name -> (type of its values, the Value's bytes up to the
+        # content, the name as JSON, the content's size), made by `_held_head`.
+        self._held_heads: dict[str, tuple[type, bytes, bytes, int]] = {}
 
     def _checked_name(self, name: str) -> str:
         # The index must hold the name too: refuse what JSON cannot encode (a lone
@@ -126,6 +155,34 @@ class StepFramer:
             "shape_payload": self._shape_payload(step, kept_shapes),
         }
         return parts, index
+
+    def frame_held(self, steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> FramedHeld | None:
+        """Held steps (Writer.write_held_steps's) framed in C, as `frame` would frame them one
+        after another into one event file: or None, and nothing kept, where the C extension
+        is not there or the steps hold anything but numpy scalars and floats of plain
+        numeric dtypes (an array, a shape, a name the index cannot hold), which `frame`
+        then frames (and reports what it cannot save)."""
+        if _encode is None or not steps or type(steps[0][0]) is not int:
+            return None
+        event_key = layout.event_file_key(steps[0][0], self.worker)
+        wall_time = time.time()  # (one time for the batch's records: they are framed together)
+        (head,) = records.frame([events.file_version_event(wall_time)])
+        made = _encode.frame_held(steps, self._held_heads, self._held_head, head, event_key, json.dumps(event_key).encode(), _MODE_NAMES,
+                                   wall_time, self._placeholder_crc)  # fmt: skip
+        return None if made is None else FramedHeld(event_key, *made)
+
+    def _held_head(self, name: str, value: Any) -> tuple[type, bytes, bytes, int] | None:
+        """frame_held's head for `value` saved as `name` (see `_held_heads`), or None: the
+        Python path frames such a value."""
+        kind = type(value)
+        if kind is not float and not (issubclass(kind, np.generic) and np.dtype(kind).kind in "biuf"):
+            return None
+        try:
+            dtype = np.dtype(kind)
+            head = events.small_value_head(self._checked_name(name), dtype, (), dtype.itemsize)
+        except Exception:
+            return None
+        return kind, head, json.dumps(name).encode(), dtype.itemsize
 
     def _shape_payload(self, step: int, shapes: Mapping[str, Sequence[int]]) -> list[dict[str, Any]]:
         out = []
@@ -198,6 +255,21 @@ class StepTables:
         ))
         return done
 
+    def add_entries(self, entries: Sequence[tuple[Any, ...]]) -> list[tuple[str, bytes]]:
+        """`add` for published steps whose entries are made already (FramedHeld's), in step
+        order; returns the tables of the blocks they finished, for the caller to publish."""
+        per_table = layout.STEPS_PER_TABLE
+        block = entries[0][0] // per_table if entries else None
+        if block is not None and entries[-1][0] // per_table == block and (not self._entries or self._entries[0][0] // per_table == block):
+            self._entries.extend(entries)  # (the usual case: all in the current block)
+            return []
+        done = []
+        for entry in entries:
+            if self._entries and entry[0] // per_table != self._entries[0][0] // per_table:
+                done.append(self.take())
+            self._entries.append(entry)
+        return [table for table in done if table is not None]
+
     def take(self) -> tuple[str, bytes] | None:
         """The current block's table (key, body), emptied; None when it holds no step."""
         if not self._entries:
@@ -219,4 +291,4 @@ class StepTables:
         return key, json.dumps(body, separators=(",", ":")).encode()
 
 
-__all__ = ["StepFramer", "StepTables", "as_array", "index_json", "YIELD_EVERY_S"]
+__all__ = ["FramedHeld", "StepFramer", "StepTables", "as_array", "index_json", "YIELD_EVERY_S"]

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..closing import ClosedOnExit
+from ..compiled import load_extension
 from ..exceptions import ConfigError, StoreUnavailable
 from ..layout import STEP_TIMELINE_DIR
 from ..modes import ModeKeys
@@ -124,7 +125,7 @@ class TimelineWriter(ClosedOnExit):
         args: dict[str, Any] | None = None,
     ) -> None:
         """Record one interval; times are absolute `time.time_ns()` nanoseconds."""
-        event = (name, start_ns, end_ns, step, mode, phase, args)
+        event = (name, start_ns, end_ns, step, int(mode) if type(mode) is ModeKeys else mode, phase, args)  # (see _Buffered)
         with self._lock:
             if self._closed or len(self._events) >= _MAX_BUFFERED_EVENTS:
                 dropped = True
@@ -241,56 +242,22 @@ def encode_timeline(
     writer_start_ns: int,
     sequence: int = 0,
 ) -> bytes:
-    """One Chrome-trace file for `events` (tuples as TimelineWriter buffers them)."""
-    slices: list[tuple[int, int, str, int, ModeKeys, str, Any]] = []
-    append = slices.append
-    for name, start_ns, end_ns, step, mode, phase, args in events:
-        # The hook's own spans (nearly every event) have the right types already: only the
-        # others are converted (what a user handed to `add`).
-        if type(start_ns) is int and type(end_ns) is int and start_ns <= end_ns and type(step) is int and type(name) is str and type(phase) is str:
-            known = _MODE_NUMBERS.get(mode) if type(mode) is int else mode if type(mode) is ModeKeys else None
-            if known is not None:
-                append((start_ns, end_ns, name, step, known, phase, args))
-                continue
-        try:
-            mode = mode if type(mode) is ModeKeys else ModeKeys.parse(mode)
-            append((int(start_ns), max(int(end_ns), int(start_ns)), str(name), int(step), mode, str(phase), args))
-        except (TypeError, ValueError) as exc:
-            logger.warning("step timeline: event %r skipped (%s)", name, exc)
-    # By start, the longer first at equal starts (a step before the phase that opens it):
-    # two stable sorts with C keys cost less than a Python key per event.
-    slices.sort(key=_END, reverse=True)
-    slices.sort(key=_START)
-    tids = _assign_lanes(slices)
-
+    """One Chrome-trace file for `events` (tuples as TimelineWriter buffers them): the
+    events sorted by start (the longer first at equal starts: a step before the phase that
+    opens it), each on its mode's track, or an overflow track where it overlaps another
+    without nesting in it. Written by the C extension where it is built, else here: the
+    same bytes."""
+    made = _encoded_in_c(events, rank)
+    if made is None:
+        made = _encoded_in_python(_plain_slices(events), rank)
+    text, tid_set, first_start_ns, last_end_ns = made
     lines = [json.dumps(_meta("process_name", rank, None, {"name": f"rank {rank} ({node_id}, {framework})"}))]
     lines.append(json.dumps(_meta("process_sort_index", rank, None, {"sort_index": rank})))
-    for tid in sorted(set(tids)):
+    for tid in sorted(tid_set):
         mode = ModeKeys(tid if tid < _OVERFLOW_TID else tid // _OVERFLOW_TID)
         label = mode.name if tid < _OVERFLOW_TID else f"{mode.name} (overlapping {tid % _OVERFLOW_TID})"
         lines.append(json.dumps(_meta("thread_name", rank, tid, {"name": label})))
         lines.append(json.dumps(_meta("thread_sort_index", rank, tid, {"sort_index": tid})))
-    # One dumps per event rather than one for the whole list: the interpreter can switch
-    # threads between events, so a large flush never holds the GIL against training.
-    # Names and phases repeat from step to step: escape each once. This loop is most of the
-    # background CPU the timeline costs a training process.
-    templates: dict[tuple[str, str, ModeKeys, int], str] = {}
-    for (start_ns, end_ns, name, step, mode, phase, args), tid in zip(slices, tids):
-        duration = end_ns - start_ns
-        # ts/dur as exact decimal text: a float of epoch microseconds cannot hold nanoseconds.
-        if args:
-            event_args = dict(args)
-            event_args.update(step=step, mode=mode.name, phase=phase)
-            lines.append(_event_template(name, phase, rank, tid, json.dumps(event_args, default=str).replace("%", "%%")) % (start_ns // 1000, start_ns % 1000, duration // 1000, duration % 1000))
-            continue
-        # One %-template per (name, phase, mode, track): names repeat from step to step, and
-        # this loop is most of the CPU the timeline costs a training process.
-        key = (name, phase, mode, tid)
-        template = templates.get(key)
-        if template is None:
-            args_json = f'{{"step": %d, "mode": "{mode.name}", "phase": {json.dumps(phase).replace("%", "%%")}}}'
-            template = templates[key] = _event_template(name, phase, rank, tid, args_json)
-        lines.append(template % (start_ns // 1000, start_ns % 1000, duration // 1000, duration % 1000, step))
     metadata = {
         "schema": SCHEMA,
         "schema_version": SCHEMA_VERSION,
@@ -300,11 +267,99 @@ def encode_timeline(
         "pid": pid,
         "writer_start_ns": writer_start_ns,
         "sequence": sequence,
-        "first_start_ns": slices[0][0] if slices else None,
-        "last_end_ns": max((s[1] for s in slices), default=None),
+        "first_start_ns": first_start_ns,
+        "last_end_ns": last_end_ns,
     }
-    body = ",\n".join(lines)
-    return f'{{"traceEvents": [\n{body}\n],\n"displayTimeUnit": "ms",\n"metadata": {json.dumps(metadata)}}}\n'.encode()
+    head = '{"traceEvents": [\n' + ",\n".join(lines) + (",\n" if text else "")
+    tail = f'\n],\n"displayTimeUnit": "ms",\n"metadata": {json.dumps(metadata)}}}\n'
+    return b"".join((head.encode(), text, tail.encode()))
+
+
+# The events' lines in C (_encode.c), or None: not built, or $STEPSCOPE_PURE_PYTHON.
+_encode = load_extension(__package__, "_encode")
+_QUOTED: dict[str, bytes] = {}  # names and phases as JSON text (they repeat from step to step)
+_MODE_NAME_BYTES = tuple(_MODE_NUMBERS[i].name.encode() if i in _MODE_NUMBERS else None for i in range(max(_MODE_NUMBERS) + 1))
+_Encoded = tuple[bytes, "set[int]", "int | None", "int | None"]  # lines, their tids, first start, last end
+
+
+def _quote(text: str) -> bytes:
+    if len(_QUOTED) >= 4096:  # (user-named events without end: a bound, not a cache of all)
+        _QUOTED.clear()
+    return json.dumps(text).encode()
+
+
+def _encoded_in_c(events: Sequence[_Buffered], rank: int) -> _Encoded | None:
+    """The events' lines by the C extension, or None where it is not there. The hook's own
+    spans go to it as they are; when there are others (a user's span with args, a mode
+    given by name) every event is made plain here first."""
+    if _encode is None or type(rank) is not int:
+        return None
+    made = _encode.timeline_events(events if type(events) is list else list(events), rank, _QUOTED, _quote, _MODE_NAME_BYTES)
+    if made is None:
+        plain = [(name, start_ns, end_ns, step, mode, phase, _args_json(args, step, mode, phase) if args else None)
+                 for start_ns, end_ns, name, step, mode, phase, args in _plain_slices(events)]  # fmt: skip
+        made = _encode.timeline_events(plain, rank, _QUOTED, _quote, _MODE_NAME_BYTES)
+    return made
+
+
+def _plain_slices(events: Sequence[_Buffered]) -> list[tuple[int, int, str, int, int, str, Any]]:
+    """(start_ns, end_ns, name, step, mode number, phase, args) of each event, converted
+    where it needs it; an event that cannot be is left out, with a warning."""
+    # Each slice holds its mode as a number, like the buffered events: a tuple of strings
+    # and ints only is untracked at the garbage collector's first look, where one holding
+    # a ModeKeys stays tracked, and tens of thousands of those, alive through the collections
+    # that a flush's own allocations start, were promoted to the oldest generation: every
+    # few flushes they set off a full collection, 40-150 ms holding the GIL against training.
+    slices: list[tuple[int, int, str, int, int, str, Any]] = []
+    append = slices.append
+    for name, start_ns, end_ns, step, mode, phase, args in events:
+        # The hook's own spans (nearly every event) have the right types already: only the
+        # others are converted (what a user handed to `add`).
+        if type(start_ns) is int and type(end_ns) is int and start_ns <= end_ns and type(step) is int and type(name) is str and type(phase) is str:
+            known = mode if type(mode) is int and mode in _MODE_NUMBERS else int(mode) if type(mode) is ModeKeys else None
+            if known is not None:
+                append((start_ns, end_ns, name, step, known, phase, args))
+                continue
+        try:
+            mode = int(ModeKeys.parse(mode))
+            append((int(start_ns), max(int(end_ns), int(start_ns)), str(name), int(step), mode, str(phase), args))
+        except (TypeError, ValueError) as exc:
+            logger.warning("step timeline: event %r skipped (%s)", name, exc)
+    return slices
+
+
+def _args_json(args: dict[str, Any], step: int, mode: int, phase: str) -> str:
+    """A span's args as its event gives them: the user's, with its step, mode and phase."""
+    event_args = dict(args)
+    event_args.update(step=step, mode=_MODE_NUMBERS[mode].name, phase=phase)
+    return json.dumps(event_args, default=str)
+
+
+def _encoded_in_python(slices: list[tuple[int, int, str, int, int, str, Any]], rank: int) -> _Encoded:
+    """`_encoded_in_c`'s lines, made here."""
+    # By start, the longer first at equal starts: two stable sorts with C keys cost less
+    # than a Python key per event.
+    slices.sort(key=_END, reverse=True)
+    slices.sort(key=_START)
+    tids = _assign_lanes(slices)
+    # One %-template per (name, phase, mode, track): names repeat from step to step.
+    lines = []
+    templates: dict[tuple[str, str, int, int], str] = {}
+    for (start_ns, end_ns, name, step, mode, phase, args), tid in zip(slices, tids):
+        duration = end_ns - start_ns
+        # ts/dur as exact decimal text: a float of epoch microseconds cannot hold nanoseconds.
+        if args:
+            lines.append(_event_template(name, phase, rank, tid, _args_json(args, step, mode, phase).replace("%", "%%")) % (start_ns // 1000, start_ns % 1000, duration // 1000, duration % 1000))
+            continue
+        key = (name, phase, mode, tid)
+        template = templates.get(key)
+        if template is None:
+            args_json = f'{{"step": %d, "mode": "{_MODE_NUMBERS[mode].name}", "phase": {json.dumps(phase).replace("%", "%%")}}}'
+            template = templates[key] = _event_template(name, phase, rank, tid, args_json)
+        lines.append(template % (start_ns // 1000, start_ns % 1000, duration // 1000, duration % 1000, step))
+    first_start = slices[0][0] if slices else None
+    last_end = max((s[1] for s in slices), default=None)
+    return ",\n".join(lines).encode(), set(tids), first_start, last_end
 
 
 _START, _END = operator.itemgetter(0), operator.itemgetter(1)
@@ -328,13 +383,13 @@ def _meta(name: str, pid: int, tid: int | None, args: dict[str, Any]) -> dict[st
     return event
 
 
-def _assign_lanes(slices: Sequence[tuple[int, int, str, int, ModeKeys, str, Any]]) -> list[int]:
+def _assign_lanes(slices: Sequence[tuple[int, int, str, int, int, str, Any]]) -> list[int]:
     """A track (tid) per mode, where steps contain their phases; an interval that overlaps
     another without nesting in it (a prefetch crossing a step boundary) goes to an overflow
     track, because Perfetto needs the slices of one track properly nested. `slices` must be
     sorted by (start, -end)."""
     # lanes[mode] is a list of stacks of open end times, one stack per track of that mode.
-    lanes: dict[ModeKeys, list[list[int]]] = {}
+    lanes: dict[int, list[list[int]]] = {}
     tids: list[int] = []
     append = tids.append
     for start, end, _name, _step, mode, _phase, _args in slices:

@@ -38,7 +38,7 @@ from ..store import Store, open_store
 from ..store.direct_io import DIRECT_FROM, set_backlogged
 from .deadline import CLOSE_TIMEOUT_ENV, DEFAULT_CLOSE_TIMEOUT_S, Deadline, close_timeout_from_env, exit_deadline
 from .safety import FailSafe, write_status
-from .step_framing import StepFramer, StepTables, as_array, index_json
+from .step_framing import FramedHeld, StepFramer, StepTables, as_array, index_json
 from .writer_health import WriterHealth, printable
 
 logger = logging.getLogger("stepscope")
@@ -471,7 +471,9 @@ class Writer(ClosedOnExit):
                 if job.end_marker and self._failsafe.enabled:
                     self._failsafe.call(self._write, layout.END_MARKER, b"")
             elif isinstance(job, _StepBatch):
-                if framed is not None:
+                if isinstance(framed, FramedHeld):
+                    self._failsafe.call(self._publish_held, framed)
+                elif framed is not None:
                     self._failsafe.call(self._publish_batch, *framed)
             elif framed is not None:
                 self._failsafe.call(self._publish_step, job, *framed)
@@ -500,8 +502,12 @@ class Writer(ClosedOnExit):
             self._notify(job, arrays)
         return parts, index
 
-    def _frame_batch(self, batch: _StepBatch) -> tuple[list[Any], list[tuple[_StepJob, dict[str, Any]]]] | None:
+    def _frame_batch(self, batch: _StepBatch) -> FramedHeld | tuple[list[Any], list[tuple[_StepJob, dict[str, Any]]]] | None:
         """One event file for the batch's steps (named by the first), one index per step."""
+        if batch.held is not None:
+            held = self._frame_held(batch.held)
+            if held is not None:
+                return held
         parts: list[Any] | None = None
         event_key = None
         offset = 0
@@ -522,6 +528,30 @@ class Writer(ClosedOnExit):
             # write of as many buffers.
             parts = [b"".join(parts)]
         return parts, indexed
+
+    def _frame_held(self, held: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> FramedHeld | None:
+        """A held batch framed at once in C (StepFramer.frame_held), or None: the batch is
+        framed step by step (what C does not frame; a step handed over before)."""
+        numbers = [step[0] for step in held]
+        unique = set(numbers)
+        if len(unique) != len(numbers) or not self._published.isdisjoint(unique):
+            return None  # (the step-by-step path drops the repeated step, with a warning)
+        framed = self._framer.frame_held(held)
+        if framed is None:
+            return None
+        self._published |= unique
+        for listener in list(self.step_listeners):
+            try:
+                take_many = getattr(listener, "held_steps", None)
+                if take_many is not None:
+                    take_many(held)  # (a listener that takes a batch at once: the black box's)
+                    continue
+                for step, mode, mode_step, tensors, _shapes in held:
+                    listener(step, mode, mode_step, {name: as_array(value) for name, value in tensors.items()})
+            except Exception as exc:  # an optional output must not stop the tensors being saved
+                logger.warning("stepscope: %r failed and is turned off: %s", listener, exc)
+                self.step_listeners.remove(listener)
+        return framed
 
     def _notify(self, job: _StepJob, arrays: dict[str, np.ndarray]) -> None:
         for listener in list(self.step_listeners):
@@ -597,6 +627,18 @@ class Writer(ClosedOnExit):
         for (job, index), (_key, body) in zip(kept[:published], files):
             self.bytes_written += len(body)
             self._add_to_step_table(job.step, index)
+
+    def _publish_held(self, framed: FramedHeld) -> None:
+        """A held batch framed at once: its event file, then each step's index file."""
+        if not self._write(framed.event_key, framed.data):
+            return
+        self.bytes_written += len(framed.data)
+        worker = self.worker
+        files = [(layout.index_file_key(entry[0], worker), body) for entry, body in zip(framed.entries, framed.bodies)]
+        published = self._write_many(files)
+        self.bytes_written += sum(map(len, framed.bodies[:published]))
+        for table in self._tables.add_entries(framed.entries[:published]):
+            self._write(*table)
 
     def _add_to_step_table(self, step: int, index: dict[str, Any]) -> None:
         done = self._tables.add(step, index)

@@ -1,0 +1,749 @@
+/* The writer threads' encoders in C: a held batch of scalar steps framed in one call
+   (`frame_held`, see step_framing.py) and the step timeline's events written as Chrome-trace
+   lines (`timeline_events`, see step_timeline.py; its part below says why).
+
+   Under the capture defaults the losses and metrics are saved at every step, and the hook
+   hands them to the writer a hundred steps at a time (held_steps.py). Framed from Python,
+   each such step is a dozen small objects and a few dozen bytecodes per value, index and
+   step-table entry: about 3 ms of the writer thread's Python per hundred steps, all of it
+   holding the GIL, which the training thread then waits for when it comes back from each
+   framework operation (bench/step_cycle.py shows where). Here the same bytes are made in
+   C: the event file's records (TFRecord framing, CRC-32C), each step's index file and its
+   step-table entry, byte for byte what the Python path makes (tests compare them).
+
+   Only what the Python path would frame without a question is framed here: steps whose
+   values are all numpy scalars (or Python floats) of a plain numeric dtype and that save no
+   shapes. Anything else (an array, a shape, a name the index cannot hold) returns None
+   before anything is kept, and the writer frames the batch in Python as before. */
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* The records hold little-endian numbers (a double's bytes are copied as they are). */
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "little-endian hosts only: elsewhere the writer frames held steps in Python"
+#endif
+
+/* ---- CRC-32C (Castagnoli), slicing by eight ------------------------------------------ */
+
+static uint32_t crc_table[8][256];
+
+static void
+crc_init(void)
+{
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t crc = i;
+        for (int k = 0; k < 8; k++)
+            crc = (crc >> 1) ^ (0x82F63B78u & (0u - (crc & 1u)));
+        crc_table[0][i] = crc;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t
+crc32c(const unsigned char *data, size_t size)
+{
+    uint32_t crc = 0xFFFFFFFFu;
+    while (size >= 8) {
+        uint32_t low = crc ^ ((uint32_t)data[0] | (uint32_t)data[1] << 8 | (uint32_t)data[2] << 16 | (uint32_t)data[3] << 24);
+        crc = crc_table[7][low & 0xFF] ^ crc_table[6][(low >> 8) & 0xFF] ^ crc_table[5][(low >> 16) & 0xFF] ^ crc_table[4][low >> 24]
+            ^ crc_table[3][data[4]] ^ crc_table[2][data[5]] ^ crc_table[1][data[6]] ^ crc_table[0][data[7]];
+        data += 8;
+        size -= 8;
+    }
+    while (size--)
+        crc = (crc >> 8) ^ crc_table[0][(crc ^ *data++) & 0xFF];
+    return crc ^ 0xFFFFFFFFu;
+}
+
+/* TFRecord's masked CRC (records.mask). */
+static uint32_t
+masked(uint32_t crc)
+{
+    return ((crc >> 15) | (crc << 17)) + 0xA282EAD8u;
+}
+
+#define SMDEBUG_PLACEHOLDER_CRC 0x062DC0B3u /* records.SMDEBUG_PLACEHOLDER_CRC */
+
+/* ---- a growing byte buffer ----------------------------------------------------------- */
+
+typedef struct {
+    char *data;
+    size_t size, capacity;
+} Buffer;
+
+static int
+reserve(Buffer *b, size_t more)
+{
+    if (b->size + more <= b->capacity)
+        return 0;
+    size_t capacity = b->capacity ? b->capacity : 4096;
+    while (capacity < b->size + more)
+        capacity *= 2;
+    char *data = PyMem_RawRealloc(b->data, capacity); /* (Raw: also with the GIL released) */
+    if (data == NULL)
+        return -1; /* (the caller, holding the GIL, says so: PyErr_NoMemory) */
+    b->data = data;
+    b->capacity = capacity;
+    return 0;
+}
+
+static int
+put(Buffer *b, const void *data, size_t size)
+{
+    if (reserve(b, size) < 0)
+        return -1;
+    memcpy(b->data + b->size, data, size);
+    b->size += size;
+    return 0;
+}
+
+#define PUT_TEXT(b, text) put((b), (text), sizeof(text) - 1)
+
+static int
+put_varint(Buffer *b, uint64_t value)
+{
+    unsigned char out[10];
+    int n = 0;
+    do {
+        unsigned char byte = value & 0x7F;
+        value >>= 7;
+        out[n++] = value ? (byte | 0x80) : byte;
+    } while (value);
+    return put(b, out, (size_t)n);
+}
+
+static size_t
+varint_size(uint64_t value)
+{
+    size_t n = 1;
+    while (value >= 0x80) {
+        value >>= 7;
+        n++;
+    }
+    return n;
+}
+
+static int
+put_le(Buffer *b, uint64_t value, int bytes)
+{
+    unsigned char out[8];
+    for (int i = 0; i < bytes; i++)
+        out[i] = (unsigned char)(value >> (8 * i));
+    return put(b, out, (size_t)bytes);
+}
+
+static int
+put_decimal(Buffer *b, long long value)
+{
+    char text[32];
+    int n = snprintf(text, sizeof(text), "%lld", value);
+    return put(b, text, (size_t)n);
+}
+
+/* ---- one value ------------------------------------------------------------------------ */
+
+/* What the head cache holds per tensor name: (type, value head, name as JSON, nbytes), made
+   by the Python side (`miss`). The value head is events.small_value_head's bytes: the
+   Summary.Value up to the content's bytes. */
+typedef struct {
+    PyObject *type;
+    const char *head;
+    Py_ssize_t head_size;
+    const char *json;
+    Py_ssize_t json_size;
+    Py_ssize_t nbytes;
+} Head;
+
+/* The cached head of `name` for `value`, asking `miss` on a first sight or another type. 1
+   and `out` filled, 0: not framed here (the Python path frames the batch), -1: error. */
+static int
+head_of(PyObject *names, PyObject *miss, PyObject *name, PyObject *value, Head *out)
+{
+    PyObject *entry = PyDict_GetItemWithError(names, name); /* borrowed */
+    if (entry == NULL && PyErr_Occurred())
+        return -1;
+    if (entry == NULL || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 || PyTuple_GET_ITEM(entry, 0) != (PyObject *)Py_TYPE(value)) {
+        PyObject *made = PyObject_CallFunctionObjArgs(miss, name, value, NULL);
+        if (made == NULL)
+            return -1;
+        if (made == Py_None) {
+            Py_DECREF(made);
+            return 0;
+        }
+        int stored = PyDict_SetItem(names, name, made);
+        Py_DECREF(made); /* (the dict holds it) */
+        if (stored < 0)
+            return -1;
+        entry = made;
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 || PyTuple_GET_ITEM(entry, 0) != (PyObject *)Py_TYPE(value)) {
+            PyErr_SetString(PyExc_TypeError, "frame_held: miss() must return (type(value), bytes, bytes, int) or None");
+            return -1;
+        }
+    }
+    PyObject *head = PyTuple_GET_ITEM(entry, 1), *json = PyTuple_GET_ITEM(entry, 2);
+    if (!PyBytes_CheckExact(head) || !PyBytes_CheckExact(json)) {
+        PyErr_SetString(PyExc_TypeError, "frame_held: a head entry holds something other than bytes");
+        return -1;
+    }
+    Py_ssize_t nbytes = PyLong_AsSsize_t(PyTuple_GET_ITEM(entry, 3));
+    if (nbytes < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    out->type = PyTuple_GET_ITEM(entry, 0);
+    out->head = PyBytes_AS_STRING(head);
+    out->head_size = PyBytes_GET_SIZE(head);
+    out->json = PyBytes_AS_STRING(json);
+    out->json_size = PyBytes_GET_SIZE(json);
+    out->nbytes = nbytes;
+    return 1;
+}
+
+/* The value's bytes into `content` (at most 16): 1, 0 (not the size its head says), -1. */
+static int
+value_bytes(PyObject *value, Py_ssize_t nbytes, unsigned char *content)
+{
+    if (PyFloat_CheckExact(value)) {
+        double number = PyFloat_AS_DOUBLE(value);
+        if (nbytes != (Py_ssize_t)sizeof(number))
+            return 0;
+        memcpy(content, &number, sizeof(number));
+        return 1;
+    }
+    Py_buffer view;
+    if (PyObject_GetBuffer(value, &view, PyBUF_SIMPLE) < 0) {
+        PyErr_Clear();
+        return 0;
+    }
+    int fits = view.len == nbytes && nbytes <= 16;
+    if (fits)
+        memcpy(content, view.buf, (size_t)nbytes);
+    PyBuffer_Release(&view);
+    return fits;
+}
+
+/* The Value's metadata field (events._metadata_field): the mode step's plugin data, then
+   the mode's. */
+static int
+put_metadata(Buffer *b, long mode, long long mode_step)
+{
+    char step_text[32], mode_text[32];
+    int step_size = snprintf(step_text, sizeof(step_text), "%lld", mode_step);
+    int mode_size = snprintf(mode_text, sizeof(mode_text), "%ld", mode);
+    /* PluginData {plugin_name = 1: "mode_step", content = 2: digits} */
+    size_t first = 2 + 9 + 1 + varint_size((uint64_t)step_size) + (size_t)step_size;
+    size_t second = 2 + 4 + 1 + varint_size((uint64_t)mode_size) + (size_t)mode_size;
+    size_t body = 1 + varint_size(first) + first + 1 + varint_size(second) + second;
+    if (put_varint(b, (9 << 3) | 2) < 0 || put_varint(b, body) < 0)
+        return -1;
+    if (put_varint(b, (1 << 3) | 2) < 0 || put_varint(b, first) < 0 || PUT_TEXT(b, "\x0a\x09mode_step\x12") < 0
+        || put_varint(b, (uint64_t)step_size) < 0 || put(b, step_text, (size_t)step_size) < 0)
+        return -1;
+    if (put_varint(b, (1 << 3) | 2) < 0 || put_varint(b, second) < 0 || PUT_TEXT(b, "\x0a\x04mode\x12") < 0
+        || put_varint(b, (uint64_t)mode_size) < 0 || put(b, mode_text, (size_t)mode_size) < 0)
+        return -1;
+    return 0;
+}
+
+/* One record (events._encode_small_tensor_event, framed as records.frame does) at the end
+   of `file`. -1 on error. */
+static int
+put_record(Buffer *file, Buffer *payload, const Head *head, const unsigned char *content, double wall_time, long long step,
+           const char *metadata, size_t metadata_len, int placeholder_crc)
+{
+    payload->size = 0;
+    size_t value_len = (size_t)head->head_size + (size_t)head->nbytes + metadata_len;
+    size_t summary_len = 1 + varint_size(value_len) + value_len;
+    if (put_varint(payload, (1 << 3) | 1) < 0 || put(payload, &wall_time, sizeof(wall_time)) < 0)
+        return -1;
+    if (step && (put_varint(payload, (2 << 3) | 0) < 0 || put_varint(payload, (uint64_t)step) < 0))
+        return -1;
+    if (put_varint(payload, (5 << 3) | 2) < 0 || put_varint(payload, summary_len) < 0 || put_varint(payload, (1 << 3) | 2) < 0
+        || put_varint(payload, value_len) < 0 || put(payload, head->head, (size_t)head->head_size) < 0
+        || put(payload, content, (size_t)head->nbytes) < 0 || put(payload, metadata, metadata_len) < 0)
+        return -1;
+    unsigned char length[8];
+    for (int i = 0; i < 8; i++)
+        length[i] = (unsigned char)((uint64_t)payload->size >> (8 * i));
+    uint32_t footer = placeholder_crc ? SMDEBUG_PLACEHOLDER_CRC : masked(crc32c((const unsigned char *)payload->data, payload->size));
+    if (put(file, length, 8) < 0 || put_le(file, masked(crc32c(length, 8)), 4) < 0 || put(file, payload->data, payload->size) < 0
+        || put_le(file, footer, 4) < 0)
+        return -1;
+    return 0;
+}
+
+/* ---- the batch ------------------------------------------------------------------------ */
+
+static int
+as_long_long(PyObject *number, long long *out)
+{
+    if (!PyLong_CheckExact(number))
+        return 0;
+    int overflow = 0;
+    *out = PyLong_AsLongLongAndOverflow(number, &overflow);
+    if (*out == -1 && PyErr_Occurred())
+        return -1;
+    return !overflow;
+}
+
+typedef struct {
+    PyObject *steps, *names, *miss, *event_key, *mode_names;
+    const char *file_head, *event_json;
+    Py_ssize_t file_head_size, event_json_size;
+    double wall_time;
+    int placeholder_crc;
+} Batch;
+
+/* One step's records into `file`, its index body into `index` and its step-table entry
+   (StepTables' tuple) appended to `entries`. 1, 0 (not framed here), -1. */
+static int
+frame_step(const Batch *batch, PyObject *held, int first, Buffer *file, Buffer *payload, Buffer *index, Buffer *metadata, PyObject *bodies,
+           PyObject *entries)
+{
+    if (!PyTuple_CheckExact(held) || PyTuple_GET_SIZE(held) != 5)
+        return 0;
+    PyObject *step_obj = PyTuple_GET_ITEM(held, 0), *mode_obj = PyTuple_GET_ITEM(held, 1), *mode_step_obj = PyTuple_GET_ITEM(held, 2);
+    PyObject *tensors = PyTuple_GET_ITEM(held, 3), *shapes = PyTuple_GET_ITEM(held, 4);
+    long long step, mode_step;
+    int ok = as_long_long(step_obj, &step);
+    if (ok <= 0)
+        return ok;
+    if ((ok = as_long_long(mode_step_obj, &mode_step)) <= 0)
+        return ok;
+    if (!PyLong_Check(mode_obj) || !PyDict_CheckExact(tensors) || !PyDict_CheckExact(shapes) || PyDict_GET_SIZE(shapes))
+        return 0;
+    long mode = PyLong_AsLong(mode_obj);
+    if (mode == -1 && PyErr_Occurred())
+        return -1;
+    if (mode < 0 || mode >= PyTuple_GET_SIZE(batch->mode_names))
+        return 0;
+    PyObject *mode_name = PyTuple_GET_ITEM(batch->mode_names, mode); /* (str, bytes: the JSON text) */
+    if (!PyTuple_CheckExact(mode_name) || PyTuple_GET_SIZE(mode_name) != 2 || !PyBytes_CheckExact(PyTuple_GET_ITEM(mode_name, 1)))
+        return 0;
+
+    metadata->size = 0;
+    if (put_metadata(metadata, mode, mode_step) < 0)
+        return -1;
+    Py_ssize_t count = PyDict_GET_SIZE(tensors);
+    PyObject *names = PyTuple_New(count), *starts = PyTuple_New(count), *lengths = PyTuple_New(count);
+    PyObject *body = NULL, *entry = NULL;
+    int result = -1;
+    if (names == NULL || starts == NULL || lengths == NULL)
+        goto done;
+    index->size = 0;
+    PyObject *mode_json = PyTuple_GET_ITEM(mode_name, 1);
+    if (PUT_TEXT(index, "{\"meta\": {\"mode\": ") < 0 || put(index, PyBytes_AS_STRING(mode_json), (size_t)PyBytes_GET_SIZE(mode_json)) < 0
+        || PUT_TEXT(index, ", \"mode_step\": ") < 0 || put_decimal(index, mode_step) < 0 || PUT_TEXT(index, ", \"event_file_name\": ") < 0
+        || put(index, batch->event_json, (size_t)batch->event_json_size) < 0 || PUT_TEXT(index, "}, \"tensor_payload\": [") < 0)
+        goto done;
+    Py_ssize_t position = 0, i = 0;
+    PyObject *name, *value;
+    while (PyDict_Next(tensors, &position, &name, &value)) {
+        Head head;
+        unsigned char content[16];
+        if (!PyUnicode_CheckExact(name)) {
+            result = 0;
+            goto done;
+        }
+        int found = head_of(batch->names, batch->miss, name, value, &head);
+        if (found <= 0) {
+            result = found;
+            goto done;
+        }
+        if ((found = value_bytes(value, head.nbytes, content)) <= 0) {
+            result = found;
+            goto done;
+        }
+        size_t start = file->size;
+        if (put_record(file, payload, &head, content, batch->wall_time, step, metadata->data, metadata->size, batch->placeholder_crc) < 0)
+            goto done;
+        size_t length = file->size - start;
+        if ((i && PUT_TEXT(index, ", ") < 0) || PUT_TEXT(index, "{\"tensorname\": ") < 0 || put(index, head.json, (size_t)head.json_size) < 0
+            || PUT_TEXT(index, ", \"start_idx\": ") < 0 || put_decimal(index, (long long)start) < 0 || PUT_TEXT(index, ", \"length\": ") < 0
+            || put_decimal(index, (long long)length) < 0 || PUT_TEXT(index, "}") < 0)
+            goto done;
+        PyObject *start_obj = PyLong_FromSize_t(start), *length_obj = PyLong_FromSize_t(length);
+        if (start_obj == NULL || length_obj == NULL) {
+            Py_XDECREF(start_obj);
+            Py_XDECREF(length_obj);
+            goto done;
+        }
+        Py_INCREF(name);
+        PyTuple_SET_ITEM(names, i, name);
+        PyTuple_SET_ITEM(starts, i, start_obj);
+        PyTuple_SET_ITEM(lengths, i, length_obj);
+        i++;
+    }
+    if (i != count) { /* (the dict changed while it was read: the Python path frames the batch) */
+        result = 0;
+        goto done;
+    }
+    if (PUT_TEXT(index, "], \"shape_payload\": []}") < 0)
+        goto done;
+    body = PyBytes_FromStringAndSize(index->data, (Py_ssize_t)index->size);
+    if (body == NULL)
+        goto done;
+    /* (step, mode, mode_step, names, starts, lengths, shapes, event): the first step names the
+       event file, whose key its own index gives (StepTables.add leaves it out). */
+    entry = PyTuple_Pack(8, step_obj, PyTuple_GET_ITEM(mode_name, 0), mode_step_obj, names, starts, lengths, Py_None, first ? Py_None : batch->event_key);
+    if (entry == NULL || PyList_Append(bodies, body) < 0 || PyList_Append(entries, entry) < 0)
+        goto done;
+    result = 1;
+done:
+    Py_XDECREF(names);
+    Py_XDECREF(starts);
+    Py_XDECREF(lengths);
+    Py_XDECREF(body);
+    Py_XDECREF(entry);
+    return result;
+}
+
+static PyObject *
+frame_held(PyObject *module, PyObject *args)
+{
+    Batch batch;
+    Py_buffer file_head, event_json;
+    if (!PyArg_ParseTuple(args, "O!O!Oy*Uy*O!dp:frame_held", &PyList_Type, &batch.steps, &PyDict_Type, &batch.names, &batch.miss, &file_head,
+                          &batch.event_key, &event_json, &PyTuple_Type, &batch.mode_names, &batch.wall_time, &batch.placeholder_crc))
+        return NULL;
+    batch.file_head = file_head.buf;
+    batch.file_head_size = file_head.len;
+    batch.event_json = event_json.buf;
+    batch.event_json_size = event_json.len;
+    Buffer file = {NULL, 0, 0}, payload = {NULL, 0, 0}, index = {NULL, 0, 0}, metadata = {NULL, 0, 0};
+    PyObject *bodies = PyList_New(0), *entries = PyList_New(0), *result = NULL;
+    int framed = -1;
+    if (bodies == NULL || entries == NULL || put(&file, batch.file_head, (size_t)batch.file_head_size) < 0)
+        goto done;
+    /* (held steps are owned by the batch: no other thread changes the list meanwhile) */
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(batch.steps); i++) {
+        framed = frame_step(&batch, PyList_GET_ITEM(batch.steps, i), i == 0, &file, &payload, &index, &metadata, bodies, entries);
+        if (framed <= 0)
+            goto done;
+    }
+    framed = 1;
+    PyObject *data = PyBytes_FromStringAndSize(file.data, (Py_ssize_t)file.size);
+    if (data != NULL) {
+        result = PyTuple_Pack(3, data, bodies, entries);
+        Py_DECREF(data);
+    }
+done:
+    PyBuffer_Release(&file_head);
+    PyBuffer_Release(&event_json);
+    PyMem_RawFree(file.data);
+    PyMem_RawFree(payload.data);
+    PyMem_RawFree(index.data);
+    PyMem_RawFree(metadata.data);
+    Py_XDECREF(bodies);
+    Py_XDECREF(entries);
+    if (framed == 0 && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    if (result == NULL && !PyErr_Occurred())
+        PyErr_NoMemory(); /* (a buffer that could not grow) */
+    return result;
+}
+
+/* ---- the step timeline's events -------------------------------------------------------
+
+   A flush of the step timeline (step_timeline.py, `encode_timeline`) turns the events of
+   the last 10 s (five or so per step: tens of thousands) into Chrome-trace JSON. In Python
+   that was about 1.3 ms of the flush thread per 100 steps, in one burst every 10 s that
+   held the GIL against the training thread (the steps around each flush took 10-60 ms
+   longer), and enough short-lived tuples to set off the garbage collector. Here the events
+   are read with the GIL held (a few dozen ns each), then sorted, given their tracks and
+   written with it released. */
+
+typedef struct {
+    long long start, end, step;
+    Py_ssize_t index;
+    int mode;
+    const char *name, *phase, *args;
+    Py_ssize_t name_size, phase_size, args_size;
+} Slice;
+
+/* Python's two stable sorts (by end descending, then by start): start ascending, the longer
+   first at equal starts, then the order given. */
+static int
+slice_order(const void *a, const void *b)
+{
+    const Slice *x = a, *y = b;
+    if (x->start != y->start)
+        return x->start < y->start ? -1 : 1;
+    if (x->end != y->end)
+        return x->end > y->end ? -1 : 1;
+    return x->index < y->index ? -1 : x->index > y->index;
+}
+
+/* The JSON text of `text` from the cache `quoted`, made by `quote` on a miss; the bytes are
+   kept alive by `keep`. 1, 0 (not bytes: the Python path encodes), -1. */
+static int
+quoted_text(PyObject *quoted, PyObject *quote, PyObject *keep, PyObject *text, const char **out, Py_ssize_t *size)
+{
+    PyObject *json = PyDict_GetItemWithError(quoted, text); /* borrowed */
+    if (json == NULL) {
+        if (PyErr_Occurred())
+            return -1;
+        json = PyObject_CallOneArg(quote, text);
+        if (json == NULL)
+            return -1;
+        int stored = PyBytes_CheckExact(json) ? PyDict_SetItem(quoted, text, json) : 0;
+        Py_DECREF(json); /* (the dict holds it, or it is not bytes and unused) */
+        if (stored < 0)
+            return -1;
+        if (!PyBytes_CheckExact(json))
+            return 0;
+    }
+    if (!PyBytes_CheckExact(json) || PyList_Append(keep, json) < 0)
+        return PyErr_Occurred() ? -1 : 0;
+    *out = PyBytes_AS_STRING(json);
+    *size = PyBytes_GET_SIZE(json);
+    return 1;
+}
+
+/* Read event `item` (name, start_ns, end_ns, step, mode, phase, args JSON or None) into
+   `slice`. 1, 0 (anything else: the Python path encodes), -1. */
+static int
+read_event(PyObject *item, Py_ssize_t index, PyObject *quoted, PyObject *quote, PyObject *keep, int modes, Slice *slice)
+{
+    if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 7)
+        return 0;
+    PyObject *name = PyTuple_GET_ITEM(item, 0), *phase = PyTuple_GET_ITEM(item, 5), *args = PyTuple_GET_ITEM(item, 6);
+    long long numbers[4];
+    for (int i = 0; i < 4; i++) {
+        int ok = as_long_long(PyTuple_GET_ITEM(item, i == 3 ? 4 : i + 1), &numbers[i]);
+        if (ok <= 0)
+            return ok;
+    }
+    if (!PyUnicode_CheckExact(name) || !PyUnicode_CheckExact(phase) || (args != Py_None && !PyUnicode_CheckExact(args)))
+        return 0;
+    if (numbers[0] > numbers[1] || numbers[3] < 1 || numbers[3] >= modes)
+        return 0;
+    slice->start = numbers[0];
+    slice->end = numbers[1];
+    slice->step = numbers[2];
+    slice->mode = (int)numbers[3];
+    slice->index = index;
+    int ok = quoted_text(quoted, quote, keep, name, &slice->name, &slice->name_size);
+    if (ok <= 0)
+        return ok;
+    if ((ok = quoted_text(quoted, quote, keep, phase, &slice->phase, &slice->phase_size)) <= 0)
+        return ok;
+    slice->args = NULL;
+    slice->args_size = 0;
+    if (args != Py_None) {
+        if (PyList_Append(keep, args) < 0)
+            return -1;
+        slice->args = PyUnicode_AsUTF8AndSize(args, &slice->args_size);
+        if (slice->args == NULL)
+            return -1;
+    }
+    return 1;
+}
+
+/* A stack of open end times (one track of a mode). */
+typedef struct {
+    long long *ends;
+    size_t size, capacity;
+} Stack;
+
+/* Tracks per mode (step_timeline._assign_lanes): the first of a mode is tid `mode`; an
+   event that overlaps every open one of its mode without nesting goes to the next,
+   tid 100 * mode + k. Writes each slice's tid; -1 when out of memory. */
+static int
+assign_tracks(const Slice *slices, Py_ssize_t count, int modes, long long *tids)
+{
+    Stack **lanes = calloc((size_t)modes, sizeof(Stack *));
+    size_t *lane_counts = calloc((size_t)modes, sizeof(size_t));
+    int failed = lanes == NULL || lane_counts == NULL;
+    for (Py_ssize_t i = 0; i < count && !failed; i++) {
+        const Slice *slice = &slices[i];
+        int m = slice->mode;
+        size_t k = 0;
+        for (; k < lane_counts[m]; k++) {
+            Stack *stack = &lanes[m][k];
+            while (stack->size && stack->ends[stack->size - 1] <= slice->start)
+                stack->size--;
+            if (!stack->size || slice->end <= stack->ends[stack->size - 1])
+                break;
+        }
+        if (k == lane_counts[m]) { /* a new track (the first of a mode, or one more) */
+            Stack *grown = realloc(lanes[m], (k + 1) * sizeof(Stack));
+            if (grown == NULL) {
+                failed = 1;
+                break;
+            }
+            lanes[m] = grown;
+            grown[k] = (Stack){NULL, 0, 0};
+            lane_counts[m] = k + 1;
+        }
+        Stack *stack = &lanes[m][k];
+        if (stack->size == stack->capacity) {
+            size_t capacity = stack->capacity ? 2 * stack->capacity : 8;
+            long long *ends = realloc(stack->ends, capacity * sizeof(long long));
+            if (ends == NULL) {
+                failed = 1;
+                break;
+            }
+            stack->ends = ends;
+            stack->capacity = capacity;
+        }
+        stack->ends[stack->size++] = slice->end;
+        tids[i] = k == 0 ? m : 100LL * m + (long long)k;
+    }
+    for (int m = 0; lanes != NULL && m < modes; m++) {
+        for (size_t k = 0; k < lane_counts[m]; k++)
+            free(lanes[m][k].ends);
+        free(lanes[m]);
+    }
+    free(lanes);
+    free(lane_counts);
+    return failed ? -1 : 0;
+}
+
+/* "%d.%03d" of value // 1000 and value % 1000, with Python's floor division. */
+static int
+put_micros(Buffer *b, long long nanos)
+{
+    long long whole = nanos / 1000, part = nanos % 1000;
+    if (part < 0) {
+        whole -= 1;
+        part += 1000;
+    }
+    char text[40];
+    int n = snprintf(text, sizeof(text), "%lld.%03lld", whole, part);
+    return put(b, text, (size_t)n);
+}
+
+/* The events' lines (step_timeline.encode_timeline's), joined by ",\n". -1 on error. */
+static int
+put_events(Buffer *b, const Slice *slices, const long long *tids, Py_ssize_t count, const char *pid, PyObject *const *mode_names)
+{
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const Slice *slice = &slices[i];
+        if ((i && PUT_TEXT(b, ",\n") < 0) || PUT_TEXT(b, "{\"name\": ") < 0 || put(b, slice->name, (size_t)slice->name_size) < 0
+            || PUT_TEXT(b, ", \"cat\": ") < 0 || put(b, slice->phase, (size_t)slice->phase_size) < 0 || PUT_TEXT(b, ", \"ph\": \"X\", \"ts\": ") < 0
+            || put_micros(b, slice->start) < 0 || PUT_TEXT(b, ", \"dur\": ") < 0 || put_micros(b, slice->end - slice->start) < 0
+            || PUT_TEXT(b, ", \"pid\": ") < 0 || put(b, pid, strlen(pid)) < 0 || PUT_TEXT(b, ", \"tid\": ") < 0 || put_decimal(b, tids[i]) < 0
+            || PUT_TEXT(b, ", \"args\": ") < 0)
+            return -1;
+        if (slice->args != NULL) {
+            if (put(b, slice->args, (size_t)slice->args_size) < 0 || PUT_TEXT(b, "}") < 0)
+                return -1;
+            continue;
+        }
+        PyObject *mode = mode_names[slice->mode];
+        if (PUT_TEXT(b, "{\"step\": ") < 0 || put_decimal(b, slice->step) < 0 || PUT_TEXT(b, ", \"mode\": \"") < 0
+            || put(b, PyBytes_AS_STRING(mode), (size_t)PyBytes_GET_SIZE(mode)) < 0 || PUT_TEXT(b, "\", \"phase\": ") < 0
+            || put(b, slice->phase, (size_t)slice->phase_size) < 0 || PUT_TEXT(b, "}}") < 0)
+            return -1;
+    }
+    return 0;
+}
+
+static PyObject *
+timeline_events(PyObject *module, PyObject *args)
+{
+    PyObject *events, *quoted, *quote, *mode_names;
+    long long rank;
+    if (!PyArg_ParseTuple(args, "O!LO!OO!:timeline_events", &PyList_Type, &events, &rank, &PyDict_Type, &quoted, &quote, &PyTuple_Type,
+                          &mode_names))
+        return NULL;
+    int modes = (int)PyTuple_GET_SIZE(mode_names);
+    for (int m = 1; m < modes; m++)
+        if (!PyBytes_CheckExact(PyTuple_GET_ITEM(mode_names, m))) {
+            PyErr_SetString(PyExc_TypeError, "timeline_events: mode_names must hold bytes from index 1");
+            return NULL;
+        }
+    Py_ssize_t count = PyList_GET_SIZE(events);
+    Slice *slices = PyMem_RawMalloc((size_t)(count ? count : 1) * sizeof(Slice));
+    long long *tids = PyMem_RawMalloc((size_t)(count ? count : 1) * sizeof(long long));
+    PyObject *keep = PyList_New(0), *result = NULL;
+    Buffer body = {NULL, 0, 0};
+    int read = 1;
+    if (slices == NULL || tids == NULL || keep == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < count && read > 0; i++)
+        read = read_event(PyList_GET_ITEM(events, i), i, quoted, quote, keep, modes, &slices[i]);
+    if (read <= 0)
+        goto done;
+    char pid[32];
+    snprintf(pid, sizeof(pid), "%lld", rank);
+    int failed;
+    PyObject *const *names = &PyTuple_GET_ITEM(mode_names, 0); /* (bytes the tuple holds, while the GIL is released) */
+    Py_BEGIN_ALLOW_THREADS
+    qsort(slices, (size_t)count, sizeof(Slice), slice_order);
+    failed = assign_tracks(slices, count, modes, tids) < 0 || put_events(&body, slices, tids, count, pid, names) < 0;
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    PyObject *tid_set = PySet_New(NULL);
+    long long last_end = 0;
+    for (Py_ssize_t i = 0; tid_set != NULL && i < count; i++) {
+        PyObject *tid = PyLong_FromLongLong(tids[i]);
+        if (tid == NULL || PySet_Add(tid_set, tid) < 0)
+            Py_CLEAR(tid_set);
+        Py_XDECREF(tid);
+        if (i == 0 || slices[i].end > last_end)
+            last_end = slices[i].end;
+    }
+    PyObject *data = tid_set != NULL ? PyBytes_FromStringAndSize(body.data, (Py_ssize_t)body.size) : NULL;
+    PyObject *first = count ? PyLong_FromLongLong(slices[0].start) : Py_NewRef(Py_None);
+    PyObject *last = count ? PyLong_FromLongLong(last_end) : Py_NewRef(Py_None);
+    if (data != NULL && first != NULL && last != NULL)
+        result = PyTuple_Pack(4, data, tid_set, first, last);
+    Py_XDECREF(tid_set);
+    Py_XDECREF(data);
+    Py_XDECREF(first);
+    Py_XDECREF(last);
+done:
+    PyMem_RawFree(slices);
+    PyMem_RawFree(tids);
+    PyMem_RawFree(body.data);
+    Py_XDECREF(keep);
+    if (read == 0 && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return result;
+}
+
+static PyObject *
+crc32c_of(PyObject *module, PyObject *arg)
+{
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    uint32_t crc = crc32c(view.buf, (size_t)view.len);
+    PyBuffer_Release(&view);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyMethodDef methods[] = {
+    {"frame_held", frame_held, METH_VARARGS,
+     "frame_held(steps, names, miss, file_head, event_key, event_json, mode_names, wall_time, placeholder_crc, /): "
+     "(event file bytes, index bodies, step-table entries) of held scalar steps, or None where the Python path frames them."},
+    {"timeline_events", timeline_events, METH_VARARGS,
+     "timeline_events(events, rank, quoted, quote, mode_names, /): (the events' Chrome-trace lines joined by ',\\n', the set of "
+     "their tids, the first start, the last end) as step_timeline.encode_timeline writes them, or None where it writes them itself."},
+    {"crc32c", crc32c_of, METH_O, "crc32c(data, /): CRC-32C of a buffer (the one the records here are framed with)."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef framing_module = {
+    PyModuleDef_HEAD_INIT, "_encode", "The writer threads' encoders in C: held scalar steps, the step timeline's events.", -1, methods,
+};
+
+PyMODINIT_FUNC
+PyInit__encode(void)
+{
+    crc_init();
+    return PyModule_Create(&framing_module);
+}

@@ -1,0 +1,26 @@
+"""Types of the writer threads' compiled encoders (_encode.c; capture/step_framing.py and step_timeline.py say what they are for)."""
+
+from collections.abc import Callable
+from typing import Any
+
+def frame_held(
+    steps: list[tuple[Any, ...]],
+    names: dict[str, tuple[type, bytes, bytes, int]],
+    miss: Callable[[str, Any], tuple[type, bytes, bytes, int] | None],
+    file_head: bytes,
+    event_key: str,
+    event_json: bytes,
+    mode_names: tuple[tuple[str, bytes] | None, ...],
+    wall_time: float,
+    placeholder_crc: bool,
+    /,
+) -> tuple[bytes, list[bytes], list[tuple[Any, ...]]] | None: ...
+def timeline_events(
+    events: list[tuple[Any, ...]],
+    rank: int,
+    quoted: dict[str, bytes],
+    quote: Callable[[str], bytes],
+    mode_names: tuple[bytes | None, ...],
+    /,
+) -> tuple[bytes, set[int], int | None, int | None] | None: ...
+def crc32c(data: bytes | memoryview, /) -> int: ...
