@@ -2,20 +2,20 @@
 hooked MLP loop timed on its own (wall and the training thread's CPU), then, by the step's
 position in the held-steps cycle (HOLD_STEPS, 100), how far that position's steps are
 above the median step on average. A cost spread evenly over the steps shows nowhere; one
-that comes with the cycle (the tensor step of the default schedule every 100 steps, the
-held batch handed to the writer with it, the writer's Python that then takes turns at the
-GIL with the training thread) shows at the positions after it. A plain loop in the same
-process is the reference (its positions show the machine's own noise).
+that comes with the cycle (the held batch handed to the writer every 100 steps, what the
+writer's threads then do beside the training thread) shows at the positions after it. A
+plain loop in the same process is the reference (its positions show the machine's own
+noise); a flush of the step timeline (every 10 s) lands on whichever position it meets,
+and shows in the slowest step.
 
     python bench/step_cycle.py [--steps 6000] [--threads 1]
 
-On the development VM (2026-12-06, two runs): the steps one to three after each tensor
-step of the default schedule (every 100th step) were 0.3-1.9 ms slower than the median,
-while the plain loop's positions stayed within 0.05 ms. The training thread's own CPU in
-those steps rose by less than half of that: the rest is waiting for the GIL while the
-writer and the publisher frame and index the 100 held steps in Python. A shorter switch
-interval (sys.setswitchinterval(0.0002), tried by hand) did not shorten it; less Python per
-held step would. The one-off slowest step (40-65 ms) is not in the cycle."""
+On the development VM (2026-12-06, two runs each): with the held batch framed in Python,
+the steps one to three after each hand-over were 0.3-1.9 ms slower than the median, most
+of it waiting for the GIL, and the slowest step (a timeline flush) 40-65 ms. With both in
+C (stepscope.capture._encode) the worst position is 0.37-0.49 ms above the median, mostly
+the training thread's own CPU while the publisher creates the batch's index files on the
+other core, and the slowest step 8-10 ms. Read docs/pytorch.md#cost for the rest."""
 
 from __future__ import annotations
 

@@ -279,7 +279,10 @@ class Writer(ClosedOnExit):
         them over, pays only for their bytes' count."""
         if not steps:
             return True
-        nbytes = sum(_nbytes(tensors) for _step, _mode, _mode_step, tensors, _shapes in steps)
+        try:  # (numpy values all: one comprehension, a fifth of the general count's time)
+            nbytes = sum([value.nbytes for _step, _mode, _mode_step, tensors, _shapes in steps for value in tensors.values()])
+        except AttributeError:
+            nbytes = sum(_nbytes(tensors) for _step, _mode, _mode_step, tensors, _shapes in steps)
         return self._put(_StepBatch(None, nbytes, steps), nbytes)
 
     def write_file(self, key: str, data: bytes) -> bool:
