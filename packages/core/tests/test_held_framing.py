@@ -45,7 +45,7 @@ def _python_frames(steps, worker="worker_0", placeholder_crc=False):
 # Values of every plain dtype a held step may hold, and names JSON must escape.
 VALUES = [np.float32(0.25), np.float64(-1e300), np.float16(3.5), np.int8(-7), np.int16(300), np.int32(-(2**31)), np.int64(2**62),
           np.uint8(255), np.uint16(65535), np.uint32(2**32 - 1), np.uint64(2**64 - 1), np.bool_(True), 2.5, np.float32("nan"),
-          np.float64("-inf")]  # fmt: skip
+          np.float64("-inf"), np.array(0.5, np.float32), np.array(-3, np.int64), np.array(1e-300)]  # fmt: skip  (0-d: Keras's)
 NAMES = ["loss", 'say "hi"', "back\\slash", "50%_done", "ünïcode/ß", "emoji 🙂", "tab\tnew\nline", "a" * 300]
 
 
@@ -92,6 +92,9 @@ def test_the_c_crc32c_is_the_crc32c_packages(size):
     "tensors, shapes",
     [
         ({"loss": np.arange(3.0)}, {}),  # an array (the Python path frames those)
+        ({"loss": np.array([1.0])}, {}),  # one element, but one dimension: another head
+        ({"loss": np.array(1.0, dtype=">f8")}, {}),  # 0-d, not in the machine's byte order
+        ({"loss": np.array("text")}, {}),
         ({"loss": np.float32(1.0)}, {"loss": [1]}),  # a shape saved
         ({"loss": 3}, {}),  # a Python int (no fixed dtype)
         ({"loss": np.complex64(1j)}, {}),
@@ -111,7 +114,8 @@ def test_what_c_does_not_frame_is_left_to_the_python_path(tensors, shapes):
 def test_a_name_saved_with_another_dtype_later_gets_its_own_head(monkeypatch):
     monkeypatch.setattr(time, "time", lambda: WALL_TIME)
     steps = [(0, ModeKeys.TRAIN, 0, {"loss": np.float32(1.0)}, {}), (1, ModeKeys.TRAIN, 1, {"loss": np.float64(2.0)}, {}),
-             (2, ModeKeys.EVAL, 0, {"loss": np.float32(3.0)}, {})]  # fmt: skip
+             (2, ModeKeys.EVAL, 0, {"loss": np.float32(3.0)}, {}), (3, ModeKeys.EVAL, 1, {"loss": np.array(4.0, np.float32)}, {}),
+             (4, ModeKeys.EVAL, 2, {"loss": np.array(5.0, np.float64)}, {}), (5, ModeKeys.EVAL, 3, {"loss": np.array(6, np.int8)}, {})]  # fmt: skip
     framed = StepFramer("worker_0", _never_drop).frame_held(steps)
     assert framed is not None and framed.data == _python_frames(steps)[1]
 
@@ -137,7 +141,7 @@ def test_a_writer_publishes_the_same_files_either_way_and_its_listeners_hear_eve
     loss = [np.float32(rng.random()) for _ in range(2300)]
     loss[1234] = np.float32("nan")
     loss[1700] = np.float32("inf")
-    steps = [(s, ModeKeys.TRAIN, s, {"loss": loss[s], "lr": 0.1}, {}) for s in range(2300)]
+    steps = [(s, ModeKeys.TRAIN, s, {"loss": loss[s], "lr": 0.1, "acc": np.array(s % 7 / 7, np.float32)}, {}) for s in range(2300)]  # (0-d: Keras's)
     batches = [steps[i : i + 100] for i in range(0, 2300, 100)]
     outcome = {}
     for compiled in (True, False):
@@ -154,7 +158,7 @@ def test_a_writer_publishes_the_same_files_either_way_and_its_listeners_hear_eve
     for listener, seen in outcome.values():
         assert listener.non_finite["step"] == 1234 and listener.non_finite["tensors"] == {"loss": {"nan": 1, "inf": 0, "size": 1}}
         assert listener.last["step"] == 2299 and listener.last["tensors"]["lr"]["mean"] == 0.1
-        assert [s for s, _ in seen] == list(range(2300)) and seen[7][1] == {"loss": float(loss[7]), "lr": 0.1}
+        assert [s for s, _ in seen] == list(range(2300)) and seen[8][1] == {"loss": float(loss[8]), "lr": 0.1, "acc": float(np.float32(1 / 7))}
     trial = create_trial(str(tmp_path / "c"))
     values = [float(trial.tensor("loss").value(s)) for s in trial.steps()]
     np.testing.assert_array_equal(values, np.array(loss, dtype=np.float64))

@@ -12,8 +12,8 @@
    step-table entry, byte for byte what the Python path makes (tests compare them).
 
    Only what the Python path would frame without a question is framed here: steps whose
-   values are all numpy scalars (or Python floats) of a plain numeric dtype and that save no
-   shapes. Anything else (an array, a shape, a name the index cannot hold) returns None
+   values are all numpy scalars, 0-d arrays or Python floats of a plain numeric dtype and
+   that save no shapes. Anything else (an array, a shape, a name the index cannot hold) returns None
    before anything is kept, and the writer frames the batch in Python as before. */
 
 #define PY_SSIZE_T_CLEAN
@@ -150,8 +150,8 @@ put_decimal(Buffer *b, long long value)
 
 /* ---- one value ------------------------------------------------------------------------ */
 
-/* What the head cache holds per tensor name: (type, value head, name as JSON, nbytes), made
-   by the Python side (`miss`). The value head is events.small_value_head's bytes: the
+/* What the head cache holds per tensor name: (type, value head, name as JSON, nbytes, dtype
+   or None), made by the Python side (`miss`). The value head is events.small_value_head's bytes: the
    Summary.Value up to the content's bytes. */
 typedef struct {
     PyObject *type;
@@ -162,6 +162,24 @@ typedef struct {
     Py_ssize_t nbytes;
 } Head;
 
+/* Whether head cache entry `entry` is the one for `value`: of its type and, for an array
+   (a 0-d one: Keras's losses), of its dtype (the entry's fifth item; None for scalars,
+   whose type says their dtype). 1, 0, -1. */
+static int
+entry_fits(PyObject *entry, PyObject *value)
+{
+    if (entry == NULL || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 5 || PyTuple_GET_ITEM(entry, 0) != (PyObject *)Py_TYPE(value))
+        return 0;
+    PyObject *dtype = PyTuple_GET_ITEM(entry, 4);
+    if (dtype == Py_None)
+        return 1;
+    PyObject *own = PyObject_GetAttrString(value, "dtype");
+    if (own == NULL)
+        return -1;
+    Py_DECREF(own);
+    return own == dtype; /* (numpy's dtypes of the plain types are one object each) */
+}
+
 /* The cached head of `name` for `value`, asking `miss` on a first sight or another type. 1
    and `out` filled, 0: not framed here (the Python path frames the batch), -1: error. */
 static int
@@ -170,7 +188,10 @@ head_of(PyObject *names, PyObject *miss, PyObject *name, PyObject *value, Head *
     PyObject *entry = PyDict_GetItemWithError(names, name); /* borrowed */
     if (entry == NULL && PyErr_Occurred())
         return -1;
-    if (entry == NULL || !PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 || PyTuple_GET_ITEM(entry, 0) != (PyObject *)Py_TYPE(value)) {
+    int fits = entry_fits(entry, value);
+    if (fits < 0)
+        return -1;
+    if (!fits) {
         PyObject *made = PyObject_CallFunctionObjArgs(miss, name, value, NULL);
         if (made == NULL)
             return -1;
@@ -183,8 +204,9 @@ head_of(PyObject *names, PyObject *miss, PyObject *name, PyObject *value, Head *
         if (stored < 0)
             return -1;
         entry = made;
-        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4 || PyTuple_GET_ITEM(entry, 0) != (PyObject *)Py_TYPE(value)) {
-            PyErr_SetString(PyExc_TypeError, "frame_held: miss() must return (type(value), bytes, bytes, int) or None");
+        if ((fits = entry_fits(entry, value)) <= 0) {
+            if (fits == 0)
+                PyErr_SetString(PyExc_TypeError, "frame_held: miss() must return (type(value), bytes, bytes, int, dtype or None) that fits the value, or None");
             return -1;
         }
     }
@@ -217,11 +239,11 @@ value_bytes(PyObject *value, Py_ssize_t nbytes, unsigned char *content)
         return 1;
     }
     Py_buffer view;
-    if (PyObject_GetBuffer(value, &view, PyBUF_SIMPLE) < 0) {
+    if (PyObject_GetBuffer(value, &view, PyBUF_ND) < 0) { /* (ND: its number of dimensions, which must be 0) */
         PyErr_Clear();
         return 0;
     }
-    int fits = view.len == nbytes && nbytes <= 16;
+    int fits = view.ndim == 0 && view.len == nbytes && nbytes <= 16;
     if (fits)
         memcpy(content, view.buf, (size_t)nbytes);
     PyBuffer_Release(&view);

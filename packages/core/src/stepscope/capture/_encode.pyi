@@ -5,8 +5,8 @@ from typing import Any
 
 def frame_held(
     steps: list[tuple[Any, ...]],
-    names: dict[str, tuple[type, bytes, bytes, int]],
-    miss: Callable[[str, Any], tuple[type, bytes, bytes, int] | None],
+    names: dict[str, tuple[type, bytes, bytes, int, Any]],
+    miss: Callable[[str, Any], tuple[type, bytes, bytes, int, Any] | None],
     file_head: bytes,
     event_key: str,
     event_json: bytes,

@@ -102,8 +102,8 @@ class StepFramer:
         self._yield_every_s = yield_every_s
         self._json_names: set[str] = set()  # names known to go into the index's JSON
         # frame_held's value heads: name -> (type of its values, the Value's bytes up to the
-        # content, the name as JSON, the content's size), made by `_held_head`.
-        self._held_heads: dict[str, tuple[type, bytes, bytes, int]] = {}
+        # content, the name as JSON, the content's size, a 0-d array's dtype), made by `_held_head`.
+        self._held_heads: dict[str, tuple[type, bytes, bytes, int, np.dtype | None]] = {}
 
     def _checked_name(self, name: str) -> str:
         # The index must hold the name too: refuse what JSON cannot encode (a lone
@@ -159,8 +159,8 @@ class StepFramer:
     def frame_held(self, steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> FramedHeld | None:
         """Held steps (Writer.write_held_steps's) framed in C, as `frame` would frame them one
         after another into one event file: or None, and nothing kept, where the C extension
-        is not there or the steps hold anything but numpy scalars and floats of plain
-        numeric dtypes (an array, a shape, a name the index cannot hold), which `frame`
+        is not there or the steps hold anything but numpy scalars, 0-d arrays and floats of
+        plain numeric dtypes (a larger array, a shape, a name the index cannot hold), which `frame`
         then frames (and reports what it cannot save)."""
         if _encode is None or not steps or type(steps[0][0]) is not int:
             return None
@@ -171,18 +171,25 @@ class StepFramer:
                                    wall_time, self._placeholder_crc)  # fmt: skip
         return None if made is None else FramedHeld(event_key, *made)
 
-    def _held_head(self, name: str, value: Any) -> tuple[type, bytes, bytes, int] | None:
+    def _held_head(self, name: str, value: Any) -> tuple[type, bytes, bytes, int, np.dtype | None] | None:
         """frame_held's head for `value` saved as `name` (see `_held_heads`), or None: the
-        Python path frames such a value."""
+        Python path frames such a value. A 0-d array's entry holds its dtype, which frame_held
+        checks too (a scalar's type says its dtype)."""
         kind = type(value)
-        if kind is not float and not (issubclass(kind, np.generic) and np.dtype(kind).kind in "biuf"):
+        if kind is np.ndarray:
+            dtype = value.dtype
+            if value.ndim or dtype.kind not in "biuf" or not dtype.isnative:
+                return None
+            known: np.dtype | None = dtype
+        elif kind is float or (issubclass(kind, np.generic) and np.dtype(kind).kind in "biuf"):
+            dtype, known = np.dtype(kind), None
+        else:
             return None
         try:
-            dtype = np.dtype(kind)
             head = events.small_value_head(self._checked_name(name), dtype, (), dtype.itemsize)
         except Exception:
             return None
-        return kind, head, json.dumps(name).encode(), dtype.itemsize
+        return kind, head, json.dumps(name).encode(), dtype.itemsize, known
 
     def _shape_payload(self, step: int, shapes: Mapping[str, Sequence[int]]) -> list[dict[str, Any]]:
         out = []
