@@ -202,3 +202,20 @@ def test_step_tables_take_made_entries_as_they_take_each_step():
         made = StepTables("w")
         got = [table for at in range(0, len(entries), run) for table in made.add_entries(entries[at : at + run])]
         assert got + [made.take()] == expected
+
+
+@needs_c
+def test_a_failure_in_c_leaves_the_batch_to_the_python_path(tmp_path, monkeypatch):
+    class Failing:
+        @staticmethod
+        def frame_held(*args):
+            raise MemoryError("no room")
+
+    monkeypatch.setattr(step_framing, "_encode", Failing)
+    steps = [(s, ModeKeys.TRAIN, s, {"loss": np.float32(s)}, {}) for s in range(5)]
+    assert StepFramer("worker_0", _never_drop).frame_held(steps) is None
+    with Writer(str(tmp_path)) as writer:
+        assert writer.write_held_steps(steps)
+    assert not writer.failed
+    trial = create_trial(str(tmp_path))
+    assert [float(trial.tensor("loss").value(s)) for s in trial.steps()] == [0.0, 1.0, 2.0, 3.0, 4.0]

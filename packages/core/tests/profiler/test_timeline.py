@@ -336,3 +336,19 @@ def test_a_flush_leaves_nothing_for_the_collector_s_oldest_generation(tmp_path, 
     writer.close()
     assert promoted or compiled, "no collection ran during the flush"
     assert max(promoted, default=before) - before < 1000  # (8,000 spans: one object each would be 8,000)
+
+
+def test_a_failure_of_the_compiled_encoder_leaves_the_flush_to_python(tmp_path, monkeypatch):
+    from stepscope.capture import step_timeline
+
+    class Failing:
+        @staticmethod
+        def timeline_events(*args):
+            raise MemoryError("no room")
+
+    events = [("step", T + s * MS, T + s * MS + 900, s, 1, "step", None) for s in range(10)]
+    kwargs = dict(node_id="n", rank=0, framework="pytorch", pid=1, writer_start_ns=T)
+    monkeypatch.setattr(step_timeline, "_encode", None)
+    python = encode_timeline(events, **kwargs)
+    monkeypatch.setattr(step_timeline, "_encode", Failing)
+    assert encode_timeline(events, **kwargs) == python

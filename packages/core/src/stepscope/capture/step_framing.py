@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import json
+import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -27,6 +28,8 @@ import numpy as np
 from .. import events, layout, records
 from ..compiled import load_extension
 from ..modes import ModeKeys
+
+logger = logging.getLogger("stepscope")
 
 # Held scalar steps framed in C, or None: not built, or $STEPSCOPE_PURE_PYTHON.
 _encode = load_extension(__package__, "_encode")
@@ -167,8 +170,12 @@ class StepFramer:
         event_key = layout.event_file_key(steps[0][0], self.worker)
         wall_time = time.time()  # (one time for the batch's records: they are framed together)
         (head,) = records.frame([events.file_version_event(wall_time)])
-        made = _encode.frame_held(steps, self._held_heads, self._held_head, head, event_key, json.dumps(event_key).encode(), _MODE_NAMES,
-                                   wall_time, self._placeholder_crc)  # fmt: skip
+        try:
+            made = _encode.frame_held(steps, self._held_heads, self._held_head, head, event_key, json.dumps(event_key).encode(), _MODE_NAMES,
+                                       wall_time, self._placeholder_crc)  # fmt: skip
+        except Exception as exc:  # (out of memory, say): the Python path, which drops values one by one, frames them
+            logger.debug("stepscope: held steps framed in Python (%r)", exc)
+            return None
         return None if made is None else FramedHeld(event_key, *made)
 
     def _held_head(self, name: str, value: Any) -> tuple[type, bytes, bytes, int, np.dtype | None] | None:

@@ -294,11 +294,15 @@ def _encoded_in_c(events: Sequence[_Buffered], rank: int) -> _Encoded | None:
     given by name) every event is made plain here first."""
     if _encode is None or type(rank) is not int:
         return None
-    made = _encode.timeline_events(events if type(events) is list else list(events), rank, _QUOTED, _quote, _MODE_NAME_BYTES)
-    if made is None:
-        plain = [(name, start_ns, end_ns, step, mode, phase, _args_json(args, step, mode, phase) if args else None)
-                 for start_ns, end_ns, name, step, mode, phase, args in _plain_slices(events)]  # fmt: skip
-        made = _encode.timeline_events(plain, rank, _QUOTED, _quote, _MODE_NAME_BYTES)
+    try:
+        made = _encode.timeline_events(events if type(events) is list else list(events), rank, _QUOTED, _quote, _MODE_NAME_BYTES)
+        if made is None:
+            plain = [(name, start_ns, end_ns, step, mode, phase, _args_json(args, step, mode, phase) if args else None)
+                     for start_ns, end_ns, name, step, mode, phase, args in _plain_slices(events)]  # fmt: skip
+            made = _encode.timeline_events(plain, rank, _QUOTED, _quote, _MODE_NAME_BYTES)
+    except Exception as exc:  # (out of memory, say): written in Python, which reports what it cannot write
+        logger.debug("step timeline: events written in Python (%r)", exc)
+        return None
     return made
 
 
