@@ -48,8 +48,11 @@ def test_large_tensors_are_judged_element_by_element_as_numpy_does():
         assert np.isfinite(value).all(), name  # (the premise)
     bad = rng.standard_normal(50_000).astype(np.float32)
     bad[[5, 7, 49_999]] = [np.nan, np.inf, -np.inf]
-    saved(2, "TRAIN", 2, {"g": bad, "f32": overflowing["f32"]})
-    assert found == [{"step": 2, "mode": "TRAIN", "mode_step": 2, "tensors": {"g": {"nan": 1, "inf": 2, "size": 50_000}}}]
+    only_negative = np.ones(100, np.float64)
+    only_negative[3] = -np.inf  # (found by the smallest element alone)
+    saved(2, "TRAIN", 2, {"g": bad, "f32": overflowing["f32"], "d": only_negative})
+    assert found == [{"step": 2, "mode": "TRAIN", "mode_step": 2, "tensors": {"g": {"nan": 1, "inf": 2, "size": 50_000},
+                                                                               "d": {"nan": 0, "inf": 1, "size": 100}}}]  # fmt: skip
 
 
 def test_the_last_step_s_figures_are_those_of_the_values_when_saved():
