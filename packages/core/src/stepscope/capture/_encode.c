@@ -373,31 +373,39 @@ frame_step(const Batch *batch, PyObject *held, int first, Buffer *file, Buffer *
             result = 0;
             goto done;
         }
+        /* (held while `miss` may run Python code: nothing else should change a handed-over
+           step, but a borrowed value must not go away under us if something did) */
+        Py_INCREF(name);
+        Py_INCREF(value);
         int found = head_of(batch->names, batch->miss, name, value, &head);
+        if (found > 0)
+            found = value_bytes(value, head.nbytes, content);
+        Py_DECREF(value);
         if (found <= 0) {
-            result = found;
-            goto done;
-        }
-        if ((found = value_bytes(value, head.nbytes, content)) <= 0) {
+            Py_DECREF(name);
             result = found;
             goto done;
         }
         size_t start = file->size;
-        if (put_record(file, payload, &head, content, batch->wall_time, step, metadata->data, metadata->size, batch->placeholder_crc) < 0)
+        if (put_record(file, payload, &head, content, batch->wall_time, step, metadata->data, metadata->size, batch->placeholder_crc) < 0) {
+            Py_DECREF(name);
             goto done;
+        }
         size_t length = file->size - start;
         if ((i && PUT_TEXT(index, ", ") < 0) || PUT_TEXT(index, "{\"tensorname\": ") < 0 || put(index, head.json, (size_t)head.json_size) < 0
             || PUT_TEXT(index, ", \"start_idx\": ") < 0 || put_decimal(index, (long long)start) < 0 || PUT_TEXT(index, ", \"length\": ") < 0
-            || put_decimal(index, (long long)length) < 0 || PUT_TEXT(index, "}") < 0)
+            || put_decimal(index, (long long)length) < 0 || PUT_TEXT(index, "}") < 0) {
+            Py_DECREF(name);
             goto done;
+        }
         PyObject *start_obj = PyLong_FromSize_t(start), *length_obj = PyLong_FromSize_t(length);
         if (start_obj == NULL || length_obj == NULL) {
             Py_XDECREF(start_obj);
             Py_XDECREF(length_obj);
+            Py_DECREF(name);
             goto done;
         }
-        Py_INCREF(name);
-        PyTuple_SET_ITEM(names, i, name);
+        PyTuple_SET_ITEM(names, i, name); /* (takes the reference held above) */
         PyTuple_SET_ITEM(starts, i, start_obj);
         PyTuple_SET_ITEM(lengths, i, length_obj);
         i++;
@@ -692,8 +700,16 @@ timeline_events(PyObject *module, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    for (Py_ssize_t i = 0; i < count && read > 0; i++)
-        read = read_event(PyList_GET_ITEM(events, i), i, quoted, quote, keep, modes, &slices[i]);
+    for (Py_ssize_t i = 0; i < count && read > 0; i++) {
+        if (i >= PyList_GET_SIZE(events)) { /* (the list shrank while `quote` ran: the Python path writes it) */
+            read = 0;
+            break;
+        }
+        PyObject *item = PyList_GET_ITEM(events, i);
+        Py_INCREF(item); /* (held while `quote` may run Python code; its strings are kept in `keep`) */
+        read = PyList_Append(keep, item) < 0 ? -1 : read_event(item, i, quoted, quote, keep, modes, &slices[i]);
+        Py_DECREF(item);
+    }
     if (read <= 0)
         goto done;
     char pid[32];
