@@ -218,7 +218,14 @@ def test_cli_version_and_whole_rule_descriptions(capsys):
     from stepscope.cli import main
 
     assert main(["--version"]) == 0
-    assert capsys.readouterr().out.strip() == f"stepscope {stepscope.__version__}"
+    first, second = capsys.readouterr().out.strip().splitlines()
+    assert first == f"stepscope {stepscope.__version__}"
+    from stepscope import compiled
+
+    # The second line names what runs compiled; each name is one the extension table knows.
+    assert second == compiled.describe() and (second.startswith("compiled: ") or second.startswith("Python paths only"))
+    for what, on in compiled.loaded().items():
+        assert (what in second.split(";")[0]) == on
     from stepscope.rules.registry import describe_rules
 
     assert main(["rules"]) == 0

@@ -316,10 +316,24 @@ def _version() -> str:
     return __version__
 
 
+class _Version(argparse.Action):
+    """`--version`: the version and, on a second line, which compiled paths run (worked
+    out only when asked: it loads the extensions)."""
+
+    def __init__(self, option_strings: list[str], dest: str = argparse.SUPPRESS, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest=dest, nargs=0, help="show the version and which compiled paths run, and exit", **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any, option_string: str | None = None) -> None:
+        from .compiled import describe
+
+        print(f"{parser.prog} {_version()}\n{describe()}")  # (to stdout, as argparse's own version action)
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="stepscope", description="Debugger and profiler for deep-learning training.")
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {_version()}")
+    parser.add_argument("--version", action=_Version)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for add in _SUBCOMMANDS:
         add(sub)

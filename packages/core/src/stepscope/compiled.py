@@ -29,4 +29,27 @@ def load_extension(package: str, name: str) -> ModuleType | None:
         return None
 
 
-__all__ = ["PURE_PYTHON_ENV", "load_extension", "pure_python"]
+# stepscope's own extensions (the plugins have theirs), by what they do.
+EXTENSIONS = {"stepscope.traces._kineto": "trace parser", "stepscope.store._publish": "small-file publisher",
+              "stepscope.capture._encode": "writer encoders"}  # fmt: skip
+
+
+def loaded() -> dict[str, bool]:
+    """Which of stepscope's extensions this installation runs (by what they do): an
+    extension not built, or all of them under $STEPSCOPE_PURE_PYTHON, reads False."""
+    return {what: load_extension(*module.rsplit(".", 1)) is not None for module, what in EXTENSIONS.items()}
+
+
+def describe() -> str:
+    """One line on the compiled paths, for `stepscope --version`."""
+    if pure_python():
+        return f"Python paths only ({PURE_PYTHON_ENV} is set)"
+    state = loaded()
+    running = [what for what, on in state.items() if on]
+    missing = [what for what, on in state.items() if not on]
+    if not running:
+        return "Python paths only (no C extension was built)"
+    return "compiled: " + ", ".join(running) + (f"; not built: {', '.join(missing)}" if missing else "")
+
+
+__all__ = ["EXTENSIONS", "PURE_PYTHON_ENV", "describe", "load_extension", "loaded", "pure_python"]
