@@ -90,21 +90,6 @@ def test_the_close_line_advises_only_what_is_short():
     assert evidence.shortfall(gradients=False) is not None and evidence.shortfall(gradients=True).count("save ") == 1
 
 
-def test_steps_noted_at_once_count_as_each_noted_alone():
-    import random
-
-    from stepscope.capture.evidence import SavedEvidence
-
-    rng = random.Random(3)
-    names = [{"loss"}, {"acc"}, {"loss", "gradient/w"}, {"gradient/w"}, set()]
-    steps = [(s, rng.choice(list(ModeKeys)), s, {n: 1.0 for n in rng.choice(names)}, {}) for s in range(500)]
-    at_once, alone = SavedEvidence({"loss"}, {"gradient/w"}), SavedEvidence({"loss"}, {"gradient/w"})
-    at_once.note_steps(steps)
-    for _step, mode, _mode_step, tensors, _shapes in steps:
-        alone.note(mode, tensors)
-    assert at_once.to_json() == alone.to_json() and min(at_once.to_json().values()) > 0
-
-
 @pytest.mark.parametrize("steps", [1, 40])
 def test_the_schedule_leaves_every_default_rule_evidence(tmp_path, steps):
     from stepscope.rules import run_rules

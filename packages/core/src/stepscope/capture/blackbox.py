@@ -188,7 +188,6 @@ class SavedValues:
             if self.on_non_finite is not None:
                 self.on_non_finite(self.non_finite)
 
-
     def held_steps(self, steps: Sequence[tuple[int, Any, int, Mapping[str, Any], Any]]) -> None:
         """Several saved steps at once, oldest first (the writer's held batches of scalar
         steps: (step, mode, mode_step, {name: value}, shapes)): what calling this listener

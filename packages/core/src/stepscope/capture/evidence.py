@@ -39,18 +39,6 @@ class SavedEvidence:
         elif mode == ModeKeys.EVAL:
             self.eval_losses += has_loss
 
-    def note_steps(self, steps: Iterable[tuple[Any, ModeKeys, Any, Mapping[str, Any], Any]]) -> None:
-        """`note` for several steps, (step, mode, mode step, tensors, shapes) each: a held
-        batch taken on the training thread, counted in one loop."""
-        loss_names, gradient_names = self._loss_names, self._gradient_names
-        train, evaluation = ModeKeys.TRAIN, ModeKeys.EVAL
-        for _step, mode, _mode_step, tensors, _shapes in steps:
-            if mode == train:
-                self.train_losses += not loss_names.isdisjoint(tensors)
-                self.train_gradients += not gradient_names.isdisjoint(tensors)
-            elif mode == evaluation:
-                self.eval_losses += not loss_names.isdisjoint(tensors)
-
     def shortfall(self, gradients: bool = False) -> str | None:
         """One line naming what the default rules lack, or None when nothing is short.
         `gradients`: the job included the gradients collection (otherwise not counted)."""

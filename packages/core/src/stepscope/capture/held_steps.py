@@ -18,8 +18,7 @@ last take, oldest first) and `held_age()` (seconds since the oldest of them ende
 None). Every hand-over, release and check takes them first, so steps reach the writer in
 the order they ended whichever path ended them; the source calls `release()` itself once
 `max_steps` wait or the first waited `max_s`. `note(mode, tensors)`, when given, hears of
-every step handed over or taken (the evidence count of saved losses), under the lock; or
-`note_steps(steps)` of the steps taken from the source, all at once, when given."""
+every step handed over or taken (the evidence count of saved losses), under the lock."""
 
 from __future__ import annotations
 
@@ -51,14 +50,12 @@ class HeldSteps:
     over; a daemon thread (started with the first held step) hands over what waited past
     its time. One lock keeps the steps reaching the writer in order."""
 
-    __slots__ = ("_writer", "_steps", "_until", "_lock", "_closed", "_releaser", "_source", "_note", "_note_steps", "max_steps", "max_s")
+    __slots__ = ("_writer", "_steps", "_until", "_lock", "_closed", "_releaser", "_source", "_note", "max_steps", "max_s")
 
-    def __init__(self, writer: Any, max_steps: int = HOLD_STEPS, max_s: float = HOLD_S, note: Callable[[ModeKeys, Mapping[str, Any]], None] | None = None,
-                 note_steps: Callable[[list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]], None] | None = None) -> None:  # fmt: skip
+    def __init__(self, writer: Any, max_steps: int = HOLD_STEPS, max_s: float = HOLD_S, note: Callable[[ModeKeys, Mapping[str, Any]], None] | None = None) -> None:
         self._writer = writer
         self._source: Any = None
         self._note = note
-        self._note_steps = note_steps  # (`note` for the steps taken from a source at once, when given)
         self._steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]] = []
         self._until = 0.0
         self._lock = threading.Lock()
@@ -92,9 +89,7 @@ class HeldSteps:
         if not self._steps:
             self._until = time.monotonic() - (age or 0.0) + self.max_s
         note = self._note
-        if self._note_steps is not None:
-            self._note_steps(steps)
-        elif note is not None:
+        if note is not None:
             for _step, mode, _mode_step, tensors, _shapes in steps:
                 note(mode, tensors)
         self._steps += steps

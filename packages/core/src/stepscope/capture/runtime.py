@@ -63,7 +63,7 @@ class HookRuntime:
         if hook.writes_tensors:
             self.claim = self._claim_worker(store)
             self.writer = Writer(store, hook.worker)
-            self.held = HeldSteps(self.writer, note=saved.note, note_steps=saved.note_steps)
+            self.held = HeldSteps(self.writer, note=saved.note)
             # atexit runs the last registered first: the hook's close (which writes the end
             # marker through the writer) must come before the writer's own exit handler,
             # which closes the writer without one.
