@@ -53,6 +53,11 @@ _HEADER = struct.Struct("<QI")  # length, masked CRC of the length
 SMDEBUG_PLACEHOLDER_CRC = 0x062DC0B3
 
 
+def crc32c(data: bytes | memoryview, value: int = 0) -> int:
+    """The CRC-32C of `data` (unmasked), continued from `value`: the CRC of what came before."""
+    return _crc32c.crc32c(data, value)
+
+
 def masked_crc(data: bytes | memoryview) -> int:
     return mask(_crc32c.crc32c(data))
 
@@ -74,10 +79,11 @@ def _header(length: int) -> bytes:
     return length_bytes + _U32.pack(masked_crc(length_bytes))
 
 
-def frame(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False) -> list[bytes | memoryview]:
+def frame(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False, crc: int | None = None) -> list[bytes | memoryview]:
     """Frame a payload given as several buffers, without joining them (no copy of big tensors).
     `placeholder_crc` writes smdebug's constant instead of the payload CRC: smdebug's own
-    reader (check="minimal", its default) accepts nothing else in tensor files. A small
+    reader (check="minimal", its default) accepts nothing else in tensor files. `crc`: the
+    payload's CRC-32C where the caller has it already (unmasked, as crc32c gives it). A small
     payload in one `bytes` comes back as the whole record in one buffer."""
     if len(parts) == 1 and type(parts[0]) is bytes and len(parts[0]) < _JOIN_BELOW:
         payload = parts[0]
@@ -87,6 +93,8 @@ def frame(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False)
     length_bytes = _U64.pack(length)
     if placeholder_crc:
         footer = SMDEBUG_PLACEHOLDER_CRC
+    elif crc is not None:
+        footer = mask(crc)
     else:
         crc = 0
         for part in parts:
@@ -95,9 +103,9 @@ def frame(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False)
     return [length_bytes + _U32.pack(masked_crc(length_bytes)), *parts, _U32.pack(footer)]
 
 
-def frame_sized(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False) -> tuple[list[bytes | memoryview], int]:
+def frame_sized(parts: Sequence[bytes | memoryview], *, placeholder_crc: bool = False, crc: int | None = None) -> tuple[list[bytes | memoryview], int]:
     """`frame(parts)` and the record's length in bytes (header + payload + footer)."""
-    framed = frame(parts, placeholder_crc=placeholder_crc)
+    framed = frame(parts, placeholder_crc=placeholder_crc, crc=crc)
     return framed, int.from_bytes(framed[0][:8], "little") + OVERHEAD
 
 

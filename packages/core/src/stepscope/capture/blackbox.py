@@ -114,7 +114,9 @@ class SavedValues:
     `on_non_finite` once, for the first saved step holding a NaN or an infinity (each
     float tensor of at most `max_checked` elements is checked by its largest and smallest
     elements, and counted element by element only where one is not finite; larger raw
-    tensors are left to the losses and reductions they feed).
+    tensors are left to the losses and reductions they feed). Where the writer has checked
+    a large float tensor already, in the pass that computed its record's CRC
+    (`checked_step`), that answer is taken instead, whatever the tensor's size.
 
     The statistics are computed when `last` is read (a black box being written), from the
     values kept of the last step: a one-element value as its number, a small tensor as a
@@ -153,32 +155,39 @@ class SavedValues:
         return {"step": step, "mode": mode, "mode_step": mode_step, "tensors": stats}
 
     def __call__(self, step: int, mode: Any, mode_step: int, arrays: Mapping[str, Any]) -> None:
+        self.checked_step(step, mode, mode_step, arrays, {})
+
+    def checked_step(self, step: int, mode: Any, mode_step: int, arrays: Mapping[str, Any], finite: Mapping[str, bool]) -> None:
+        """A saved step whose arrays named in `finite` were checked by the writer already:
+        True where every element is a finite number."""
         import numpy as np
 
         kept: list[tuple[str, Any]] = []
         bad: dict[str, Any] = {}
         checking = self.non_finite is None  # only the first non-finite step is reported
         for name, array in arrays.items():
-            if getattr(array, "dtype", None) is None or array.dtype.kind != "f" or array.size == 0 or array.size > self.max_checked:
-                continue
-            if array.size == 1:
-                # A loss or a metric (most steps' only values): one float, checked here,
-                # kept as its number.
-                number = float(array.reshape(-1)[0])
-                if checking and not math.isfinite(number):
-                    bad[name] = {"nan": int(number != number), "inf": int(math.isinf(number)), "size": 1}
-                if len(kept) < self.max_tensors and array.size <= self.small:
-                    kept.append((name, (list(array.shape), number)))
-                continue
-            if checking:
-                # Its largest and smallest elements are finite exactly when every element is
-                # (numpy's max and min carry a NaN through): two vectorised passes without a
-                # copy, 0.6x the time of the sum this was, which could also overflow. (A NaN
-                # or inf here is the finding, not a warning for the user's console.)
-                with np.errstate(invalid="ignore"):
-                    finite = bool(np.isfinite(array.max())) and bool(np.isfinite(array.min()))
-                if not finite:
-                    bad[name] = {"nan": int(np.count_nonzero(np.isnan(array))), "inf": int(np.count_nonzero(np.isinf(array))), "size": int(array.size)}
+            known = finite.get(name)
+            if known is None:
+                if getattr(array, "dtype", None) is None or array.dtype.kind != "f" or array.size == 0 or array.size > self.max_checked:
+                    continue
+                if array.size == 1:
+                    # A loss or a metric (most steps' only values): one float, checked here,
+                    # kept as its number.
+                    number = float(array.reshape(-1)[0])
+                    if checking and not math.isfinite(number):
+                        bad[name] = {"nan": int(number != number), "inf": int(math.isinf(number)), "size": 1}
+                    if len(kept) < self.max_tensors and array.size <= self.small:
+                        kept.append((name, (list(array.shape), number)))
+                    continue
+                if checking:
+                    # Its largest and smallest elements are finite exactly when every element is
+                    # (numpy's max and min carry a NaN through): two vectorised passes without a
+                    # copy, 0.6x the time of the sum this was, which could also overflow. (A NaN
+                    # or inf here is the finding, not a warning for the user's console.)
+                    with np.errstate(invalid="ignore"):
+                        known = bool(np.isfinite(array.max())) and bool(np.isfinite(array.min()))
+            if checking and known is False:
+                bad[name] = {"nan": int(np.count_nonzero(np.isnan(array))), "inf": int(np.count_nonzero(np.isinf(array))), "size": int(array.size)}
             if len(kept) < self.max_tensors and array.size <= self.small:
                 kept.append((name, np.array(array, copy=True)))
         mode_name = getattr(mode, "name", str(mode))

@@ -118,11 +118,12 @@ class StepFramer:
 
     def frame(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
               arrays: dict[str, np.ndarray] | None = None, *, parts: list[Any] | None = None, event_key: str | None = None,
-              offset: int = 0) -> tuple[list[Any], dict[str, Any]]:
+              offset: int = 0, finite: dict[str, bool] | None = None) -> tuple[list[Any], dict[str, Any]]:
         """(the event file's buffers, its index). `arrays`, when given, receives each saved
-        tensor's array (for step listeners). With `parts` (the buffers of event file
-        `event_key` so far, `offset` bytes), the step's records are appended to them:
-        several steps in one file (Writer.write_steps)."""
+        tensor's array (for step listeners), and `finite` whether a large float array holds
+        no NaN or infinity, where its CRC's pass found that out (`_scanned`). With `parts`
+        (the buffers of event file `event_key` so far, `offset` bytes), the step's records
+        are appended to them: several steps in one file (Writer.write_steps)."""
         if parts is None or event_key is None:
             event_key = layout.event_file_key(step, self.worker)
             parts = records.frame([events.file_version_event()])
@@ -134,9 +135,11 @@ class StepFramer:
         for name, value in tensors.items():
             try:
                 array = as_array(value)
-                framed, length = records.frame_sized(
-                    events.encode_tensor_event(name, array, step, mode, mode_step, wall_time), placeholder_crc=self._placeholder_crc,
-                )
+                payload = events.encode_tensor_event(name, array, step, mode, mode_step, wall_time)
+                crc = None
+                if array.nbytes >= GIL_RELEASED_FROM and len(payload) == 3:
+                    crc = self._scanned(name, array, payload, finite)
+                framed, length = records.frame_sized(payload, placeholder_crc=self._placeholder_crc, crc=crc)
                 self._checked_name(name)
             except Exception as exc:
                 # One value that cannot be saved costs that tensor, never the step or the run.
@@ -158,6 +161,31 @@ class StepFramer:
             "shape_payload": self._shape_payload(step, kept_shapes),
         }
         return parts, index
+
+    def _scanned(self, name: str, array: np.ndarray, payload: list[Any], finite: dict[str, bool] | None) -> int | None:
+        """The CRC-32C of a large tensor's record payload (event head, the tensor's bytes, tail)
+        from one pass of `_encode.scan` over the tensor's bytes, which also tells `finite`
+        whether a float array holds only finite numbers (the black box's question, which
+        would otherwise take two more passes over the same megabytes); None where the
+        extension is not there, the CPU cannot, or the payload's CRC is smdebug's constant
+        (then only the check is made, where `finite` asks)."""
+        if _encode is None:
+            return None
+        kind = array.dtype
+        itemsize = kind.itemsize if finite is not None and kind.kind == "f" and kind.itemsize in (2, 4, 8) and kind.isnative else 0
+        head, content, tail = payload
+        if self._placeholder_crc:
+            if itemsize:
+                scanned = _encode.scan(content, None, itemsize)
+                if scanned is not None:
+                    finite[name] = scanned[1]  # type: ignore[index]
+            return None
+        scanned = _encode.scan(content, records.crc32c(head), itemsize)
+        if scanned is None:
+            return None
+        if itemsize:
+            finite[name] = scanned[1]  # type: ignore[index]
+        return records.crc32c(tail, scanned[0])
 
     def frame_held(self, steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> FramedHeld | None:
         """Held steps (Writer.write_held_steps's) framed in C, as `frame` would frame them one

@@ -500,9 +500,11 @@ class Writer(ClosedOnExit):
             return None
         self._published.add(job.step)
         arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
-        parts, index = self._framer.frame(job.step, job.mode, job.mode_step, job.tensors, job.shapes, arrays, parts=parts, event_key=event_key, offset=offset)
+        finite: dict[str, bool] | None = {} if self.step_listeners else None
+        parts, index = self._framer.frame(job.step, job.mode, job.mode_step, job.tensors, job.shapes, arrays, parts=parts, event_key=event_key,
+                                          offset=offset, finite=finite)  # fmt: skip
         if arrays is not None:
-            self._notify(job, arrays)
+            self._tell_listeners(lambda listener: _tell_step(listener, job, arrays, finite))
         return parts, index
 
     def _frame_batch(self, batch: _StepBatch) -> FramedHeld | tuple[list[Any], list[tuple[_StepJob, dict[str, Any]]]] | None:
@@ -545,9 +547,6 @@ class Writer(ClosedOnExit):
         self._published |= unique
         self._tell_listeners(lambda listener: _tell_held(listener, held))
         return framed
-
-    def _notify(self, job: _StepJob, arrays: dict[str, np.ndarray]) -> None:
-        self._tell_listeners(lambda listener: listener(job.step, job.mode, job.mode_step, arrays))
 
     def _tell_listeners(self, tell: Callable[[Any], None]) -> None:
         """`tell(listener)` for each step listener; one that fails is turned off."""
@@ -648,9 +647,20 @@ class Writer(ClosedOnExit):
             self._write(*done)
 
 
+def _tell_step(listener: Any, job: _StepJob, arrays: dict[str, np.ndarray], finite: dict[str, bool] | None) -> None:
+    """A framed step to a step listener, with what framing found out about its large float
+    arrays (`finite`, StepFramer.frame's) where the listener asks it (`checked_step`: the
+    black box's, which then need not read those arrays again)."""
+    take_checked = getattr(listener, "checked_step", None)
+    if take_checked is not None and finite:
+        take_checked(job.step, job.mode, job.mode_step, arrays, finite)
+    else:
+        listener(job.step, job.mode, job.mode_step, arrays)
+
+
 def _tell_held(listener: Any, held: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> None:
     """A held batch to a step listener: at once where it takes a batch (`held_steps`: the
-    black box's), else step by step as `Writer._notify` tells it."""
+    black box's), else step by step as `_tell_step` tells it."""
     take_many = getattr(listener, "held_steps", None)
     if take_many is not None:
         take_many(held)

@@ -1,0 +1,140 @@
+"""A large tensor's record CRC and its NaN/infinity check in one pass (`_encode.scan`,
+`StepFramer._scanned`): the CRC the crc32c package gives, the verdict numpy gives, the same
+records as the Python path, and the black box told the verdict instead of reading the
+tensor again."""
+
+import crc32c
+import numpy as np
+import pytest
+
+from stepscope import create_trial
+from stepscope.capture import step_framing
+from stepscope.capture.blackbox import SavedValues
+from stepscope.capture.step_framing import GIL_RELEASED_FROM, StepFramer
+from stepscope.capture.writer import Writer
+from stepscope.modes import ModeKeys
+
+encode = step_framing._encode
+scanning = encode is not None and encode.scan(b"", 0, 0) is not None
+needs_scan = pytest.mark.skipif(not scanning, reason="no _encode.scan here (not built, STEPSCOPE_PURE_PYTHON, or a CPU without CRC-32C)")
+# Sizes about the three-lane block (3 x 8 KiB) and the short one (3 x 256 bytes), and odd ones.
+SIZES = [0, 1, 7, 8, 9, 767, 768, 769, 24575, 24576, 24577, 3 * 24576 + 771, 1 << 20, (1 << 20) + 3]
+
+
+@needs_scan
+@pytest.mark.parametrize("size", SIZES)
+def test_the_crc_is_the_crc32c_package_s_from_any_start(size):
+    data = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8).tobytes()
+    for start in (0, 1, 0x12345678, 0xFFFFFFFF):
+        assert encode.scan(data, start, 0) == (crc32c.crc32c(data, start), None)
+    # Any alignment of the buffer's start (a view one byte in).
+    assert encode.scan(memoryview(data)[1:], 0, 0)[0] == crc32c.crc32c(data[1:])
+
+
+@needs_scan
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("count", [1, 3, 8, 9, 100, 6143, 6144, 6145, 40000, 300007])
+def test_the_finiteness_verdict_is_numpy_s_wherever_the_bad_value_sits(dtype, count):
+    rng = np.random.default_rng(count)
+    array = (rng.standard_normal(count) * 100).astype(dtype)
+    assert encode.scan(array, None, array.itemsize) == (None, True)
+    assert encode.scan(array, 7, array.itemsize) == (crc32c.crc32c(array, 7), True)
+    extremes = np.array([np.finfo(dtype).max, -np.finfo(dtype).max, np.finfo(dtype).tiny / 2, 0.0, -0.0], dtype)
+    assert encode.scan(np.resize(extremes, count), 0, array.itemsize)[1] is True  # large, subnormal, signed zeros: finite
+    for bad in (np.nan, np.inf, -np.inf):
+        for at in sorted({0, min(1, count - 1), count // 3, count // 2, count - 1}):
+            spoiled = array.copy()
+            spoiled[at] = bad
+            assert not np.isfinite(spoiled).all()
+            assert encode.scan(spoiled, None, array.itemsize) == (None, False), (bad, at)
+            assert encode.scan(spoiled, 0, array.itemsize) == (crc32c.crc32c(spoiled), False), (bad, at)
+
+
+@needs_scan
+def test_bad_arguments_are_refused_by_name():
+    with pytest.raises(ValueError, match="itemsize must be 0, 2, 4 or 8"):
+        encode.scan(b"12345678", 0, 3)
+    with pytest.raises(ValueError, match="not a whole number of 4-byte floats"):
+        encode.scan(b"123456", 0, 4)
+    with pytest.raises(ValueError, match="32 bits"):
+        encode.scan(b"1234", 1 << 32, 0)
+    with pytest.raises(TypeError):
+        encode.scan("text", 0, 0)
+
+
+def _framed(monkeypatch, compiled, tensors, placeholder_crc=False):
+    monkeypatch.setattr(step_framing, "_encode", encode if compiled else None)
+    framer = StepFramer("worker_0", lambda step, name, exc: pytest.fail(f"{name} dropped: {exc!r}"), placeholder_crc=placeholder_crc)
+    finite: dict[str, bool] = {}
+    parts, index = framer.frame(3, ModeKeys.TRAIN, 3, tensors, {}, {}, finite=finite)
+    return b"".join(bytes(p) for p in parts), index, finite
+
+
+@needs_scan
+@pytest.mark.parametrize("placeholder_crc", [False, True])
+def test_a_step_s_records_are_the_python_path_s_byte_for_byte(monkeypatch, placeholder_crc):
+    monkeypatch.setattr(step_framing.time, "time", lambda: 1_765_000_000.5)
+    rng = np.random.default_rng(1)
+    big = GIL_RELEASED_FROM // 4 + 5
+    tensors = {
+        "weights/w32": rng.standard_normal(big).astype(np.float32).reshape(-1, 1),
+        "gradients/g64": rng.standard_normal(big).astype(np.float64),
+        "gradients/g16": np.full(big * 2, np.inf, np.float16),
+        "weights/ints": np.arange(big, dtype=np.int32),  # (CRC only: not a float)
+        "weights/small": np.float32([1.0, np.nan]),  # (under GIL_RELEASED_FROM: the Python path's)
+        "loss": np.float32(0.5),
+    }
+    tensors["weights/w32"][100] = np.nan
+    scanned, index, finite = _framed(monkeypatch, True, tensors, placeholder_crc)
+    plain, plain_index, plain_finite = _framed(monkeypatch, False, tensors, placeholder_crc)
+    assert scanned == plain and index == plain_index
+    assert plain_finite == {}
+    assert finite == {"weights/w32": False, "gradients/g64": True, "gradients/g16": False}
+
+
+def _job_with_a_nan(tmp_path, monkeypatch, compiled, **box):
+    monkeypatch.setattr(step_framing, "_encode", encode if compiled else None)
+    saved, heard, reads = SavedValues(**box), [], []
+    gradient = np.random.default_rng(2).standard_normal(300_000).astype(np.float32)  # 1.2 MB
+    bad = gradient.copy()
+    bad[[5, 77_777]] = [np.nan, -np.inf]
+
+    isfinite = np.isfinite
+
+    def watched(value, *args, **kwargs):  # the black box's verdict on its own passes (max, min)
+        reads.append(value)
+        return isfinite(value, *args, **kwargs)
+
+    monkeypatch.setattr(np, "isfinite", watched)
+    with Writer(str(tmp_path / ("c" if compiled else "py"))) as writer:
+        writer.step_listeners += [saved, lambda step, mode, mode_step, arrays: heard.append(step)]
+        for step, values in enumerate((gradient, gradient * 2, bad, gradient)):
+            assert writer.write_step(step, ModeKeys.TRAIN, step, {"gradients/w": values, "loss": np.float32(step)})
+    monkeypatch.setattr(np, "isfinite", isfinite)
+    return saved, heard, reads
+
+
+@needs_scan
+def test_the_black_box_takes_the_writer_s_verdict_and_reports_the_same_first_non_finite_step(tmp_path, monkeypatch):
+    saved, heard, reads = _job_with_a_nan(tmp_path, monkeypatch, compiled=True)
+    python_saved, python_heard, python_reads = _job_with_a_nan(tmp_path, monkeypatch, compiled=False)
+    assert saved.non_finite == python_saved.non_finite == {
+        "step": 2, "mode": "TRAIN", "mode_step": 2, "tensors": {"gradients/w": {"nan": 1, "inf": 1, "size": 300_000}},
+    }  # fmt: skip
+    assert heard == python_heard == [0, 1, 2, 3]  # a listener without checked_step hears every step as before
+    assert reads == [] and len(python_reads) == 5  # (the Python path reads it until the first NaN: max, then min where max is finite)
+    # What was written is the same either way.
+    for folder in ("c", "py"):
+        trial = create_trial(str(tmp_path / folder))
+        assert np.isnan(trial.tensor("gradients/w").value(2)[5])
+        assert trial.tensor("gradients/w").value(3).tobytes() == np.random.default_rng(2).standard_normal(300_000).astype(np.float32).tobytes()
+
+
+@needs_scan
+def test_a_tensor_over_the_checked_size_is_judged_where_the_writer_checked_it(tmp_path, monkeypatch):
+    # max_checked (elements) leaves larger raw tensors to the losses they feed, unless the
+    # writer's pass has answered already: then it costs nothing to report.
+    saved, _, _ = _job_with_a_nan(tmp_path, monkeypatch, compiled=True, max_checked=1000)
+    python_saved, _, _ = _job_with_a_nan(tmp_path, monkeypatch, compiled=False, max_checked=1000)
+    assert saved.non_finite is not None and saved.non_finite["step"] == 2
+    assert python_saved.non_finite is None
