@@ -49,6 +49,17 @@ def direct_calls(monkeypatch):
     return seen
 
 
+@pytest.fixture(params=["compiled", "python"])
+def staging(request, monkeypatch):
+    """Each test of the direct path twice: the staging copy in C (_publish.c's `stage`) and
+    in Python, the same file either way."""
+    if request.param == "compiled" and direct_io._stage is None:
+        pytest.skip("stepscope.store._publish is not built here (or STEPSCOPE_PURE_PYTHON)")
+    if request.param == "python":
+        monkeypatch.setattr(direct_io, "_stage", None)
+    return request.param
+
+
 def _parts(size: int, seed: int = 0) -> list[bytes | memoryview]:
     """Record-like buffers adding up to `size` bytes: odd headers around float tensors."""
     rng = np.random.default_rng(seed)
@@ -93,7 +104,7 @@ def _direct_on(fd: int) -> bool:
 
 
 @pytest.mark.parametrize("size", [DIRECT_FROM, 3_200_017, BUFFER_BYTES, 2 * BUFFER_BYTES + ALIGN, 2 * BUFFER_BYTES + 1])
-def test_a_large_file_is_exact_and_written_directly(tmp_path, allowed, direct_calls, size):
+def test_a_large_file_is_exact_and_written_directly(tmp_path, allowed, direct_calls, size, staging):
     parts = _parts(size, seed=size)
     LocalStore(str(tmp_path)).write(KEY, parts)
     assert (tmp_path / KEY).read_bytes() == b"".join(bytes(p) for p in parts)
@@ -143,7 +154,7 @@ def _refuse(monkeypatch, where: str) -> list[int]:
 
 
 @pytest.mark.parametrize("where", ["open", "write"])
-def test_a_refusal_writes_the_file_the_usual_way_and_turns_direct_writes_off(tmp_path, monkeypatch, where):
+def test_a_refusal_writes_the_file_the_usual_way_and_turns_direct_writes_off(tmp_path, monkeypatch, where, staging):
     store = LocalStore(str(tmp_path))
     store._direct = DirectPolicy(str(tmp_path))
     store._direct._allowed = True  # as on ext4, whatever this folder is on
@@ -158,7 +169,7 @@ def test_a_refusal_writes_the_file_the_usual_way_and_turns_direct_writes_off(tmp
     assert refused == [1]
 
 
-def test_a_short_direct_write_finishes_through_the_page_cache(tmp_path, allowed, monkeypatch):
+def test_a_short_direct_write_finishes_through_the_page_cache(tmp_path, allowed, monkeypatch, staging):
     real_write = os.write
     shortened: list[int] = []
 
@@ -291,3 +302,21 @@ def test_a_writer_that_falls_behind_writes_through_the_page_cache_until_it_catch
     trial = create_trial(str(tmp_path))
     for step in range(steps + 1):
         np.testing.assert_array_equal(trial.tensor("weights/w").value(step), value + step)
+
+
+@pytest.mark.skipif(direct_io._stage is None, reason="stepscope.store._publish is not built here (or STEPSCOPE_PURE_PYTHON)")
+def test_the_compiled_staging_copy_stops_where_the_buffer_fills_and_resumes_there():
+    views = [memoryview(bytes(range(i, i + n))) for i, n in ((0, 5), (10, 0), (20, 7), (40, 3))]
+    into = bytearray(6)
+    assert direct_io._stage(into, 0, views, 0, 0) == (6, 2, 1)  # the empty view is passed over
+    assert into == bytes([0, 1, 2, 3, 4, 20])
+    assert direct_io._stage(into, 0, views, 2, 1) == (6, 3, 0)
+    assert into == bytes([21, 22, 23, 24, 25, 26])
+    assert direct_io._stage(into, 2, views, 3, 0) == (5, 4, 0)  # all copied
+    assert into[2:5] == bytes([40, 41, 42])
+    with pytest.raises(ValueError, match="out of range"):
+        direct_io._stage(into, 7, views, 0, 0)
+    with pytest.raises(ValueError, match="past the end of view 0"):
+        direct_io._stage(into, 0, views, 0, 9)
+    with pytest.raises(TypeError):
+        direct_io._stage(bytes(6), 0, views, 0, 0)  # (read-only)
