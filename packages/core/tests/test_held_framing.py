@@ -120,13 +120,13 @@ def test_a_name_saved_with_another_dtype_later_gets_its_own_head(monkeypatch):
     assert framed is not None and framed.data == _python_frames(steps)[1]
 
 
-def _write(out, batches, monkeypatch, compiled):
+def _write(out, batches, monkeypatch, compiled, payload_crc="crc32c"):
     monkeypatch.setattr(step_framing, "_encode", framing if compiled else None)
     listener = SavedValues()
     seen, framed_in_c = [], []
     frame_held = StepFramer.frame_held
     monkeypatch.setattr(StepFramer, "frame_held", lambda self, steps: framed_in_c.append(frame_held(self, steps)) or framed_in_c[-1])
-    with Writer(str(out)) as writer:
+    with Writer(str(out), payload_crc=payload_crc) as writer:
         writer.step_listeners += [listener, lambda step, mode, mode_step, arrays: seen.append((step, {k: float(v) for k, v in arrays.items()}))]
         for batch in batches:
             assert writer.write_held_steps(batch)
@@ -135,7 +135,11 @@ def _write(out, batches, monkeypatch, compiled):
 
 
 @needs_c
-def test_a_writer_publishes_the_same_files_either_way_and_its_listeners_hear_every_step(tmp_path, monkeypatch):
+@pytest.mark.parametrize("payload_crc", ["smdebug", "crc32c"])
+def test_a_writer_publishes_the_same_files_either_way_and_its_listeners_hear_every_step(tmp_path, monkeypatch, payload_crc):
+    """Framed in C or in Python, the same event files, block tables and index entries: every
+    step's index file where smdebug's reader may read the job; else (C only) a held table per
+    batch and its last step's index file naming it, with the same entries."""
     monkeypatch.setattr(time, "time", lambda: WALL_TIME)
     rng = random.Random(5)
     loss = [np.float32(rng.random()) for _ in range(2300)]
@@ -146,13 +150,29 @@ def test_a_writer_publishes_the_same_files_either_way_and_its_listeners_hear_eve
     outcome = {}
     for compiled in (True, False):
         out = tmp_path / ("c" if compiled else "python")
-        outcome[compiled] = _write(out, batches, monkeypatch, compiled)
+        outcome[compiled] = _write(out, batches, monkeypatch, compiled, payload_crc)
     files = {compiled: {p.relative_to(tmp_path / name).as_posix(): p.read_bytes() for p in (tmp_path / name).rglob("*") if p.is_file()}
              for compiled, name in ((True, "c"), (False, "python"))}  # fmt: skip
+    if payload_crc == "crc32c":
+        held = {key: files[True].pop(key) for key in list(files[True]) if key.endswith(layout.HELD_TABLE_SUFFIX)}
+        assert len(held) == 23
+        for key in [k for k in files[True] if k.startswith("index/")]:
+            index = json.loads(files[True].pop(key))
+            table = json.loads(held[index["meta"].pop("step_table")])
+            assert index == json.loads(files[False][key])  # the last step's entry, as the Python path has it
+            assert table["steps"][-1]["step"] == index["meta"]["mode_step"] and len(table["steps"]) == 100
+            for row in table["steps"]:  # each step's entry, as its index file in the Python path has it
+                python = json.loads(files[False].pop(layout.index_file_key(row["step"], "worker_0")))
+                assert python["meta"]["mode_step"] == row["mode_step"] and python["meta"]["mode"] == row["mode"]
+                assert [p["start_idx"] for p in python["tensor_payload"]] == row["starts"]
+                assert [p["length"] for p in python["tensor_payload"]] == row["lengths"]
+                assert [p["tensorname"] for p in python["tensor_payload"]] == table["layouts"][row["layout"]]
+                assert python["meta"]["event_file_name"] == row.get("event", layout.event_file_key(row["step"], "worker_0"))
     assert files[True].keys() == files[False].keys()
     for key in files[True]:
         assert files[True][key] == files[False][key], key
-    assert sum(key.startswith("index/") for key in files[True]) == 2300
+    if payload_crc == "smdebug":
+        assert sum(key.startswith("index/") for key in files[True]) == 2300
     assert sum(key.startswith(layout.STEP_TABLE_DIR) for key in files[True]) == 3
     # The black box heard of the first NaN and of the last step, as it does step by step.
     for listener, seen in outcome.values():

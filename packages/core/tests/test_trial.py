@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from stepscope import ModeKeys, create_trial
+from stepscope import ModeKeys, create_trial, layout
 from stepscope.capture.writer import Writer
 from stepscope.exceptions import CorruptRecord, StepNotYetAvailable, StepUnavailable, TensorUnavailable, TensorUnavailableForStep
 from stepscope.reductions import reduction_tensor_name
@@ -184,10 +184,13 @@ def test_tensorboard_reads_our_event_files(tmp_path, write_job):
     np.testing.assert_array_equal(tensor_util.make_ndarray(by_tag["fc.weight"].summary.value[0].tensor), written[1]["fc.weight"])
 
 
-def test_tensorboard_and_the_indexes_read_every_step_of_batched_scalar_steps(tmp_path):
+@pytest.mark.parametrize("payload_crc", ["crc32c", "smdebug"])
+def test_tensorboard_and_the_indexes_read_every_step_of_batched_scalar_steps(tmp_path, payload_crc):
     """Steps that save only scalars share one event file per batch (held_steps.py): TensorBoard
-    reads every step's loss from those files, each step's index file points at exactly its
-    own records (what smdebug's reader follows), and the trial reads the same values."""
+    reads every step's loss from those files; each step's entry points at exactly its own
+    records: in an index file of its own where smdebug's reader may read the job (its
+    placeholder CRC), else in the batch's held table, which the batch's last index file names
+    (Writer._publish_held); and the trial reads the same values."""
     from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
     from tensorboard.util import tensor_util
 
@@ -196,7 +199,7 @@ def test_tensorboard_and_the_indexes_read_every_step_of_batched_scalar_steps(tmp
     from stepscope.records import parse_record
 
     losses = {step: np.float32(1.0 / (step + 1)) for step in range(250)}
-    writer = Writer(str(tmp_path))
+    writer = Writer(str(tmp_path), payload_crc=payload_crc)
     held = HeldSteps(writer, max_steps=100, max_s=3600)
     for step, loss in losses.items():
         held.hand_over(step, ModeKeys.TRAIN, step, {"CrossEntropyLoss_output_0": loss}, {}, scalars=True)
@@ -213,15 +216,32 @@ def test_tensorboard_and_the_indexes_read_every_step_of_batched_scalar_steps(tmp
             (value,) = event.summary.value
             assert value.tag == "CrossEntropyLoss_output_0" and event.step not in read
             read[event.step] = tensor_util.make_ndarray(value.tensor)
-    assert sorted(read) == sorted(losses) and all(read[s] == losses[s] for s in losses)
+    if payload_crc == "crc32c":  # (TensorBoard's reader checks payload CRCs: smdebug's placeholder stops it)
+        assert sorted(read) == sorted(losses) and all(read[s] == losses[s] for s in losses)
 
-    for step, loss in losses.items():
-        index = json.loads((tmp_path / f"index/000000000/{step:012d}_worker_0.json").read_text())
-        assert index["meta"]["mode_step"] == step
-        blob = (tmp_path / index["meta"]["event_file_name"]).read_bytes()
+    entries = {}  # step -> (event file, start, length)
+    for path in tmp_path.glob("index/*/*.json"):
+        index = json.loads(path.read_text())
         (entry,) = index["tensor_payload"]
-        payload, end = parse_record(blob, entry["start_idx"])
-        assert end == entry["start_idx"] + entry["length"]
+        entries[index["meta"]["mode_step"]] = (index["meta"]["event_file_name"], entry["start_idx"], entry["length"])
+        if "step_table" in index["meta"]:
+            table = json.loads((tmp_path / index["meta"]["step_table"]).read_text())
+            assert table["steps"][-1]["step"] == index["meta"]["mode_step"]
+            for row in table["steps"]:
+                event_file = row.get("event", layout.event_file_key(row["step"], "worker_0"))  # (none: the step's own name)
+                entries.setdefault(row["step"], (event_file, row["starts"][0], row["lengths"][0]))
+    if payload_crc == "smdebug":
+        assert len(list(tmp_path.glob("index/*/*.json"))) == 250 and not list(tmp_path.glob("stepscope-index/*/*.held.json"))
+    else:  # the last step of each batch has an index file; its held table holds the batch
+        assert sorted(int(p.name[:12]) for p in tmp_path.glob("index/*/*.json")) == [99, 199, 249]
+        assert sorted(p.name for p in tmp_path.glob("stepscope-index/*/*.held.json")) == [
+            "000000000000_000000000099.held.json", "000000000100_000000000199.held.json", "000000000200_000000000249.held.json",
+        ]  # fmt: skip
+    assert sorted(entries) == sorted(losses)
+    for step, loss in losses.items():
+        event_file, start, length = entries[step]
+        payload, end = parse_record((tmp_path / event_file).read_bytes(), start, allow_placeholder_crc=payload_crc == "smdebug")
+        assert end == start + length
         decoded = decode_tensor_event(payload)
         assert (decoded.name, decoded.step, decoded.mode_step, decoded.value) == ("CrossEntropyLoss_output_0", step, step, loss)
     trial = create_trial(str(tmp_path))

@@ -59,6 +59,9 @@ class IndexEntry:
     starts: Sequence[int]
     lengths: Sequence[int]
     shapes: Mapping[str, tuple[int, ...]]
+    # The held table ("meta.step_table") that holds the steps before this one back to the
+    # start of its held batch (docs/format.md); "" for every other index file.
+    step_table: str = ""
 
 
 # One step of a step table: (mode, mode_step, layout number, starts, lengths, shapes).
@@ -228,6 +231,22 @@ def event_key_of(name: Any, where: str) -> str:
     return key
 
 
+def step_table_of(name: Any, where: str) -> str:
+    """An index file's `meta.step_table`, the held table of its batch (written by the
+    writer since 2026-12-06): a key inside the job's step tables folder, or ""."""
+    if name is None or name == "":
+        return ""
+    if not isinstance(name, str):
+        raise _fail(where, f"step_table must be a string, got {_short(name)}")
+    try:
+        check_key(name)
+    except Exception:
+        raise _fail(where, f"step_table {_short(name)} points outside the job's step tables") from None
+    if not name.startswith(layout.STEP_TABLE_DIR + "/") or not name.endswith(layout.HELD_TABLE_SUFFIX):
+        raise _fail(where, f"step_table {_short(name)} points outside the job's step tables")
+    return name
+
+
 # --- index files decoded and validated in one pass, in C ------------------------------------
 # The schema below accepts a strict subset of what _parse_index_checked accepts (exact JSON
 # types, every bound, no unknown field, so nesting is bounded by the schema itself) and
@@ -243,6 +262,7 @@ class _Meta(msgspec.Struct, forbid_unknown_fields=True, gc=False):
     mode: str | int = "GLOBAL"
     mode_step: Annotated[int, msgspec.Meta(ge=-1, le=1 << 62)] | None = -1
     event_file_name: str | None = None
+    step_table: str | None = None
 
 
 class _Payload(msgspec.Struct, forbid_unknown_fields=True, gc=False):
@@ -301,7 +321,7 @@ def _entry(meta: _Meta, payloads: _Payloads, data: bytes, where: str) -> IndexEn
     if mode is None or type(meta.mode) is bool:
         return _parse_index_checked(data, where)
     mode_step = -1 if meta.mode_step is None else meta.mode_step
-    return IndexEntry(mode, mode_step, event_key_of(meta.event_file_name, where), *payloads)
+    return IndexEntry(mode, mode_step, event_key_of(meta.event_file_name, where), *payloads, step_table_of(meta.step_table, where))
 
 
 def parse_index(data: bytes, where: str) -> IndexEntry:
@@ -386,7 +406,7 @@ def _parse_index_checked(data: bytes, where: str) -> IndexEntry:
     for i, entry in enumerate(_list(body.get("shape_payload") or [], where, "shape_payload")):
         entry = _mapping(entry, where, f"shape_payload[{i}]")
         shapes[_name(entry.get("tensorname"), where, f"shape_payload[{i}].tensorname")] = _shape(entry.get("shape"), where, f"shape_payload[{i}].shape")
-    return IndexEntry(mode, mode_step, event_key, tuple(names), tuple(starts), tuple(lengths), shapes)
+    return IndexEntry(mode, mode_step, event_key, tuple(names), tuple(starts), tuple(lengths), shapes, step_table_of(meta.get("step_table"), where))
 
 
 def _plain_int(value: Any, minimum: int = 0) -> bool:
@@ -561,6 +581,7 @@ __all__ = [
     "parse_step_table",
     "parse_collections",
     "event_key_of",
+    "step_table_of",
     "check_location",
     "compile_untrusted_regex",
     "UntrustedPattern",

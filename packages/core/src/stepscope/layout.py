@@ -67,6 +67,19 @@ def step_table_key(worker: str, first_step: int, last_step: int) -> str:
     return f"{STEP_TABLE_DIR}/{worker}/{first_step:012d}_{last_step:012d}.json"
 
 
+HELD_TABLE_SUFFIX = ".held.json"
+
+
+def held_table_key(worker: str, first_step: int, last_step: int) -> str:
+    """A held table: the index entries of one held batch of scalar steps (the losses of a
+    hundred steps), published instead of their index files but the last one's (whose
+    `meta.step_table` names it). Its name is not a step table's (`table_span` does not
+    read it): a worker's step tables cover every step it published up to the last one's
+    end, which a reader opening the job relies on, while between two held tables lie the
+    steps that saved tensors, in index files of their own."""
+    return f"{STEP_TABLE_DIR}/{worker}/{first_step:012d}_{last_step:012d}{HELD_TABLE_SUFFIX}"
+
+
 def safe_file_name(name: str, max_length: int = 120) -> str:
     """`name` as one file name inside a folder: characters other than letters, digits and
     `_.=+@-` become `_`, no leading dot, bounded length (names come from config files)."""

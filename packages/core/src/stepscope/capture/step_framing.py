@@ -317,6 +317,14 @@ class StepTables:
         if not self._entries:
             return None
         entries, self._entries = self._entries, []
+        return layout.step_table_key(self.worker, entries[0][0], entries[-1][0]), self._body(entries)
+
+    def held_table(self, entries: Sequence[tuple[Any, ...]]) -> tuple[str, bytes]:
+        """The held table (key, body) of a held batch's entries (FramedHeld's): the same
+        format as a block's table, under `layout.held_table_key`."""
+        return layout.held_table_key(self.worker, entries[0][0], entries[-1][0]), self._body(entries)
+
+    def _body(self, entries: Sequence[tuple[Any, ...]]) -> bytes:
         # Steps of a block usually save the same tensors: store each name list once.
         layouts: dict[tuple[str, ...], int] = {}
         table = []
@@ -329,8 +337,7 @@ class StepTables:
             row["layout"] = layouts.setdefault(names, len(layouts))
             table.append(row)
         body = {"version": 1, "worker": self.worker, "layouts": [list(names) for names in layouts], "steps": table}
-        key = layout.step_table_key(self.worker, entries[0][0], entries[-1][0])
-        return key, json.dumps(body, separators=(",", ":")).encode()
+        return json.dumps(body, separators=(",", ":")).encode()
 
 
 __all__ = ["FramedHeld", "StepFramer", "StepTables", "as_array", "index_json", "YIELD_EVERY_S"]

@@ -93,16 +93,19 @@ class StepCatalog:
                 return new_steps, None  # listed from too late; the pool waits it out
             return new_steps, listing.result()
 
-    def _load_step_tables(self, wanted: Mapping[str, list[int]] | None = None, listed: list[str] | None = None) -> list[int]:
+    def _load_step_tables(self, wanted: Mapping[str, list[int]] | None = None, listed: list[str] | None = None, held: bool = False) -> list[int]:
         """Load the step tables our writer publishes (see Writer): one read per 1,000 steps
         instead of one per step. Steps they cover are not read from index files again.
         With `wanted` (a refresh's new index files: worker -> steps), only the tables that
         cover one of those steps are read; the others hold nothing new. `listed`: the
-        tables' keys, when already listed."""
+        tables' keys, when already listed. A held table (layout.held_table_key) is read
+        only where an index file named it (`held`): its steps are then the listing's, in
+        order, while a held table found by listing the tables may be newer than the index
+        files listed before it, and the listing floor would pass the steps between."""
         self._listed_tables = True
         if listed is None:
             listed = self._store.list(layout.STEP_TABLE_DIR + "/")
-        keys = [k for k in listed if k not in self._loaded_tables]
+        keys = [k for k in listed if k not in self._loaded_tables and held == k.endswith(layout.HELD_TABLE_SUFFIX)]
         if wanted is not None:
             keys = [k for k in keys if step_index.table_covers(k, wanted)]
         new_steps: list[int] = []
@@ -170,6 +173,7 @@ class StepCatalog:
             return []
         reads = read_all(self._store, lambda kp: self._read_index(kp[0]), parsed)
         new_steps = []
+        held_tables = []
         for (key, (step, worker)), index in zip(parsed, reads):
             self._loaded_index_keys.add(key)
             if index is None:
@@ -178,7 +182,21 @@ class StepCatalog:
                 continue  # a step table covered it (and loses to it only on a bad read)
             self._add_index(step, worker, key, index)
             new_steps.append(step)
+            if index.step_table and index.step_table not in self._loaded_tables:
+                held_tables.append(self._held_table_of(key, worker, index.step_table))
+        if any(held_tables):
+            # The steps of the held batches these index files end (Writer._publish_held):
+            # one read per batch, no listing.
+            new_steps += self._load_step_tables(listed=sorted({t for t in held_tables if t}), held=True)
         return new_steps
+
+    def _held_table_of(self, key: str, worker: str, table: str) -> str:
+        """The held table that index file `key` of `worker` names, or "" (with a problem
+        reported) where it names another worker's table."""
+        if table.startswith(f"{layout.STEP_TABLE_DIR}/{worker}/") and "/" not in table[len(layout.STEP_TABLE_DIR) + len(worker) + 2 :]:
+            return table
+        self._problems.skip(key, StepscopeError(f"its step_table {table!r} is not one of {worker}'s"), "step table reference", "the steps before it in its batch are not read")
+        return ""
 
     def _covered_by_table(self, step: int, worker: str) -> bool:
         info = self.steps.get(step)
