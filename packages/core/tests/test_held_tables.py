@@ -133,3 +133,24 @@ def test_both_index_decoders_read_the_table_a_last_index_file_names(tmp_path):
     split = job_files.IndexParser().parse(data, "index.json")
     assert fast == checked == split and fast.step_table == layout.held_table_key("worker_0", 1, 49)
     assert job_files.parse_index((tmp_path / layout.index_file_key(50, "worker_0")).read_bytes(), "index.json").step_table == ""
+
+
+def test_a_held_table_that_could_not_be_read_is_read_again_at_the_next_refresh(tmp_path, monkeypatch):
+    writer = _job(tmp_path, close=False)
+    table = layout.held_table_key("worker_0", 51, 120)
+    real_read = type(create_trial(str(tmp_path)).store).read
+    failing = {table}
+
+    def flaky(store, key, max_size=None):
+        if key in failing:
+            raise OSError("the store did not answer")
+        return real_read(store, key, max_size)
+
+    monkeypatch.setattr(type(create_trial(str(tmp_path)).store), "read", flaky)
+    trial = create_trial(str(tmp_path))
+    assert 51 not in trial.steps() and 120 in trial.steps() and 121 in trial.steps()
+    assert any("the store did not answer" in problem for problem in trial.problems)
+    failing.clear()
+    assert trial.refresh() == list(range(51, 120))
+    assert trial.steps() == list(range(127))
+    writer.close()

@@ -30,6 +30,7 @@ class StepCatalog:
         self.complete = False  # the end marker was seen
         self._loaded_index_keys: set[str] = set()
         self._loaded_tables: set[str] = set()
+        self._unread_held: set[str] = set()  # held tables an index file named that could not be read
         self._listed_tables = False
         self._listing_floor: str | None = None
         self._positions: dict[tuple[str, ...], dict[str, int]] = {}  # shared by steps of one layout
@@ -110,7 +111,13 @@ class StepCatalog:
             keys = [k for k in keys if step_index.table_covers(k, wanted)]
         new_steps: list[int] = []
         for key, parsed in zip(keys, read_all(self._store, self._read_table, keys)):
+            if parsed is None and held:
+                # No index file holds these steps: read it again at the next refresh (a
+                # store that failed to answer; a bad table is reported once).
+                self._unread_held.add(key)
+                continue
             self._loaded_tables.add(key)
+            self._unread_held.discard(key)
             if parsed is not None:
                 new_steps += self._add_table(parsed)
         return new_steps
@@ -169,7 +176,7 @@ class StepCatalog:
     def _load_index_files(self, keys: list[str]) -> list[int]:
         candidates = [(k, layout.parse_index_key(k)) for k in keys]
         parsed: list[tuple[str, tuple[int, str]]] = [(k, p) for k, p in candidates if p is not None and not self._covered_by_table(*p)]
-        if not parsed:
+        if not parsed and not self._unread_held:
             return []
         reads = read_all(self._store, lambda kp: self._read_index(kp[0]), parsed)
         new_steps = []
@@ -184,10 +191,11 @@ class StepCatalog:
             new_steps.append(step)
             if index.step_table and index.step_table not in self._loaded_tables:
                 held_tables.append(self._held_table_of(key, worker, index.step_table))
-        if any(held_tables):
+        held = {t for t in held_tables if t} | self._unread_held
+        if held:
             # The steps of the held batches these index files end (Writer._publish_held):
             # one read per batch, no listing.
-            new_steps += self._load_step_tables(listed=sorted({t for t in held_tables if t}), held=True)
+            new_steps += self._load_step_tables(listed=sorted(held), held=True)
         return new_steps
 
     def _held_table_of(self, key: str, worker: str, table: str) -> str:
