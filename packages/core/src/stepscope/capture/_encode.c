@@ -182,6 +182,20 @@ all_finite(const unsigned char *p, size_t size, int itemsize)
     return !found;
 }
 
+/* The raw CRC register carried over three lanes of `lane` bytes from `p` (a block): each
+   lane's register runs alone, then the first two are carried over the lanes after them. */
+__attribute__((target("sse4.2"))) static inline uint32_t
+three_lanes(uint32_t reg, const unsigned char *p, size_t lane, uint32_t table[4][256])
+{
+    uint64_t a = reg, b = 0, c = 0;
+    for (const unsigned char *end = p + lane; p < end; p += 8) {
+        a = _mm_crc32_u64(a, word_at(p));
+        b = _mm_crc32_u64(b, word_at(p + lane));
+        c = _mm_crc32_u64(c, word_at(p + 2 * lane));
+    }
+    return shifted(table, shifted(table, (uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)c;
+}
+
 /* The raw CRC register (no inversions) carried over `size` bytes; with `itemsize` (2, 4, 8)
    it also clears *finite where the bytes hold a float that is not finite. In the three-lane
    loop the exponents are compared in the same iterations: the crc32 instruction keeps one
@@ -193,41 +207,27 @@ crc_hardware(uint32_t reg, const unsigned char *p, size_t size, int itemsize, in
     int lanes;
     __m128i exponent = exponent_bits(itemsize ? itemsize : 4, &lanes), seen = _mm_setzero_si128();
     while (size >= 3 * LANE) {
-        uint64_t a = reg, b = 0, c = 0;
         if (itemsize) {
-            for (const unsigned char *end = p + LANE; p < end; p += 16) {
-                a = _mm_crc32_u64(_mm_crc32_u64(a, word_at(p)), word_at(p + 8));
-                b = _mm_crc32_u64(_mm_crc32_u64(b, word_at(p + LANE)), word_at(p + LANE + 8));
-                c = _mm_crc32_u64(_mm_crc32_u64(c, word_at(p + 2 * LANE)), word_at(p + 2 * LANE + 8));
-                __m128i hits = _mm_or_si128(full_exponents(_mm_loadu_si128((const __m128i *)p), exponent, itemsize),
-                                            full_exponents(_mm_loadu_si128((const __m128i *)(p + LANE)), exponent, itemsize));
-                seen = _mm_or_si128(seen, _mm_or_si128(hits, full_exponents(_mm_loadu_si128((const __m128i *)(p + 2 * LANE)), exponent, itemsize)));
+            uint64_t a = reg, b = 0, c = 0;
+            for (const unsigned char *q = p, *end = p + LANE; q < end; q += 16) {
+                a = _mm_crc32_u64(_mm_crc32_u64(a, word_at(q)), word_at(q + 8));
+                b = _mm_crc32_u64(_mm_crc32_u64(b, word_at(q + LANE)), word_at(q + LANE + 8));
+                c = _mm_crc32_u64(_mm_crc32_u64(c, word_at(q + 2 * LANE)), word_at(q + 2 * LANE + 8));
+                __m128i hits = _mm_or_si128(full_exponents(_mm_loadu_si128((const __m128i *)q), exponent, itemsize),
+                                            full_exponents(_mm_loadu_si128((const __m128i *)(q + LANE)), exponent, itemsize));
+                seen = _mm_or_si128(seen, _mm_or_si128(hits, full_exponents(_mm_loadu_si128((const __m128i *)(q + 2 * LANE)), exponent, itemsize)));
             }
-        } else {
-            for (const unsigned char *end = p + LANE; p < end; p += 8) {
-                a = _mm_crc32_u64(a, word_at(p));
-                b = _mm_crc32_u64(b, word_at(p + LANE));
-                c = _mm_crc32_u64(c, word_at(p + 2 * LANE));
-            }
-        }
-        reg = shifted(shift_lane, shifted(shift_lane, (uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)c;
-        p += 2 * LANE;
+            reg = shifted(shift_lane, shifted(shift_lane, (uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)c;
+        } else
+            reg = three_lanes(reg, p, LANE, shift_lane);
+        p += 3 * LANE;
         size -= 3 * LANE;
     }
     /* The rest (under 24 KiB): checked in one pass of its own, then its CRC. */
     if (itemsize && (any_full(seen, itemsize, lanes) || !all_finite(p, size, itemsize)))
         *finite = 0;
-    while (size >= 3 * SHORT_LANE) {
-        uint64_t a = reg, b = 0, c = 0;
-        for (const unsigned char *end = p + SHORT_LANE; p < end; p += 8) {
-            a = _mm_crc32_u64(a, word_at(p));
-            b = _mm_crc32_u64(b, word_at(p + SHORT_LANE));
-            c = _mm_crc32_u64(c, word_at(p + 2 * SHORT_LANE));
-        }
-        reg = shifted(shift_short, shifted(shift_short, (uint32_t)a) ^ (uint32_t)b) ^ (uint32_t)c;
-        p += 2 * SHORT_LANE;
-        size -= 3 * SHORT_LANE;
-    }
+    for (; size >= 3 * SHORT_LANE; p += 3 * SHORT_LANE, size -= 3 * SHORT_LANE)
+        reg = three_lanes(reg, p, SHORT_LANE, shift_short);
     uint64_t last = reg;
     for (; size >= 8; p += 8, size -= 8)
         last = _mm_crc32_u64(last, word_at(p));
