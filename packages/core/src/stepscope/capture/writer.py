@@ -637,13 +637,16 @@ class Writer(ClosedOnExit):
             return
         self.bytes_written += len(framed.data)
         worker = self.worker
-        files = [(layout.index_file_key(entry[0], worker), body) for entry, body in zip(framed.entries, framed.bodies)]
         table = None
-        if self.payload_crc == "crc32c" and len(files) >= HELD_TABLE_FROM:
+        if self.payload_crc == "crc32c" and len(framed.entries) >= HELD_TABLE_FROM:
             table = self._tables.held_table(framed.entries)
             last = _held_index(framed.bodies[-1], table[0])
             if last is not None:
-                files = [table, (files[-1][0], last)]
+                files = [table, (layout.index_file_key(framed.entries[-1][0], worker), last)]
+            else:
+                table = None
+        if table is None:
+            files = [(layout.index_file_key(entry[0], worker), body) for entry, body in zip(framed.entries, framed.bodies)]
         published = self._write_many(files)
         self.bytes_written += sum(len(body) for _key, body in files[:published])
         if table is not None:
