@@ -154,3 +154,22 @@ def test_a_held_table_that_could_not_be_read_is_read_again_at_the_next_refresh(t
     assert trial.refresh() == list(range(51, 120))
     assert trial.steps() == list(range(127))
     writer.close()
+
+
+def test_on_s3_a_follower_reads_each_batch_through_its_last_index_file(s3_url):
+    from stepscope.store import open_store
+
+    writer = Writer(open_store(s3_url))
+    _tensor_step(writer, 0)
+    writer.flush()
+    trial = create_trial(open_store(s3_url))
+    assert trial.steps() == [0]
+    assert writer.write_held_steps(_held(1, 99))
+    _tensor_step(writer, 100)
+    writer.flush()
+    assert trial.refresh() == list(range(1, 101))
+    assert float(trial.tensor("loss").value(42)) == float(_loss(42))
+    keys = open_store(s3_url).list("")
+    assert sum(key.startswith("index/") for key in keys) == 3 and layout.held_table_key("worker_0", 1, 99) in keys
+    writer.close()
+    assert create_trial(open_store(s3_url)).steps() == list(range(101))
