@@ -3,8 +3,9 @@ fits of the same model alternate between the configurations (interleaved, so dri
 machine hits all alike) and the median step time of each is compared.
 
 Configurations: "without (A/A)" (a second model without the callback: the noise floor of
-the ratios on this machine), default (`StepscopeCallback(out_dir)`: saves every 500 steps, system
-monitor and step timeline on), weights+gradients every 10 steps, everything every step.
+the ratios on this machine), default (`StepscopeCallback(out_dir)`: losses and metrics
+every step, tensors on the default schedule, system monitor and step timeline on),
+weights+gradients every 10 steps, everything every step.
 Goals: ratio <= 1.01 (default) and <= 1.05 (weights+gradients every 10 steps)."""
 
 from __future__ import annotations
