@@ -14,11 +14,18 @@ from stepscope_tf import Hook, StepscopeCallback
 
 def test_the_one_liner_saves_the_loss_every_step(tmp_path, make_model, data, no_profiler):
     x, y = data
-    with StepscopeCallback(str(tmp_path), include_collections=["weights"], profiler_config=no_profiler) as callback:
+    with StepscopeCallback(str(tmp_path), include_collections=["weights", "optimizer_variables"], profiler_config=no_profiler) as callback:
         make_model().fit(x, y, batch_size=1, epochs=2, callbacks=[callback], verbose=0)  # 64 steps
     trial = create_trial(str(tmp_path))
     assert trial.tensor("loss").steps() == list(range(64))
     assert trial.tensor("hidden/kernel").steps() == [s for s in DENSE_START_STEPS if s < 64]
+    # The optimizer's slots, made at its first step, are planned from then on: at each due
+    # step after the first (the hook keeps the plans of a set of due collections, and plans
+    # again when variables come). Its learning rate is there from the start.
+    dense = [s for s in DENSE_START_STEPS if s < 64]
+    steps = {name: trial.tensor(name).steps() for name in trial.tensor_names(collection="optimizer_variables")}
+    assert steps["optimizer/learning_rate"] == dense and steps["optimizer/hidden_kernel_momentum"] == dense[1:]
+    assert all(found in (dense, dense[1:]) for found in steps.values()), steps
     assert [s.name for s in trial.scopes()] == ["small", "optimizer"]
     assert set(trial.scopes()[0].parameters) == {"hidden/kernel", "hidden/bias", "head/kernel", "head/bias"}
     assert trial.scope_map().group_of("gradients/head/kernel") == "small"

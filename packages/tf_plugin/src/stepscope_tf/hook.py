@@ -89,6 +89,8 @@ class Hook(HookBase):
         # (name, collections, components, combine): `BatchedReader` entries before planning.
         self._variables: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
         self._optimizer_entries: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
+        # due names -> (the variable lists planned, their plans): see _on_step_begin.
+        self._planned_by_due: dict[frozenset[str], tuple[Any, Any, list[tuple[Any, tuple[Any, ...], str]]]] = {}
         self._names: dict[int, str] = {}
         self._gradients: GradientCapture | None = None
         self._gradient_collections: tuple[str, ...] = ()
@@ -300,9 +302,17 @@ class Hook(HookBase):
         entries = []
         if self._model is not None:
             self._refresh_variables()
-            entries = self._planned(self._variables)
-            if mode == ModeKeys.TRAIN and self._optimizer is not None:
-                entries += self._planned(self._optimizer_variables())
+            optimizer = self._optimizer_variables() if mode == ModeKeys.TRAIN and self._optimizer is not None else None
+            # Under the capture defaults the losses are due at every step: the variables'
+            # plans for one set of due collections are the same at each such step (plan()
+            # answers by name, collections and due names), so they are made once per set
+            # and variable list (a list is replaced, never changed, when variables come).
+            cached = self._planned_by_due.get(step.due_names)
+            if cached is not None and cached[0] is self._variables and cached[1] is optimizer:
+                entries = cached[2]
+            else:
+                entries = self._planned(self._variables) + (self._planned(optimizer) if optimizer is not None else [])
+                self._planned_by_due[step.due_names] = (self._variables, optimizer, entries)
         # The captures are switched in the same compiled call that reads the weights.
         self._reader.record(self, entries, self._switches(arm_gradients, arm_io))
 
