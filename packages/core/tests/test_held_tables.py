@@ -70,11 +70,15 @@ def test_a_held_batch_is_a_table_and_one_index_file_and_reads_back_whole(tmp_pat
     assert create_trial(str(smdebug)).steps() == list(range(127))
 
 
-def test_a_reader_following_the_job_sees_each_batch_once_its_last_index_file_is_there(tmp_path):
-    writer = Writer(str(tmp_path))
+@pytest.mark.parametrize("where", ["local", "s3"])
+def test_a_reader_following_the_job_sees_each_batch_once_its_last_index_file_is_there(tmp_path, request, where):
+    from stepscope.store import open_store
+
+    job = str(tmp_path) if where == "local" else request.getfixturevalue("s3_url")
+    writer = Writer(open_store(job))
     _tensor_step(writer, 0)
     writer.flush()
-    trial = create_trial(str(tmp_path))
+    trial = create_trial(open_store(job))
     assert trial.steps() == [0]
     for first in range(1, 400, 100):
         assert writer.write_held_steps(_held(first, first + 98))
@@ -83,8 +87,11 @@ def test_a_reader_following_the_job_sees_each_batch_once_its_last_index_file_is_
         assert trial.refresh() == list(range(first, first + 100))
         assert float(trial.tensor("loss").value(first + 50)) == float(_loss(first + 50))
     assert trial.refresh() == []
+    keys = open_store(job).list("")
+    assert sum(key.startswith("index/") for key in keys) == 9 and layout.held_table_key("worker_0", 301, 399) in keys
     writer.close()
     assert trial.steps() == list(range(401)) and trial.problems == []
+    assert create_trial(open_store(job)).steps() == list(range(401))
 
 
 def test_a_held_table_published_before_its_index_file_hides_no_step(tmp_path):
@@ -155,21 +162,3 @@ def test_a_held_table_that_could_not_be_read_is_read_again_at_the_next_refresh(t
     assert trial.steps() == list(range(127))
     writer.close()
 
-
-def test_on_s3_a_follower_reads_each_batch_through_its_last_index_file(s3_url):
-    from stepscope.store import open_store
-
-    writer = Writer(open_store(s3_url))
-    _tensor_step(writer, 0)
-    writer.flush()
-    trial = create_trial(open_store(s3_url))
-    assert trial.steps() == [0]
-    assert writer.write_held_steps(_held(1, 99))
-    _tensor_step(writer, 100)
-    writer.flush()
-    assert trial.refresh() == list(range(1, 101))
-    assert float(trial.tensor("loss").value(42)) == float(_loss(42))
-    keys = open_store(s3_url).list("")
-    assert sum(key.startswith("index/") for key in keys) == 3 and layout.held_table_key("worker_0", 1, 99) in keys
-    writer.close()
-    assert create_trial(open_store(s3_url)).steps() == list(range(101))
