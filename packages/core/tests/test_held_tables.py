@@ -162,3 +162,23 @@ def test_a_held_table_that_could_not_be_read_is_read_again_at_the_next_refresh(t
     assert trial.steps() == list(range(127))
     writer.close()
 
+
+
+def test_a_malformed_held_table_is_reported_once_and_not_read_again(tmp_path, monkeypatch):
+    writer = _job(tmp_path, close=False)
+    table = layout.held_table_key("worker_0", 51, 120)
+    (tmp_path / table).write_text('{"version": 1, "steps": 5}')
+    store_type = type(create_trial(str(tmp_path)).store)
+    real_read, reads = store_type.read, []
+
+    def counted(store, key, max_size=None):
+        reads.append(key)
+        return real_read(store, key, max_size)
+
+    monkeypatch.setattr(store_type, "read", counted)
+    trial = create_trial(str(tmp_path))
+    assert 51 not in trial.steps() and {50, 120, 121} <= set(trial.steps())
+    assert any(table in problem for problem in trial.problems)
+    assert reads.count(table) == 1
+    assert trial.refresh() == [] and reads.count(table) == 1
+    writer.close()

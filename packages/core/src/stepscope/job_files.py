@@ -239,10 +239,10 @@ def step_table_of(name: Any, where: str) -> str:
     if not isinstance(name, str):
         raise _fail(where, f"step_table must be a string, got {_short(name)}")
     try:
-        check_key(name)
+        inside = check_key(name).startswith(layout.STEP_TABLE_DIR + "/") and name.endswith(layout.HELD_TABLE_SUFFIX)
     except Exception:
-        raise _fail(where, f"step_table {_short(name)} points outside the job's step tables") from None
-    if not name.startswith(layout.STEP_TABLE_DIR + "/") or not name.endswith(layout.HELD_TABLE_SUFFIX):
+        inside = False
+    if not inside:
         raise _fail(where, f"step_table {_short(name)} points outside the job's step tables")
     return name
 

@@ -174,18 +174,13 @@ class StepFramer:
         kind = array.dtype
         itemsize = kind.itemsize if finite is not None and kind.kind == "f" and kind.itemsize in (2, 4, 8) and kind.isnative else 0
         head, content, tail = payload
-        if self._placeholder_crc:
-            if itemsize:
-                scanned = _encode.scan(content, None, itemsize)
-                if scanned is not None:
-                    finite[name] = scanned[1]  # type: ignore[index]
-            return None
-        scanned = _encode.scan(content, records.crc32c(head), itemsize)
+        crc = None if self._placeholder_crc else records.crc32c(head)
+        scanned = _encode.scan(content, crc, itemsize) if crc is not None or itemsize else None
         if scanned is None:
             return None
         if itemsize:
             finite[name] = scanned[1]  # type: ignore[index]
-        return records.crc32c(tail, scanned[0])
+        return None if crc is None else records.crc32c(tail, scanned[0])
 
     def frame_held(self, steps: list[tuple[int, ModeKeys, int, Mapping[str, Any], Mapping[str, Sequence[int]]]]) -> FramedHeld | None:
         """Held steps (Writer.write_held_steps's) framed in C, as `frame` would frame them one

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import NoReturn
 
 from .. import job_files, layout, step_index
-from ..exceptions import StepNotYetAvailable, StepscopeError, StepUnavailable
+from ..exceptions import CorruptRecord, StepNotYetAvailable, StepscopeError, StepUnavailable
 from ..modes import ModeKeys
 from ..store import Store
 from .collections import JobCollections
@@ -31,6 +31,7 @@ class StepCatalog:
         self._loaded_index_keys: set[str] = set()
         self._loaded_tables: set[str] = set()
         self._unread_held: set[str] = set()  # held tables an index file named that could not be read
+        self._bad_tables: set[str] = set()  # tables read that are malformed (not read again)
         self._listed_tables = False
         self._listing_floor: str | None = None
         self._positions: dict[tuple[str, ...], dict[str, int]] = {}  # shared by steps of one layout
@@ -111,9 +112,9 @@ class StepCatalog:
             keys = [k for k in keys if step_index.table_covers(k, wanted)]
         new_steps: list[int] = []
         for key, parsed in zip(keys, read_all(self._store, self._read_table, keys)):
-            if parsed is None and held:
-                # No index file holds these steps: read it again at the next refresh (a
-                # store that failed to answer; a bad table is reported once).
+            if parsed is None and held and key not in self._bad_tables:
+                # No index file holds these steps: read it again at the next refresh (the
+                # store failed to answer; a table that is not one is not read again).
                 self._unread_held.add(key)
                 continue
             self._loaded_tables.add(key)
@@ -169,8 +170,12 @@ class StepCatalog:
         except FileNotFoundError:
             return None
         except (StepscopeError, OSError) as exc:
-            # The per-step index files hold the same facts; the reader falls back to them.
-            self._problems.skip(key, exc, "step table", "the index files are read instead")
+            if isinstance(exc, CorruptRecord):
+                self._bad_tables.add(key)
+            # A block's index files hold the same facts, and the reader falls back to them; a
+            # held batch's steps have no index files but the last one's.
+            held = key.endswith(layout.HELD_TABLE_SUFFIX)
+            self._problems.skip(key, exc, "step table", "its steps before the last are not read" if held else "the index files are read instead")
             return None
 
     def _load_index_files(self, keys: list[str]) -> list[int]:
@@ -201,7 +206,7 @@ class StepCatalog:
     def _held_table_of(self, key: str, worker: str, table: str) -> str:
         """The held table that index file `key` of `worker` names, or "" (with a problem
         reported) where it names another worker's table."""
-        if table.startswith(f"{layout.STEP_TABLE_DIR}/{worker}/") and "/" not in table[len(layout.STEP_TABLE_DIR) + len(worker) + 2 :]:
+        if table.rpartition("/")[0] == f"{layout.STEP_TABLE_DIR}/{worker}":
             return table
         self._problems.skip(key, StepscopeError(f"its step_table {table!r} is not one of {worker}'s"), "step table reference", "the steps before it in its batch are not read")
         return ""
