@@ -31,6 +31,31 @@ def test_the_one_liner_saves_the_loss_every_step(tmp_path, make_model, data, no_
     assert trial.scope_map().group_of("gradients/head/kernel") == "small"
 
 
+def test_a_loss_only_step_does_not_walk_the_model(tmp_path, make_model, data, no_profiler, monkeypatch):
+    # Under the defaults every step is due (the loss): the model's variables are asked for
+    # where tensors are due, not at each step, and every step's loss is saved, in training
+    # and in validation.
+    x, y = data
+    walked = []
+    refresh = Hook._refresh_variables
+
+    def counted(hook):
+        step = hook.current_step
+        walked.append(None if step is None else (step.mode.name, step.mode_step))
+        refresh(hook)
+
+    monkeypatch.setattr(Hook, "_refresh_variables", counted)
+    with StepscopeCallback(str(tmp_path), include_collections=["weights"], profiler_config=no_profiler) as callback:
+        make_model().fit(x, y, batch_size=1, epochs=2, validation_data=(x[:4], y[:4]), callbacks=[callback], verbose=0)  # 64 + 8 steps
+    dense = [s for s in DENSE_START_STEPS if s < 64]
+    # (and at step 11, the first where only the loss is due, whose plans are then kept)
+    assert [w for w in walked if w is not None and w[0] == "TRAIN"] == [("TRAIN", s) for s in sorted([*dense, 11])]
+    trial = create_trial(str(tmp_path))
+    assert trial.tensor("loss").steps(mode="TRAIN") == list(range(64))
+    assert trial.tensor("loss").steps(mode="EVAL") == list(range(8))
+    assert trial.tensor("hidden/kernel").steps(mode="TRAIN") == dense
+
+
 class _TwoNetworks(keras.Model):
     """A GAN-shaped model: a generator and a discriminator, each with its own optimizer."""
 

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from stepscope.capture.hook import HookBase, TensorPlan
-from stepscope.config import CollectionName
+from stepscope.config import ALWAYS_SAVED_COLLECTIONS, CollectionName
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 
@@ -27,6 +27,7 @@ from .reductions import BatchedReader, record_tensor
 logger = logging.getLogger("stepscope")
 
 _not_converted = tf.autograph.experimental.do_not_convert
+_MAX_LOG_NAMES = 1024  # log names whose collection is remembered (a model's logs have a few)
 _IO_COLLECTIONS = {"inputs": (CollectionName.INPUTS,), "outputs": (CollectionName.OUTPUTS,)}
 
 
@@ -90,7 +91,8 @@ class Hook(HookBase):
         self._variables: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
         self._optimizer_entries: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
         # due names -> (the variable lists planned, their plans): see _on_step_begin.
-        self._planned_by_due: dict[frozenset[str], tuple[Any, Any, list[tuple[Any, tuple[Any, ...], str]]]] = {}
+        self._log_collections: dict[str, tuple[str, ...]] = {}  # log name -> (losses or metrics,)
+        self._planned_by_due: dict[tuple[frozenset[str], bool], tuple[Any, Any, list[tuple[Any, tuple[Any, ...], str]]]] = {}
         self._names: dict[int, str] = {}
         self._gradients: GradientCapture | None = None
         self._gradient_collections: tuple[str, ...] = ()
@@ -301,18 +303,28 @@ class Hook(HookBase):
         self._gradients_armed, self._io_armed = arm_gradients, arm_io
         entries = []
         if self._model is not None:
-            self._refresh_variables()
-            optimizer = self._optimizer_variables() if mode == ModeKeys.TRAIN and self._optimizer is not None else None
             # Under the capture defaults the losses are due at every step: the variables'
             # plans for one set of due collections are the same at each such step (plan()
-            # answers by name, collections and due names), so they are made once per set
-            # and variable list (a list is replaced, never changed, when variables come).
-            cached = self._planned_by_due.get(step.due_names)
-            if cached is not None and cached[0] is self._variables and cached[1] is optimizer:
+            # answers by name, collections and due names), so they are made once per set,
+            # mode (training plans the optimizer's too) and variable list (a list is
+            # replaced, never changed, when variables come).
+            key = (step.due_names, mode == ModeKeys.TRAIN)
+            cached = self._planned_by_due.get(key)
+            if cached is not None and step.due_names <= ALWAYS_SAVED_COLLECTIONS:
+                # Only losses and metrics are due: the plans are taken as they were, without
+                # asking the model and optimizer for their variables (Keras walks every
+                # layer for them: about half of such a step's cost in this hook). Variables
+                # that come later are found at the next step where tensors are due, which
+                # the default schedule has; only a loss-named variable would be due before.
                 entries = cached[2]
             else:
-                entries = self._planned(self._variables) + (self._planned(optimizer) if optimizer is not None else [])
-                self._planned_by_due[step.due_names] = (self._variables, optimizer, entries)
+                self._refresh_variables()
+                optimizer = self._optimizer_variables() if mode == ModeKeys.TRAIN and self._optimizer is not None else None
+                if cached is not None and cached[0] is self._variables and cached[1] is optimizer:
+                    entries = cached[2]
+                else:
+                    entries = self._planned(self._variables) + (self._planned(optimizer) if optimizer is not None else [])
+                    self._planned_by_due[key] = (self._variables, optimizer, entries)
         # The captures are switched in the same compiled call that reads the weights.
         self._reader.record(self, entries, self._switches(arm_gradients, arm_io))
 
@@ -406,10 +418,23 @@ class Hook(HookBase):
         collection, the rest in metrics."""
         if not logs or not self.enabled or not self.due:
             return
+        self.failsafe.call(self._save_logs, logs)
+
+    def _save_logs(self, logs: Mapping[str, Any]) -> None:
+        # On every step under the capture defaults, so one frame for all the values: Keras
+        # hands batch hooks plain floats (it converts the logs for callbacks that have
+        # them), which skip the checks; the plans go straight to the saver (save_value's
+        # autograph guard is for calls that could be traced, and this one never is).
+        plan, save, kinds = self.plan, self._saver.save, self._log_collections
         for name, value in logs.items():
-            if np.ndim(value) == 0 and isinstance(value, (int, float, np.number, np.ndarray, tf.Tensor)):
-                collection = CollectionName.LOSSES if naming.is_loss_name(name) else CollectionName.METRICS
-                self.failsafe.call(self.save_value, name, value, (collection,))
+            if value.__class__ is not float and not (np.ndim(value) == 0 and isinstance(value, (int, np.number, np.ndarray, tf.Tensor))):
+                continue
+            collections = kinds.get(name)
+            if collections is None:
+                collections = (CollectionName.LOSSES,) if naming.is_loss_name(name) else (CollectionName.METRICS,)
+                if len(kinds) < _MAX_LOG_NAMES:
+                    kinds[name] = collections
+            save(plan(name, collections), name, value)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:
