@@ -3,7 +3,8 @@ fits of the same model alternate between the configurations (interleaved, so dri
 machine hits all alike) and the median step time of each is compared.
 
 Configurations: "without (A/A)" (a second model without the callback: the noise floor of
-the ratios on this machine), default (`StepscopeCallback(out_dir)`: losses and metrics
+the ratios on this machine), "empty batch hooks" (a callback whose batch hooks do nothing:
+what Keras charges any callback that has them), default (`StepscopeCallback(out_dir)`: losses and metrics
 every step, tensors on the default schedule, system monitor and step timeline on),
 weights+gradients every 10 steps, everything every step.
 Goals: ratio <= 1.01 (default) and <= 1.05 (weights+gradients every 10 steps).
@@ -57,6 +58,17 @@ class _HookTimer:
         return timed
 
 
+class _EmptyBatchHooks(keras.callbacks.Callback):
+    """A callback whose batch hooks do nothing: what any callback with batch hooks costs
+    in Keras (which then hands it the logs as Python numbers at every step)."""
+
+    def on_train_batch_begin(self, batch, logs=None):
+        pass
+
+    def on_train_batch_end(self, batch, logs=None):
+        pass
+
+
 class _Clock(keras.callbacks.Callback):
     """Times the batch loop of one fit; no batch hooks, so Keras's dispatch is unchanged."""
 
@@ -86,6 +98,7 @@ def _configs(root: str) -> dict[str, StepscopeCallback | None]:
     return {
         "without": None,
         "without (A/A)": None,
+        "empty batch hooks": _EmptyBatchHooks(),
         "default": StepscopeCallback(os.path.join(root, "default")),
         "weights+gradients /10": StepscopeCallback(
             os.path.join(root, "wg10"), save_config=SaveConfig(save_interval=10), include_collections=["weights", "biases", "gradients"]
@@ -135,7 +148,7 @@ def main() -> None:
                     own[name].append((timer.seconds - before) / steps)
     finally:
         for callback in configs.values():
-            if callback is not None:
+            if isinstance(callback, StepscopeCallback):
                 callback.close()
         shutil.rmtree(root, ignore_errors=True)
 
