@@ -8,7 +8,7 @@ import keras
 import numpy as np
 
 from stepscope import create_trial
-from stepscope.config import DENSE_START_STEPS
+from stepscope.config import DENSE_START_STEPS, SaveConfig
 from stepscope_tf import Hook, StepscopeCallback
 
 
@@ -54,6 +54,29 @@ def test_a_loss_only_step_does_not_walk_the_model(tmp_path, make_model, data, no
     assert trial.tensor("loss").steps(mode="TRAIN") == list(range(64))
     assert trial.tensor("loss").steps(mode="EVAL") == list(range(8))
     assert trial.tensor("hidden/kernel").steps(mode="TRAIN") == dense
+
+
+def test_a_save_config_of_every_step_keeps_loss_steps_routine(tmp_path, make_model, data, no_profiler, monkeypatch):
+    # The default collection is then due at every step too; while no regex adds variables
+    # to it the variables are not asked for at each step, and with one that does, the
+    # kernel it takes is saved at every step with the values Keras holds.
+    x, y = data
+    walked = []
+    refresh = Hook._refresh_variables
+    monkeypatch.setattr(Hook, "_refresh_variables", lambda hook: (walked.append(1), refresh(hook))[1])
+    every_step = SaveConfig(save_interval=1)
+    with StepscopeCallback(str(tmp_path / "losses"), save_config=every_step, include_collections=["losses"], profiler_config=no_profiler) as callback:
+        make_model().fit(x, y, batch_size=1, epochs=1, callbacks=[callback], verbose=0)  # 32 steps
+    assert len(walked) <= 3  # (attaching, and the first step's plans)
+    assert create_trial(str(tmp_path / "losses")).tensor("loss").steps() == list(range(32))
+    model, kernels = make_model(), []
+    recorder = keras.callbacks.LambdaCallback(on_train_batch_begin=lambda batch, logs: kernels.append(model.get_layer("hidden").kernel.numpy().copy()))
+    with StepscopeCallback(str(tmp_path / "regex"), save_config=every_step, include_collections=["losses"], include_regex=[r"^hidden/kernel$"], profiler_config=no_profiler) as callback:
+        model.fit(x, y, batch_size=1, epochs=1, callbacks=[recorder, callback], verbose=0)
+    trial = create_trial(str(tmp_path / "regex"))
+    assert trial.tensor("hidden/kernel").steps() == list(range(32))
+    for step in (0, 15, 31):
+        np.testing.assert_array_equal(trial.tensor("hidden/kernel").value(step), kernels[step])
 
 
 class _TwoNetworks(keras.Model):

@@ -128,3 +128,62 @@ def test_a_loss_whose_input_a_collection_holds_saves_it_at_every_step(tmp_path, 
     for step in range(20):
         np.testing.assert_array_equal(trial.tensor("CrossEntropyLoss_input_0").value(step), seen[step])
     assert [float(trial.tensor(LOSS).value(s)) for s in range(20)] == [float(np.float32(v)) for v in losses]
+
+
+def _train_every_step(out, model, steps, **hook_options):
+    """SGD steps under SaveConfig(save_interval=1), as smdebug users save the loss every
+    step; a user's values are saved at steps 7 and 9. Returns the trial, the loop's losses and the
+    first layer's weight at each step's start."""
+    from stepscope.config import SaveConfig
+
+    loss_fn = nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = Hook(str(out), save_config=SaveConfig(save_interval=1), **hook_options)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    hook.register_optimizer(optimizer)
+    generator = torch.Generator().manual_seed(3)
+    x, y = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
+    losses, weights = [], []
+    for step in range(steps):
+        optimizer.zero_grad()
+        weights.append(model.fc1.weight.detach().numpy().copy())
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        if step == 7:
+            hook.save_tensor("note", np.arange(3.0))
+        if step == 9:  # (too large to hold: handed to the writer at once)
+            hook.save_tensor("large_note", np.arange(300_000.0))
+        losses.append(loss.item())
+    hook.close()
+    return create_trial(str(out)), losses, weights
+
+
+def test_a_save_config_of_every_step_keeps_loss_steps_routine(tmp_path, mlp, monkeypatch):
+    """Under a save_config of every step the default collection (save_tensor's) is due at
+    every step too. A step where it holds nothing is still routine: held with the others
+    (an event file per batch, not per step), the parameters not walked; the values saved
+    at steps 7 and 9 (one too large to hold) are read back at their steps."""
+    walks = []
+    real_gradients = Hook._save_gradients
+    monkeypatch.setattr(Hook, "_save_gradients", lambda self, *args: (walks.append(1), real_gradients(self, *args))[1])
+    trial, losses, _ = _train_every_step(tmp_path, mlp(), 30, include_collections=["losses"])
+    assert trial.tensor(LOSS).steps() == list(range(30))
+    assert [float(trial.tensor(LOSS).value(s)) for s in range(30)] == [float(np.float32(v)) for v in losses]
+    assert trial.tensor("note").steps() == [7]
+    np.testing.assert_array_equal(trial.tensor("note").value(7), np.arange(3.0))
+    assert trial.tensor("large_note").steps() == [9]
+    np.testing.assert_array_equal(trial.tensor("large_note").value(9), np.arange(300_000.0))
+    event_files = [f for f in (tmp_path / "events").rglob("*.tfevents")]
+    assert len(event_files) <= 10, f"{len(event_files)} event files for 30 steps: steps were not held"
+    assert not walks
+
+
+def test_a_default_collection_that_takes_a_parameter_saves_it_at_every_step(tmp_path, mlp):
+    # (include_regex adds to the default collection: the parameter walk is then not skipped.)
+    trial, _, weights = _train_every_step(tmp_path, mlp(), 12, include_collections=["losses"], include_regex=[r"^fc1\.weight$"])
+    assert trial.tensor("fc1.weight").steps() == list(range(12))
+    for step in range(12):
+        np.testing.assert_array_equal(trial.tensor("fc1.weight").value(step), weights[step])
+    assert trial.tensor(LOSS).steps() == list(range(12))

@@ -291,6 +291,13 @@ BUILTIN_COLLECTIONS = (
 TRAIN_ONLY_COLLECTIONS = frozenset({CollectionName.GRADIENTS, CollectionName.OPTIMIZER_VARIABLES})
 # Collections saved whatever the user included (cheap and always wanted).
 ALWAYS_SAVED_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METRICS})
+# What a step may have due and still be routine: the always-saved collections, and the
+# default collection (what a user hands `save_tensor`, plus what `include_regex` adds to it).
+# Under a save_config of every step the default collection is due at every step and holds
+# nothing at most of them: such a step saves a loss or two, as a step of the capture
+# defaults does, and is held with them (held_steps.py; a large value is not held). Plugins
+# that skip walking the model at such steps first check that no model tensor belongs to them.
+ROUTINE_COLLECTIONS = ALWAYS_SAVED_COLLECTIONS | {CollectionName.DEFAULT}
 
 
 def _strings(where: str, value: Any) -> tuple[str, ...]:

@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from stepscope.capture.hook import HookBase, TensorPlan
-from stepscope.config import ALWAYS_SAVED_COLLECTIONS, CollectionName
+from stepscope.config import ALWAYS_SAVED_COLLECTIONS, ROUTINE_COLLECTIONS, CollectionName
 from stepscope.exceptions import ConfigError
 from stepscope.modes import ModeKeys
 
@@ -91,6 +91,7 @@ class Hook(HookBase):
         self._variables: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
         self._optimizer_entries: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
         # due names -> (the variable lists planned, their plans): see _on_step_begin.
+        self._default_collection: Any = None  # see _routine
         self._log_collections: dict[str, tuple[str, ...]] = {}  # log name -> (losses or metrics,)
         self._planned_by_due: dict[tuple[frozenset[str], bool], tuple[Any, Any, list[tuple[Any, tuple[Any, ...], str]]]] = {}
         self._names: dict[int, str] = {}
@@ -310,8 +311,9 @@ class Hook(HookBase):
             # replaced, never changed, when variables come).
             key = (step.due_names, mode == ModeKeys.TRAIN)
             cached = self._planned_by_due.get(key)
-            if cached is not None and step.due_names <= ALWAYS_SAVED_COLLECTIONS:
-                # Only losses and metrics are due: the plans are taken as they were, without
+            if cached is not None and self._routine(step.due_names):
+                # Only losses and metrics are due (and the default collection, where it
+                # takes no variable by regex): the plans are taken as they were, without
                 # asking the model and optimizer for their variables (Keras walks every
                 # layer for them: about half of such a step's cost in this hook). Variables
                 # that come later are found at the next step where tensors are due, which
@@ -327,6 +329,20 @@ class Hook(HookBase):
                     self._planned_by_due[key] = (self._variables, optimizer, entries)
         # The captures are switched in the same compiled call that reads the weights.
         self._reader.record(self, entries, self._switches(arm_gradients, arm_io))
+
+    def _routine(self, due_names: frozenset[str]) -> bool:
+        """Whether a step where `due_names` are due saves no variable but those its kept
+        plans hold: only the always-saved collections are due, or the default collection
+        too while no regex adds variables to it (a save_config of every step makes it due
+        at every step)."""
+        if due_names <= ALWAYS_SAVED_COLLECTIONS:
+            return True
+        if not due_names <= ROUTINE_COLLECTIONS:
+            return False
+        default = self._default_collection
+        if default is None:  # (always included: tensor_saver.py; fixed once the hook is made)
+            default = self._default_collection = next(c for c in self._saver.included if c.name == CollectionName.DEFAULT)
+        return not default.include_regex
 
     def _switches(self, gradients: bool, io: bool) -> list[tuple[Any, bool]]:
         """(switch, on) of each installed capture."""

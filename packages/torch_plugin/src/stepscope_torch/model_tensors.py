@@ -13,13 +13,14 @@ import torch
 from torch import nn
 
 from stepscope.capture.hook import TensorPlan
-from stepscope.config import CollectionName
+from stepscope.config import ROUTINE_COLLECTIONS, CollectionName
 
 from . import naming
 from .distributed import DistributedParts
 
-# Collections of scalars (losses, metrics): due every step under the capture defaults.
-_SCALAR_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METRICS})
+# Collections of a routine step (losses, metrics and the default collection: config.py):
+# due every step under the capture defaults, or under a save_config of every step.
+_SCALAR_COLLECTIONS = ROUTINE_COLLECTIONS
 # Dtypes whose 0-d CPU tensors (a loss, a metric) are read with .item() into numpy: exact
 # (the Python number holds every value of these).
 PLAIN_SCALARS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
@@ -47,8 +48,9 @@ class ModelTensors(DistributedParts):
             self._remove(self._step_handles)
 
     def _only_scalars_due(self) -> bool:
-        """Whether only losses and metrics are due at the open step (every step under the
-        capture defaults) and no parameter or gradient belongs to them: the walks over the
+        """Whether only routine collections (losses, metrics, the default collection) are
+        due at the open step (every step under the capture defaults, or under a save_config
+        of every step) and no parameter or gradient belongs to them: the walks over the
         parameters and gradients then have nothing to save and are skipped."""
         step = self._counters.step
         if step is None or not step.due_names <= _SCALAR_COLLECTIONS:

@@ -43,7 +43,7 @@ import numpy as np
 
 from .. import layout
 from ..closing import ClosedOnExit
-from ..config import ALWAYS_SAVED_COLLECTIONS, Collection, ProfilerConfig, ReductionConfig, SaveConfig, default_save_config
+from ..config import ROUTINE_COLLECTIONS, Collection, ProfilerConfig, ReductionConfig, SaveConfig, default_save_config
 from ..exceptions import ConfigError, UnsupportedValue
 from ..modes import ModeKeys
 from ..store import open_store
@@ -277,9 +277,10 @@ class HookBase(StepDriver, ClosedOnExit):
     def _hand_over(self, step: StepState) -> None:
         writer, held = self._runtime.writer, self._runtime.held
         if writer is not None and held is not None:
-            # (Steps that saved only losses and metrics go to the writer in batches: held_steps.py,
-            # which also notes the evidence each step holds.)
-            held.hand_over(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes, step.due_names <= ALWAYS_SAVED_COLLECTIONS)
+            # (Routine steps, where only losses, metrics and the default collection were due,
+            # go to the writer in batches: held_steps.py, which also notes the evidence each
+            # step holds.)
+            held.hand_over(step.global_step, step.mode, step.mode_step, step.tensors, step.shapes, step.due_names <= ROUTINE_COLLECTIONS)
             if writer.failed:
                 self.failsafe.enabled = False
 
