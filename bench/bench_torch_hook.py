@@ -3,6 +3,8 @@ measured side by side in one process (interleaved blocks of steps, medians), on 
 (a) default config (losses and metrics every step, tensors on the default schedule), goal
     <= 1.01 (`--long-blocks`: the same in 1,000-step blocks, median of 5; with
     `--same-model`, one model whose hook is switched on and off between blocks);
+(a') the loss every step as smdebug users ask for it (`SaveConfig(save_interval=1)`, only
+    the losses collection), the same goal;
 (b) weights, biases and gradients every 10 steps, goal <= 1.05;
 (c) all tensors (activations included) every step, no goal.
 For an MLP and a small CNN, on one intra-op thread (steadier on shared machines). Besides
@@ -35,6 +37,9 @@ CONFIGS: dict[str, tuple[Callable[[str], Hook | None], float | None]] = {
     # Plain against plain: the noise floor of this machine at this moment.
     "A/A control": (lambda out: None, None),
     "a default": (lambda out: Hook(out), 1.01),
+    # smdebug's way of saving the loss every step: a routine step like the default's (the
+    # default collection, due at every step too, holds nothing), the same goal.
+    "a' losses/1": (lambda out: Hook(out, save_config=SaveConfig(save_interval=1), include_collections=["losses"]), 1.01),
     "b w+b+g/10": (lambda out: Hook(out, save_config=SaveConfig(save_interval=10), include_collections=["weights", "biases", "gradients"]), 1.05),
     "c all/1": (lambda out: Hook(out, save_config=SaveConfig(save_interval=1), save_all=True), None),
 }
