@@ -76,6 +76,30 @@ def test_plan_merges_collections_and_save_numpy_reduces_with_numpy(tmp_path):
     assert trial.collection("stats").tensor_names == {"fc.weight"}
 
 
+def test_losses_and_metrics_stay_whole_under_a_hook_s_reduction_config(tmp_path, caplog):
+    # As smdebug keeps its scalar collections raw: a hook asked for norms of everything
+    # still saves the loss and the metrics themselves (what the loss rules read), and a
+    # reduction_config given to the losses collection itself is refused with a warning.
+    core = make_core(
+        tmp_path,
+        include_collections=["weights"],
+        collections=[Collection("losses", reduction_config=ReductionConfig(norms=["l1"]))],
+        reduction_config=ReductionConfig(norms=["l2"]),
+        save_config=SaveConfig(save_interval=1),
+    )
+    assert "'losses' keeps its values whole" in caplog.text
+    core.begin_step(ModeKeys.TRAIN)
+    weight = np.array([[3.0, -4.0]], dtype=np.float32)
+    core.save_value("fc.weight", weight)
+    core.save_value("loss", np.float32(0.25), collections=["losses"])
+    core.save_value("accuracy", np.float32(0.75), collections=["metrics"])
+    core.close()
+    trial = create_trial(str(tmp_path))
+    assert sorted(trial.tensor_names()) == ["accuracy", "loss", "smdebug/reductions/l2/fc.weight"]
+    assert trial.tensor("loss").value(0) == 0.25 and trial.tensor("accuracy").value(0) == 0.75
+    assert trial.tensor("smdebug/reductions/l2/fc.weight").value(0) == pytest.approx(5.0)
+
+
 def test_bad_arguments_fail_at_construction(tmp_path):
     with pytest.raises(ConfigError, match="unknown collection.*'activations'"):
         make_core(tmp_path, include_collections=["activations"])

@@ -161,11 +161,14 @@ def test_device_reductions_match_the_core_definitions(make_model, data, tmp_path
     callback.close()
     trial = stepscope.create_trial(str(tmp_path))
     assert trial.steps() == [1]
-    for name in ("hidden/kernel", "gradients/head/kernel", "loss"):
+    for name in ("hidden/kernel", "gradients/head/kernel"):
         raw = trial.tensor(name).value(1)
         for reduction, is_abs in wanted.requested():
             saved = trial.tensor(f"smdebug/reductions/{'abs_' if is_abs else ''}{reduction}/{name}").value(1)
             assert float(saved) == pytest.approx(float(compute(raw, reduction, is_abs)), rel=1e-6, abs=1e-9), (name, reduction, is_abs)
+    # The loss is saved whole and not reduced, as smdebug does with its scalar collections.
+    assert trial.tensor("loss").value(1).shape == ()
+    assert not [n for n in trial.tensor_names() if n.startswith("smdebug/reductions/") and n.endswith("/loss")]
 
 
 def test_only_due_steps_are_captured(make_model, data, tmp_path, no_profiler, recorder, gradients_at):

@@ -247,6 +247,7 @@ class ReductionConfig:
         return {"save_raw_tensor": self.save_raw_tensor, "reductions": self.to_smdebug_string(), "save_shape": self.save_shape}
 
 
+
 def parse_bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value
@@ -298,6 +299,11 @@ ALWAYS_SAVED_COLLECTIONS = frozenset({CollectionName.LOSSES, CollectionName.METR
 # defaults does, and is held with them (held_steps.py; a large value is not held). Plugins
 # that skip walking the model at such steps first check that no model tensor belongs to them.
 ROUTINE_COLLECTIONS = ALWAYS_SAVED_COLLECTIONS | {CollectionName.DEFAULT}
+
+# Losses and metrics are saved whole, whatever reduction_config the hook was given (as
+# smdebug does: its scalar collections are NON_REDUCTION_COLLECTIONS): a hook asked for the
+# norms of everything still keeps the loss itself, which the loss rules read.
+SCALARS_REDUCTION_CONFIG = ReductionConfig(save_raw_tensor=True)
 
 
 def _strings(where: str, value: Any) -> tuple[str, ...]:

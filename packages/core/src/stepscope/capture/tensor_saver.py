@@ -9,13 +9,21 @@ import logging
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .. import reductions
-from ..config import ALWAYS_SAVED_COLLECTIONS, SCALARS_SAVE_CONFIG, TRAIN_ONLY_COLLECTIONS, Collection, CollectionName, SaveConfig
+from ..config import (
+    ALWAYS_SAVED_COLLECTIONS,
+    SCALARS_REDUCTION_CONFIG,
+    SCALARS_SAVE_CONFIG,
+    TRAIN_ONLY_COLLECTIONS,
+    Collection,
+    CollectionName,
+    SaveConfig,
+)
 from ..exceptions import ConfigError, UnsupportedValue
 from ..modes import ModeKeys
 from .collection_manager import CollectionManager
@@ -72,12 +80,17 @@ class TensorSaver:
                 f"include_collections: unknown collection(s) {unknown}; known: {', '.join(self.collections.names())}"
                 " (define others with collections=[Collection(...)])"
             )
-        return tuple(
-            self.collections.get(n).with_defaults(
-                SCALARS_SAVE_CONFIG if opts.save_config is None and n in ALWAYS_SAVED_COLLECTIONS else save_config, reduction_config,
+        included = []
+        for n in dict.fromkeys(names):
+            collection = self.collections.get(n)
+            if n in ALWAYS_SAVED_COLLECTIONS:
+                if collection.reduction_config is not None and collection.reduction_config != SCALARS_REDUCTION_CONFIG:
+                    logger.warning("stepscope: collection %r keeps its values whole (as smdebug does): its reduction_config is not used", n)
+                collection = replace(collection, reduction_config=SCALARS_REDUCTION_CONFIG)
+            included.append(
+                collection.with_defaults(SCALARS_SAVE_CONFIG if opts.save_config is None and n in ALWAYS_SAVED_COLLECTIONS else save_config, reduction_config)
             )
-            for n in dict.fromkeys(names)
-        )
+        return tuple(included)
 
     def collections_for(self, mode: ModeKeys) -> tuple[Collection, ...]:
         """The included collections a step of `mode` may save."""
