@@ -1,9 +1,9 @@
 import pytest
 
 from stepscope.capture.collection_manager import CollectionManager
-from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
+from stepscope.config import DEFAULT_SAVE_INTERVAL, Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
 from stepscope.exceptions import ConfigError
-from stepscope.modes import ModeKeys
+from stepscope.modes import ALL_MODES, ModeKeys
 
 
 def brute_force_should_save(step, interval, save_steps, start, end):
@@ -95,3 +95,20 @@ def test_collection_fields_of_the_wrong_type_are_a_type_error_naming_the_field(k
     with pytest.raises(TypeError, match=rf"Collection\('c'\)\.{field} must be") as caught:
         Collection("c", **kwargs)
     assert isinstance(caught.value, ConfigError)  # one hierarchy: `except ConfigError` catches it
+
+
+def test_a_collection_schedule_naming_some_modes_takes_the_others_from_the_hook():
+    # smdebug 1.0.34, run side by side: a collection given SaveConfig(mode_save_configs=
+    # {TRAIN: every step}) under a hook saving every 10 steps saves EVAL, PREDICT and GLOBAL
+    # every 10 steps (merge_default_save_config); given keyword arguments too, it is whole.
+    hook_schedule = SaveConfig(save_interval=10)
+    train_only = Collection("weights", save_config=SaveConfig(mode_save_configs={ModeKeys.TRAIN: SaveConfigMode(save_interval=1)}))
+    merged = train_only.with_defaults(hook_schedule, ReductionConfig()).save_config
+    assert [merged.for_mode(mode).save_interval for mode in ALL_MODES] == [1, 10, 10, 10]
+    whole = SaveConfig(save_interval=5, mode_save_configs={ModeKeys.TRAIN: SaveConfigMode(save_interval=1)})
+    assert [whole.merged(hook_schedule).for_mode(mode).save_interval for mode in ALL_MODES] == [1, 5, 5, 5]
+    # Alone (a hook's), an unset mode saves on the default interval; naming it sets it.
+    assert train_only.save_config.for_mode(ModeKeys.EVAL).save_interval == DEFAULT_SAVE_INTERVAL
+    named = train_only.save_config.with_mode(ModeKeys.EVAL, SaveConfigMode(save_interval=3))
+    assert [named.merged(hook_schedule).for_mode(mode).save_interval for mode in ALL_MODES] == [1, 3, 10, 10]
+    assert SaveConfig() == SaveConfig(save_interval=DEFAULT_SAVE_INTERVAL) != train_only.save_config

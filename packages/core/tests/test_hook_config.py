@@ -42,6 +42,20 @@ def test_sagemaker_hook_config_loads():
     assert config.include_collections == ["weights", "custom", "losses"]
 
 
+def test_a_collection_takes_what_it_does_not_set_from_the_hook_mode_by_mode():
+    # smdebug 1.0.34's create_hook_from_json_config gives these schedules for this file
+    # (run side by side: its save_raw_tensor wants a JSON true, not "true"): a collection's
+    # settings override the hook's one by one, in each mode, rather than replacing them.
+    config = parse_hook_config(SAGEMAKER_CONFIG)
+    expected = {
+        "weights": {ModeKeys.TRAIN: (50, ()), ModeKeys.EVAL: (50, (1, 2, 3)), ModeKeys.PREDICT: (50, ()), ModeKeys.GLOBAL: (50, ())},
+        "custom": {ModeKeys.TRAIN: (10, ()), ModeKeys.EVAL: (100, (1, 2, 3)), ModeKeys.PREDICT: (3, ()), ModeKeys.GLOBAL: (100, ())},
+    }
+    for name, modes in expected.items():
+        schedule = config.collections[name].save_config
+        assert {mode: (schedule.for_mode(mode).save_interval, schedule.for_mode(mode).save_steps) for mode in modes} == modes, name
+
+
 @pytest.mark.parametrize(
     "patch,message",
     [

@@ -101,19 +101,25 @@ class SaveConfigMode:
 
 class SaveConfig:
     """Per-mode save schedules. The keyword arguments set every mode; `mode_save_configs`
-    overrides single modes, e.g. {ModeKeys.EVAL: SaveConfigMode(save_interval=1)}."""
+    overrides single modes, e.g. {ModeKeys.EVAL: SaveConfigMode(save_interval=1)}.
+
+    Given `mode_save_configs` and no keyword argument, the modes it does not name (or names
+    with None) are unset, as in smdebug: a collection's SaveConfig takes them from the
+    hook's (`merged`); anywhere else they save every `DEFAULT_SAVE_INTERVAL` steps."""
 
     def __init__(
         self,
-        save_interval: int = DEFAULT_SAVE_INTERVAL,
+        save_interval: int | None = None,
         save_steps: Iterable[int] = (),
-        start_step: int = 0,
+        start_step: int | None = None,
         end_step: int | None = None,
         mode_save_configs: Mapping[ModeKeys | str, SaveConfigMode | Mapping[str, Any] | None] | None = None,
     ):
         steps: Any = save_steps or ()  # SaveConfigMode takes a list or smdebug's "1,2,3"
-        default = SaveConfigMode(save_interval, steps, start_step, end_step)
+        given = save_interval is not None or bool(steps) or start_step is not None or end_step is not None
+        default = SaveConfigMode(DEFAULT_SAVE_INTERVAL if save_interval is None else save_interval, steps, 0 if start_step is None else start_step, end_step)
         self._modes: dict[ModeKeys, SaveConfigMode] = {mode: default for mode in ALL_MODES}
+        unset = set(ALL_MODES) if mode_save_configs is not None and not given else set()
         for key, value in (mode_save_configs or {}).items():
             try:
                 mode = ModeKeys.parse(key)
@@ -126,6 +132,17 @@ class SaveConfig:
             if not isinstance(value, SaveConfigMode):
                 raise ConfigError(f"SaveConfig.mode_save_configs[{mode.name}] must be a SaveConfigMode, got {value!r}")
             self._modes[mode] = value
+            unset.discard(mode)
+        self._unset = frozenset(unset)
+
+    def merged(self, default: SaveConfig) -> SaveConfig:
+        """This schedule with its unset modes taken from `default` (a collection's from the
+        hook's, as smdebug's merge_default_save_config does)."""
+        if not self._unset:
+            return self
+        new = SaveConfig()
+        new._modes = {mode: default._modes[mode] if mode in self._unset else config for mode, config in self._modes.items()}
+        return new
 
     def for_mode(self, mode: ModeKeys | str) -> SaveConfigMode:
         return self._modes[ModeKeys.parse(mode)]
@@ -138,6 +155,7 @@ class SaveConfig:
         new = SaveConfig()
         new._modes = dict(self._modes)
         new._modes[ModeKeys.parse(mode)] = config
+        new._unset = self._unset - {ModeKeys.parse(mode)}
         return new
 
     def to_json(self) -> dict[str, Any]:
@@ -148,7 +166,7 @@ class SaveConfig:
         return cls(mode_save_configs={mode: SaveConfigMode(**value) for mode, value in data.items()})
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, SaveConfig) and self._modes == other._modes
+        return isinstance(other, SaveConfig) and self._modes == other._modes and self._unset == other._unset
 
     def __repr__(self) -> str:
         modes = set(self._modes.values())
@@ -391,7 +409,7 @@ class Collection:
     def with_defaults(self, save_config: SaveConfig, reduction_config: ReductionConfig) -> Collection:
         return replace(
             self,
-            save_config=self.save_config or save_config,
+            save_config=self.save_config.merged(save_config) if self.save_config else save_config,
             reduction_config=self.reduction_config or reduction_config,
             tensor_names=set(self.tensor_names),
         )

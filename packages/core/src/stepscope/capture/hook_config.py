@@ -71,7 +71,9 @@ def _params(where: str, value: Any) -> Mapping[str, Any]:
     return value
 
 
-def _save_config(where: str, params: Mapping[str, Any]) -> SaveConfig | None:
+def _mode_settings(where: str, params: Mapping[str, Any]) -> dict[ModeKeys, dict[str, Any]] | None:
+    """The schedule settings of `params` for each mode (its general keys, then its
+    `train.` / `eval.` / ... keys over them), or None where it gives none."""
     general = {k: params[k] for k in _SAVE_KEYS if k in params}
     per_mode: dict[ModeKeys, dict[str, Any]] = {}
     for key, value in params.items():
@@ -82,11 +84,20 @@ def _save_config(where: str, params: Mapping[str, Any]) -> SaveConfig | None:
             per_mode.setdefault(_MODE_PREFIXES[prefix], {})[rest] = value
     if not general and not per_mode:
         return None
+    return {mode: {**general, **per_mode.get(mode, {})} for mode in _MODE_PREFIXES.values()}
+
+
+def _save_config(where: str, params: Mapping[str, Any], hook_params: Mapping[str, Any] | None = None) -> SaveConfig | None:
+    """The schedule `params` give, or None where they give none. With `hook_params` (for a
+    collection), a setting the collection does not give comes from the hook's, mode by
+    mode and setting by setting, as smdebug's JSON configuration reads it: a collection
+    given `train.save_interval` alone keeps the hook's schedule in the other modes."""
+    own = _mode_settings(where, params)
+    if own is None:
+        return None
+    inherited = _mode_settings("HookParameters", hook_params) if hook_params is not None else None
     try:
-        config = SaveConfig(**general)
-        for mode, values in per_mode.items():
-            config = config.with_mode(mode, SaveConfigMode(**{**config.for_mode(mode).to_json(), **values}))
-        return config
+        return SaveConfig(mode_save_configs={mode: SaveConfigMode(**{**(inherited or {}).get(mode, {}), **settings}) for mode, settings in own.items()})
     except (ConfigError, TypeError) as exc:
         raise ConfigError(f"{where}: {exc}") from None
 
@@ -153,7 +164,7 @@ def parse_hook_config(data: Mapping[str, Any]) -> HookConfig:
         collection = Collection(
             name,
             include_regex=_regex_list(params["include_regex"]) if "include_regex" in params else (),
-            save_config=_save_config(where, params),
+            save_config=_save_config(where, params, hook_params),
             reduction_config=_reduction_config(where, params),
             save_histogram=parse_bool(f"{where}.save_histogram", params.get("save_histogram", True)),
         )
