@@ -11,7 +11,7 @@ from stepscope import ModeKeys, create_trial
 from stepscope.capture.control import request_stop
 from stepscope.capture.hook import HookBase
 from stepscope.config import Collection, ProfilerConfig, ReductionConfig, SaveConfig, SaveConfigMode
-from stepscope.exceptions import ConfigError
+from stepscope.exceptions import ConfigError, TensorUnavailableForStep
 
 REGEXES = {"weights": [r"^(?!gradient).*weight"], "gradients": ["^gradient"], "losses": ["loss"]}
 
@@ -95,9 +95,14 @@ def test_losses_and_metrics_stay_whole_under_a_hook_s_reduction_config(tmp_path,
     core.save_value("accuracy", np.float32(0.75), collections=["metrics"])
     core.close()
     trial = create_trial(str(tmp_path))
-    assert sorted(trial.tensor_names()) == ["accuracy", "loss", "smdebug/reductions/l2/fc.weight"]
+    assert sorted(trial.tensor_names()) == ["accuracy", "fc.weight", "loss", "smdebug/reductions/l2/fc.weight"]
     assert trial.tensor("loss").value(0) == 0.25 and trial.tensor("accuracy").value(0) == 0.75
     assert trial.tensor("smdebug/reductions/l2/fc.weight").value(0) == pytest.approx(5.0)
+    # The weight, saved as its norm only, is a tensor of the trial as in smdebug's reader.
+    weight = trial.tensor("fc.weight")
+    assert weight.steps() == [0] and not weight.has_value(0) and weight.reduction_value(0, "l2") == pytest.approx(5.0)
+    with pytest.raises(TensorUnavailableForStep):
+        weight.value(0)
 
 
 def test_bad_arguments_fail_at_construction(tmp_path):

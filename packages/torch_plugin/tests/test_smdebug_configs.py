@@ -1,7 +1,8 @@
 """smdebug hook configurations keep their meaning: under each JSON configuration of
 fixtures/smdebug_configs/configs.json, stepscope's `Hook.from_json` saves the same tensors
 at the same steps of each mode, with the same reductions, as smdebug 1.0.34 did running the
-same training (recorded by smdebug itself with its own reader: make_fixture.py there).
+same training (recorded by smdebug itself with its own reader: make_fixture.py there),
+and for two of them the same values.
 
 Names differ in one documented way (docs/pytorch.md, "Names and collections"): smdebug puts
 the model's class name before a parameter's (`Net_fc1.weight`), stepscope uses
@@ -14,6 +15,7 @@ import json
 import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from stepscope import create_trial
@@ -74,3 +76,15 @@ def test_an_smdebug_configuration_saves_what_smdebug_saved(name, tmp_path):
     expected = EXPECTED[name]
     assert steps == {_smdebug_name(k): v for k, v in expected["steps"].items()}
     assert reductions == {_smdebug_name(k): v for k, v in expected["reductions"].items()}
+    # The values smdebug saved, where the fixture has them: the raw ones bit for bit (the
+    # same torch, the same point of the step), the reductions to float32's precision
+    # (smdebug reduces in float32 with torch, stepscope in float64).
+    trial = create_trial(str(out))
+    for key, value in expected.get("values", {}).items():
+        tensor, mode, step, *reduction = _smdebug_name(key).split("|")
+        if reduction:
+            is_abs = reduction[0].startswith("abs_")
+            saved = trial.tensor(tensor).reduction_value(int(step), reduction[0].removeprefix("abs_"), abs=is_abs, mode=mode)
+            assert saved == pytest.approx(value, rel=1e-6, abs=1e-12), key
+        else:
+            np.testing.assert_array_equal(trial.tensor(tensor).value(int(step), mode=mode).astype(np.float64).ravel(), value, err_msg=key)

@@ -39,7 +39,12 @@ class Tensor:
 
     def _global_steps(self) -> list[int]:
         name = self.name
-        return [s for s, info in self.trial._catalog.steps.items() if info.has(name) or info.has_shape(name)]
+        reduced = self.trial._reductions_of().get(name, ())
+        if not reduced:
+            return [s for s, info in self.trial._catalog.steps.items() if info.has(name) or info.has_shape(name)]
+        # A step where only its reductions were saved is one of its steps too (smdebug's
+        # Tensor.steps): `value` there says the raw value was not saved.
+        return [s for s, info in self.trial._catalog.steps.items() if info.has(name) or info.has_shape(name) or any(info.has(r) for r in reduced)]
 
     def steps(self, mode: ModeKeys | str | None = None, show_incomplete: bool = False) -> list[int]:
         """Steps with a saved value: global steps, or mode steps when `mode` is given."""
@@ -131,6 +136,7 @@ class Trial:
         self._catalog = StepCatalog(self.store, self._collections, self._problems, lock)
         self._values = ValueReader(self.store, self._catalog, self._collections, lock, cache_size)
         self._profiler = None
+        self._reductions: tuple[int, dict[str, tuple[str, ...]]] = (-1, {})  # see _reductions_of
         self.refresh()
 
     def refresh(self) -> list[int]:
@@ -244,8 +250,28 @@ class Trial:
 
     # --- tensors -------------------------------------------------------------------------
 
+    def _reductions_of(self) -> dict[str, tuple[str, ...]]:
+        """{tensor name: the names of its saved reductions}, for every tensor with one.
+        A tensor saved only as reductions is a tensor of the trial under its own name, as in
+        smdebug's reader (`tensor(name).reduction_value(...)`). Made again when the catalog
+        has grown (its names are only ever added)."""
+        names = self._catalog.tensor_names
+        size, found = self._reductions
+        if size != len(names):
+            grouped: dict[str, list[str]] = {}
+            for name in list(names):
+                try:
+                    parsed = reductions.parse_reduction_tensor_name(name)
+                except ValueError:  # an unknown reduction: listed under its own name only
+                    continue
+                if parsed is not None:
+                    grouped.setdefault(parsed[0], []).append(name)
+            found = {base: tuple(sorted(reduced)) for base, reduced in grouped.items()}
+            self._reductions = (len(names), found)
+        return found
+
     def tensor_names(self, regex: str | Iterable[str] | None = None, collection: str | Collection | None = None, step: int | None = None, mode: ModeKeys | str | None = None) -> list[str]:
-        names = set(self._catalog.tensor_names)
+        names = set(self._catalog.tensor_names) | self._reductions_of().keys()
         if collection is not None:
             coll = collection if isinstance(collection, Collection) else self.collection(collection)
             names = {n for n in names if coll.matches(n)}
@@ -257,12 +283,12 @@ class Trial:
         return sorted(names)
 
     def tensor(self, name: str) -> Tensor:
-        if name not in self._catalog.tensor_names:
+        if not self.has_tensor(name):
             raise TensorUnavailable(name)
         return Tensor(self, name)
 
     def has_tensor(self, name: str) -> bool:
-        return name in self._catalog.tensor_names
+        return name in self._catalog.tensor_names or name in self._reductions_of()
 
     def read_many(self, requests: Iterable[tuple[str, int, ModeKeys | str | None, str | None]]) -> list[np.ndarray | None]:
         """Values of several (tensor, step, mode, worker) at once, as one batch of ranged reads
