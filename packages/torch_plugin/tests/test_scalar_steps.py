@@ -104,25 +104,9 @@ def test_a_loss_whose_input_a_collection_holds_saves_it_at_every_step(tmp_path, 
     loss's inputs: a collection of the loss's first input, saved every step, gets each one."""
     from stepscope.config import Collection, SaveConfig
 
-    model, loss_fn = mlp(), nn.CrossEntropyLoss()
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     logits = Collection("logits", include_regex=[r"^CrossEntropyLoss_input_0$"], save_config=SaveConfig(save_interval=1))
-    hook = Hook(str(tmp_path), collections=[logits], include_collections=["logits"])
-    hook.register_module(model)
-    hook.register_loss(loss_fn)
-    hook.register_optimizer(optimizer)
-    generator = torch.Generator().manual_seed(2)
-    x, y = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
     seen, losses = [], []
-    for _ in range(20):
-        optimizer.zero_grad()
-        output = model(x)
-        loss = loss_fn(output, y)
-        loss.backward()
-        optimizer.step()
-        seen.append(output.detach().numpy().copy())
-        losses.append(loss.item())
-    hook.close()
+    _sgd(tmp_path, mlp(), 20, 2, dict(collections=[logits], include_collections=["logits"]), lambda step, hook, model, output, loss: (seen.append(output.detach().numpy().copy()), losses.append(loss.item())))
     trial = create_trial(str(tmp_path))
     assert trial.tensor("CrossEntropyLoss_input_0").steps() == list(range(20))
     for step in range(20):
@@ -130,34 +114,46 @@ def test_a_loss_whose_input_a_collection_holds_saves_it_at_every_step(tmp_path, 
     assert [float(trial.tensor(LOSS).value(s)) for s in range(20)] == [float(np.float32(v)) for v in losses]
 
 
-def _train_every_step(out, model, steps, **hook_options):
-    """SGD steps under SaveConfig(save_interval=1), as smdebug users save the loss every
-    step; a user's values are saved at steps 7 and 9. Returns the trial, the loop's losses and the
-    first layer's weight at each step's start."""
-    from stepscope.config import SaveConfig
-
+def _sgd(out, model, steps, seed, hook_options, after_step):
+    """`steps` SGD steps of `model` on one fixed batch (seeded by `seed`) under
+    Hook(out, **hook_options) watching the model, its loss and its optimizer;
+    `after_step(step, hook, model, output, loss)` after each."""
     loss_fn = nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    hook = Hook(str(out), save_config=SaveConfig(save_interval=1), **hook_options)
+    hook = Hook(str(out), **hook_options)
     hook.register_module(model)
     hook.register_loss(loss_fn)
     hook.register_optimizer(optimizer)
-    generator = torch.Generator().manual_seed(3)
+    generator = torch.Generator().manual_seed(seed)
     x, y = torch.randn(8, 6, generator=generator), torch.randint(0, 3, (8,), generator=generator)
-    losses, weights = [], []
     for step in range(steps):
         optimizer.zero_grad()
-        weights.append(model.fc1.weight.detach().numpy().copy())
-        loss = loss_fn(model(x), y)
+        output = model(x)
+        loss = loss_fn(output, y)
         loss.backward()
         optimizer.step()
+        after_step(step, hook, model, output, loss)
+    hook.close()
+
+
+def _train_every_step(out, model, steps, **hook_options):
+    """SGD steps under SaveConfig(save_interval=1), as smdebug users save the loss every
+    step; a user's values are saved at steps 7 and 9. Returns the trial, the loop's losses
+    and the first layer's weight at each step's start."""
+    from stepscope.config import SaveConfig
+
+    losses, weights = [], [model.fc1.weight.detach().numpy().copy()]
+
+    def after_step(step, hook, model, output, loss):
         if step == 7:
             hook.save_tensor("note", np.arange(3.0))
         if step == 9:  # (too large to hold: handed to the writer at once)
             hook.save_tensor("large_note", np.arange(300_000.0))
         losses.append(loss.item())
-    hook.close()
-    return create_trial(str(out)), losses, weights
+        weights.append(model.fc1.weight.detach().numpy().copy())  # (the next step's start)
+
+    _sgd(out, model, steps, 3, dict(save_config=SaveConfig(save_interval=1), **hook_options), after_step)
+    return create_trial(str(out)), losses, weights[:steps]
 
 
 def test_a_save_config_of_every_step_keeps_loss_steps_routine(tmp_path, mlp, monkeypatch):

@@ -10,9 +10,9 @@ the model's class name before a parameter's (`Net_fc1.weight`), stepscope uses
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -29,11 +29,7 @@ _REDUCTION = re.compile(r"^smdebug/reductions/(abs_)?([a-z0-9]+)/(.+)$")
 
 
 def _training():
-    spec = importlib.util.spec_from_file_location("smdebug_configs_training", FIXTURE / "training.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return runpy.run_path(str(FIXTURE / "training.py"))
 
 
 def _smdebug_name(name: str) -> str:
@@ -70,7 +66,7 @@ def test_an_smdebug_configuration_saves_what_smdebug_saved(name, tmp_path):
         hook.register_module(model)
         hook.register_loss(loss_fn)
 
-    _training().train(register, hook.set_mode)
+    _training()["train"](register, hook.set_mode)
     hook.close()
     steps, reductions = _saved(str(out))
     expected = EXPECTED[name]
