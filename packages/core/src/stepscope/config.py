@@ -265,7 +265,6 @@ class ReductionConfig:
         return {"save_raw_tensor": self.save_raw_tensor, "reductions": self.to_smdebug_string(), "save_shape": self.save_shape}
 
 
-
 def parse_bool(name: str, value: Any) -> bool:
     if isinstance(value, bool):
         return value

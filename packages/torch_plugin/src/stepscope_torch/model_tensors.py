@@ -18,9 +18,6 @@ from stepscope.config import ROUTINE_COLLECTIONS, CollectionName
 from . import naming
 from .distributed import DistributedParts
 
-# Collections of a routine step (losses, metrics and the default collection: config.py):
-# due every step under the capture defaults, or under a save_config of every step.
-_SCALAR_COLLECTIONS = ROUTINE_COLLECTIONS
 # Dtypes whose 0-d CPU tensors (a loss, a metric) are read with .item() into numpy: exact
 # (the Python number holds every value of these).
 PLAIN_SCALARS = {torch.float32: np.float32, torch.float64: np.float64, torch.float16: np.float16, torch.int64: np.int64, torch.int32: np.int32}
@@ -53,11 +50,11 @@ class ModelTensors(DistributedParts):
         of every step) and no parameter or gradient belongs to them: the walks over the
         parameters and gradients then have nothing to save and are skipped."""
         step = self._counters.step
-        if step is None or not step.due_names <= _SCALAR_COLLECTIONS:
+        if step is None or not step.due_names <= ROUTINE_COLLECTIONS:
             return False
         if self._scalar_params is None:
             self._scalar_params = any(
-                c.name in _SCALAR_COLLECTIONS
+                c.name in ROUTINE_COLLECTIONS
                 for name, _ in self._params
                 for tensor, collections in ((name, naming.parameter_collections(name)), (naming.gradient_name(name), (CollectionName.GRADIENTS,)))
                 for c in self._saver.matching(tensor, collections)
@@ -141,7 +138,7 @@ class ModelTensors(DistributedParts):
                 for key, value in optimizer.state.get(param, {}).items():
                     if isinstance(value, torch.Tensor):
                         states.append((naming.optimizer_state_name(name, key), value))
-        scalar = any(c.name in _SCALAR_COLLECTIONS for n, _ in states for c in self._saver.matching(n, (CollectionName.OPTIMIZER_VARIABLES,)))
+        scalar = any(c.name in ROUTINE_COLLECTIONS for n, _ in states for c in self._saver.matching(n, (CollectionName.OPTIMIZER_VARIABLES,)))
         self._scalar_states[id(optimizer)] = (len(optimizer.state), scalar)
         return states
 

@@ -84,7 +84,7 @@ class TensorSaver:
         for n in dict.fromkeys(names):
             collection = self.collections.get(n)
             if n in ALWAYS_SAVED_COLLECTIONS:
-                if collection.reduction_config is not None and collection.reduction_config != SCALARS_REDUCTION_CONFIG:
+                if collection.reduction_config is not None and not collection.reduction_config.is_empty:
                     logger.warning("stepscope: collection %r keeps its values whole (as smdebug does): its reduction_config is not used", n)
                 collection = replace(collection, reduction_config=SCALARS_REDUCTION_CONFIG)
             included.append(

@@ -109,12 +109,12 @@ class Tensor:
     def reduction_values(self, step: int, mode: ModeKeys | str | None = None, worker: str | None = None) -> dict[tuple[str, bool], float]:
         """Every reduction saved for this tensor at `step`: {(name, abs): value}."""
         out = {}
-        for name in self.trial._catalog.tensor_names:
+        for name in self.trial._reductions_of().get(self.name, ()):
             parsed = reductions.parse_reduction_tensor_name(name)
-            if parsed and parsed[0] == self.name:
-                tensor = self.trial.tensor(name)
-                if tensor.has_value(step, mode):
-                    out[(parsed[1], parsed[2])] = float(np.asarray(tensor.value(step, mode, worker)).reshape(-1)[0])
+            assert parsed is not None  # (_reductions_of keeps names that parse)
+            tensor = self.trial.tensor(name)
+            if tensor.has_value(step, mode):
+                out[(parsed[1], parsed[2])] = float(np.asarray(tensor.value(step, mode, worker)).reshape(-1)[0])
         return out
 
     def __repr__(self) -> str:
