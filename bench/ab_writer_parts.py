@@ -34,7 +34,7 @@ from stepscope.capture.host_arena import HostArena
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
-PARTS = ("aa", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena")
+PARTS = ("aa", "handoff", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena")
 BLOCK = 20
 
 
@@ -75,6 +75,7 @@ def main() -> None:
             "events": lambda: setattr(writer.store, "write_many", _skipping(shipped["write_many"], lambda key: key.endswith(".tfevents"))),
             "index": lambda: setattr(writer.store, "write_many", _skipping(shipped["write_many"], lambda key: key.startswith("index/"))),
             "direct": lambda: setattr(writer.store._direct, "_allowed", False),
+            "handoff": lambda: setattr(writer, "_publish_inline", False),
             "pauses": lambda: setattr(writer._framer, "_yield_every_s", float("inf")),
         }
 
@@ -88,6 +89,7 @@ def main() -> None:
             writer.step_listeners[:] = shipped["listeners"]
             writer.store._direct._allowed = direct
             writer._framer._yield_every_s = shipped["pause"]
+            writer._publish_inline = True
 
         def variant(name: str) -> None:
             writer.flush()  # the other variant's writing is done before this one changes anything
