@@ -56,6 +56,26 @@ def test_a_loss_only_step_does_not_walk_the_model(tmp_path, make_model, data, no
     assert trial.tensor("hidden/kernel").steps(mode="TRAIN") == dense
 
 
+def test_logs_are_saved_as_keras_hands_them_on_every_kind_of_step(tmp_path, make_model, data, no_profiler, recorder):
+    # Keras hands batch hooks its logs as Python floats; they are kept as they are (framed as
+    # float64, what numpy makes of a float) on loss-only steps, held and framed in batches,
+    # and on the dense schedule's tensor steps, framed with the step's tensors alike.
+    x, y = data
+    with StepscopeCallback(str(tmp_path), include_collections=["weights", "losses", "metrics"], profiler_config=no_profiler) as callback:
+        make_model().fit(x, y, batch_size=1, epochs=1, validation_data=(x[:4], y[:4]), callbacks=[recorder, callback], verbose=0)
+    trial = create_trial(str(tmp_path))
+    tensor_steps = trial.tensor("hidden/kernel").steps(mode="TRAIN")
+    assert 0 in tensor_steps and 11 not in tensor_steps  # both kinds of step below
+    for name in ("loss", "mae"):
+        saved = trial.tensor(name)
+        assert saved.steps(mode="TRAIN") == list(range(32)) and saved.steps(mode="EVAL") == list(range(4))
+        for step, logs in enumerate(recorder.logs["train"]):
+            value = saved.value(step, mode="TRAIN")
+            assert value.dtype == np.float64 and value.shape == () and value == logs[name], (name, step)
+        assert [float(saved.value(s, mode="EVAL")) for s in range(4)] == [logs[name] for logs in recorder.logs["test"]]
+    assert "mae" in trial.tensor_names(collection="metrics") and "loss" in trial.tensor_names(collection="losses")
+
+
 def test_a_save_config_of_every_step_keeps_loss_steps_routine(tmp_path, make_model, data, no_profiler, monkeypatch):
     # The default collection is then due at every step too; while no regex adds variables
     # to it the variables are not asked for at each step, and with one that does, the

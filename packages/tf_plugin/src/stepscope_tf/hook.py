@@ -94,6 +94,9 @@ class Hook(HookBase):
         self._default_collection: Any = None  # see _routine
         self._log_collections: dict[str, tuple[str, ...]] = {}  # log name -> (losses or metrics,)
         self._planned_by_due: dict[tuple[frozenset[str], bool], tuple[Any, Any, list[tuple[Any, tuple[Any, ...], str]]]] = {}
+        # Keys of _planned_by_due whose steps read nothing and arm no capture (the loss-only
+        # steps of the capture defaults): such a step only makes sure the captures are off.
+        self._quiet: set[tuple[frozenset[str], bool]] = set()
         self._names: dict[int, str] = {}
         self._gradients: GradientCapture | None = None
         self._gradient_collections: tuple[str, ...] = ()
@@ -161,6 +164,7 @@ class Hook(HookBase):
             self._strategy = getattr(model, "distribute_strategy", None) or tf.distribute.get_strategy()
         self._refresh_variables()
         installed = False
+        self._quiet.clear()  # (what a step arms depends on the captures installed)
         if self._gradients is None and self._optimizer is not None and model.trainable_weights:
             installed |= self._install_gradient_capture()
         if self._layer_io is None:
@@ -296,9 +300,17 @@ class Hook(HookBase):
             if self._capturing():
                 self._disarm()
             return
-        step = self.current_step
+        step = self._counters.step
         assert step is not None
         mode = step.mode
+        key = (step.due_names, mode == ModeKeys.TRAIN)
+        if key in self._quiet and self._model is not None:
+            # A loss-only step (every step under the capture defaults): one set lookup
+            # instead of planning; it runs after each framework step, on cold caches.
+            self._gradients_armed = self._io_armed = False
+            if self._capturing():
+                self._reader.record(self, [], self._switches(False, False))
+            return
         arm_gradients = self._gradients is not None and mode == ModeKeys.TRAIN and any(self.is_due(c) for c in self._gradient_collections)
         arm_io = self._layer_io is not None and any(self.is_due(c) for c in self._io_collections)
         self._gradients_armed, self._io_armed = arm_gradients, arm_io
@@ -309,7 +321,6 @@ class Hook(HookBase):
             # answers by name, collections and due names), so they are made once per set,
             # mode (training plans the optimizer's too) and variable list (a list is
             # replaced, never changed, when variables come).
-            key = (step.due_names, mode == ModeKeys.TRAIN)
             cached = self._planned_by_due.get(key)
             if cached is not None and self._routine(step.due_names):
                 # Only losses and metrics are due (and the default collection, where it
@@ -327,6 +338,8 @@ class Hook(HookBase):
                 else:
                     entries = self._planned(self._variables) + (self._planned(optimizer) if optimizer is not None else [])
                     self._planned_by_due[key] = (self._variables, optimizer, entries)
+            if not entries and not arm_gradients and not arm_io and self._routine(step.due_names):
+                self._quiet.add(key)
         # The captures are switched in the same compiled call that reads the weights.
         self._reader.record(self, entries, self._switches(arm_gradients, arm_io))
 
@@ -378,7 +391,7 @@ class Hook(HookBase):
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
         super().end_step(raise_on_stop=raise_on_stop)
-        if not self.enabled and self._capturing():
+        if self._capturing() and not self.enabled:
             self._disarm()  # after a failure the captures must stop copying
 
     def _capturing(self) -> bool:
@@ -441,16 +454,28 @@ class Hook(HookBase):
         # hands batch hooks plain floats (it converts the logs for callbacks that have
         # them), which skip the checks; the plans go straight to the saver (save_value's
         # autograph guard is for calls that could be traced, and this one never is).
-        plan, save, kinds = self.plan, self._saver.save, self._log_collections
+        saver = self._saver
+        plan, kinds = saver.plan, self._log_collections
+        tensors = self._counters.step.tensors  # (due: save_logs checked)
         for name, value in logs.items():
-            if value.__class__ is not float and not (np.ndim(value) == 0 and isinstance(value, (int, np.number, np.ndarray, tf.Tensor))):
+            number = value.__class__ is float
+            if not number and not (np.ndim(value) == 0 and isinstance(value, (int, np.number, np.ndarray, tf.Tensor))):
                 continue
             collections = kinds.get(name)
             if collections is None:
                 collections = (CollectionName.LOSSES,) if naming.is_loss_name(name) else (CollectionName.METRICS,)
                 if len(kinds) < _MAX_LOG_NAMES:
                     kinds[name] = collections
-            save(plan(name, collections), name, value)
+            found = plan(name, collections)
+            if found is None:
+                continue
+            if number and found.raw_only:
+                # The value whole, as the Python number it is (the writer frames it as a
+                # float64, what np.asarray would make of it): what save() does for it, in
+                # one dictionary store instead of a dozen calls.
+                tensors[name] = value
+            else:
+                saver.save(found, name, value)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -46,6 +46,11 @@ class TensorPlan:
     reductions: tuple[tuple[str, bool], ...]
     save_shape: bool
 
+    @property
+    def raw_only(self) -> bool:
+        """The raw value alone is saved (no reductions, no shape): a scalar's usual plan."""
+        return self.save_raw and not self.reductions and not self.save_shape
+
 
 class TensorSaver:
     """The collections of one hook and the tensors of its open step. `hook` supplies the
