@@ -16,7 +16,7 @@ from typing import Any
 import keras
 
 from stepscope.capture.hook_options import HookOptions
-from stepscope.capture.phases import COMPUTE
+from stepscope.capture.phases import COMPUTE, PHASE_CODES
 from stepscope.config import CollectionName
 from stepscope.modes import ModeKeys
 
@@ -24,6 +24,7 @@ from .hook import Hook
 
 # Which compiled function of the model runs each mode; see `_attach`.
 _FUNCTIONS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "test", ModeKeys.PREDICT: "predict"}
+_COMPUTE = PHASE_CODES[COMPUTE]
 
 
 class StepscopeCallback(keras.callbacks.Callback):
@@ -91,7 +92,9 @@ class StepscopeCallback(keras.callbacks.Callback):
     # --- steps --------------------------------------------------------------------------
 
     def _batch_begin(self, mode: ModeKeys) -> None:
-        self.hook.begin_step(mode, phase=COMPUTE)  # the batch is here: data ends, compute begins
+        # The batch is here: data ends, compute begins. (`begin_step(mode, phase=COMPUTE)`
+        # with its arguments known good: this runs after every framework step, on cold caches.)
+        self.hook._open_step(mode, None, _COMPUTE)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch_begin(ModeKeys.TRAIN)
