@@ -27,7 +27,7 @@ from .reductions import BatchedReader, record_tensor
 logger = logging.getLogger("stepscope")
 
 _not_converted = tf.autograph.experimental.do_not_convert
-_MAX_LOG_NAMES = 1024  # log names whose collection is remembered (a model's logs have a few)
+_MAX_LOG_NAMES = 1024  # log names whose plan is kept per run of steps (a model's logs have a few)
 _IO_COLLECTIONS = {"inputs": (CollectionName.INPUTS,), "outputs": (CollectionName.OUTPUTS,)}
 
 
@@ -92,7 +92,10 @@ class Hook(HookBase):
         self._optimizer_entries: list[tuple[str, tuple[str, ...], tuple[Any, ...], str]] = []
         # due names -> (the variable lists planned, their plans): see _on_step_begin.
         self._default_collection: Any = None  # see _routine
-        self._log_collections: dict[str, tuple[str, ...]] = {}  # log name -> (losses or metrics,)
+        # (The due names of the steps they are for, {log name: (its plan, whether the plan
+        # saves the raw value alone)}): a loss-only step's names are one object for a whole
+        # run of such steps (step_driver.py), so the plans are looked up once per run.
+        self._log_plans: tuple[frozenset[str] | None, dict[str, tuple[TensorPlan | None, bool]]] = (None, {})
         self._planned_by_due: dict[tuple[frozenset[str], bool], tuple[Any, Any, list[tuple[Any, tuple[Any, ...], str]]]] = {}
         # Keys of _planned_by_due whose steps read nothing and arm no capture (the loss-only
         # steps of the capture defaults): such a step only makes sure the captures are off.
@@ -454,28 +457,33 @@ class Hook(HookBase):
         # hands batch hooks plain floats (it converts the logs for callbacks that have
         # them), which skip the checks; the plans go straight to the saver (save_value's
         # autograph guard is for calls that could be traced, and this one never is).
-        saver = self._saver
-        plan, kinds = saver.plan, self._log_collections
-        tensors = self._counters.step.tensors  # (due: save_logs checked)
+        step = self._counters.step  # (due: save_logs checked)
+        due, plans = self._log_plans
+        if due is not step.due_names:
+            due, plans = step.due_names, {}
+            self._log_plans = (due, plans)
+        tensors = step.tensors
         for name, value in logs.items():
             number = value.__class__ is float
             if not number and not (np.ndim(value) == 0 and isinstance(value, (int, np.number, np.ndarray, tf.Tensor))):
                 continue
-            collections = kinds.get(name)
-            if collections is None:
+            planned = plans.get(name)
+            if planned is None:
                 collections = (CollectionName.LOSSES,) if naming.is_loss_name(name) else (CollectionName.METRICS,)
-                if len(kinds) < _MAX_LOG_NAMES:
-                    kinds[name] = collections
-            found = plan(name, collections)
+                found = self._saver.plan(name, collections)
+                planned = (found, found is not None and found.raw_only)
+                if len(plans) < _MAX_LOG_NAMES:
+                    plans[name] = planned
+            found, raw_only = planned
             if found is None:
                 continue
-            if number and found.raw_only:
+            if number and raw_only:
                 # The value whole, as the Python number it is (the writer frames it as a
                 # float64, what np.asarray would make of it): what save() does for it, in
                 # one dictionary store instead of a dozen calls.
                 tensors[name] = value
             else:
-                saver.save(found, name, value)
+                self._saver.save(found, name, value)
 
     def _warn_once(self, key: str, message: str) -> None:
         if key not in self._warned:

@@ -41,7 +41,8 @@ def _small(tensors: Mapping[str, Any]) -> bool:
     """Whether `tensors` hold at most MAX_BYTES (a loop: no generator at every step)."""
     total = 0
     for value in tensors.values():
-        total += getattr(value, "nbytes", 0) or 0
+        if value.__class__ is not float:  # (Keras hands its logs as Python floats: no nbytes to ask for)
+            total += getattr(value, "nbytes", 0) or 0
     return total <= MAX_BYTES
 
 
@@ -98,7 +99,8 @@ class HeldSteps:
         """Hand a closed step to the writer, or hold it when `scalars` (only losses and
         metrics were due) and its values are few and small. Steps reach the writer in order."""
         with self._lock:
-            self._take()
+            if self._source is not None:
+                self._take()
             if self._note is not None:
                 self._note(mode, tensors)
             if scalars and len(tensors) <= MAX_VALUES and _small(tensors):
