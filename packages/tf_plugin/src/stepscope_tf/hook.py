@@ -450,7 +450,10 @@ class Hook(HookBase):
         collection, the rest in metrics."""
         if not logs or not self.enabled or not self.due:
             return
-        self.failsafe.call(self._save_logs, logs)
+        try:  # what FailSafe.call does, without its frame (every step under the capture defaults)
+            self._save_logs(logs)
+        except Exception as exc:
+            self.failsafe.fail(exc)
 
     def _save_logs(self, logs: Mapping[str, Any]) -> None:
         # On every step under the capture defaults, so one frame for all the values: Keras

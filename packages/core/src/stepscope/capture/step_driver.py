@@ -365,7 +365,10 @@ class StepDriver:
         mode = self._off_mode or (step.mode if step is not None else None)
         self._off_mode = None
         if self.enabled:  # type: ignore[attr-defined]
-            self.failsafe.call(self._end_step)
+            try:  # what FailSafe.call does, without its frame (this runs every step)
+                self._end_step()
+            except Exception as exc:
+                self.failsafe.fail(exc)
         if raise_on_stop and mode is _TRAIN:
             n = counters.train_ends + 1  # train_step_ended(), inlined: this runs every step
             counters.train_ends = n
