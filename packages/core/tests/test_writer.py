@@ -55,12 +55,14 @@ class GatedStore(LocalStore):
 
     def __init__(self, root):
         super().__init__(root)
+        self.waiting = threading.Event()
         self.release = threading.Event()
         self.published = []
 
     def write_many(self, items, published=None):
         for key, _data in items:
             if key.startswith("events/000000000000/"):
+                self.waiting.set()
                 assert self.release.wait(10)
             self.published.append((key, threading.current_thread().name))
         super().write_many(items, published)
@@ -73,7 +75,7 @@ def test_steps_are_published_in_order_whichever_thread_publishes_them(tmp_path):
     store = GatedStore(tmp_path)
     writer = Writer(store)
     writer.write_step(0, ModeKeys.TRAIN, 0, {"x": np.zeros(4)})
-    time.sleep(0.2)  # step 0's event file is being written (and waits)
+    assert store.waiting.wait(10)  # step 0's event file is being written (and waits)
     for step in range(1, 6):
         writer.write_step(step, ModeKeys.TRAIN, step, {"x": np.full(4, step)})
     store.release.set()
