@@ -94,6 +94,7 @@ def test_overfit_without_enough_evaluations_is_not_ok(tmp_path):
     decay = 2.0 * np.exp(-np.arange(200) / 40) + 0.2
     report = run(Overfit, write(tmp_path, decay, eval_phases=[[0.9], [0.8]], eval_every=80))
     assert report.status == "not enough data" and report.needed == 5 and report.available == 2
+    assert report.to_save == "EVAL losses from validation during training: at least 5 validation runs"  # (how many, not only what)
 
 
 def test_divergence_far_above_the_start_fires_once_and_a_healthy_decay_does_not(tmp_path):

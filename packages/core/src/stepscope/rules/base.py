@@ -168,12 +168,13 @@ class Rule:
         if self.min_saved_steps:
             self.need(self.min_saved_steps, len(self._data_steps), "saved steps")
 
-    def need(self, needed: int, available: int, unit: str, *, non_finite: int = 0, finite_what: str = "values") -> None:
+    def need(self, needed: int, available: int, unit: str, to_save: str = "", *, non_finite: int = 0, finite_what: str = "values") -> None:
         """The rule needs `needed` `unit` to judge and the job gave it `available`: below
-        that its status is "not enough data" (none: "no data"), never "ok". `non_finite`:
+        that its status is "not enough data" (none: "no data"), never "ok". `to_save`: what
+        to save, where the rule's `to_save` should say more for this job. `non_finite`:
         how many more the job saved that were NaN or infinite (`finite_what`: losses,
         gradients), which the summaries name instead of asking to save more."""
-        self.report.need(needed, available, unit, self.to_save, non_finite=non_finite, finite_what=finite_what)
+        self.report.need(needed, available, unit, to_save or self.to_save, non_finite=non_finite, finite_what=finite_what)
 
     def has_inputs(self) -> bool:
         """Whether the job saved what this rule reads; the default set leaves out rules

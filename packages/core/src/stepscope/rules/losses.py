@@ -361,7 +361,10 @@ class Overfit(_LossRule):
 
     def finish(self) -> None:
         needed = self.params.trend_evaluations or self.params.patience
-        self.need(needed, len(self._points) if self.params.trend_evaluations else self._phase_id, "evaluations after training steps")
+        # How many, too: a job that validated once per epoch for two epochs saved EVAL losses
+        # and still needs more validation runs (more epochs, or validation more often).
+        self.need(needed, len(self._points) if self.params.trend_evaluations else self._phase_id, "evaluations after training steps",
+                  f"{self.to_save}: at least {needed} validation runs")
 
     def __init__(self, base_trial: Trial, **kwargs: Any):
         super().__init__(base_trial, **kwargs)
