@@ -24,19 +24,9 @@ os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+from bench_keras_callback import dense_model  # noqa: E402 (this folder, as the script runs from it)
 
 from stepscope_tf import StepscopeCallback  # noqa: E402
-
-
-def _model(width: int) -> keras.Model:
-    keras.utils.set_random_seed(0)
-    inputs = keras.Input((width,))
-    hidden = inputs
-    for i in range(3):
-        hidden = keras.layers.Dense(width, activation="relu", name=f"dense_{i}")(hidden)
-    model = keras.Model(inputs, keras.layers.Dense(10, name="head")(hidden))
-    model.compile(optimizer="adam", loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
-    return model
 
 
 def _timed(callback: StepscopeCallback, steps: int, first: int, sweep: np.ndarray | None) -> tuple[float, float]:
@@ -63,7 +53,7 @@ def main() -> None:
     args = parser.parse_args()
     root = tempfile.mkdtemp(prefix="keras_hooks_cold_")
     try:
-        model = _model(256)
+        model = dense_model(256)
         rng = np.random.RandomState(0)
         x, y = rng.randn(320, 256).astype("float32"), rng.randint(0, 10, 320)
         callback = StepscopeCallback(os.path.join(root, "job"))
