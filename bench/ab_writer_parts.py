@@ -9,14 +9,15 @@ the writer has written it (its time counted in the block).
     python bench/ab_writer_parts.py aa          # A against A: the resolution
     python bench/ab_writer_parts.py capture     # B: steps captured, never handed to the writer
     python bench/ab_writer_parts.py --every 1 capture
+    python bench/ab_writer_parts.py --save-all --every 1 publish   # everything, every step
 
 Parts: `aa`, `capture` (B hands nothing to the writer: capture on the training thread
 alone), `listener` (B: no step listener, the black box's), `publish` (B: nothing published,
 framing kept), `events` (B: no event file written), `index` (B: no index file written),
 `direct` (B: no direct writes), `pauses` (B: the framer never pauses for the GIL), `arena`
 (B: snapshots copied into fresh arrays, not the reused memory of capture/host_arena.py).
-Weights + gradients of an MLP 256-512-512-10 every `--every` steps (default 10), SGD,
-`--threads` torch threads (default: every core), profiler side off."""
+Weights + gradients (or everything: `--save-all`) of an MLP 256-512-512-10 every `--every`
+steps (default 10), SGD, `--threads` torch threads (default: every core), profiler side off."""
 
 from __future__ import annotations
 
@@ -58,11 +59,12 @@ def main() -> None:
     parser.add_argument("--every", type=int, default=10, help="save interval (steps)")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--rounds", type=int, default=80)
+    parser.add_argument("--save-all", action="store_true", help="save everything (save_all), not weights and gradients")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as out:
-        hook = Hook(out, save_config=SaveConfig(save_interval=args.every), include_collections=["weights", "gradients"],
-                    profiler_config=ProfilerConfig.disabled())  # fmt: skip
+        saved = {"save_all": True} if args.save_all else {"include_collections": ["weights", "gradients"]}
+        hook = Hook(out, save_config=SaveConfig(save_interval=args.every), profiler_config=ProfilerConfig.disabled(), **saved)
         writer = hook._runtime.writer
         shipped = {"put": writer._put, "publish": writer._publish_step, "write_many": writer.store.write_many,
                    "listeners": list(writer.step_listeners), "pause": writer._framer._yield_every_s}  # fmt: skip
@@ -136,7 +138,7 @@ def main() -> None:
         hook.close()
     plain = statistics.median(times["plain"])
     added = {name: statistics.median(times[name]) - plain for name in ("A", "B")}
-    print(f"{args.part}: every {args.every} steps, {args.threads} thread(s), {args.rounds} rounds of {BLOCK}-step blocks; plain {plain * 1e3:.3f} ms/step")
+    print(f"{args.part}: {'everything' if args.save_all else 'weights + gradients'} every {args.every} steps, {args.threads} thread(s), {args.rounds} rounds of {BLOCK}-step blocks; plain {plain * 1e3:.3f} ms/step")
     print(f"  added per step: A (as shipped) {added['A'] * 1e3:+.3f} ms, B ({args.part}) {added['B'] * 1e3:+.3f} ms; A - B {(added['A'] - added['B']) * 1e3:+.3f} ms")
 
 

@@ -11,7 +11,9 @@ for stepscope's writer), then on every core (`--threads`, default: all of them),
 nothing is spare, with the byte-cost limit: what copying, CRC-ing and writing one save's
 bytes costs at the least, per step (goal: stepscope's added time within 1.3x of it). Last,
 everything at every step (save_all) on every core (goal: at most a quarter of what smdebug
-adds).
+adds). Run it when nothing has been deleted on the temporary folder's file system for six
+minutes: on ext4 without a journal, files made near recently deleted ones cost several times
+their usual CPU (see AGE_S), for both tools, more for whichever makes more files.
 
     python bench/bench_vs_smdebug.py --quick
     python bench/bench_vs_smdebug.py --smdebug-python ../smdebug-venv/bin/python
@@ -163,8 +165,9 @@ def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, thread
     if impl == "stepscope":
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
     # The job is kept until the bench ends (or until space runs short: make_room): ext4
-    # skips inodes freed in the last ~30 s when it makes a file, so deleting a run's
-    # thousands of files would slow the file creation of the next run, whichever tool.
+    # without a journal skips recently freed inodes when it makes a file (see AGE_S), so
+    # deleting a run's thousands of files would slow the file creation of the next run,
+    # whichever tool.
     _kept.append(out)
     reply = subprocess.run([python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)], capture_output=True, text=True, env=env)
     if reply.returncode != 0:
@@ -191,13 +194,21 @@ def _merged(runs: list[dict]) -> dict:
 # skipped with a message rather than filling the disk.
 MIN_FREE_BYTES = 8 << 30
 _kept: list[str] = []  # the runs' jobs, removed at the end
-AGE_S = 35  # after removing files: ext4's "recently deleted" window (30 s) has passed
+# ext4 without a journal (fs/ext4/ialloc.c, `recently_deleted`) will not reuse an inode freed
+# less than 60 s ago, nor one freed less than 360 s ago while its inode table block is
+# still dirty, and it reads each such inode's block on the way to a free one: a file made
+# soon after thousands were removed costs several times its usual CPU. After removing the
+# kept jobs, the blocks are written back (sync) and the 60 s are waited out; the 360 s
+# window can still apply where new files dirty a block again, so the bench removes
+# nothing while it measures unless space runs short, and says so when it does.
+AGE_S = 65
 
 
 def remove_kept(wait: bool) -> None:
     while _kept:
         shutil.rmtree(_kept.pop(), ignore_errors=True)
     if wait:
+        os.sync()
         time.sleep(AGE_S)
 
 
@@ -205,6 +216,7 @@ def make_room(root: str) -> int:
     """Free bytes in `root`, after removing the kept jobs where fewer than MIN_FREE_BYTES."""
     free = shutil.disk_usage(root).free
     if free < MIN_FREE_BYTES and _kept:
+        print(f"(space runs short: the earlier runs' jobs are removed, and {AGE_S} s waited; file creation may cost more in the next runs)", flush=True)
         remove_kept(wait=True)
         free = shutil.disk_usage(root).free
     return free
