@@ -14,7 +14,8 @@ the writer has written it (its time counted in the block).
 Parts: `aa`, `capture` (B hands nothing to the writer: capture on the training thread
 alone), `listener` (B: no step listener, the black box's), `publish` (B: nothing published,
 framing kept), `events` (B: no event file written), `index` (B: no index file written),
-`direct` (B: no direct writes), `pauses` (B: the framer never pauses for the GIL), `arena`
+`direct` (B: no direct writes), `frame_array` (B: each array's record framed in Python, not
+in one call of `_encode.frame_array`), `pauses` (B: the framer never pauses for the GIL), `arena`
 (B: snapshots copied into fresh arrays, not the reused memory of capture/host_arena.py).
 Weights + gradients (or everything: `--save-all`) of an MLP 256-512-512-10 every `--every`
 steps (default 10), SGD, `--threads` torch threads (default: every core), profiler side off."""
@@ -35,7 +36,7 @@ from stepscope.capture.host_arena import HostArena
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
-PARTS = ("aa", "handoff", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena")
+PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena")
 BLOCK = 20
 
 
@@ -67,7 +68,8 @@ def main() -> None:
         hook = Hook(out, save_config=SaveConfig(save_interval=args.every), profiler_config=ProfilerConfig.disabled(), **saved)
         writer = hook._runtime.writer
         shipped = {"put": writer._put, "publish": writer._publish_step, "write_many": writer.store.write_many,
-                   "listeners": list(writer.step_listeners), "pause": writer._framer._yield_every_s}  # fmt: skip
+                   "listeners": list(writer.step_listeners), "pause": writer._framer._yield_every_s,
+                   "frame_array": writer._framer.frame_array}  # fmt: skip
         writer.store._direct.allowed()  # (decided now, so that the variants can set it)
         direct = writer.store._direct._allowed
         changed = {
@@ -79,6 +81,7 @@ def main() -> None:
             "direct": lambda: setattr(writer.store._direct, "_allowed", False),
             "handoff": lambda: setattr(writer, "_publish_inline", False),
             "pauses": lambda: setattr(writer._framer, "_yield_every_s", float("inf")),
+            "frame_array": lambda: setattr(writer._framer, "frame_array", None),
         }
 
         arenas = {"shipped": hook._transfer._arena, "fresh": HostArena(keep_bytes=0)}
@@ -91,6 +94,7 @@ def main() -> None:
             writer.step_listeners[:] = shipped["listeners"]
             writer.store._direct._allowed = direct
             writer._framer._yield_every_s = shipped["pause"]
+            writer._framer.frame_array = shipped["frame_array"]
             writer._publish_inline = True
 
         def variant(name: str) -> None:

@@ -4,10 +4,12 @@ records as the Python path, and the black box told the verdict instead of readin
 tensor again."""
 
 import crc32c
+import ml_dtypes
 import numpy as np
 import pytest
 
-from stepscope import create_trial
+from stepscope import create_trial, events
+from stepscope import records as records_module
 from stepscope.capture import step_framing
 from stepscope.capture.blackbox import SavedValues
 from stepscope.capture.step_framing import GIL_RELEASED_FROM, StepFramer
@@ -138,3 +140,86 @@ def test_a_tensor_over_the_checked_size_is_judged_where_the_writer_checked_it(tm
     python_saved, _, _ = _job_with_a_nan(tmp_path, monkeypatch, compiled=False, max_checked=1000)
     assert saved.non_finite is not None and saved.non_finite["step"] == 2
     assert python_saved.non_finite is None
+
+
+# ---- a whole record in C (`_encode.frame_array`) ------------------------------------------
+
+framing_arrays = scanning and hasattr(encode, "frame_array")
+needs_frame_array = pytest.mark.skipif(not framing_arrays, reason="no _encode.frame_array here")
+
+
+def _every_kind_of_value():
+    rng = np.random.default_rng(4)
+    values = {
+        "weights/f32": rng.standard_normal((512, 256)).astype(np.float32),
+        "weights/f64": rng.standard_normal((40, 30)),
+        "weights/f16": rng.standard_normal((300, 300)).astype(np.float16),
+        "bfloat16": rng.standard_normal(10).astype(ml_dtypes.bfloat16),  # (no buffer: the Python path's)
+        "int64": np.arange(1000, dtype=np.int64), "longlong": np.arange(300, dtype=np.longlong),
+        "uint64": np.arange(5, dtype=np.uint64), "ulonglong": np.arange(300, dtype=np.ulonglong), "int8": np.arange(100, dtype=np.int8),
+        "bool": np.array([True, False] * 700), "complex64": (rng.standard_normal(2000) + 1j).astype(np.complex64),
+        "complex128": np.ones((3, 3), complex), "0-d": np.array(1.5, np.float32), "empty": np.zeros((0, 5), np.float32),
+        "a zero dimension": np.zeros((3, 0, 2)), "strings": np.array(["a", "bc"]),
+        "strided": rng.standard_normal((100, 100)).astype(np.float32)[:, ::2],  # (not contiguous: the Python path's)
+        "nan": np.array([1.0, np.nan] * 40_000, np.float32), "inf": np.full(9000, np.inf), "ünï/cödé": np.ones(2000, np.float32),
+        "a float": 3.25, "a numpy scalar": np.float32(2.5),
+    }  # fmt: skip
+    return values
+
+
+@needs_frame_array
+@pytest.mark.parametrize("placeholder_crc", [False, True])
+@pytest.mark.parametrize(("step", "mode", "mode_step"), [(0, ModeKeys.TRAIN, 0), (7, ModeKeys.EVAL, 3), (123_456_789_012, ModeKeys.GLOBAL, 99_999)])
+def test_a_record_framed_in_one_call_is_the_python_path_s_for_every_dtype_and_shape(monkeypatch, placeholder_crc, step, mode, mode_step):
+    monkeypatch.setattr(step_framing.time, "time", lambda: 1_765_000_000.25)
+    values = _every_kind_of_value()
+    shapes = {name: np.shape(value) for name, value in values.items()}
+    made = {}
+    for compiled in (True, False):
+        framer = StepFramer("worker_0", lambda step, name, exc: pytest.fail(f"{name} dropped: {exc!r}"), placeholder_crc=placeholder_crc)
+        if not compiled:
+            framer.frame_array = None  # (the CRC pass stays in C: the path before frame_array)
+        arrays: dict[str, np.ndarray] = {}
+        finite: dict[str, bool] = {}
+        parts, index = framer.frame(step, mode, mode_step, values, shapes, arrays, finite=finite)
+        made[compiled] = (b"".join(bytes(p) for p in parts), index, sorted(arrays), finite)
+    assert made[True][:3] == made[False][:3]
+    # Every float array framed as three buffers is judged in the CRC's pass (the Python path
+    # judges those from GIL_RELEASED_FROM bytes), as numpy judges it.
+    judged, python_judged = made[True][3], made[False][3]
+    assert python_judged.items() <= judged.items()
+    assert judged == {name: bool(np.isfinite(value).all()) for name, value in values.items()
+                      if isinstance(value, np.ndarray) and value.dtype.kind == "f" and value.dtype.itemsize in (2, 4, 8)
+                      and value.flags.c_contiguous and value.nbytes > events.SMALL_TENSOR_BYTES}  # fmt: skip
+    assert set(judged) == {"weights/f32", "weights/f64", "weights/f16", "nan", "inf", "ünï/cödé"}
+    # Read back as a job's file would be: every value as it was saved.
+    data = made[True][0]
+    _version, offset = records_module.parse_record(data, 0)
+    decoded = {}
+    while offset < len(data):
+        payload, offset = records_module.parse_record(data, offset, allow_placeholder_crc=placeholder_crc)
+        record = events.decode_tensor_event(bytes(payload))
+        decoded[record.name] = record
+    assert list(decoded) == list(values)
+    for name, value in values.items():
+        assert decoded[name].step == step and decoded[name].mode == mode and decoded[name].mode_step == mode_step
+        expected = np.asarray(value)
+        assert decoded[name].value.shape == expected.shape and decoded[name].value.tobytes() == np.ascontiguousarray(expected).tobytes(), name
+
+
+@needs_frame_array
+def test_frame_array_frames_plain_arrays_without_copying_them_and_leaves_the_rest_to_python():
+    prefix, metadata = events.event_fields(5, ModeKeys.TRAIN, 5, 1.0)
+    formats = step_framing._FORMATS
+    big = np.arange(10_000, dtype=np.float32).reshape(100, 100)
+    parts, length, finite = encode.frame_array("w", big, prefix, metadata, formats, False, 0)
+    assert len(parts) == 3 and memoryview(parts[1]).obj is big  # the array's own memory, no copy
+    assert length == sum(memoryview(p).nbytes for p in parts) and finite is True
+    small_parts, _, small_finite = encode.frame_array("w", np.float32([1, np.nan]), prefix, metadata, formats, False, 1 << 20)
+    assert len(small_parts) == 1 and type(small_parts[0]) is bytes and small_finite is None  # (under finite_from: not judged)
+    for other in (big[:, ::2], np.arange(4, dtype=">f4"), np.array(["a"]), np.zeros(3, ml_dtypes.bfloat16)):
+        assert encode.frame_array("w", other, prefix, metadata, formats, False, 0) is None
+    with pytest.raises(UnicodeEncodeError):
+        encode.frame_array("w\udc80", big, prefix, metadata, formats, False, 0)  # (as `name.encode()` refuses it)
+    with pytest.raises(TypeError):
+        encode.frame_array(b"w", big, prefix, metadata, formats, False, 0)

@@ -172,6 +172,13 @@ def _encode_small_tensor_event(name: str, value: np.ndarray, step: int, mode: in
     ))
 
 
+def event_fields(step: int, mode: ModeKeys, mode_step: int, wall_time: float) -> tuple[bytes, bytes]:
+    """(the Event's fields before its summary: wall time and step; the Value's metadata
+    field) of a tensor record at `step`: the parts of `encode_tensor_event`'s bytes that
+    every tensor of a step shares (`_encode.frame_array` puts each tensor's between them)."""
+    return _WALL_TIME_KEY + _F64.pack(wall_time) + (_key(2, 0) + _varint(step) if step else b""), _metadata_field(int(mode), mode_step)
+
+
 def _strings_to_bytes(values: np.ndarray) -> list[bytes]:
     return [v if isinstance(v, bytes) else str(v).encode("utf-8") for v in values.reshape(-1).tolist()]
 

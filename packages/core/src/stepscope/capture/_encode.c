@@ -1,6 +1,7 @@
 /* The writer threads' encoders in C: a held batch of scalar steps framed in one call
-   (`frame_held`, see step_framing.py) and the step timeline's events written as Chrome-trace
-   lines (`timeline_events`, see step_timeline.py; its part below says why).
+   (`frame_held`, see step_framing.py), one array's record framed in one call (`frame_array`,
+   its part below says why) and the step timeline's events written as Chrome-trace lines
+   (`timeline_events`, see step_timeline.py; its part below says why).
 
    Under the capture defaults the losses and metrics are saved at every step, and the hook
    hands them to the writer a hundred steps at a time (held_steps.py). Framed from Python,
@@ -540,6 +541,172 @@ put_record(Buffer *file, Buffer *payload, const Head *head, const unsigned char 
     return 0;
 }
 
+/* ---- one tensor's record --------------------------------------------------------------
+
+   A save of weights and gradients frames a dozen to a few dozen arrays per step. Framed in
+   Python (events.encode_tensor_event, records.frame_sized, the CRC pass), each array is some
+   sixty bytecodes and a dozen calls holding the GIL, 20-40 us of the writer thread that the
+   training thread waits for when it comes back from a framework operation. `frame_array`
+   makes the same record in one call: the Event's fields around the array's bytes, the
+   TFRecord header and footer, and the payload's CRC-32C in the pass that also says whether a
+   float array is finite, with the GIL released over large arrays. The array's own bytes are
+   not copied: the record is (head, the array's memory, tail), as the Python path makes it. */
+
+#define SMALL_TENSOR_BYTES 1024 /* events.SMALL_TENSOR_BYTES: a record this small is one buffer */
+#define GIL_RELEASED_FROM (64 * 1024) /* step_framing.GIL_RELEASED_FROM */
+
+/* The TensorProto's dtype and shape fields (events._tensor_head). */
+static int
+put_tensor_head(Buffer *b, long dtype, const Py_buffer *view)
+{
+    if (put_varint(b, (1 << 3) | 0) < 0 || put_varint(b, (uint64_t)dtype) < 0)
+        return -1;
+    if (view->ndim == 0)
+        return 0;
+    size_t dims = 0;
+    for (int i = 0; i < view->ndim; i++) {
+        uint64_t d = (uint64_t)view->shape[i];
+        dims += 2 + (d ? 1 + varint_size(d) : 0);
+    }
+    if (put_varint(b, (2 << 3) | 2) < 0 || put_varint(b, dims) < 0)
+        return -1;
+    for (int i = 0; i < view->ndim; i++) {
+        uint64_t d = (uint64_t)view->shape[i];
+        if (put_varint(b, (2 << 3) | 2) < 0 || put_varint(b, d ? 1 + varint_size(d) : 0) < 0)
+            return -1;
+        if (d && (put_varint(b, (1 << 3) | 0) < 0 || put_varint(b, d) < 0))
+            return -1;
+    }
+    return 0;
+}
+
+/* frame_array(name, array, prefix, metadata, formats, placeholder_crc, finite_from, /) */
+static PyObject *
+frame_array(PyObject *module, PyObject *args)
+{
+    PyObject *name, *array, *formats;
+    Py_buffer prefix, metadata, view;
+    int placeholder_crc;
+    Py_ssize_t finite_from;
+    if (!PyArg_ParseTuple(args, "UOy*y*O!pn:frame_array", &name, &array, &prefix, &metadata, &PyDict_Type, &formats, &placeholder_crc,
+                          &finite_from)) /* fmt: skip */
+        return NULL;
+    PyObject *result = NULL, *content = NULL, *flat = NULL;
+    Buffer head = {0}, tensor = {0};
+    int have_view = 0;
+#ifdef HAVE_SCAN
+    if (!scan_ready())
+        goto none;
+#else
+    goto none;
+#endif
+    if (PyObject_GetBuffer(array, &view, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) {
+        PyErr_Clear(); /* (not contiguous, or no buffer: the Python path frames it) */
+        goto none;
+    }
+    have_view = 1;
+    PyObject *code = PyDict_GetItemString(formats, view.format ? view.format : "B"); /* borrowed */
+    if (code == NULL)
+        goto none; /* a dtype the Python path knows better (strings, byte-swapped, bfloat16) */
+    long dtype = PyLong_AsLong(code);
+    if (dtype == -1 && PyErr_Occurred())
+        goto done;
+    Py_ssize_t name_size;
+    const char *name_text = PyUnicode_AsUTF8AndSize(name, &name_size); /* (a lone surrogate raises, as in Python) */
+    if (name_text == NULL)
+        goto done;
+    size_t nbytes = (size_t)view.len;
+    if (put_tensor_head(&tensor, dtype, &view) < 0)
+        goto nomemory;
+    size_t tensor_len = tensor.size + (nbytes ? 1 + varint_size(nbytes) : 0) + nbytes;
+    size_t value_head = 1 + varint_size((uint64_t)name_size) + (size_t)name_size + 1 + varint_size(tensor_len) + tensor.size
+                        + (nbytes ? 1 + varint_size(nbytes) : 0);
+    size_t value_len = value_head + nbytes + (size_t)metadata.len;
+    size_t summary_len = 1 + varint_size(value_len) + value_len;
+    /* The record header (its length is known now), then the Event up to the array's bytes. */
+    size_t payload_len = (size_t)prefix.len + 1 + varint_size(summary_len) + summary_len;
+    unsigned char length[8];
+    for (int i = 0; i < 8; i++)
+        length[i] = (unsigned char)((uint64_t)payload_len >> (8 * i));
+    if (put(&head, length, 8) < 0 || put_le(&head, masked(crc32c(length, 8)), 4) < 0 || put(&head, prefix.buf, (size_t)prefix.len) < 0
+        || put_varint(&head, (5 << 3) | 2) < 0 || put_varint(&head, summary_len) < 0 || put_varint(&head, (1 << 3) | 2) < 0
+        || put_varint(&head, value_len) < 0 || put_varint(&head, (1 << 3) | 2) < 0 || put_varint(&head, (uint64_t)name_size) < 0
+        || put(&head, name_text, (size_t)name_size) < 0 || put_varint(&head, (8 << 3) | 2) < 0 || put_varint(&head, tensor_len) < 0
+        || put(&head, tensor.data, tensor.size) < 0)
+        goto nomemory;
+    if (nbytes && (put_varint(&head, (4 << 3) | 2) < 0 || put_varint(&head, nbytes) < 0))
+        goto nomemory;
+    /* Whether a large float array is finite (the black box's question), in the CRC's pass. */
+    const char *format = view.format ? view.format : "B";
+    int itemsize = 0;
+    if (finite_from >= 0 && (Py_ssize_t)nbytes >= finite_from && format[1] == '\0' && (format[0] == 'e' || format[0] == 'f' || format[0] == 'd'))
+        itemsize = (int)view.itemsize;
+    int finite = 1;
+    uint32_t footer = SMDEBUG_PLACEHOLDER_CRC;
+#ifdef HAVE_SCAN
+    const unsigned char *bytes = view.buf;
+    if (placeholder_crc) {
+        if (itemsize) {
+            Py_BEGIN_ALLOW_THREADS
+            finite = all_finite(bytes, nbytes, itemsize);
+            Py_END_ALLOW_THREADS
+        }
+    } else {
+        uint32_t reg = crc_hardware(0xFFFFFFFFu, (const unsigned char *)head.data + 12, head.size - 12, 0, &finite);
+        if (nbytes >= GIL_RELEASED_FROM) {
+            Py_BEGIN_ALLOW_THREADS
+            reg = crc_hardware(reg, bytes, nbytes, itemsize, &finite);
+            Py_END_ALLOW_THREADS
+        } else
+            reg = crc_hardware(reg, bytes, nbytes, itemsize, &finite);
+        reg = crc_hardware(reg, metadata.buf, (size_t)metadata.len, 0, &finite);
+        footer = masked(~reg);
+    }
+#endif
+    PyObject *finite_out = itemsize ? (finite ? Py_True : Py_False) : Py_None;
+    size_t record_len = head.size + nbytes + (size_t)metadata.len + 4;
+    if (nbytes <= SMALL_TENSOR_BYTES) {
+        /* One buffer: the copy costs less than three buffers handed on. */
+        if (put(&head, view.buf, nbytes) < 0 || put(&head, metadata.buf, (size_t)metadata.len) < 0 || put_le(&head, footer, 4) < 0)
+            goto nomemory;
+        PyObject *one = PyBytes_FromStringAndSize(head.data, (Py_ssize_t)head.size);
+        if (one != NULL)
+            result = Py_BuildValue("([N]nO)", one, (Py_ssize_t)record_len, finite_out);
+        goto done;
+    }
+    Buffer tail = {0};
+    if (put(&tail, metadata.buf, (size_t)metadata.len) < 0 || put_le(&tail, footer, 4) < 0) {
+        PyMem_RawFree(tail.data);
+        goto nomemory;
+    }
+    PyObject *first = PyBytes_FromStringAndSize(head.data, (Py_ssize_t)head.size);
+    PyObject *last = PyBytes_FromStringAndSize(tail.data, (Py_ssize_t)tail.size);
+    PyMem_RawFree(tail.data);
+    /* The array's memory as flat bytes (a view that keeps the array alive). */
+    content = PyMemoryView_FromObject(array);
+    flat = content == NULL ? NULL : PyObject_CallMethod(content, "cast", "s", "B");
+    if (first != NULL && last != NULL && flat != NULL)
+        result = Py_BuildValue("([OOO]nO)", first, flat, last, (Py_ssize_t)record_len, finite_out);
+    Py_XDECREF(first);
+    Py_XDECREF(last);
+    goto done;
+nomemory:
+    PyErr_NoMemory();
+    goto done;
+none:
+    result = Py_NewRef(Py_None);
+done:
+    Py_XDECREF(flat);
+    Py_XDECREF(content);
+    PyMem_RawFree(head.data);
+    PyMem_RawFree(tensor.data);
+    if (have_view)
+        PyBuffer_Release(&view);
+    PyBuffer_Release(&prefix);
+    PyBuffer_Release(&metadata);
+    return result;
+}
+
 /* ---- the batch ------------------------------------------------------------------------ */
 
 static int
@@ -1014,12 +1181,16 @@ static PyMethodDef methods[] = {
     {"scan", scan, METH_VARARGS,
      "scan(data, crc, itemsize, /): (CRC-32C of data continued from crc, or None where crc is None; whether its floats of "
      "itemsize bytes are all finite, or None where itemsize is 0), or None where this CPU has no CRC-32C instruction."},
+    {"frame_array", frame_array, METH_VARARGS,
+     "frame_array(name, array, prefix, metadata, formats, placeholder_crc, finite_from, /): (the record of `array` saved as "
+     "`name` as buffers, its length, whether it is finite or None), as StepFramer.frame's Python path frames it, or None "
+     "where that path frames it (not C-contiguous, a dtype format not in `formats`, no CRC-32C instruction)."},
     {"crc32c", crc32c_of, METH_O, "crc32c(data, /): CRC-32C of a buffer (the one the records here are framed with)."},
     {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef framing_module = {
-    PyModuleDef_HEAD_INIT, "_encode", "The writer threads' encoders in C: held scalar steps, the step timeline's events.", -1, methods,
+    PyModuleDef_HEAD_INIT, "_encode", "The writer threads' encoders in C: held scalar steps, arrays' records, the step timeline's events.", -1, methods,
 };
 
 PyMODINIT_FUNC

@@ -25,3 +25,13 @@ def timeline_events(
 ) -> tuple[bytes, set[int], int | None, int | None] | None: ...
 def scan(data: Any, crc: int | None, itemsize: int, /) -> tuple[int | None, bool | None] | None: ...
 def crc32c(data: bytes | memoryview, /) -> int: ...
+def frame_array(
+    name: str,
+    array: Any,
+    prefix: bytes,
+    metadata: bytes,
+    formats: dict[str, int],
+    placeholder_crc: bool,
+    finite_from: int,
+    /,
+) -> tuple[list[bytes | memoryview], int, bool | None] | None: ...

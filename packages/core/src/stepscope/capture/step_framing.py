@@ -2,11 +2,15 @@
 (`StepFramer`), and the step tables that repeat a block of steps' index entries in one
 file (`StepTables`). Both run on the writer's threads; neither touches the store.
 
-Framing is Python per tensor holding the GIL, while the training thread wants it back
-after every framework op: so the framer hands the GIL over on purpose once it has held it
-for `yield_every_s` (see `_GilYield`), instead of making the training thread wait out the
-interpreter's 5 ms switch interval. Checksums and the buffers' bytes are C work with the
-GIL released (crc32c releases it for large buffers).
+The training thread wants the GIL back after every framework op, so the framer holds it
+as little as it can. Each array's record (the Event's fields around the array's bytes, the
+TFRecord framing, the CRC-32C and, for the black box, whether a float array is finite) is
+made in one call of the C extension `_encode.frame_array`, with the GIL released over
+large arrays: in Python that was some sixty bytecodes and a dozen calls per array, holding
+the GIL. Values it leaves (strings, bfloat16, arrays that are not contiguous) are framed
+in Python as before. Between values the framer hands the GIL over on purpose once it has
+held it for `yield_every_s` (see `_GilYield`), instead of making the training thread wait
+out the interpreter's 5 ms switch interval.
 
 A held batch of scalar steps (held_steps.py: the losses of a hundred steps at a time) is
 framed in one call of the C extension `_encode` where it is built (`frame_held`): the same
@@ -28,11 +32,26 @@ import numpy as np
 from .. import events, layout, records
 from ..compiled import load_extension
 from ..modes import ModeKeys
+from ..tf_dtypes import NUMPY_TO_DT
 
 logger = logging.getLogger("stepscope")
 
-# Held scalar steps framed in C, or None: not built, or $STEPSCOPE_PURE_PYTHON.
+# Held scalar steps and arrays framed in C, or None: not built, or $STEPSCOPE_PURE_PYTHON.
 _encode = load_extension(__package__, "_encode")
+
+
+def _buffer_formats() -> dict[str, int]:
+    """The TensorFlow dtype code of each buffer format a numpy array of a savable dtype
+    exports (int64 is "l" and "q", one dtype under two type characters), for frame_array."""
+    formats = {}
+    for char in np.typecodes["All"]:
+        dtype = np.dtype(char)
+        if dtype.kind not in "USOV" and dtype in NUMPY_TO_DT:
+            formats[memoryview(np.empty(0, dtype)).format] = NUMPY_TO_DT[dtype]  # type: ignore[arg-type]
+    return formats
+
+
+_FORMATS = _buffer_formats()
 # Index i: (the name, its JSON) of mode number i, as a step's index gives it.
 _MODE_NAMES = tuple(
     (ModeKeys(i).name, json.dumps(ModeKeys(i).name).encode()) if i in ModeKeys._value2member_map_ else None for i in range(max(ModeKeys) + 1)
@@ -107,6 +126,9 @@ class StepFramer:
         # frame_held's value heads: name -> (type of its values, the Value's bytes up to the
         # content, the name as JSON, the content's size, a 0-d array's dtype), made by `_held_head`.
         self._held_heads: dict[str, tuple[type, bytes, bytes, int, np.dtype | None]] = {}
+        # Arrays framed in C (`_encode.frame_array`), or None: each in Python. (An attribute,
+        # so that a benchmark can compare the two in one process.)
+        self.frame_array = getattr(_encode, "frame_array", None)
 
     def _checked_name(self, name: str) -> str:
         # The index must hold the name too: refuse what JSON cannot encode (a lone
@@ -132,14 +154,29 @@ class StepFramer:
         kept_shapes = dict(shapes)
         wall_time = time.time()  # one time for the step's records: they are framed together
         pause = _GilYield(self._yield_every_s)
+        frame_array = self.frame_array
+        if frame_array is not None:
+            prefix, metadata = events.event_fields(step, mode, mode_step, wall_time)
+            # Judged in the CRC's pass from the size framed as three buffers: the black box
+            # then reads none of these arrays again (smaller ones it reads cheaply).
+            finite_from = events.SMALL_TENSOR_BYTES + 1 if finite is not None else -1
         for name, value in tensors.items():
             try:
                 array = as_array(value)
-                payload = events.encode_tensor_event(name, array, step, mode, mode_step, wall_time)
-                crc = None
-                if array.nbytes >= GIL_RELEASED_FROM and len(payload) == 3:
-                    crc = self._scanned(name, array, payload, finite)
-                framed, length = records.frame_sized(payload, placeholder_crc=self._placeholder_crc, crc=crc)
+                made = None
+                if frame_array is not None and type(array) is np.ndarray:
+                    # The same bytes as the lines below, in one call (None: those lines).
+                    made = frame_array(name, array, prefix, metadata, _FORMATS, self._placeholder_crc, finite_from)
+                if made is not None:
+                    framed, length, checked = made
+                    if checked is not None:
+                        finite[name] = checked  # type: ignore[index]
+                else:
+                    payload = events.encode_tensor_event(name, array, step, mode, mode_step, wall_time)
+                    crc = None
+                    if array.nbytes >= GIL_RELEASED_FROM and len(payload) == 3:
+                        crc = self._scanned(name, array, payload, finite)
+                    framed, length = records.frame_sized(payload, placeholder_crc=self._placeholder_crc, crc=crc)
                 self._checked_name(name)
             except Exception as exc:
                 # One value that cannot be saved costs that tensor, never the step or the run.
