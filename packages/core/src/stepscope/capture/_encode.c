@@ -605,7 +605,8 @@ frame_array(PyObject *module, PyObject *args)
         goto none;
     }
     have_view = 1;
-    PyObject *code = PyDict_GetItemString(formats, view.format ? view.format : "B"); /* borrowed */
+    const char *format = view.format ? view.format : "B";
+    PyObject *code = PyDict_GetItemString(formats, format); /* borrowed */
     if (code == NULL)
         goto none; /* a dtype the Python path knows better (strings, byte-swapped, bfloat16) */
     long dtype = PyLong_AsLong(code);
@@ -637,7 +638,6 @@ frame_array(PyObject *module, PyObject *args)
     if (nbytes && (put_varint(&head, (4 << 3) | 2) < 0 || put_varint(&head, nbytes) < 0))
         goto nomemory;
     /* Whether a large float array is finite (the black box's question), in the CRC's pass. */
-    const char *format = view.format ? view.format : "B";
     int itemsize = 0;
     if (finite_from >= 0 && (Py_ssize_t)nbytes >= finite_from && format[1] == '\0' && (format[0] == 'e' || format[0] == 'f' || format[0] == 'd'))
         itemsize = (int)view.itemsize;

@@ -206,15 +206,16 @@ class Writer(ClosedOnExit):
         self._waited_s = 0.0  # publisher time spent waiting out outages (not work: kept out of busy_s)
         self._wake = threading.Event()  # ends a retry's back-off early: close() gave up
         self._was_behind = False  # the publisher's last large job found the writer behind
-        # Two stages: this thread encodes and checksums (CRC32C holds the GIL), the publisher
-        # writes files (system calls release it), so checksumming step N+1 overlaps writing N.
+        # Two stages: this thread encodes and checksums, the publisher writes files, so that
+        # when steps queue up, framing step N+1 overlaps writing N.
         self._framed: queue.Queue[Any] = queue.Queue(maxsize=2)
         # Jobs handed to the publisher and not yet published (counted under _publishing,
         # which is held while a job is published). With none, and nothing waiting to be
         # framed, there is nothing to overlap: the writer thread publishes the job itself
         # (_run). A hand-over wakes a second thread, which on a machine whose cores all
         # train takes a core from training once more per save (bench/ab_writer_parts.py
-        # handoff: 0.3-0.8 ms of training time per 3.2 MB save here).
+        # handoff: 0.25-0.79 ms of training time per 3.2 MB save in 5 of 6 runs here, near
+        # that script's resolution of about 0.45 ms a save).
         self._publishing = threading.Lock()
         self._handed = 0
         self._publish_inline = True  # (False: always hand over; for that bench)
