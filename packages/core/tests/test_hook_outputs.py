@@ -81,28 +81,33 @@ def test_a_failing_listener_is_dropped_not_fatal(tmp_path):
     assert json.loads((tmp_path / "job" / "index" / "000000000" / "000000000002_worker_0.json").read_text())["tensor_payload"]
 
 
-def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path):
+@pytest.mark.parametrize("routine", [False, True], ids=["weights-due", "scalars-due"])
+def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path, routine):
     # begin_step feeds the meter itself (it runs every step): every BLOCK_STEPS steps where
-    # nothing is due, and around each step where something is; the totals count every step.
+    # nothing is due, and around each step where tensors are; a step where only routine
+    # collections are due (losses, metrics, the default collection: saved at every step
+    # under the capture defaults) is sampled like one where nothing is. The totals count
+    # every step.
     from stepscope.capture.cost import BLOCK_STEPS, MAX_SAMPLES, CostMeter
     from stepscope.capture.hook import HookBase
     from stepscope.config import ProfilerConfig, SaveConfig
 
     due_every = 50
-    hook = HookBase(str(tmp_path / "job"), profiler_config=ProfilerConfig.disabled(), save_config=SaveConfig(save_interval=due_every), include_collections=["metrics"])
+    collection = "metrics" if routine else "weights"
+    hook = HookBase(str(tmp_path / "job"), profiler_config=ProfilerConfig.disabled(), save_config=SaveConfig(save_interval=due_every), include_collections=[collection])
     hook.outputs.meter.min_block_s = 0  # blocks of BLOCK_STEPS however short (they grow on fast steps: below)
     steps = BLOCK_STEPS * (2 * MAX_SAMPLES) + 101
     for step in range(steps):
         hook.begin_step("train")
         if step % due_every == 0:
-            hook.save_scalar("m", float(step))
+            hook.save_tensor("m", np.full(2, float(step)), collection)
     meter = hook.outputs.meter
     reference = CostMeter("worker_0")
     expected_starts = []
     last = None
     for step in range(steps):
         due, after_due = step % due_every == 0, step > 0 and (step - 1) % due_every == 0
-        if last is None or due or after_due or step >= last + BLOCK_STEPS:
+        if last is None or (not routine and (due or after_due)) or step >= last + BLOCK_STEPS:
             expected_starts.append(step)
             last = step
     for step in expected_starts:

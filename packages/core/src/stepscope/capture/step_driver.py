@@ -16,7 +16,7 @@ import types
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
-from ..config import ALWAYS_SAVED_COLLECTIONS, Collection
+from ..config import ROUTINE_COLLECTIONS, Collection
 from ..exceptions import ConfigError
 from ..modes import ModeKeys
 from .phases import EVENT_CODES, EVENT_OF_CODE, EVENTS, OTHER, PHASE_CODES, PHASES, Clock, PhaseLog
@@ -28,10 +28,12 @@ _perf_counter = time.perf_counter
 _event_code = EVENT_CODES.get  # one call, where `EVENT_CODES.get(...)` is a lookup and a call
 _TRAIN = ModeKeys.TRAIN
 _OTHER_CODE = PHASE_CODES[OTHER]
-# Collections of scalars (losses, metrics): due at every step under the capture defaults. A
-# step where only these are due is routine: the cost meter samples it like a step where
-# nothing is due instead of timing each one.
-_SCALARS = ALWAYS_SAVED_COLLECTIONS
+# Collections of scalars (losses, metrics, and the default collection, which holds nothing
+# at most steps): due at every step under the capture defaults. A step where only these are
+# due is routine (config.ROUTINE_COLLECTIONS, as held_steps.py holds it): the cost meter
+# samples it like a step where nothing is due instead of timing each one, as the compiled
+# paths of the plugins do.
+_SCALARS = ROUTINE_COLLECTIONS
 
 
 class _DueRun:
