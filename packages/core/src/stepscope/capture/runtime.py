@@ -215,8 +215,14 @@ class HookRuntime:
             if part is not None:
                 parts[name] = start_within(self._part_closer(part, deadline), name)
         if self.writer is not None:
-            hook.failsafe.call(self.close_held)
-            hook.failsafe.call(self.write_collections)
+            # The held steps (losses and metrics of up to HOLD_STEPS ended steps) were saved
+            # before whatever turned the hook off: they go to the writer even after a
+            # failure, as do the collections that name them (a failed writer drops them).
+            for name, part in (("hand over its held steps", self.close_held), ("write its collections", self.write_collections)):
+                try:
+                    part()
+                except Exception as exc:  # noqa: BLE001 - closing never raises; the failure is already recorded
+                    logger.warning("stepscope: could not %s: %s", name, exc)
             # Only rank 0 marks the job finished; other workers just flush.
             self.writer.close(end_marker=hook.rank == 0, deadline=deadline.earlier(min(_AFTER_WRITER_S, deadline.seconds / 10)))
         if self.claim is not None:  # (also after a failure: the worker is free again)
