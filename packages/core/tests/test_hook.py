@@ -222,3 +222,21 @@ def test_a_hand_driven_step_is_data_until_begin_step_then_other(tmp_path):
     assert evaluation["compute"] >= 25 and "other" not in evaluation.index
     with pytest.raises(ConfigError, match="unknown phase 'fetch'"):
         hook.begin_step("train", phase="fetch")
+
+
+def test_steps_held_before_a_failure_are_written_at_close(tmp_path, caplog):
+    # Losses saved at every step are held and handed to the writer a hundred steps at a
+    # time (held_steps.py): a failure that turns the hook off must not drop those already
+    # saved. The fail-safe's failure here is planted where a plugin's would come from.
+    hook = make_core(tmp_path / "job")  # (the capture defaults: losses at every step)
+    for step in range(30):
+        hook.begin_step("train")
+        hook.save_loss(float(step) / 7)
+        hook.end_step()
+    assert len(hook._runtime.held) == 30  # none written yet
+    hook.failsafe.fail(RuntimeError("planted plugin failure"))
+    assert not hook.enabled
+    hook.close()
+    loss = create_trial(str(tmp_path / "job")).tensor("loss")
+    assert loss.steps() == list(range(30))
+    assert [float(loss.value(s)) for s in range(30)] == [s / 7 for s in range(30)]
