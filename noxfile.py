@@ -37,7 +37,7 @@ INSTALL_INPUTS = (
     "constraints/ci.txt", "packages/core/pyproject.toml", "packages/core/setup.py",
     "packages/torch_plugin/pyproject.toml", "packages/torch_plugin/src/stepscope_torch/_fastpath.c", "packages/tf_plugin/pyproject.toml",
     "packages/core/src/stepscope/traces/_kineto.c", "packages/core/src/stepscope/store/_publish.c",
-    "packages/core/src/stepscope/capture/_encode.c",
+    "packages/core/src/stepscope/capture/_encode.c", "packages/core/src/stepscope/capture/_batches.c",
 )
 QUIET_TF = {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "0", "PYTHONDONTWRITEBYTECODE": ""}
 # The order in which the workers get the files is the root conftest.py's: the longest first

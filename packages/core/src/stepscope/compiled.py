@@ -31,7 +31,7 @@ def load_extension(package: str, name: str) -> ModuleType | None:
 
 # stepscope's own extensions (the plugins have theirs), by what they do.
 EXTENSIONS = {"stepscope.traces._kineto": "trace parser", "stepscope.store._publish": "small-file publisher",
-              "stepscope.capture._encode": "writer encoders"}  # fmt: skip
+              "stepscope.capture._encode": "writer encoders", "stepscope.capture._batches": "routine batches"}  # fmt: skip
 
 
 def loaded() -> dict[str, bool]:

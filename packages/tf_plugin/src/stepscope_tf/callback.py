@@ -15,6 +15,7 @@ from typing import Any
 
 import keras
 
+from stepscope.capture import routine_batches
 from stepscope.capture.hook_options import HookOptions
 from stepscope.capture.phases import COMPUTE, PHASE_CODES
 from stepscope.config import CollectionName
@@ -25,6 +26,7 @@ from .hook import Hook
 # Which compiled function of the model runs each mode; see `_attach`.
 _FUNCTIONS = {ModeKeys.TRAIN: "train", ModeKeys.EVAL: "test", ModeKeys.PREDICT: "predict"}
 _COMPUTE = PHASE_CODES[COMPUTE]
+_TRAIN, _EVAL = ModeKeys.TRAIN, ModeKeys.EVAL
 
 
 class StepscopeCallback(keras.callbacks.Callback):
@@ -42,6 +44,10 @@ class StepscopeCallback(keras.callbacks.Callback):
         """The options of `stepscope.HookOptions` (by position or name), or one HookOptions."""
         super().__init__()
         self.hook = Hook(HookOptions.of(out_dir, *args, **kwargs))
+        # The steps that save only losses and metrics (every step under the capture
+        # defaults), run in one call each for begin and end: capture/routine_batches.py.
+        self._routine = routine_batches.make_batches(self.hook)
+        self._stop = self.hook._stop  # (its `requested`: read after every batch)
         self._runs = 0  # nesting depth of fit/evaluate/predict (evaluate runs inside fit)
 
     @classmethod
@@ -54,6 +60,7 @@ class StepscopeCallback(keras.callbacks.Callback):
 
     def _attach(self, mode: ModeKeys) -> None:
         self._runs += 1
+        routine_batches.disarm(self._routine)  # (what is installed decides what a routine step is)
         if self.hook.attach(self.model, getattr(self.model, "optimizer", None)):
             # Keras compiled this run's step before calling us: compile it again with the
             # captures in; the other modes' steps are compiled again when next needed.
@@ -95,29 +102,59 @@ class StepscopeCallback(keras.callbacks.Callback):
         # The batch is here: data ends, compute begins. (`begin_step(mode, phase=COMPUTE)`
         # with its arguments known good: this runs after every framework step, on cold caches.)
         self.hook._open_step(mode, None, _COMPUTE)
+        routine_batches.arm(self._routine, self.hook, mode)  # (the next steps like this one, when routine)
 
     def on_train_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._batch_begin(ModeKeys.TRAIN)
+        try:  # (nothing escapes into training: a failure turns the hook off, as FailSafe does)
+            if self._routine.begin(_TRAIN):
+                return
+        except Exception as exc:
+            self.hook.failsafe.fail(exc)
+        self._batch_begin(_TRAIN)
 
     def on_test_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._batch_begin(ModeKeys.EVAL)
+        try:
+            if self._routine.begin(_EVAL):
+                return
+        except Exception as exc:
+            self.hook.failsafe.fail(exc)
+        self._batch_begin(_EVAL)
 
     def on_predict_batch_begin(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self._batch_begin(ModeKeys.PREDICT)
 
     def _batch_end(self, logs: dict[str, Any] | None) -> None:
+        # (The step driver's path: a step `RoutineBatches.end` does not end.)
         hook = self.hook
         hook.finish_step_timing()
+        step = hook.current_step
         hook.save_logs(logs)
+        if step is not None:
+            routine_batches.learn_logs(self._routine, step, *hook._log_plans)
         hook.end_step(raise_on_stop=False)
-        if hook.stop_requested:
-            self.model.stop_training = True
 
     def on_train_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._batch_end(logs)
+        # (One frame for the routine step: this runs right after the framework's step.)
+        try:
+            done = self._routine.end(logs)
+        except Exception as exc:
+            self.hook.failsafe.fail(exc)
+            done = False
+        if not done:
+            self._batch_end(logs)
+        if self._stop.requested:
+            self.model.stop_training = True
 
     def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        self._batch_end(logs)
+        try:
+            done = self._routine.end(logs)
+        except Exception as exc:
+            self.hook.failsafe.fail(exc)
+            done = False
+        if not done:
+            self._batch_end(logs)
+        if self._stop.requested:
+            self.model.stop_training = True
 
     def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.hook.finish_step_timing()

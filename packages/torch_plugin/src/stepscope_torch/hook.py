@@ -180,13 +180,6 @@ class Hook(OptimizerSteps):
         modules save their output as they did there."""
         self._losses_armed = losses_armed
 
-    def _release_held(self) -> None:
-        """The held scalar steps to the writer (the compiled path's, once enough wait)."""
-        self._runtime.release_held()
-        writer = self._runtime.writer
-        if writer is not None and writer.failed:
-            self.failsafe.enabled = False
-
     def _on_step_end(self) -> None:
         self._losses_armed = False
         if self._step_handles:

@@ -284,6 +284,14 @@ class HookBase(StepDriver, ClosedOnExit):
             if writer.failed:
                 self.failsafe.enabled = False
 
+    def _release_held(self) -> None:
+        """The held scalar steps to the writer (a plugin's own source of them calls this
+        once enough wait: held_steps.py)."""
+        self._runtime.release_held()
+        writer = self._runtime.writer
+        if writer is not None and writer.failed:
+            self.failsafe.enabled = False
+
     def _resumed(self) -> None:
         claim = self._runtime.claim
         if claim is not None:  # this run continues the job's numbering: not a second training
