@@ -1,8 +1,9 @@
 """The routine batches (stepscope.capture.routine_batches) in Keras: under the capture
-defaults most steps save only the logs, and the callback runs them in C (`_batches.Batches`)
-instead of through the step driver. Training is run with them and without them (`arm` made
-a no-op) and what was saved is compared, and checked against what Keras showed the
-callbacks (an independent record)."""
+defaults most steps save only the logs, and the callback runs them (and the steps where
+nothing is due) itself instead of through the step driver, in C (`_batches.Batches`) or in
+Python (`PythonBatches`): every test runs with each. Training is run with them and without
+them (`arm` made a no-op) and what was saved is compared, and checked against what Keras
+showed the callbacks (an independent record)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import pytest
 
 import stepscope
 from stepscope.capture import routine_batches
-from stepscope.config import ProfilerConfig
+from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope.modes import ModeKeys
 from stepscope.profiler import STEP_PHASES, create_profiler_trial
 from stepscope_tf import StepscopeCallback
@@ -25,7 +26,16 @@ SAMPLES = 256  # 32 steps an epoch: past the capture defaults' dense start, most
 VALIDATION = 64
 
 
-needs_c = pytest.mark.skipif(not COMPILED, reason="stepscope.capture._batches is not built here (or STEPSCOPE_PURE_PYTHON)")
+
+
+@pytest.fixture(params=["compiled", "python"], autouse=True)
+def implementation(request, monkeypatch):
+    """Which routine batches the callbacks made in a test get."""
+    if request.param == "compiled" and not COMPILED:
+        pytest.skip("stepscope.capture._batches is not built here (or STEPSCOPE_PURE_PYTHON)")
+    if request.param == "python":
+        monkeypatch.setenv("STEPSCOPE_PURE_PYTHON", "1")
+    return request.param
 
 
 def _data():
@@ -35,20 +45,19 @@ def _data():
     return x, y
 
 
-def _train(make_model, recorder, out_dir, *, routine=True, monkeypatch=None, extra=(), epochs=2):
-    """fit (with validation) + evaluate with the one-line callback, the routine path on or
-    off; returns the callback (closed) and the model."""
-    if not routine:
-        monkeypatch.setattr(routine_batches, "arm", lambda batches, hook, mode: None)
-    x, y = _data()
-    model = make_model()
-    callback = StepscopeCallback(str(out_dir), profiler_config=ProfilerConfig(system_monitor=False))
-    callbacks = [recorder, *extra, callback]
-    model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks, validation_data=(x[:VALIDATION], y[:VALIDATION]))
-    model.evaluate(x[:VALIDATION], y[:VALIDATION], batch_size=BATCH, verbose=0, callbacks=callbacks)
-    callback.close()
-    if not routine:
-        monkeypatch.undo()
+def _train(make_model, recorder, out_dir, *, routine=True, extra=(), epochs=2, options=None):
+    """fit (with validation) + evaluate with the one-line callback (or `options`), the
+    routine path on or off; returns the callback (closed) and the model."""
+    with pytest.MonkeyPatch.context() as patch:
+        if not routine:
+            patch.setattr(routine_batches, "arm", lambda batches, hook, mode: None)
+        x, y = _data()
+        model = make_model()
+        callback = StepscopeCallback(str(out_dir), profiler_config=ProfilerConfig(system_monitor=False), **(options or {}))
+        callbacks = [recorder, *extra, callback]
+        model.fit(x, y, batch_size=BATCH, epochs=epochs, shuffle=False, verbose=0, callbacks=callbacks, validation_data=(x[:VALIDATION], y[:VALIDATION]))
+        model.evaluate(x[:VALIDATION], y[:VALIDATION], batch_size=BATCH, verbose=0, callbacks=callbacks)
+        callback.close()
     return callback, model
 
 
@@ -64,27 +73,36 @@ def _saved(out_dir):
     return trial, out
 
 
-@needs_c
-def test_routine_batches_save_what_the_step_driver_saves(make_model, recorder, tmp_path, monkeypatch, helpers):
-    fast, _ = _train(make_model, recorder, tmp_path / "fast")
-    slow, _ = _train(make_model, helpers.Recorder(), tmp_path / "slow", routine=False, monkeypatch=monkeypatch)
+EVERY_7 = {"save_config": SaveConfig(save_interval=7), "include_collections": ["weights", "biases", "gradients"]}
+
+
+@pytest.mark.parametrize("options", [None, EVERY_7], ids=["capture-defaults", "every-7-steps"])
+def test_routine_batches_save_what_the_step_driver_saves(make_model, recorder, tmp_path, helpers, options, implementation):
+    # Under the capture defaults most steps save the logs alone; saving every 7 steps, most
+    # steps save nothing (both run in C between the steps that save tensors).
+    fast, _ = _train(make_model, recorder, tmp_path / "fast", options=options)
+    assert isinstance(fast._routine, routine_batches.PythonBatches) == (implementation == "python")
+    slow, _ = _train(make_model, helpers.Recorder(), tmp_path / "slow", routine=False, options=options)
     steps = 2 * (SAMPLES // BATCH) + 3 * (VALIDATION // BATCH)
-    # Most steps ran routinely: all but the dense start's, the tensor steps and the steps
-    # after them, and the cost meter's timed steps; none without it.
+    # Most steps ran here: all but the dense start's, the tensor steps and the steps after
+    # them, and the cost meter's timed steps; none without it.
     assert fast._routine.steps > steps // 2
     assert slow._routine.steps == 0
     fast_trial, fast_saved = _saved(tmp_path / "fast")
     slow_trial, slow_saved = _saved(tmp_path / "slow")
-    assert fast_trial.steps() == slow_trial.steps() == list(range(steps))
+    assert fast_trial.steps() == slow_trial.steps()
+    assert options is not None or fast_trial.steps() == list(range(steps))
     assert [fast_trial.mode_of(s) for s in fast_trial.steps()] == [slow_trial.mode_of(s) for s in slow_trial.steps()]
     assert fast_saved.keys() == slow_saved.keys()
     for key, values in fast_saved.items():
         assert values.keys() == slow_saved[key].keys(), key
-    # The losses and metrics are what Keras showed the callbacks at each batch end.
+    # The losses and metrics are what Keras showed the callbacks at each batch end where
+    # they were due (every step, or every 7th step of each mode).
+    every = 1 if options is None else 7
     for mode, logs in ((ModeKeys.TRAIN, recorder.logs["train"]), (ModeKeys.EVAL, recorder.logs["test"])):
-        assert len(logs) == len([k for k in fast_saved if k[0] == mode])
-        for mode_step, shown in enumerate(logs):
-            saved = fast_saved[(mode, mode_step)]
+        assert sorted(k[1] for k in fast_saved if k[0] == mode) == list(range(0, len(logs), every))
+        for mode_step, shown in enumerate(logs[::every]):
+            saved = fast_saved[(mode, mode_step * every)]
             for name, value in shown.items():
                 assert saved[name] == np.float64(value), (mode, mode_step, name)
     # The step timeline has each step's data and compute phases, on both paths alike.
@@ -96,13 +114,13 @@ def test_routine_batches_save_what_the_step_driver_saves(make_model, recorder, t
         assert set(phases.groupby("step")["phase"].apply(frozenset)) <= {frozenset({"data", "compute"}), frozenset({"compute"})}
         assert (phases["phase"] == "compute").sum() == steps
     # The cost meter counted every step; the evidence note counted every saved loss.
+    train, validation = 2 * SAMPLES // BATCH, 3 * VALIDATION // BATCH
     for callback in (fast, slow):
         assert callback.hook.outputs.meter.cost.steps == steps
         saved = callback.hook._runtime.saved
-        assert (saved.train_losses, saved.eval_losses) == (2 * SAMPLES // BATCH, 3 * VALIDATION // BATCH)
+        assert (saved.train_losses, saved.eval_losses) == (-(-train // every), -(-validation // every))
 
 
-@needs_c
 def test_a_value_saved_into_a_routine_step_is_saved_at_that_step(make_model, recorder, tmp_path):
     import keras
 
@@ -127,7 +145,6 @@ def test_a_value_saved_into_a_routine_step_is_saved_at_that_step(make_model, rec
     assert callback._routine.steps > 0
 
 
-@needs_c
 def test_a_failure_in_the_routine_path_never_breaks_training_and_keeps_what_was_saved(make_model, recorder, tmp_path, caplog):
     x, y = _data()
     model = make_model()
@@ -159,7 +176,6 @@ def test_a_failure_in_the_routine_path_never_breaks_training_and_keeps_what_was_
         assert loss.value(step) == np.float64(recorder.logs["train"][step]["loss"])
 
 
-@needs_c
 def test_a_failing_clock_stops_the_timeline_and_tensors_go_on(make_model, recorder, tmp_path):
     x, y = _data()
     model = make_model()
@@ -184,7 +200,6 @@ def test_a_failing_clock_stops_the_timeline_and_tensors_go_on(make_model, record
     assert trial.tensor("loss").steps() == list(range(1 + SAMPLES // BATCH))
 
 
-@needs_c
 @pytest.mark.parametrize("when", ["before", "after"])
 def test_load_state_dict_between_fits_continues_the_numbering_on_the_routine_path(make_model, recorder, tmp_path, when):
     # The routine path reads the counters at every step: a checkpoint's numbering restored
@@ -207,7 +222,6 @@ def test_load_state_dict_between_fits_continues_the_numbering_on_the_routine_pat
     assert [trial.mode_of(s)[1] for s in second] == [state["mode_steps"]["TRAIN"] + i for i in range(SAMPLES // BATCH)]
 
 
-@needs_c
 def test_routine_steps_reach_the_writer_in_order_with_the_others(make_model, recorder, tmp_path):
     # Routine steps wait in RoutineBatches' list, the others go through HeldSteps.hand_over:
     # the index files of one worker are written in step order (HeldSteps takes the list first).
@@ -227,12 +241,3 @@ def test_routine_steps_reach_the_writer_in_order_with_the_others(make_model, rec
     callback.close()
     assert written == sorted(written) and len(written) > SAMPLES // BATCH
     assert os.path.isdir(tmp_path / "job" / "index")
-
-
-def test_without_the_extension_every_batch_takes_the_step_driver(make_model, recorder, tmp_path, monkeypatch):
-    monkeypatch.setenv("STEPSCOPE_PURE_PYTHON", "1")
-    callback, _ = _train(make_model, recorder, tmp_path / "job", epochs=1)
-    assert isinstance(callback._routine, routine_batches.NoBatches) and callback._routine.steps == 0
-    _, saved = _saved(tmp_path / "job")
-    for mode_step, shown in enumerate(recorder.logs["train"]):
-        assert saved[(ModeKeys.TRAIN, mode_step)]["loss"] == np.float64(shown["loss"])

@@ -347,17 +347,18 @@ class Hook(HookBase):
         self._reader.record(self, entries, self._switches(arm_gradients, arm_io))
 
     def routine_batches_allowed(self, step: Any) -> tuple[Any, ...] | None:
-        """Whether steps like the open one `step` (the same collections due, only losses
-        and metrics) may be run by the callback's `RoutineBatches` (batches.py): this hook
-        reads nothing and arms no capture at them, and the driver does nothing but count,
-        time and hand them over (no profiling window, no per-step notice, a flat phase
-        log). Returns the captures' switches (such a step must find them off), else None."""
+        """Whether steps like the open one `step` may be run by the callback's routine
+        batches (stepscope.capture.routine_batches): a step where only losses and metrics
+        are due and this hook reads nothing and arms no capture (its key is quiet), or a
+        step where nothing is due; the driver does nothing else at them (no profiling
+        window, a flat phase log). Returns the captures' switches (such a step must find
+        them off), else None."""
         c = self._counters
         log = self._log
         if (
-            self._model is None or (step.due_names, step.mode == ModeKeys.TRAIN) not in self._quiet or self._capturing()
-            or c.detailed is not None or (c.now is not None and (log is None or not log.flat))
+            self._model is None or self._capturing() or c.detailed is not None or (c.now is not None and (log is None or not log.flat))
             or not self.enabled or not self.writes_tensors or self._runtime.writer is None
+            or (step is not c.idle and (step.due_names, step.mode == ModeKeys.TRAIN) not in self._quiet)
         ):  # fmt: skip
             return None
         return tuple(switch for switch, _on in self._switches(False, False))
