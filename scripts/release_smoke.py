@@ -65,6 +65,11 @@ def compiled_path() -> None:
     encoders = step_framing._encode
     check(encoders is not None and Path(encoders.__file__).suffix in (".so", ".pyd"),
           f"compiled encoders (held steps, step timeline) in stepscope's wheel ({getattr(encoders, '__file__', None)})")
+    from stepscope.compiled import load_extension
+
+    batches = load_extension("stepscope.capture", "_batches")
+    check(batches is not None and Path(batches.__file__).suffix in (".so", ".pyd"),
+          f"compiled routine batches (callbacks' loss-only steps) in stepscope's wheel ({getattr(batches, '__file__', None)})")
 
 
 def version() -> None:

@@ -145,16 +145,8 @@ class StepscopeCallback(keras.callbacks.Callback):
         if self._stop.requested:
             self.model.stop_training = True
 
-    def on_test_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
-        try:
-            done = self._routine.end(logs)
-        except Exception as exc:
-            self.hook.failsafe.fail(exc)
-            done = False
-        if not done:
-            self._batch_end(logs)
-        if self._stop.requested:
-            self.model.stop_training = True
+    # The same for evaluation batches (validation inside fit): the step's mode was set at its begin.
+    on_test_batch_end = on_train_batch_end
 
     def on_predict_batch_end(self, batch: int, logs: dict[str, Any] | None = None) -> None:
         self.hook.finish_step_timing()
