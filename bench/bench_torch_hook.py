@@ -119,6 +119,9 @@ def nothing_due_model(hook: Hook | None = None, mechanism: bool = False) -> tupl
     if hook is not None:
         hook.register_module(model)
         hook.register_optimizer(optimizer)
+        # The steps run under torch.no_grad (no autograd to time), where a forward in
+        # training mode is taken for an evaluation (stepscope_torch.hook): say they train.
+        hook.set_mode("train")
     if mechanism:
 
         def nothing(*args: object) -> None:
