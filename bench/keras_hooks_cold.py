@@ -2,13 +2,14 @@
 that empties the CPU's caches (as a framework step does before them inside `fit`): the cost
 of a loss-only step under the capture defaults as Python run from cold caches.
 
-    python bench/keras_hooks_cold.py [--steps 500] [--sweep-mb 48]
+    python bench/keras_hooks_cold.py [--steps 500] [--sweep-mb 48] [--path compiled|python|driver]
 
 Prints the median microseconds of `on_train_batch_begin` and `on_train_batch_end` per step,
 hot (one step after another) and cold (the sweep between the calls, not timed). Their ratio
 says how much of the hooks' time inside `fit` (bench_keras_callback.py's `hooks us`) is
 cache misses rather than work: the count of objects and calls a step touches, not its
-arithmetic."""
+arithmetic. `--path` picks who runs those steps: the compiled routine batches (the default),
+their Python twin, or the step driver (capture/routine_batches.py)."""
 
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 from bench_keras_callback import dense_model  # noqa: E402 (this folder, as the script runs from it)
 
+from stepscope.capture import routine_batches  # noqa: E402
+from stepscope.compiled import PURE_PYTHON_ENV  # noqa: E402
 from stepscope_tf import StepscopeCallback  # noqa: E402
 
 
@@ -50,7 +53,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=500, help="steps per measurement")
     parser.add_argument("--sweep-mb", type=int, default=48, help="memory swept between the calls (more than the last-level cache)")
+    parser.add_argument("--path", choices=("compiled", "python", "driver"), default="compiled", help="who runs the loss-only steps")
     args = parser.parse_args()
+    if args.path == "python":
+        os.environ[PURE_PYTHON_ENV] = "1"  # (read when the callback is made)
+    elif args.path == "driver":
+        routine_batches.arm = lambda batches, hook, mode: None  # never armed: every batch takes the step driver's path
     root = tempfile.mkdtemp(prefix="keras_hooks_cold_")
     try:
         model = dense_model(256)
@@ -67,7 +75,8 @@ def main() -> None:
         hot = _timed(callback, args.steps, first + 100, None)
         cold = _timed(callback, args.steps, first + 100 + args.steps, sweep)
         callback.close()
-        print(f"keras {keras.__version__}; the callback's batch hooks per loss-only step, medians of {args.steps} steps (us)")
+        print(f"keras {keras.__version__}; the callback's batch hooks per loss-only step on the {args.path} path "
+              f"({callback._routine.steps} steps run by {type(callback._routine).__name__}), medians of {args.steps} steps (us)")
         print(f"{'':6}{'begin':>8}{'end':>8}{'total':>8}")
         for name, (begin, end) in (("hot", hot), ("cold", cold)):
             print(f"{name:6}{begin / 1e3:8.1f}{end / 1e3:8.1f}{(begin + end) / 1e3:8.1f}")

@@ -44,8 +44,9 @@ class StepscopeCallback(keras.callbacks.Callback):
         """The options of `stepscope.HookOptions` (by position or name), or one HookOptions."""
         super().__init__()
         self.hook = Hook(HookOptions.of(out_dir, *args, **kwargs))
-        # The steps that save only losses and metrics (every step under the capture
-        # defaults), run in one call each for begin and end: capture/routine_batches.py.
+        # The steps between tensor steps (only losses and metrics due, every step under the
+        # capture defaults, or nothing due), run in one call each for begin and end:
+        # capture/routine_batches.py.
         self._routine = routine_batches.make_batches(self.hook)
         self._stop = self.hook._stop  # (its `requested`: read after every batch)
         self._runs = 0  # nesting depth of fit/evaluate/predict (evaluate runs inside fit)
@@ -124,7 +125,7 @@ class StepscopeCallback(keras.callbacks.Callback):
         self._batch_begin(ModeKeys.PREDICT)
 
     def _batch_end(self, logs: dict[str, Any] | None) -> None:
-        # (The step driver's path: a step `RoutineBatches.end` does not end.)
+        # (The step driver's path: a step the routine batches did not end.)
         hook = self.hook
         hook.finish_step_timing()
         step = hook.current_step

@@ -26,14 +26,13 @@
 
 #ifndef Py_T_OBJECT_EX  /* before 3.12 */
 #define Py_T_OBJECT_EX T_OBJECT_EX
-#define Py_T_LONGLONG T_LONGLONG
-#define Py_READONLY READONLY
 #endif
 
 #define MODES 5  /* ModeKeys are 1..4; tables are indexed by the mode's number */
 
-/* The phase log's record codes and the "compute" phase (stepscope.capture.phases), given
-   by the module at construction. */
+/* One callback's routine batches: what it calls (the hook's counters, fail-safes and
+   methods), the phase log's record codes and the "compute" phase (stepscope.capture.phases,
+   given at construction), the slots' offsets, the armed runs and the ended steps. */
 typedef struct {
     PyObject_HEAD
     PyObject *counters, *failsafe, *profiler_failsafe;

@@ -60,7 +60,7 @@ class PythonBatches:
                  "_runs", "_idle", "_switches", "_open", "_open_idle", "_held", "_first_held", "_hold_steps", "steps")  # fmt: skip
 
     def __init__(self, counters: Any, failsafe: Any, profiler_failsafe: Any, timeline_failed: Any, meter_block: Any, release: Any,
-                 step_type: type = StepState, codes: tuple[int, ...] = _CODES, max_values: int = MAX_VALUES) -> None:  # fmt: skip
+                 max_values: int = MAX_VALUES) -> None:  # fmt: skip
         self._counters = counters
         self._failsafe, self._profiler_failsafe = failsafe, profiler_failsafe
         self._timeline_failed, self._meter_block, self._release = timeline_failed, meter_block, release
@@ -225,14 +225,14 @@ class PythonBatches:
 def make_batches(hook: Any) -> Any:
     """The routine batches of `hook`: `_batches.Batches` where the extension is built (and
     can read the hook's counters), else `PythonBatches`."""
-    args = (hook._counters, hook.failsafe, hook.profiler_failsafe, hook._timeline_failed, hook._meter_block, hook._release_held, StepState, _CODES, MAX_VALUES)
+    parts = (hook._counters, hook.failsafe, hook.profiler_failsafe, hook._timeline_failed, hook._meter_block, hook._release_held)
     module = load_extension(__package__, "_batches")
     if module is not None:
-        try:
-            return module.Batches(*args)
+        try:  # (C is given the step type and the records' codes; Python uses them directly)
+            return module.Batches(*parts, StepState, _CODES, MAX_VALUES)
         except TypeError as exc:
             logger.warning("stepscope: the compiled routine batches cannot run here (%s); using the Python path", exc)
-    return PythonBatches(*args)
+    return PythonBatches(*parts)
 
 
 def arm(batches: Any, hook: Any, mode: ModeKeys) -> None:
