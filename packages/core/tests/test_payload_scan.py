@@ -223,3 +223,117 @@ def test_frame_array_frames_plain_arrays_without_copying_them_and_leaves_the_res
         encode.frame_array("w\udc80", big, prefix, metadata, formats, False, 0)  # (as `name.encode()` refuses it)
     with pytest.raises(TypeError):
         encode.frame_array(b"w", big, prefix, metadata, formats, False, 0)
+
+
+# ---- a snapshot's CRC taken in its copy (`_encode.copy_scan`, `HostArena.copy_of`) ----------
+
+copying = framing_arrays and hasattr(encode, "copy_scan")
+needs_copy_scan = pytest.mark.skipif(not copying, reason="no _encode.copy_scan here")
+
+
+def _register_from_zero(data) -> int:
+    # The crc32c package continues from a CRC value: its register is that value inverted, so
+    # continuing from 0xFFFFFFFF runs the register from 0; its result is the register inverted.
+    return ~crc32c.crc32c(data, 0xFFFFFFFF) & 0xFFFFFFFF
+
+
+@needs_copy_scan
+@pytest.mark.parametrize("size", SIZES)
+def test_copy_scan_copies_every_byte_and_gives_the_register_the_crc32c_package_gives(size):
+    source = np.random.default_rng(size).integers(0, 256, size, dtype=np.uint8)
+    copy = np.full(size, 0xAB, np.uint8)
+    assert encode.copy_scan(copy, source, 0) == (_register_from_zero(source), None)
+    assert np.array_equal(copy, source)
+    # Any alignment of either buffer (a view one byte in).
+    odd = np.zeros(size + 1, np.uint8)
+    assert encode.copy_scan(odd[1:], source, 0)[0] == _register_from_zero(source) and np.array_equal(odd[1:], source)
+
+
+@needs_copy_scan
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("count", [1, 9, 6143, 6144, 6145, 40000, 300007])
+def test_copy_scan_s_finiteness_verdict_is_numpy_s_wherever_the_bad_value_sits(dtype, count):
+    array = (np.random.default_rng(count).standard_normal(count) * 100).astype(dtype)
+    for bad in (None, np.nan, np.inf, -np.inf):
+        for at in sorted({0, count // 3, count - 1}) if bad is not None else [0]:
+            source = array.copy()
+            if bad is not None:
+                source[at] = bad
+            copy = np.empty_like(source)
+            register, finite = encode.copy_scan(copy, source, source.itemsize)
+            assert finite is bool(np.isfinite(source).all()), (bad, at)
+            assert register == _register_from_zero(source) and copy.tobytes() == source.tobytes()
+
+
+@needs_copy_scan
+def test_copy_scan_refuses_bad_arguments_by_name():
+    with pytest.raises(ValueError, match="cannot be copied into"):
+        encode.copy_scan(np.empty(3, np.uint8), np.zeros(4, np.uint8), 0)
+    with pytest.raises(ValueError, match="itemsize must be 0, 2, 4 or 8"):
+        encode.copy_scan(np.empty(8, np.uint8), np.zeros(8, np.uint8), 3)
+    with pytest.raises(ValueError, match="not a whole number of 4-byte floats"):
+        encode.copy_scan(np.empty(6, np.uint8), np.zeros(6, np.uint8), 4)
+    with pytest.raises(TypeError):
+        encode.copy_scan(b"12345678", np.zeros(8, np.uint8), 0)  # (read-only: nothing to copy into)
+    prefix, metadata = events.event_fields(5, ModeKeys.TRAIN, 5, 1.0)
+    with pytest.raises(TypeError, match="copy_scan's"):
+        encode.frame_array("w", np.zeros(4, np.float32), prefix, metadata, step_framing._FORMATS, False, 0, [1, True])
+    with pytest.raises(ValueError, match="32 bits"):
+        encode.frame_array("w", np.zeros(4, np.float32), prefix, metadata, step_framing._FORMATS, False, 0, (1 << 32, True))
+
+
+@needs_copy_scan
+@pytest.mark.parametrize("placeholder_crc", [False, True])
+def test_a_snapshot_scanned_in_its_copy_is_framed_unread_into_the_python_path_s_record(monkeypatch, placeholder_crc):
+    from stepscope.capture.host_arena import HostArena, Scanned
+
+    monkeypatch.setattr(step_framing.time, "time", lambda: 1_765_000_000.25)
+    values = _every_kind_of_value()
+    arena = HostArena(arena_from=1)
+    snapshots = {name: arena.copy_of(value) if isinstance(value, np.ndarray) and value.size else value for name, value in values.items()}
+    scanned = {name for name, value in snapshots.items() if type(value) is Scanned}
+    # Every contiguous array with a buffer is scanned (a strided one is copied by numpy).
+    assert "weights/f32" in scanned and "int64" in scanned and "strided" not in scanned
+    assert all(np.array_equal(np.asarray(snapshots[name]), values[name], equal_nan=values[name].dtype.kind == "f") for name in scanned)
+    shapes = {name: np.shape(value) for name, value in values.items()}
+    made = {}
+    for label, tensors, compiled in (("scanned", snapshots, True), ("read", values, True), ("python", values, False)):
+        framer = StepFramer("worker_0", lambda step, name, exc: pytest.fail(f"{name} dropped: {exc!r}"), placeholder_crc=placeholder_crc)
+        if not compiled:
+            framer.frame_array = None
+        arrays: dict[str, np.ndarray] = {}
+        finite: dict[str, bool] = {}
+        parts, index = framer.frame(9, ModeKeys.TRAIN, 9, tensors, shapes, arrays, finite=finite)
+        made[label] = (b"".join(bytes(p) for p in parts), index, finite)
+        assert all(type(array) is np.ndarray for array in arrays.values())  # (listeners see arrays)
+    assert made["scanned"][:2] == made["read"][:2] == made["python"][:2]
+    # (the strided array's copy is contiguous: framed in C, and judged, where the original is not)
+    assert {k: v for k, v in made["scanned"][2].items() if k != "strided"} == made["read"][2]
+    # The framer took the copy's register, not the bytes: a wrong register makes a record
+    # whose CRC the reader refuses (where a real CRC is written).
+    name = "weights/f32"
+    wrong = Scanned(snapshots[name].array, (snapshots[name].scan[0] ^ 1, snapshots[name].scan[1]))
+    framer = StepFramer("worker_0", lambda step, n, exc: pytest.fail(f"{n} dropped: {exc!r}"), placeholder_crc=placeholder_crc)
+    parts, _ = framer.frame(9, ModeKeys.TRAIN, 9, {name: wrong}, {})
+    data = b"".join(bytes(p) for p in parts)
+    _version, offset = records_module.parse_record(data, 0)
+    if placeholder_crc:
+        records_module.parse_record(data, offset, allow_placeholder_crc=True)
+    else:
+        with pytest.raises(records_module.CorruptRecord):
+            records_module.parse_record(data, offset)
+
+
+def test_copy_of_takes_numpy_s_copy_where_it_cannot_scan(monkeypatch):
+    from stepscope.capture import host_arena
+
+    arena = host_arena.HostArena(arena_from=1024)
+    big = np.arange(100_000, dtype=np.float32)
+    strided = big.reshape(1000, 100)[:, ::2]
+    copy = arena.copy_of(strided)
+    assert type(copy) is np.ndarray and np.array_equal(copy, strided)
+    small = arena.copy_of(big[:10])
+    assert type(small) is np.ndarray and np.array_equal(small, big[:10])
+    monkeypatch.setattr(host_arena, "_copy_scan", None)  # (not built, or STEPSCOPE_PURE_PYTHON)
+    plain = arena.copy_of(big)
+    assert type(plain) is np.ndarray and np.array_equal(plain, big) and not plain.flags.owndata

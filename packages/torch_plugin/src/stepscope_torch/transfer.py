@@ -18,7 +18,7 @@ import torch
 
 from stepscope import reductions
 from stepscope.capture.hook import TensorPlan
-from stepscope.capture.host_arena import ARENA_FROM, HostArena
+from stepscope.capture.host_arena import ARENA_FROM, HostArena, Scanned
 from stepscope.capture.writer import Deferred
 from stepscope.exceptions import UnsupportedValue
 
@@ -80,27 +80,32 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
-def _snapshot(arena: HostArena, tensor: torch.Tensor) -> np.ndarray:
-    """A copy of host tensor `tensor`'s values, in the arena's reused memory."""
+def _snapshot(arena: HostArena, tensor: torch.Tensor, raw: bool) -> np.ndarray | Scanned:
+    """A copy of host tensor `tensor`'s values, in the arena's reused memory; one saved `raw`
+    (as a record of its own) takes its CRC in the copy's pass where the arena can
+    (`HostArena.copy_of`)."""
     source = _to_numpy(tensor)
     if source.nbytes < ARENA_FROM:
         return source.copy()  # (the arena would hand out numpy's memory: the short way)
+    if raw:
+        return arena.copy_of(source)
     copy = arena.empty(source.shape, source.dtype)
     np.copyto(copy, source)
     return copy
 
 
-def _host_values(plan: TensorPlan, array: np.ndarray, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
+def _host_values(plan: TensorPlan, snapshot: np.ndarray | Scanned, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
     """(raw value or None, reductions) of a host snapshot: the reductions are computed on
     the writer thread."""
     if not wanted:
-        return (array if plan.save_raw else None), {}
+        return (snapshot if plan.save_raw else None), {}
+    array = snapshot.array if isinstance(snapshot, Scanned) else snapshot
     # The snapshot's bytes ride on the first reduction so the writer's queue bound sees them.
     values: dict[tuple[str, bool], Any] = {
         key: Deferred(functools.partial(reductions.compute, array, *key), nbytes=array.nbytes if i == 0 else 8)
         for i, key in enumerate(wanted)
     }
-    return (array if plan.save_raw else None), values
+    return (snapshot if plan.save_raw else None), values
 
 
 class _StepFence:
@@ -171,7 +176,7 @@ class HostTransfer:
         if tensor.device.type == "cuda":
             return self._capture_cuda(plan, tensor, wanted) + (shape,)
         # (Another device's `cpu()` is a fresh copy already.)
-        array = _snapshot(self._arena, tensor) if tensor.device.type == "cpu" else _to_numpy(tensor.cpu())
+        array = _snapshot(self._arena, tensor, plan.save_raw) if tensor.device.type == "cpu" else _to_numpy(tensor.cpu())
         return _host_values(plan, array, wanted) + (shape,)
 
     def capture_many(self, items: Sequence[tuple[TensorPlan, Any]], record: Callable[..., None]) -> list[tuple[TensorPlan, Any]]:
@@ -199,7 +204,7 @@ class HostTransfer:
         for plan, tensor in batch:
             shape = tuple(tensor.shape)
             wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
-            record(plan, *_host_values(plan, _snapshot(self._arena, tensor), wanted), shape)
+            record(plan, *_host_values(plan, _snapshot(self._arena, tensor, plan.save_raw), wanted), shape)
         return rest
 
     def _capture_cuda(self, plan: TensorPlan, tensor: torch.Tensor, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:

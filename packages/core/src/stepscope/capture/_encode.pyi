@@ -33,5 +33,7 @@ def frame_array(
     formats: dict[str, int],
     placeholder_crc: bool,
     finite_from: int,
+    scanned: tuple[int, bool | None] | None = None,
     /,
 ) -> tuple[list[bytes | memoryview], int, bool | None] | None: ...
+def copy_scan(dst: Any, src: Any, itemsize: int, /) -> tuple[int, bool | None] | None: ...

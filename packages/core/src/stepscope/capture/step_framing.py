@@ -33,6 +33,7 @@ from .. import events, layout, records
 from ..compiled import load_extension
 from ..modes import ModeKeys
 from ..tf_dtypes import NUMPY_TO_DT
+from .host_arena import Scanned
 
 logger = logging.getLogger("stepscope")
 
@@ -162,11 +163,13 @@ class StepFramer:
             finite_from = events.SMALL_TENSOR_BYTES + 1 if finite is not None else -1
         for name, value in tensors.items():
             try:
+                # A snapshot whose copy took its CRC (host_arena.Scanned): framed unread.
+                scan = value.scan if value.__class__ is Scanned else None
                 array = as_array(value)
                 made = None
                 if frame_array is not None and type(array) is np.ndarray:
                     # The same bytes as the lines below, in one call (None: those lines).
-                    made = frame_array(name, array, prefix, metadata, _FORMATS, self._placeholder_crc, finite_from)
+                    made = frame_array(name, array, prefix, metadata, _FORMATS, self._placeholder_crc, finite_from, scan)
                 if made is not None:
                     framed, length, checked = made
                     if checked is not None:
