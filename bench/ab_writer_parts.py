@@ -16,7 +16,10 @@ alone), `listener` (B: no step listener, the black box's), `publish` (B: nothing
 framing kept), `events` (B: no event file written), `index` (B: no index file written),
 `direct` (B: no direct writes), `frame_array` (B: each array's record framed in Python, not
 in one call of `_encode.frame_array`), `pauses` (B: the framer never pauses for the GIL), `arena`
-(B: snapshots copied into fresh arrays, not the reused memory of capture/host_arena.py).
+(B: snapshots copied into fresh arrays, not the reused memory of capture/host_arena.py),
+`copy_scan` (B: snapshots copied by numpy and their CRC read again by the writer, not taken
+in the copy), `nocrc` (B: no CRC and no black box: smdebug's placeholder CRC), `nice` and
+`idle` (B: the writer's threads at nice 19, or SCHED_IDLE: when they run, not what they do).
 Weights + gradients (or everything: `--save-all`) of an MLP 256-512-512-10 every `--every`
 steps (default 10), SGD, `--threads` torch threads (default: every core), profiler side off."""
 
