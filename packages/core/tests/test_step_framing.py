@@ -26,6 +26,11 @@ def test_index_json_writes_what_json_dumps_writes():
                 assert json.loads(index_json(index)) == index
                 seen += 1
     assert seen == 4 * (len(names) + 1) * 2
+    # The event file's name is filled into a template made once per mode and names: any
+    # name, one template, every step's own.
+    for key in ("events/000000000009/000000000009_worker_0.tfevents", 'events/x/100% "w" %s\\é.tfevents'):
+        parts, index = framer.frame(9, ModeKeys.TRAIN, 9, {"loss": np.float32(1)}, {}, parts=[b"x"], event_key=key, offset=1)
+        assert index_json(index) == json.dumps(index).encode() and json.loads(index_json(index))["meta"]["event_file_name"] == key
 
 
 def test_what_a_block_of_steps_holds_is_left_out_of_the_garbage_collector_s_passes():

@@ -273,30 +273,36 @@ class StepFramer:
 
 def index_json(index: dict[str, Any]) -> bytes:
     """`json.dumps(index).encode()` for a step's index (as `StepFramer.frame` builds it),
-    byte for byte. An index without shapes (a scalar step's) is filled into a template
-    made once per mode, event file and tensor names, which costs a fifth of json.dumps:
-    the writer makes one index per step."""
+    byte for byte. An index without shapes is filled into a template made once per mode
+    and tensor names (the step's event file and numbers filled in), which costs a fifth of
+    json.dumps: the writer makes one index per step."""
     meta, payload = index["meta"], index["tensor_payload"]
     if index["shape_payload"] or len(index) != 3 or len(meta) != 3:
         return json.dumps(index).encode()
-    template = _index_template(meta["mode"], meta["event_file_name"], tuple([entry["tensorname"] for entry in payload]))
-    values = [meta["mode_step"]]
+    event_file_name = meta["event_file_name"]
+    if type(event_file_name) is not str:
+        return json.dumps(index).encode()
+    # (made once per mode and tensor names: each step's event file is new, so it is filled in)
+    template = _index_template(meta["mode"], tuple([entry["tensorname"] for entry in payload]))
+    values: list[Any] = [meta["mode_step"]]
     for entry in payload:
         values += (entry["start_idx"], entry["length"])
     if not all(type(v) is int for v in values):
         return json.dumps(index).encode()
+    values.insert(1, json.dumps(event_file_name))
     return (template % tuple(values)).encode()
 
 
 @functools.lru_cache(maxsize=64)
-def _index_template(mode: str, event_file_name: str, names: tuple[str, ...]) -> str:
+def _index_template(mode: str, names: tuple[str, ...]) -> str:
     # What json.dumps writes (its default separators, ASCII escapes), with %d where the
-    # numbers go: the strings are escaped by json.dumps itself.
+    # numbers go and %s where the event file's name goes as JSON: the strings are escaped
+    # by json.dumps itself.
     def text(value: str) -> str:
         return json.dumps(value).replace("%", "%%")
 
     entries = ", ".join(f'{{"tensorname": {text(name)}, "start_idx": %d, "length": %d}}' for name in names)
-    return f'{{"meta": {{"mode": {text(mode)}, "mode_step": %d, "event_file_name": {text(event_file_name)}}}, "tensor_payload": [{entries}], "shape_payload": []}}'
+    return f'{{"meta": {{"mode": {text(mode)}, "mode_step": %d, "event_file_name": %s}}, "tensor_payload": [{entries}], "shape_payload": []}}'
 
 
 class StepTables:
