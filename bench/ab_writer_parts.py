@@ -19,7 +19,8 @@ in one call of `_encode.frame_array`), `pauses` (B: the framer never pauses for 
 (B: snapshots copied into fresh arrays, not the reused memory of capture/host_arena.py),
 `copy_scan` (B: snapshots copied by numpy and their CRC read again by the writer, not taken
 in the copy), `nocrc` (B: no CRC and no black box: smdebug's placeholder CRC), `nice` and
-`idle` (B: the writer's threads at nice 19, or SCHED_IDLE: when they run, not what they do).
+`idle` (B: the writer's threads at nice 19, or SCHED_IDLE: when they run, not what they do),
+`stream` (B: the snapshot's copy and the staging copy store through the caches, not around them).
 Weights + gradients (or everything: `--save-all`) of an MLP 256-512-512-10 every `--every`
 steps (default 10), SGD, `--threads` torch threads (default: every core), profiler side off."""
 
@@ -40,7 +41,7 @@ from stepscope.capture.host_arena import HostArena
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
-PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan")
+PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream")
 BLOCK = 20
 
 
@@ -102,6 +103,11 @@ def main() -> None:
         changed["nocrc"] = no_crc
         copy_scan = host_arena._copy_scan
         changed["copy_scan"] = lambda: setattr(host_arena, "_copy_scan", None)
+        from stepscope.capture import step_framing
+        from stepscope.compiled import load_extension
+
+        switches = [m.streaming_stores for m in (step_framing._encode, load_extension("stepscope.store", "_publish")) if hasattr(m, "streaming_stores")]
+        changed["stream"] = lambda: [switch(False) for switch in switches]
         changed["nice"] = lambda: scheduled(os.SCHED_OTHER, 19)
         changed["idle"] = lambda: scheduled(os.SCHED_IDLE, 0)
 
@@ -120,6 +126,8 @@ def main() -> None:
             scheduled(os.SCHED_OTHER, 0)
             writer._framer._placeholder_crc = False
             host_arena._copy_scan = copy_scan
+            for switch in switches:
+                switch(True)
 
         def variant(name: str) -> None:
             writer.flush()  # the other variant's writing is done before this one changes anything

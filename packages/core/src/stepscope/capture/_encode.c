@@ -249,6 +249,8 @@ crc_hardware(uint32_t reg, const unsigned char *p, size_t size, int itemsize, in
    their finiteness in one pass, the crc32 instructions running while the loads wait on
    memory; `frame_array` then frames the record without reading the array. */
 
+static int streaming = 1; /* streaming_stores(): bench/ab_writer_parts.py compares the two */
+
 /* The raw register (from 0) of `size` bytes copied from `p` to `dst`; like crc_hardware,
    clears *finite where `itemsize` (2, 4, 8) says to check and a float is not finite. */
 __attribute__((target("sse4.2"))) static uint32_t
@@ -257,14 +259,25 @@ copy_crc_hardware(unsigned char *dst, const unsigned char *p, size_t size, int i
     uint32_t reg = 0;
     int lanes;
     __m128i exponent = exponent_bits(itemsize ? itemsize : 4, &lanes), seen = _mm_setzero_si128();
+    /* Where the copy is aligned (the arena's are), its stores go around the caches: the
+       snapshot is read once, milliseconds later, by the writer, and stored through the
+       caches it would evict as many bytes of the training's own data (and read each line
+       of the copy first). */
+    int stream = streaming && ((uintptr_t)dst & 15) == 0;
     while (size >= 3 * LANE) {
         uint64_t a = reg, b = 0, c = 0;
         for (size_t i = 0; i < LANE; i += 16) {
             __m128i x = _mm_loadu_si128((const __m128i *)(p + i)), y = _mm_loadu_si128((const __m128i *)(p + LANE + i)),
                     z = _mm_loadu_si128((const __m128i *)(p + 2 * LANE + i));
-            _mm_storeu_si128((__m128i *)(dst + i), x);
-            _mm_storeu_si128((__m128i *)(dst + LANE + i), y);
-            _mm_storeu_si128((__m128i *)(dst + 2 * LANE + i), z);
+            if (stream) {
+                _mm_stream_si128((__m128i *)(dst + i), x);
+                _mm_stream_si128((__m128i *)(dst + LANE + i), y);
+                _mm_stream_si128((__m128i *)(dst + 2 * LANE + i), z);
+            } else {
+                _mm_storeu_si128((__m128i *)(dst + i), x);
+                _mm_storeu_si128((__m128i *)(dst + LANE + i), y);
+                _mm_storeu_si128((__m128i *)(dst + 2 * LANE + i), z);
+            }
             a = _mm_crc32_u64(_mm_crc32_u64(a, word_at(p + i)), word_at(p + i + 8));
             b = _mm_crc32_u64(_mm_crc32_u64(b, word_at(p + LANE + i)), word_at(p + LANE + i + 8));
             c = _mm_crc32_u64(_mm_crc32_u64(c, word_at(p + 2 * LANE + i)), word_at(p + 2 * LANE + i + 8));
@@ -277,6 +290,8 @@ copy_crc_hardware(unsigned char *dst, const unsigned char *p, size_t size, int i
         dst += 3 * LANE;
         size -= 3 * LANE;
     }
+    if (stream)
+        _mm_sfence(); /* (the streamed stores ordered before what follows, as plain ones are) */
     if (itemsize && any_full(seen, itemsize, lanes))
         *finite = 0;
     /* The rest (under 24 KiB): copied, then read again where the copy left it (in cache). */
@@ -1324,6 +1339,23 @@ done:
     return result;
 }
 
+/* streaming_stores(on, /) -> bool: whether copy_scan's aligned copies go around the caches
+   from now on (they do unless told otherwise; a benchmark compares the two); the setting before. */
+static PyObject *
+streaming_stores(PyObject *module, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+#ifdef HAVE_SCAN
+    int before = streaming;
+    streaming = on;
+    return PyBool_FromLong(before);
+#else
+    Py_RETURN_FALSE;
+#endif
+}
+
 static PyObject *
 crc32c_of(PyObject *module, PyObject *arg)
 {
@@ -1354,6 +1386,9 @@ static PyMethodDef methods[] = {
      "copy_scan(dst, src, itemsize, /): src's bytes copied into dst (as large), returning (the raw CRC-32C register of the bytes "
      "from 0, whether its floats of itemsize bytes are all finite or None where itemsize is 0) for frame_array's `scanned`; "
      "None where this CPU has no CRC-32C instruction (nothing copied)."},
+    {"streaming_stores", streaming_stores, METH_O,
+     "streaming_stores(on, /) -> bool: whether copy_scan's aligned copies go around the caches from now on (the default); "
+     "the setting before. For benchmarks that compare the two."},
     {"crc32c", crc32c_of, METH_O, "crc32c(data, /): CRC-32C of a buffer (the one the records here are framed with)."},
     {NULL, NULL, 0, NULL},
 };

@@ -177,6 +177,60 @@ fail:
     return NULL;
 }
 
+/* Large copies into the staging buffer go around the caches (x86-64's streaming stores):
+   the device reads the buffer from memory, so stored through the caches its bytes would
+   only evict as many of the training's, and each line would be read before it is
+   written. streaming_stores() turns it off (a benchmark compares the two). */
+static int streaming = 1;
+
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <emmintrin.h>
+#include <stdint.h>
+
+static void
+copy_large(char *to, const char *from, size_t n)
+{
+    if (!streaming) {
+        memcpy(to, from, n);
+        return;
+    }
+    size_t head = (16 - ((uintptr_t)to & 15)) & 15;
+    memcpy(to, from, head);
+    to += head;
+    from += head;
+    n -= head;
+    for (; n >= 64; to += 64, from += 64, n -= 64) {
+        __m128i a = _mm_loadu_si128((const __m128i *)from), b = _mm_loadu_si128((const __m128i *)(from + 16)),
+                c = _mm_loadu_si128((const __m128i *)(from + 32)), d = _mm_loadu_si128((const __m128i *)(from + 48));
+        _mm_stream_si128((__m128i *)to, a);
+        _mm_stream_si128((__m128i *)(to + 16), b);
+        _mm_stream_si128((__m128i *)(to + 32), c);
+        _mm_stream_si128((__m128i *)(to + 48), d);
+    }
+    memcpy(to, from, n);
+    _mm_sfence(); /* (ordered before the write that hands the buffer to the device) */
+}
+#else
+static void
+copy_large(char *to, const char *from, size_t n)
+{
+    memcpy(to, from, n);
+}
+#endif
+
+/* streaming_stores(on, /) -> bool: whether stage's large copies go around the caches from now
+   on (the default); the setting before. */
+static PyObject *
+streaming_stores(PyObject *module, PyObject *arg)
+{
+    int on = PyObject_IsTrue(arg);
+    if (on < 0)
+        return NULL;
+    int before = streaming;
+    streaming = on;
+    return PyBool_FromLong(before);
+}
+
 /* stage(into, fill, views, index, offset) -> (fill, index, offset): copy the bytes of
    `views` (a list of buffers), from byte `offset` of views[index] on, into the writable
    buffer `into` from byte `fill` on, until `into` is full or the views are all copied; returns
@@ -215,7 +269,7 @@ stage(PyObject *module, PyObject *args)
         const char *from = (const char *)view.buf + offset;
         if (n >= 65536) {
             Py_BEGIN_ALLOW_THREADS
-            memcpy(to, from, (size_t)n);
+            copy_large(to, from, (size_t)n);
             Py_END_ALLOW_THREADS
         } else if (n > 0)
             memcpy(to, from, (size_t)n);
@@ -244,6 +298,9 @@ unnamed_files(PyObject *module, PyObject *Py_UNUSED(ignored))
 }
 
 static PyMethodDef methods[] = {
+    {"streaming_stores", streaming_stores, METH_O,
+     "streaming_stores(on, /) -> bool: whether stage's large copies go around the caches from now on (the default); the setting "
+     "before. For benchmarks that compare the two."},
     {"unnamed_files", unnamed_files, METH_NOARGS,
      "unnamed_files() -> bool: whether small files are published unnamed and linked in (O_TMPFILE) in this process."},
     {"publish_small", publish_small, METH_VARARGS,
