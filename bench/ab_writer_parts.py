@@ -31,6 +31,7 @@ import os
 import random
 import statistics
 import tempfile
+import threading
 import time
 
 import torch
@@ -146,8 +147,15 @@ def main() -> None:
             loops[name] = (model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.01))
         x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 
-        def run(name: str, steps: int) -> float:
+        # CPU clocks of the training thread and of stepscope's threads: what each variant
+        # costs in CPU, which moves less with the machine's load than the wall time.
+        clocks = {"training": time.CLOCK_THREAD_CPUTIME_ID}
+        clocks.update((t.name, time.pthread_getcpuclockid(t.ident)) for t in threading.enumerate() if t.name.startswith("stepscope-") and t.ident)
+        cpu: dict[str, dict[str, list[float]]] = {"A": {}, "B": {}}
+
+        def run(name: str, steps: int, variant_name: str | None = None) -> float:
             model, loss_fn, optimizer = loops[name]
+            before = {k: time.clock_gettime(c) for k, c in clocks.items()}
             start = time.perf_counter()
             for _ in range(steps):
                 optimizer.zero_grad()
@@ -155,7 +163,11 @@ def main() -> None:
                 optimizer.step()
             if name == "hooked":
                 writer.flush()
-            return (time.perf_counter() - start) / steps
+            elapsed = (time.perf_counter() - start) / steps
+            if variant_name is not None:
+                for k, c in clocks.items():
+                    cpu[variant_name].setdefault(k, []).append((time.clock_gettime(c) - before[k]) / steps)
+            return elapsed
 
         for name in ("A", "B"):
             variant(name)
@@ -169,13 +181,18 @@ def main() -> None:
             for name in names:
                 if name != "plain":
                     variant(name)
-                times[name].append(run("plain" if name == "plain" else "hooked", BLOCK))
+                times[name].append(run("plain" if name == "plain" else "hooked", BLOCK, None if name == "plain" else name))
         as_shipped()
         hook.close()
     plain = statistics.median(times["plain"])
     added = {name: statistics.median(times[name]) - plain for name in ("A", "B")}
     print(f"{args.part}: {'everything' if args.save_all else 'weights + gradients'} every {args.every} steps, {args.threads} thread(s), {args.rounds} rounds of {BLOCK}-step blocks; plain {plain * 1e3:.3f} ms/step")
     print(f"  added per step: A (as shipped) {added['A'] * 1e3:+.3f} ms, B ({args.part}) {added['B'] * 1e3:+.3f} ms; A - B {(added['A'] - added['B']) * 1e3:+.3f} ms")
+    # (the training thread's CPU includes the plain loop's; the difference is the variants')
+    for thread in cpu["A"]:
+        a, b = (statistics.median(cpu[v][thread]) * 1e3 for v in ("A", "B"))
+        if a or b:
+            print(f"  CPU per hooked step, {thread}: A {a:.3f} ms, B {b:.3f} ms; A - B {a - b:+.3f} ms")
 
 
 if __name__ == "__main__":
