@@ -337,3 +337,11 @@ def test_copy_of_takes_numpy_s_copy_where_it_cannot_scan(monkeypatch):
     monkeypatch.setattr(host_arena, "_copy_scan", None)  # (not built, or STEPSCOPE_PURE_PYTHON)
     plain = arena.copy_of(big)
     assert type(plain) is np.ndarray and np.array_equal(plain, big) and not plain.flags.owndata
+    monkeypatch.undo()
+    # A snapshot only reductions read is copied without a scan; numpy sees a Scanned's array.
+    unscanned = arena.copy_of(big, scan=False)
+    assert type(unscanned) is np.ndarray and np.array_equal(unscanned, big)
+    scanned = arena.copy_of(big)
+    if copying:
+        assert np.asarray(scanned) is scanned.array and np.asarray(scanned, dtype=np.float64).dtype == np.float64
+        assert np.array(scanned, copy=True) is not scanned.array and np.array_equal(np.array(scanned, copy=True), big)

@@ -87,11 +87,7 @@ def _snapshot(arena: HostArena, tensor: torch.Tensor, raw: bool) -> np.ndarray |
     source = _to_numpy(tensor)
     if source.nbytes < ARENA_FROM:
         return source.copy()  # (the arena would hand out numpy's memory: the short way)
-    if raw:
-        return arena.copy_of(source)
-    copy = arena.empty(source.shape, source.dtype)
-    np.copyto(copy, source)
-    return copy
+    return arena.copy_of(source, scan=raw)
 
 
 def _host_values(plan: TensorPlan, snapshot: np.ndarray | Scanned, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:

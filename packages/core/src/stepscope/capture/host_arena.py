@@ -107,20 +107,21 @@ class HostArena:
             view = np.frombuffer(block.memory, dtype=np.uint8, count=nbytes, offset=start)
         return view.view(dtype).reshape(shape)
 
-    def copy_of(self, source: np.ndarray) -> np.ndarray | Scanned:
-        """A copy of `source` in the arena's memory (as `empty` gives it), as a `Scanned`
-        where the copy also took its CRC (a contiguous array of `ARENA_FROM` bytes or more,
-        the extension built), else as the array."""
+    def copy_of(self, source: np.ndarray, scan: bool = True) -> np.ndarray | Scanned:
+        """A copy of `source` in the arena's memory (as `empty` gives it): with `scan`, as a
+        `Scanned` where the copy also took its CRC (a contiguous array of `ARENA_FROM` bytes
+        or more, the extension built), else as the array. (No scan for a snapshot that only
+        feeds reductions: no record of its bytes is framed.)"""
         copy = self.empty(source.shape, source.dtype)
-        if _copy_scan is not None and source.nbytes >= self._arena_from and source.flags.c_contiguous and copy.flags.c_contiguous:
+        if scan and _copy_scan is not None and source.nbytes >= self._arena_from and source.flags.c_contiguous and copy.flags.c_contiguous:
             kind = source.dtype
             itemsize = kind.itemsize if kind.kind == "f" and kind.itemsize in (2, 4, 8) and kind.isnative else 0
             try:
-                scan = _copy_scan(copy, source, itemsize)
+                scanned = _copy_scan(copy, source, itemsize)
             except (TypeError, ValueError, BufferError):
-                scan = None  # (a dtype without a buffer format: numpy copies it)
-            if scan is not None:
-                return Scanned(copy, scan)
+                scanned = None  # (a dtype without a buffer format: numpy copies it)
+            if scanned is not None:
+                return Scanned(copy, scanned)
         np.copyto(copy, source)
         return copy
 
@@ -179,7 +180,8 @@ class Scanned:
         return self.array
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
-        return self.array if dtype is None else self.array.astype(dtype)
+        array = self.array if dtype is None else self.array.astype(dtype, copy=False)
+        return array.copy() if copy and array is self.array else array
 
     def __repr__(self) -> str:
         return f"Scanned({self.array.dtype}{list(self.array.shape)})"
