@@ -11,7 +11,10 @@ for stepscope's writer), then on every core (`--threads`, default: all of them),
 nothing is spare, with the byte-cost limit: what copying, CRC-ing and writing one save's
 bytes costs at the least, per step (goal: stepscope's added time within 1.3x of it). Last,
 everything at every step (save_all) on every core (goal: at most a quarter of what smdebug
-adds). Run it when nothing has been deleted on the temporary folder's file system for six
+adds). On every core each tool runs four times by default (`--core-rounds`), and each run's
+hooked loop over its plain one is printed with the spread between runs (range over median;
+goal: stepscope's no wider than smdebug's); the `spread %` column is the spread of the hooked
+blocks within the runs. Run it when nothing has been deleted on the temporary folder's file system for six
 minutes: on ext4 without a journal, files made near recently deleted ones cost several times
 their usual CPU (see AGE_S), for both tools, more for whichever makes more files.
 
@@ -267,6 +270,17 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
             f"= {limit * 1e3:.3f} ms per step ({(plain['stepscope'] + limit) / plain['stepscope']:.2f}x of the plain loop); "
             f"stepscope adds {added['stepscope'] / limit:.2f}x of that (goal <= 1.3)"
         )
+    if rounds > 1:
+        # The spread between runs (the measure): each run's hooked loop over its
+        # plain one, and how far the runs lie apart (range over median) for each tool.
+        spreads = {}
+        for impl in runs:
+            each = [statistics.median(r["hooked_blocks"]) / statistics.median(r["plain_blocks"]) for r in runs[impl]]
+            spreads[impl] = (max(each) - min(each)) / statistics.median(each)
+            print(f"{kind:5} {threads:7} {impl:9} runs (hooked / plain): {', '.join(f'{x:.2f}x' for x in each)}; spread between runs {100 * spreads[impl]:.1f} %")
+        if len(spreads) == 2:
+            verdict = "met" if spreads["stepscope"] <= spreads["smdebug"] else "MISSED"
+            print(f"{kind:5} {threads:7} spread between runs, stepscope's / smdebug's: {100 * spreads['stepscope']:.1f} % / {100 * spreads['smdebug']:.1f} % (goal: no wider: {verdict})")
     if len(added) == 2 and added["smdebug"] > 0:
         ratio = added["stepscope"] / added["smdebug"]
         goal = 1 / 4 if kind.endswith("-all") else 1 / 3
@@ -278,12 +292,14 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="a short run")
     parser.add_argument("--blocks", type=int, default=None, help="blocks of 20 steps per variant")
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of the all-cores configuration (default: every core)")
-    parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, taking turns (default 2)")
+    parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, taking turns, on one thread (default 2)")
+    parser.add_argument("--core-rounds", type=int, default=4, help="runs of each tool, taking turns, on every core (default 4: the spread between runs)")
     parser.add_argument("--smdebug-python", default=os.environ.get("SMDEBUG_PYTHON"), help="python of an environment with smdebug 1.0.34")
     args = parser.parse_args()
     blocks = args.blocks or (6 if args.quick else 30)
     rounds = 1 if args.quick else args.rounds
-    print(f"weights + gradients every 10 steps, SGD, no register_optimizer, {rounds} run(s) of each tool taking turns, {blocks} blocks x 20 steps each, medians;"
+    core_rounds = 1 if args.quick else args.core_rounds
+    print(f"weights + gradients every 10 steps, SGD, no register_optimizer, {rounds} run(s) of each tool taking turns on one thread and {core_rounds} on every core, {blocks} blocks x 20 steps each, medians;"
           f" load average {os.getloadavg()[0]:.1f}")
     print("1 thread (a core left to the writer), then training on every core (--threads), MLP 256-512-512-10, batch 64")
     if not args.smdebug_python:
@@ -293,9 +309,9 @@ def main() -> None:
     pythons = (("stepscope", sys.executable), ("smdebug", args.smdebug_python))
     with tempfile.TemporaryDirectory() as root:
         for kind, threads in (("mlp", 1), ("cnn", 1), ("mlp", args.threads)):
-            compare(kind, threads, blocks, root, pythons, rounds)
+            compare(kind, threads, blocks, root, pythons, rounds if threads == 1 else core_rounds)
         # Everything every step (about 1.5 MB a step for this MLP): fewer blocks.
-        compare("mlp-all", args.threads, max(4, blocks // 3), root, pythons, rounds)
+        compare("mlp-all", args.threads, max(4, blocks // 3), root, pythons, core_rounds)
         remove_kept(wait=False)
 
 
