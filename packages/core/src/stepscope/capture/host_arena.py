@@ -23,10 +23,10 @@ process's life.
 `copy_of` copies a snapshot into the arena and, where the writers' C encoders are built,
 takes the CRC-32C of its bytes and whether its floats are finite in the same pass
 (`_encode.copy_scan`): the writer thread then frames the record without reading the
-megabytes again (`Scanned`). With training on every core, that read was a pass over memory
-the training threads share (0.2-0.3 ms of the writer per 3.2 MB save here, and the training
-slowed by the traffic); in the copy, the CRC instructions run while the loads wait on
-memory."""
+megabytes again (`Scanned`). With training on every core, that read was one more pass over
+memory the training threads share, and 0.23-0.25 ms of the writer's CPU per 3.2 MB save here
+(`python bench/ab_writer_parts.py copy_scan`); in the copy, the CRC instructions run while
+the loads wait on memory."""
 
 from __future__ import annotations
 
