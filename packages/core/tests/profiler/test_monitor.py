@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
+import types
 
 import numpy as np
 import psutil
 import pytest
 
 from stepscope.capture.monitor import (
+    _HostSampler,
     _LineFormatter,
     _MinuteBuffer,
     default_node_id,
@@ -158,6 +161,49 @@ def test_a_monitor_stopped_before_its_first_tick_has_one_sample(tmp_path):
     assert monitor.stats().samples == 1
     df = ProfilerTrial(tmp_path).system_metrics()
     assert df["timestamp"].nunique() == 1 and set(df["dimension"]) >= {"CPUUtilization", "MemoryUsedPercent"}
+
+
+def test_a_first_tick_just_after_start_up_waits_for_the_cpu_counters(tmp_path):
+    # Started 2 ms before a slot of the grid: a reading then would divide a 10 ms counter tick
+    # by 2 ms (CI saw ProcessCPUUtilization 1184 % on 2 cores). It waits 25 ms after priming.
+    while time.time() % 0.1 < 0.098:
+        time.sleep(0.0005)
+    started = time.time()
+    monitor = SystemMonitor(tmp_path, interval_ms=100, node_id="algo-1")
+    monitor.start()
+    time.sleep(0.3)  # (a busy loop here would hold the GIL and delay the thread's start-up)
+    monitor.stop()
+    df = ProfilerTrial(tmp_path).system_metrics()
+    first = df["timestamp"].min()
+    assert first - started >= 0.025, first - started
+    shares = df[df["dimension"] == "ProcessCPUUtilization"]["value"].to_numpy()
+    assert len(shares) >= 2 and (shares <= 100 * psutil.cpu_count()).all(), shares
+
+
+def test_a_process_share_over_a_short_interval_is_bounded_by_the_cores():
+    class Process:  # psutil.Process at its boundary: one 10 ms counter tick between readings
+        cpu = 0.0
+
+        def oneshot(self):
+            return contextlib.nullcontext()
+
+        def cpu_times(self):
+            Process.cpu += 0.01
+            return types.SimpleNamespace(user=Process.cpu, system=0.0)
+
+        def memory_info(self):
+            return types.SimpleNamespace(rss=1)
+
+        def children(self, recursive):
+            return []
+
+    sampler = _HostSampler(0.1, lambda key, message: None)
+    sampler._process = Process()
+    sampler._process_metrics(0.0, prime=True)
+    share = dict((m[2], m[3]) for m in sampler._process_metrics(0.001))["ProcessCPUUtilization"]
+    assert share == 100 * psutil.cpu_count()  # not 1000 %
+    share = dict((m[2], m[3]) for m in sampler._process_metrics(0.1))["ProcessCPUUtilization"]
+    assert share == pytest.approx(10.0)
 
 
 def test_sampling_thread_is_a_daemon(tmp_path):

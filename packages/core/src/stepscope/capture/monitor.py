@@ -132,6 +132,7 @@ class _HostSampler:
         self._last_time = 0.0
         self._last_cpu: list[Any] | None = None
         self._last_proc_cpu = 0.0
+        self._cpu_bound = 100.0 * (psutil.cpu_count() or 1)  # a process's CPU % is at most 100 a core
         self._last_disk: tuple[int, int] | None = None
         self._last_net: tuple[int, int] | None = None
 
@@ -207,8 +208,11 @@ class _HostSampler:
         last, self._last_proc_cpu = self._last_proc_cpu, cpu_s
         if prime:
             return []
+        # The kernel counts a process's CPU in 10 ms ticks, so over a short interval one tick
+        # more or less is a large error; a share above what the cores allow is such an error.
+        share = min(self._cpu_bound, max(0.0, 100.0 * (cpu_s - last) / elapsed))
         out: list[Metric] = [
-            ("process", "main", "ProcessCPUUtilization", max(0.0, 100.0 * (cpu_s - last) / elapsed)),
+            ("process", "main", "ProcessCPUUtilization", share),
             ("process", "main", "ProcessMemoryRSSBytes", float(rss)),
         ]
         if self._tick % self._children_every == 1 or self._children_every == 1:
@@ -558,9 +562,15 @@ class SystemMonitor:
                     self._submit(*done)
                 self._stats.samples += 1
 
+            # A first tick due within a counter tick of the priming would measure rounding
+            # (10 ms of CPU over 1 ms reads as 1000 %): it is taken that much later, still
+            # within its slot.
+            first_reading = ready + _FIRST_READING_S
             tick = 0
             while True:
                 deadline = first + tick * interval_s
+                if tick == 0:
+                    deadline = max(deadline, first_reading)
                 if self._stop_event.wait(max(0.0, deadline - time.monotonic())):
                     # A job over before the first tick (shorter than the start-up of a
                     # sampler process on a busy machine) still gets its one reading, taken
