@@ -8,8 +8,10 @@ next block, which may be a plain one. Prints each one's added time per step, the
 two (goal: stepscope adds at most one third of what smdebug adds), and the bytes per
 second each wrote while training. Two configurations: training on one thread (a core left
 for stepscope's writer), then on every core (`--threads`, default: all of them), where
-nothing is spare, with the byte-cost limit: what copying, CRC-ing and writing one save's
-bytes costs at the least, per step (goal: stepscope's added time within 1.3x of it). Last,
+nothing is spare, with the byte-cost limit: the same loop beside them with only the bytes
+done (`Floor`: copy each weight and gradient out on the training thread, CRC-32C and write
+them to a new file on a thread of its own), whose added time is what the bytes cost under the
+same contention (goal: stepscope's added time within 1.3x of it). Last,
 everything at every step (save_all) on every core (goal: at most a quarter of what smdebug
 adds). On every core each tool runs four times by default (`--core-rounds`), and each run's
 hooked loop over its plain one is printed with the spread between runs (range over median;
@@ -46,6 +48,7 @@ import torch
 from torch import nn
 
 impl, kind, blocks, out, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+with_floor = sys.argv[6:] == ["floor"]
 # "mlp-all": the MLP with everything saved at every step (save_all), else weights and gradients every 10 steps.
 kind, save_all = kind.split("-")[0], kind.endswith("-all")
 torch.set_num_threads(threads)
@@ -57,6 +60,72 @@ def model_and_batch():
         return nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10)), (64, 256)
     return nn.Sequential(nn.Conv2d(1, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2), nn.Conv2d(16, 32, 3, padding=1), nn.ReLU(),
                          nn.MaxPool2d(2), nn.Flatten(), nn.Linear(32 * 7 * 7, 10)), (64, 1, 28, 28)
+
+class Floor:
+    """The bytes and nothing else: at every 10th step (before the optimizer's step, as the
+    hooks see them) each weight and gradient is copied on the training thread into one of two
+    page-aligned buffers; a thread of its own takes their CRC-32C and writes the buffer to a
+    new file with O_DIRECT (the cheapest write of new data this file system has: through the
+    page cache costs several times its CPU). What a tool that keeps each save cannot do
+    without, measured on the same loop and cores as the tools."""
+
+    def __init__(self, out):
+        import mmap, queue, threading
+        os.makedirs(out)
+        self.out, self.step, self.buffers, self.todo = out, 0, queue.Queue(), queue.Queue()
+        self.mmap = mmap
+        self.sizes = None
+        threading.Thread(target=self.write, daemon=True).start()
+
+    def register_module(self, model):
+        self.model = model
+
+    def register_loss(self, loss_fn):
+        pass
+
+    def attach(self, optimizer):
+        optimizer.register_step_pre_hook(lambda *_: self.save())
+
+    def save(self):
+        step, self.step = self.step, self.step + 1
+        if step % 10:
+            return
+        tensors = [p.detach() for p in self.model.parameters()] + [p.grad for p in self.model.parameters()]
+        if self.sizes is None:
+            self.sizes = [t.numel() * t.element_size() for t in tensors]
+            size = -(-sum(self.sizes) // 4096) * 4096
+            for _ in range(2):
+                self.buffers.put(self.mmap.mmap(-1, size))
+        buffer = self.buffers.get()
+        view, at = torch.frombuffer(buffer, dtype=torch.uint8), 0
+        for t, n in zip(tensors, self.sizes):
+            view[at:at + n].view(t.dtype).view(t.shape).copy_(t)
+            at += n
+        self.todo.put((step, buffer))
+
+    def write(self):
+        import crc32c
+        while True:
+            step, buffer = self.todo.get()
+            at = 0
+            for n in self.sizes:
+                crc32c.crc32c(memoryview(buffer)[at:at + n])
+                at += n
+            path = os.path.join(self.out, f"{step}.bin")
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_DIRECT", 0))
+            except OSError:  # a file system without direct writes (tmpfs)
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+            try:
+                os.write(fd, buffer)
+            finally:
+                os.close(fd)
+                self.buffers.put(buffer)
+                self.todo.task_done()
+
+    def flush(self):
+        self.todo.join()
+
 
 def make_hook():
     if impl == "stepscope":
@@ -82,7 +151,12 @@ class Loop:
         # stepscope writes on threads of its own: the block ends when they have written what
         # it handed over, or the rest would land in the next block (a plain one, on every
         # core). smdebug closes its event file at the next step's start, inside the block.
-        self.drain = hook._runtime.writer.flush if impl == "stepscope" and hook is not None else None
+        self.drain = None
+        if isinstance(hook, Floor):
+            hook.attach(self.optimizer)
+            self.drain = hook.flush
+        elif impl == "stepscope" and hook is not None:
+            self.drain = hook._runtime.writer.flush
         if hook is not None:
             hook.register_module(self.model)
             hook.register_loss(self.loss_fn)
@@ -101,16 +175,22 @@ class Loop:
 
 hook = make_hook()
 loops = {"plain": Loop(), "hooked": Loop(hook)}
+if with_floor:  # the floor in this process: its blocks between the others, on the same loop
+    loops["floor"] = Loop(Floor(out + "-floor"))
 for loop in loops.values():
     loop.run(2 * BLOCK)
-times = {"plain": [], "hooked": []}
+times = {name: [] for name in loops}
 # CPU seconds per step: the training thread's, and the whole process's (every thread:
 # torch's, the writer's), which load on the machine changes less than the time.
-cpu = {"plain": [], "hooked": []}
-all_cpu = {"plain": [], "hooked": []}
+cpu = {name: [] for name in loops}
+all_cpu = {name: [] for name in loops}
 hooked_s = 0.0
+names = list(loops)
 for b in range(blocks):
-    for name in (("plain", "hooked") if b % 2 == 0 else ("hooked", "plain")):
+    # Each block of blocks in another order: (plain, hooked), (hooked, plain); with the
+    # floor, its three rotations.
+    order = names[b % len(names):] + names[:b % len(names)] if len(names) > 2 else (names if b % 2 == 0 else names[::-1])
+    for name in order:
         t = loops[name].run(BLOCK)
         times[name].append(t)
         cpu[name].append(loops[name].cpu)
@@ -122,47 +202,18 @@ hook.close() if hasattr(hook, "close") else None
 close = time.perf_counter() - close
 size = sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(out) for f in fs)
 
-def byte_cost():
-    """What one save's bytes cost at the least: copy each weight and gradient out of the
-    model, CRC-32C it and write it to the page cache (median of 20 saves). Each save goes to
-    a new file, kept until the 20 are done, as a job keeps its files: rewriting one file
-    (or deleting each) lets the kernel reuse the pages just freed, which on some file
-    systems costs a fraction of keeping new data (ext4 here: 2 ms against 15-20 ms of CPU
-    for 3.2 MB), a limit no tool that keeps what it saves can reach."""
-    try:
-        import crc32c
-    except ImportError:
-        return None
-    model = loops["plain"].model
-    tensors = [p.detach() for p in model.parameters()] + [p.grad for p in model.parameters() if p.grad is not None]
-    folder = os.path.join(out, "byte-cost")
-    os.makedirs(folder)
-    costs = []
-    for i in range(20):
-        start = time.perf_counter()
-        fd = os.open(os.path.join(folder, f"{i}.tmp"), os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-        for t in tensors:
-            array = t.numpy().copy()
-            crc32c.crc32c(array)
-            os.write(fd, memoryview(array).cast("B"))
-        os.close(fd)
-        costs.append(time.perf_counter() - start)
-    for i in range(20):
-        os.unlink(os.path.join(folder, f"{i}.tmp"))
-    os.rmdir(folder)
-    return statistics.median(costs), sum(t.numel() * t.element_size() for t in tensors)
-
-cost = byte_cost() if impl == "stepscope" and not save_all else None
 print(json.dumps({"plain": statistics.median(times["plain"]), "hooked": statistics.median(times["hooked"]),
                   "train_cpu_added": statistics.median(cpu["hooked"]) - statistics.median(cpu["plain"]),
                   "all_cpu_added": statistics.median(all_cpu["hooked"]) - statistics.median(all_cpu["plain"]),
                   "hooked_blocks": times["hooked"], "plain_blocks": times["plain"],
                   "bytes": size, "hooked_s": hooked_s, "close_s": close,
-                  "save_cost_s": cost[0] if cost else None, "save_bytes": cost[1] if cost else None}))
+                  "floor": statistics.median(times["floor"]) if with_floor else None, "floor_blocks": times.get("floor"),
+                  "floor_train_cpu_added": statistics.median(cpu["floor"]) - statistics.median(cpu["plain"]) if with_floor else None,
+                  "floor_all_cpu_added": statistics.median(all_cpu["floor"]) - statistics.median(all_cpu["plain"]) if with_floor else None}))
 '''
 
 
-def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, threads: int, round_: int = 0) -> dict[str, float]:
+def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, threads: int, round_: int = 0, floor: bool = False) -> dict[str, float]:
     out = os.path.join(root, f"{impl}-{kind}-{threads}-{round_}")
     env = dict(os.environ)
     if impl == "stepscope":
@@ -171,8 +222,9 @@ def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, thread
     # without a journal skips recently freed inodes when it makes a file (see AGE_S), so
     # deleting a run's thousands of files would slow the file creation of the next run,
     # whichever tool.
-    _kept.append(out)
-    reply = subprocess.run([python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)], capture_output=True, text=True, env=env)
+    _kept.extend((out, out + "-floor"))
+    argv = [python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)] + (["floor"] if floor else [])
+    reply = subprocess.run(argv, capture_output=True, text=True, env=env)
     if reply.returncode != 0:
         raise RuntimeError(reply.stderr.strip().splitlines()[-1] if reply.stderr.strip() else f"exit {reply.returncode}")
     return json.loads(reply.stdout.strip().splitlines()[-1])
@@ -182,10 +234,11 @@ def _merged(runs: list[dict]) -> dict:
     """One tool's runs as one: medians over every run's blocks, CPU and the save cost as
     the median of the runs', bytes and seconds summed."""
     merged = dict(runs[0])
-    for key in ("plain_blocks", "hooked_blocks"):
-        merged[key] = [t for r in runs for t in r[key]]
+    for key in ("plain_blocks", "hooked_blocks", "floor_blocks"):
+        merged[key] = [t for r in runs for t in r.get(key) or ()]
     merged["plain"], merged["hooked"] = statistics.median(merged["plain_blocks"]), statistics.median(merged["hooked_blocks"])
-    for key in ("train_cpu_added", "all_cpu_added", "save_cost_s"):
+    merged["floor"] = statistics.median(merged["floor_blocks"]) if merged["floor_blocks"] else None
+    for key in ("train_cpu_added", "all_cpu_added", "floor_train_cpu_added", "floor_all_cpu_added"):
         if runs[0].get(key) is not None:
             merged[key] = statistics.median(r[key] for r in runs)
     merged["bytes"], merged["hooked_s"] = sum(r["bytes"] for r in runs), sum(r["hooked_s"] for r in runs)
@@ -225,7 +278,7 @@ def make_room(root: str) -> int:
     return free
 
 
-def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tuple[str, str | None], ...], rounds: int = 1) -> None:
+def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tuple[str, str | None], ...], rounds: int = 1, floor: bool = False) -> None:
     """Each tool runs `rounds` times, taking turns (stepscope, smdebug, stepscope, ...): on a
     machine where other work comes and goes (which, with training on every core, slows
     whatever runs then several times over), neither tool gets all the quiet moments."""
@@ -235,14 +288,13 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
         return
     added: dict[str, float] = {}
     plain: dict[str, float] = {}
-    cost = None
     runs: dict[str, list[dict]] = {}
     for round_ in range(rounds):
         for impl, python in pythons:
             if python is None:
                 continue
             try:
-                runs.setdefault(impl, []).append(run_worker(python, impl, kind, blocks, root, threads, round_))
+                runs.setdefault(impl, []).append(run_worker(python, impl, kind, blocks, root, threads, round_, floor and impl == "stepscope"))
             except (RuntimeError, OSError) as exc:
                 print(f"{kind:5} {threads:7} {impl:9} failed: {exc}")
     for impl, _ in pythons:
@@ -250,8 +302,8 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
             continue
         r = _merged(runs[impl])
         added[impl], plain[impl] = r["hooked"] - r["plain"], r["plain"]
-        if r.get("save_cost_s") is not None:
-            cost = r
+        if r["floor"] is not None:
+            added["floor"] = r["floor"] - r["plain"]
         rate = r["bytes"] / max(r["hooked_s"], 1e-9) / 1e6
         # The spread of the hooked blocks (interquartile range over the median): how
         # steady the added time is from block to block.
@@ -262,13 +314,18 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
         per_save = 1e3 if kind.endswith("-all") else 10e3
         print(f"{kind:5} {threads:7} {impl:9} {r['plain'] * 1e3:9.3f} {r['hooked'] * 1e3:10.3f} {100 * added[impl] / r['plain']:8.1f} {100 * spread:8.1f} {rate:12.1f}"
               f" {per_save * r['train_cpu_added']:12.2f} {per_save * r['all_cpu_added']:12.2f}", flush=True)
-    if cost is not None and "stepscope" in added:
-        # Weights and gradients are saved every 10th step: a tenth of a save per step.
-        limit = cost["save_cost_s"] / 10
+        if r["floor"] is not None:
+            q = statistics.quantiles(r["floor_blocks"], n=4) if len(r["floor_blocks"]) >= 4 else [r["floor"]] * 3
+            print(f"{kind:5} {threads:7} {'floor':9} {r['plain'] * 1e3:9.3f} {r['floor'] * 1e3:10.3f} {100 * added['floor'] / r['plain']:8.1f} {100 * (q[2] - q[0]) / r['floor']:8.1f} {'':12}"
+                  f" {per_save * r['floor_train_cpu_added']:12.2f} {per_save * r['floor_all_cpu_added']:12.2f}", flush=True)
+    if added.get("floor", 0) > 0 and "stepscope" in added:
+        # The floor did the same bytes on the same loop and cores, in stepscope's processes
+        # (blocks between its plain and hooked ones), so the contention the bytes cause
+        # (memory traffic slows torch's threads beyond its CPU) is in it too.
         print(
-            f"{kind:5} {threads:7} byte-cost limit: {cost['save_bytes'] / 1e6:.1f} MB per save cost {cost['save_cost_s'] * 1e3:.2f} ms to copy, CRC and write "
-            f"= {limit * 1e3:.3f} ms per step ({(plain['stepscope'] + limit) / plain['stepscope']:.2f}x of the plain loop); "
-            f"stepscope adds {added['stepscope'] / limit:.2f}x of that (goal <= 1.3)"
+            f"{kind:5} {threads:7} byte-cost limit (the floor, side by side): {added['floor'] * 1e3:.3f} ms per step "
+            f"({(plain['stepscope'] + added['floor']) / plain['stepscope']:.2f}x of the plain loop); "
+            f"stepscope adds {added['stepscope'] / added['floor']:.2f}x of that (goal <= 1.3: {'met' if added['stepscope'] <= 1.3 * added['floor'] else 'MISSED'})"
         )
     if rounds > 1:
         # The spread between runs (the issue's measure): each run's hooked loop over its
@@ -278,10 +335,10 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
             each = [statistics.median(r["hooked_blocks"]) / statistics.median(r["plain_blocks"]) for r in runs[impl]]
             spreads[impl] = (max(each) - min(each)) / statistics.median(each)
             print(f"{kind:5} {threads:7} {impl:9} runs (hooked / plain): {', '.join(f'{x:.2f}x' for x in each)}; spread between runs {100 * spreads[impl]:.1f} %")
-        if len(spreads) == 2:
+        if "stepscope" in spreads and "smdebug" in spreads:
             verdict = "met" if spreads["stepscope"] <= spreads["smdebug"] else "MISSED"
             print(f"{kind:5} {threads:7} spread between runs, stepscope's / smdebug's: {100 * spreads['stepscope']:.1f} % / {100 * spreads['smdebug']:.1f} % (goal: no wider: {verdict})")
-    if len(added) == 2 and added["smdebug"] > 0:
+    if "stepscope" in added and added.get("smdebug", 0) > 0:
         ratio = added["stepscope"] / added["smdebug"]
         goal = 1 / 4 if kind.endswith("-all") else 1 / 3
         print(f"{kind:5} {threads:7} stepscope's added time / smdebug's: {ratio:.2f} (goal <= {goal:.2f}: {'met' if ratio <= goal else 'MISSED'})")
@@ -309,7 +366,8 @@ def main() -> None:
     pythons = (("stepscope", sys.executable), ("smdebug", args.smdebug_python))
     with tempfile.TemporaryDirectory() as root:
         for kind, threads in (("mlp", 1), ("cnn", 1), ("mlp", args.threads)):
-            compare(kind, threads, blocks, root, pythons, rounds if threads == 1 else core_rounds)
+            # On every core, the floor (the bytes alone) runs beside stepscope: the limit.
+            compare(kind, threads, blocks, root, pythons, rounds if threads == 1 else core_rounds, floor=kind == "mlp" and threads > 1)
         # Everything every step (about 1.5 MB a step for this MLP): fewer blocks.
         compare("mlp-all", args.threads, max(4, blocks // 3), root, pythons, core_rounds)
         remove_kept(wait=False)
