@@ -177,7 +177,7 @@ def test_a_first_tick_just_after_start_up_waits_for_the_cpu_counters(tmp_path):
     first = df["timestamp"].min()
     assert first - started >= 0.025, first - started
     shares = df[df["dimension"] == "ProcessCPUUtilization"]["value"].to_numpy()
-    assert len(shares) >= 2 and (shares <= 100 * psutil.cpu_count()).all(), shares
+    assert len(shares) >= 1 and (shares <= 100 * psutil.cpu_count()).all(), shares
 
 
 def test_a_process_share_over_a_short_interval_is_bounded_by_the_cores():
