@@ -90,7 +90,7 @@ def main() -> None:
             "frame_array": lambda: setattr(writer._framer, "frame_array", None),
         }
 
-        threads = [t.native_id for t in __import__("threading").enumerate() if t.name.startswith(("stepscope-writer", "stepscope-publisher"))]
+        threads = [t.native_id for t in threading.enumerate() if t.name.startswith(("stepscope-writer", "stepscope-publisher"))]
 
         def scheduled(policy: int, nice: int) -> None:
             for tid in threads:

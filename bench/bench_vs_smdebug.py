@@ -43,7 +43,7 @@ import time
 
 # Runs in either interpreter: `python -c WORKER impl model steps out_dir`.
 WORKER = r'''
-import json, os, statistics, sys, time
+import json, mmap, os, queue, statistics, sys, threading, time
 import torch
 from torch import nn
 
@@ -70,10 +70,8 @@ class Floor:
     without, measured on the same loop and cores as the tools."""
 
     def __init__(self, out):
-        import mmap, queue, threading
         os.makedirs(out)
         self.out, self.step, self.buffers, self.todo = out, 0, queue.Queue(), queue.Queue()
-        self.mmap = mmap
         self.sizes = None
         threading.Thread(target=self.write, daemon=True).start()
 
@@ -95,7 +93,7 @@ class Floor:
             self.sizes = [t.numel() * t.element_size() for t in tensors]
             size = -(-sum(self.sizes) // 4096) * 4096
             for _ in range(2):
-                self.buffers.put(self.mmap.mmap(-1, size))
+                self.buffers.put(mmap.mmap(-1, size))
         buffer = self.buffers.get()
         view, at = torch.frombuffer(buffer, dtype=torch.uint8), 0
         for t, n in zip(tensors, self.sizes):
@@ -231,7 +229,7 @@ def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, thread
 
 
 def _merged(runs: list[dict]) -> dict:
-    """One tool's runs as one: medians over every run's blocks, CPU and the save cost as
+    """One tool's runs as one: medians over every run's blocks (the floor's too), CPU as
     the median of the runs', bytes and seconds summed."""
     merged = dict(runs[0])
     for key in ("plain_blocks", "hooked_blocks", "floor_blocks"):
