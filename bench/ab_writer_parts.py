@@ -20,7 +20,9 @@ in one call of `_encode.frame_array`), `pauses` (B: the framer never pauses for 
 `copy_scan` (B: snapshots copied by numpy and their CRC read again by the writer, not taken
 in the copy), `nocrc` (B: no CRC and no black box: smdebug's placeholder CRC), `nice` and
 `idle` (B: the writer's threads at nice 19, or SCHED_IDLE: when they run, not what they do),
-`stream` (B: the snapshot's copy and the staging copy store through the caches, not around them).
+`stream` (B: the snapshot's copy and the staging copy store through the caches, not around them),
+`place` (B: no padding records, so that every byte of an event file is staged for its direct
+write, none written from the snapshot's own memory).
 Weights + gradients (or everything: `--save-all`) of an MLP 256-512-512-10 every `--every`
 steps (default 10), SGD, `--threads` torch threads (default: every core), profiler side off."""
 
@@ -42,7 +44,8 @@ from stepscope.capture.host_arena import HostArena
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
-PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream")
+PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream",
+         "place")
 BLOCK = 20
 
 
@@ -88,6 +91,7 @@ def main() -> None:
             "handoff": lambda: setattr(writer, "_publish_inline", False),
             "pauses": lambda: setattr(writer._framer, "_yield_every_s", float("inf")),
             "frame_array": lambda: setattr(writer._framer, "frame_array", None),
+            "place": lambda: setattr(writer.store, "data_alignment", lambda: 0),
         }
 
         threads = [t.native_id for t in threading.enumerate() if t.name.startswith(("stepscope-writer", "stepscope-publisher"))]
@@ -124,6 +128,7 @@ def main() -> None:
             writer._framer._yield_every_s = shipped["pause"]
             writer._framer.frame_array = shipped["frame_array"]
             writer._publish_inline = True
+            vars(writer.store).pop("data_alignment", None)
             scheduled(os.SCHED_OTHER, 0)
             writer._framer._placeholder_crc = False
             host_arena._copy_scan = copy_scan

@@ -194,7 +194,7 @@ def test_a_record_framed_in_one_call_is_the_python_path_s_for_every_dtype_and_sh
     assert set(judged) == {"weights/f32", "weights/f64", "weights/f16", "nan", "inf", "ünï/cödé"}
     # Read back as a job's file would be: every value as it was saved.
     data = made[True][0]
-    _version, offset = records_module.parse_record(data, 0)
+    _version, offset = records_module.parse_record(data, 0, allow_placeholder_crc=placeholder_crc)
     decoded = {}
     while offset < len(data):
         payload, offset = records_module.parse_record(data, offset, allow_placeholder_crc=placeholder_crc)
@@ -316,7 +316,7 @@ def test_a_snapshot_scanned_in_its_copy_is_framed_unread_into_the_python_path_s_
     framer = StepFramer("worker_0", lambda step, n, exc: pytest.fail(f"{n} dropped: {exc!r}"), placeholder_crc=placeholder_crc)
     parts, _ = framer.frame(9, ModeKeys.TRAIN, 9, {name: wrong}, {})
     data = b"".join(bytes(p) for p in parts)
-    _version, offset = records_module.parse_record(data, 0)
+    _version, offset = records_module.parse_record(data, 0, allow_placeholder_crc=placeholder_crc)
     if placeholder_crc:
         records_module.parse_record(data, offset, allow_placeholder_crc=True)
     else:

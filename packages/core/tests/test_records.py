@@ -190,3 +190,29 @@ def test_a_small_payload_is_framed_in_one_buffer_as_several_would_be(placeholder
         assert len(framed) == 1 or len(payload) >= 64 * 1024
         body, end = records.parse_record(b"".join(bytes(p) for p in framed), path="f.tfevents", allow_placeholder_crc=placeholder)
         assert bytes(body) == payload and end == len(payload) + records.OVERHEAD
+
+
+@pytest.mark.parametrize("step", [0, 7, 300_000])
+def test_a_padding_record_has_exactly_the_size_asked_and_is_an_event_without_summary(step):
+    """events.padding_record: every size from the smallest a record can have up to two
+    blocks gives a record of that size (or None for the few sizes no varint length allows,
+    never a wrong size); it is valid (CRCs), an Event with the step and wall time asked and
+    no summary, its filler an unknown field (field 1999) that protobuf skips and keeps."""
+    prefix = events.event_fields(step, ModeKeys.TRAIN, 3, 1.5)[0]
+    missing = []
+    for size in range(16, 8300):
+        record = events.padding_record(size, prefix)
+        if record is None:
+            missing.append(size)
+            continue
+        assert len(record) == size
+        payload, end = records.parse_record(record)
+        assert end == size
+        if size in (40, 160 + 1, 4096, 8299):
+            event = events.Event()
+            event.ParseFromString(bytes(payload))
+            assert (event.step, event.wall_time, event.HasField("summary"), event.file_version) == (step, 1.5, False, "")
+            assert event.SerializeToString() == bytes(payload)  # (the filler kept as an unknown field)
+    smallest = records.OVERHEAD + len(prefix) + 3  # (the filler's key, its length, no byte)
+    assert missing[: smallest - 16] == list(range(16, smallest))
+    assert len(missing) - (smallest - 16) <= 2  # a size where the length's varint grows a byte

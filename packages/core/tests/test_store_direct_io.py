@@ -10,8 +10,10 @@ from __future__ import annotations
 import ctypes
 import errno
 import fcntl
+import json
 import mmap
 import os
+import struct
 import sys
 import threading
 
@@ -134,7 +136,7 @@ def test_a_small_file_and_the_switch_keep_the_page_cache(tmp_path, allowed, dire
 def _refuse(monkeypatch, where: str) -> list[int]:
     """Make the file system refuse O_DIRECT at the open or at the first direct write."""
     refused: list[int] = []
-    real_open, real_write = os.open, os.write
+    real_open, real_write, real_writev = os.open, os.write, os.writev
 
     def fussy_open(path, flags, *args, **kwargs):
         if where == "open" and flags & direct_io.O_DIRECT:
@@ -148,8 +150,15 @@ def _refuse(monkeypatch, where: str) -> list[int]:
             raise OSError(errno.EINVAL, "Invalid argument")
         return real_write(fd, data)
 
+    def fussy_writev(fd, buffers):
+        if where == "write" and _direct_on(fd):
+            refused.append(1)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_writev(fd, buffers)
+
     monkeypatch.setattr(os, "open", fussy_open)
     monkeypatch.setattr(os, "write", fussy_write)
+    monkeypatch.setattr(os, "writev", fussy_writev)
     return refused
 
 
@@ -170,17 +179,18 @@ def test_a_refusal_writes_the_file_the_usual_way_and_turns_direct_writes_off(tmp
 
 
 def test_a_short_direct_write_finishes_through_the_page_cache(tmp_path, allowed, monkeypatch, staging):
-    real_write = os.write
+    real_writev = os.writev
     shortened: list[int] = []
 
-    def short_write(fd, data):
-        view = memoryview(data)
-        if not shortened and _direct_on(fd) and view.nbytes > ALIGN:
-            shortened.append(view.nbytes)
-            return real_write(fd, view[: ALIGN + 7])  # an unaligned amount (a signal, a full disk)
-        return real_write(fd, data)
+    def short_writev(fd, buffers):
+        views = [memoryview(b).cast("B") for b in buffers]
+        if not shortened and _direct_on(fd) and sum(v.nbytes for v in views) > ALIGN:
+            shortened.append(sum(v.nbytes for v in views))
+            first = b"".join(bytes(v) for v in views)[: ALIGN + 7]
+            return os.write(fd, first)  # an unaligned amount (a signal, a full disk)
+        return real_writev(fd, buffers)
 
-    monkeypatch.setattr(os, "write", short_write)
+    monkeypatch.setattr(os, "writev", short_writev)
     parts = _parts(BUFFER_BYTES + 3 * ALIGN + 5)
     LocalStore(str(tmp_path)).write(KEY, parts)
     assert shortened
@@ -320,3 +330,103 @@ def test_the_compiled_staging_copy_stops_where_the_buffer_fills_and_resumes_ther
         direct_io._stage(into, 0, views, 0, 9)
     with pytest.raises(TypeError):
         direct_io._stage(bytes(6), 0, views, 0, 0)  # (read-only)
+
+
+def _aligned(size: int, seed: int) -> memoryview:
+    """`size` random bytes in page-aligned memory of their own (as the host arena gives a snapshot)."""
+    memory = mmap.mmap(-1, -(-size // mmap.PAGESIZE) * mmap.PAGESIZE)
+    array = np.frombuffer(memory, dtype=np.uint8, count=size)
+    array[:] = np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
+    return memoryview(array)
+
+
+def test_an_aligned_large_view_at_an_aligned_offset_is_written_from_where_it_is(tmp_path, allowed, monkeypatch, staging):
+    """Large views that start on an aligned address at an aligned file offset reach the file
+    from their own memory (one gathered write), all but their unaligned end; the bytes
+    around them, and a large view at an unaligned address or offset, are staged. The file
+    is exact and none of its aligned part stays in the page cache."""
+    placed_whole = _aligned(3 * ALIGN * 64, 1)  # (a multiple of ALIGN)
+    placed_ragged = _aligned(ALIGN * 100 + 333, 2)
+    unaligned_memory = memoryview(np.frombuffer(_aligned(ALIGN * 80 + 8, 3), dtype=np.uint8)[8:])
+    parts: list[bytes | memoryview] = [b"h" * (2 * ALIGN), placed_whole, b"t" * 17, b"p" * (ALIGN - 17), placed_ragged,
+                                       b"x" * (ALIGN - 333), unaligned_memory, b"y" * 5, _aligned(ALIGN * 70, 4), b"end" * 11]  # fmt: skip
+    seen: list[int] = []  # the addresses of the buffers handed to the gathered writes
+    real_writev = os.writev
+
+    def spy(fd, buffers):
+        seen.extend(np.frombuffer(b, dtype=np.uint8).__array_interface__["data"][0] for b in buffers)
+        return real_writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", spy)
+    staged: list[int] = []
+    real_stage = direct_io._DirectFile.stage
+    monkeypatch.setattr(direct_io._DirectFile, "stage", lambda self, views: (staged.append(sum(v.nbytes for v in views)), real_stage(self, views))[1])
+    LocalStore(str(tmp_path)).write(KEY, parts)
+    assert _resident_pages(tmp_path / KEY) <= 1  # (before the file is read back)
+    data = (tmp_path / KEY).read_bytes()
+    assert data == b"".join(bytes(p) for p in parts)
+    address = {name: np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0] for name, view in
+               (("whole", placed_whole), ("ragged", placed_ragged), ("unaligned", unaligned_memory), ("late", parts[8]))}  # fmt: skip
+    assert address["whole"] in seen and address["ragged"] in seen
+    assert address["unaligned"] not in seen  # its address is not aligned: staged
+    assert address["late"] not in seen  # aligned memory, but at an unaligned file offset (after "y" * 5): staged
+    assert sum(staged) == len(data) - placed_whole.nbytes - (placed_ragged.nbytes - 333)
+
+
+@pytest.mark.parametrize(("switch", "payload_crc"), [("1", "crc32c"), ("0", "crc32c"), ("1", "smdebug")])
+def test_large_snapshots_are_padded_to_aligned_offsets_that_every_reader_skips(tmp_path, monkeypatch, switch, payload_crc):
+    """Snapshots from the host arena, written where large files go around the page cache:
+    each large tensor's bytes start on an aligned file offset, behind a padding record;
+    the index points at the tensors' own records; the whole file is still a sequence of
+    valid records that TensorBoard reads (the padding Events hold no summary), and the trial
+    reads every value back. Where direct writes are off, no padding is written. With
+    smdebug's placeholder CRC, every record has it (smdebug's reader checks each one)."""
+    from tensorboard.backend.event_processing.event_file_loader import EventFileLoader
+    from tensorboard.util import tensor_util
+
+    from stepscope import events, records
+    from stepscope.capture.host_arena import HostArena
+    from stepscope.capture.writer import Writer
+    from stepscope.trial import create_trial
+
+    monkeypatch.setenv("STEPSCOPE_DIRECT_IO", switch)
+    if not direct_io_allowed(str(tmp_path)) and switch == "1":
+        pytest.skip(f"{tmp_path} is not on ext4, XFS or Btrfs")
+    rng = np.random.default_rng(5)
+    arena = HostArena()
+    values = {"weights/a": rng.standard_normal((512, 256)).astype(np.float32), "gradients/b": rng.standard_normal(7).astype(np.float32),
+              "weights/c": rng.standard_normal((300, 301)), "weights/d": rng.standard_normal((129, 1024)).astype(np.float32)}  # fmt: skip
+    writer = Writer(str(tmp_path), payload_crc=payload_crc)
+    assert writer.write_step(10, "TRAIN", 10, {name: arena.copy_of(value) for name, value in values.items()})
+    assert writer.close()
+    path = tmp_path / "events/000000000010/000000000010_worker_0.tfevents"
+    data = path.read_bytes()
+    index = json.loads((tmp_path / "index/000000000/000000000010_worker_0.json").read_text())
+    for entry in index["tensor_payload"]:
+        value = values[entry["tensorname"]]
+        at = data.find(value.tobytes(), entry["start_idx"], entry["start_idx"] + entry["length"])
+        assert at > entry["start_idx"]
+        if switch == "1" and value.nbytes >= direct_io.PLACE_FROM:
+            assert at % ALIGN == 0, entry
+    kinds = []
+    placeholder = payload_crc == "smdebug"
+    for at, payload in records.iter_records(data, allow_placeholder_crc=placeholder):
+        end = at + records.HEADER_SIZE + len(payload)
+        assert (data[end : end + 4] == struct.pack("<I", records.SMDEBUG_PLACEHOLDER_CRC)) is placeholder
+        event = events.Event()
+        event.ParseFromString(bytes(payload))
+        kinds.append("summary" if event.HasField("summary") else "version" if event.file_version else "padding")
+        if kinds[-1] == "padding":
+            assert event.step == 10 and len(payload) > 20
+    assert kinds.count("padding") == (3 if switch == "1" else 0)  # one before each large tensor
+    assert kinds.count("summary") == len(values)
+    for entry in index["tensor_payload"]:  # (each entry is one whole record)
+        assert records.parse_record(data, entry["start_idx"], allow_placeholder_crc=placeholder)[1] - entry["start_idx"] == entry["length"]
+    # (TensorBoard checks CRCs: smdebug's placeholder is not one, whatever the padding)
+    loaded = [e for e in EventFileLoader(str(path)).Load() if e.summary.value] if not placeholder else []
+    assert {e.summary.value[0].tag for e in loaded} == (set(values) if not placeholder else set())
+    for event in loaded:
+        np.testing.assert_array_equal(tensor_util.make_ndarray(event.summary.value[0].tensor), values[event.summary.value[0].tag])
+    trial = create_trial(str(tmp_path))
+    for name, value in values.items():
+        np.testing.assert_array_equal(trial.tensor(name).value(10), value)

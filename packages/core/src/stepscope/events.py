@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 
+from . import records
 from .modes import ModeKeys
 from .proto_messages import message_classes
 from .tf_dtypes import DT_STRING, dtype_code
@@ -177,6 +178,29 @@ def event_fields(step: int, mode: ModeKeys, mode_step: int, wall_time: float) ->
     field) of a tensor record at `step`: the parts of `encode_tensor_event`'s bytes that
     every tensor of a step shares (`_encode.frame_array` puts each tensor's between them)."""
     return _WALL_TIME_KEY + _F64.pack(wall_time) + (_key(2, 0) + _varint(step) if step else b""), _metadata_field(int(mode), mode_step)
+
+
+# The Event field number of a padding record's filler. No Event declares it: every protobuf
+# reader (TensorBoard's, smdebug's, ours) skips it as an unknown field.
+PADDING_FIELD = 1999
+_PADDING_KEY = _key(PADDING_FIELD, 2)
+
+
+def padding_record(size: int, prefix: bytes, *, placeholder_crc: bool = False) -> bytes | None:
+    """A whole record of exactly `size` bytes, or None where no record has that size (fewer
+    than about 30 bytes). It holds an Event with `prefix` (`event_fields`'s wall time and step)
+    and a filler of zeros in field `PADDING_FIELD`: summary-less, so that readers going through
+    the file find nothing in it. The writer puts one before a large tensor's record so that
+    the tensor's bytes start at an aligned file offset and reach the file straight from the
+    snapshot's memory (store/direct_io.py); readers going by the index never see it.
+    `placeholder_crc`: smdebug's constant for its CRC, as the file's other records have it."""
+    room = size - records.OVERHEAD - len(prefix) - len(_PADDING_KEY)
+    for width in (1, 2, 3):  # (the filler's length, as a varint of `width` bytes)
+        filler = room - width
+        if filler >= 0 and len(_varint(filler)) == width:
+            (record,) = records.frame([prefix + _PADDING_KEY + _varint(filler) + bytes(filler)], placeholder_crc=placeholder_crc)
+            return record  # type: ignore[return-value]
+    return None
 
 
 def _strings_to_bytes(values: np.ndarray) -> list[bytes]:

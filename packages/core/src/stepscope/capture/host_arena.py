@@ -39,6 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..compiled import load_extension
+from ..store.direct_io import ALIGN
 
 # The copy that also takes the CRC (`_encode.copy_scan`), or None: not built, or $STEPSCOPE_PURE_PYTHON.
 _copy_scan = getattr(load_extension(__package__, "_encode"), "copy_scan", None)
@@ -46,7 +47,9 @@ _copy_scan = getattr(load_extension(__package__, "_encode"), "copy_scan", None)
 ARENA_FROM = 64 * 1024  # bytes: smaller snapshots come from numpy's allocation
 BLOCK_BYTES = 4 << 20  # the least a block holds: a small model's whole save in one block
 KEEP_BYTES = 256 << 20  # the most the arena keeps mapped (in use or idle)
-_ALIGN = 64  # each view starts on a cache line
+# Each view starts on a block boundary: written around the page cache, a large snapshot's
+# bytes then go to its file from where they are, with no staging copy (store/direct_io.py).
+_ALIGN = ALIGN
 _PAGE = mmap.PAGESIZE
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from .. import events, layout, records
 from ..compiled import load_extension
 from ..modes import ModeKeys
+from ..store.direct_io import PLACE_FROM
 from ..tf_dtypes import NUMPY_TO_DT
 from .host_arena import Scanned
 
@@ -141,15 +142,19 @@ class StepFramer:
 
     def frame(self, step: int, mode: ModeKeys, mode_step: int, tensors: Mapping[str, Any], shapes: Mapping[str, Sequence[int]],
               arrays: dict[str, np.ndarray] | None = None, *, parts: list[Any] | None = None, event_key: str | None = None,
-              offset: int = 0, finite: dict[str, bool] | None = None) -> tuple[list[Any], dict[str, Any]]:
+              offset: int = 0, finite: dict[str, bool] | None = None, align: int = 0) -> tuple[list[Any], dict[str, Any]]:
         """(the event file's buffers, its index). `arrays`, when given, receives each saved
         tensor's array (for step listeners), and `finite` whether a large float array holds
         no NaN or infinity, where its CRC's pass found that out (`_scanned`). With `parts`
         (the buffers of event file `event_key` so far, `offset` bytes), the step's records
-        are appended to them: several steps in one file (Writer.write_steps)."""
+        are appended to them: several steps in one file (Writer.write_steps). With `align`
+        (the store's `data_alignment`), a tensor of `PLACE_FROM` bytes or more whose memory
+        starts on that alignment is put at a file offset aligned alike, behind a padding
+        record (`_padded`): the direct write takes it from where it is."""
         if parts is None or event_key is None:
             event_key = layout.event_file_key(step, self.worker)
-            parts = records.frame([events.file_version_event()])
+            # (smdebug's reader, going through a file, wants its constant on every record)
+            parts = records.frame([events.file_version_event()], placeholder_crc=self._placeholder_crc)
             offset = sum(len(p) for p in parts)
         payload_index = []
         kept_shapes = dict(shapes)
@@ -186,6 +191,11 @@ class StepFramer:
                 self._drop(step, name, exc)
                 kept_shapes.pop(name, None)
                 continue
+            if align and array.nbytes >= PLACE_FROM:
+                padding = self._padded(framed, offset, align, events.event_fields(step, mode, mode_step, wall_time)[0])
+                if padding is not None:
+                    parts.append(padding)
+                    offset += len(padding)
             if arrays is not None:
                 arrays[name] = array
             payload_index.append({"tensorname": name, "start_idx": offset, "length": length})
@@ -201,6 +211,26 @@ class StepFramer:
             "shape_payload": self._shape_payload(step, kept_shapes),
         }
         return parts, index
+
+    def _padded(self, framed: list[Any], offset: int, align: int, prefix: bytes) -> bytes | None:
+        """The padding record (events.padding_record) that puts the tensor bytes of record
+        `framed`, due at file offset `offset`, on a multiple of `align`; None where those
+        bytes are not one part starting on that alignment in memory (a copy of a
+        non-contiguous array, say, which the direct write stages anyway) or need no padding."""
+        before = 0
+        for part in framed:
+            size = len(part)
+            if size >= PLACE_FROM:
+                if np.frombuffer(part, dtype=np.uint8).__array_interface__["data"][0] % align:
+                    return None
+                gap = -(offset + before) % align
+                if not gap:
+                    return None
+                padding = events.padding_record(gap, prefix, placeholder_crc=self._placeholder_crc)
+                # (too small a gap for a record, or a size no record has: one block more)
+                return padding if padding is not None else events.padding_record(gap + align, prefix, placeholder_crc=self._placeholder_crc)
+            before += size
+        return None
 
     def _scanned(self, name: str, array: np.ndarray, payload: list[Any], finite: dict[str, bool] | None) -> int | None:
         """The CRC-32C of a large tensor's record payload (event head, the tensor's bytes, tail)
@@ -232,7 +262,7 @@ class StepFramer:
             return None
         event_key = layout.event_file_key(steps[0][0], self.worker)
         wall_time = time.time()  # (one time for the batch's records: they are framed together)
-        (head,) = records.frame([events.file_version_event(wall_time)])
+        (head,) = records.frame([events.file_version_event(wall_time)], placeholder_crc=self._placeholder_crc)
         try:
             made = _encode.frame_held(steps, self._held_heads, self._held_head, head, event_key, json.dumps(event_key).encode(), _MODE_NAMES,
                                        wall_time, self._placeholder_crc)  # fmt: skip

@@ -526,7 +526,7 @@ class Writer(ClosedOnExit):
         arrays: dict[str, np.ndarray] | None = {} if self.step_listeners else None
         finite: dict[str, bool] | None = {} if self.step_listeners else None
         parts, index = self._framer.frame(job.step, job.mode, job.mode_step, job.tensors, job.shapes, arrays, parts=parts, event_key=event_key,
-                                          offset=offset, finite=finite)  # fmt: skip
+                                          offset=offset, finite=finite, align=self.store.data_alignment())  # fmt: skip
         if arrays is not None:
             self._tell_listeners(lambda listener: _tell_step(listener, job, arrays, finite))
         return parts, index

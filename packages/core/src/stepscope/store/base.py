@@ -160,6 +160,12 @@ class Store(abc.ABC):
 
     concurrent_reads = False
 
+    def data_alignment(self) -> int:
+        """The file offset (a multiple of it) where a large tensor's bytes are best placed
+        in this store's event files, or 0: anywhere. A local folder whose large files are
+        written around the page cache says its block alignment (store/direct_io.py)."""
+        return 0
+
     def describe(self, key: str = "") -> str:
         """A human name for a key, for error messages (full path or URL)."""
         return join_key(self.url, key) if key else self.url

@@ -6,7 +6,9 @@ page cache, each byte costs the writing thread a copy into freshly allocated cac
 3.2 MB cost 1-8 ms of CPU here), and later a kernel thread's time to write them back:
 CPU taken from training that uses every core. Written with O_DIRECT from one reused,
 aligned buffer, the same file costs a copy into memory already mapped while the device
-does the rest.
+does the rest; and a snapshot's bytes, which the host arena keeps in aligned memory and the
+framer puts at an aligned file offset behind a padding record (capture/step_framing.py,
+docs/format.md), are not copied at all: the device reads them where they are.
 
 Only where it is known to work and to be cheap: Linux, files of `DIRECT_FROM` bytes or
 more, and a folder on ext2/3/4, XFS or Btrfs (network and FUSE file systems turn direct
@@ -53,6 +55,8 @@ DIRECT_FROM = 1 << 20  # bytes: smaller files (indexes, scalar batches) stay in 
 ALIGN = 4096  # buffer address, file offset and length of each direct write: a page, which
 # covers the logical block size of every common device (512 or 4096)
 BUFFER_BYTES = 4 << 20  # the staging buffer per writing thread, a multiple of ALIGN
+PLACE_FROM = 256 * 1024  # bytes: a view this large, aligned, is written without staging it
+# (its record is then padded to an aligned offset, which costs up to ALIGN bytes of file)
 O_DIRECT = getattr(os, "O_DIRECT", 0) if fcntl is not None else 0
 
 # statfs(2)'s f_type of the file systems where direct writes are supported and cheap.
@@ -153,43 +157,129 @@ def _write_out(fd: int, view: memoryview, direct: bool) -> bool:
     return direct
 
 
+def _address(view: memoryview) -> int:
+    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+
+
+class _DirectFile:
+    """One file written with O_DIRECT from offset 0, as a list of aligned segments handed to
+    one gathered write (`os.writev`, a few calls per file): large views that start on an
+    aligned address at an aligned file offset (`place`) are written from where they are,
+    everything between them (`stage`) is copied into this thread's staging buffer. Each
+    segment starts and ends on an aligned file offset, as the device wants; only the file's
+    unaligned end goes through the page cache."""
+
+    _MAX_SEGMENTS = 512  # (os.writev takes at most IOV_MAX buffers, 1024 on Linux)
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self.staging, self.into = _staging()
+        self.fill = 0  # staged bytes in the buffer
+        self.mark = 0  # where the staged bytes not yet in `segments` start
+        self.segments: list[memoryview] = []
+        self.direct = True
+
+    def place(self, view: memoryview) -> None:
+        """Write `view` from its own memory, but for its unaligned end (staged)."""
+        self._cut()
+        whole = view.nbytes - view.nbytes % ALIGN
+        self.segments.append(view[:whole])
+        if len(self.segments) >= self._MAX_SEGMENTS:
+            self._flush()
+        if whole < view.nbytes:
+            self.stage([view[whole:]])
+
+    def stage(self, views: list[memoryview]) -> None:
+        """Copy `views` into the staging buffer, writing it out each time it is full."""
+        if _stage is not None:
+            index = offset = 0
+            while index < len(views):
+                fill, index, offset = _stage(self.staging, self.fill, views, index, offset)
+                self.fill = fill
+                if fill == BUFFER_BYTES:
+                    self._flush()
+            return
+        for view in views:
+            source = np.frombuffer(view, dtype=np.uint8)
+            while source.size:
+                n = min(source.size, BUFFER_BYTES - self.fill)
+                # numpy copies with the GIL released (a memoryview slice assignment holds it:
+                # 0.3 ms per 3.2 MB that the training thread would wait out).
+                np.copyto(self.into[self.fill : self.fill + n], source[:n])
+                self.fill += n
+                source = source[n:]
+                if self.fill == BUFFER_BYTES:
+                    self._flush()
+
+    def finish(self) -> None:
+        """Write what is left: the aligned part directly, the unaligned end through the
+        page cache."""
+        aligned = self.fill - self.fill % ALIGN  # (`mark` is aligned: so is this)
+        if aligned > self.mark:
+            self.segments.append(self.staging[self.mark : aligned])
+        self._write(self.segments)
+        self.segments = []
+        if self.fill > aligned:
+            if self.direct:
+                _plain(self.fd)
+            _write_out(self.fd, self.staging[aligned : self.fill], False)
+
+    def _cut(self) -> None:
+        # The staged bytes so far become a segment (they end on an aligned file offset: a
+        # placed view or a full buffer comes next).
+        if self.fill > self.mark:
+            self.segments.append(self.staging[self.mark : self.fill])
+            self.mark = self.fill
+
+    def _flush(self) -> None:
+        self._cut()
+        self._write(self.segments)
+        self.segments = []
+        self.fill = self.mark = 0
+
+    def _write(self, segments: list[memoryview]) -> None:
+        if not segments:
+            return
+        total = sum(s.nbytes for s in segments)
+        try:
+            written = os.writev(self.fd, segments)
+        except OSError as exc:
+            if self.direct and exc.errno == errno.EINVAL:
+                raise DirectRefused(str(exc)) from exc
+            raise
+        if written == total:
+            return
+        # A short write: the rest one by one, through the page cache from the next
+        # unaligned offset on (`_write_out`).
+        for segment in segments:
+            if written >= segment.nbytes:
+                written -= segment.nbytes
+                continue
+            self.direct = _write_out(self.fd, segment[written:], self.direct)
+            written = 0
+
+
 def write_direct(fd: int, views: Sequence[memoryview]) -> None:
-    """Write `views` (byte views) in order to `fd`, opened with O_DIRECT at offset 0:
-    copied through this thread's staging buffer (by `_stage` in C where it is built: a
-    few calls per file instead of one or two numpy calls per view), whole buffers written
-    directly, the unaligned tail through the page cache. Raises DirectRefused when the
-    file system refuses (the caller starts the file again without O_DIRECT)."""
-    staging, into = _staging()
-    fill = 0
-    direct = True
-    if _stage is not None:
-        views = list(views)
-        index = offset = 0
-        while index < len(views):
-            fill, index, offset = _stage(staging, fill, views, index, offset)
-            if fill == BUFFER_BYTES:
-                direct = _write_out(fd, staging, direct)
-                fill = 0
-        views = []  # (copied: the loop below is the Python path's)
-    for view in views:
-        source = np.frombuffer(view, dtype=np.uint8)
-        while source.size:
-            n = min(source.size, BUFFER_BYTES - fill)
-            # numpy copies with the GIL released (a memoryview slice assignment holds it:
-            # 0.3 ms per 3.2 MB that the training thread would wait out).
-            np.copyto(into[fill : fill + n], source[:n])
-            fill += n
-            source = source[n:]
-            if fill == BUFFER_BYTES:
-                direct = _write_out(fd, staging, direct)
-                fill = 0
-    aligned = fill - fill % ALIGN if direct else 0
-    if aligned:
-        direct = _write_out(fd, staging[:aligned], direct)
-    if fill > aligned:
-        if direct:
-            _plain(fd)
-        _write_out(fd, staging[aligned:fill], False)
+    """Write `views` (byte views) in order to `fd`, opened with O_DIRECT at offset 0: a
+    view of `PLACE_FROM` bytes or more that starts on an aligned address at an aligned file
+    offset (a snapshot's bytes behind a padding record: capture/step_framing.py) from
+    where it is, the rest copied through this thread's staging buffer (by `_stage` in C
+    where it is built: a few calls per file instead of one or two numpy calls per view),
+    the unaligned end through the page cache. Raises DirectRefused when the file system
+    refuses (the caller starts the file again without O_DIRECT)."""
+    out = _DirectFile(fd)
+    views = list(views)
+    run = 0  # the first view not handed over yet
+    offset = 0
+    for i, view in enumerate(views):
+        size = view.nbytes
+        if size >= PLACE_FROM and not offset % ALIGN and not _address(view) % ALIGN:
+            out.stage(views[run:i])
+            out.place(view)
+            run = i + 1
+        offset += size
+    out.stage(views[run:])
+    out.finish()
 
 
 class DirectPolicy:
@@ -202,12 +292,23 @@ class DirectPolicy:
         self._allowed: bool | None = None
         self._always = False
 
-    def allowed(self) -> bool:
-        """Whether the next large file of this thread goes around the page cache."""
+    def _decided(self) -> bool:
         if self._allowed is None:
             self._allowed = direct_io_allowed(self._folder)
             self._always = direct_io_mode() == _ALWAYS
-        return self._allowed and (self._always or not getattr(_backlog, "on", False))
+        return self._allowed
+
+    def allowed(self) -> bool:
+        """Whether the next large file of this thread goes around the page cache."""
+        return self._decided() and (self._always or not getattr(_backlog, "on", False))
+
+    def alignment(self) -> int:
+        """ALIGN where this folder's large files may go around the page cache, else 0: what
+        a writer aligns large tensors' bytes to in its files (`write_direct`). (0, and
+        nothing decided, while the folder does not exist yet.)"""
+        if self._allowed is None and not os.path.isdir(self._folder):
+            return 0
+        return ALIGN if self._decided() else 0
 
     def refused(self, exc: BaseException) -> None:
         if self._allowed:

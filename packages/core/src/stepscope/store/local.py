@@ -379,6 +379,9 @@ class LocalStore(Store):
         self._root_str = str(self.root)
         self._direct = DirectPolicy(self._root_str)  # large files around the page cache (direct_io.py)
 
+    def data_alignment(self) -> int:
+        return self._direct.alignment()
+
     def _path(self, key: str) -> Path:
         return self.root / key
 
