@@ -3,6 +3,8 @@
 records as the Python path, and the black box told the verdict instead of reading the
 tensor again."""
 
+import mmap
+
 import crc32c
 import ml_dtypes
 import numpy as np
@@ -247,6 +249,23 @@ def test_copy_scan_copies_every_byte_and_gives_the_register_the_crc32c_package_g
     # Any alignment of either buffer (a view one byte in).
     odd = np.zeros(size + 1, np.uint8)
     assert encode.copy_scan(odd[1:], source, 0)[0] == _register_from_zero(source) and np.array_equal(odd[1:], source)
+
+
+@needs_copy_scan
+@pytest.mark.parametrize("source_offset", [0, 16, 48, 64, 240, 256, 4032, 4080])
+def test_copy_scan_is_exact_where_the_view_sits_just_after_the_source_in_its_page(source_offset):
+    """A page-aligned view (as the arena gives) over a source at each page offset around the
+    one where streamed stores would alias the next loads (copy_scan takes plain stores
+    there: bench/bench_copy_offsets.py measures the speed): every byte, the register and the
+    verdict as elsewhere."""
+    size = 3 * 8192 * 4 + 1000  # (three lanes and a rest)
+    source_memory, target_memory = mmap.mmap(-1, size + 8192), mmap.mmap(-1, size + 8192)
+    source = np.frombuffer(source_memory, dtype=np.float32, count=size // 4, offset=source_offset)
+    source[:] = np.random.default_rng(source_offset).standard_normal(source.size, dtype=np.float32)
+    source[-7] = np.inf
+    target = np.frombuffer(target_memory, dtype=np.float32, count=size // 4)
+    assert encode.copy_scan(target, source, 4) == (_register_from_zero(source), False)
+    assert target.tobytes() == source.tobytes()
 
 
 @needs_copy_scan
