@@ -187,14 +187,21 @@ def test_a_short_direct_write_finishes_through_the_page_cache(tmp_path, allowed,
         if not shortened and _direct_on(fd) and sum(v.nbytes for v in views) > ALIGN:
             shortened.append(sum(v.nbytes for v in views))
             first = b"".join(bytes(v) for v in views)[: ALIGN + 7]
-            return os.write(fd, first)  # an unaligned amount (a signal, a full disk)
+            flags = fcntl.fcntl(fd, fcntl.F_GETFL)
+            fcntl.fcntl(fd, fcntl.F_SETFL, flags & ~direct_io.O_DIRECT)  # (to write an unaligned amount here)
+            try:
+                return os.write(fd, first)  # an unaligned amount (a signal, a full disk)
+            finally:
+                fcntl.fcntl(fd, fcntl.F_SETFL, flags)
         return real_writev(fd, buffers)
 
     monkeypatch.setattr(os, "writev", short_writev)
     parts = _parts(BUFFER_BYTES + 3 * ALIGN + 5)
-    LocalStore(str(tmp_path)).write(KEY, parts)
+    store = LocalStore(str(tmp_path))
+    store.write(KEY, parts)
     assert shortened
     assert (tmp_path / KEY).read_bytes() == b"".join(bytes(p) for p in parts)
+    assert store._direct.allowed()  # (finished, not refused and written again)
 
 
 def test_threads_writing_at_once_each_get_their_file(tmp_path, allowed):

@@ -219,7 +219,7 @@ class StepFramer:
         non-contiguous array, say, which the direct write stages anyway) or need no padding."""
         before = 0
         for part in framed:
-            size = len(part)
+            size = part.nbytes if type(part) is memoryview else len(part)
             if size >= PLACE_FROM:
                 if np.frombuffer(part, dtype=np.uint8).__array_interface__["data"][0] % align:
                     return None

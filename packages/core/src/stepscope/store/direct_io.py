@@ -249,13 +249,16 @@ class _DirectFile:
             raise
         if written == total:
             return
-        # A short write: the rest one by one, through the page cache from the next
-        # unaligned offset on (`_write_out`).
+        # A short write (a signal, a full disk) leaves the next offset anywhere: the rest of
+        # the file goes through the page cache, one buffer at a time.
+        if self.direct:
+            _plain(self.fd)
+            self.direct = False
         for segment in segments:
             if written >= segment.nbytes:
                 written -= segment.nbytes
                 continue
-            self.direct = _write_out(self.fd, segment[written:], self.direct)
+            _write_out(self.fd, segment[written:], False)
             written = 0
 
 
