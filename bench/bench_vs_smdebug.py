@@ -11,7 +11,10 @@ for stepscope's writer), then on every core (`--threads`, default: all of them),
 nothing is spare, with the byte-cost limit: the same loop beside them with only the bytes
 done (`Floor`: copy each weight and gradient out on the training thread, CRC-32C and write
 them to a new file on a thread of its own), whose added time is what the bytes cost under the
-same contention (goal: stepscope's added time within 1.3x of it). Last,
+same contention (goal: stepscope's added time within 1.3x of it), and the same with the
+file system's part of smdebug's layout added (`Floor(layout=True)`: a folder, an event file
+and an index file per save, each published by a rename; smdebug's reader needs them), what
+any tool that keeps that layout cannot go below. Last,
 everything at every step (save_all) on every core (goal: at most a quarter of what smdebug
 adds). On every core each tool runs four times by default (`--core-rounds`), and each run's
 hooked loop over its plain one is printed with the spread between runs (range over median;
@@ -48,7 +51,7 @@ import torch
 from torch import nn
 
 impl, kind, blocks, out, threads = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-with_floor = sys.argv[6:] == ["floor"]
+floors = sys.argv[6:]  # "floor" (the bytes), "floor+layout" (and smdebug's files)
 # "mlp-all": the MLP with everything saved at every step (save_all), else weights and gradients every 10 steps.
 kind, save_all = kind.split("-")[0], kind.endswith("-all")
 torch.set_num_threads(threads)
@@ -67,11 +70,14 @@ class Floor:
     page-aligned buffers; a thread of its own takes their CRC-32C and writes the buffer to a
     new file with O_DIRECT (the cheapest write of new data this file system has: through the
     page cache costs several times its CPU). What a tool that keeps each save cannot do
-    without, measured on the same loop and cores as the tools."""
+    without, measured on the same loop and cores as the tools. With `layout`, also the file
+    system's part of smdebug's layout, as any tool that keeps it and publishes whole files
+    does: the step's own folder, the event file written under a temporary name and renamed,
+    and a small index file (600 bytes) likewise in the index folder."""
 
-    def __init__(self, out):
+    def __init__(self, out, layout=False):
         os.makedirs(out)
-        self.out, self.step, self.buffers, self.todo = out, 0, queue.Queue(), queue.Queue()
+        self.out, self.step, self.buffers, self.todo, self.layout = out, 0, queue.Queue(), queue.Queue(), layout
         self.sizes = None
         threading.Thread(target=self.write, daemon=True).start()
 
@@ -109,7 +115,12 @@ class Floor:
             for n in self.sizes:
                 crc32c.crc32c(memoryview(buffer)[at:at + n])
                 at += n
-            path = os.path.join(self.out, f"{step}.bin")
+            path = final = os.path.join(self.out, f"{step}.bin")
+            if self.layout:
+                folder = os.path.join(self.out, "events", f"{step:012d}")
+                os.makedirs(folder)
+                final = os.path.join(folder, f"{step:012d}_worker_0.tfevents")
+                path = os.path.join(folder, f".{step:012d}_worker_0.tfevents.tmp")
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_DIRECT", 0))
             except OSError:  # a file system without direct writes (tmpfs)
@@ -119,6 +130,16 @@ class Floor:
             finally:
                 os.close(fd)
                 self.buffers.put(buffer)
+                if not self.layout:
+                    self.todo.task_done()
+            if self.layout:
+                os.rename(path, final)
+                index = os.path.join(self.out, "index", f"{step // 1000:09d}")
+                os.makedirs(index, exist_ok=True)
+                tmp = os.path.join(index, f".{step:012d}_worker_0.json.tmp")
+                with open(tmp, "wb") as f:
+                    f.write(b"i" * 600)
+                os.rename(tmp, os.path.join(index, f"{step:012d}_worker_0.json"))
                 self.todo.task_done()
 
     def flush(self):
@@ -173,8 +194,8 @@ class Loop:
 
 hook = make_hook()
 loops = {"plain": Loop(), "hooked": Loop(hook)}
-if with_floor:  # the floor in this process: its blocks between the others, on the same loop
-    loops["floor"] = Loop(Floor(out + "-floor"))
+for name in floors:  # the floors in this process: their blocks between the others, on the same loop
+    loops[name] = Loop(Floor(f"{out}-{name}", layout=name == "floor+layout"))
 for loop in loops.values():
     loop.run(2 * BLOCK)
 times = {name: [] for name in loops}
@@ -205,10 +226,12 @@ print(json.dumps({"plain": statistics.median(times["plain"]), "hooked": statisti
                   "all_cpu_added": statistics.median(all_cpu["hooked"]) - statistics.median(all_cpu["plain"]),
                   "hooked_blocks": times["hooked"], "plain_blocks": times["plain"],
                   "bytes": size, "hooked_s": hooked_s, "close_s": close,
-                  "floor": statistics.median(times["floor"]) if with_floor else None, "floor_blocks": times.get("floor"),
-                  "floor_train_cpu_added": statistics.median(cpu["floor"]) - statistics.median(cpu["plain"]) if with_floor else None,
-                  "floor_all_cpu_added": statistics.median(all_cpu["floor"]) - statistics.median(all_cpu["plain"]) if with_floor else None}))
+                  "floors": {name: {"blocks": times[name], "train_cpu_added": statistics.median(cpu[name]) - statistics.median(cpu["plain"]),
+                                    "all_cpu_added": statistics.median(all_cpu[name]) - statistics.median(all_cpu["plain"])} for name in floors}}))
 '''
+
+
+FLOORS = ("floor", "floor+layout")
 
 
 def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, threads: int, round_: int = 0, floor: bool = False) -> dict[str, float]:
@@ -220,8 +243,9 @@ def run_worker(python: str, impl: str, kind: str, blocks: int, root: str, thread
     # without a journal skips recently freed inodes when it makes a file (see AGE_S), so
     # deleting a run's thousands of files would slow the file creation of the next run,
     # whichever tool.
-    _kept.extend((out, out + "-floor"))
-    argv = [python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)] + (["floor"] if floor else [])
+    floors = list(FLOORS) if floor else []
+    _kept.extend([out] + [f"{out}-{name}" for name in floors])
+    argv = [python, "-c", WORKER, impl, kind, str(blocks), out, str(threads)] + floors
     reply = subprocess.run(argv, capture_output=True, text=True, env=env)
     if reply.returncode != 0:
         raise RuntimeError(reply.stderr.strip().splitlines()[-1] if reply.stderr.strip() else f"exit {reply.returncode}")
@@ -232,13 +256,16 @@ def _merged(runs: list[dict]) -> dict:
     """One tool's runs as one: medians over every run's blocks (the floor's too), CPU as
     the median of the runs', bytes and seconds summed."""
     merged = dict(runs[0])
-    for key in ("plain_blocks", "hooked_blocks", "floor_blocks"):
+    for key in ("plain_blocks", "hooked_blocks"):
         merged[key] = [t for r in runs for t in r.get(key) or ()]
     merged["plain"], merged["hooked"] = statistics.median(merged["plain_blocks"]), statistics.median(merged["hooked_blocks"])
-    merged["floor"] = statistics.median(merged["floor_blocks"]) if merged["floor_blocks"] else None
-    for key in ("train_cpu_added", "all_cpu_added", "floor_train_cpu_added", "floor_all_cpu_added"):
-        if runs[0].get(key) is not None:
-            merged[key] = statistics.median(r[key] for r in runs)
+    merged["floors"] = {}
+    for name in runs[0].get("floors") or {}:
+        blocks = [t for r in runs for t in r["floors"][name]["blocks"]]
+        merged["floors"][name] = {"blocks": blocks, "time": statistics.median(blocks),
+                                  **{key: statistics.median(r["floors"][name][key] for r in runs) for key in ("train_cpu_added", "all_cpu_added")}}
+    for key in ("train_cpu_added", "all_cpu_added"):
+        merged[key] = statistics.median(r[key] for r in runs)
     merged["bytes"], merged["hooked_s"] = sum(r["bytes"] for r in runs), sum(r["hooked_s"] for r in runs)
     return merged
 
@@ -300,8 +327,8 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
             continue
         r = _merged(runs[impl])
         added[impl], plain[impl] = r["hooked"] - r["plain"], r["plain"]
-        if r["floor"] is not None:
-            added["floor"] = r["floor"] - r["plain"]
+        for name, f in r["floors"].items():
+            added[name] = f["time"] - r["plain"]
         rate = r["bytes"] / max(r["hooked_s"], 1e-9) / 1e6
         # The spread of the hooked blocks (interquartile range over the median): how
         # steady the added time is from block to block.
@@ -312,10 +339,10 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
         per_save = 1e3 if kind.endswith("-all") else 10e3
         print(f"{kind:5} {threads:7} {impl:9} {r['plain'] * 1e3:9.3f} {r['hooked'] * 1e3:10.3f} {100 * added[impl] / r['plain']:8.1f} {100 * spread:8.1f} {rate:12.1f}"
               f" {per_save * r['train_cpu_added']:12.2f} {per_save * r['all_cpu_added']:12.2f}", flush=True)
-        if r["floor"] is not None:
-            q = statistics.quantiles(r["floor_blocks"], n=4) if len(r["floor_blocks"]) >= 4 else [r["floor"]] * 3
-            print(f"{kind:5} {threads:7} {'floor':9} {r['plain'] * 1e3:9.3f} {r['floor'] * 1e3:10.3f} {100 * added['floor'] / r['plain']:8.1f} {100 * (q[2] - q[0]) / r['floor']:8.1f} {'':12}"
-                  f" {per_save * r['floor_train_cpu_added']:12.2f} {per_save * r['floor_all_cpu_added']:12.2f}", flush=True)
+        for name, f in r["floors"].items():
+            q = statistics.quantiles(f["blocks"], n=4) if len(f["blocks"]) >= 4 else [f["time"]] * 3
+            print(f"{kind:5} {threads:7} {name:12} {r['plain'] * 1e3:6.3f} {f['time'] * 1e3:10.3f} {100 * added[name] / r['plain']:8.1f} {100 * (q[2] - q[0]) / f['time']:8.1f} {'':12}"
+                  f" {per_save * f['train_cpu_added']:12.2f} {per_save * f['all_cpu_added']:12.2f}", flush=True)
     if added.get("floor", 0) > 0 and "stepscope" in added:
         # The floor did the same bytes on the same loop and cores, in stepscope's processes
         # (blocks between its plain and hooked ones), so the contention the bytes cause
@@ -324,6 +351,14 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
             f"{kind:5} {threads:7} byte-cost limit (the floor, side by side): {added['floor'] * 1e3:.3f} ms per step "
             f"({(plain['stepscope'] + added['floor']) / plain['stepscope']:.2f}x of the plain loop); "
             f"stepscope adds {added['stepscope'] / added['floor']:.2f}x of that (goal <= 1.3: {'met' if added['stepscope'] <= 1.3 * added['floor'] else 'MISSED'})"
+        )
+    if added.get("floor+layout", 0) > 0 and "stepscope" in added:
+        # The bytes and the file system's part of smdebug's layout (a folder, an event file
+        # and an index file per save, each published by a rename): the limit for any tool
+        # that keeps that layout, which smdebug's reader needs.
+        print(
+            f"{kind:5} {threads:7} with smdebug's layout (the floor and a folder, an event file and an index file per save, renamed): "
+            f"{added['floor+layout'] * 1e3:.3f} ms per step; stepscope adds {added['stepscope'] / added['floor+layout']:.2f}x of that"
         )
     if rounds > 1:
         # The spread between runs (the issue's measure): each run's hooked loop over its
