@@ -437,3 +437,26 @@ def test_large_snapshots_are_padded_to_aligned_offsets_that_every_reader_skips(t
     trial = create_trial(str(tmp_path))
     for name, value in values.items():
         np.testing.assert_array_equal(trial.tensor(name).value(10), value)
+
+
+def test_steps_batched_into_one_file_each_have_their_large_tensors_aligned(tmp_path, allowed):
+    """Several steps in one event file (Writer.write_steps): the padding follows the file's
+    running offset, so every large tensor of every step starts aligned and reads back."""
+    from stepscope.capture.host_arena import HostArena
+    from stepscope.capture.writer import Writer
+    from stepscope.trial import create_trial
+
+    rng = np.random.default_rng(8)
+    arena = HostArena()
+    values = {step: {"weights/a": rng.standard_normal((300, 301)).astype(np.float32), "loss": np.float32(step)} for step in (4, 5, 6)}
+    writer = Writer(str(tmp_path))
+    assert writer.write_steps([(step, "TRAIN", step, {k: arena.copy_of(v) if v.ndim else v for k, v in saved.items()}, {}) for step, saved in values.items()])
+    assert writer.close()
+    (path,) = tmp_path.glob("events/*/*.tfevents")
+    data = path.read_bytes()
+    for saved in values.values():
+        assert data.find(saved["weights/a"].tobytes()) % ALIGN == 0
+    trial = create_trial(str(tmp_path))
+    for step, saved in values.items():
+        np.testing.assert_array_equal(trial.tensor("weights/a").value(step), saved["weights/a"])
+        assert trial.tensor("loss").value(step) == step
