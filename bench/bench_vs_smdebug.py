@@ -111,36 +111,39 @@ class Floor:
         import crc32c
         while True:
             step, buffer = self.todo.get()
-            at = 0
-            for n in self.sizes:
-                crc32c.crc32c(memoryview(buffer)[at:at + n])
-                at += n
-            path = final = os.path.join(self.out, f"{step}.bin")
-            if self.layout:
-                folder = os.path.join(self.out, "events", f"{step:012d}")
-                os.makedirs(folder)
-                final = os.path.join(folder, f"{step:012d}_worker_0.tfevents")
-                path = os.path.join(folder, f".{step:012d}_worker_0.tfevents.tmp")
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_DIRECT", 0))
-            except OSError:  # a file system without direct writes (tmpfs)
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
-            try:
-                os.write(fd, buffer)
+                at = 0
+                for n in self.sizes:
+                    crc32c.crc32c(memoryview(buffer)[at:at + n])
+                    at += n
+                self.publish(step, buffer)
             finally:
-                os.close(fd)
                 self.buffers.put(buffer)
-                if not self.layout:
-                    self.todo.task_done()
-            if self.layout:
-                os.rename(path, final)
-                index = os.path.join(self.out, "index", f"{step // 1000:09d}")
-                os.makedirs(index, exist_ok=True)
-                tmp = os.path.join(index, f".{step:012d}_worker_0.json.tmp")
-                with open(tmp, "wb") as f:
-                    f.write(b"i" * 600)
-                os.rename(tmp, os.path.join(index, f"{step:012d}_worker_0.json"))
                 self.todo.task_done()
+
+    def publish(self, step, buffer):
+        path = final = os.path.join(self.out, f"{step}.bin")
+        if self.layout:
+            folder = os.path.join(self.out, "events", f"{step:012d}")
+            os.makedirs(folder)
+            final = os.path.join(folder, f"{step:012d}_worker_0.tfevents")
+            path = os.path.join(folder, f".{step:012d}_worker_0.tfevents.tmp")
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_DIRECT", 0))
+        except OSError:  # a file system without direct writes (tmpfs)
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
+        try:
+            os.write(fd, buffer)
+        finally:
+            os.close(fd)
+        if self.layout:
+            os.rename(path, final)
+            index = os.path.join(self.out, "index", f"{step // 1000:09d}")
+            os.makedirs(index, exist_ok=True)
+            tmp = os.path.join(index, f".{step:012d}_worker_0.json.tmp")
+            with open(tmp, "wb") as f:
+                f.write(b"i" * 600)
+            os.rename(tmp, os.path.join(index, f"{step:012d}_worker_0.json"))
 
     def flush(self):
         self.todo.join()

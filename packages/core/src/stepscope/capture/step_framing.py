@@ -32,7 +32,7 @@ import numpy as np
 from .. import events, layout, records
 from ..compiled import load_extension
 from ..modes import ModeKeys
-from ..store.direct_io import PLACE_FROM
+from ..store.direct_io import PLACE_FROM, buffer_address
 from ..tf_dtypes import NUMPY_TO_DT
 from .host_arena import Scanned
 
@@ -161,8 +161,9 @@ class StepFramer:
         wall_time = time.time()  # one time for the step's records: they are framed together
         pause = _GilYield(self._yield_every_s)
         frame_array = self.frame_array
+        # (the Event's fields every record of the step shares: frame_array's and padding's)
+        prefix, metadata = events.event_fields(step, mode, mode_step, wall_time)
         if frame_array is not None:
-            prefix, metadata = events.event_fields(step, mode, mode_step, wall_time)
             # Judged in the CRC's pass from the size framed as three buffers: the black box
             # then reads none of these arrays again (smaller ones it reads cheaply).
             finite_from = events.SMALL_TENSOR_BYTES + 1 if finite is not None else -1
@@ -192,7 +193,7 @@ class StepFramer:
                 kept_shapes.pop(name, None)
                 continue
             if align and array.nbytes >= PLACE_FROM:
-                padding = self._padded(framed, offset, align, events.event_fields(step, mode, mode_step, wall_time)[0])
+                padding = self._padded(framed, offset, align, prefix)
                 if padding is not None:
                     parts.append(padding)
                     offset += len(padding)
@@ -221,7 +222,7 @@ class StepFramer:
         for part in framed:
             size = part.nbytes if type(part) is memoryview else len(part)
             if size >= PLACE_FROM:
-                if np.frombuffer(part, dtype=np.uint8).__array_interface__["data"][0] % align:
+                if buffer_address(part) % align:
                     return None
                 gap = -(offset + before) % align
                 if not gap:

@@ -157,8 +157,9 @@ def _write_out(fd: int, view: memoryview, direct: bool) -> bool:
     return direct
 
 
-def _address(view: memoryview) -> int:
-    return np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0]
+def buffer_address(buffer: bytes | memoryview) -> int:
+    """Where `buffer`'s bytes start in memory (for the alignment checks of direct writes)."""
+    return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
 
 
 class _DirectFile:
@@ -276,7 +277,7 @@ def write_direct(fd: int, views: Sequence[memoryview]) -> None:
     offset = 0
     for i, view in enumerate(views):
         size = view.nbytes
-        if size >= PLACE_FROM and not offset % ALIGN and not _address(view) % ALIGN:
+        if size >= PLACE_FROM and not offset % ALIGN and not buffer_address(view) % ALIGN:
             out.stage(views[run:i])
             out.place(view)
             run = i + 1
