@@ -157,6 +157,18 @@ def test_idle_connections_time_out(app):
         server.stop()
 
 
+def test_a_server_whose_wake_up_pipe_is_closed_still_stops(app):
+    """stop() where waitress's trigger is gone (CI saw EBADF from it once): no exception, the
+    serving loop returns, the port is given back."""
+    server = LiveServer(app)
+    assert _get(f"{server.url}/healthz")[0] == 200
+    server.server._server.trigger.close()
+    server.stop()
+    assert not server.thread.is_alive()
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", server.server.port), timeout=1).close()
+
+
 def test_a_request_trickled_a_byte_at_a_time_is_cut_off(app):
     """Each byte resets waitress's idle clock; the whole request still has one timeout."""
     server = LiveServer(app, limits=ServerLimits(idle_timeout_s=1.0))

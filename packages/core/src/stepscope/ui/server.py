@@ -116,7 +116,14 @@ class WebServer:
         from waitress import wasyncore
 
         server = self._server
-        server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+        if not self._stopped.is_set():
+            try:
+                server.trigger.pull_trigger(lambda: wasyncore.close_all(server._map))
+            except OSError:
+                # The loop's wake-up pipe is closed already (CI saw EBADF here): nothing can
+                # wake the loop, so its channels are closed from this thread; with its map
+                # empty, the loop returns at its next poll.
+                wasyncore.close_all(server._map)
         self._stopped.wait(timeout)
         server.task_dispatcher.shutdown(timeout=timeout)
 
