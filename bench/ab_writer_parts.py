@@ -22,7 +22,8 @@ in the copy), `nocrc` (B: no CRC and no black box: smdebug's placeholder CRC), `
 `idle` (B: the writer's threads at nice 19, or SCHED_IDLE: when they run, not what they do),
 `stream` (B: the snapshot's copy and the staging copy store through the caches, not around them),
 `place` (B: no padding records, so that every byte of an event file is staged for its direct
-write, none written from the snapshot's own memory).
+write, none written from the snapshot's own memory), `direct_c` (B: an event file's direct
+write made from Python, several calls, not in one call of `_publish.publish_direct`).
 Weights + gradients (or everything: `--save-all`) of an MLP 256-512-512-10 every `--every`
 steps (default 10), SGD, `--threads` torch threads (default: every core), profiler side off."""
 
@@ -45,7 +46,7 @@ from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
 PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream",
-         "place")
+         "place", "direct_c")
 BLOCK = 20
 
 
@@ -113,6 +114,10 @@ def main() -> None:
 
         switches = [m.streaming_stores for m in (step_framing._encode, load_extension("stepscope.store", "_publish")) if hasattr(m, "streaming_stores")]
         changed["stream"] = lambda: [switch(False) for switch in switches]
+        from stepscope.store import local
+
+        publish_direct = local._publish_direct
+        changed["direct_c"] = lambda: setattr(local, "_publish_direct", None)
         changed["nice"] = lambda: scheduled(os.SCHED_OTHER, 19)
         changed["idle"] = lambda: scheduled(os.SCHED_IDLE, 0)
 
@@ -132,6 +137,7 @@ def main() -> None:
             scheduled(os.SCHED_OTHER, 0)
             writer._framer._placeholder_crc = False
             host_arena._copy_scan = copy_scan
+            local._publish_direct = publish_direct
             for switch in switches:
                 switch(True)
 

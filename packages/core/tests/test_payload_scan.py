@@ -144,6 +144,43 @@ def test_a_tensor_over_the_checked_size_is_judged_where_the_writer_checked_it(tm
     assert python_saved.non_finite is None
 
 
+@needs_scan
+def test_small_float_tensors_are_judged_by_the_writer_as_numpy_judges_them(tmp_path):
+    """Biases and other small float tensors (more than 8 bytes) get their verdict from the
+    writer's framing pass too: the black box reads none of them (its max and min were most
+    of its time per save), reports what numpy's counts say, and still reads one-element
+    values (a loss) itself."""
+    rng = np.random.default_rng(5)
+    values = {f"{kind}_{n}": rng.standard_normal(n).astype(kind) for kind in ("float16", "float32", "float64") for n in (2, 3, 5, 64, 1000)}
+    values["loss"] = np.float32(0.5)
+    bad = dict(values)
+    for name in ("float16_5", "float32_3", "float64_2", "float32_1000"):
+        kind, n = name.split("_")
+        array = rng.standard_normal(int(n)).astype(kind)
+        array[1] = np.nan if n != "3" else -np.inf
+        bad[name] = array
+    judged: list[set[str]] = []
+    saved = SavedValues()
+    real = saved.checked_step
+
+    def checked_step(step, mode, mode_step, arrays, finite):
+        judged.append(set(finite))
+        return real(step, mode, mode_step, arrays, finite)
+
+    saved.checked_step = checked_step
+    with Writer(str(tmp_path)) as writer:
+        writer.step_listeners.append(saved)
+        assert writer.write_step(0, ModeKeys.TRAIN, 0, values)
+        assert writer.write_step(1, ModeKeys.TRAIN, 1, bad)
+    over_8_bytes = {name for name, value in values.items() if np.asarray(value).nbytes > 8}
+    assert judged == [over_8_bytes, over_8_bytes]
+    assert "float32_3" in over_8_bytes and "float32_2" not in over_8_bytes  # (the black box reads 8 bytes or less)
+    expected = {name: {"nan": int(np.isnan(v).sum()), "inf": int(np.isinf(v).sum()), "size": v.size}
+                for name, v in bad.items() if not np.isfinite(v).all()}  # fmt: skip
+    assert len(expected) == 4
+    assert saved.non_finite == {"step": 1, "mode": "TRAIN", "mode_step": 1, "tensors": expected}
+
+
 # ---- a whole record in C (`_encode.frame_array`) ------------------------------------------
 
 framing_arrays = scanning and hasattr(encode, "frame_array")

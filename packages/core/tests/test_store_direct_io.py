@@ -20,12 +20,14 @@ import threading
 import numpy as np
 import pytest
 
+from stepscope.compiled import load_extension
 from stepscope.store import direct_io, local
 from stepscope.store.direct_io import ALIGN, BUFFER_BYTES, DIRECT_FROM, DirectPolicy, direct_io_allowed
 from stepscope.store.local import LocalStore
 
 pytestmark = pytest.mark.skipif(not direct_io.O_DIRECT, reason="no O_DIRECT on this platform")
 KEY = "events/000000000010/000000000010_worker_0.tfevents"
+_publish = load_extension("stepscope.store", "_publish")  # (its fault injection, where the whole file is written in C)
 
 
 @pytest.fixture
@@ -39,7 +41,8 @@ def allowed(tmp_path, monkeypatch):
 
 @pytest.fixture
 def direct_calls(monkeypatch):
-    """The byte counts of each write_direct call LocalStore makes."""
+    """The byte counts of each direct write LocalStore makes (a whole file in C, or
+    write_direct in Python)."""
     seen: list[int] = []
     real = local.write_direct
 
@@ -48,15 +51,27 @@ def direct_calls(monkeypatch):
         return real(fd, views)
 
     monkeypatch.setattr(local, "write_direct", spy)
+    real_c = local._publish_direct
+    if real_c is not None:
+
+        def spy_c(folder_fd, tmp, name, parts, *args):
+            seen.append(sum(memoryview(p).nbytes for p in parts))
+            return real_c(folder_fd, tmp, name, parts, *args)
+
+        monkeypatch.setattr(local, "_publish_direct", spy_c)
     return seen
 
 
-@pytest.fixture(params=["compiled", "python"])
+@pytest.fixture(params=["whole file in C", "staging in C", "python"])
 def staging(request, monkeypatch):
-    """Each test of the direct path twice: the staging copy in C (_publish.c's `stage`) and
-    in Python, the same file either way."""
-    if request.param == "compiled" and direct_io._stage is None:
+    """Each test of the direct path three ways, the same file each way: the whole file
+    published in one call (_publish.c's `publish_direct`), write_direct in Python with the
+    staging copy in C (`stage`), and all of it in Python."""
+    compiled = {"whole file in C": local._publish_direct, "staging in C": direct_io._stage}.get(request.param, True)
+    if compiled is None:
         pytest.skip("stepscope.store._publish is not built here (or STEPSCOPE_PURE_PYTHON)")
+    if request.param != "whole file in C":
+        monkeypatch.setattr(local, "_publish_direct", None)
     if request.param == "python":
         monkeypatch.setattr(direct_io, "_stage", None)
     return request.param
@@ -162,12 +177,34 @@ def _refuse(monkeypatch, where: str) -> list[int]:
     return refused
 
 
+def _refuse_in_c(monkeypatch, where: str) -> list[int]:
+    """_refuse for the whole file in C: the extension's own fault at its open or its first
+    direct write (the system calls there are not Python's), counted as _refuse counts."""
+    refused: list[int] = []
+    real = local._publish_direct
+
+    def once(*args):
+        if not refused:
+            refused.append(1)
+            _publish.inject_fault(where, errno.EINVAL)
+        try:
+            return real(*args)
+        finally:
+            _publish.inject_fault("none", 0)
+
+    monkeypatch.setattr(local, "_publish_direct", once)
+    return refused
+
+
 @pytest.mark.parametrize("where", ["open", "write"])
 def test_a_refusal_writes_the_file_the_usual_way_and_turns_direct_writes_off(tmp_path, monkeypatch, where, staging):
     store = LocalStore(str(tmp_path))
     store._direct = DirectPolicy(str(tmp_path))
     store._direct._allowed = True  # as on ext4, whatever this folder is on
-    refused = _refuse(monkeypatch, where)
+    if staging == "whole file in C":
+        refused = _refuse_in_c(monkeypatch, where)
+    else:
+        refused = _refuse(monkeypatch, where)
     parts = _parts(3_000_001)
     store.write(KEY, parts)
     assert refused == [1]
@@ -196,6 +233,18 @@ def test_a_short_direct_write_finishes_through_the_page_cache(tmp_path, allowed,
         return real_writev(fd, buffers)
 
     monkeypatch.setattr(os, "writev", short_writev)
+    if staging == "whole file in C":
+        real_c = local._publish_direct
+
+        def short_in_c(*args):
+            shortened.append(1)
+            _publish.inject_fault("short", 0)
+            try:
+                return real_c(*args)
+            finally:
+                _publish.inject_fault("none", 0)
+
+        monkeypatch.setattr(local, "_publish_direct", short_in_c)
     parts = _parts(BUFFER_BYTES + 3 * ALIGN + 5)
     store = LocalStore(str(tmp_path))
     store.write(KEY, parts)
@@ -368,12 +417,20 @@ def test_an_aligned_large_view_at_an_aligned_offset_is_written_from_where_it_is(
     staged: list[int] = []
     real_stage = direct_io._DirectFile.stage
     monkeypatch.setattr(direct_io._DirectFile, "stage", lambda self, views: (staged.append(sum(v.nbytes for v in views)), real_stage(self, views))[1])
+    placed: list[int] = []  # (the whole file in C: the bytes it says it wrote from where they were)
+    if staging == "whole file in C":
+        real_c = local._publish_direct
+        monkeypatch.setattr(local, "_publish_direct", lambda *args: (placed.append(real_c(*args)), placed[-1])[1])
     LocalStore(str(tmp_path)).write(KEY, parts)
     assert _resident_pages(tmp_path / KEY) <= 1  # (before the file is read back)
     data = (tmp_path / KEY).read_bytes()
     assert data == b"".join(bytes(p) for p in parts)
     address = {name: np.frombuffer(view, dtype=np.uint8).__array_interface__["data"][0] for name, view in
                (("whole", placed_whole), ("ragged", placed_ragged), ("unaligned", unaligned_memory), ("late", parts[8]))}  # fmt: skip
+    if staging == "whole file in C":
+        # Only the two qualify: the unaligned address and the unaligned offset are staged.
+        assert placed == [placed_whole.nbytes + placed_ragged.nbytes - 333]
+        return
     assert address["whole"] in seen and address["ragged"] in seen
     assert address["unaligned"] not in seen  # its address is not aligned: staged
     assert address["late"] not in seen  # aligned memory, but at an unaligned file offset (after "y" * 5): staged
@@ -460,3 +517,13 @@ def test_steps_batched_into_one_file_each_have_their_large_tensors_aligned(tmp_p
     for step, saved in values.items():
         np.testing.assert_array_equal(trial.tensor("weights/a").value(step), saved["weights/a"])
         assert trial.tensor("loss").value(step) == step
+
+
+def test_the_compiled_buffer_address_is_numpy_s():
+    """direct_io.buffer_address (in C where built) gives numpy's answer for every buffer the
+    framer and the direct write ask about, and refuses a buffer that is not contiguous."""
+    array = np.arange(100_000, dtype=np.uint8)
+    for buffer in (b"record head", memoryview(array), memoryview(array)[3:], memoryview(array.view(np.float32))[5:], _aligned(ALIGN * 3, 0)):
+        assert direct_io.buffer_address(buffer) == direct_io._buffer_address(buffer)
+    with pytest.raises((BufferError, ValueError, TypeError)):
+        direct_io.buffer_address(memoryview(array)[::2])

@@ -92,6 +92,9 @@ class _GilYield:
             self._since = time.perf_counter()
 
 
+_FINITE_FROM = 9  # bytes: a float array this large has its finiteness judged by frame_array
+
+
 def as_array(value: Any) -> np.ndarray:
     """A step value as a numpy array (a PendingValue or Deferred resolved here)."""
     if hasattr(value, "resolve"):
@@ -164,9 +167,11 @@ class StepFramer:
         # (the Event's fields every record of the step shares: frame_array's and padding's)
         prefix, metadata = events.event_fields(step, mode, mode_step, wall_time)
         if frame_array is not None:
-            # Judged in the CRC's pass from the size framed as three buffers: the black box
-            # then reads none of these arrays again (smaller ones it reads cheaply).
-            finite_from = events.SMALL_TENSOR_BYTES + 1 if finite is not None else -1
+            # Judged in the CRC's pass for every float array of more than 8 bytes: the black
+            # box then reads none of them again (for a bias, its two numpy reductions cost
+            # more than the tensor's framing). One-element values (a loss) it keeps as their
+            # number, read there.
+            finite_from = _FINITE_FROM if finite is not None else -1
         for name, value in tensors.items():
             try:
                 # A snapshot whose copy took its CRC (host_arena.Scanned): framed unread.

@@ -130,6 +130,12 @@ def _staging() -> tuple[memoryview, np.ndarray]:
     return staging
 
 
+def staging_buffer() -> memoryview:
+    """This thread's staging buffer (`_staging`) as a writable view: what `_publish.c`'s
+    publish_direct copies into."""
+    return _staging()[0]
+
+
 class DirectRefused(Exception):
     """The file system refused a direct write (EINVAL): write the file the usual way."""
 
@@ -157,9 +163,13 @@ def _write_out(fd: int, view: memoryview, direct: bool) -> bool:
     return direct
 
 
-def buffer_address(buffer: bytes | memoryview) -> int:
+def _buffer_address(buffer: bytes | memoryview) -> int:
     """Where `buffer`'s bytes start in memory (for the alignment checks of direct writes)."""
     return np.frombuffer(buffer, dtype=np.uint8).__array_interface__["data"][0]
+
+
+# (the same answer from _publish.c where it is built, for a fraction of the numpy view's cost)
+buffer_address: Callable[[bytes | memoryview], int] = getattr(load_extension(__package__, "_publish"), "buffer_address", _buffer_address)
 
 
 class _DirectFile:
