@@ -23,7 +23,9 @@ in the copy), `nocrc` (B: no CRC and no black box: smdebug's placeholder CRC), `
 `stream` (B: the snapshot's copy and the staging copy store through the caches, not around them),
 `place` (B: no padding records, so that every byte of an event file is staged for its direct
 write, none written from the snapshot's own memory), `direct_c` (B: an event file's direct
-write made from Python, several calls, not in one call of `_publish.publish_direct`).
+write made from Python, several calls, not in one call of `_publish.publish_direct`),
+`finite` (B: the black box judges float
+arrays under 1 KiB itself, as before the framing pass took them from 9 bytes).
 Weights + gradients (or everything: `--save-all`) of an MLP 256-512-512-10 every `--every`
 steps (default 10), SGD, `--threads` torch threads (default: every core), profiler side off."""
 
@@ -46,7 +48,7 @@ from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
 PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream",
-         "place", "direct_c")
+         "place", "direct_c", "finite")
 BLOCK = 20
 
 
@@ -118,6 +120,9 @@ def main() -> None:
 
         publish_direct = local._publish_direct
         changed["direct_c"] = lambda: setattr(local, "_publish_direct", None)
+
+        finite_from = step_framing._FINITE_FROM
+        changed["finite"] = lambda: setattr(step_framing, "_FINITE_FROM", step_framing.events.SMALL_TENSOR_BYTES + 1)
         changed["nice"] = lambda: scheduled(os.SCHED_OTHER, 19)
         changed["idle"] = lambda: scheduled(os.SCHED_IDLE, 0)
 
@@ -138,6 +143,7 @@ def main() -> None:
             writer._framer._placeholder_crc = False
             host_arena._copy_scan = copy_scan
             local._publish_direct = publish_direct
+            step_framing._FINITE_FROM = finite_from
             for switch in switches:
                 switch(True)
 

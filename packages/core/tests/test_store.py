@@ -434,3 +434,24 @@ def test_publish_small_refuses_what_is_not_a_name_within_its_folder(tmp_path):
     finally:
         os.close(fd)
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_writes_follow_the_root_s_path_when_the_job_folder_is_moved_or_made_again(tmp_path):
+    """Writes follow the root's path: a job folder moved away, or removed and made again,
+    gets the next write at the path, not in the moved folder."""
+    import shutil
+
+    root = tmp_path / "job"
+    store = LocalStore(root)
+    store.write("events/000000000001/a.tfevents", b"1")
+    (root).rename(tmp_path / "moved")
+    store.write("events/000000000002/a.tfevents", b"2")
+    assert (root / "events/000000000002/a.tfevents").read_bytes() == b"2"
+    assert not (tmp_path / "moved/events/000000000002").exists()
+    shutil.rmtree(root)
+    root.mkdir()
+    store.write("index/000000000/b.json", b"3")
+    assert (root / "index/000000000/b.json").read_bytes() == b"3"
+    shutil.rmtree(root / "index")
+    store.write("index/000000000/c.json", b"4")  # (a folder below the root removed: made again)
+    assert (root / "index/000000000/c.json").read_bytes() == b"4"

@@ -26,7 +26,12 @@ ms against 1.4-1.9 ms, the same bench's last line) counts where training uses ev
 up: its publishing thread says, before each large file, whether it is
 behind (`set_backlogged`: capture/writer.py decides), and a writer that has fallen behind
 takes the page cache's throughput until it has caught up. `STEPSCOPE_DIRECT_IO=1` writes
-directly whatever the backlog, `0` never."""
+directly whatever the backlog, `0` never.
+
+Where the C extension is built (Linux), a local store publishes such a file in one call of
+`_publish.publish_direct` (store/local.py `_direct_in_c`): the temporary's open, the
+staging copy, the gathered writes, the unaligned end, the close and the rename with the GIL
+released once, by the same rules as `write_direct` here, which is the path elsewhere."""
 
 from __future__ import annotations
 
