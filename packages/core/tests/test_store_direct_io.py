@@ -527,3 +527,44 @@ def test_the_compiled_buffer_address_is_numpy_s():
         assert direct_io.buffer_address(buffer) == direct_io._buffer_address(buffer)
     with pytest.raises((BufferError, ValueError, TypeError)):
         direct_io.buffer_address(memoryview(array)[::2])
+
+
+@pytest.mark.skipif(local._publish_direct is None, reason="stepscope.store._publish is not built here (or STEPSCOPE_PURE_PYTHON)")
+def test_the_whole_file_in_c_places_exactly_what_qualifies_in_random_layouts(tmp_path, allowed, monkeypatch):
+    """Random files of record-like parts (small heads, page-aligned snapshots of every size
+    around PLACE_FROM and ALIGN, unaligned views): the file is exact, and the bytes written
+    from where they were are those of the parts that start on an aligned address at an
+    aligned file offset and hold PLACE_FROM bytes or more, less each one's unaligned end,
+    counted here from the rule itself."""
+    from stepscope.store.direct_io import PLACE_FROM
+
+    placed: list[int] = []
+    real = local._publish_direct
+    monkeypatch.setattr(local, "_publish_direct", lambda *args: (placed.append(real(*args)), placed[-1])[1])
+    rng = np.random.default_rng(11)
+    store = LocalStore(str(tmp_path))
+    for trial in range(12):
+        parts: list[bytes | memoryview] = []
+        expected = offset = 0
+        while offset < DIRECT_FROM + ALIGN:
+            kind = rng.integers(4)
+            if kind == 0:
+                part: bytes | memoryview = rng.bytes(int(rng.integers(1, 3 * ALIGN)))
+            elif kind == 1:  # a snapshot on a page, sometimes under PLACE_FROM, sometimes ragged
+                size = int(rng.choice([PLACE_FROM - ALIGN, PLACE_FROM, PLACE_FROM + 1, 3 * PLACE_FROM + 777, 5 * ALIGN]))
+                part = _aligned(size, int(rng.integers(1 << 30)))
+            elif kind == 2:  # large but off its page
+                shift = int(rng.integers(1, 64))
+                part = memoryview(np.frombuffer(_aligned(PLACE_FROM + shift, 0), dtype=np.uint8)[shift:])
+            else:  # a head that brings the offset to the next block (as a padding record does)
+                part = b"p" * (-offset % ALIGN or ALIGN)
+            view = memoryview(part).cast("B")
+            if view.nbytes >= PLACE_FROM and not offset % ALIGN and not direct_io._buffer_address(view) % ALIGN:
+                expected += view.nbytes - view.nbytes % ALIGN
+            parts.append(part)
+            offset += view.nbytes
+        key = f"events/{trial:012d}/{trial:012d}_worker_0.tfevents"
+        store.write(key, parts)
+        assert (tmp_path / key).read_bytes() == b"".join(bytes(p) for p in parts), trial
+        assert placed[-1] == expected, trial
+    assert len(placed) == 12 and any(placed) and not all(p == placed[0] for p in placed)
