@@ -19,7 +19,11 @@ everything at every step (save_all) on every core (goal: at most a quarter of wh
 adds). On every core each tool runs four times by default (`--core-rounds`), and each run's
 hooked loop over its plain one is printed with the spread between runs (range over median;
 goal: stepscope's no wider than smdebug's); the `spread %` column is the spread of the hooked
-blocks within the runs. Run it when nothing has been deleted on the temporary folder's file system for six
+blocks within the runs. Each configuration also prints the write requests per save that
+reached the job's block device in each variant's blocks (Linux, /sys/dev/block): each
+request is an interrupt on the core the device's interrupts go to, time that shows in no
+thread's CPU (on the development VM: stepscope's direct write 3-4, the floors' about 1,
+from how scattered the buffers' pages are in physical memory). Run it when nothing has been deleted on the temporary folder's file system for six
 minutes: on ext4 without a journal, files made near recently deleted ones cost several times
 their usual CPU (see AGE_S), for both tools, more for whichever makes more files.
 
@@ -56,6 +60,27 @@ floors = sys.argv[6:]  # "floor" (the bytes), "floor+layout" (and smdebug's file
 kind, save_all = kind.split("-")[0], kind.endswith("-all")
 torch.set_num_threads(threads)
 BLOCK = 20
+
+def _device_stat():
+    # The block device's I/O counters for the job's folder (a partition's or a disk's):
+    # each completed write request is an interrupt on the core the device's interrupts go
+    # to, time that is no thread's CPU. None where there is no such file (not Linux, a
+    # virtual file system).
+    try:
+        st = os.stat(os.path.dirname(out) or ".")
+        path = f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat"
+        int(open(path).read().split()[4])
+        return path
+    except (OSError, ValueError, IndexError):
+        return None
+
+DEVICE_STAT = _device_stat()
+
+def write_requests():
+    if DEVICE_STAT is None:
+        return 0
+    with open(DEVICE_STAT) as f:
+        return int(f.read().split()[4])
 
 def model_and_batch():
     torch.manual_seed(0)
@@ -183,6 +208,7 @@ class Loop:
             hook.register_module(self.model)
             hook.register_loss(self.loss_fn)
     def run(self, n):
+        requests = write_requests()
         start, self.cpu, self.all_cpu = time.perf_counter(), time.thread_time(), time.process_time()
         for _ in range(n):
             x, y = self.batches[self.i % 4]
@@ -193,7 +219,9 @@ class Loop:
         if self.drain is not None:
             self.drain()
         self.cpu, self.all_cpu = (time.thread_time() - self.cpu) / n, (time.process_time() - self.all_cpu) / n
-        return (time.perf_counter() - start) / n
+        elapsed = (time.perf_counter() - start) / n
+        self.requests = (write_requests() - requests) / n
+        return elapsed
 
 hook = make_hook()
 loops = {"plain": Loop(), "hooked": Loop(hook)}
@@ -206,6 +234,7 @@ times = {name: [] for name in loops}
 # torch's, the writer's), which load on the machine changes less than the time.
 cpu = {name: [] for name in loops}
 all_cpu = {name: [] for name in loops}
+requests = {name: [] for name in loops}  # the device's write requests per step, each block's
 hooked_s = 0.0
 names = list(loops)
 for b in range(blocks):
@@ -217,6 +246,7 @@ for b in range(blocks):
         times[name].append(t)
         cpu[name].append(loops[name].cpu)
         all_cpu[name].append(loops[name].all_cpu)
+        requests[name].append(loops[name].requests)
         if name == "hooked":
             hooked_s += t * BLOCK
 close = time.perf_counter()
@@ -229,6 +259,7 @@ print(json.dumps({"plain": statistics.median(times["plain"]), "hooked": statisti
                   "all_cpu_added": statistics.median(all_cpu["hooked"]) - statistics.median(all_cpu["plain"]),
                   "hooked_blocks": times["hooked"], "plain_blocks": times["plain"],
                   "bytes": size, "hooked_s": hooked_s, "close_s": close,
+                  "requests": {name: statistics.mean(r) for name, r in requests.items()} if DEVICE_STAT else None,
                   "floors": {name: {"blocks": times[name], "train_cpu_added": statistics.median(cpu[name]) - statistics.median(cpu["plain"]),
                                     "all_cpu_added": statistics.median(all_cpu[name]) - statistics.median(all_cpu["plain"])} for name in floors}}))
 '''
@@ -270,6 +301,8 @@ def _merged(runs: list[dict]) -> dict:
     for key in ("train_cpu_added", "all_cpu_added"):
         merged[key] = statistics.median(r[key] for r in runs)
     merged["bytes"], merged["hooked_s"] = sum(r["bytes"] for r in runs), sum(r["hooked_s"] for r in runs)
+    if all(r.get("requests") for r in runs):
+        merged["requests"] = {name: statistics.mean(r["requests"][name] for r in runs) for name in runs[0]["requests"]}
     return merged
 
 
@@ -317,6 +350,8 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
     added: dict[str, float] = {}
     plain: dict[str, float] = {}
     runs: dict[str, list[dict]] = {}
+    requests: list[tuple[str, float, float]] = []  # (variant, write requests per step, its plain loop's)
+    per_save_requests = 10
     for round_ in range(rounds):
         for impl, python in pythons:
             if python is None:
@@ -332,6 +367,10 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
         added[impl], plain[impl] = r["hooked"] - r["plain"], r["plain"]
         for name, f in r["floors"].items():
             added[name] = f["time"] - r["plain"]
+        per_save_requests = 1 if kind.endswith("-all") else 10
+        if r.get("requests"):
+            base = r["requests"]["plain"]
+            requests += [(impl, r["requests"]["hooked"], base)] + [(name, r["requests"][name], base) for name in r["floors"]]
         rate = r["bytes"] / max(r["hooked_s"], 1e-9) / 1e6
         # The spread of the hooked blocks (interquartile range over the median): how
         # steady the added time is from block to block.
@@ -346,6 +385,11 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
             q = statistics.quantiles(f["blocks"], n=4) if len(f["blocks"]) >= 4 else [f["time"]] * 3
             print(f"{kind:5} {threads:7} {name:12} {r['plain'] * 1e3:6.3f} {f['time'] * 1e3:10.3f} {100 * added[name] / r['plain']:8.1f} {100 * (q[2] - q[0]) / f['time']:8.1f} {'':12}"
                   f" {per_save * f['train_cpu_added']:12.2f} {per_save * f['all_cpu_added']:12.2f}", flush=True)
+    if requests:
+        # Block-device write requests per save, each variant's blocks less the plain ones'
+        # (writeback from one block may land in the next: a rough attribution).
+        print(f"{kind:5} {threads:7} write requests to the job's device per save (each an interrupt): "
+              + ", ".join(f"{name} {per_save_requests * (n - base):.2f}" for name, n, base in requests), flush=True)
     if added.get("floor", 0) > 0 and "stepscope" in added:
         # The floor did the same bytes on the same loop and cores, in stepscope's processes
         # (blocks between its plain and hooked ones), so the contention the bytes cause
