@@ -253,6 +253,40 @@ def test_a_short_direct_write_finishes_through_the_page_cache(tmp_path, allowed,
     assert store._direct.allowed()  # (finished, not refused and written again)
 
 
+def test_a_short_write_on_a_block_boundary_stays_direct(tmp_path, allowed, monkeypatch, staging):
+    """Linux writes at most 2 GiB less a page in one call: a save of larger files gets a
+    short write of a whole number of blocks. The rest of the file then stays around the
+    page cache (every segment is still aligned) instead of going through it."""
+    real_writev = os.writev
+    shortened: list[int] = []
+
+    def short_writev(fd, buffers):
+        views = [memoryview(b).cast("B") for b in buffers]
+        if not shortened and _direct_on(fd) and views[0].nbytes > ALIGN:
+            shortened.append(1)
+            return os.write(fd, views[0][:ALIGN])  # (aligned memory, one block: a direct write)
+        return real_writev(fd, buffers)
+
+    monkeypatch.setattr(os, "writev", short_writev)
+    if staging == "whole file in C":
+        real_c = local._publish_direct
+
+        def short_in_c(*args):
+            shortened.append(1)
+            _publish.inject_fault("short_aligned", 0)
+            try:
+                return real_c(*args)
+            finally:
+                _publish.inject_fault("none", 0)
+
+        monkeypatch.setattr(local, "_publish_direct", short_in_c)
+    parts = [_aligned(3 * BUFFER_BYTES // 4, 1), b"h" * 100, _aligned(BUFFER_BYTES, 2), b"tail" * 9]
+    LocalStore(str(tmp_path)).write(KEY, parts)
+    assert shortened
+    assert _resident_pages(tmp_path / KEY) <= 1  # (only the unaligned end went through the page cache)
+    assert (tmp_path / KEY).read_bytes() == b"".join(bytes(p) for p in parts)
+
+
 def test_threads_writing_at_once_each_get_their_file(tmp_path, allowed):
     store = LocalStore(str(tmp_path))
     expected = {}

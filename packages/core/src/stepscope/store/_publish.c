@@ -310,7 +310,7 @@ stage(PyObject *module, PyObject *args)
 /* A failure the next publish_direct meets, for tests (inject_fault): the kernel gives these
    only on file systems and in states a test cannot make (a refusal after the open, a short
    write). Consumed where it strikes. */
-enum { FAULT_NONE, FAULT_OPEN, FAULT_WRITE, FAULT_SHORT };
+enum { FAULT_NONE, FAULT_OPEN, FAULT_WRITE, FAULT_SHORT, FAULT_SHORT_ALIGNED };
 static int fault = FAULT_NONE, fault_errno = 0;
 
 typedef struct {
@@ -355,6 +355,10 @@ write_segments(Direct *d)
             if (error != 0 || fcntl(d->fd, F_SETFL, fcntl(d->fd, F_GETFL) | O_DIRECT) < 0)
                 return error != 0 ? error : errno;
             d->direct = 1;
+        } else if (fault == FAULT_SHORT_ALIGNED && d->direct && iov->iov_len > (size_t)d->align) {
+            /* What Linux does to a write of 2 GiB or more: a whole number of blocks written. */
+            fault = FAULT_NONE;
+            done = write(d->fd, iov->iov_base, (size_t)d->align);
         } else if (fault == FAULT_WRITE && d->direct) {
             fault = FAULT_NONE;
             errno = fault_errno;
@@ -376,7 +380,11 @@ write_segments(Direct *d)
         if (n > 0) {
             iov->iov_base = (char *)iov->iov_base + done;
             iov->iov_len -= (size_t)done;
-            if (d->direct) {
+            /* A short write that ended on a block boundary (Linux writes at most 2 GiB less a
+               page in one call) leaves every segment still aligned: the rest stays direct.
+               Anywhere else, the next offset is unaligned: the rest goes through the page
+               cache. */
+            if (d->direct && done % d->align != 0) {
                 int error = go_plain(d);
                 if (error != 0)
                     return error;
@@ -578,9 +586,9 @@ inject_fault(PyObject *module, PyObject *args)
     if (!PyArg_ParseTuple(args, "si:inject_fault", &where, &error))
         return NULL;
     int kind = strcmp(where, "open") == 0 ? FAULT_OPEN : strcmp(where, "write") == 0 ? FAULT_WRITE : strcmp(where, "short") == 0 ? FAULT_SHORT
-             : strcmp(where, "none") == 0 ? FAULT_NONE : -1; /* fmt: skip */
+             : strcmp(where, "short_aligned") == 0 ? FAULT_SHORT_ALIGNED : strcmp(where, "none") == 0 ? FAULT_NONE : -1; /* fmt: skip */
     if (kind < 0) {
-        PyErr_Format(PyExc_ValueError, "inject_fault: %s is not open, write, short or none", where);
+        PyErr_Format(PyExc_ValueError, "inject_fault: %s is not open, write, short, short_aligned or none", where);
         return NULL;
     }
     fault = kind;
@@ -639,7 +647,8 @@ static PyMethodDef methods[] = {
      "temporary removed: write the file the usual way); OSError for any other failure."},
     {"inject_fault", inject_fault, METH_VARARGS,
      "inject_fault(where, errno, /): for tests, the next publish_direct fails at its open or its first direct write "
-     "(\"open\", \"write\": with `errno`), or its first direct write is short by an unaligned amount (\"short\"); "
+     "(\"open\", \"write\": with `errno`), or its first direct write is short by an unaligned amount (\"short\") or a "
+     "whole number of blocks (\"short_aligned\"); "
      "\"none\" clears it."},
 #endif
     {NULL, NULL, 0, NULL},

@@ -254,28 +254,32 @@ class _DirectFile:
         self.fill = self.mark = 0
 
     def _write(self, segments: list[memoryview]) -> None:
-        if not segments:
-            return
-        total = sum(s.nbytes for s in segments)
-        try:
-            written = os.writev(self.fd, segments)
-        except OSError as exc:
-            if self.direct and exc.errno == errno.EINVAL:
-                raise DirectRefused(str(exc)) from exc
-            raise
-        if written == total:
-            return
-        # A short write (a signal, a full disk) leaves the next offset anywhere: the rest of
-        # the file goes through the page cache, one buffer at a time.
-        if self.direct:
-            _plain(self.fd)
-            self.direct = False
-        for segment in segments:
-            if written >= segment.nbytes:
-                written -= segment.nbytes
+        while segments:
+            try:
+                written = os.writev(self.fd, segments)
+            except OSError as exc:
+                if self.direct and exc.errno == errno.EINVAL:
+                    raise DirectRefused(str(exc)) from exc
+                raise
+            if written == sum(s.nbytes for s in segments):
+                return
+            first = 0  # the first segment not written whole (there is one: the write was short)
+            while written >= segments[first].nbytes:
+                written -= segments[first].nbytes
+                first += 1
+            segments = [segments[first][written:], *segments[first + 1 :]]
+            if written % ALIGN == 0:
+                # Short on a block boundary (Linux writes at most 2 GiB less a page in one
+                # call): every segment is still aligned, the rest stays direct.
                 continue
-            _write_out(self.fd, segment[written:], False)
-            written = 0
+            # Short anywhere else (a signal, a full disk): the next offset is unaligned, the
+            # rest of the file goes through the page cache, one buffer at a time.
+            if self.direct:
+                _plain(self.fd)
+                self.direct = False
+            for segment in segments:
+                _write_out(self.fd, segment, False)
+            return
 
 
 def write_direct(fd: int, views: Sequence[memoryview]) -> None:
