@@ -177,23 +177,24 @@ def _refuse(monkeypatch, where: str) -> list[int]:
     return refused
 
 
-def _refuse_in_c(monkeypatch, where: str) -> list[int]:
-    """_refuse for the whole file in C: the extension's own fault at its open or its first
-    direct write (the system calls there are not Python's), counted as _refuse counts."""
-    refused: list[int] = []
+def _fault_in_c(monkeypatch, where: str, error: int = 0, seen: list[int] | None = None) -> list[int]:
+    """The whole file in C meets the extension's own fault `where` (its open, its first
+    direct write, a short write: the system calls there are not Python's), once; each
+    fault is counted in `seen` (returned)."""
+    seen = [] if seen is None else seen
     real = local._publish_direct
 
     def once(*args):
-        if not refused:
-            refused.append(1)
-            _publish.inject_fault(where, errno.EINVAL)
+        if not seen:
+            seen.append(1)
+            _publish.inject_fault(where, error)
         try:
             return real(*args)
         finally:
             _publish.inject_fault("none", 0)
 
     monkeypatch.setattr(local, "_publish_direct", once)
-    return refused
+    return seen
 
 
 @pytest.mark.parametrize("where", ["open", "write"])
@@ -202,7 +203,7 @@ def test_a_refusal_writes_the_file_the_usual_way_and_turns_direct_writes_off(tmp
     store._direct = DirectPolicy(str(tmp_path))
     store._direct._allowed = True  # as on ext4, whatever this folder is on
     if staging == "whole file in C":
-        refused = _refuse_in_c(monkeypatch, where)
+        refused = _fault_in_c(monkeypatch, where, errno.EINVAL)
     else:
         refused = _refuse(monkeypatch, where)
     parts = _parts(3_000_001)
@@ -234,17 +235,7 @@ def test_a_short_direct_write_finishes_through_the_page_cache(tmp_path, allowed,
 
     monkeypatch.setattr(os, "writev", short_writev)
     if staging == "whole file in C":
-        real_c = local._publish_direct
-
-        def short_in_c(*args):
-            shortened.append(1)
-            _publish.inject_fault("short", 0)
-            try:
-                return real_c(*args)
-            finally:
-                _publish.inject_fault("none", 0)
-
-        monkeypatch.setattr(local, "_publish_direct", short_in_c)
+        _fault_in_c(monkeypatch, "short", seen=shortened)
     parts = _parts(BUFFER_BYTES + 3 * ALIGN + 5)
     store = LocalStore(str(tmp_path))
     store.write(KEY, parts)
@@ -269,17 +260,7 @@ def test_a_short_write_on_a_block_boundary_stays_direct(tmp_path, allowed, monke
 
     monkeypatch.setattr(os, "writev", short_writev)
     if staging == "whole file in C":
-        real_c = local._publish_direct
-
-        def short_in_c(*args):
-            shortened.append(1)
-            _publish.inject_fault("short_aligned", 0)
-            try:
-                return real_c(*args)
-            finally:
-                _publish.inject_fault("none", 0)
-
-        monkeypatch.setattr(local, "_publish_direct", short_in_c)
+        _fault_in_c(monkeypatch, "short_aligned", seen=shortened)
     parts = [_aligned(3 * BUFFER_BYTES // 4, 1), b"h" * 100, _aligned(BUFFER_BYTES, 2), b"tail" * 9]
     LocalStore(str(tmp_path)).write(KEY, parts)
     assert shortened
