@@ -118,7 +118,9 @@ def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path, routine
     assert [s[0] for s in meter.cost.samples] == [s[0] for s in reference.cost.samples]
     assert meter._stride == reference._stride > 1
     assert 0 < sum(h for _, _, h in meter.cost.samples) <= meter.hook_s
-    assert meter.cost.step_s > 0 and meter.hook_s < meter.cost.step_s
+    # (Both are times: in this loop a step is little but the hook, so their order is the
+    # machine's to decide, not the meter's; a CI run under load measured hook_s > step_s.)
+    assert meter.cost.step_s > 0 and meter.hook_s > 0
     # Untimed steps are counted at the last measured idle begin time: every step has some.
     assert meter.idle_begin_s > 0
 
