@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 from ..compiled import load_extension
 from ..exceptions import ConfigError, StoreError
 from .base import FolderListing, Store, check_key
-from .direct_io import ALIGN, DIRECT_FROM, O_DIRECT, PLACE_FROM, DirectPolicy, DirectRefused, large_views, staging_buffer, write_direct
+from .direct_io import ALIGN, O_DIRECT, PLACE_FROM, DirectPolicy, DirectRefused, large_views, staging_buffer, write_direct
 
 _IOV_MAX = 1024  # buffers per writev call (the POSIX minimum of IOV_MAX)
 
@@ -146,9 +146,11 @@ def _publish_in(folder_fd: int, name: str, parts: Sequence[bytes | memoryview], 
     temporary name, then renamed over `name`. A large file goes around the page cache
     where `direct` allows it (direct_io.py); refused, it is written again the usual way."""
     if direct is not None and O_DIRECT and direct.allowed():
-        if _publish_direct is not None and _direct_in_c(folder_fd, name, parts, direct):
-            return
-        large = None if _publish_direct is not None else large_views(parts)
+        large = large_views(parts)
+        if large is not None and _publish_direct is not None:
+            if _direct_in_c(folder_fd, name, large[0], direct):
+                return
+            large = None  # (refused: written the usual way below)
         if large is not None:
             views, size = large
 
@@ -164,16 +166,13 @@ def _publish_in(folder_fd: int, name: str, parts: Sequence[bytes | memoryview], 
     _publish_with(folder_fd, name, _WRITE_FLAGS, functools.partial(_write_all, parts=parts))
 
 
-def _direct_in_c(folder_fd: int, name: str, parts: Sequence[bytes | memoryview], direct: DirectPolicy) -> bool:
-    """`_publish_in`'s direct write done by `_publish_direct` (what `_publish_with` and
-    `write_direct` do, in one call): True when the file is published; False when it is small
-    or the file system refused (`direct` told), and the caller writes it the usual way."""
-    if len(parts) == 1 and type(parts[0]) is bytes and len(parts[0]) < DIRECT_FROM:
-        return False  # (the common small file, an index, decided without a view)
-    if sum(memoryview(p).nbytes for p in parts) < DIRECT_FROM:
-        return False
+def _direct_in_c(folder_fd: int, name: str, views: list[memoryview], direct: DirectPolicy) -> bool:
+    """`_publish_in`'s direct write of a large file's `views` (`large_views`) done by
+    `_publish_direct` (what `_publish_with` and `write_direct` do, in one call): True when
+    the file is published; False when the file system refused (`direct` told), and the
+    caller writes it the usual way."""
     assert _publish_direct is not None
-    done = _publish_direct(folder_fd, f".{name}.{_process['pid']}.{next(_counter)}.tmp", name, list(parts), staging_buffer(),
+    done = _publish_direct(folder_fd, f".{name}.{_process['pid']}.{next(_counter)}.tmp", name, views, staging_buffer(),
                            _WRITE_FLAGS, ALIGN, PLACE_FROM, _PREALLOCATE_FROM)  # fmt: skip
     if type(done) is int:  # (the bytes placed: published)
         return True
