@@ -273,6 +273,45 @@ def test_write_many_publishes_in_order_and_says_which(store):
     store.write_many([])  # nothing to do, no callback needed
 
 
+def test_a_folder_walk_opens_each_folder_once_and_keeps_only_the_last(tmp_path, monkeypatch):
+    # A save walks two folders (its event file's, its index file's): each system call of
+    # the walk is the writer's CPU, which training on every core loses. The root and each
+    # component are opened once, nothing else is asked of the kernel on the way, and every
+    # descriptor but the folder's own is closed.
+    import os
+
+    store = LocalStore(tmp_path / "job")
+    store.write("events/000000000010/a.tfevents", b"x")  # (the folders exist now)
+    calls = []
+    for name in ("open", "close", "dup", "stat", "mkdir"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    fd = store._folder_fd("events/000000000010", create=True)
+    monkeypatch.undo()
+    try:
+        assert os.path.samestat(os.fstat(fd), os.stat(tmp_path / "job" / "events" / "000000000010"))
+    finally:
+        os.close(fd)
+    assert calls == ["open", "open", "open", "close", "close"]  # root, events, the step's; events and root closed
+    # A new step's folder: made where the walk finds it missing, then opened.
+    calls.clear()
+    for name in ("open", "close", "dup", "stat", "mkdir"):
+        real = getattr(os, name)
+        monkeypatch.setattr(os, name, lambda *a, _real=real, _name=name, **k: calls.append(_name) or _real(*a, **k))
+    fd = store._folder_fd("events/000000000020", create=True)
+    monkeypatch.undo()
+    os.close(fd)
+    assert calls == ["open", "open", "open", "mkdir", "open", "close", "close"]
+    # The root alone is the root's descriptor; a missing root is made when writing, and
+    # not when reading.
+    os.close(store._folder_fd("", create=False))
+    missing = LocalStore(tmp_path / "new" / "job")
+    with pytest.raises(FileNotFoundError):
+        missing._folder_fd("events", create=False)
+    os.close(missing._folder_fd("events", create=True))
+    assert (tmp_path / "new" / "job" / "events").is_dir()
+
+
 def test_local_write_many_walks_each_folder_once_and_keeps_the_path_policy(tmp_path, monkeypatch):
     import os
 

@@ -341,12 +341,15 @@ class PathRefused(StoreError):
 
 
 def _open_folder(root_fd: int, root: str, rel: str, create: bool) -> int:
-    """A descriptor of folder `rel` (below the folder `root_fd`), reached one component at
-    a time with O_NOFOLLOW (openat-style): a symbolic link anywhere on the way is refused,
-    and what is opened is what is used (no window between a check and the use)."""
-    fd = os.dup(root_fd)
+    """A new descriptor of folder `rel` (below the folder `root_fd`, which stays open),
+    reached one component at a time with O_NOFOLLOW (openat-style): a symbolic link
+    anywhere on the way is refused, and what is opened is what is used (no window between
+    a check and the use)."""
+    if not rel:
+        return os.dup(root_fd)
+    fd = root_fd  # (each step opens the next component relative to the last one opened)
     try:
-        for i, part in enumerate(rel.split("/") if rel else ()):
+        for i, part in enumerate(rel.split("/")):
             try:
                 child = os.open(part, _FOLDER_FLAGS, dir_fd=fd)
             except FileNotFoundError:
@@ -362,11 +365,13 @@ def _open_folder(root_fd: int, root: str, rel: str, create: bool) -> int:
                 where = os.path.join(root, *rel.split("/")[: i + 1])
                 what = "a symbolic link" if os.path.islink(where) else f"not a folder ({exc.strerror or exc})"
                 raise PathRefused(f"{where} is {what}; stepscope reads and writes only real folders inside the job") from None
-            os.close(fd)
+            if fd != root_fd:
+                os.close(fd)
             fd = child
         return fd
     except BaseException:
-        os.close(fd)
+        if fd != root_fd:
+            os.close(fd)
         raise
 
 
@@ -433,12 +438,20 @@ class LocalStore(Store):
     def _folder_fd(self, folder: str, create: bool) -> int:
         """A descriptor of `folder` (relative; "" is the root), walked from the root. Not
         cached: a server holds a store per job, and kept descriptors would run out."""
-        if create and not os.path.isdir(self._root_str):
+        # (The root is opened first and made only when missing: a save walks two folders,
+        # and each system call less is CPU that training on every core does not lose.)
+        try:
+            root_fd = os.open(self._root_str, _ROOT_FLAGS)
+        except FileNotFoundError:
+            if not create:
+                raise
             try:
                 os.makedirs(self._root_str, exist_ok=True)
             except OSError as exc:
                 raise StoreError(f"cannot create {self._root_str}: {exc.strerror or exc}") from exc
-        root_fd = os.open(self._root_str, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0) | _CLOEXEC)
+            root_fd = os.open(self._root_str, _ROOT_FLAGS)
+        if not folder:
+            return root_fd
         try:
             return _open_folder(root_fd, self._root_str, folder, create)
         finally:
