@@ -223,6 +223,33 @@ def test_without_an_optimizer_each_forward_is_a_step(make_hook, mlp, batches, ou
         np.testing.assert_array_equal(trial.tensor("gradient/fc1.weight").value(step), seen[step]["grads"]["fc1.weight"].numpy())
 
 
+@pytest.mark.parametrize("collections", [["weights"], ["gradients"], ["weights", "gradients"]])
+def test_without_an_optimizer_only_the_due_gradients_get_a_hook(make_hook, mlp, batches, out_dir, collections):
+    # Gradients are read as backward accumulates them: a hook per parameter, only at steps
+    # where a collection saves that parameter's gradient. Weights alone due: backward calls
+    # no Python at all.
+    hook = make_hook(save_config=SaveConfig(save_interval=2), include_collections=collections)
+    model = mlp()
+    hook.register_module(model)
+    hooks_per_step = []
+    for x, y in batches(4):
+        output = model(x)  # (the step is open: its hooks are in place until the next one begins)
+        hooks_per_step.append(sum(len(p._post_accumulate_grad_hooks or {}) for p in model.parameters()))
+        nn.functional.cross_entropy(output, y).backward()
+        with torch.no_grad():
+            for p in model.parameters():
+                p -= 0.1 * p.grad
+                p.grad = None
+    hook.close()
+    n = len(list(model.parameters()))
+    expected = n if "gradients" in collections else 0
+    assert hooks_per_step == [expected, 0, expected, 0]
+    trial = stepscope.create_trial(out_dir)
+    assert bool(trial.tensor_names(collection="gradients")) == ("gradients" in collections)
+    if "gradients" in collections:
+        assert trial.tensor("gradient/fc1.weight").steps() == [0, 2]
+
+
 def test_activations_of_modules_chosen_by_regex(make_hook, mlp, batches, out_dir):
     relu = Collection("relu_activations", include_regex=[r"^relu_output_\d+$"])
     hook = make_hook(save_config=SaveConfig(save_interval=2), collections=[relu], include_collections=["inputs"])
@@ -266,6 +293,39 @@ def test_nothing_happens_on_steps_where_nothing_is_due(make_hook, mlp, batches, 
     assert work_per_step[0] > 0 and work_per_step[4] > 0
     assert [work_per_step[i] for i in (1, 2, 3, 5)] == [0, 0, 0, 0]
     assert activation_hooks == [1, 0, 0, 0, 1, 0]  # activation hooks exist only during due steps
+
+
+def test_save_steps_of_the_same_collections_plan_their_tensors_once(make_hook, mlp, batches, out_dir, monkeypatch):
+    # Each step that saves weights and gradients is due the same collections: what the hook
+    # worked out at the first (each tensor's plan, the loss's) serves the next ones, so a
+    # save step costs the training thread its copies, not planning every tensor again.
+    hook = make_hook(save_config=SaveConfig(save_interval=2), include_collections=["weights", "gradients", "losses"])
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    planned, general = [], []
+    real_plan, real_io = hook._saver._plan, hook._save_io
+    monkeypatch.setattr(hook._saver, "_plan", lambda *a: planned.append(a[0]) or real_plan(*a))
+    monkeypatch.setattr(hook, "_save_io", lambda *a: general.append(a[0]) or real_io(*a))
+    per_step, losses = [], []
+    for x, y in batches(8):
+        planned.clear(), general.clear()
+        optimizer.zero_grad()
+        loss = loss_fn(model(x), y)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+        per_step.append((len(planned), len(general)))
+    hook.close()
+    assert per_step[0][0] >= 2 * len(list(model.parameters())) and per_step[0][1] == 1  # the first save step plans
+    assert per_step[2::2] == [(0, 0)] * 3  # the next ones find it
+    trial = stepscope.create_trial(out_dir)
+    assert trial.steps() == list(range(0, 8, 2))
+    loss_name = next(n for n in trial.tensor_names(collection="losses"))
+    assert [float(trial.tensor(loss_name).value(s)) for s in range(0, 8, 2)] == pytest.approx(losses[0::2], rel=1e-6)
+    for name, _ in model.named_parameters():
+        assert trial.tensor(f"gradient/{name}").steps() == list(range(0, 8, 2))
 
 
 def test_save_tensor_and_scalar(make_hook, mlp, batches, out_dir, caplog):

@@ -169,9 +169,7 @@ class Hook(OptimizerSteps):
         if watched:
             self._step_handles += [m.register_forward_hook(functools.partial(self._on_module_io, n)) for n, m in watched]
         if not scalars and step.mode == ModeKeys.TRAIN and not self._optimizers:
-            self._step_handles += [
-                p.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, n)) for n, p in self._params if p.requires_grad
-            ]
+            self._step_handles += self._gradient_hooks()
         if scalars and self._fast is not None:
             fastpath.compile_scalar_steps(self, step)  # this step and the next ones like it, in C
 

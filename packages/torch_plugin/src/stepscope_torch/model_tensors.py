@@ -6,6 +6,7 @@ metrics can skip."""
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import numpy as np
@@ -80,15 +81,33 @@ class ModelTensors(DistributedParts):
         gradients = (CollectionName.GRADIENTS,)
         self.save_values([(naming.gradient_name(name), p.grad, gradients) for name, p in (self._params if params is None else params) if p.grad is not None])
 
-    def _on_grad_accumulated(self, name: str, param: torch.Tensor) -> None:
-        if self.due and self.failsafe.enabled and param.grad is not None:
-            self.failsafe.call(self._save_accumulated_gradient, name, param.grad)
+    def _gradient_hooks(self) -> list[Any]:
+        """At a due TRAIN step without a registered optimizer: a post-accumulate hook on each
+        parameter whose gradient a due collection saves, holding that gradient's plan for
+        the step (made once here, not asked again from each hook). A parameter whose
+        gradient nothing saves at this step (weights alone are due) gets none: backward
+        then calls no Python for it."""
+        handles = []
+        gradients = (CollectionName.GRADIENTS,)
+        for name, param in self._params:
+            if param.requires_grad:
+                plan = self.plan(naming.gradient_name(name), gradients)
+                if plan is not None:
+                    handles.append(param.register_post_accumulate_grad_hook(functools.partial(self._on_grad_accumulated, plan)))
+        return handles
 
-    def _save_accumulated_gradient(self, name: str, grad: torch.Tensor) -> None:
-        # Backward under a GradScaler accumulates scaled gradients: saved divided by the
-        # scale backward ran with (a power of two: exact), so they read as the true ones.
-        scale = self._loss_scale()
-        self.save_value(naming.gradient_name(name), grad if scale is None else grad / scale, (CollectionName.GRADIENTS,))
+    def _on_grad_accumulated(self, plan: TensorPlan, param: torch.Tensor) -> None:
+        grad = param.grad
+        step = self._counters.step
+        if grad is None or step is None or not step.due or not self.failsafe.enabled:
+            return
+        try:  # (what FailSafe.call does, without its frame: nothing escapes into training)
+            # Backward under a GradScaler accumulates scaled gradients: saved divided by the
+            # scale backward ran with (a power of two: exact), so they read as the true ones.
+            scale = self._loss_scale() if self._scaler is not None else None
+            self._saver.save(plan, plan.name, grad if scale is None else grad / scale)
+        except Exception as exc:
+            self.failsafe.fail(exc)
 
     def _loss_scale(self) -> torch.Tensor | None:
         """The registered GradScaler's scale now, as a 0-d tensor on its device (no sync)."""

@@ -36,6 +36,10 @@ _OTHER_CODE = PHASE_CODES[OTHER]
 _SCALARS = ROUTINE_COLLECTIONS
 
 
+# At most this many distinct sets of due collections keep one names object (_due_at).
+_INTERNED_NAMES = 256
+
+
 class _DueRun:
     """The same collections due at every mode step in [first, until) of one mode (losses
     and metrics under the capture defaults): `_due_at` answers from it without asking
@@ -356,7 +360,19 @@ class StepDriver:
             runs[mode] = following
         else:
             runs.pop(mode, None)
-        return (due, frozenset(c.name for c in due)) if due else None
+        if not due:
+            return None
+        # One names object per set of collections: what is learned at a save step is keyed
+        # by it (the saver's plans, a loss's plan), so the next save step of the same
+        # collections finds it rather than planning every tensor again.
+        names = frozenset(c.name for c in due)
+        interned: dict[frozenset[str], frozenset[str]] = self.__dict__.setdefault("_due_names", {})
+        known = interned.get(names)
+        if known is None:
+            known = names
+            if len(interned) < _INTERNED_NAMES:
+                interned[names] = names
+        return due, known
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
         """Close the open step: its timeline ends now and what it saved goes to the writer.
