@@ -24,6 +24,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* The records hold little-endian numbers (a double's bytes are copied as they are). */
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
@@ -737,29 +738,28 @@ put_tensor_head(Buffer *b, long dtype, const Py_buffer *view)
 /* frame_array(name, array, prefix, metadata, formats, placeholder_crc, finite_from, scanned=None, /):
    `scanned`, where given, is copy_scan's pair for the array's bytes: the record's CRC is then
    carried over them (crc_shift) and their finiteness taken from it, without reading them. */
+/* frame_array's work, on its arguments parsed: a new reference to (parts, length, finite),
+   None (the Python path frames it) or NULL (an error). `address` receives the address of the
+   array's bytes, the record's middle part where it has three. */
 static PyObject *
-frame_array(PyObject *module, PyObject *args)
+frame_one(PyObject *name, PyObject *array, const Py_buffer *prefix_args, const Py_buffer *metadata_args, PyObject *formats, int placeholder_crc,
+          Py_ssize_t finite_from, PyObject *scanned, uintptr_t *address, size_t *size)
 {
-    PyObject *name, *array, *formats, *scanned = Py_None;
-    Py_buffer prefix, metadata, view;
-    int placeholder_crc;
-    Py_ssize_t finite_from;
-    if (!PyArg_ParseTuple(args, "UOy*y*O!pn|O:frame_array", &name, &array, &prefix, &metadata, &PyDict_Type, &formats, &placeholder_crc,
-                          &finite_from, &scanned)) /* fmt: skip */
-        return NULL;
+    const Py_buffer prefix = *prefix_args, metadata = *metadata_args; /* (borrowed: the caller releases them) */
+    Py_buffer view;
     unsigned long scanned_reg = 0;
     PyObject *scanned_finite = Py_None;
     if (scanned != Py_None) {
         if (!PyTuple_CheckExact(scanned) || PyTuple_GET_SIZE(scanned) != 2 || !PyLong_CheckExact(PyTuple_GET_ITEM(scanned, 0))) {
             PyErr_SetString(PyExc_TypeError, "frame_array: scanned must be None or copy_scan's (register, finite) pair");
-            goto release_args;
+            return NULL;
         }
         scanned_reg = PyLong_AsUnsignedLong(PyTuple_GET_ITEM(scanned, 0));
         if (scanned_reg == (unsigned long)-1 && PyErr_Occurred())
-            goto release_args;
+            return NULL;
         if (scanned_reg > 0xFFFFFFFFul) {
             PyErr_SetString(PyExc_ValueError, "frame_array: a scanned register must fit in 32 bits");
-            goto release_args;
+            return NULL;
         }
         scanned_finite = PyTuple_GET_ITEM(scanned, 1);
     }
@@ -777,6 +777,7 @@ frame_array(PyObject *module, PyObject *args)
         goto none;
     }
     have_view = 1;
+    *address = (uintptr_t)view.buf;
     const char *format = view.format ? view.format : "B";
     PyObject *code = PyDict_GetItemString(formats, format); /* borrowed */
     if (code == NULL)
@@ -789,6 +790,7 @@ frame_array(PyObject *module, PyObject *args)
     if (name_text == NULL)
         goto done;
     size_t nbytes = (size_t)view.len;
+    *size = nbytes;
     if (put_tensor_head(&tensor, dtype, &view) < 0)
         goto nomemory;
     size_t tensor_len = tensor.size + (nbytes ? 1 + varint_size(nbytes) : 0) + nbytes;
@@ -890,13 +892,226 @@ done:
     PyMem_RawFree(tensor.data);
     if (have_view)
         PyBuffer_Release(&view);
+    return result;
+}
+
+static PyObject *
+frame_array(PyObject *module, PyObject *args)
+{
+    PyObject *name, *array, *formats, *scanned = Py_None;
+    Py_buffer prefix, metadata;
+    int placeholder_crc;
+    Py_ssize_t finite_from;
+    if (!PyArg_ParseTuple(args, "UOy*y*O!pn|O:frame_array", &name, &array, &prefix, &metadata, &PyDict_Type, &formats, &placeholder_crc,
+                          &finite_from, &scanned)) /* fmt: skip */
+        return NULL;
+    uintptr_t address = 0;
+    size_t size = 0;
+    PyObject *result = frame_one(name, array, &prefix, &metadata, formats, placeholder_crc, finite_from, scanned, &address, &size);
     PyBuffer_Release(&prefix);
     PyBuffer_Release(&metadata);
     return result;
-release_args:
+}
+
+/* ---- a step's values ------------------------------------------------------------------
+
+   StepFramer.frame's loop over a step's values, for those `frame_array` frames: in Python
+   each was some forty bytecodes around the call (the index entry, the padding record that
+   puts a large tensor's bytes on an aligned file offset, the listeners' tables), 15-25 us
+   of the writer thread per value where training on every core leaves its caches cold, and
+   the writer's CPU is taken from training. Here the loop is one call a step; a value it
+   does not frame goes back to the Python path, which frames it (and drops it, saying why,
+   where it cannot be saved) and hands the rest back. */
+
+#define PADDING_FIELD 1999 /* events.PADDING_FIELD */
+#define RECORD_OVERHEAD 16 /* records.OVERHEAD: the header's 12 bytes and the footer's 4 */
+
+/* events.padding_record: a whole record of exactly `size` bytes holding an Event of `prefix`
+   and a filler of zeros in field PADDING_FIELD; NULL with no error where no record has that
+   size, NULL with an error when out of memory. */
+static PyObject *
+padding_record(size_t size, const Py_buffer *prefix, int placeholder_crc)
+{
+    uint64_t key = ((uint64_t)PADDING_FIELD << 3) | 2;
+    size_t fixed = RECORD_OVERHEAD + (size_t)prefix->len + varint_size(key);
+    if (size < fixed)
+        return NULL;
+    size_t room = size - fixed;
+    for (size_t width = 1; width <= 3; width++) {
+        if (room < width || varint_size(room - width) != width)
+            continue;
+        size_t filler = room - width;
+        Buffer record = {0};
+        size_t payload_len = (size_t)prefix->len + varint_size(key) + width + filler;
+        unsigned char length[8];
+        for (int i = 0; i < 8; i++)
+            length[i] = (unsigned char)((uint64_t)payload_len >> (8 * i));
+        int failed = reserve(&record, size) < 0 || put(&record, length, 8) < 0 || put_le(&record, masked(crc32c(length, 8)), 4) < 0
+                     || put(&record, prefix->buf, (size_t)prefix->len) < 0 || put_varint(&record, key) < 0 || put_varint(&record, filler) < 0;
+        if (!failed) {
+            memset(record.data + record.size, 0, filler);
+            record.size += filler;
+            uint32_t footer = placeholder_crc ? SMDEBUG_PLACEHOLDER_CRC : masked(crc32c((const unsigned char *)record.data + 12, payload_len));
+            failed = put_le(&record, footer, 4) < 0;
+        }
+        PyObject *made = failed ? NULL : PyBytes_FromStringAndSize(record.data, (Py_ssize_t)record.size);
+        PyMem_RawFree(record.data);
+        if (failed)
+            PyErr_NoMemory();
+        return made;
+    }
+    return NULL;
+}
+
+/* StepFramer._padded for a record framed here: the padding record to put before it at file
+   offset `offset`, so that its array's bytes (at memory address `address`, after the record's
+   head of `head_size` bytes) land on a multiple of `align`; None where it needs none or its
+   bytes are not aligned in memory (the direct write stages them). NULL on error. */
+static PyObject *
+padding_before(size_t offset, size_t head_size, uintptr_t address, size_t align, const Py_buffer *prefix, int placeholder_crc)
+{
+    if (address % align)
+        Py_RETURN_NONE;
+    size_t gap = (align - (offset + head_size) % align) % align;
+    if (!gap)
+        Py_RETURN_NONE;
+    PyObject *padding = padding_record(gap, prefix, placeholder_crc);
+    if (padding == NULL && !PyErr_Occurred()) /* (too small a gap for a record: one block more) */
+        padding = padding_record(gap + align, prefix, placeholder_crc);
+    if (padding == NULL && !PyErr_Occurred())
+        Py_RETURN_NONE;
+    return padding;
+}
+
+static double
+seconds_now(void)
+{
+#ifdef CLOCK_MONOTONIC
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    return (double)now.tv_sec + (double)now.tv_nsec * 1e-9;
+#else
+    return (double)clock() / CLOCKS_PER_SEC; /* (the processor's time: a bound all the same) */
+#endif
+}
+
+/* frame_values(items, start, parts, entries, arrays, finite, names, scanned_type, prefix, metadata, formats, placeholder_crc,
+                finite_from, align, place_from, offset, budget_s, keys, /) -> (index, offset, pause)
+
+   Frames items[start:] ((name, value) pairs) as StepFramer.frame does, appending each record's
+   buffers (after its padding record) to `parts` and its index entry (a dict of keys[0..2]:
+   name, file offset, length) to `entries`, and filling `arrays` and `finite` (each None or a
+   dict); `offset` is the file's size so far. Stops at the first item it leaves to the Python
+   path: a name not in `names` (the names known to go into the index's JSON), a value neither
+   a numpy array nor a `scanned_type` (host_arena.Scanned), one frame_array leaves, or one it
+   fails on (the Python path frames it again and says why). `pause` is true where it stopped
+   because it held the GIL for `budget_s`: the caller pauses, then goes on from `index`. */
+static PyObject *
+frame_values(PyObject *module, PyObject *args)
+{
+    PyObject *items, *parts, *entries, *arrays, *finite, *names, *scanned_type, *formats, *keys;
+    Py_ssize_t start, finite_from, align, place_from, offset;
+    int placeholder_crc;
+    double budget;
+    Py_buffer prefix, metadata;
+    if (!PyArg_ParseTuple(args, "O!nO!O!OOO!Oy*y*O!pnnnndO!:frame_values", &PyList_Type, &items, &start, &PyList_Type, &parts, &PyList_Type,
+                          &entries, &arrays, &finite, &PySet_Type, &names, &scanned_type, &prefix, &metadata, &PyDict_Type, &formats,
+                          &placeholder_crc, &finite_from, &align, &place_from, &offset, &budget, &PyTuple_Type, &keys)) /* fmt: skip */
+        return NULL;
+    PyObject *result = NULL;
+    int pause = 0;
+    if ((arrays != Py_None && !PyDict_Check(arrays)) || (finite != Py_None && !PyDict_Check(finite)) || PyTuple_GET_SIZE(keys) != 3 || start < 0
+        || offset < 0 || align < 0) {
+        PyErr_SetString(PyExc_TypeError, "frame_values: arrays and finite must be dicts or None, keys three names, start, offset and align >= 0");
+        goto done;
+    }
+    double began = seconds_now();
+    Py_ssize_t i = start;
+    for (; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        if (!PyTuple_CheckExact(item) || PyTuple_GET_SIZE(item) != 2)
+            break;
+        PyObject *name = PyTuple_GET_ITEM(item, 0), *value = PyTuple_GET_ITEM(item, 1);
+        if (!PyUnicode_CheckExact(name))
+            break;
+        int known = PySet_Contains(names, name);
+        if (known <= 0) {
+            if (known < 0)
+                goto done;
+            break;
+        }
+        PyObject *array, *scan;
+        if (Py_TYPE(value) == (PyTypeObject *)scanned_type) {
+            array = PyObject_GetAttrString(value, "array");
+            scan = array == NULL ? NULL : PyObject_GetAttrString(value, "scan");
+            if (scan == NULL) {
+                Py_XDECREF(array);
+                goto done;
+            }
+        } else if (strcmp(Py_TYPE(value)->tp_name, "numpy.ndarray") == 0) {
+            array = Py_NewRef(value);
+            scan = Py_NewRef(Py_None);
+        } else
+            break;
+        uintptr_t address = 0;
+        size_t size = 0;
+        PyObject *made = frame_one(name, array, &prefix, &metadata, formats, placeholder_crc, finite_from, scan, &address, &size);
+        Py_DECREF(scan);
+        if (made == NULL || made == Py_None) {
+            PyErr_Clear(); /* (the Python path frames it again, and drops it saying why if it fails there too) */
+            Py_XDECREF(made);
+            Py_DECREF(array);
+            break;
+        }
+        PyObject *framed = PyTuple_GET_ITEM(made, 0), *length = PyTuple_GET_ITEM(made, 1), *checked = PyTuple_GET_ITEM(made, 2);
+        int failed = 0;
+        if (checked != Py_None && finite != Py_None)
+            failed = PyDict_SetItem(finite, name, checked) < 0;
+        if (!failed && align && size >= (size_t)place_from && PyList_GET_SIZE(framed) == 3) {
+            PyObject *padding = padding_before((size_t)offset, (size_t)PyBytes_GET_SIZE(PyList_GET_ITEM(framed, 0)), address, (size_t)align,
+                                               &prefix, placeholder_crc);
+            failed = padding == NULL;
+            if (!failed && padding != Py_None) {
+                failed = PyList_Append(parts, padding) < 0;
+                offset += PyBytes_GET_SIZE(padding);
+            }
+            Py_XDECREF(padding);
+        }
+        if (!failed && arrays != Py_None)
+            failed = PyDict_SetItem(arrays, name, array) < 0;
+        Py_DECREF(array);
+        PyObject *entry = failed ? NULL : PyDict_New();
+        PyObject *at = entry == NULL ? NULL : PyLong_FromSsize_t(offset);
+        failed = at == NULL || PyDict_SetItem(entry, PyTuple_GET_ITEM(keys, 0), name) < 0 || PyDict_SetItem(entry, PyTuple_GET_ITEM(keys, 1), at) < 0
+                 || PyDict_SetItem(entry, PyTuple_GET_ITEM(keys, 2), length) < 0 || PyList_Append(entries, entry) < 0;
+        Py_XDECREF(at);
+        Py_XDECREF(entry);
+        Py_ssize_t record_len = failed ? -1 : PyLong_AsSsize_t(length);
+        if (!failed && record_len >= 0) {
+            for (Py_ssize_t k = 0; k < PyList_GET_SIZE(framed) && !failed; k++)
+                failed = PyList_Append(parts, PyList_GET_ITEM(framed, k)) < 0;
+            offset += record_len;
+        }
+        Py_DECREF(made);
+        if (failed || record_len < 0) /* (out of memory: the step's framing fails as a whole, as in Python) */
+            goto done;
+        /* The GIL's pauses as the Python loop owes them: a large array's CRC released it
+           (its time is not owed; a snapshot's was taken in its copy, all the same), a run
+           of small ones holding it for the budget owes one. */
+        double now = seconds_now();
+        if (size >= GIL_RELEASED_FROM)
+            began = now;
+        else if (now - began >= budget) {
+            i++;
+            pause = 1;
+            break;
+        }
+    }
+    result = Py_BuildValue("(nnO)", i, offset, pause ? Py_True : Py_False);
+done:
     PyBuffer_Release(&prefix);
     PyBuffer_Release(&metadata);
-    return NULL;
+    return result;
 }
 
 /* ---- the batch ------------------------------------------------------------------------ */
@@ -1395,6 +1610,10 @@ static PyMethodDef methods[] = {
      "saved as `name` as buffers, its length, whether it is finite or None), as StepFramer.frame's Python path frames it (with "
      "`scanned`, copy_scan's pair for the array's bytes, without reading them), or None "
      "where that path frames it (not C-contiguous, a dtype format not in `formats`, no CRC-32C instruction)."},
+    {"frame_values", frame_values, METH_VARARGS,
+     "frame_values(items, start, parts, entries, arrays, finite, names, scanned_type, prefix, metadata, formats, placeholder_crc, "
+     "finite_from, align, place_from, offset, budget_s, keys, /) -> (index, offset, pause): StepFramer.frame's loop over a "
+     "step's (name, value) items from `start`, for the values frame_array frames; stops at the first it leaves to the Python path."},
     {"copy_scan", copy_scan, METH_VARARGS,
      "copy_scan(dst, src, itemsize, /): src's bytes copied into dst (as large), returning (the raw CRC-32C register of the bytes "
      "from 0, whether its floats of itemsize bytes are all finite or None where itemsize is 0) for frame_array's `scanned`; "

@@ -36,5 +36,26 @@ def frame_array(
     scanned: tuple[int, bool | None] | None = None,
     /,
 ) -> tuple[list[bytes | memoryview], int, bool | None] | None: ...
+def frame_values(
+    items: list[tuple[str, Any]],
+    start: int,
+    parts: list[Any],
+    entries: list[dict[str, Any]],
+    arrays: dict[str, Any] | None,
+    finite: dict[str, bool] | None,
+    names: set[str],
+    scanned_type: type,
+    prefix: bytes,
+    metadata: bytes,
+    formats: dict[str, int],
+    placeholder_crc: bool,
+    finite_from: int,
+    align: int,
+    place_from: int,
+    offset: int,
+    budget_s: float,
+    keys: tuple[str, str, str],
+    /,
+) -> tuple[int, int, bool]: ...
 def copy_scan(dst: Any, src: Any, itemsize: int, /) -> tuple[int, bool | None] | None: ...
 def streaming_stores(on: bool, /) -> bool: ...

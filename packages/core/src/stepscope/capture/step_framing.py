@@ -93,6 +93,7 @@ class _GilYield:
 
 
 _FINITE_FROM = 9  # bytes: a float array this large has its finiteness judged by frame_array
+_ENTRY_KEYS = ("tensorname", "start_idx", "length")  # an index entry's keys, in order (frame_values makes them)
 
 
 def as_array(value: Any) -> np.ndarray:
@@ -131,9 +132,11 @@ class StepFramer:
         # frame_held's value heads: name -> (type of its values, the Value's bytes up to the
         # content, the name as JSON, the content's size, a 0-d array's dtype), made by `_held_head`.
         self._held_heads: dict[str, tuple[type, bytes, bytes, int, np.dtype | None]] = {}
-        # Arrays framed in C (`_encode.frame_array`), or None: each in Python. (An attribute,
-        # so that a benchmark can compare the two in one process.)
+        # Arrays framed in C (`_encode.frame_array`), or None: each in Python; and a step's
+        # values in one C loop around it (`_encode.frame_values`), or None: a Python loop.
+        # (Attributes, so that a benchmark can compare them in one process.)
         self.frame_array = getattr(_encode, "frame_array", None)
+        self.frame_values = getattr(_encode, "frame_values", None)
 
     def _checked_name(self, name: str) -> str:
         # The index must hold the name too: refuse what JSON cannot encode (a lone
@@ -159,7 +162,7 @@ class StepFramer:
             # (smdebug's reader, going through a file, wants its constant on every record)
             parts = records.frame([events.file_version_event()], placeholder_crc=self._placeholder_crc)
             offset = sum(len(p) for p in parts)
-        payload_index = []
+        payload_index: list[dict[str, Any]] = []
         kept_shapes = dict(shapes)
         wall_time = time.time()  # one time for the step's records: they are framed together
         pause = _GilYield(self._yield_every_s)
@@ -172,7 +175,23 @@ class StepFramer:
             # more than the tensor's framing). One-element values (a loss) it keeps as their
             # number, read there.
             finite_from = _FINITE_FROM if finite is not None else -1
-        for name, value in tensors.items():
+        # The values frame_array frames go through one C loop (`_encode.frame_values`) from
+        # the step's second save on (their names known to the index); it hands back each
+        # value it leaves, which the lines below frame, and stops for the GIL's pauses.
+        frame_values = self.frame_values if frame_array is not None else None
+        items = list(tensors.items())
+        i, count = 0, len(items)
+        while i < count:
+            if frame_values is not None:
+                i, offset, owed = frame_values(items, i, parts, payload_index, arrays, finite, self._json_names, Scanned, prefix, metadata, _FORMATS,
+                                               self._placeholder_crc, finite_from, align, PLACE_FROM, offset, self._yield_every_s, _ENTRY_KEYS)  # fmt: skip
+                if owed:
+                    pause()
+                    continue
+                if i >= count:
+                    break
+            name, value = items[i]
+            i += 1
             try:
                 # A snapshot whose copy took its CRC (host_arena.Scanned): framed unread.
                 scan = value.scan if value.__class__ is Scanned else None
