@@ -32,6 +32,7 @@ steps (default 10), SGD, `--threads` torch threads (default: every core), profil
 from __future__ import annotations
 
 import argparse
+import hashlib
 import os
 import random
 import statistics
@@ -48,8 +49,11 @@ from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
 PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream",
-         "place", "direct_c", "finite")
+         "place", "direct_c", "finite", "burn", "burn_nogil", "floorwrite", "frame_values")
 BLOCK = 20
+BURN_S = 300e-6  # the `burn` parts' extra CPU per save
+# sha256 of this many bytes takes about BURN_S here (sized at the start: `_burn_bytes`)
+BURN_BYTES = b""
 
 
 def _skipping(write_many, skipped):
@@ -75,13 +79,21 @@ def main() -> None:
     parser.add_argument("--save-all", action="store_true", help="save everything (save_all), not weights and gradients")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    global BURN_BYTES
+    if args.part == "burn_nogil":
+        probe = bytes(1 << 20)
+        start = time.thread_time()
+        for _ in range(20):
+            hashlib.sha256(probe)
+        per_byte = (time.thread_time() - start) / (20 << 20)
+        BURN_BYTES = bytes(int(BURN_S / per_byte))
     with tempfile.TemporaryDirectory(dir=os.environ.get("TMPDIR")) as out:
         saved = {"save_all": True} if args.save_all else {"include_collections": ["weights", "gradients"]}
         hook = Hook(out, save_config=SaveConfig(save_interval=args.every), profiler_config=ProfilerConfig.disabled(), **saved)
         writer = hook._runtime.writer
         shipped = {"put": writer._put, "publish": writer._publish_step, "write_many": writer.store.write_many,
                    "listeners": list(writer.step_listeners), "pause": writer._framer._yield_every_s,
-                   "frame_array": writer._framer.frame_array}  # fmt: skip
+                   "frame_array": writer._framer.frame_array, "frame_values": writer._framer.frame_values}  # fmt: skip
         writer.store._direct.allowed()  # (decided now, so that the variants can set it)
         direct = writer.store._direct._allowed
         changed = {
@@ -94,6 +106,7 @@ def main() -> None:
             "handoff": lambda: setattr(writer, "_publish_inline", False),
             "pauses": lambda: setattr(writer._framer, "_yield_every_s", float("inf")),
             "frame_array": lambda: setattr(writer._framer, "frame_array", None),
+            "frame_values": lambda: setattr(writer._framer, "frame_values", None),
             "place": lambda: setattr(writer.store, "data_alignment", lambda: 0),
         }
 
@@ -120,9 +133,52 @@ def main() -> None:
 
         publish_direct = local._publish_direct
         changed["direct_c"] = lambda: setattr(local, "_publish_direct", None)
+        floor_buffers: list = []
+        import numpy as np
+
+        def stage(buffer, at, v):
+            np.frombuffer(buffer, np.uint8, v.nbytes, at)[:] = np.frombuffer(v, np.uint8)
+
+        def floor_write(folder_fd, tmp, name, views, staging, flags, align, place_from, prealloc_from):
+            # As the floor writes: every byte copied into one reused buffer, one write of it
+            # (rounded up to the block: the file's tail is not valid; the bench reads nothing).
+            import mmap
+            size = sum(v.nbytes for v in views)
+            rounded = -(-size // 4096) * 4096
+            if not floor_buffers or len(floor_buffers[0]) < rounded:
+                floor_buffers[:] = [mmap.mmap(-1, rounded)]
+            buffer = floor_buffers[0]
+            at = 0
+            for v in views:
+                stage(buffer, at, v)
+                at += v.nbytes
+            fd = os.open(tmp, flags | os.O_DIRECT, 0o644, dir_fd=folder_fd)
+            try:
+                os.write(fd, memoryview(buffer)[:rounded])
+            finally:
+                os.close(fd)
+            os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+            return 0
+
+        changed["floorwrite"] = lambda: setattr(local, "_publish_direct", floor_write)
 
         finite_from = step_framing._FINITE_FROM
         changed["finite"] = lambda: setattr(step_framing, "_FINITE_FROM", step_framing.events.SMALL_TENSOR_BYTES + 1)
+        # Calibration: B spends BURN_S more of the writer thread's CPU per save, holding the
+        # GIL (Python) or not (hashing in C): what a part's CPU there costs the wall time.
+        def burning(hold_gil: bool):
+            def publish(job, parts, index):
+                if hold_gil:
+                    end = time.thread_time() + BURN_S
+                    while time.thread_time() < end:
+                        pass
+                else:
+                    hashlib.sha256(BURN_BYTES)
+                return shipped["publish"](job, parts, index)
+            return publish
+
+        changed["burn"] = lambda: setattr(writer, "_publish_step", burning(True))
+        changed["burn_nogil"] = lambda: setattr(writer, "_publish_step", burning(False))
         changed["nice"] = lambda: scheduled(os.SCHED_OTHER, 19)
         changed["idle"] = lambda: scheduled(os.SCHED_IDLE, 0)
 
@@ -137,6 +193,7 @@ def main() -> None:
             writer.store._direct._allowed = direct
             writer._framer._yield_every_s = shipped["pause"]
             writer._framer.frame_array = shipped["frame_array"]
+            writer._framer.frame_values = shipped["frame_values"]
             writer._publish_inline = True
             vars(writer.store).pop("data_alignment", None)
             scheduled(os.SCHED_OTHER, 0)
