@@ -25,7 +25,13 @@ in the copy), `nocrc` (B: no CRC and no black box: smdebug's placeholder CRC), `
 write, none written from the snapshot's own memory), `direct_c` (B: an event file's direct
 write made from Python, several calls, not in one call of `_publish.publish_direct`),
 `finite` (B: the black box judges float
-arrays under 1 KiB itself, as before the framing pass took them from 9 bytes).
+arrays under 1 KiB itself, as before the framing pass took them from 9 bytes),
+`frame_values` (B: a step's values framed in a Python loop around `_encode.frame_array`, not
+in one call of `_encode.frame_values`), `floorwrite` (B: the event file written as
+bench_vs_smdebug.py's floor writes its bytes: copied into one reused buffer, one O_DIRECT
+write; the file's tail is not valid, nothing reads it), and two calibrations, `burn` and
+`burn_nogil` (B: the writer thread spends BURN_S more CPU per save, holding the GIL or
+not): what a part's CPU on the writer thread costs the wall time.
 Weights + gradients (or everything: `--save-all`) of an MLP 256-512-512-10 every `--every`
 steps (default 10), SGD, `--threads` torch threads (default: every core), profiler side off."""
 
@@ -57,15 +63,15 @@ BURN_BYTES = b""
 
 
 def _skipping(write_many, skipped):
-    """`store.write_many` that reports the files `skipped` picks as published unwritten."""
+    """`store.write_many` that reports the files `skipped` picks as published unwritten (and
+    writes each other one by a call of its own)."""
 
     def write(files, published=None):
-        if files and all(skipped(key) for key, _ in files):
-            for i in range(len(files)):
-                if published is not None:
-                    published(i)
-            return None
-        return write_many(files, published)
+        for i, (key, data) in enumerate(files):
+            if not skipped(key):
+                write_many([(key, data)])
+            if published is not None:
+                published(i)
 
     return write
 

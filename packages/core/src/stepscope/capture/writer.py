@@ -626,12 +626,15 @@ class Writer(ClosedOnExit):
     def _publish_step(self, job: _StepJob, parts: list[Any], index: dict[str, Any]) -> None:
         if not index["tensor_payload"] and not index["shape_payload"] and job.tensors:
             return  # every tensor of the step was dropped: nothing to publish
-        if not self._write(index["meta"]["event_file_name"], parts):
-            return
         index_bytes = index_json(index)
-        if not self._write(layout.index_file_key(job.step, self.worker), index_bytes):
+        # The event file, then the index file that points into it (published second: a
+        # reader that finds an index finds its records), in one call of the store.
+        published = self._write_many([(index["meta"]["event_file_name"], parts), (layout.index_file_key(job.step, self.worker), index_bytes)])
+        if published:
+            self.bytes_written += sum(memoryview(p).nbytes for p in parts)
+        if published < 2:
             return
-        self.bytes_written += sum(memoryview(p).nbytes for p in parts) + len(index_bytes)
+        self.bytes_written += len(index_bytes)
         self._add_to_step_table(job.step, index)
 
     def _publish_batch(self, parts: list[Any], indexed: list[tuple[_StepJob, dict[str, Any]]]) -> None:
