@@ -76,6 +76,21 @@ def _skipping(write_many, skipped):
     return write
 
 
+def plain_and_hooked(hook: Hook) -> dict[str, tuple[nn.Module, nn.Module, torch.optim.Optimizer]]:
+    """The MLP 256-512-512-10 twice, with the same first weights: (model, loss module, SGD)
+    of a plain loop, and of one registered with `hook`. (bench/save_cycle.py's too.)"""
+    loops = {}
+    for name in ("plain", "hooked"):
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
+        loss_fn = nn.CrossEntropyLoss()
+        if name == "hooked":
+            hook.register_module(model)
+            hook.register_loss(loss_fn)
+        loops[name] = (model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.01))
+    return loops
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("part", choices=PARTS)
@@ -216,15 +231,7 @@ def main() -> None:
             if name == "B" and args.part in changed:
                 changed[args.part]()
 
-        loops = {}
-        for name in ("plain", "hooked"):
-            torch.manual_seed(0)
-            model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-            loss_fn = nn.CrossEntropyLoss()
-            if name == "hooked":
-                hook.register_module(model)
-                hook.register_loss(loss_fn)
-            loops[name] = (model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.01))
+        loops = plain_and_hooked(hook)
         x, y = torch.randn(64, 256), torch.randint(0, 10, (64,))
 
         # CPU clocks of the training thread and of stepscope's threads: what each variant

@@ -24,7 +24,7 @@ import threading
 import time
 
 import torch
-from torch import nn
+from ab_writer_parts import plain_and_hooked  # (this folder is the script's)
 
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
@@ -50,15 +50,7 @@ def main() -> None:
         writer = hook._runtime.writer
         if args.capture_only:
             writer._put = lambda job, nbytes: True
-        loops = {}
-        for name in ("plain", "hooked"):
-            torch.manual_seed(0)
-            model = nn.Sequential(nn.Linear(256, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 10))
-            loss_fn = nn.CrossEntropyLoss()
-            if name == "hooked":
-                hook.register_module(model)
-                hook.register_loss(loss_fn)
-            loops[name] = (model, loss_fn, torch.optim.SGD(model.parameters(), lr=0.01))
+        loops = plain_and_hooked(hook)
         wall = {name: [[] for _ in range(EVERY)] for name in loops}
         cpu = {name: [[] for _ in range(EVERY)] for name in loops}
         clocks = {t.name: time.pthread_getcpuclockid(t.ident) for t in threading.enumerate() if t.name.startswith("stepscope-") and t.ident}
