@@ -40,7 +40,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=60, help="blocks of each loop, interleaved")
     parser.add_argument("--capture-only", action="store_true", help="hand nothing to the writer")
     parser.add_argument("--out", help="write the job into a new folder under OUT and keep it (a run that deletes its files "
-                        "makes the next run's files dearer on ext4: docs/pytorch.md#cost)")
+                        "makes the next run's files dearer on ext4: docs/pytorch.md#cost); 3.2 MB a save, about 0.8 GB a run "
+                        "at the defaults: remove them when done")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(1)
