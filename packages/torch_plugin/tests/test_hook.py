@@ -297,8 +297,10 @@ def test_nothing_happens_on_steps_where_nothing_is_due(make_hook, mlp, batches, 
 
 def test_save_steps_of_the_same_collections_plan_their_tensors_once(make_hook, mlp, batches, out_dir, monkeypatch):
     # Each step that saves weights and gradients is due the same collections: what the hook
-    # worked out at the first (each tensor's plan, the loss's) serves the next ones, so a
-    # save step costs the training thread its copies, not planning every tensor again.
+    # worked out at the first (each tensor's plan; the registered loss's, keyed by the due
+    # names object) serves the next ones, so a save step costs the training thread its
+    # copies, not planning again. (The loss's part failed before save steps shared one
+    # names object: its general path ran at every save.)
     hook = make_hook(save_config=SaveConfig(save_interval=2), include_collections=["weights", "gradients", "losses"])
     model, loss_fn = mlp(), nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)

@@ -104,7 +104,7 @@ class ModelTensors(DistributedParts):
         try:  # (what FailSafe.call does, without its frame: nothing escapes into training)
             # Backward under a GradScaler accumulates scaled gradients: saved divided by the
             # scale backward ran with (a power of two: exact), so they read as the true ones.
-            scale = self._loss_scale() if self._scaler is not None else None
+            scale = self._loss_scale()
             self._saver.save(plan, plan.name, grad if scale is None else grad / scale)
         except Exception as exc:
             self.failsafe.fail(exc)

@@ -47,9 +47,8 @@ class _DueRun:
 
     __slots__ = ("first", "until", "due", "names")
 
-    def __init__(self, first: int, until: float, due: tuple[Collection, ...]) -> None:
-        self.first, self.until, self.due = first, until, due
-        self.names = frozenset(c.name for c in due)
+    def __init__(self, first: int, until: float, due: tuple[Collection, ...], names: frozenset[str]) -> None:
+        self.first, self.until, self.due, self.names = first, until, due, names
 
 
 class StepState:
@@ -351,20 +350,17 @@ class StepDriver:
         if any(every):
             bounds = [config.end_step if each else n for config, n, each in zip(configs, nexts, every)]
             until = min([float("inf"), *(n for n in bounds if n is not None)])
-            following = _DueRun(first, until, tuple(c for c, each in zip(candidates, every) if each))
-            if run is not None and run.names == following.names:
-                # The same collections as the run before (the loss alone, between two tensor
-                # steps): the same names object, which what was learned of the run's steps is
-                # keyed by (a loss's plan, the compiled scalar steps of stepscope_torch).
-                following.names = run.names
-            runs[mode] = following
+            running = tuple(c for c, each in zip(candidates, every) if each)
+            runs[mode] = _DueRun(first, until, running, self._names_of(running))
         else:
             runs.pop(mode, None)
-        if not due:
-            return None
-        # One names object per set of collections: what is learned at a save step is keyed
-        # by it (the saver's plans, a loss's plan), so the next save step of the same
-        # collections finds it rather than planning every tensor again.
+        return (due, self._names_of(due)) if due else None
+
+    def _names_of(self, due: tuple[Collection, ...]) -> frozenset[str]:
+        """The names of `due`, as one object per set of names: what is learned at a step is
+        keyed by it (a loss's plan, the compiled scalar steps of stepscope_torch), so the next
+        step due the same collections (the next save step; the loss alone again, after
+        one) finds it rather than learning it again."""
         names = frozenset(c.name for c in due)
         interned: dict[frozenset[str], frozenset[str]] = self.__dict__.setdefault("_due_names", {})
         known = interned.get(names)
@@ -372,7 +368,7 @@ class StepDriver:
             known = names
             if len(interned) < _INTERNED_NAMES:
                 interned[names] = names
-        return due, known
+        return known
 
     def end_step(self, *, raise_on_stop: bool = True) -> None:
         """Close the open step: its timeline ends now and what it saved goes to the writer.
