@@ -23,7 +23,10 @@ in the copy), `nocrc` (B: no CRC and no black box: smdebug's placeholder CRC), `
 `stream` (B: the snapshot's copy and the staging copy store through the caches, not around them),
 `place` (B: no padding records, so that every byte of an event file is staged for its direct
 write, none written from the snapshot's own memory), `direct_c` (B: an event file's direct
-write made from Python, several calls, not in one call of `_publish.publish_direct`),
+write made from Python, several calls, not in one call of `_publish.publish_direct`; nor
+its folder walks and index file in one call), `files_c` (B: a step's two files published by
+the Python path, its folders walked from Python and each file one C call, not the whole
+step in one call of `_publish.publish_files`),
 `finite` (B: the black box judges float
 arrays under 1 KiB itself, as before the framing pass took them from 9 bytes),
 `frame_values` (B: a step's values framed in a Python loop around `_encode.frame_array`, not
@@ -55,7 +58,7 @@ from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
 PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream",
-         "place", "direct_c", "finite", "burn", "burn_nogil", "floorwrite", "frame_values")
+         "place", "direct_c", "finite", "burn", "burn_nogil", "floorwrite", "frame_values", "files_c")
 BLOCK = 20
 BURN_S = 300e-6  # the `burn` parts' extra CPU per save
 # sha256 of this many bytes takes about BURN_S here (sized at the start: `_burn_bytes`)
@@ -152,8 +155,9 @@ def main() -> None:
         changed["stream"] = lambda: [switch(False) for switch in switches]
         from stepscope.store import local
 
-        publish_direct = local._publish_direct
-        changed["direct_c"] = lambda: setattr(local, "_publish_direct", None)
+        publish_direct, publish_files = local._publish_direct, local._publish_files
+        changed["direct_c"] = lambda: [setattr(local, name, None) for name in ("_publish_direct", "_publish_files")]
+        changed["files_c"] = lambda: setattr(local, "_publish_files", None)
         floor_buffers: list = []
         import numpy as np
 
@@ -181,7 +185,8 @@ def main() -> None:
             os.replace(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
             return 0
 
-        changed["floorwrite"] = lambda: setattr(local, "_publish_direct", floor_write)
+        # (the event file by the Python path, which calls `_publish_direct`)
+        changed["floorwrite"] = lambda: [setattr(local, "_publish_direct", floor_write), setattr(local, "_publish_files", None)]
 
         finite_from = step_framing._FINITE_FROM
         changed["finite"] = lambda: setattr(step_framing, "_FINITE_FROM", step_framing.events.SMALL_TENSOR_BYTES + 1)
@@ -220,7 +225,7 @@ def main() -> None:
             scheduled(os.SCHED_OTHER, 0)
             writer._framer._placeholder_crc = False
             host_arena._copy_scan = copy_scan
-            local._publish_direct = publish_direct
+            local._publish_direct, local._publish_files = publish_direct, publish_files
             step_framing._FINITE_FROM = finite_from
             for switch in switches:
                 switch(True)

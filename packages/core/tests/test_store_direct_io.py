@@ -41,8 +41,8 @@ def allowed(tmp_path, monkeypatch):
 
 @pytest.fixture
 def direct_calls(monkeypatch):
-    """The byte counts of each direct write LocalStore makes (a whole file in C, or
-    write_direct in Python)."""
+    """The byte counts of each direct write LocalStore makes (a whole file in C, a file
+    of a write_many published in C, or write_direct in Python)."""
     seen: list[int] = []
     real = local.write_direct
 
@@ -59,6 +59,17 @@ def direct_calls(monkeypatch):
             return real_c(folder_fd, tmp, name, parts, *args)
 
         monkeypatch.setattr(local, "_publish_direct", spy_c)
+    real_files = local._publish_files
+    if real_files is not None:
+
+        def spy_files(root, files, staging, flags, align, place_from, preallocate_from, direct_from, direct, small_max):
+            done, stop = real_files(root, files, staging, flags, align, place_from, preallocate_from, direct_from, direct, small_max)
+            for _folder, _tmp, _name, data in files[:done]:
+                if not (type(data) is bytes and len(data) <= small_max):  # (what it publishes is small or direct)
+                    seen.append(sum(memoryview(p).nbytes for p in (data if isinstance(data, list) else [data])))
+            return done, stop
+
+        monkeypatch.setattr(local, "_publish_files", spy_files)
     return seen
 
 
@@ -72,6 +83,7 @@ def staging(request, monkeypatch):
         pytest.skip("stepscope.store._publish is not built here (or STEPSCOPE_PURE_PYTHON)")
     if request.param != "whole file in C":
         monkeypatch.setattr(local, "_publish_direct", None)
+        monkeypatch.setattr(local, "_publish_files", None)
     if request.param == "python":
         monkeypatch.setattr(direct_io, "_stage", None)
     return request.param
@@ -583,3 +595,187 @@ def test_the_whole_file_in_c_places_exactly_what_qualifies_in_random_layouts(tmp
         assert (tmp_path / key).read_bytes() == b"".join(bytes(p) for p in parts), trial
         assert placed[-1] == expected, trial
     assert len(placed) == 12 and any(placed) and not all(p == placed[0] for p in placed)
+
+
+# --- a write_many's files in one call (_publish.c's publish_files) ----------------------
+
+needs_files_in_c = pytest.mark.skipif(local._publish_files is None, reason="stepscope.store._publish is not built here (or STEPSCOPE_PURE_PYTHON)")
+
+
+def _tree(root) -> dict[str, bytes]:
+    """Every file below `root` (relative path: bytes)."""
+    return {os.path.relpath(os.path.join(folder, name), root): open(os.path.join(folder, name), "rb").read()
+            for folder, _, names in os.walk(root) for name in names}  # fmt: skip
+
+
+def _calls_in_c(monkeypatch) -> list[tuple[int, object]]:
+    """What each publish_files call returned: (published, stop)."""
+    returned: list[tuple[int, object]] = []
+    real = local._publish_files
+
+    def spy(*args):
+        returned.append(real(*args))
+        return returned[-1]
+
+    monkeypatch.setattr(local, "_publish_files", spy)
+    return returned
+
+
+@needs_files_in_c
+def test_a_write_many_in_one_call_publishes_what_the_python_path_does(tmp_path, allowed, monkeypatch, direct_calls):
+    """A save's files (an event file of many buffers in a new step folder, index files, a
+    file at the root) are published in one call, folders walked in C, the event file
+    written directly: the same files as the Python path, in order, each told; the call
+    stops at the first file it does not write (neither small nor direct-sized, a name it
+    does not encode), which the Python path publishes, with the rest."""
+    parts = _parts(DIRECT_FROM + 12_345, seed=4)
+    items = [
+        (KEY, parts),
+        ("index/000000000/000000000010_worker_0.json", b'{"meta": {}}'),
+        ("index/000000000/000000000011_worker_0.json", b"{}"),
+        ("training_job_end.ts", b""),
+        ("collections/000000000/worker_0_collections.json", b"[1]"),
+        ("index/000000000/medium.json", bytes(range(256)) * 1200),  # over a small file's size, under a direct one's
+        ("index/000000000/after.json", b"after"),
+    ]
+    jobs = {}
+    for way in ("c", "python"):
+        job = tmp_path / way
+        job.mkdir()
+        store = LocalStore(str(job))
+        assert store.data_alignment() == ALIGN  # (decided, as a writer's framer decides it)
+        published: list[int] = []
+        walks: list[str] = []
+        with monkeypatch.context() as m:
+            m.setattr(local, "_open_folder", lambda *a, _walks=walks, _real=local._open_folder, **k: _walks.append(a[2]) or _real(*a, **k))
+            if way == "python":
+                m.setattr(local, "_publish_files", None)
+            returned = _calls_in_c(m) if way == "c" else []
+            store.write_many(items, published.append)
+        assert published == list(range(len(items)))
+        if way == "c":
+            assert returned == [(5, None)]  # (the medium file left to the Python path, with what follows)
+            assert walks == ["index/000000000"]
+        jobs[way] = _tree(job)
+    assert direct_calls == [DIRECT_FROM + 12_345, DIRECT_FROM + 12_345]  # one direct write each way
+    assert jobs["c"] == jobs["python"]
+    assert jobs["c"][KEY] == b"".join(bytes(p) for p in parts) and jobs["c"]["index/000000000/after.json"] == b"after"
+    assert not [name for name in jobs["c"] if name.endswith(".tmp")]
+    # A name the call does not encode (not UTF-8: a surrogate from os.fsdecode) is the
+    # Python path's, which writes it as os functions do.
+    returned = _calls_in_c(monkeypatch)
+    odd = "index/000000000/odd\udcff.json"
+    LocalStore(str(tmp_path / "c")).write_many([("index/000000000/plain.json", b"1"), (odd, b"2")])
+    assert returned == [(1, None)]
+    assert (tmp_path / "c" / "index" / "000000000" / os.fsencode("odd\udcff.json").decode("utf-8", "surrogateescape")).read_bytes() == b"2"
+
+
+@needs_files_in_c
+def test_a_write_many_in_one_call_keeps_the_path_policy_and_names_what_failed(tmp_path, monkeypatch):
+    """In C as in Python: a link on a folder's way is refused by name (the files before it
+    published, nothing written where it points, nothing after it tried); a file where a
+    folder should be is refused by name; a link at a file's name is replaced, never
+    written through; a file that cannot be published (a folder at its name) stops the
+    rest with an error naming its key and leaves no temporary; a missing root is made."""
+    from stepscope.exceptions import StoreError
+
+    job = tmp_path / "job"
+    store = LocalStore(str(job))
+    returned = _calls_in_c(monkeypatch)
+    store.write_many([("index/000000000/a.json", b"a")])
+    assert returned == [(0, None)] and store.read("index/000000000/a.json") == b"a"  # (the root made by the Python path)
+    (tmp_path / "elsewhere").mkdir()
+    os.symlink(tmp_path / "elsewhere", job / "linked")
+    published: list[int] = []
+    items = [("index/000000000/b.json", b"b"), ("linked/deeper/c.json", b"c"), ("index/000000000/d.json", b"d")]
+    with pytest.raises(local.PathRefused, match="linked is a symbolic link"):
+        store.write_many(items, published.append)
+    assert returned[-1] == (1, None) and published == [0]
+    assert store.read("index/000000000/b.json") == b"b" and not store.exists("index/000000000/d.json")
+    assert list((tmp_path / "elsewhere").iterdir()) == []
+    (job / "blocker").write_bytes(b"")
+    with pytest.raises(StoreError, match="blocker"):
+        store.write_many([("blocker/child.json", b"{}")])
+    assert returned[-1] == (0, None)
+    # A link at a name, small file and large: replaced by the file.
+    (tmp_path / "target").write_bytes(b"keep")
+    large = [b"x" * 100, np.arange(DIRECT_FROM, dtype=np.uint8).data]
+    os.makedirs(job / "events" / "000000000010")
+    for key in ("index/000000000/e.json", KEY):
+        os.symlink(tmp_path / "target", job / key)
+    store._direct._allowed = True  # (as on ext4: the large file goes the direct way here)
+    store.write_many([("index/000000000/e.json", b"new"), (KEY, large)])
+    assert returned[-1] == (2, None)
+    assert (tmp_path / "target").read_bytes() == b"keep"
+    assert store.read("index/000000000/e.json") == b"new" and store.read(KEY) == b"".join(bytes(p) for p in large)
+    assert not (job / KEY).is_symlink()
+    # A folder at the third file's name: the first two published, the error names the
+    # third's key, the fourth is not tried, no temporary is left.
+    (job / "index" / "000000000" / "blocked.json" / "inside").mkdir(parents=True)
+    published = []
+    batch = [("index/000000000/f.json", b"f"), ("events/000000000020/g.tfevents", large), ("index/000000000/blocked.json", b"c"),
+             ("index/000000000/h.json", b"h")]  # fmt: skip
+    with pytest.raises(StoreError, match="index/000000000/blocked.json"):
+        store.write_many(batch, published.append)
+    assert returned[-1][0] == 2 and isinstance(returned[-1][1], OSError) and published == [0, 1]
+    assert store.read("events/000000000020/g.tfevents") == b"".join(bytes(p) for p in large) and not store.exists("index/000000000/h.json")
+    assert not [p for p in job.rglob("*.tmp")] and not [p for p in job.rglob(".*")]
+
+
+@needs_files_in_c
+@pytest.mark.parametrize("where", ["open", "write"])
+def test_a_direct_write_refused_in_one_call_goes_the_usual_way_and_a_failed_one_names_its_key(tmp_path, allowed, monkeypatch, where):
+    """A refusal (EINVAL) at the event file's open or first direct write: the files before
+    it are published, the policy is told (no direct write after), and the Python path
+    writes it the usual way with the rest. Another error (a full disk): StoreError naming
+    the key, the files before it published, nothing left behind."""
+    from stepscope.exceptions import StoreError
+
+    store = LocalStore(str(tmp_path))
+    assert store.data_alignment() == ALIGN
+    returned = _calls_in_c(monkeypatch)
+    parts = _parts(DIRECT_FROM + 3, seed=7)
+    items = [("index/000000000/a.json", b"a"), (KEY, parts), ("index/000000000/b.json", b"b")]
+    published: list[int] = []
+    _publish.inject_fault(where, errno.EINVAL)
+    try:
+        store.write_many(items, published.append)
+    finally:
+        _publish.inject_fault("none", 0)
+    assert returned[-1][0] == 1 and isinstance(returned[-1][1], str) and published == [0, 1, 2]
+    assert store.read(KEY) == b"".join(bytes(p) for p in parts) and store.read("index/000000000/b.json") == b"b"
+    assert store._direct.allowed() is False
+    store._direct._allowed = True
+    key = "events/000000000020/000000000020_worker_0.tfevents"
+    published = []
+    _publish.inject_fault(where, errno.ENOSPC)
+    try:
+        with pytest.raises(StoreError, match=key):
+            store.write_many([("index/000000000/c.json", b"c"), (key, parts), ("index/000000000/d.json", b"d")], published.append)
+    finally:
+        _publish.inject_fault("none", 0)
+    assert published == [0] and not store.exists(key) and not store.exists("index/000000000/d.json")
+    assert not [p for p in tmp_path.rglob("*.tmp")]
+
+
+@needs_files_in_c
+def test_a_step_s_event_and_index_files_reach_the_store_in_one_call(tmp_path, allowed, monkeypatch):
+    """Through the writer: each step of large tensors is one publish_files call that
+    publishes both of its files (the event file directly), and the job reads back."""
+    from stepscope.capture.writer import Writer
+    from stepscope.trial import create_trial
+
+    returned = _calls_in_c(monkeypatch)
+    rng = np.random.default_rng(5)
+    saved = {step: {"weights/w": rng.standard_normal((600, 512)).astype(np.float32), "weights/b": rng.standard_normal(512).astype(np.float32)}
+             for step in (0, 10, 20)}  # fmt: skip
+    writer = Writer(str(tmp_path))
+    for step, tensors in saved.items():
+        assert writer.write_step(step, "TRAIN", step, tensors)
+        assert writer.flush(30)
+    assert writer.close()
+    assert returned[:3] == [(2, None)] * 3
+    trial = create_trial(str(tmp_path))
+    for step, tensors in saved.items():
+        for name, value in tensors.items():
+            np.testing.assert_array_equal(trial.tensor(name).value(step), value)

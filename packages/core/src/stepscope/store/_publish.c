@@ -485,6 +485,72 @@ write_parts(Direct *d, const Py_buffer *parts, Py_ssize_t n, Py_ssize_t place_fr
     return error;
 }
 
+/* One large file published around the page cache from the held buffers `views` (`size`
+   bytes in all), the GIL released: the temporary `tmp` opened in `folder` with `flags` and
+   O_DIRECT, the bytes written by write_parts, closed, renamed over `name` (removed on any
+   failure). 0, or the errno of the step that failed (`*step` names it); `*refused` is set
+   where the file system refused a direct write (EINVAL: the caller writes the file the
+   usual way). `d` holds the staging buffer and alignment; its `placed` counts the bytes
+   written from where they were. */
+static int
+direct_file(Direct *d, int folder, const char *tmp, const char *name, const Py_buffer *views, Py_ssize_t n, Py_ssize_t size, int flags,
+            Py_ssize_t place_from, Py_ssize_t preallocate_from, int *refused, const char **step) /* fmt: skip */
+{
+    int error = 0;
+    *refused = 0;
+    *step = "open";
+    if (fault == FAULT_OPEN) {
+        fault = FAULT_NONE;
+        errno = fault_errno;
+        d->fd = -1;
+    } else
+        d->fd = openat(folder, tmp, flags | O_DIRECT, 0644);
+    if (d->fd < 0) {
+        error = errno;
+        *refused = error == EINVAL;
+        return error;
+    }
+    if (size >= preallocate_from)
+        (void)fallocate(d->fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)size); /* (a reservation only: failing costs nothing) */
+    *step = "write";
+    error = write_parts(d, views, n, place_from);
+    if (error == -1) {
+        *refused = 1;
+        error = EINVAL;
+    }
+    if (close(d->fd) != 0 && error == 0 && errno != EINTR) {
+        error = errno;
+        *step = "close";
+    }
+    if (error == 0 && renameat(folder, tmp, folder, name) != 0) {
+        error = errno;
+        *step = "rename";
+    }
+    if (error != 0)
+        unlinkat(folder, tmp, 0);
+    return error;
+}
+
+/* Whether a staging buffer fits direct writes of `align` bytes; if not, ValueError set. */
+static int
+staging_fits(const Py_buffer *staging, Py_ssize_t align, const char *caller)
+{
+    if (align <= 0 || (align & (align - 1)) != 0 || staging->len < align || staging->len % align != 0
+            || (uintptr_t)staging->buf % (uintptr_t)align != 0) {
+        PyErr_Format(PyExc_ValueError, "%s: the staging buffer (%zd bytes) is not a multiple of %zd bytes at an address aligned alike",
+                     caller, staging->len, align);
+        return 0;
+    }
+    return 1;
+}
+
+/* The OSError(errno, "reason (step)", name) of a failed file: the caller names the whole key. */
+static PyObject *
+file_error(int error, const char *step, const char *name)
+{
+    return PyObject_CallFunction(PyExc_OSError, "iNs", error, PyUnicode_FromFormat("%s (%s)", strerror(error), step), name);
+}
+
 /* publish_direct(folder_fd, tmp, name, parts, staging, flags, align, place_from, preallocate_from, /)
    -> int or str. See the method table. */
 static PyObject *
@@ -508,12 +574,8 @@ publish_direct(PyObject *module, PyObject *args)
         PyErr_NoMemory();
         goto done;
     }
-    if (align <= 0 || (align & (align - 1)) != 0 || staging.len < align || staging.len % align != 0
-            || (uintptr_t)staging.buf % (uintptr_t)align != 0) {
-        PyErr_Format(PyExc_ValueError, "publish_direct: the staging buffer (%zd bytes) is not a multiple of %zd bytes at an address aligned alike",
-                     staging.len, align);
+    if (!staging_fits(&staging, align, "publish_direct"))
         goto done;
-    }
     if (strchr(tmp, '/') != NULL || strchr(name, '/') != NULL) {
         PyErr_Format(PyExc_ValueError, "publish_direct: %s is not a name within the folder", strchr(tmp, '/') != NULL ? tmp : name);
         goto done;
@@ -526,41 +588,12 @@ publish_direct(PyObject *module, PyObject *args)
         size += views[held].len;
     }
     Py_BEGIN_ALLOW_THREADS
-    if (fault == FAULT_OPEN) {
-        fault = FAULT_NONE;
-        errno = fault_errno;
-        d.fd = -1;
-    } else
-        d.fd = openat(folder, tmp, flags | O_DIRECT, 0644);
-    if (d.fd < 0) {
-        error = errno;
-        refused = error == EINVAL;
-    } else {
-        if (size >= preallocate_from)
-            (void)fallocate(d.fd, FALLOC_FL_KEEP_SIZE, 0, (off_t)size); /* (a reservation only: failing costs nothing) */
-        step = "write";
-        error = write_parts(&d, views, n, place_from);
-        if (error == -1) {
-            refused = 1;
-            error = EINVAL;
-        }
-        if (close(d.fd) != 0 && error == 0 && errno != EINTR) {
-            error = errno;
-            step = "close";
-        }
-        if (error == 0 && renameat(folder, tmp, folder, name) != 0) {
-            error = errno;
-            step = "rename";
-        }
-        if (error != 0)
-            unlinkat(folder, tmp, 0);
-    }
+    error = direct_file(&d, folder, tmp, name, views, n, size, flags, place_from, preallocate_from, &refused, &step);
     Py_END_ALLOW_THREADS
     if (refused)
         result = PyUnicode_FromFormat("%s of %s: %s", step, name, strerror(error));
     else if (error != 0) {
-        /* OSError(errno, "reason (step)", name): the caller names the whole key. */
-        PyObject *exc = PyObject_CallFunction(PyExc_OSError, "iNs", error, PyUnicode_FromFormat("%s (%s)", strerror(error), step), name);
+        PyObject *exc = file_error(error, step, name);
         if (exc != NULL) {
             PyErr_SetObject(PyExc_OSError, exc);
             Py_DECREF(exc);
@@ -572,6 +605,204 @@ done:
         PyBuffer_Release(&views[i]);
     PyMem_Free(views);
     PyBuffer_Release(&staging);
+    return result;
+}
+
+/* ---- a save's files in one call, from the job's root --------------------------------
+
+   A save is two files in two folders: its event file (a new step folder) and its index
+   file. Published from Python, that is two folder walks of a few system calls each, the
+   event file's direct write, the index file's run, and Python between them: some fifty
+   calls, each a turn at the GIL and each run on caches that training has made cold, about
+   a quarter of the publishing thread's CPU per save (docs/pytorch.md#cost). Here the
+   files of one write_many are published in order with the GIL released once, by the
+   rules of the Python path (store/local.py): each folder on a key's way opened relative to
+   its parent with O_NOFOLLOW and made where missing, each file whole under its name or
+   absent. What this does not do it leaves to the Python path, which goes on from the
+   first file not published: a root or folder that cannot be walked (the Python walk
+   says why: a link, a file in the way), a file neither small nor for a direct write. */
+
+#define MAX_KEY 4096
+
+typedef struct {
+    const char *folder, *tmp, *name;
+    Py_buffer *views; /* the file's buffers (into the call's array) */
+    Py_ssize_t n, size;
+    int small; /* one bytes object, written as publish_small writes it */
+} File;
+
+/* The folder `rel` ("a/b", "" for the root) below `root`, walked as _open_folder does
+   (create=True): each component opened relative to the last with O_NOFOLLOW, made where
+   missing. A new descriptor (or `root` itself for ""), or -1: the Python walk redoes it
+   and says what is wrong. */
+static int
+walk(int root, const char *rel)
+{
+    char path[MAX_KEY];
+    size_t length = strlen(rel);
+    if (length == 0)
+        return root;
+    if (length >= sizeof path)
+        return -1;
+    memcpy(path, rel, length + 1);
+    int fd = root;
+    char *part = path;
+    while (part != NULL) {
+        char *slash = strchr(part, '/');
+        if (slash != NULL)
+            *slash = '\0';
+        int child = -1;
+        if (*part != '\0' && strcmp(part, ".") != 0 && strcmp(part, "..") != 0) {
+            child = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+            if (child < 0 && errno == ENOENT && (mkdirat(fd, part, 0777) == 0 || errno == EEXIST))
+                child = openat(fd, part, O_RDONLY | O_DIRECTORY | O_NOFOLLOW | O_CLOEXEC);
+        }
+        if (fd != root)
+            close(fd);
+        if (child < 0)
+            return -1;
+        fd = child;
+        part = slash != NULL ? slash + 1 : NULL;
+    }
+    return fd;
+}
+
+/* publish_files(root, files, staging, flags, align, place_from, preallocate_from, direct_from,
+   direct, small_max, /) -> (published, stop). See the method table. */
+static PyObject *
+publish_files(PyObject *module, PyObject *args)
+{
+    PyObject *root_path, *files, *staging_object;
+    Py_buffer staging = {.buf = NULL, .obj = NULL};
+    int flags, direct;
+    Py_ssize_t align, place_from, preallocate_from, direct_from, small_max;
+    if (!PyArg_ParseTuple(args, "O&O!Oinnnnpn:publish_files", PyUnicode_FSConverter, &root_path, &PyList_Type, &files, &staging_object,
+                          &flags, &align, &place_from, &preallocate_from, &direct_from, &direct, &small_max)) /* fmt: skip */
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t count = PyList_GET_SIZE(files), ready = 0, held = 0, buffers = 0;
+    File *items = NULL;
+    Py_buffer *views = NULL;
+    Py_INCREF(files); /* (and with it the strings whose bytes are used without the GIL) */
+    /* (The staging buffer only for direct writes: None otherwise.) */
+    if (direct && (PyObject_GetBuffer(staging_object, &staging, PyBUF_WRITABLE) < 0 || !staging_fits(&staging, align, "publish_files")))
+        goto done;
+    for (Py_ssize_t i = 0; i < count; i++) {
+        PyObject *entry = PyList_GET_ITEM(files, i);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
+            PyErr_Format(PyExc_TypeError, "publish_files: item %zd is not (folder, temporary name, name, data)", i);
+            goto done;
+        }
+        PyObject *data = PyTuple_GET_ITEM(entry, 3);
+        buffers += PyList_CheckExact(data) ? PyList_GET_SIZE(data) : 1;
+    }
+    items = PyMem_Calloc(count > 0 ? (size_t)count : 1, sizeof(File));
+    views = PyMem_Calloc(buffers > 0 ? (size_t)buffers : 1, sizeof(Py_buffer));
+    if (items == NULL || views == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    /* The files this call publishes: up to the first it leaves to the Python path. */
+    for (; ready < count; ready++) {
+        PyObject *entry = PyList_GET_ITEM(files, ready), *data = PyTuple_GET_ITEM(entry, 3);
+        File *f = &items[ready];
+        for (int k = 0; k < 3; k++) {
+            PyObject *text = PyTuple_GET_ITEM(entry, k);
+            const char *utf8 = PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : NULL;
+            if (utf8 == NULL) {
+                PyErr_Clear(); /* (not a name this path writes: the Python path says why) */
+                goto prepared;
+            }
+            if (k == 0)
+                f->folder = utf8;
+            else if (k == 1)
+                f->tmp = utf8;
+            else
+                f->name = utf8;
+        }
+        if (strchr(f->tmp, '/') != NULL || strchr(f->name, '/') != NULL || strlen(f->folder) >= MAX_KEY)
+            goto prepared;
+        f->views = &views[held];
+        PyObject *one[1] = {data};
+        PyObject **parts = one;
+        Py_ssize_t n = 1;
+        if (PyList_CheckExact(data)) {
+            parts = PySequence_Fast_ITEMS(data);
+            n = PyList_GET_SIZE(data);
+        } else if (!PyBytes_CheckExact(data))
+            goto prepared;
+        for (Py_ssize_t j = 0; j < n; j++) {
+            if (PyObject_GetBuffer(parts[j], &views[held], PyBUF_SIMPLE) < 0) {
+                PyErr_Clear();
+                goto prepared;
+            }
+            f->size += views[held].len;
+            f->n++;
+            held++;
+        }
+        f->small = PyBytes_CheckExact(data) && f->size <= small_max;
+        if (!f->small && !(direct && f->size >= direct_from))
+            goto prepared;
+    }
+prepared:;
+    Py_ssize_t published = 0;
+    int error = 0, refused = 0;
+    const char *step = "open";
+    Direct d = {.fd = -1, .direct = 1, .staging = staging.buf, .capacity = staging.len, .align = align};
+    const char *root = PyBytes_AS_STRING(root_path);
+    Py_BEGIN_ALLOW_THREADS
+    int root_fd = ready > 0 ? open(root, O_RDONLY | O_DIRECTORY | O_CLOEXEC) : -1;
+    int folder = -1;
+    const char *walked = NULL;
+    for (; root_fd >= 0 && published < ready; published++) {
+        File *f = &items[published];
+        if (walked == NULL || strcmp(walked, f->folder) != 0) {
+            if (folder >= 0 && folder != root_fd)
+                close(folder);
+            walked = NULL;
+            folder = walk(root_fd, f->folder);
+            if (folder < 0)
+                break;
+            walked = f->folder;
+        }
+        if (f->small) {
+            Item item = {.tmp = f->tmp, .name = f->name, .data = f->views[0].buf, .size = f->size};
+            step = "write";
+            error = publish_one(folder, &item);
+        } else {
+            d.fill = d.mark = 0;
+            d.count = 0;
+            d.direct = 1;
+            error = direct_file(&d, folder, f->tmp, f->name, f->views, f->n, f->size, flags, place_from, preallocate_from, &refused, &step);
+        }
+        if (error != 0)
+            break;
+    }
+    if (folder >= 0 && folder != root_fd)
+        close(folder);
+    if (root_fd >= 0)
+        close(root_fd);
+    Py_END_ALLOW_THREADS
+    PyObject *stop = NULL;
+    if (refused)
+        stop = PyUnicode_FromFormat("%s of %s: %s", step, items[published].name, strerror(error));
+    else if (error != 0)
+        stop = file_error(error, step, items[published].name);
+    else {
+        stop = Py_None;
+        Py_INCREF(stop);
+    }
+    if (stop != NULL)
+        result = Py_BuildValue("(nN)", published, stop);
+done:
+    for (Py_ssize_t i = 0; i < held; i++)
+        PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(items);
+    Py_DECREF(files);
+    Py_DECREF(root_path);
+    if (staging.obj != NULL)
+        PyBuffer_Release(&staging);
     return result;
 }
 #endif
@@ -645,6 +876,14 @@ static PyMethodDef methods[] = {
      "into `staging` (aligned, a multiple of `align`), the unaligned end through the page cache; extents reserved "
      "from `preallocate_from` bytes. The bytes written from where they were (not staged) once published; a string (what was refused) where the file system refused a direct write (the "
      "temporary removed: write the file the usual way); OSError for any other failure."},
+    {"publish_files", publish_files, METH_VARARGS,
+     "publish_files(root, [(folder, temporary name, name, data), ...], staging or None, flags, align, place_from, preallocate_from, "
+     "direct_from, direct, small_max, /) -> (published, stop): files published in order below the folder `root`, the GIL "
+     "released once: each `folder` (relative, \"\" for the root) walked from the root with O_NOFOLLOW, made where missing; "
+     "`data` one bytes object of `small_max` bytes or less written as publish_small writes it, or (bytes or a list of "
+     "buffers) of `direct_from` bytes or more, where `direct`, as publish_direct writes it (`staging` as there). Stops at the first file it "
+     "cannot publish: `stop` None (a root or folder not walked, or a file neither small nor direct: for the caller's "
+     "own path), a string (a direct write refused), or the OSError that failed the file."},
     {"inject_fault", inject_fault, METH_VARARGS,
      "inject_fault(where, errno, /): for tests, the next publish_direct fails at its open or its first direct write "
      "(\"open\", \"write\": with `errno`), or its first direct write is short by an unaligned amount (\"short\") or a "

@@ -31,7 +31,9 @@ directly whatever the backlog, `0` never.
 Where the C extension is built (Linux), a local store publishes such a file in one call of
 `_publish.publish_direct` (store/local.py `_direct_in_c`): the temporary's open, the
 staging copy, the gathered writes, the unaligned end, the close and the rename with the GIL
-released once, by the same rules as `write_direct` here, which is the path elsewhere."""
+released once, by the same rules as `write_direct` here, which is the path elsewhere. A
+writer's files (a save's event file and index file) go in one call of
+`_publish.publish_files` (store/local.py `_publish_files_in_c`), their folders walked there too."""
 
 from __future__ import annotations
 
@@ -324,6 +326,11 @@ class DirectPolicy:
     def allowed(self) -> bool:
         """Whether the next large file of this thread goes around the page cache."""
         return self._decided() and (self._always or not getattr(_backlog, "on", False))
+
+    def allowed_once_decided(self) -> bool:
+        """`allowed()` once decided (at the folder's first large file); False before,
+        without deciding: the folder may not exist yet, and deciding then would say no."""
+        return self._allowed is not None and self.allowed()
 
     def alignment(self) -> int:
         """ALIGN where this folder's large files may go around the page cache, else 0: what

@@ -19,7 +19,7 @@ from typing import Any, BinaryIO
 from ..compiled import load_extension
 from ..exceptions import ConfigError, StoreError
 from .base import FolderListing, Store, check_key
-from .direct_io import ALIGN, O_DIRECT, PLACE_FROM, DirectPolicy, DirectRefused, large_views, staging_buffer, write_direct
+from .direct_io import ALIGN, DIRECT_FROM, O_DIRECT, PLACE_FROM, DirectPolicy, DirectRefused, large_views, staging_buffer, write_direct
 
 _IOV_MAX = 1024  # buffers per writev call (the POSIX minimum of IOV_MAX)
 
@@ -131,10 +131,26 @@ _publish_small: Callable[[int, list[tuple[str, str, bytes]]], tuple[int, OSError
 # or None: not built, not Linux, or $STEPSCOPE_PURE_PYTHON.
 _publish_direct: Callable[..., int | str] | None = getattr(load_extension(__package__, "_publish"), "publish_direct", None)
 
+# The files of one write_many, their folders walked and the files published in one call
+# (_publish.c's publish_files: why there), or None where `_publish_direct` is.
+_publish_files: Callable[..., tuple[int, str | OSError | None]] | None = getattr(load_extension(__package__, "_publish"), "publish_files", None)
+
 _counter = itertools.count()
 # This process's id, for temporary names: asked once (getpid is a system call per file, on
 # C libraries that no longer cache it) and again in a forked child.
 _process = {"pid": os.getpid()}
+
+
+def _utf8(name: str) -> bool:
+    """Whether `name` is what the C publishers take: UTF-8 (os functions also write names
+    holding surrogates, os.fsdecode's undecodable bytes; those stay in Python)."""
+    if name.isascii():  # (a flag of the string: no scan)
+        return True
+    try:
+        name.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _parts(data: bytes | Sequence[bytes | memoryview]) -> Sequence[bytes | memoryview]:
@@ -488,11 +504,16 @@ class LocalStore(Store):
         # of its folders: a small file then costs its own four system calls (open the
         # temporary, write, close, rename) instead of about ten, with the same guarantees
         # as `write` (the walk refuses links; each file is whole under its name or absent).
+        # Where the C extension is built, the items go first through one call that walks
+        # and publishes as this loop does (`_publish_files_in_c`); the loop goes on from the
+        # first item that call left.
         if type(self).write is not LocalStore.write:
             # A subclass that changes how one object is written keeps that for every item.
             super().write_many(items, published)
             return
         first, count = 0, len(items)
+        if _publish_files is not None and count:
+            first = self._publish_files_in_c(items, published)
         while first < count:
             folder = check_key(items[first][0]).rpartition("/")[0]
             try:
@@ -521,6 +542,32 @@ class LocalStore(Store):
             finally:
                 os.close(fd)
 
+    def _publish_files_in_c(self, items: Sequence[tuple[str, Any]], published: Callable[[int], None] | None) -> int:
+        """Publish `items` in order with one call of `_publish_files` (a save's event file
+        and index file: both folder walks and both files with the GIL released once, by
+        the rules of the path below); returns the first item it left to that path (a
+        folder it could not walk, which the path below walks again and refuses by name; a
+        file neither small nor for a direct write; a refused direct write, `_direct` told)."""
+        assert _publish_files is not None
+        pid = _process["pid"]
+        files = []
+        for key, data in items:
+            folder, _, name = check_key(key).rpartition("/")
+            files.append((folder, f".{name}.{pid}.{next(_counter)}.tmp", name, data))
+        # (Before the folder's first large file, which the path below decides it at, no
+        # direct writes here: deciding needs the folder, which may not exist yet.)
+        direct = bool(O_DIRECT) and self._direct.allowed_once_decided()
+        done, stop = _publish_files(self._root_str, files, staging_buffer() if direct else None, _WRITE_FLAGS, ALIGN, PLACE_FROM,
+                                    _PREALLOCATE_FROM, DIRECT_FROM, direct, WRITE_SLICE)  # fmt: skip
+        if published is not None:
+            for i in range(done):
+                published(i)
+        if isinstance(stop, OSError):
+            raise self._cannot_write(items[done][0], stop) from stop
+        if stop is not None:  # (what a direct write's refusal says)
+            self._direct.refused(DirectRefused(stop))
+        return done
+
     def _publish_small_run(self, fd: int, folder: str, items: Sequence[tuple[str, Any]], first: int, published: Callable[[int], None] | None) -> int:
         """Publish the run of small files (one `bytes` each, a batch's index files) from
         `first` in `folder` with one call that releases the GIL once (_publish.c), not four
@@ -529,7 +576,7 @@ class LocalStore(Store):
         pid = _process["pid"]
         for key, data in items[first:]:
             in_folder, _, name = check_key(key).rpartition("/")
-            if in_folder != folder or type(data) is not bytes or len(data) > WRITE_SLICE:
+            if in_folder != folder or type(data) is not bytes or len(data) > WRITE_SLICE or not _utf8(name):
                 break
             run.append((f".{name}.{pid}.{next(_counter)}.tmp", name, data))
         publish = _publish_small
