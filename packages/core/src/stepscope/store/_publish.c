@@ -626,10 +626,27 @@ done:
 
 typedef struct {
     const char *folder, *tmp, *name;
-    Py_buffer *views; /* the file's buffers (into the call's array) */
-    Py_ssize_t n, size;
+    Py_buffer *views; /* the file's buffers: `n` from views[first] of the call's array */
+    Py_ssize_t first, n, size;
     int small; /* one bytes object, written as publish_small writes it */
 } File;
+
+/* Room for one more buffer in `*views` (`*capacity` of them, grown by doubling). */
+static int
+room_for_one(Py_buffer **views, Py_ssize_t held, Py_ssize_t *capacity)
+{
+    if (held < *capacity)
+        return 1;
+    Py_ssize_t more = *capacity * 2;
+    Py_buffer *grown = PyMem_Realloc(*views, (size_t)more * sizeof(Py_buffer));
+    if (grown == NULL) {
+        PyErr_NoMemory();
+        return 0;
+    }
+    *views = grown;
+    *capacity = more;
+    return 1;
+}
 
 /* The folder `rel` ("a/b", "" for the root) below `root`, walked as _open_folder does
    (create=True): each component opened relative to the last with O_NOFOLLOW, made where
@@ -680,37 +697,36 @@ publish_files(PyObject *module, PyObject *args)
                           &flags, &align, &place_from, &preallocate_from, &direct_from, &direct, &small_max)) /* fmt: skip */
         return NULL;
     PyObject *result = NULL;
-    Py_ssize_t count = PyList_GET_SIZE(files), ready = 0, held = 0, buffers = 0;
-    File *items = NULL;
-    Py_buffer *views = NULL;
-    Py_INCREF(files); /* (and with it the strings whose bytes are used without the GIL) */
-    /* (The staging buffer only for direct writes: None otherwise.) */
-    if (direct && (PyObject_GetBuffer(staging_object, &staging, PyBUF_WRITABLE) < 0 || !staging_fits(&staging, align, "publish_files")))
+    /* A tuple of the list's items, and of each file's parts below: what is used while the
+       GIL is released (the names' bytes, the buffers) stays alive and in place whatever a
+       buffer's exporter does meanwhile. */
+    PyObject *entries = PySequence_Tuple(files);
+    Py_ssize_t count = entries != NULL ? PyTuple_GET_SIZE(entries) : 0, ready = 0, held = 0, capacity = 8;
+    File *items = PyMem_Calloc(count > 0 ? (size_t)count : 1, sizeof(File));
+    Py_buffer *views = PyMem_Malloc((size_t)capacity * sizeof(Py_buffer));
+    if (entries == NULL)
         goto done;
-    for (Py_ssize_t i = 0; i < count; i++) {
-        PyObject *entry = PyList_GET_ITEM(files, i);
-        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
-            PyErr_Format(PyExc_TypeError, "publish_files: item %zd is not (folder, temporary name, name, data)", i);
-            goto done;
-        }
-        PyObject *data = PyTuple_GET_ITEM(entry, 3);
-        buffers += PyList_CheckExact(data) ? PyList_GET_SIZE(data) : 1;
-    }
-    items = PyMem_Calloc(count > 0 ? (size_t)count : 1, sizeof(File));
-    views = PyMem_Calloc(buffers > 0 ? (size_t)buffers : 1, sizeof(Py_buffer));
     if (items == NULL || views == NULL) {
         PyErr_NoMemory();
         goto done;
     }
-    /* The files this call publishes: up to the first it leaves to the Python path. */
+    /* (The staging buffer only for direct writes: None otherwise.) */
+    if (direct && (PyObject_GetBuffer(staging_object, &staging, PyBUF_WRITABLE) < 0 || !staging_fits(&staging, align, "publish_files")))
+        goto done;
+    /* The files this call publishes: up to the first it leaves to the caller's path. */
     for (; ready < count; ready++) {
-        PyObject *entry = PyList_GET_ITEM(files, ready), *data = PyTuple_GET_ITEM(entry, 3);
+        PyObject *entry = PyTuple_GET_ITEM(entries, ready);
+        if (!PyTuple_CheckExact(entry) || PyTuple_GET_SIZE(entry) != 4) {
+            PyErr_Format(PyExc_TypeError, "publish_files: item %zd is not (folder, temporary name, name, data)", ready);
+            goto done;
+        }
+        PyObject *data = PyTuple_GET_ITEM(entry, 3);
         File *f = &items[ready];
         for (int k = 0; k < 3; k++) {
             PyObject *text = PyTuple_GET_ITEM(entry, k);
             const char *utf8 = PyUnicode_Check(text) ? PyUnicode_AsUTF8(text) : NULL;
             if (utf8 == NULL) {
-                PyErr_Clear(); /* (not a name this path writes: the Python path says why) */
+                PyErr_Clear(); /* (not a name this path writes: the caller's path says why) */
                 goto prepared;
             }
             if (k == 0)
@@ -722,29 +738,36 @@ publish_files(PyObject *module, PyObject *args)
         }
         if (strchr(f->tmp, '/') != NULL || strchr(f->name, '/') != NULL || strlen(f->folder) >= MAX_KEY)
             goto prepared;
-        f->views = &views[held];
-        PyObject *one[1] = {data};
-        PyObject **parts = one;
-        Py_ssize_t n = 1;
-        if (PyList_CheckExact(data)) {
-            parts = PySequence_Fast_ITEMS(data);
-            n = PyList_GET_SIZE(data);
-        } else if (!PyBytes_CheckExact(data))
+        if (!PyBytes_CheckExact(data) && !PyList_CheckExact(data))
             goto prepared;
-        for (Py_ssize_t j = 0; j < n; j++) {
-            if (PyObject_GetBuffer(parts[j], &views[held], PyBUF_SIMPLE) < 0) {
-                PyErr_Clear();
-                goto prepared;
+        PyObject *parts = PyBytes_CheckExact(data) ? PyTuple_Pack(1, data) : PySequence_Tuple(data);
+        if (parts == NULL)
+            goto done;
+        f->first = held;
+        int taken = 1;
+        for (Py_ssize_t j = 0; j < PyTuple_GET_SIZE(parts) && taken; j++) {
+            if (!room_for_one(&views, held, &capacity)) {
+                Py_DECREF(parts);
+                goto done;
             }
-            f->size += views[held].len;
-            f->n++;
-            held++;
+            taken = PyObject_GetBuffer(PyTuple_GET_ITEM(parts, j), &views[held], PyBUF_SIMPLE) == 0;
+            if (taken) {
+                f->size += views[held].len;
+                f->n++;
+                held++;
+            } else
+                PyErr_Clear(); /* (not a buffer: the caller's path says why) */
         }
+        Py_DECREF(parts); /* (each held buffer holds its object) */
+        if (!taken)
+            goto prepared;
         f->small = PyBytes_CheckExact(data) && f->size <= small_max;
         if (!f->small && !(direct && f->size >= direct_from))
             goto prepared;
     }
-prepared:;
+prepared:
+    for (Py_ssize_t i = 0; i < ready; i++)
+        items[i].views = &views[items[i].first];
     Py_ssize_t published = 0;
     int error = 0, refused = 0;
     const char *step = "open";
@@ -799,7 +822,7 @@ done:
         PyBuffer_Release(&views[i]);
     PyMem_Free(views);
     PyMem_Free(items);
-    Py_DECREF(files);
+    Py_XDECREF(entries);
     Py_DECREF(root_path);
     if (staging.obj != NULL)
         PyBuffer_Release(&staging);
