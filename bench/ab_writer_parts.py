@@ -26,7 +26,9 @@ write, none written from the snapshot's own memory), `direct_c` (B: an event fil
 write made from Python, several calls, not in one call of `_publish.publish_direct`; nor
 its folder walks and index file in one call), `files_c` (B: a step's two files published by
 the Python path, its folders walked from Python and each file one C call, not the whole
-step in one call of `_publish.publish_files`),
+step in one call of `_publish.publish_files`), `hugepages` (B: the snapshots' arena and the
+staging buffer in shared memory of small pages, as `mmap(-1, n)` gives it, not private
+memory that asks for transparent huge pages: `direct_io.device_memory`),
 `finite` (B: the black box judges float
 arrays under 1 KiB itself, as before the framing pass took them from 9 bytes),
 `frame_values` (B: a step's values framed in a Python loop around `_encode.frame_array`, not
@@ -58,7 +60,7 @@ from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
 PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream",
-         "place", "direct_c", "finite", "burn", "burn_nogil", "floorwrite", "frame_values", "files_c")
+         "place", "direct_c", "finite", "burn", "burn_nogil", "floorwrite", "frame_values", "files_c", "hugepages")
 BLOCK = 20
 BURN_S = 300e-6  # the `burn` parts' extra CPU per save
 # sha256 of this many bytes takes about BURN_S here (sized at the start: `_burn_bytes`)
@@ -210,6 +212,19 @@ def main() -> None:
 
         arenas = {"shipped": hook._transfer._arena, "fresh": HostArena(keep_bytes=0)}
         changed["arena"] = lambda: setattr(hook._transfer, "_arena", arenas["fresh"])
+        import mmap
+
+        from stepscope.store import direct_io
+
+        small_staging = memoryview(mmap.mmap(-1, direct_io.BUFFER_BYTES))
+
+        def small_pages() -> None:
+            host_arena.device_memory = lambda size: mmap.mmap(-1, size)  # (the blocks this arena maps)
+            arenas.setdefault("small pages", HostArena())
+            hook._transfer._arena = arenas["small pages"]
+            local.staging_buffer = lambda: small_staging
+
+        changed["hugepages"] = small_pages
 
         def as_shipped() -> None:
             hook._transfer._arena = arenas["shipped"]
@@ -226,6 +241,7 @@ def main() -> None:
             writer._framer._placeholder_crc = False
             host_arena._copy_scan = copy_scan
             local._publish_direct, local._publish_files = publish_direct, publish_files
+            host_arena.device_memory, local.staging_buffer = direct_io.device_memory, direct_io.staging_buffer
             step_framing._FINITE_FROM = finite_from
             for switch in switches:
                 switch(True)

@@ -39,7 +39,7 @@ from typing import Any
 import numpy as np
 
 from ..compiled import load_extension
-from ..store.direct_io import ALIGN
+from ..store.direct_io import ALIGN, device_memory
 
 # The copy that also takes the CRC (`_encode.copy_scan`), or None: not built, or $STEPSCOPE_PURE_PYTHON.
 _copy_scan = getattr(load_extension(__package__, "_encode"), "copy_scan", None)
@@ -63,7 +63,7 @@ class _Block:
     __slots__ = ("memory", "size", "fill", "_unused_refs")
 
     def __init__(self, size: int) -> None:
-        self.memory = mmap.mmap(-1, size)
+        self.memory = device_memory(size)
         self.size = size
         self.fill = 0
         # The mapping's reference count with no array over it, counted the way idle()
