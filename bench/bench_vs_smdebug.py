@@ -92,7 +92,7 @@ def model_and_batch():
 class Floor:
     """The bytes and nothing else: at every 10th step (before the optimizer's step, as the
     hooks see them) each weight and gradient is copied on the training thread into one of two
-    page-aligned buffers; a thread of its own takes their CRC-32C and writes the buffer to a
+    page-aligned buffers (private memory in huge pages where the kernel gives them); a thread of its own takes their CRC-32C and writes the buffer to a
     new file with O_DIRECT (the cheapest write of new data this file system has: through the
     page cache costs several times its CPU). What a tool that keeps each save cannot do
     without, measured on the same loop and cores as the tools. With `layout`, also the file
@@ -124,7 +124,12 @@ class Floor:
             self.sizes = [t.numel() * t.element_size() for t in tensors]
             size = -(-sum(self.sizes) // 4096) * 4096
             for _ in range(2):
-                self.buffers.put(mmap.mmap(-1, size))
+                # Private memory in huge pages where the kernel gives them (as stepscope's
+                # buffers for the device are): a direct write then pins fewer pages.
+                buffer = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+                if hasattr(mmap, "MADV_HUGEPAGE"):
+                    buffer.madvise(mmap.MADV_HUGEPAGE)
+                self.buffers.put(buffer)
         buffer = self.buffers.get()
         view, at = torch.frombuffer(buffer, dtype=torch.uint8), 0
         for t, n in zip(tensors, self.sizes):
