@@ -801,10 +801,11 @@ def _address(buffer) -> int:
 
 @pytest.mark.skipif(not os.path.exists("/proc/self/smaps"), reason="no /proc/self/smaps (not Linux)")
 def test_memory_handed_to_the_device_is_private_and_asks_for_huge_pages():
-    """The staging buffer and the host arena's blocks are private anonymous memory (a
-    forked child's writes stay its own) that asks for transparent huge pages (MADV_HUGEPAGE:
-    VmFlags `hg`), so that a direct write pins fewer, physically contiguous pages. Whether
-    the kernel backs them with huge pages is its choice (none where THP is off)."""
+    """The staging buffer and the host arena's blocks are private anonymous memory that
+    asks for transparent huge pages (MADV_HUGEPAGE: VmFlags `hg`), so that a direct write
+    pins fewer, physically contiguous pages, and is wiped in a forked child (WIPEONFORK:
+    `wf`): the child reads zeros and its writes stay its own. Whether the kernel backs
+    them with huge pages is its choice (none where THP is off)."""
     from stepscope.capture.host_arena import HostArena
 
     memory = direct_io.device_memory(4 << 20)
@@ -817,11 +818,19 @@ def test_memory_handed_to_the_device_is_private_and_asks_for_huge_pages():
         assert address % mmap.PAGESIZE == 0 and "sh" not in flags, (what, flags)
         if hasattr(mmap, "MADV_HUGEPAGE"):
             assert "hg" in flags, (what, flags)
+        assert "wf" in flags, (what, flags)
     assert "hg" not in _vm_flags(_address(small))  # (under a huge page: not worth asking)
     memory[:5] = b"mine!"
+    read, write = os.pipe()
     pid = os.fork()
     if pid == 0:
-        memory[:5] = b"kid's"
-        os._exit(0)
+        try:
+            os.write(write, memory[:5])
+            memory[:5] = b"kid's"
+        finally:
+            os._exit(0)
+    os.close(write)
     os.waitpid(pid, 0)
-    assert memory[:5] == b"mine!"
+    seen = os.read(read, 5)
+    os.close(read)
+    assert seen == bytes(5) and memory[:5] == b"mine!"
