@@ -834,3 +834,20 @@ def test_memory_handed_to_the_device_is_private_and_asks_for_huge_pages():
     seen = os.read(read, 5)
     os.close(read)
     assert seen == bytes(5) and memory[:5] == b"mine!"
+
+
+@needs_files_in_c
+def test_the_one_call_leaves_a_folder_s_first_large_file_to_the_path_that_decides(tmp_path, allowed, monkeypatch, direct_calls):
+    """Before the folder's first large file, the one call writes no large file (deciding
+    needs the folder, which may not exist yet: decided then, it would say no for good);
+    the Python path decides at that file, and the next large files go through the call."""
+    returned = _calls_in_c(monkeypatch)
+    store = LocalStore(str(tmp_path / "not yet"))
+    parts = _parts(DIRECT_FROM + 1, seed=9)
+    store.write_many([("index/000000000/a.json", b"a"), (KEY, parts)])
+    assert returned == [(0, None)]  # (no root yet: all of it the Python path's)
+    key = "events/000000000020/000000000020_worker_0.tfevents"
+    store.write_many([(key, parts), ("index/000000000/b.json", b"b")])
+    assert store._direct.allowed() and returned[-1] == (2, None)
+    assert direct_calls == [DIRECT_FROM + 1] * 2  # (the first in Python's call, the second in the one call)
+    assert store.read(KEY) == store.read(key) == b"".join(bytes(p) for p in parts)
