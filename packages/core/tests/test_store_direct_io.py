@@ -697,6 +697,12 @@ def test_a_write_many_in_one_call_keeps_the_path_policy_and_names_what_failed(tm
     with pytest.raises(StoreError, match="blocker"):
         store.write_many([("blocker/child.json", b"{}")])
     assert returned[-1] == (0, None)
+    # An invalid key: the items before it are published, then it is refused.
+    published = []
+    with pytest.raises(StoreError, match="invalid key"):
+        store.write_many([("index/000000000/k.json", b"k"), ("index/../escape.json", b"x")], published.append)
+    assert returned[-1] == (1, None) and published == [0] and store.read("index/000000000/k.json") == b"k"
+    assert not (tmp_path / "escape.json").exists()
     # A link at a name, small file and large: replaced by the file.
     (tmp_path / "target").write_bytes(b"keep")
     large = [b"x" * 100, np.arange(DIRECT_FROM, dtype=np.uint8).data]

@@ -551,9 +551,12 @@ class LocalStore(Store):
         assert _publish_files is not None
         pid = _process["pid"]
         files = []
-        for key, data in items:
-            folder, _, name = check_key(key).rpartition("/")
-            files.append((folder, f".{name}.{pid}.{next(_counter)}.tmp", name, data))
+        try:
+            for key, data in items:
+                folder, _, name = check_key(key).rpartition("/")
+                files.append((folder, f".{name}.{pid}.{next(_counter)}.tmp", name, data))
+        except StoreError:
+            pass  # (the items before an invalid key are published; the path below refuses it)
         # (Before the folder's first large file, which the path below decides it at, no
         # direct writes here: deciding needs the folder, which may not exist yet.)
         direct = bool(O_DIRECT) and self._direct.allowed_once_decided()
