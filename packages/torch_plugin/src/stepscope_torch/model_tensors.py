@@ -99,15 +99,14 @@ class ModelTensors(DistributedParts):
     def _on_grad_accumulated(self, plan: TensorPlan, param: torch.Tensor) -> None:
         grad = param.grad
         step = self._counters.step
-        if grad is None or step is None or not step.due or not self.failsafe.enabled:
-            return
-        try:  # (what FailSafe.call does, without its frame: nothing escapes into training)
-            # Backward under a GradScaler accumulates scaled gradients: saved divided by the
-            # scale backward ran with (a power of two: exact), so they read as the true ones.
-            scale = self._loss_scale()
-            self._saver.save(plan, plan.name, grad if scale is None else grad / scale)
-        except Exception as exc:
-            self.failsafe.fail(exc)
+        if grad is not None and step is not None and step.due:
+            self.failsafe.call(self._save_gradient, plan, grad)
+
+    def _save_gradient(self, plan: TensorPlan, grad: torch.Tensor) -> None:
+        # Backward under a GradScaler accumulates scaled gradients: saved divided by the
+        # scale backward ran with (a power of two: exact), so they read as the true ones.
+        scale = self._loss_scale()
+        self._saver.save(plan, plan.name, grad if scale is None else grad / scale)
 
     def _loss_scale(self) -> torch.Tensor | None:
         """The registered GradScaler's scale now, as a 0-d tensor on its device (no sync)."""

@@ -141,6 +141,12 @@ _counter = itertools.count()
 _process = {"pid": os.getpid()}
 
 
+def _temporary(name: str) -> str:
+    """A temporary name for file `name` in its folder, unique per process and call: no
+    other writer can pick it (remove_stale_temporaries reads its parts back)."""
+    return f".{name}.{_process['pid']}.{next(_counter)}.tmp"
+
+
 def _utf8(name: str) -> bool:
     """Whether `name` is what the C publishers take: UTF-8 (os functions also write names
     holding surrogates, os.fsdecode's undecodable bytes; those stay in Python)."""
@@ -188,7 +194,7 @@ def _direct_in_c(folder_fd: int, name: str, views: list[memoryview], direct: Dir
     the file is published; False when the file system refused (`direct` told), and the
     caller writes it the usual way."""
     assert _publish_direct is not None
-    done = _publish_direct(folder_fd, f".{name}.{_process['pid']}.{next(_counter)}.tmp", name, views, staging_buffer(),
+    done = _publish_direct(folder_fd, _temporary(name), name, views, staging_buffer(),
                            _WRITE_FLAGS, ALIGN, PLACE_FROM, _PREALLOCATE_FROM)  # fmt: skip
     if type(done) is int:  # (the bytes placed: published)
         return True
@@ -198,8 +204,7 @@ def _direct_in_c(folder_fd: int, name: str, views: list[memoryview], direct: Dir
 
 def _publish_with(folder_fd: int, name: str, flags: int, write: Callable[[int], None]) -> None:
     """`_publish_in` with the temporary file opened with `flags` and filled by `write`."""
-    # Unique per process and call: no other writer can pick the same temporary name.
-    tmp = f".{name}.{_process['pid']}.{next(_counter)}.tmp"
+    tmp = _temporary(name)
     try:
         fd = os.open(tmp, flags, 0o644, dir_fd=folder_fd)
     except OSError as exc:
@@ -549,12 +554,11 @@ class LocalStore(Store):
         folder it could not walk, which the path below walks again and refuses by name; a
         file neither small nor for a direct write; a refused direct write, `_direct` told)."""
         assert _publish_files is not None
-        pid = _process["pid"]
         files = []
         try:
             for key, data in items:
                 folder, _, name = check_key(key).rpartition("/")
-                files.append((folder, f".{name}.{pid}.{next(_counter)}.tmp", name, data))
+                files.append((folder, _temporary(name), name, data))
         except StoreError:
             pass  # (the items before an invalid key are published; the path below refuses it)
         # (Before the folder's first large file, which the path below decides it at, no
@@ -576,12 +580,11 @@ class LocalStore(Store):
         `first` in `folder` with one call that releases the GIL once (_publish.c), not four
         times a file; returns the first item not published (not small, or another folder)."""
         run: list[tuple[str, str, bytes]] = []
-        pid = _process["pid"]
         for key, data in items[first:]:
             in_folder, _, name = check_key(key).rpartition("/")
             if in_folder != folder or type(data) is not bytes or len(data) > WRITE_SLICE or not _utf8(name):
                 break
-            run.append((f".{name}.{pid}.{next(_counter)}.tmp", name, data))
+            run.append((_temporary(name), name, data))
         publish = _publish_small
         if not run or publish is None:
             return first
