@@ -223,6 +223,39 @@ def test_without_an_optimizer_each_forward_is_a_step(make_hook, mlp, batches, ou
         np.testing.assert_array_equal(trial.tensor("gradient/fc1.weight").value(step), seen[step]["grads"]["fc1.weight"].numpy())
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_without_an_optimizer_a_cpu_gradient_is_saved_directly_and_as_the_general_path_saves_it(make_hook, mlp, batches, tmp_path, monkeypatch, dtype):
+    # The routine case (a CPU gradient, no GradScaler) is snapshotted in the gradient hook
+    # itself (model_tensors._record_host_gradient), not through the layers every value
+    # takes: the same values and shapes either way, and the same as the model's own.
+    from stepscope_torch import model_tensors
+
+    direct = []
+    record = model_tensors.ModelTensors._record_host_gradient
+    monkeypatch.setattr(model_tensors.ModelTensors, "_record_host_gradient", lambda self, plan, grad: direct.append(plan.name) or record(self, plan, grad))
+    data = [(x.to(dtype), y) for x, y in batches(3)]
+    jobs, seen = {}, {}
+    for route in ("direct", "general"):
+        if route == "general":
+            monkeypatch.setattr(model_tensors, "host_tensor", lambda tensor: False)
+        jobs[route] = tmp_path / route
+        hook = make_hook(out_dir=jobs[route], save_config=SaveConfig(save_interval=1), include_collections=["gradients"])
+        seen[route] = train(mlp().to(dtype), data, hook, register_optimizer=False)
+        hook.close()
+        if route == "direct":
+            assert len(direct) == 3 * len(list(mlp().parameters()))
+    assert len(direct) == 3 * len(list(mlp().parameters()))  # (none more by the general route)
+    direct_trial, general_trial = stepscope.create_trial(str(jobs["direct"])), stepscope.create_trial(str(jobs["general"]))
+    names = direct_trial.tensor_names(collection="gradients")
+    assert names and names == general_trial.tensor_names(collection="gradients")
+    for name in names:
+        for step in range(3):
+            value = direct_trial.tensor(name).value(step)
+            np.testing.assert_array_equal(value, general_trial.tensor(name).value(step))
+            expected = seen["direct"][step]["grads"][name.removeprefix("gradient/")]
+            np.testing.assert_array_equal(value, expected.float().numpy().astype(value.dtype) if dtype == torch.bfloat16 else expected.numpy())
+
+
 @pytest.mark.parametrize("collections", [["weights"], ["gradients"], ["weights", "gradients"]])
 def test_without_an_optimizer_only_the_due_gradients_get_a_hook(make_hook, mlp, batches, out_dir, collections):
     # Gradients are read as backward accumulates them: a hook per parameter, only at steps

@@ -14,7 +14,7 @@ from stepscope import reductions
 from stepscope.capture import host_arena
 from stepscope.capture.host_arena import Scanned
 from stepscope.capture.tensor_saver import TensorPlan
-from stepscope_torch.transfer import HostTransfer
+from stepscope_torch.transfer import HostTransfer, host_tensor, saveable
 
 
 def _tensors() -> dict[str, torch.Tensor]:
@@ -195,3 +195,37 @@ def test_a_listener_that_keeps_snapshots_sees_them_unchanged(tmp_path):
         for tensor_name, array in arrays.items():
             np.testing.assert_array_equal(array, trial.tensor(tensor_name).value(step), err_msg=f"{tensor_name} at step {step}")
     assert not np.array_equal(kept[0][name], kept[10][name])  # the weights moved between saves
+
+
+@pytest.mark.filterwarnings("ignore:.*(quantized|nested) tensor")
+def test_what_a_gradient_hook_snapshots_directly_is_what_saveable_keeps_as_it_is():
+    # host_tensor() lets a gradient hook skip saveable(): it must say yes only where
+    # saveable would return the tensor unchanged, and capture_host must then give what
+    # capture gives.
+    g = torch.Generator().manual_seed(5)
+    complex_ = torch.randn(3, 2, dtype=torch.complex64, generator=g)
+    tensors = dict(_tensors())
+    tensors.update({
+        "f64": torch.randn(4, generator=g, dtype=torch.float64),
+        "f16": torch.randn(4, generator=g).half(),
+        "u8": torch.arange(5, dtype=torch.uint8),
+        "complex": complex_,
+        "conj": complex_.conj(),  # a conjugate view: saveable resolves it
+        "neg": torch._neg_view(torch.randn(3, generator=g)),
+        "sparse": torch.eye(3).to_sparse(),
+        "quantized": torch.quantize_per_tensor(torch.randn(4, generator=g), 0.1, 0, torch.qint8),
+        "meta": torch.empty(2, device="meta"),
+        "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+    })
+    direct = {name for name, t in tensors.items() if host_tensor(t)}
+    assert direct == {"grad", "transposed", "bf16", "int", "scalar", "empty", "bool", "f64", "f16", "u8", "complex"}
+    assert not host_tensor(tensors["weight"])  # a Parameter: a subclass, left to the general path
+    for name in direct:
+        tensor = tensors[name]
+        assert saveable(tensor) is tensor, name
+        plan = TensorPlan(name, True, (("mean", False),) if tensor.numel() and not tensor.is_complex() and tensor.dtype != torch.bool else (), True)
+        raw, reduced, shape = HostTransfer().capture_host(plan, tensor)
+        one_raw, one_reduced, one_shape = HostTransfer().capture(plan, tensor)
+        assert shape == one_shape, name
+        np.testing.assert_array_equal(np.asarray(raw), np.asarray(one_raw), err_msg=name)
+        assert {k: np.asarray(v.resolve()) for k, v in reduced.items()} == {k: np.asarray(v.resolve()) for k, v in one_reduced.items()}, name

@@ -18,6 +18,7 @@ from stepscope.config import ROUTINE_COLLECTIONS, CollectionName
 
 from . import naming
 from .distributed import DistributedParts
+from .transfer import HostTransfer, host_tensor
 
 # Dtypes whose 0-d CPU tensors (a loss, a metric) are read with .item() into numpy: exact
 # (the Python number holds every value of these).
@@ -37,6 +38,7 @@ class ModelTensors(DistributedParts):
     _losses_armed: bool
     _loss_plans: dict[str, tuple[frozenset[str], int, TensorPlan]]  # per loss: what _loss_ends saves in the routine case
     _step_handles: list[Any]
+    _transfer: HostTransfer
 
     def _forward_work_ends(self) -> None:
         """The update of a due TRAIN step is over: activations and losses computed after it
@@ -99,8 +101,18 @@ class ModelTensors(DistributedParts):
     def _on_grad_accumulated(self, plan: TensorPlan, param: torch.Tensor) -> None:
         grad = param.grad
         step = self._counters.step
-        if grad is not None and step is not None and step.due:
+        if grad is None or step is None or not step.due:
+            return
+        if self._scaler is None and host_tensor(grad):
+            # The routine case (a CPU gradient, nothing to unscale): snapshotted and recorded
+            # here, not through the general path's layers, which cost each hook several
+            # times the Python where backward has the caches.
+            self.failsafe.call(self._record_host_gradient, plan, grad)
+        else:
             self.failsafe.call(self._save_gradient, plan, grad)
+
+    def _record_host_gradient(self, plan: TensorPlan, grad: torch.Tensor) -> None:
+        self.record(plan, *self._transfer.capture_host(plan, grad))
 
     def _save_gradient(self, plan: TensorPlan, grad: torch.Tensor) -> None:
         # Backward under a GradScaler accumulates scaled gradients: saved divided by the

@@ -68,6 +68,29 @@ def saveable(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.resolve_conj().resolve_neg()
 
 
+# Dtypes `saveable` returns unchanged (for a dense, strided tensor that is neither a
+# conjugate nor a negative view): what `host_tensor` checks instead of calling it.
+_HELD_AS_IS = frozenset(
+    (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex128, torch.complex64, torch.bool)
+    + (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
+)
+
+
+def host_tensor(tensor: Any) -> bool:
+    """Whether `tensor` is a plain CPU tensor `saveable` would return as it is: a gradient
+    hook then snapshots it without the general path's checks (`HostTransfer.capture_host`).
+    Exactly torch.Tensor (not a subclass: a DTensor's device is its local shard's)."""
+    return (
+        type(tensor) is torch.Tensor
+        and tensor.dtype in _HELD_AS_IS
+        and tensor.layout is torch.strided
+        and tensor.device.type == "cpu"
+        and not tensor.is_nested
+        and not tensor.is_conj()
+        and not tensor.is_neg()
+    )
+
+
 def _integer_bits(dtype: torch.dtype) -> bool:
     """A whole-byte integer dtype numpy has (not the sub-byte `uint1`..`int7` ones)."""
     return dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
@@ -171,9 +194,16 @@ class HostTransfer:
         wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
         if tensor.device.type == "cuda":
             return self._capture_cuda(plan, tensor, wanted) + (shape,)
+        if tensor.device.type == "cpu":
+            return self.capture_host(plan, tensor)
         # (Another device's `cpu()` is a fresh copy already.)
-        array = _snapshot(self._arena, tensor, plan.save_raw) if tensor.device.type == "cpu" else _to_numpy(tensor.cpu())
-        return _host_values(plan, array, wanted) + (shape,)
+        return _host_values(plan, _to_numpy(tensor.cpu()), wanted) + (shape,)
+
+    def capture_host(self, plan: TensorPlan, tensor: torch.Tensor) -> tuple[Any, dict[tuple[str, bool], Any], tuple[int, ...]]:
+        """`capture` of a CPU tensor `saveable` holds as it is (or returned): snapshotted."""
+        shape = tuple(tensor.shape)
+        wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
+        return _host_values(plan, _snapshot(self._arena, tensor.detach(), plan.save_raw), wanted) + (shape,)
 
     def capture_many(self, items: Sequence[tuple[TensorPlan, Any]], record: Callable[..., None]) -> list[tuple[TensorPlan, Any]]:
         """Snapshot the dense CPU tensors among `items` ((plan, value) pairs) in one pass
@@ -198,9 +228,7 @@ class HostTransfer:
                 continue
             batch.append((plan, tensor))
         for plan, tensor in batch:
-            shape = tuple(tensor.shape)
-            wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
-            record(plan, *_host_values(plan, _snapshot(self._arena, tensor, plan.save_raw), wanted), shape)
+            record(plan, *self.capture_host(plan, tensor))
         return rest
 
     def _capture_cuda(self, plan: TensorPlan, tensor: torch.Tensor, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
