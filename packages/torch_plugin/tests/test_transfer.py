@@ -216,13 +216,15 @@ def test_what_a_gradient_hook_snapshots_directly_is_what_saveable_keeps_as_it_is
         "quantized": torch.quantize_per_tensor(torch.randn(4, generator=g), 0.1, 0, torch.qint8),
         "meta": torch.empty(2, device="meta"),
         "nested": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)]),
+        # A gradient backward made with create_graph=True (a gradient penalty's) has a graph.
+        "with_graph": torch.randn(3, generator=g, requires_grad=True) * 2,
     })
     direct = {name for name, t in tensors.items() if host_tensor(t)}
-    assert direct == {"grad", "transposed", "bf16", "int", "scalar", "empty", "bool", "f64", "f16", "u8", "complex"}
+    assert direct == {"grad", "transposed", "bf16", "int", "scalar", "empty", "bool", "f64", "f16", "u8", "complex", "with_graph"}
     assert not host_tensor(tensors["weight"])  # a Parameter: a subclass, left to the general path
     for name in direct:
         tensor = tensors[name]
-        assert saveable(tensor) is tensor, name
+        assert saveable(tensor.detach()).data_ptr() == tensor.data_ptr() and saveable(tensor.detach()).dtype == tensor.dtype, name
         plan = TensorPlan(name, True, (("mean", False),) if tensor.numel() and not tensor.is_complex() and tensor.dtype != torch.bool else (), True)
         raw, reduced, shape = HostTransfer().capture_host(plan, tensor)
         one_raw, one_reduced, one_shape = HostTransfer().capture(plan, tensor)
