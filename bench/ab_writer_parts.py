@@ -28,7 +28,9 @@ its folder walks and index file in one call), `files_c` (B: a step's two files p
 the Python path, its folders walked from Python and each file one C call, not the whole
 step in one call of `_publish.publish_files`), `hugepages` (B: the snapshots' arena and the
 staging buffer in shared memory of small pages, as `mmap(-1, n)` gives it, not private
-memory that asks for transparent huge pages: `direct_io.device_memory`),
+memory that asks for transparent huge pages: `direct_io.device_memory`), `torchcopy` (B: a
+float tensor's snapshot copied by torch's `copy_`, on the intra-op threads as the floor
+copies, its CRC and finite check left to the writer's framing),
 `finite` (B: the black box judges float
 arrays under 1 KiB itself, as before the framing pass took them from 9 bytes),
 `frame_values` (B: a step's values framed in a Python loop around `_encode.frame_array`, not
@@ -60,7 +62,8 @@ from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
 
 PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream",
-         "place", "direct_c", "finite", "burn", "burn_nogil", "floorwrite", "frame_values", "files_c", "hugepages")
+         "place", "direct_c", "finite", "burn", "burn_nogil", "floorwrite", "frame_values", "files_c", "hugepages",
+         "torchcopy")
 BLOCK = 20
 BURN_S = 300e-6  # the `burn` parts' extra CPU per save
 # sha256 of this many bytes takes about BURN_S here (sized at the start: `_burn_bytes`)
@@ -225,6 +228,20 @@ def main() -> None:
             local.staging_buffer = lambda: small_staging
 
         changed["hugepages"] = small_pages
+        from stepscope_torch import transfer
+
+        snapshot = transfer._snapshot
+
+        def torch_copy(arena, tensor, raw):
+            # torch's copy_ (on the intra-op threads, as the floor copies) into the arena; the
+            # CRC and the finite check then taken by the writer's framing, as for any array.
+            if tensor.dtype not in (torch.float32, torch.float64) or tensor.numel() * tensor.element_size() < host_arena.ARENA_FROM:
+                return snapshot(arena, tensor, raw)
+            copy = arena.empty(tuple(tensor.shape), np.float32 if tensor.dtype == torch.float32 else np.float64)
+            torch.from_numpy(copy).copy_(tensor)
+            return copy
+
+        changed["torchcopy"] = lambda: setattr(transfer, "_snapshot", torch_copy)
 
         def as_shipped() -> None:
             hook._transfer._arena = arenas["shipped"]
@@ -243,6 +260,7 @@ def main() -> None:
             local._publish_direct, local._publish_files = publish_direct, publish_files
             host_arena.device_memory, local.staging_buffer = direct_io.device_memory, direct_io.staging_buffer
             step_framing._FINITE_FROM = finite_from
+            transfer._snapshot = snapshot
             for switch in switches:
                 switch(True)
 
