@@ -30,7 +30,8 @@ step in one call of `_publish.publish_files`), `hugepages` (B: the snapshots' ar
 staging buffer in shared memory of small pages, as `mmap(-1, n)` gives it, not private
 memory that asks for transparent huge pages: `direct_io.device_memory`), `torchcopy` (B: a
 float tensor's snapshot copied by torch's `copy_`, on the intra-op threads as the floor
-copies, its CRC and finite check left to the writer's framing),
+copies, its CRC and finite check left to the writer's framing), `grad_general` (B: every
+gradient hook takes the general path to its snapshot, as before `HostTransfer.capture_host`),
 `finite` (B: the black box judges float
 arrays under 1 KiB itself, as before the framing pass took them from 9 bytes),
 `frame_values` (B: a step's values framed in a Python loop around `_encode.frame_array`, not
@@ -63,7 +64,7 @@ from stepscope_torch import Hook
 
 PARTS = ("aa", "handoff", "frame_array", "capture", "listener", "publish", "events", "index", "direct", "pauses", "arena", "nice", "idle", "nocrc", "copy_scan", "stream",
          "place", "direct_c", "finite", "burn", "burn_nogil", "floorwrite", "frame_values", "files_c", "hugepages",
-         "torchcopy")
+         "torchcopy", "grad_general")
 BLOCK = 20
 BURN_S = 300e-6  # the `burn` parts' extra CPU per save
 # sha256 of this many bytes takes about BURN_S here (sized at the start: `_burn_bytes`)
@@ -242,6 +243,10 @@ def main() -> None:
             return copy
 
         changed["torchcopy"] = lambda: setattr(transfer, "_snapshot", torch_copy)
+        from stepscope_torch import model_tensors
+
+        host_tensor = model_tensors.host_tensor
+        changed["grad_general"] = lambda: setattr(model_tensors, "host_tensor", lambda tensor: False)
 
         def as_shipped() -> None:
             hook._transfer._arena = arenas["shipped"]
@@ -261,6 +266,7 @@ def main() -> None:
             host_arena.device_memory, local.staging_buffer = direct_io.device_memory, direct_io.staging_buffer
             step_framing._FINITE_FROM = finite_from
             transfer._snapshot = snapshot
+            model_tensors.host_tensor = host_tensor
             for switch in switches:
                 switch(True)
 
