@@ -26,8 +26,8 @@ thread's CPU (on the development VM: stepscope's direct write 3-4, the floors' a
 from how scattered the buffers' pages are in physical memory). Run it when nothing has been deleted on the temporary folder's file system for six
 minutes: on ext4 without a journal, files made near recently deleted ones cost several times
 their usual CPU (see AGE_S), for both tools, more for whichever makes more files. A run
-started within six minutes of an earlier run's removing its jobs waits for the rest
-(`--no-wait`: it says so and starts).
+started within six minutes of a bench's removing its jobs waits for the rest
+(bench/_quiet.py; `--no-wait`: it says so and starts).
 
     python bench/bench_vs_smdebug.py --quick
     python bench/bench_vs_smdebug.py --smdebug-python ../smdebug-venv/bin/python
@@ -49,6 +49,8 @@ import subprocess
 import sys
 import tempfile
 import time
+
+from _quiet import QUIET_S, mark_removed, wait_for_quiet  # (this folder is the script's)
 
 # Runs in either interpreter: `python -c WORKER impl model steps out_dir`.
 WORKER = r'''
@@ -326,37 +328,6 @@ _kept: list[str] = []  # the runs' jobs, removed at the end
 # window can still apply where new files dirty a block again, so the bench removes
 # nothing while it measures unless space runs short, and says so when it does.
 AGE_S = 65
-# How long after removing its jobs a next run waits (the 360 s window above), and where the
-# time of that removal is kept (in the temporary folder, whose file system it is about).
-QUIET_S = 360
-REMOVED_MARK = os.path.join(tempfile.gettempdir(), "stepscope-bench-vs-smdebug-removed")
-
-
-def wait_for_quiet(wait: bool) -> None:
-    """Runs back to back would measure the second just after the first removed its jobs:
-    wait until QUIET_S have passed since then (or say that the figures may read high)."""
-    try:
-        removed_at = float(open(REMOVED_MARK).read())
-    except (OSError, ValueError):
-        return
-    left = QUIET_S - (time.time() - removed_at)
-    if left <= 0:
-        return
-    if not wait:
-        print(f"(an earlier run removed its jobs {QUIET_S - left:.0f} s ago: files made now cost more on ext4, and these figures may read high)", flush=True)
-        return
-    print(f"(an earlier run removed its jobs {QUIET_S - left:.0f} s ago: waiting {left:.0f} s, until files cost what they usually do; --no-wait skips this)", flush=True)
-    time.sleep(left)
-
-
-def mark_removed() -> None:
-    try:
-        with open(REMOVED_MARK, "w") as f:
-            f.write(repr(time.time()))
-    except OSError:
-        pass
-
-
 def remove_kept(wait: bool) -> None:
     while _kept:
         shutil.rmtree(_kept.pop(), ignore_errors=True)
@@ -474,7 +445,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2, help="runs of each tool, taking turns, on one thread (default 2)")
     parser.add_argument("--core-rounds", type=int, default=4, help="runs of each tool, taking turns, on every core (default 4: the spread between runs)")
     parser.add_argument("--smdebug-python", default=os.environ.get("SMDEBUG_PYTHON"), help="python of an environment with smdebug 1.0.34")
-    parser.add_argument("--no-wait", action="store_true", help=f"start at once even within {QUIET_S} s of an earlier run's removing its jobs")
+    parser.add_argument("--no-wait", action="store_true", help=f"start at once even within {QUIET_S} s of a bench's removing its jobs")
     args = parser.parse_args()
     wait_for_quiet(not args.no_wait and not args.quick)
     blocks = args.blocks or (6 if args.quick else 30)

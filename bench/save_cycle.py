@@ -24,7 +24,8 @@ import threading
 import time
 
 import torch
-from ab_writer_parts import plain_and_hooked  # (this folder is the script's)
+from _quiet import mark_removed, wait_for_quiet  # (this folder is the script's)
+from ab_writer_parts import plain_and_hooked
 
 from stepscope.config import ProfilerConfig, SaveConfig
 from stepscope_torch import Hook
@@ -43,6 +44,7 @@ def main() -> None:
                         "makes the next run's files dearer on ext4: docs/pytorch.md#cost); 3.2 MB a save, about 0.8 GB a run "
                         "at the defaults: remove them when done")
     args = parser.parse_args()
+    wait_for_quiet()  # (the hooked loop makes files: a bench's recent removal makes them dearer)
     torch.set_num_threads(args.threads)
     g = torch.Generator().manual_seed(1)
     batches = [(torch.randn(64, 256, generator=g), torch.randint(0, 10, (64,), generator=g)) for _ in range(4)]
@@ -74,6 +76,8 @@ def main() -> None:
                         for k, c in clocks.items():
                             used[k] += time.clock_gettime(c) - before[k]
         hook.close()
+    if not args.out:
+        mark_removed()  # (the job's folder was just removed)
     saves = args.rounds * BLOCK // EVERY
     plain = statistics.median(t for position in wall["plain"] for t in position)
     print(f"save_cycle: {args.threads} thread(s), {args.rounds} rounds of {BLOCK}-step blocks{', capture only' if args.capture_only else ''}; "
