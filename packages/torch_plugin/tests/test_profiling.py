@@ -232,6 +232,54 @@ def test_hook_runs_windows_in_a_plain_loop(tmp_path, mlp, batches):
     assert sorted(spans.step) == [0, 1, 2, 3, 4] and set(spans.name) == {"my-loss"}
 
 
+def test_a_flush_publishes_the_trace_of_a_window_that_ended(tmp_path, mlp, batches, monkeypatch):
+    # A callback flushes at the end of each stage: a window that ended in it must be readable
+    # when fit() returns, even while its export (on the publisher's thread) is slow; and a
+    # window still open at a flush goes on.
+    import time
+
+    from torch import nn
+
+    from stepscope_torch import Hook
+    from stepscope_torch import profiling as torch_profiling
+
+    export = torch_profiling._export
+
+    def slow_export(*args):
+        time.sleep(1.0)
+        return export(*args)
+
+    monkeypatch.setattr(torch_profiling, "_export", slow_export)
+    out = tmp_path / "job"
+    hook = Hook(str(out), profiler_config=ProfilerConfig(system_monitor=False, detailed_windows=[(1, 1), (6, 3)]))
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook.register_module(model)
+    hook.register_optimizer(optimizer)
+
+    def train(steps):
+        for x, y in batches(steps):
+            optimizer.zero_grad()
+            loss_fn(model(x), y).backward()
+            optimizer.step()
+
+    def traces():
+        return sorted(p.name.split("_")[0] for p in (out / "profiler-output").rglob("*.pt.trace.json.gz"))
+
+    train(4)  # steps 0-3: the first window has ended, its export is under way
+    hook.flush()
+    assert traces() == ["000000000001"]
+    assert stepscope.create_trial(str(out)).profiler.traces.trace_keys()  # readable as the job's
+    train(4)  # steps 4-7: the second window open at 6 and 7
+    hook.flush()
+    assert hook._counters.detailed.schedulers[0].running and traces() == ["000000000001"]
+    train(2)
+    hook.close()
+    assert traces() == ["000000000001", "000000000006"]
+    steps = stepscope.create_trial(str(out)).profiler.traces.step_breakdown(rank=0)
+    assert list(steps.step) == [1, 6, 7, 8]
+
+
 def test_hook_without_windows_builds_no_profiler(make_hook):
     hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
     assert hook.detailed is None

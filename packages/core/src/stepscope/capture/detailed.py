@@ -259,6 +259,11 @@ class WindowScheduler:
         except Exception as exc:
             self._fail(exc)
 
+    def flush(self, timeout: float | None = None) -> None:
+        """Wait for the publisher to write the files of the windows that have ended (a
+        window still open goes on); within `timeout` seconds (default PUBLISH_WAIT_S)."""
+        self.publisher.wait(PUBLISH_WAIT_S if timeout is None else timeout)
+
     def close(self, deadline: Deadline | None = None) -> None:
         """Stop a window still open and wait for the publisher (within `deadline`: the hook's
         close deadline; the backend itself stops on this thread, as the framework needs)."""
@@ -382,6 +387,12 @@ class WindowedProfilers:
     def step_ended(self, step: int) -> None:
         for scheduler in reversed(self.schedulers):
             scheduler.step_ended(step)
+
+    def flush(self, timeout: float | None = None) -> None:
+        """The files of every window that has ended, written (a hook's flush: what a stage
+        recorded is readable when it returns)."""
+        for scheduler in self.schedulers:
+            scheduler.flush(timeout)
 
     def close(self, deadline: Deadline | None = None) -> None:
         for scheduler in reversed(self.schedulers):

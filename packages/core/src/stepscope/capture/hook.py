@@ -395,8 +395,9 @@ class HookBase(StepDriver, ClosedOnExit):
 
     def flush(self, timeout: float | None = None) -> None:
         """Publish everything recorded so far (the open step included, which it closes):
-        tensors, the collections file and the step timeline, without closing. Callbacks
-        call it at the end of every fit / validate / test / predict."""
+        tensors, the collections file, the step timeline and the traces of the profiling
+        windows that have ended, without closing. Callbacks call it at the end of every
+        fit / validate / test / predict."""
         if self._counters.closed:
             return
         if self.failsafe.enabled and self._counters.step is not None:

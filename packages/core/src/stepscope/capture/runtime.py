@@ -181,6 +181,11 @@ class HookRuntime:
             hook.profiler_failsafe.call(self.timeline.flush)
         if self.monitor is not None and hook.profiler_failsafe.enabled:
             hook.profiler_failsafe.call(self.monitor.flush)
+        detailed = hook._counters.detailed
+        if detailed is not None and hook.profiler_failsafe.enabled:
+            # The traces of the windows that have ended (their export runs on the windows'
+            # publisher thread): after fit / validate / test, the stage's traces are there.
+            hook.profiler_failsafe.call(detailed.flush, timeout)
 
     def close_timeout_s(self) -> float:
         if self.writer is not None:
