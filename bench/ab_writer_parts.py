@@ -55,6 +55,7 @@ import threading
 import time
 
 import torch
+from _quiet import mark_removed  # (this folder is the script's)
 from torch import nn
 
 from stepscope.capture import host_arena
@@ -333,6 +334,4 @@ if __name__ == "__main__":
     finally:
         # Its job is removed: the benches that compare a hooked loop with a plain one wait
         # (A and B here suffer alike from a recent removal, so this one does not).
-        from _quiet import mark_removed  # (this folder is the script's)
-
         mark_removed()

@@ -96,9 +96,10 @@ def model_and_batch():
 class Floor:
     """The bytes and nothing else: at every 10th step (before the optimizer's step, as the
     hooks see them) each weight and gradient is copied on the training thread into one of two
-    page-aligned buffers (private memory in huge pages where the kernel gives them); a thread of its own takes their CRC-32C and writes the buffer to a
-    new file with O_DIRECT (the cheapest write of new data this file system has: through the
-    page cache costs several times its CPU). What a tool that keeps each save cannot do
+    page-aligned buffers (private memory in huge pages where the kernel gives them); a thread
+    of its own takes their CRC-32C and writes the buffer to a new file with O_DIRECT (the
+    cheapest write of new data this file system has: through the page cache costs several
+    times its CPU). What a tool that keeps each save cannot do
     without, measured on the same loop and cores as the tools. With `layout`, also the file
     system's part of smdebug's layout, as any tool that keeps it and publishes whole files
     does: the step's own folder, the event file written under a temporary name and renamed,

@@ -33,6 +33,8 @@ _WIDENED = frozenset(
     if hasattr(torch, name)
 )
 _CHALF = getattr(torch, "complex32", None)
+# The whole-byte integer dtypes numpy has (not the sub-byte `uint1`..`int7` ones).
+_INTEGERS = frozenset((torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64))
 _FLOAT4_PACKED = getattr(torch, "float4_e2m1fn_x2", None)
 
 
@@ -63,17 +65,14 @@ def saveable(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.float()
     if dtype == _CHALF:
         return tensor.to(torch.complex64)
-    if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or _integer_bits(dtype)):
+    if not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool or dtype in _INTEGERS):
         raise UnsupportedValue(f"dtype {dtype} has no numeric values to save")
     return tensor.resolve_conj().resolve_neg()
 
 
 # Dtypes `saveable` returns unchanged (for a dense, strided tensor that is neither a
 # conjugate nor a negative view): what `host_tensor` checks instead of calling it.
-_HELD_AS_IS = frozenset(
-    (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex128, torch.complex64, torch.bool)
-    + (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
-)
+_HELD_AS_IS = frozenset((torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.complex128, torch.complex64, torch.bool)) | _INTEGERS
 
 
 def host_tensor(tensor: Any) -> bool:
@@ -89,11 +88,6 @@ def host_tensor(tensor: Any) -> bool:
         and not tensor.is_conj()
         and not tensor.is_neg()
     )
-
-
-def _integer_bits(dtype: torch.dtype) -> bool:
-    """A whole-byte integer dtype numpy has (not the sub-byte `uint1`..`int7` ones)."""
-    return dtype in (torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint16, torch.uint32, torch.uint64)
 
 
 def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
@@ -200,7 +194,8 @@ class HostTransfer:
         return _host_values(plan, _to_numpy(tensor.cpu()), wanted) + (shape,)
 
     def capture_host(self, plan: TensorPlan, tensor: torch.Tensor) -> tuple[Any, dict[tuple[str, bool], Any], tuple[int, ...]]:
-        """`capture` of a CPU tensor `saveable` holds as it is (or returned): snapshotted."""
+        """What `capture` gives for a CPU tensor that `saveable` returned, or would return
+        unchanged (`host_tensor`): its snapshot in the arena, its reductions, its shape."""
         shape = tuple(tensor.shape)
         wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
         return _host_values(plan, _snapshot(self._arena, tensor.detach(), plan.save_raw), wanted) + (shape,)
