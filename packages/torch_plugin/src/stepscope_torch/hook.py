@@ -89,6 +89,10 @@ class Hook(OptimizerSteps):
     builtin_regexes = naming.BUILTIN_REGEXES
     notify_every_step = False  # steps where nothing is due need nothing of the plugin
     _plugin_events = frozenset({_OPTIMIZER_BEGIN, _OPTIMIZER_END})  # (forward events save nothing here)
+    # What torch calls on due steps only, timed by the cost meter as the hook's own time
+    # (hook_outputs.instrument): a gradient's hook, which copies it; and the saving of a
+    # watched module's inputs and outputs, or of a loss that takes no routine way.
+    _TIMED_CALLBACKS = ("_on_grad_accumulated", "_save_io")
     _counters: fastpath.TorchCounters  # (HookBase's, with the torch plugin's fields)
 
     def __init__(self, out_dir: Any = None, *args: Any, **kwargs: Any):

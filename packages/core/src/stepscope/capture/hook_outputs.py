@@ -146,12 +146,16 @@ class HookOutputs:
 
 
 # The hook's entry points whose time counts as "in the hooks": the step driver, the
-# save calls, and what plugins call for every tensor of a due step (nested calls count once).
+# save calls, what plugins call for every tensor of a due step, and the plugin's captures
+# (`_capture`, `_capture_many`: where a framework's tensors are copied to the host, which
+# costs more than the rest of a save step; timed only around `record`, the copy made
+# before it went uncounted). Nested calls count once. A plugin names the callbacks that
+# its framework calls on due steps only in `_TIMED_CALLBACKS` (torch: a gradient's hook).
 # Not phase_event / finish_step_timing themselves: on a step where nothing is due they are a
 # clock reading and a deque append, which a timed wrapper would make several times dearer
 # (issue 14: such a step costs little more than torch's dispatch of the hooks). What they
 # do on due steps (saving gradients, optimizer state) is `_on_phase_event`, timed.
-_TIMED_METHODS = ("end_step", "_on_phase_event", "save_tensor", "save_scalar", "save_loss", "plan", "record", "flush")
+_TIMED_METHODS = ("end_step", "_on_phase_event", "save_tensor", "save_scalar", "save_loss", "plan", "record", "flush", "_capture", "_capture_many")
 
 
 def instrument(hook: Any, outputs: HookOutputs) -> None:
@@ -159,7 +163,7 @@ def instrument(hook: Any, outputs: HookOutputs) -> None:
     only, by a timed wrapper. (begin_step times itself and clocks the steps: it runs on
     every step, where a wrapper's frame would cost more than the rest of it.)"""
     meter = outputs.meter
-    for name in _TIMED_METHODS:
+    for name in _TIMED_METHODS + tuple(getattr(hook, "_TIMED_CALLBACKS", ())):
         method = getattr(hook, name, None)
         if method is not None:
             setattr(hook, name, meter.timed(method))
