@@ -18,7 +18,7 @@ import torch
 
 from stepscope import reductions
 from stepscope.capture.hook import TensorPlan
-from stepscope.capture.host_arena import ARENA_FROM, HostArena, Scanned
+from stepscope.capture.host_arena import HostArena, Scanned
 from stepscope.capture.writer import Deferred
 from stepscope.exceptions import UnsupportedValue
 
@@ -95,16 +95,6 @@ def _to_numpy(tensor: torch.Tensor) -> np.ndarray:
     if tensor.dtype == torch.bfloat16:
         return tensor.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     return tensor.numpy()
-
-
-def _snapshot(arena: HostArena, tensor: torch.Tensor, raw: bool) -> np.ndarray | Scanned:
-    """A copy of host tensor `tensor`'s values, in the arena's reused memory; one saved `raw`
-    (as a record of its own) takes its CRC in the copy's pass where the arena can
-    (`HostArena.copy_of`)."""
-    source = _to_numpy(tensor)
-    if source.nbytes < ARENA_FROM:
-        return source.copy()  # (the arena would hand out numpy's memory: the short way)
-    return arena.copy_of(source, scan=raw)
 
 
 def _host_values(plan: TensorPlan, snapshot: np.ndarray | Scanned, wanted: tuple[tuple[str, bool], ...]) -> tuple[Any, dict[tuple[str, bool], Any]]:
@@ -195,10 +185,16 @@ class HostTransfer:
 
     def capture_host(self, plan: TensorPlan, tensor: torch.Tensor) -> tuple[Any, dict[tuple[str, bool], Any], tuple[int, ...]]:
         """What `capture` gives for a CPU tensor that `saveable` returned, or would return
-        unchanged (`host_tensor`): its snapshot in the arena, its reductions, its shape."""
-        shape = tuple(tensor.shape)
-        wanted = plan.reductions if tensor.numel() and not tensor.is_complex() else ()
-        return _host_values(plan, _snapshot(self._arena, tensor.detach(), plan.save_raw), wanted) + (shape,)
+        unchanged (`host_tensor`): its snapshot in the arena (one saved raw takes its CRC
+        in the copy's pass: `HostArena.copy_of`), its reductions, its shape. A gradient
+        hook runs this inside backward, whose data has the caches: it asks the tensor
+        nothing its numpy view already says."""
+        source = _to_numpy(tensor.detach())
+        snapshot = self._arena.copy_of(source, scan=plan.save_raw)
+        if not plan.reductions:
+            return (snapshot if plan.save_raw else None), {}, source.shape
+        wanted = plan.reductions if source.size and source.dtype.kind != "c" else ()
+        return _host_values(plan, snapshot, wanted) + (source.shape,)
 
     def capture_many(self, items: Sequence[tuple[TensorPlan, Any]], record: Callable[..., None]) -> list[tuple[TensorPlan, Any]]:
         """Snapshot the dense CPU tensors among `items` ((plan, value) pairs) in one pass

@@ -53,6 +53,11 @@ _ALIGN = ALIGN
 _PAGE = mmap.PAGESIZE
 
 
+# The itemsize `_encode.copy_scan` checks finiteness by: native floats of 2, 4 or 8 bytes
+# (bfloat16 is a kind "V" to numpy: it gets the CRC alone, as before).
+_SCANNED_FLOATS = {np.dtype(t): np.dtype(t).itemsize for t in (np.float16, np.float32, np.float64)}
+
+
 def _round_up(n: int, to: int) -> int:
     return -(-n // to) * to
 
@@ -101,6 +106,10 @@ class HostArena:
         nbytes = math.prod(shape) * dtype.itemsize
         if nbytes < self._arena_from:
             return np.empty(shape, dtype)
+        return self._view(shape, dtype, nbytes)
+
+    def _view(self, shape: tuple[int, ...], dtype: np.dtype, nbytes: int) -> np.ndarray:
+        """An uninitialised array of `nbytes` in a block (fresh memory when the arena is full)."""
         with self._lock:
             block = self._block_for(nbytes)
             if block is None:
@@ -114,11 +123,15 @@ class HostArena:
         """A copy of `source` in the arena's memory (as `empty` gives it): with `scan`, as a
         `Scanned` where the copy also took its CRC (a contiguous array of `ARENA_FROM` bytes
         or more, the extension built), else as the array. (No scan for a snapshot that only
-        feeds reductions: no record of its bytes is framed.)"""
-        copy = self.empty(source.shape, source.dtype)
-        if scan and _copy_scan is not None and source.nbytes >= self._arena_from and source.flags.c_contiguous and copy.flags.c_contiguous:
-            kind = source.dtype
-            itemsize = kind.itemsize if kind.kind == "f" and kind.itemsize in (2, 4, 8) and kind.isnative else 0
+        feeds reductions: no record of its bytes is framed.) A save step runs this for each
+        large tensor inside backward, whose data has the caches: it asks each thing once."""
+        nbytes = source.nbytes
+        if nbytes < self._arena_from:
+            return source.copy()
+        dtype = source.dtype
+        copy = self._view(source.shape, dtype, nbytes)
+        if scan and _copy_scan is not None and source.flags.c_contiguous and copy.flags.c_contiguous:
+            itemsize = _SCANNED_FLOATS.get(dtype, 0)  # (0: the CRC alone, no finiteness check)
             try:
                 scanned = _copy_scan(copy, source, itemsize)
             except (TypeError, ValueError, BufferError):
