@@ -28,6 +28,11 @@ MAX_SAMPLES = 2000  # per-step samples kept (every k-th step beyond that)
 BLOCK_STEPS = 32
 MIN_BLOCK_S = 0.005
 MAX_BLOCK_STEPS = 1 << 14
+# An untimed step is counted at the median of the last IDLE_SAMPLES idle begins measured,
+# not at the last one alone: one outlier (the first step's warm-up, a page fault, the
+# scheduler) would otherwise be multiplied by a block's length, or, where saves come more
+# often than blocks end, by every step between them for the rest of the run.
+IDLE_SAMPLES = 5
 
 
 @dataclass
@@ -86,7 +91,7 @@ class CostMeter:
 
     __slots__ = (
         "cost", "depth", "hook_s", "step_hook_s", "idle_begin_s", "block_steps", "min_block_s",
-        "_step", "_step_started", "_stride", "_entered",
+        "_step", "_step_started", "_stride", "_entered", "_idle_samples",
     )
 
     def __init__(self, worker: str, versions: dict[str, str] | None = None, min_block_s: float = MIN_BLOCK_S):
@@ -94,7 +99,8 @@ class CostMeter:
         self.depth = 0
         self.hook_s = 0.0
         self.step_hook_s = 0.0
-        self.idle_begin_s = 0.0  # the hook's time in a step's begin where nothing is due, last measured
+        self.idle_begin_s = 0.0  # the hook's time in a step's begin where nothing is due (median of the last measured)
+        self._idle_samples: list[float] = []  # those last measured, oldest first
         self.block_steps = BLOCK_STEPS  # the steps of the next block
         self.min_block_s = min_block_s
         self._step: int | None = None
@@ -137,9 +143,12 @@ class CostMeter:
     def steps_begin(self, step: int, at: float, begin_s: float, idle: bool) -> int:
         """The hook began `step` at `at`, which took it `begin_s` (`idle`: nothing was due
         and nothing ended). The untimed steps since the last call (one per step after the
-        first) are counted with the last idle begin time measured. Returns the length of
-        the block that begins here: BLOCK_STEPS, doubled while a whole block lasts under
-        `min_block_s`, halved again while one lasts over four times that."""
+        first) are counted at the median of the last IDLE_SAMPLES idle begin times
+        measured. Returns the length of the block that begins here: BLOCK_STEPS, doubled
+        while a whole block lasts under `min_block_s`, halved again while one lasts over
+        four times that; 1 after a step that was not idle, so that the next one is timed
+        too and, once one is idle, measures the steps that go untimed (saves every few
+        steps would otherwise leave them counted at a measure from the run's start)."""
         previous = self._step
         if previous is not None and step - previous > 1:
             estimate = (step - previous - 1) * self.idle_begin_s
@@ -154,8 +163,13 @@ class CostMeter:
         self.step_begins(step, at)
         self.hook_s += begin_s
         self.step_hook_s += begin_s
-        if idle:
-            self.idle_begin_s = begin_s
+        if not idle:
+            return 1
+        samples = self._idle_samples
+        samples.append(begin_s)
+        if len(samples) > IDLE_SAMPLES:
+            del samples[0]
+        self.idle_begin_s = sorted(samples)[len(samples) // 2]
         return self.block_steps
 
     def step_begins(self, step: int, at: float) -> None:

@@ -274,10 +274,13 @@ class StepDriver:
             # collection's schedule.
             if next_due is not None and mode_step >= next_due and self.writes_tensors and (run := self._due_at(mode, mode_step)) is not None:
                 due, names = run
-                if meter is not None and not timed and not names <= _SCALARS:
+                if meter is not None and not names <= _SCALARS:
+                    # Never an idle step, also where a block begins here (timed already):
+                    # its begin would stand for every untimed step after it.
                     slow = True
-                    started, timed = _perf_counter(), True
-                    meter.depth = 1
+                    if not timed:
+                        started, timed = _perf_counter(), True
+                        meter.depth = 1
                 step = c.step = StepState(global_step, mode, mode_step, due, names)
             else:
                 due = ()
