@@ -81,6 +81,26 @@ def test_a_failing_listener_is_dropped_not_fatal(tmp_path):
     assert json.loads((tmp_path / "job" / "index" / "000000000" / "000000000002_worker_0.json").read_text())["tensor_payload"]
 
 
+def test_bytes_written_holds_every_file_the_writer_published(tmp_path):
+    # Losses at every step: held batches, their held tables and the step tables
+    # (stepscope-index/, here larger than the event files). The step tables were left out
+    # of the cost file's bytes: 260 KB counted of 398 KB published in a 1,000-step run.
+    from stepscope.capture.hook import HookBase
+    from stepscope.config import ProfilerConfig
+
+    job = tmp_path / "job"
+    hook = HookBase(str(job), profiler_config=ProfilerConfig.disabled())
+    for step in range(600):
+        hook.begin_step("train")
+        hook.save_loss(1.0 / (step + 1))
+    hook.close()
+    cost = read_costs(hook.store)["worker_0"]
+    published = {folder: sum(p.stat().st_size for p in (job / folder).rglob("*") if p.is_file()) for folder in ("events", "index", "stepscope-index")}
+    assert all(published.values()), published
+    # (A step table is written again as it grows: bytes written, not bytes kept.)
+    assert sum(published.values()) <= cost.bytes_written <= 2 * sum(published.values())
+
+
 @pytest.mark.parametrize("routine", [False, True], ids=["weights-due", "scalars-due"])
 def test_begin_step_accounts_steps_in_blocks_as_the_meter_does(tmp_path, routine):
     # begin_step feeds the meter itself (it runs every step): every BLOCK_STEPS steps where

@@ -618,7 +618,9 @@ class Writer(ClosedOnExit):
 
     def _publish_status(self) -> None:
         self.health.status_due = False
-        self._write(layout.status_key(self.worker), json.dumps(self._status_body(), indent=1).encode())
+        body = json.dumps(self._status_body(), indent=1).encode()
+        if self._write(layout.status_key(self.worker), body):
+            self.bytes_written += len(body)
 
     def _drop_tensor(self, step: int, name: str, exc: BaseException) -> None:
         self.health.drop_tensor(step, name, exc)
@@ -677,17 +679,23 @@ class Writer(ClosedOnExit):
         else:
             entries = framed.entries[:published]
         for done in self._tables.add_entries(entries):
-            self._write(*done)
+            self._write_table(done)
 
     def _add_to_step_table(self, step: int, index: dict[str, Any]) -> None:
         done = self._tables.add(step, index)
         if done is not None:
-            self._write(*done)
+            self._write_table(done)
 
     def _publish_step_table(self) -> None:
         done = self._tables.take()
         if done is not None:
-            self._write(*done)
+            self._write_table(done)
+
+    def _write_table(self, table: tuple[str, bytes]) -> None:
+        """A step table (stepscope-index/), counted in bytes_written as every file is."""
+        key, data = table
+        if self._write(key, data):
+            self.bytes_written += len(data)
 
 
 def _held_index(body: bytes, table_key: str) -> bytes | None:
