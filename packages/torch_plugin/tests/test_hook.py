@@ -532,3 +532,39 @@ def test_the_cost_meter_counts_the_copies_of_a_save_step(make_hook, mlp, batches
     (cost_file,) = Path(out_dir, "stepscope-cost").glob("*.json")
     cost = json.loads(cost_file.read_text())
     assert cost["hook_s"] >= 0.01 * len(copies), (cost["hook_s"], copies)
+
+
+@pytest.mark.parametrize("register_optimizer", [False, True])
+def test_the_wait_for_the_next_batch_is_the_next_steps_data_phase(make_hook, mlp, batches, out_dir, register_optimizer):
+    # The loop waits 30 ms for each batch after the optimizer's update. With a registered
+    # optimizer its step ends the TRAIN step, and the wait is the next step's `data`.
+    # Without one the step ends at the next forward, and the wait was timed as the step's
+    # backward (a loop waiting for data half its time read 0 % data); now the update ends
+    # the step's timeline, so the wait is `data` either way.
+    from stepscope.config import ProfilerConfig
+
+    wait_s = 0.03
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False), save_config=SaveConfig(save_interval=2), include_collections=["weights", "gradients"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if register_optimizer:
+        hook.register_optimizer(optimizer)
+    for x, y in batches(6):
+        time.sleep(wait_s)  # the data loader
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    hook.close()
+    timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
+    train = timeline[timeline["mode"] == "TRAIN"]
+    per_step = train.pivot_table(index="step", columns="phase", values="duration_ms", aggfunc="sum", observed=True).fillna(0.0)
+    later = per_step.loc[1:]  # (the first step has no previous end to wait from)
+    assert len(later) == 5
+    assert (later["data"] >= 0.9 * wait_s * 1e3).all(), later
+    assert (later["backward"] < wait_s * 1e3).all(), later
+    # The phases still tile each step; the gradients of the due steps are still saved.
+    steps = per_step.loc[:, [p for p in per_step.columns if p not in ("step",)]].sum(axis=1)
+    np.testing.assert_allclose(steps, per_step["step"], rtol=1e-6)
+    assert stepscope.create_trial(out_dir).tensor_names(collection="gradients")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -115,6 +116,8 @@ class Hook(OptimizerSteps):
         self._stepping: torch.optim.Optimizer | None = None  # the optimizer whose step is under way
         self._step_goes_on = False  # an optimizer stepped, and the TRAIN step waits for another one
         self._scaler: Any = None  # a registered torch.amp.GradScaler (register_grad_scaler)
+        self._optimizers_watched: Any = None  # OptimizerSteps._watch_optimizers's hook on every optimizer
+        self._updates_watched: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
         self._handles: list[Any] = []
         self._driven: nn.Module | None = None  # the model whose forward drives the steps (driver.py)
         self._driven_name: str | None = None  # its activation name, when it is one of the watched modules
@@ -208,6 +211,7 @@ class Hook(OptimizerSteps):
             box.remove()
         self._remove(self._step_handles)
         self._remove(self._handles)
+        self._unwatch_optimizers()
         for handles in self._optimizer_handles.values():
             self._remove(handles)
 
@@ -308,6 +312,7 @@ class Hook(OptimizerSteps):
         else:  # a model whose class cannot be swapped: torch's forward hooks
             self._handles.append(model.register_forward_pre_hook(self._forward_pre_hook))
             self._handles.append(model.register_forward_hook(self._forward_ends))
+        self._watch_optimizers()  # (until an optimizer is registered: its steps end the timelines)
 
     def split_scope(self, model: nn.Module) -> None:
         """Make each direct child of the registered `model` that holds parameters a model

@@ -5,11 +5,13 @@ GradScaler's skipped steps."""
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
+from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from stepscope.capture.phases import EVENT_CODES, OPTIMIZER_BEGIN, OPTIMIZER_END
 from stepscope.config import CollectionName
@@ -52,6 +54,8 @@ class OptimizerSteps(ModelTensors):
     _stepped: set[int]
     _stepping: torch.optim.Optimizer | None
     _step_goes_on: bool
+    _optimizers_watched: Any  # the handle of `_watch_optimizers`'s hook on every optimizer, or None
+    _updates_watched: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool]  # per optimizer seen: whether it updates a watched parameter
     _handles: list[Any]
     _fast: Any
     _counters: fastpath.TorchCounters
@@ -78,6 +82,7 @@ class OptimizerSteps(ModelTensors):
         params = [self._param_names[id(p)] for group in optimizer.param_groups for p in group["params"] if id(p) in self._param_names]
         self.declare_scope(name or f"optimizer_{len(self._optimizers) - 1}", params, kind="optimizer")
         if drive_steps:
+            self._unwatch_optimizers()  # (its hooks end the steps' timelines now)
             self._counters.drives_optimizer = True
             self._optimizer_handles[id(optimizer)] = []
             if ends_step:
@@ -97,6 +102,39 @@ class OptimizerSteps(ModelTensors):
                 optimizer.register_step_pre_hook(fast.optimizer_pre if fast is not None else self._on_optimizer_pre),
                 optimizer.register_step_post_hook(fast.optimizer_post if fast is not None else self._on_optimizer_post),
             ]
+
+    def _watch_optimizers(self) -> None:
+        """Without a registered optimizer a TRAIN step ends at the next forward, so the wait
+        for that forward's batch was timed as the step's `backward`, and the next step's
+        `data` phase held nothing: a loop waiting for data half of its time read 0 % data.
+        A step post-hook on every optimizer (torch's `register_optimizer_step_post_hook`)
+        ends the open TRAIN step's timeline once an optimizer that updates a watched
+        parameter has stepped; the step itself goes on to the next forward (what is saved
+        after the update still belongs to it), and its wait for the next batch is the next
+        step's `data`. Only with the step timeline on, and only until an optimizer is
+        registered to end the steps (its own hooks then do it)."""
+        if self._optimizers_watched is None and self._counters.now is not None and not self._counters.drives_optimizer:
+            self._optimizers_watched = register_optimizer_step_post_hook(self._any_optimizer_stepped)
+
+    def _unwatch_optimizers(self) -> None:
+        handle, self._optimizers_watched = self._optimizers_watched, None
+        if handle is not None:
+            handle.remove()
+
+    def _any_optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        c = self._counters
+        if not c.timing or c.mode is not _TRAIN or c.drives_optimizer:
+            return
+        try:
+            updates = self._updates_watched.get(optimizer)
+            if updates is None:
+                names = self._param_names
+                updates = self._updates_watched[optimizer] = any(id(p) in names for group in optimizer.param_groups for p in group["params"])
+        except Exception as exc:  # (an optimizer of another kind: the timeline goes on as before)
+            self._timeline_failed(exc)
+            return
+        if updates:
+            self.finish_step_timing()
 
     def optimizer_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
         """For a framework callback that drives the steps: `optimizer` is about to update
