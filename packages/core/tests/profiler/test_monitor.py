@@ -284,7 +284,12 @@ def test_sampling_in_a_process_of_its_own(tmp_path):
     """What the hooks use: samples taken in a sampler process, reporting this process's
     CPU and memory; flush publishes the open minute at once; stop brings the statistics."""
     import os
+    import subprocess
+    import sys
 
+    # A child of this process, as a data loader's worker is: counted; the sampler is not
+    # (it counted itself, so a loop without workers read one).
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     monitor = SystemMonitor(tmp_path, interval_ms=100, node_id="algo-1", process=True)
     monitor.start()
     assert monitor.in_own_process and monitor.running
@@ -296,9 +301,14 @@ def test_sampling_in_a_process_of_its_own(tmp_path):
         rows = len(ProfilerTrial(tmp_path).system_metrics())
     assert rows > 0  # published before the minute ended
     time.sleep(0.3)
+    others = [c for c in psutil.Process().children(recursive=True) if c.pid != worker.pid and "sampler_main" not in " ".join(c.cmdline())]
     monitor.stop()
+    worker.kill()
+    worker.wait()
     assert not monitor.running
     df = ProfilerTrial(tmp_path).system_metrics()
+    children = df[df["dimension"] == "ChildProcessCount"]["value"]
+    assert len(children) and (children == 1 + len(others)).all(), (children.tolist(), others)
     stats = monitor.stats()
     # Jitter: one value per sample after the first, less those due during the start-up.
     assert stats.samples == df["timestamp"].nunique() >= 2 and 0 < len(stats.jitter_s) <= stats.samples - 1

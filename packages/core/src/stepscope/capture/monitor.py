@@ -216,7 +216,11 @@ class _HostSampler:
             ("process", "main", "ProcessMemoryRSSBytes", float(rss)),
         ]
         if self._tick % self._children_every == 1 or self._children_every == 1:
-            out.append(("process", "main", "ChildProcessCount", float(len(self._process.children(recursive=True)))))
+            # The training process's children (its data loader's workers), not this sampler:
+            # sampling in a process of its own, it is one of them.
+            me = os.getpid()
+            children = sum(1 for child in self._process.children(recursive=True) if child.pid != me)
+            out.append(("process", "main", "ChildProcessCount", float(children)))
         return out
 
     def _disk(self, elapsed: float, prime: bool = False) -> list[Metric]:
