@@ -449,6 +449,11 @@ class Dataloader(ProfilerRule):
         gate = self.params.min_data_wait_percent
         if gate > 0:
             if wait is None:
+                if _data_wait_unseen(timeline):
+                    return _Outcome(False, 0, len(children), details, reason=(
+                        "the TRAIN steps fetch their batch inside one framework call (Keras's fit runs the next tf.data or "
+                        "PyDataset batch inside its compiled step), so the step timeline cannot show the wait for data: "
+                        "a detailed profiling window shows the input pipeline"))
                 return _Outcome(False, 0, len(children), details, reason="no data-loading phases in the step timeline to measure the wait")
             loaders = ", ".join(f"{n}: {d['dataloader_processes']} worker process(es) on {d['cores']} cores" for n, d in details["nodes"].items())
             hit = wait >= gate and (wait_ms or 0.0) >= self.params.min_data_wait_ms
@@ -627,10 +632,24 @@ _STEP_KEYS = ["node_id", "rank", "step"]
 
 
 def _train_steps_and_data(timeline: pd.DataFrame) -> tuple[pd.DataFrame, pd.DataFrame] | None:
-    """The TRAIN steps' "step" spans and their "data" phases; None when either is missing."""
+    """The TRAIN steps' "step" spans and their "data" phases; None when either is missing.
+    A step with a "compute" phase is left out: the framework ran it as one call that fetched
+    its batch too (Keras's `fit`, whose tf.data or PyDataset batch is read inside the
+    compiled step; a torch step whose forward the hook did not see), so its wait for data
+    is in "compute", and its "data" phase holds only the loop's own work between batches."""
     train = timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
+    blind = train[train["phase"] == "compute"]
+    if not blind.empty:
+        train = train[~pd.MultiIndex.from_frame(train[_STEP_KEYS]).isin(pd.MultiIndex.from_frame(blind[_STEP_KEYS]))]
     steps, data = train[train["phase"] == "step"], train[train["phase"] == "data"]
     return None if data.empty or steps.empty else (steps, data)
+
+
+def _data_wait_unseen(timeline: pd.DataFrame) -> bool:
+    """Whether the job has TRAIN steps whose wait for data the timeline cannot show (each
+    one call that fetched its batch too: `_train_steps_and_data`)."""
+    train = timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
+    return bool((train["phase"] == "compute").any())
 
 
 def _data_wait(timeline: pd.DataFrame) -> tuple[float | None, float | None]:
