@@ -568,3 +568,39 @@ def test_the_wait_for_the_next_batch_is_the_next_steps_data_phase(make_hook, mlp
     steps = per_step.loc[:, [p for p in per_step.columns if p not in ("step",)]].sum(axis=1)
     np.testing.assert_allclose(steps, per_step["step"], rtol=1e-6)
     assert stepscope.create_trial(out_dir).tensor_names(collection="gradients")
+
+
+def test_an_optimizer_the_hook_cannot_read_leaves_training_and_the_timeline_alone(make_hook, mlp, batches, out_dir):
+    # The post-hook on every optimizer (no registered one) asks each optimizer once whether
+    # it updates a watched parameter; one whose param_groups cannot be read (another
+    # make of optimizer) never raises into its step(), and other optimizers go on as usual.
+    from stepscope.config import ProfilerConfig
+
+    class Odd(torch.optim.SGD):
+        @property
+        def param_groups(self):
+            if self.__dict__.get("unreadable"):
+                raise RuntimeError("not readable")
+            return self.__dict__["_groups"]
+
+        @param_groups.setter
+        def param_groups(self, value):
+            self.__dict__["_groups"] = value
+
+        def step(self, closure=None):  # (SGD's own step reads param_groups)
+            return None
+
+    model, other = mlp(), mlp()
+    odd = Odd(other.parameters(), lr=0.1)
+    odd.unreadable = True
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
+    hook.register_module(model)
+    for x, y in batches(4):
+        optimizer.zero_grad()
+        nn.functional.cross_entropy(model(x), y).backward()
+        odd.step()
+        optimizer.step()
+    hook.close()
+    timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
+    assert set(timeline[timeline["mode"] == "TRAIN"]["step"]) == {0, 1, 2, 3}

@@ -129,12 +129,12 @@ class OptimizerSteps(ModelTensors):
             updates = self._updates_watched.get(optimizer)
             if updates is None:
                 names = self._param_names
-                updates = self._updates_watched[optimizer] = any(id(p) in names for group in optimizer.param_groups for p in group["params"])
-        except Exception as exc:  # (an optimizer of another kind: the timeline goes on as before)
-            self._timeline_failed(exc)
+                updates = any(id(p) in names for group in optimizer.param_groups for p in group["params"])
+                self._updates_watched[optimizer] = updates
+        except Exception:  # (an optimizer of another make: its steps leave the timeline as it was; never raise into step())
             return
         if updates:
-            self.finish_step_timing()
+            self.finish_step_timing()  # (catches its own failures: the timeline turns off, training goes on)
 
     def optimizer_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
         """For a framework callback that drives the steps: `optimizer` is about to update
