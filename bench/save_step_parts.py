@@ -129,6 +129,9 @@ def _opcodes(run: Any, steps: int) -> dict[str, float]:
     training thread's; by function, `package/module.py:line:name`), and those of this
     script's `_BareHooks` under the key of each of its functions."""
     counts: dict[str, int] = {}
+    bare = [f.__code__ for f in vars(_BareHooks).values() if callable(f)]
+    for code in bare:  # (and the comprehensions inside them: code objects of their own)
+        bare += [c for c in code.co_consts if isinstance(c, type(code))]
 
     def trace(frame: Any, event: str, arg: Any) -> Any:
         code = frame.f_code
@@ -136,7 +139,7 @@ def _opcodes(run: Any, steps: int) -> dict[str, float]:
         if event == "call":
             frame.f_trace_lines = False
             frame.f_trace_opcodes = True
-        elif event == "opcode" and ("/stepscope/" in path or "/stepscope_torch/" in path or (path == __file__ and code.co_qualname.startswith("_BareHooks."))):
+        elif event == "opcode" and ("/stepscope/" in path or "/stepscope_torch/" in path or code in bare):
             key = f"{path.rsplit('/src/', 1)[-1]}:{code.co_firstlineno}:{code.co_name}"
             counts[key] = counts.get(key, 0) + 1
         return trace

@@ -637,7 +637,7 @@ def _train_steps_and_data(timeline: pd.DataFrame) -> tuple[pd.DataFrame, pd.Data
     its batch too (Keras's `fit`, whose tf.data or PyDataset batch is read inside the
     compiled step; a torch step whose forward the hook did not see), so its wait for data
     is in "compute", and its "data" phase holds only the loop's own work between batches."""
-    train = timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
+    train = _train_spans(timeline)
     blind = train[train["phase"] == "compute"]
     if not blind.empty:
         train = train[~pd.MultiIndex.from_frame(train[_STEP_KEYS]).isin(pd.MultiIndex.from_frame(blind[_STEP_KEYS]))]
@@ -648,8 +648,12 @@ def _train_steps_and_data(timeline: pd.DataFrame) -> tuple[pd.DataFrame, pd.Data
 def _data_wait_unseen(timeline: pd.DataFrame) -> bool:
     """Whether the job has TRAIN steps whose wait for data the timeline cannot show (each
     one call that fetched its batch too: `_train_steps_and_data`)."""
-    train = timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
+    train = _train_spans(timeline)
     return bool((train["phase"] == "compute").any())
+
+
+def _train_spans(timeline: pd.DataFrame) -> pd.DataFrame:
+    return timeline[timeline["mode"].astype(str) == "TRAIN"] if "mode" in timeline else timeline
 
 
 def _data_wait(timeline: pd.DataFrame) -> tuple[float | None, float | None]:
