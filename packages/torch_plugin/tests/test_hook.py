@@ -563,11 +563,47 @@ def test_the_wait_for_the_next_batch_is_the_next_steps_data_phase(make_hook, mlp
     later = per_step.loc[1:]  # (the first step has no previous end to wait from)
     assert len(later) == 5
     assert (later["data"] >= 0.9 * wait_s * 1e3).all(), later
-    assert (later["backward"] < wait_s * 1e3).all(), later
+    assert later["backward"].median() < wait_s * 1e3, later  # (median: a step on a loaded machine may be slow)
     # The phases still tile each step; the gradients of the due steps are still saved.
     steps = per_step.loc[:, [p for p in per_step.columns if p not in ("step",)]].sum(axis=1)
     np.testing.assert_allclose(steps, per_step["step"], rtol=1e-6)
     assert stepscope.create_trial(out_dir).tensor_names(collection="gradients")
+
+
+@pytest.mark.parametrize("register_optimizer", [False, True])
+def test_the_update_is_the_steps_optimizer_phase(make_hook, mlp, batches, out_dir, register_optimizer):
+    # An optimizer whose update takes 30 ms. Without a registered optimizer the update was
+    # timed as the step's backward, and the step had no optimizer phase (an Adam step of
+    # 14 ms after a 5 ms backward read as a 19 ms backward); a pre-hook on every optimizer
+    # now marks where the update starts, as a registered optimizer's own pre-hook does.
+    from stepscope.config import ProfilerConfig
+
+    update_s = 0.03
+
+    class SlowSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            time.sleep(update_s)
+            return super().step(closure)
+
+    model, loss_fn = mlp(), nn.CrossEntropyLoss()
+    optimizer = SlowSGD(model.parameters(), lr=0.1)
+    hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if register_optimizer:
+        hook.register_optimizer(optimizer)
+    for x, y in batches(5):
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    hook.close()
+    timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
+    train = timeline[timeline["mode"] == "TRAIN"]
+    per_step = train.pivot_table(index="step", columns="phase", values="duration_ms", aggfunc="sum", observed=True).fillna(0.0)
+    assert len(per_step) == 5
+    assert "optimizer" in per_step.columns, per_step
+    assert (per_step["optimizer"] >= 0.9 * update_s * 1e3).all(), per_step
+    assert per_step["backward"].median() < update_s * 1e3, per_step  # (median: a step on a loaded machine may be slow)
 
 
 def test_an_optimizer_the_hook_cannot_read_leaves_training_and_the_timeline_alone(make_hook, mlp, batches, out_dir):

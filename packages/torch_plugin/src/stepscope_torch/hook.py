@@ -116,7 +116,7 @@ class Hook(OptimizerSteps):
         self._stepping: torch.optim.Optimizer | None = None  # the optimizer whose step is under way
         self._step_goes_on = False  # an optimizer stepped, and the TRAIN step waits for another one
         self._scaler: Any = None  # a registered torch.amp.GradScaler (register_grad_scaler)
-        self._optimizers_watched: Any = None  # OptimizerSteps._watch_optimizers's hook on every optimizer
+        self._optimizers_watched: Any = None  # OptimizerSteps._watch_optimizers's hooks on every optimizer
         self._updates_watched: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
         self._handles: list[Any] = []
         self._driven: nn.Module | None = None  # the model whose forward drives the steps (driver.py)

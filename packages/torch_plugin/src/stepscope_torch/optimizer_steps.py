@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from torch.optim.optimizer import register_optimizer_step_post_hook
+from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
 from stepscope.capture.phases import EVENT_CODES, OPTIMIZER_BEGIN, OPTIMIZER_END
 from stepscope.config import CollectionName
@@ -54,7 +54,7 @@ class OptimizerSteps(ModelTensors):
     _stepped: set[int]
     _stepping: torch.optim.Optimizer | None
     _step_goes_on: bool
-    _optimizers_watched: Any  # the handle of `_watch_optimizers`'s hook on every optimizer, or None
+    _optimizers_watched: Any  # the handles of `_watch_optimizers`'s hooks on every optimizer, or None
     _updates_watched: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool]  # per optimizer seen: whether it updates a watched parameter
     _handles: list[Any]
     _fast: Any
@@ -107,33 +107,48 @@ class OptimizerSteps(ModelTensors):
         """Without a registered optimizer a TRAIN step ends at the next forward, so the wait
         for that forward's batch was timed as the step's `backward`, and the next step's
         `data` phase held nothing: a loop waiting for data half of its time read 0 % data.
-        A step post-hook on every optimizer (torch's `register_optimizer_step_post_hook`)
-        ends the open TRAIN step's timeline once an optimizer that updates a watched
-        parameter has stepped; the step itself goes on to the next forward (what is saved
-        after the update still belongs to it), and its wait for the next batch is the next
-        step's `data`. Only with the step timeline on, and only until an optimizer is
-        registered to end the steps (its own hooks then do it)."""
+        And the update itself was timed as `backward` too: an Adam step of 14 ms after a
+        5 ms backward read as a 19 ms backward and no optimizer phase. So a step pre-hook
+        and a post-hook on every optimizer (torch's `register_optimizer_step_pre_hook` and
+        `register_optimizer_step_post_hook`) mark an optimizer that updates a watched
+        parameter: its update is the step's `optimizer` phase, and once it has stepped the
+        open TRAIN step's timeline ends; the step itself goes on to the next forward (what
+        is saved after the update still belongs to it), and its wait for the next batch is
+        the next step's `data`. Only with the step timeline on, and only until an optimizer
+        is registered to end the steps (its own hooks then do it)."""
         if self._optimizers_watched is None and self._counters.now is not None and not self._counters.drives_optimizer:
-            self._optimizers_watched = register_optimizer_step_post_hook(self._any_optimizer_stepped)
+            self._optimizers_watched = (
+                register_optimizer_step_pre_hook(self._any_optimizer_begins),
+                register_optimizer_step_post_hook(self._any_optimizer_stepped),
+            )
 
     def _unwatch_optimizers(self) -> None:
-        handle, self._optimizers_watched = self._optimizers_watched, None
-        if handle is not None:
+        handles, self._optimizers_watched = self._optimizers_watched, None
+        for handle in handles or ():
             handle.remove()
 
-    def _any_optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
-        c = self._counters
-        if not c.timing or c.mode is not _TRAIN or c.drives_optimizer:
-            return
+    def _updates_a_watched_parameter(self, optimizer: torch.optim.Optimizer) -> bool:
+        """Whether `optimizer` updates a parameter of a registered module (asked once per
+        optimizer); False for one whose parameters cannot be read (another make of
+        optimizer: its steps leave the timeline as it was; never raise into step())."""
         try:
             updates = self._updates_watched.get(optimizer)
             if updates is None:
                 names = self._param_names
                 updates = any(id(p) in names for group in optimizer.param_groups for p in group["params"])
                 self._updates_watched[optimizer] = updates
-        except Exception:  # (an optimizer of another make: its steps leave the timeline as it was; never raise into step())
-            return
-        if updates:
+        except Exception:
+            return False
+        return updates
+
+    def _any_optimizer_begins(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        c = self._counters
+        if c.timing and c.mode is _TRAIN and not c.drives_optimizer and self._updates_a_watched_parameter(optimizer):
+            self._log_event(_OPTIMIZER_BEGIN)  # (catches its own failures: the timeline turns off, training goes on)
+
+    def _any_optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        c = self._counters
+        if c.timing and c.mode is _TRAIN and not c.drives_optimizer and self._updates_a_watched_parameter(optimizer):
             self.finish_step_timing()  # (catches its own failures: the timeline turns off, training goes on)
 
     def optimizer_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
