@@ -571,6 +571,30 @@ def test_the_wait_for_the_next_batch_is_the_next_steps_data_phase(make_hook, mlp
 
 
 @pytest.mark.parametrize("register_optimizer", [False, True])
+def test_clipped_gradients_are_saved_where_the_docs_say(make_hook, out_dir, register_optimizer):
+    # docs/pytorch.md: with a registered optimizer the gradients are read right before the
+    # update (after the loop clipped them); without one, as backward accumulates them.
+    torch.manual_seed(0)
+    model, loss_fn = nn.Linear(8, 2), nn.MSELoss()
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    hook = make_hook(save_config=SaveConfig(save_interval=1), include_collections=["gradients"])
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if register_optimizer:
+        hook.register_optimizer(optimizer)
+    optimizer.zero_grad()
+    loss_fn(model(torch.randn(4, 8) * 100), torch.randn(4, 2)).backward()
+    computed = model.weight.grad.clone()
+    nn.utils.clip_grad_norm_(model.parameters(), 0.01)
+    used = model.weight.grad.clone()
+    optimizer.step()
+    hook.close()
+    assert not torch.allclose(computed, used)
+    saved = stepscope.create_trial(out_dir).tensor("gradient/weight").value(0)
+    np.testing.assert_allclose(saved, (used if register_optimizer else computed).numpy(), rtol=1e-6)
+
+
+@pytest.mark.parametrize("register_optimizer", [False, True])
 def test_the_update_is_the_steps_optimizer_phase(make_hook, mlp, batches, out_dir, register_optimizer):
     # An optimizer whose update takes 30 ms. Without a registered optimizer the update was
     # timed as the step's backward, and the step had no optimizer phase (an Adam step of
