@@ -14,7 +14,10 @@ them to a new file on a thread of its own), whose added time is what the bytes c
 same contention (goal: stepscope's added time within 1.3x of it), and the same with the
 file system's part of smdebug's layout added (`Floor(layout=True)`: a folder, an event file
 and an index file per save, each published by a rename; smdebug's reader needs them), what
-any tool that keeps that layout cannot go below. Last,
+any tool that keeps that layout cannot go below. The comparison with the floors is printed
+twice: from the medians of all blocks, and paired (each round's block less the plain block of
+the same round, median over the rounds), which leaves out the machine's drift within a run
+(on this VM more than the floor adds). Last,
 everything at every step (save_all) on every core (goal: at most a quarter of what smdebug
 adds). On every core each tool runs four times by default (`--core-rounds`), and each run's
 hooked loop over its plain one is printed with the spread between runs (range over median;
@@ -310,6 +313,16 @@ def _merged(runs: list[dict]) -> dict:
                                   **{key: statistics.median(r["floors"][name][key] for r in runs) for key in ("train_cpu_added", "all_cpu_added")}}
     for key in ("train_cpu_added", "all_cpu_added"):
         merged[key] = statistics.median(r[key] for r in runs)
+    # Paired: each round's block less the plain block of the same round (the variants of a
+    # round run back to back), median over every run's rounds. The machine's speed drifts
+    # within a run (a plain block of 3.1 ms in one half of a run, 2.0 ms in the other, on
+    # this VM): a difference of medians then moves with where the medians land, while a
+    # floor adds 0.1-0.2 ms a step; a paired difference leaves the drift out.
+    merged["paired"] = {
+        name: statistics.median(t - p for r in runs for t, p in zip(blocks(r), r["plain_blocks"]))
+        for name, blocks in [("hooked", lambda r: r["hooked_blocks"])]
+        + [(name, lambda r, name=name: r["floors"][name]["blocks"]) for name in runs[0].get("floors") or {}]
+    }
     merged["bytes"], merged["hooked_s"] = sum(r["bytes"] for r in runs), sum(r["hooked_s"] for r in runs)
     if all(r.get("requests") for r in runs):
         merged["requests"] = {name: statistics.mean(r["requests"][name] for r in runs) for name in runs[0]["requests"]}
@@ -357,6 +370,7 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
         print(f"{kind:5} {threads:7} skipped: {free / 2**30:.1f} GiB free in {root}, this configuration needs up to {MIN_FREE_BYTES / 2**30:.0f}")
         return
     added: dict[str, float] = {}
+    paired: dict[str, float] = {}  # the same, as the median of each round's difference (_merged)
     plain: dict[str, float] = {}
     runs: dict[str, list[dict]] = {}
     requests: list[tuple[str, float, float]] = []  # (variant, write requests per step, its plain loop's)
@@ -373,9 +387,9 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
         if not runs.get(impl):
             continue
         r = _merged(runs[impl])
-        added[impl], plain[impl] = r["hooked"] - r["plain"], r["plain"]
+        added[impl], plain[impl], paired[impl] = r["hooked"] - r["plain"], r["plain"], r["paired"]["hooked"]
         for name, f in r["floors"].items():
-            added[name] = f["time"] - r["plain"]
+            added[name], paired[name] = f["time"] - r["plain"], r["paired"][name]
         per_save_requests = 1 if kind.endswith("-all") else 10
         if r.get("requests"):
             base = r["requests"]["plain"]
@@ -407,6 +421,14 @@ def compare(kind: str, threads: int, blocks: int, root: str, pythons: tuple[tupl
             f"{kind:5} {threads:7} byte-cost limit (the floor, side by side): {added['floor'] * 1e3:.3f} ms per step "
             f"({(plain['stepscope'] + added['floor']) / plain['stepscope']:.2f}x of the plain loop); "
             f"stepscope adds {added['stepscope'] / added['floor']:.2f}x of that (goal <= 1.3: {'met' if added['stepscope'] <= 1.3 * added['floor'] else 'MISSED'})"
+        )
+    if paired.get("floor", 0) > 0 and "stepscope" in paired:
+        print(
+            f"{kind:5} {threads:7} paired (each round's block less its plain block, median): floor {paired['floor'] * 1e3:.3f} ms per step, "
+            + (f"floor+layout {paired['floor+layout'] * 1e3:.3f}, " if "floor+layout" in paired else "")
+            + f"stepscope {paired['stepscope'] * 1e3:.3f}: stepscope adds {paired['stepscope'] / paired['floor']:.2f}x of the floor"
+            + (f", {paired['stepscope'] / paired['floor+layout']:.2f}x of the floor with the layout" if paired.get("floor+layout", 0) > 0 else "")
+            + f" (goal <= 1.3: {'met' if paired['stepscope'] <= 1.3 * paired['floor'] else 'MISSED'})"
         )
     if added.get("floor+layout", 0) > 0 and "stepscope" in added:
         # The bytes and the file system's part of smdebug's layout (a folder, an event file
