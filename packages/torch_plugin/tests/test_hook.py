@@ -534,6 +534,24 @@ def test_the_cost_meter_counts_the_copies_of_a_save_step(make_hook, mlp, batches
     assert cost["hook_s"] >= 0.01 * len(copies), (cost["hook_s"], copies)
 
 
+def _train_phases(hook, model, loss_fn, optimizer, batches, register_optimizer, out_dir, wait_s=0.0):
+    """Train `model` under `hook` (waiting `wait_s` before each batch, as a data loader
+    would), close it, and return the TRAIN steps' phase durations (ms; a row per step)."""
+    hook.register_module(model)
+    hook.register_loss(loss_fn)
+    if register_optimizer:
+        hook.register_optimizer(optimizer)
+    for x, y in batches:
+        time.sleep(wait_s)  # the data loader
+        optimizer.zero_grad()
+        loss_fn(model(x), y).backward()
+        optimizer.step()
+    hook.close()
+    timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
+    train = timeline[timeline["mode"] == "TRAIN"]
+    return train.pivot_table(index="step", columns="phase", values="duration_ms", aggfunc="sum", observed=True).fillna(0.0)
+
+
 @pytest.mark.parametrize("register_optimizer", [False, True])
 def test_the_wait_for_the_next_batch_is_the_next_steps_data_phase(make_hook, mlp, batches, out_dir, register_optimizer):
     # The loop waits 30 ms for each batch after the optimizer's update. With a registered
@@ -547,19 +565,7 @@ def test_the_wait_for_the_next_batch_is_the_next_steps_data_phase(make_hook, mlp
     model, loss_fn = mlp(), nn.CrossEntropyLoss()
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False), save_config=SaveConfig(save_interval=2), include_collections=["weights", "gradients"])
-    hook.register_module(model)
-    hook.register_loss(loss_fn)
-    if register_optimizer:
-        hook.register_optimizer(optimizer)
-    for x, y in batches(6):
-        time.sleep(wait_s)  # the data loader
-        optimizer.zero_grad()
-        loss_fn(model(x), y).backward()
-        optimizer.step()
-    hook.close()
-    timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
-    train = timeline[timeline["mode"] == "TRAIN"]
-    per_step = train.pivot_table(index="step", columns="phase", values="duration_ms", aggfunc="sum", observed=True).fillna(0.0)
+    per_step = _train_phases(hook, model, loss_fn, optimizer, batches(6), register_optimizer, out_dir, wait_s=wait_s)
     later = per_step.loc[1:]  # (the first step has no previous end to wait from)
     assert len(later) == 5
     assert (later["data"] >= 0.9 * wait_s * 1e3).all(), later
@@ -612,18 +618,7 @@ def test_the_update_is_the_steps_optimizer_phase(make_hook, mlp, batches, out_di
     model, loss_fn = mlp(), nn.CrossEntropyLoss()
     optimizer = SlowSGD(model.parameters(), lr=0.1)
     hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
-    hook.register_module(model)
-    hook.register_loss(loss_fn)
-    if register_optimizer:
-        hook.register_optimizer(optimizer)
-    for x, y in batches(5):
-        optimizer.zero_grad()
-        loss_fn(model(x), y).backward()
-        optimizer.step()
-    hook.close()
-    timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
-    train = timeline[timeline["mode"] == "TRAIN"]
-    per_step = train.pivot_table(index="step", columns="phase", values="duration_ms", aggfunc="sum", observed=True).fillna(0.0)
+    per_step = _train_phases(hook, model, loss_fn, optimizer, batches(5), register_optimizer, out_dir)
     assert len(per_step) == 5
     assert "optimizer" in per_step.columns, per_step
     assert (per_step["optimizer"] >= 0.9 * update_s * 1e3).all(), per_step
