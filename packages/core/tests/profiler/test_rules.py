@@ -292,6 +292,25 @@ def test_dataloader_in_the_default_set_judges_the_data_wait(tmp_path, metrics_jo
     assert no_timeline.status == "no data"
 
 
+def test_dataloader_in_the_default_set_judges_a_job_without_system_metrics(tmp_path):
+    # ProfilerConfig(system_monitor=False): a step timeline and no system metrics. The
+    # default set's verdict comes from the timeline's data wait (the worker count is only
+    # evidence), so such a job is judged, not "no data" (it was: no ChildProcessCount).
+    for name, share in (("slow", 0.4), ("quick", 0.05)):
+        _data_timeline(tmp_path / name, 0.2, share)
+    slow = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / "slow"))
+    assert slow.fired and slow.evidence[0].value == pytest.approx(40, abs=0.5)
+    assert "worker processes not known" in slow.evidence[0].message and slow.datapoints == 40
+    quick = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / "quick"))
+    assert quick.status == "ok" and not quick.fired
+    # SageMaker's rule judges the worker count alone: without it, nothing to judge.
+    assert Dataloader().run(ProfilerTrial(tmp_path / "slow")).status == "no data"
+    # Neither a timeline nor metrics: no data, saying both are missing.
+    (tmp_path / "empty").mkdir()
+    empty = Dataloader(**Dataloader.preset).run(ProfilerTrial(tmp_path / "empty"))
+    assert empty.status == "no data"
+
+
 def test_dataloader_cannot_judge_steps_that_fetch_their_batch_inside_one_call(tmp_path, metrics_job):
     # Keras's fit runs each step (its next tf.data batch included) as one compiled call: the
     # callback's timeline has "data" (the loop between batches) then "compute". A slow input

@@ -428,8 +428,12 @@ class Dataloader(ProfilerRule):
 
     def _measure(self, trial: ProfilerTrial) -> _Outcome:
         children = _metric(trial, "ChildProcessCount")
-        if children.empty:
+        gate = self.params.min_data_wait_percent
+        if children.empty and gate <= 0:
             return _no_data("no ChildProcessCount samples (legacy job, or monitor not run)")
+        # With the data-wait gate the step timeline gives the verdict and the worker count
+        # is evidence: a job without system metrics (ProfilerConfig(system_monitor=False),
+        # a rank without a monitor) is judged on its timeline alone.
         cpu = _metric(trial, "CPUUtilization")
         cores_by_node = cpu[cpu["name"].str.fullmatch(r"cpu\d+")].groupby("node_id")["name"].nunique()
         details: dict[str, Any] = {"nodes": {}}
@@ -446,7 +450,6 @@ class Dataloader(ProfilerRule):
         if wait is not None:
             details["data_wait_percent_of_step_time"] = wait  # median wait / median step
             details["data_wait_ms_per_step"] = wait_ms  # median over TRAIN steps
-        gate = self.params.min_data_wait_percent
         if gate > 0:
             if wait is None:
                 if _data_wait_unseen(timeline):
@@ -454,8 +457,12 @@ class Dataloader(ProfilerRule):
                         "the TRAIN steps fetch their batch inside one framework call (Keras's fit runs the next tf.data or "
                         "PyDataset batch inside its compiled step), so the step timeline cannot show the wait for data: "
                         "a detailed profiling window shows the input pipeline"))
-                return _Outcome(False, 0, len(children), details, reason="no data-loading phases in the step timeline to measure the wait")
+                return _Outcome(False, 0, len(children), details, reason="no data-loading phases in the step timeline to measure the wait"
+                                + ("" if len(children) else ", and no ChildProcessCount samples (monitor not run)"))
             loaders = ", ".join(f"{n}: {d['dataloader_processes']} worker process(es) on {d['cores']} cores" for n, d in details["nodes"].items())
+            loaders = loaders or "worker processes not known: no system metrics"
+            # Samples judged: the worker counts, or without them the TRAIN steps timed.
+            datapoints = len(children) or int(_train_spans(timeline)["phase"].eq("step").sum())
             hit = wait >= gate and (wait_ms or 0.0) >= self.params.min_data_wait_ms
             message = f"waiting for data took {wait:.1f}% of the step time >= {gate:g}%, {wait_ms:.1f} ms per step ({loaders})"
             stalls = _data_stalls(timeline, self.params.min_data_wait_ms)
@@ -466,8 +473,8 @@ class Dataloader(ProfilerRule):
                 share, count, stall_ms = stalls
                 message = (f"{count} steps waited {stall_ms:.0f} ms each for data: {share:.1f}% of the TRAIN time >= {gate:g}% "
                            f"(the median step waits {wait_ms:.1f} ms; {loaders})")
-                return _Outcome(True, 1, len(children), details, message, share, gate)
-            return _Outcome(hit, int(hit), len(children), details, message, wait, gate)
+                return _Outcome(True, 1, datapoints, details, message, share, gate)
+            return _Outcome(hit, int(hit), datapoints, details, message, wait, gate)
         worst = max(details["nodes"].items(), key=lambda kv: abs(kv[1]["percent_of_cores"] - 100))
         message = (
             f"{worst[0]}: {worst[1]['dataloader_processes']} data-loading process(es) on {worst[1]['cores']} cores = "
