@@ -150,6 +150,10 @@ def test_overall_system_usage_never_fires(tmp_path, metrics_job):
     assert report["fired"] is False and report["datapoints"] > 0
     cpu = report["statistics"]["nodes"]["algo-1"]["CPUUtilization"]
     assert cpu["p50"] == pytest.approx(99, abs=1) and cpu["max"] <= 100
+    # A job without system metrics says why there is nothing (it said a bare "no data").
+    (tmp_path / "none").mkdir()
+    empty = OverallSystemUsage().run(ProfilerTrial(tmp_path / "none"))
+    assert empty.status == "no data" and "system monitor did not run" in empty.no_data_reason
 
 
 def test_step_outlier_on_a_real_loop_with_one_slow_step(tmp_path):

@@ -512,6 +512,8 @@ class OverallSystemUsage(ProfilerRule):
                 details["nodes"].setdefault(node, {})[dimension] = {
                     "min": float(values.min()), "p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(values.max()),
                 }
+        if not datapoints:
+            return _no_data("no system metrics (the system monitor did not run: ProfilerConfig(system_monitor=False), or a job without them)")
         return _Outcome(False, 0, datapoints, details)
 
 
