@@ -118,6 +118,7 @@ class Hook(OptimizerSteps):
         self._scaler: Any = None  # a registered torch.amp.GradScaler (register_grad_scaler)
         self._optimizers_watched: Any = None  # OptimizerSteps._watch_optimizers's hooks on every optimizer
         self._updates_watched: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool] = weakref.WeakKeyDictionary()
+        self._watched_optimizer: Callable[[], torch.optim.Optimizer | None] = lambda: None  # (OptimizerSteps._updates_a_watched_parameter)
         self._handles: list[Any] = []
         self._driven: nn.Module | None = None  # the model whose forward drives the steps (driver.py)
         self._driven_name: str | None = None  # its activation name, when it is one of the watched modules

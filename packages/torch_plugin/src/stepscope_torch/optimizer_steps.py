@@ -56,6 +56,7 @@ class OptimizerSteps(ModelTensors):
     _step_goes_on: bool
     _optimizers_watched: Any  # the handles of `_watch_optimizers`'s hooks on every optimizer, or None
     _updates_watched: weakref.WeakKeyDictionary[torch.optim.Optimizer, bool]  # per optimizer seen: whether it updates a watched parameter
+    _watched_optimizer: Callable[[], torch.optim.Optimizer | None]  # a weak reference to the last optimizer that did
     _handles: list[Any]
     _fast: Any
     _counters: fastpath.TorchCounters
@@ -130,25 +131,29 @@ class OptimizerSteps(ModelTensors):
     def _updates_a_watched_parameter(self, optimizer: torch.optim.Optimizer) -> bool:
         """Whether `optimizer` updates a parameter of a registered module (asked once per
         optimizer); False for one whose parameters cannot be read (another make of
-        optimizer: its steps leave the timeline as it was; never raise into step())."""
+        optimizer: its steps leave the timeline as it was; never raise into step()). The
+        last one found to update is remembered (weakly): the two hooks of a routine step
+        then cost an identity check each, not a dictionary lookup."""
         try:
             updates = self._updates_watched.get(optimizer)
             if updates is None:
                 names = self._param_names
                 updates = any(id(p) in names for group in optimizer.param_groups for p in group["params"])
                 self._updates_watched[optimizer] = updates
+            if updates:
+                self._watched_optimizer = weakref.ref(optimizer)
         except Exception:
             return False
         return updates
 
     def _any_optimizer_begins(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         c = self._counters
-        if c.timing and c.mode is _TRAIN and not c.drives_optimizer and self._updates_a_watched_parameter(optimizer):
+        if c.timing and c.mode is _TRAIN and (self._watched_optimizer() is optimizer or self._updates_a_watched_parameter(optimizer)):
             self._log_event(_OPTIMIZER_BEGIN)  # (catches its own failures: the timeline turns off, training goes on)
 
     def _any_optimizer_stepped(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
         c = self._counters
-        if c.timing and c.mode is _TRAIN and not c.drives_optimizer and self._updates_a_watched_parameter(optimizer):
+        if c.timing and c.mode is _TRAIN and (self._watched_optimizer() is optimizer or self._updates_a_watched_parameter(optimizer)):
             self.finish_step_timing()  # (catches its own failures: the timeline turns off, training goes on)
 
     def optimizer_step_begins(self, optimizer: torch.optim.Optimizer) -> None:
