@@ -625,6 +625,42 @@ def test_the_update_is_the_steps_optimizer_phase(make_hook, mlp, batches, out_di
     assert per_step["backward"].median() < update_s * 1e3, per_step  # (median: a step on a loaded machine may be slow)
 
 
+def test_an_optimizer_seen_before_its_model_was_registered_is_asked_again(make_hook, mlp, batches, out_dir):
+    # The watch hooks remember, per optimizer, whether it updates a watched parameter. One
+    # that stepped while its model was not registered yet must be asked again once it is.
+    from stepscope.config import ProfilerConfig
+
+    update_s = 0.03
+
+    class SlowSGD(torch.optim.SGD):
+        def step(self, closure=None):
+            time.sleep(update_s)
+            return super().step(closure)
+
+    first, second = mlp(), mlp()
+    optimizer = SlowSGD(second.parameters(), lr=0.1)
+    hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
+    hook.register_module(first)
+    steps = iter(batches(5))
+
+    def step():
+        x, y = next(steps)
+        optimizer.zero_grad()
+        (nn.functional.cross_entropy(first(x), y) + nn.functional.cross_entropy(second(x), y)).backward()
+        optimizer.step()
+
+    step()  # (the optimizer updates no watched parameter yet)
+    hook.register_module(second, name="second")
+    for _ in range(4):
+        step()
+    hook.close()
+    timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
+    train = timeline[timeline["mode"] == "TRAIN"]
+    per_step = train.pivot_table(index="step", columns="phase", values="duration_ms", aggfunc="sum", observed=True).fillna(0.0)
+    assert "optimizer" in per_step.columns, per_step
+    assert (per_step.loc[1:, "optimizer"] >= 0.9 * update_s * 1e3).all(), per_step
+
+
 def test_an_optimizer_the_hook_cannot_read_leaves_training_and_the_timeline_alone(make_hook, mlp, batches, out_dir):
     # The post-hook on every optimizer (no registered one) asks each optimizer once whether
     # it updates a watched parameter; one whose param_groups cannot be read (another

@@ -275,6 +275,7 @@ class Hook(OptimizerSteps):
         self._params += params
         self._scalar_params = None
         self._param_names.update({id(p): n for n, p in params})
+        self._updates_watched.clear()  # (an optimizer of this model's parameters, seen before it came, now updates watched ones)
         self._modules += modules
         self.claim_names(n for n, _ in params)
         self.claim_names(naming.gradient_name(n) for n, _ in params)
