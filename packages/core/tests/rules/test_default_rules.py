@@ -168,3 +168,40 @@ def test_frozen_weights_are_not_judged_by_the_default_weight_update_ratio(tmp_pa
     assert {e.tensor for e in sagemaker.evidence} == {"backbone.weight"}  # ratio 0 < 1e-8
     default = _run(WeightUpdateRatio, path)
     assert not default.fired and default.tensors_inspected == 1
+
+
+@pytest.mark.parametrize("rule_set", ["sagemaker", "default"])
+def test_weight_update_ratio_leaves_gradient_accumulation_gaps_alone(tmp_path, rule_set):
+    # A torch loop that accumulates gradients over 4 forwards without a registered
+    # optimizer: each forward is a step (smdebug's counting), the weights move every 4th.
+    # Those unmoved steps are no finding (it fired 600 violations on such a real loop);
+    # weights that never move (a learning rate of 0), that stop moving for good, or one
+    # layer that never moves while the others do, still are.
+    from stepscope.rules import WeightUpdateRatio
+
+    def job(name, moves):
+        def tensors(step):
+            updates = sum(moves(s) for s in range(1, step + 1))
+            head = np.full((2, 4), 1.0 + 0.01 * updates, np.float32)
+            return {"a.weight": head, "b.weight": head * 2, "gradient/a.weight": head, "gradient/b.weight": head}
+
+        return write(tmp_path / name, np.linspace(1, 0.5, 60), tensors=tensors)
+
+    def run(path):
+        return run_rules([WeightUpdateRatio(create_trial(path))])[0] if rule_set == "sagemaker" else _run(WeightUpdateRatio, path)
+
+    accumulating = run(job("accumulating", lambda s: s % 4 == 0))
+    assert not accumulating.fired and accumulating.status == "ok", accumulating.evidence[:3]
+    never = run(job("never", lambda s: False))
+    assert never.fired and min(e.step for e in never.evidence) == 1  # (every pair from the first)
+    stops = run(job("stops", lambda s: s % 4 == 0 and s < 20))
+    assert stops.fired and min(e.step for e in stops.evidence) == 17  # (the last update at step 16)
+    short = write(tmp_path / "short", np.linspace(1, 0.5, 4), tensors=lambda s: {"a.weight": np.ones((2, 2), np.float32), "gradient/a.weight": np.ones((2, 2), np.float32)})
+    assert run(short).fired  # (3 pairs, never moved: judged at the end)
+
+    def one_layer_still(step):
+        head = np.full((2, 4), 1.0 + 0.01 * step, np.float32)
+        return {"a.weight": head, "b.weight": np.ones((2, 4), np.float32), "gradient/a.weight": head, "gradient/b.weight": head}
+
+    layer = run(write(tmp_path / "layer", np.linspace(1, 0.5, 20), tensors=one_layer_still))
+    assert layer.fired and {e.tensor for e in layer.evidence} == {"b.weight"}

@@ -481,6 +481,11 @@ class WeightUpdateRatioParams(RuleParams):
         require(owner, "small_threshold", self.small_threshold, self.small_threshold < self.large_threshold, f"< large_threshold ({self.large_threshold})")
 
 
+# Saved steps in a row without any weight moving that may still be a gradient-accumulation
+# gap (each forward a step, an update every few) before the rule judges them.
+MIN_STALL_PAIRS = 8
+
+
 class WeightUpdateRatio(Rule):
     """Fires when the weight-update ratio (stepscope.health.update_ratio: ||w_s - w_prev|| /
     max(||w_prev||, 1e-3 * sqrt(n)); SageMaker's `epsilon` is accepted and not used) is
@@ -490,7 +495,10 @@ class WeightUpdateRatio(Rule):
     Save weights at close steps (save_interval 1) for a meaningful ratio. Inspects the
     `weights` collection; a weight that was all zero has no meaningful ratio and is skipped.
     With `skip_frozen` (the default set), weights whose gradient (`gradient/<name>`) the job
-    never saved while saving others' are frozen on purpose and not judged."""
+    never saved while saving others' are frozen on purpose and not judged. Saved steps between
+    which no judged weight moved at all are a gradient-accumulation gap while their run is
+    no longer than twice the longest gap seen between updates (and MIN_STALL_PAIRS): judged
+    only beyond that, or at the end of a job whose weights never moved."""
 
     params: WeightUpdateRatioParams
     to_save = "weights"
@@ -500,8 +508,16 @@ class WeightUpdateRatio(Rule):
         self._history: dict[str, deque[tuple[int, np.ndarray]]] = {}
         self._trained: tuple[list[str], list[str]] | None = None
         self._ratios = 0  # update ratios computed (pairs of saved weights)
+        # Saved steps between which no judged weight moved at all (bitwise): the violations
+        # they would give, held (`_held_run`) while they may be a gradient-accumulation gap.
+        self._held_run: list[tuple[int, list[tuple[str, float, int]]]] = []
+        self._longest_gap = 0  # the longest such run followed by an update, so far
+        self._updated = False  # some saved step's weights moved
+        self._stalled = False  # the current run is past its bound: its pairs fire at once
 
     def finish(self) -> None:
+        if not self._updated:  # (the weights never moved: not accumulation)
+            self._release_held()
         self.need(1, self._ratios, "update ratios (weights saved at 2 TRAIN steps)")
 
     # A weight frozen on purpose (fine-tuning a head on a frozen backbone) has an update
@@ -540,7 +556,7 @@ class WeightUpdateRatio(Rule):
 
     def invoke_at_step(self, step: int) -> bool:
         p = self.params
-        fired = False
+        pairs: list[tuple[str, float, int]] = []  # (weight, ratio, previous step)
         for name, value in _training_values(self, self._weights(), step, "fc"):
             history = self._history.setdefault(name, deque())
             previous = self._previous(history, step)
@@ -551,10 +567,40 @@ class WeightUpdateRatio(Rule):
             if previous is None or ratio is None:
                 continue
             self._ratios += 1
+            pairs.append((name, ratio, previous[0]))
+        if pairs and all(ratio == 0.0 for _, ratio, _ in pairs):
+            # No judged weight moved since the previous saved step. A loop that accumulates
+            # gradients over several forwards, each a step (a torch hook without a registered
+            # optimizer, as smdebug counted steps), has such steps between its updates: held
+            # while the run is no longer than twice the longest gap seen between updates
+            # (and MIN_STALL_PAIRS), then judged; a job whose weights never move is judged
+            # at its end at the latest (a learning rate of 0).
+            self._held_run.append((step, pairs))
+            if self._stalled or len(self._held_run) >= max(MIN_STALL_PAIRS, 2 * self._longest_gap + 1):
+                self._stalled = True
+                return self._release_held()
+            return False
+        if pairs:
+            if self._held_run:
+                self._longest_gap = max(self._longest_gap, len(self._held_run))
+            self._held_run, self._updated, self._stalled = [], True, False
+        return self._judge(step, pairs)
+
+    def _judge(self, step: int, pairs: list[tuple[str, float, int]]) -> bool:
+        p = self.params
+        fired = False
+        for name, ratio, previous_step in pairs:
             if ratio > p.large_threshold or ratio < p.small_threshold:
                 bound = f"> large_threshold {p.large_threshold:g}" if ratio > p.large_threshold else f"< small_threshold {p.small_threshold:g}"
-                self.violation(step, f"{name}: update/weight ratio {ratio:.3g} {bound} (vs step {previous[0]})", tensor=name, ratio=ratio, previous_step=previous[0])
+                self.violation(step, f"{name}: update/weight ratio {ratio:.3g} {bound} (vs step {previous_step})", tensor=name, ratio=ratio, previous_step=previous_step)
                 fired = True
+        return fired
+
+    def _release_held(self) -> bool:
+        held, self._held_run = self._held_run, []
+        fired = False
+        for step, pairs in held:
+            fired = self._judge(step, pairs) or fired
         return fired
 
 
