@@ -318,10 +318,12 @@ def _merged(runs: list[dict]) -> dict:
     # within a run (a plain block of 3.1 ms in one half of a run, 2.0 ms in the other, on
     # this VM): a difference of medians then moves with where the medians land, while a
     # floor adds 0.1-0.2 ms a step; a paired difference leaves the drift out.
+    def blocks(run: dict, name: str) -> list[float]:
+        return run["hooked_blocks"] if name == "hooked" else run["floors"][name]["blocks"]
+
     merged["paired"] = {
-        name: statistics.median(t - p for r in runs for t, p in zip(blocks(r), r["plain_blocks"]))
-        for name, blocks in [("hooked", lambda r: r["hooked_blocks"])]
-        + [(name, lambda r, name=name: r["floors"][name]["blocks"]) for name in runs[0].get("floors") or {}]
+        name: statistics.median(t - p for r in runs for t, p in zip(blocks(r, name), r["plain_blocks"]))
+        for name in ["hooked", *(runs[0].get("floors") or {})]
     }
     merged["bytes"], merged["hooked_s"] = sum(r["bytes"] for r in runs), sum(r["hooked_s"] for r in runs)
     if all(r.get("requests") for r in runs):

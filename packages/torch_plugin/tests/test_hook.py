@@ -547,9 +547,24 @@ def _train_phases(hook, model, loss_fn, optimizer, batches, register_optimizer, 
         loss_fn(model(x), y).backward()
         optimizer.step()
     hook.close()
+    return _phase_table(out_dir)
+
+
+def _phase_table(out_dir):
+    """The job's TRAIN steps' phase durations (ms; a row per step)."""
     timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
     train = timeline[timeline["mode"] == "TRAIN"]
     return train.pivot_table(index="step", columns="phase", values="duration_ms", aggfunc="sum", observed=True).fillna(0.0)
+
+
+class _SlowSGD(torch.optim.SGD):
+    """SGD whose update takes UPDATE_S longer: the optimizer phase the timeline must show."""
+
+    UPDATE_S = 0.03
+
+    def step(self, closure=None):
+        time.sleep(self.UPDATE_S)
+        return super().step(closure)
 
 
 @pytest.mark.parametrize("register_optimizer", [False, True])
@@ -608,15 +623,10 @@ def test_the_update_is_the_steps_optimizer_phase(make_hook, mlp, batches, out_di
     # now marks where the update starts, as a registered optimizer's own pre-hook does.
     from stepscope.config import ProfilerConfig
 
-    update_s = 0.03
-
-    class SlowSGD(torch.optim.SGD):
-        def step(self, closure=None):
-            time.sleep(update_s)
-            return super().step(closure)
+    update_s = _SlowSGD.UPDATE_S
 
     model, loss_fn = mlp(), nn.CrossEntropyLoss()
-    optimizer = SlowSGD(model.parameters(), lr=0.1)
+    optimizer = _SlowSGD(model.parameters(), lr=0.1)
     hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
     per_step = _train_phases(hook, model, loss_fn, optimizer, batches(5), register_optimizer, out_dir)
     assert len(per_step) == 5
@@ -630,15 +640,10 @@ def test_an_optimizer_seen_before_its_model_was_registered_is_asked_again(make_h
     # that stepped while its model was not registered yet must be asked again once it is.
     from stepscope.config import ProfilerConfig
 
-    update_s = 0.03
-
-    class SlowSGD(torch.optim.SGD):
-        def step(self, closure=None):
-            time.sleep(update_s)
-            return super().step(closure)
+    update_s = _SlowSGD.UPDATE_S
 
     first, second = mlp(), mlp()
-    optimizer = SlowSGD(second.parameters(), lr=0.1)
+    optimizer = _SlowSGD(second.parameters(), lr=0.1)
     hook = make_hook(profiler_config=ProfilerConfig(system_monitor=False))
     hook.register_module(first)
     steps = iter(batches(5))
@@ -654,9 +659,7 @@ def test_an_optimizer_seen_before_its_model_was_registered_is_asked_again(make_h
     for _ in range(4):
         step()
     hook.close()
-    timeline = stepscope.create_trial(out_dir).profiler.step_timeline()
-    train = timeline[timeline["mode"] == "TRAIN"]
-    per_step = train.pivot_table(index="step", columns="phase", values="duration_ms", aggfunc="sum", observed=True).fillna(0.0)
+    per_step = _phase_table(out_dir)
     assert "optimizer" in per_step.columns, per_step
     assert (per_step.loc[1:, "optimizer"] >= 0.9 * update_s * 1e3).all(), per_step
 

@@ -461,8 +461,9 @@ class Dataloader(ProfilerRule):
                                 + ("" if len(children) else ", and no ChildProcessCount samples (monitor not run)"))
             loaders = ", ".join(f"{n}: {d['dataloader_processes']} worker process(es) on {d['cores']} cores" for n, d in details["nodes"].items())
             loaders = loaders or "worker processes not known: no system metrics"
-            # Samples judged: the worker counts, or without them the TRAIN steps timed.
-            datapoints = len(children) or int(_train_spans(timeline)["phase"].eq("step").sum())
+            # Samples judged: the worker counts, or without them the TRAIN steps judged.
+            judged = _train_steps_and_data(timeline)
+            datapoints = len(children) or (len(judged[0]) if judged else 0)
             hit = wait >= gate and (wait_ms or 0.0) >= self.params.min_data_wait_ms
             message = f"waiting for data took {wait:.1f}% of the step time >= {gate:g}%, {wait_ms:.1f} ms per step ({loaders})"
             stalls = _data_stalls(timeline, self.params.min_data_wait_ms)
